@@ -1,0 +1,104 @@
+"""Input checking shared by every entry point.
+
+Conventions (the whole package follows them):
+
+* ``B, C``: ``(batch, heads, N, r)``; ``V``: ``(batch, heads, N, d)``; one floating dtype, one device.
+* ``gamma``: the per-step decay factor λ of Eq. (4), one per head, in (0, 1]. Accepted as a Python
+  float, or a tensor of shape ``()``, ``(1,)``, ``(H,)``, ``(1, 1)`` or ``(H, 1)`` (the paper's
+  Listing 2 passes ``torch.full((heads, 1), 0.9)``). ``None`` means the plain 0-1 causal mask.
+  Normalised here to a float64 tensor of shape ``(H,)`` on the inputs' device.
+"""
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+               torch.float64: "float64"}
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    """``"fp16"``, ``"float16"``, ``"half"``, ``torch.float16`` ... -> ``torch.float16``."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+               "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+               "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+               "fp64": torch.float64, "float64": torch.float64, "double": torch.float64}
+    try:
+        return aliases[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(aliases)}") from None
+
+
+def check_qkv(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> None:
+    """Raise a ValueError/TypeError naming the problem and the shapes."""
+    for name, t in (("B", B), ("C", C), ("V", V)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, N, {'d' if name == 'V' else 'r'}), "
+                             f"got shape {tuple(t.shape)}")
+    shapes = f"B {tuple(B.shape)}, C {tuple(C.shape)}, V {tuple(V.shape)}"
+    for axis, label in ((0, "batch"), (1, "heads"), (2, "N (sequence length)")):
+        if not B.shape[axis] == C.shape[axis] == V.shape[axis]:
+            raise ValueError(f"B, C and V disagree on {label} (dim {axis}): {shapes}")
+    if B.shape[3] != C.shape[3]:
+        raise ValueError(f"B and C must have the same rank r (last dim): {shapes}")
+    for name, t in (("B", B), ("C", C), ("V", V)):
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected one of float16, bfloat16, "
+                            f"float32, float64")
+    if not B.dtype == C.dtype == V.dtype:
+        raise TypeError(f"B, C and V must share one dtype, got B {B.dtype}, C {C.dtype}, V {V.dtype}")
+    if not B.device == C.device == V.device:
+        raise ValueError(f"B, C and V must be on one device, got B on {B.device}, C on {C.device}, "
+                         f"V on {V.device}")
+
+
+def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | None:
+    """Return ``gamma`` as a float64 tensor of shape ``(heads,)`` on ``device``, or None.
+
+    Values are checked on the host (one small device-to-host copy when ``gamma`` lives on a GPU).
+    """
+    if gamma is None:
+        return None
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, torch.Tensor)):
+        raise TypeError(f"gamma must be None, a float or a tensor, got {type(gamma).__name__}")
+    g = torch.as_tensor(gamma).detach()
+    if not (g.is_floating_point() or isinstance(gamma, (int, float))):
+        raise TypeError(f"gamma must be floating point, got dtype {g.dtype}")
+    shape = tuple(g.shape)
+    if g.dim() == 2 and g.shape[1] == 1:
+        g = g[:, 0]
+    if g.dim() > 1 or (g.dim() == 1 and g.shape[0] not in (1, heads)):
+        raise ValueError(f"gamma of shape {shape} is not broadcastable to {heads} heads; use a float "
+                         f"or shape ({heads},) or ({heads}, 1)")
+    g = g.to(device="cpu", dtype=torch.float64).reshape(-1).expand(heads).contiguous()
+    if torch.isnan(g).any():
+        raise ValueError("gamma contains NaN")
+    bad = (g <= 0) | (g > 1)
+    if bad.any():
+        raise ValueError(f"gamma must lie in (0, 1]; got {g[bad][:4].tolist()} "
+                         f"(head(s) {bad.nonzero().flatten()[:4].tolist()})")
+    return g.to(device)
+
+
+def log_gamma(gamma: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """log λ per head as ``(H, 1, 1)`` in ``dtype`` (≤ 0; 0 exactly where λ = 1)."""
+    if gamma is None:
+        return None
+    return torch.log(gamma.to(torch.float64)).to(dtype).view(-1, 1, 1)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation dtype of the PyTorch methods: at least float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def alibi_gammas(heads: int) -> torch.Tensor:
+    """Default per-head decays for benchmarks: λ_h = exp(-2^(-8(h+1)/H)), ALiBi-style slopes
+    (Press et al., 2022), the convention of TransNormerLLM/lightning attention. For H = 32 they
+    span 0.43 ... 0.996."""
+    h = torch.arange(1, heads + 1, dtype=torch.float64)
+    return torch.exp(-torch.pow(2.0, -8.0 * h / heads))

@@ -1,0 +1,93 @@
+"""The public entry point, ``causal_linear_decoder`` (the paper's Listing 2)."""
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+
+from . import methods as _methods  # noqa: F401  (fills the registry)
+from ._inputs import check_qkv, normalize_gamma
+from .registry import Method, get
+
+#: ``method="auto"`` picks the first of these that is registered and supports the inputs'
+#: dtype and device. Short sequences go to Vanilla (Section 5.1: fastest at N ≤ 128), the rest to
+#: lightningAttention-2 (fastest at batch 1 and N > 512 in Tables 3-4): the Triton kernel on a
+#: GPU, its PyTorch twin elsewhere. A measured per-GPU table replaces this rule where one exists.
+AUTO_SHORT_N = 128
+AUTO_ORDER = ("LA", "LA_torch", "Bb")
+
+
+def auto_method(n: int, dtype: torch.dtype, device: torch.device) -> Method:
+    """The method ``method="auto"`` uses for these inputs (see ``AUTO_ORDER``)."""
+    order = ("Vanilla",) + AUTO_ORDER if n <= AUTO_SHORT_N else AUTO_ORDER
+    for name in order:
+        try:
+            m = get(name)
+        except ValueError:
+            continue
+        if m.supports(dtype, device) and not m.unsafe:
+            return m
+    raise ValueError(f"no registered method supports dtype {dtype} on {device}")
+
+
+def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
+                          method: str = "auto", is_mask_weight: bool | None = None,
+                          attn_method: str | None = None, **options) -> torch.Tensor:
+    """Exponentially decaying causal linear attention, ``O = (B Cᵀ ⊙ M) V``.
+
+    Args:
+        B, C: ``(batch, heads, N, r)``; V: ``(batch, heads, N, d)``. One floating dtype (fp16, bf16,
+            fp32, fp64) and one device; any strides.
+        gamma: per-step decay λ per head, in (0, 1]: a float, or a tensor ``(H,)`` / ``(H, 1)``.
+            ``M[i, j] = gamma^(i-j)`` for i ≥ j, else 0. None: the 0-1 causal mask.
+        method: a registered name or abbreviation (``leetrepro.methods.available()``), or
+            ``"auto"`` (see :func:`auto_method`).
+        is_mask_weight, attn_method: the paper's keywords (Listing 2). ``is_mask_weight=True``
+            requires ``gamma``; ``is_mask_weight=False`` means the 0-1 mask whatever ``gamma`` is.
+            ``attn_method`` is a synonym of ``method``.
+        **options: method options, e.g. ``block_size`` for Bb and LA_torch, ``base`` for Recur.
+
+    Returns:
+        O, ``(batch, heads, N, d)``, in the inputs' dtype (accumulated in float32 or wider).
+    """
+    if attn_method is not None:
+        if method not in ("auto", attn_method):
+            raise ValueError(f"method={method!r} and attn_method={attn_method!r} disagree")
+        method = attn_method
+    check_qkv(B, C, V)
+    if is_mask_weight is True and gamma is None:
+        raise ValueError("is_mask_weight=True needs gamma (the per-head decay in (0, 1])")
+    if is_mask_weight is False and gamma is not None:
+        warnings.warn("is_mask_weight=False: gamma is ignored and the 0-1 causal mask is used",
+                      stacklevel=2)
+        gamma = None
+    batch, heads, n, _ = B.shape
+    g = normalize_gamma(gamma, heads, B.device)
+    m = auto_method(n, B.dtype, B.device) if method == "auto" else get(method)
+    if not m.supports(B.dtype, B.device):
+        raise ValueError(f"method {m.name} ({m.abbr}) does not support dtype {B.dtype} on device "
+                         f"{B.device.type}; it supports dtypes "
+                         f"{sorted(str(d) for d in m.dtypes)} on {sorted(m.device_types())}")
+    accepted = _accepted_options(m)
+    bad = [] if accepted is None else [k for k in options if k not in accepted]
+    if bad:
+        raise TypeError(f"method {m.name} got unknown option(s) {bad}; it accepts "
+                        f"{sorted(accepted) or 'none'}")
+    d = V.shape[-1]
+    if n == 0 or batch == 0 or heads == 0 or d == 0:
+        return V.new_empty(batch, heads, n, d)
+    if B.shape[-1] == 0:
+        return V.new_zeros(batch, heads, n, d)
+    return m.fn(B, C, V, g, **options)
+
+
+def _accepted_options(m: Method) -> set | None:
+    """Keyword options of ``m.fn`` beyond (B, C, V, gamma); None if it takes ``**kwargs``."""
+    try:
+        params = list(inspect.signature(m.fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params[4:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}

@@ -1,0 +1,212 @@
+"""Benchmark harness: the paper's Listing 1 (``benchmark_method``) and the timing primitives the
+notebooks and ``python -m leetrepro.*`` scripts share.
+
+Protocol (Section 5.1): inputs ``randn`` of shape (batch, heads, N, r|d), one warm-up call (Triton
+compiles there; it is also the call checked against ``time_limit``), then ``reps`` timed calls.
+On CUDA each call is timed with a pair of CUDA events and the device is synchronised once at the
+end; when the inputs are small enough to sit in L2, several input sets are rotated so the cache
+does not flatter the numbers. Out-of-memory cells read ``OOM``; a cell whose warm-up call takes
+longer than ``time_limit`` seconds reads ``>limit`` and the larger N of the sweep are not run.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from ._inputs import DTYPE_NAMES, alibi_gammas, parse_dtype
+
+PAPER_SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
+ROTATE_BELOW_BYTES = 256 * 2 ** 20  # rotate input sets while one set is smaller than this
+
+
+def device_name(device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def _repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def git_commit() -> str:
+    """Short commit of the checkout (``-dirty`` with uncommitted changes); ``$LEETREPRO_COMMIT``
+    wins, for runs from a copy of the tree without ``.git`` (a GPU host, an installed wheel)."""
+    if os.environ.get("LEETREPRO_COMMIT"):
+        return os.environ["LEETREPRO_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10, cwd=_repo_root())
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, cwd=_repo_root())
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(device) -> dict:
+    """Where a measurement comes from: device name, commit, UTC date, library versions. Every CSV
+    written under data/ carries these columns."""
+    from importlib import metadata
+
+    def version(pkg):
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return "absent"
+
+    return dict(gpu=device_name(device), commit=git_commit(),
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+                torch=torch.__version__, triton=version("triton"), cuda=torch.version.cuda or "",
+                python=sys.version.split()[0])
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or (
+        isinstance(err, (RuntimeError, MemoryError)) and "out of memory" in str(err).lower()) \
+        or isinstance(err, MemoryError)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable, arg_sets: Sequence[tuple], reps: int, device) -> list[float]:
+    """Seconds per call of ``fn(*args)`` for ``reps`` calls, cycling through ``arg_sets``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)]
+        for i, (start, stop) in enumerate(events):
+            args = arg_sets[i % len(arg_sets)]
+            start.record()
+            fn(*args)
+            stop.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(stop) / 1e3 for start, stop in events]
+    times = []
+    for i in range(reps):
+        args = arg_sets[i % len(arg_sets)]
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _progress(items, desc: str, enabled: bool):
+    if not enabled:
+        return items
+    try:
+        from tqdm.auto import tqdm
+        return tqdm(items, desc=desc, leave=False)
+    except ImportError:  # pragma: no cover
+        return items
+
+
+def format_cell(mean: float, std: float) -> str:
+    """The paper's way of printing a cell: mean ± std, three significant digits."""
+    return f"{mean:.2e} ± {std:.1e}"
+
+
+def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch_size: int = 1,
+                     is_weight_decay: bool = False, gamma=None,
+                     seqlens: Sequence[int] = PAPER_SEQLENS, heads: int = 32, rank: int = 128,
+                     dim: int = 128, reps: int = 15, *, time_limit: float = 60.0, seed: int = 0,
+                     progress: bool = True, options: dict | None = None):
+    """Time ``method`` over ``seqlens`` (the paper's Listing 1).
+
+    Args:
+        method: a registered name/abbreviation, or any callable ``(B, C, V, gamma) -> O``.
+        device, dtype: where and in what precision (``"float32"``, ``"fp16"``, ``torch.bfloat16``...).
+        is_weight_decay: use the decaying mask; ``gamma`` then defaults to ALiBi-style per-head
+            decays (:func:`leetrepro._inputs.alibi_gammas`), shape ``(heads, 1)``.
+        heads, rank, dim: H, r, d of the inputs; ``reps``: timed calls per N (paper: 15).
+        time_limit: seconds one warm-up call may take before the cell reads ``>limit``.
+        options: keyword options for a registered method (e.g. ``{"block_size": 128}``).
+
+    Returns:
+        pandas DataFrame, one row per N: ``mean_s``, ``std_s`` (sample), ``median_s``, ``min_s``,
+        ``max_s``, ``reps``, ``peak_mem_GB`` (CUDA only), ``status`` (ok | OOM | >limit | error),
+        ``cell`` (``"mean ± std"`` or the status), plus the run's configuration.
+    """
+    import pandas as pd
+
+    from .api import causal_linear_decoder
+
+    torch_dtype = parse_dtype(dtype)
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' but torch sees no GPU; pass device='cpu'")
+    if is_weight_decay:
+        g = alibi_gammas(heads).view(heads, 1) if gamma is None else gamma
+        g = torch.as_tensor(g, dtype=torch.float32).to(device)
+    else:
+        g = None
+    if callable(method):
+        name, fn = getattr(method, "__name__", repr(method)), (lambda B, C, V: method(B, C, V, g))
+    else:
+        from .registry import get
+        m = get(method)
+        name = m.abbr
+        fn = (lambda B, C, V: causal_linear_decoder(B, C, V, g, method=m.name, **(options or {})))
+    base = dict(method=name, device=device_name(device), dtype=DTYPE_NAMES[torch_dtype],
+                batch=batch_size, heads=heads, rank=rank, dim=dim, decay=bool(is_weight_decay))
+    rows, over_limit_at = [], None
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for n in _progress(list(seqlens), f"{name} {base['dtype']} b{batch_size}", progress):
+        row = dict(base, N=int(n), mean_s=math.nan, std_s=math.nan, median_s=math.nan,
+                   min_s=math.nan, max_s=math.nan, reps=0, peak_mem_GB=math.nan)
+        if over_limit_at is not None:
+            rows.append(dict(row, status=">limit", cell=">limit",
+                             note=f"not run: N={over_limit_at} already exceeded {time_limit:g} s"))
+            continue
+        arg_sets = []
+        try:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            one_set = batch_size * heads * n * (2 * rank + dim) * torch_dtype.itemsize
+            n_sets = 3 if one_set < ROTATE_BELOW_BYTES else 1
+            for _ in range(n_sets):
+                arg_sets.append(tuple(
+                    torch.randn(batch_size, heads, n, k, generator=gen, dtype=torch.float32)
+                    .to(device=device, dtype=torch_dtype) for k in (rank, rank, dim)))
+            sync(device)
+            t0 = time.perf_counter()
+            fn(*arg_sets[0])
+            sync(device)
+            first = time.perf_counter() - t0
+            if first > time_limit:
+                over_limit_at = n
+                rows.append(dict(row, status=">limit", cell=">limit",
+                                 note=f"warm-up call took {first:.1f} s"))
+                continue
+            times = time_calls(fn, arg_sets, reps, device)
+            mean, std = statistics.fmean(times), (statistics.stdev(times) if reps > 1 else 0.0)
+            row.update(mean_s=mean, std_s=std, median_s=statistics.median(times),
+                       min_s=min(times), max_s=max(times), reps=reps, status="ok",
+                       cell=format_cell(mean, std), note="")
+            if device.type == "cuda":
+                row["peak_mem_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
+        except Exception as err:  # one bad cell never aborts the sweep
+            status = "OOM" if is_oom(err) else "error"
+            rows.append(dict(row, status=status, cell=status,
+                             note=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"))
+            continue
+        finally:
+            del arg_sets
+        rows.append(row)
+    return pd.DataFrame(rows)

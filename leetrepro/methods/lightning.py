@@ -1,0 +1,42 @@
+"""lightningAttention-2 (LA): intra-block quadratic part plus inter-block state (Qin et al., 2024).
+
+For blocks of L rows, block i gets
+    O_[i] = (B_[i] C_[i]ᵀ ⊙ M) V_[i] + diag(λ^1..λ^L) B_[i] H_i,
+    H_i   = Σ_{j<i} λ^(L(i-1-j)) S_j,   S_j = (diag(λ^(L-1)..λ^0) C_[j])ᵀ V_[j].
+The PyTorch twin (LA_torch) computes all intra-block parts in one batched product and the states
+H_i by a discounted scan over blocks; O(N·(L·(r+d) + r·d)) time, O((N/L)·r·d) state memory.
+The Triton kernel (LA) keeps H on chip and makes one pass over the inputs.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._decay import causal_mask, discounted_cumsum, powers
+from ..registry import register
+from ._common import prepare
+
+
+@register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
+          language="torch", summary="all blocks' intra parts batched, block states by a discounted scan",
+          options={"block_size": 128})
+def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128):
+    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = L."""
+    b, c, v, lg = prepare(B, C, V, gamma)
+    batch, heads, n, r = b.shape
+    d = v.shape[-1]
+    kw = dict(dtype=b.dtype, device=b.device)
+    size = min(block_size, n)
+    nb = -(-n // size)
+    pad = nb * size - n
+    b, c, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)).view(batch, heads, nb, size, -1)
+               for t in (b, c, v))
+    out = ((b @ c.transpose(-1, -2)) * causal_mask(size, lg, **kw).unsqueeze(1)) @ v
+    if nb > 1:
+        w_out = powers(lg, size, reverse=True, **kw)
+        cw = c if w_out is None else c * w_out.unsqueeze(1)
+        s = (cw[:, :, :-1].transpose(-1, -2) @ v[:, :, :-1]).reshape(batch, heads, nb - 1, r * d)
+        h = discounted_cumsum(s, None if lg is None else lg * size)  # H_1 .. H_{nb-1}
+        w_in = powers(lg, size, start=1, **kw)
+        bw = b[:, :, 1:] if w_in is None else b[:, :, 1:] * w_in.unsqueeze(1)
+        out[:, :, 1:] += bw @ h.view(batch, heads, nb - 1, r, d)
+    return out.reshape(batch, heads, nb * size, d)[:, :, :n].to(V.dtype)

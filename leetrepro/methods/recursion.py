@@ -1,0 +1,61 @@
+"""recursion (Recur): Algorithms 3-4 (Appendix B.3, after HyperAttention), with decay.
+
+The masked matrix splits into two masked halves and one unmasked off-diagonal block, computed by
+right multiplication with decay weights (row i = mid + a, column j = left + k, i - j = (a+1) + (h-1-k)):
+
+    O_2 += diag(λ^1..λ^h) B_2 ((diag(λ^(h-1)..λ^0) C_1)ᵀ V_1)
+
+down to blocks of ``base`` rows, which use the quadratic formula. T(N) = 2T(N/2) + Θ(N·r·d), so
+O(N log N) (Lemma 3.1). N is padded with zero rows to base·2^k (zeros add nothing to earlier rows),
+so every split is into equal halves; all splits of one level are done in one batched product
+(the same arithmetic as the depth-first recursion, without one Python call per node).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._decay import causal_mask, powers
+from ..registry import register
+from ._common import prepare
+
+
+def padded_length(n: int, base: int) -> int:
+    """base·2^k ≥ n: the length the recursion runs on."""
+    return base * 2 ** max(0, math.ceil(math.log2(max(1, math.ceil(n / base)))))
+
+
+@register("recursion", "Recur", complexity="O(N log N · r·d)", language="torch",
+          summary="Algorithms 3-4: halves recursively, off-diagonal block by right multiplication",
+          options={"base": 32})
+def recursion(B, C, V, gamma, base: int = 32):
+    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``base`` = termination size."""
+    b, c, v, lg = prepare(B, C, V, gamma)
+    batch, heads, n, r = b.shape
+    d = v.shape[-1]
+    kw = dict(dtype=b.dtype, device=b.device)
+    size = padded_length(n, base)
+    base = min(base, size)
+    b, c, v = (torch.nn.functional.pad(t, (0, 0, 0, size - n)) for t in (b, c, v))
+
+    def blocks(t, length):  # (batch, H, size, k) -> (batch, H, size/length, length, k)
+        return t.view(batch, heads, size // length, length, t.shape[-1])
+
+    # leaves: masked quadratic formula on every block of `base` rows at once
+    mask = causal_mask(base, lg, **kw).unsqueeze(1)
+    lb, lc, lv = blocks(b, base), blocks(c, base), blocks(v, base)
+    out = ((lb @ lc.transpose(-1, -2)) * mask) @ lv
+    out = out.view(batch, heads, size, d)
+    half = base
+    while half < size:
+        seg = 2 * half
+        sb, sc, sv = (t.view(batch, heads, size // seg, 2, half, t.shape[-1]) for t in (b, c, v))
+        w_in = powers(lg, half, start=1, **kw)
+        w_out = powers(lg, half, reverse=True, **kw)
+        c1 = sc[:, :, :, 0] if w_out is None else sc[:, :, :, 0] * w_out.unsqueeze(1)
+        b2 = sb[:, :, :, 1] if w_in is None else sb[:, :, :, 1] * w_in.unsqueeze(1)
+        state = c1.transpose(-1, -2) @ sv[:, :, :, 0]  # (batch, H, segs, r, d)
+        out.view(batch, heads, size // seg, 2, half, d)[:, :, :, 1] += b2 @ state
+        half = seg
+    return out[:, :, :n].to(V.dtype)

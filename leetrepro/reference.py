@@ -1,0 +1,47 @@
+"""The float64 oracle every test compares against."""
+from __future__ import annotations
+
+import torch
+
+from ._decay import causal_mask
+from ._inputs import check_qkv, log_gamma, normalize_gamma
+
+
+@torch.no_grad()
+def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
+              row_block: int = 2048) -> torch.Tensor:
+    """``O = (B Cᵀ ⊙ M) V`` by the quadratic formula, in float64.
+
+    Shapes: B, C ``(batch, heads, N, r)``, V ``(batch, heads, N, d)``; returns ``(batch, heads, N, d)``
+    float64 on the inputs' device. ``gamma``: see :mod:`leetrepro._inputs`; M[i, j] = γ^(i-j) for
+    i ≥ j. Cost O(N²(r+d)) time; rows are processed ``row_block`` at a time so memory stays
+    O(row_block·N) and long sequences can be checked on a GPU.
+    """
+    check_qkv(B, C, V)
+    g = normalize_gamma(gamma, B.shape[1], B.device)
+    lg = log_gamma(g, torch.float64)
+    B, C, V = (t.to(torch.float64) for t in (B, C, V))
+    n = B.shape[2]
+    out = torch.empty(*V.shape, dtype=torch.float64, device=V.device)
+    for s in range(0, n, row_block):
+        e = min(n, s + row_block)
+        # rows s..e-1 see columns 0..e-1; mask row i, col j -> λ^(i-j)
+        mask = causal_mask(e - s, lg, dtype=torch.float64, device=V.device, m=e, row_offset=s)
+        out[:, :, s:e] = ((B[:, :, s:e] @ C[:, :, :e].transpose(-1, -2)) * mask) @ V[:, :, :e]
+    return out
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖_F / ‖ref‖_F in float64; NaN/inf in ``out`` give inf (never passes a bound)."""
+    out = out.to(torch.float64)
+    if not torch.isfinite(out).all():
+        return float("inf")
+    den = ref.norm().item()
+    num = (out - ref).norm().item()
+    return num / den if den > 0 else num
+
+
+#: The accuracy contract (DEVELOPERS.md): ‖out − ref‖/‖ref‖ per input dtype. Kernels that use
+#: tf32 dots for float32 on purpose are held to ``TF32_TOLERANCE`` instead.
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TF32_TOLERANCE = 5e-3

@@ -1,0 +1,113 @@
+"""One registry of computation methods, keyed by the paper's names (Table 2 abbreviations too).
+
+A method is any callable ``fn(B, C, V, gamma, **options) -> O`` with
+B, C ``(batch, heads, N, r)``, V ``(batch, heads, N, d)`` and ``gamma`` either None (0-1 mask) or a
+float64 tensor ``(heads,)`` of per-step decays in (0, 1] on the inputs' device. It returns O
+``(batch, heads, N, d)`` in the inputs' dtype. Inputs reach it validated, with N ≥ 1.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+ALL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+GPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str                      # the paper's name, e.g. "lightningAttention-2_torch"
+    abbr: str                      # the paper's abbreviation, e.g. "LA_torch"
+    fn: Callable
+    complexity: str                # time complexity, Table 1
+    dtypes: frozenset = ALL_DTYPES
+    devices: frozenset = frozenset({"cpu", "cuda"})
+    language: str = "torch"        # torch | triton | cuda | user
+    unsafe: bool = False           # gives wrong results by design (FA_modify); never chosen by auto
+    summary: str = ""
+    options: dict = field(default_factory=dict)  # tunable keyword arguments and their defaults
+
+    def supports(self, dtype: torch.dtype, device: torch.device) -> bool:
+        return dtype in self.dtypes and torch.device(device).type in self.device_types()
+
+    def device_types(self) -> frozenset:
+        # Triton kernels also run on CPU tensors under TRITON_INTERPRET=1 (how CI tests them)
+        if self.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
+            return self.devices | {"cpu"}
+        return self.devices
+
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
+             dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
+             unsafe: bool = False, summary: str = "", options: dict | None = None,
+             replace: bool = False):
+    """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
+
+    >>> @register("my-method", abbr="Mine", complexity="O(N r d)")
+    ... def mine(B, C, V, gamma):
+    ...     ...
+
+    Afterwards ``causal_linear_decoder(..., method="Mine")`` and ``benchmark_method("Mine")`` use it.
+    """
+    def deco(fn):
+        m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
+                   dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
+                   unsafe=unsafe, summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
+                   options=dict(options or {}))
+        keys = {name.lower(), m.abbr.lower()}
+        taken = [k for k in keys if k in _REGISTRY and _REGISTRY[k].name != name]
+        if taken and not replace:
+            raise ValueError(f"method name {taken[0]!r} is already registered "
+                             f"(to {_REGISTRY[taken[0]].name}); pass replace=True to override")
+        for k in keys:
+            _REGISTRY[k] = m
+        return fn
+    return deco
+
+
+def unregister(name: str) -> None:
+    m = get(name)
+    for k in [k for k, v in _REGISTRY.items() if v is m]:
+        del _REGISTRY[k]
+
+
+def methods() -> list[Method]:
+    """Every registered method once, in registration order."""
+    seen, out = set(), []
+    for m in _REGISTRY.values():
+        if m.name not in seen:
+            seen.add(m.name)
+            out.append(m)
+    return out
+
+
+def get(name: str) -> Method:
+    """Look a method up by name or abbreviation (case-insensitive)."""
+    if isinstance(name, Method):
+        return name
+    try:
+        return _REGISTRY[str(name).lower()]
+    except KeyError:
+        listing = ", ".join(f"{m.name} ({m.abbr})" for m in methods())
+        raise ValueError(f"unknown method {name!r}; available: {listing}") from None
+
+
+def available():
+    """A pandas DataFrame of the registered methods: name, abbreviation, language, complexity,
+    dtypes, devices, and whether the method is unsafe (wrong by design, kept for a table)."""
+    import pandas as pd
+
+    short = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+             torch.float64: "fp64"}
+    rows = [dict(name=m.name, abbr=m.abbr, language=m.language, complexity=m.complexity,
+                 dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)
+                                 if d in short),
+                 devices=",".join(sorted(m.device_types())), unsafe=m.unsafe, summary=m.summary)
+            for m in methods()]
+    return pd.DataFrame(rows).set_index("name")

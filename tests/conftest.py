@@ -1,0 +1,33 @@
+import pytest
+import torch
+
+from leetrepro import reference, rel_error
+from leetrepro.reference import TOLERANCE
+
+
+def make_inputs(batch, heads, n, r, d, dtype=torch.float32, device="cpu", seed=0, scale=1.0):
+    """Random (never zero) inputs; scaled by 1/sqrt(r) so sums stay O(1) in half precision."""
+    g = torch.Generator().manual_seed(seed)
+    B, C = (torch.randn(batch, heads, n, r, generator=g) * scale / r ** 0.5 for _ in range(2))
+    V = torch.randn(batch, heads, n, d, generator=g)
+    return tuple(t.to(device=device, dtype=dtype) for t in (B, C, V))
+
+
+def random_gammas(heads, seed=0, low=0.5):
+    g = torch.Generator().manual_seed(seed + 1)
+    return low + (1 - low) * torch.rand(heads, generator=g, dtype=torch.float64)
+
+
+def assert_close_to_reference(out, B, C, V, gamma, tol=None):
+    assert out.shape == V.shape, (out.shape, V.shape)
+    assert out.dtype == V.dtype
+    ref = reference(B, C, V, gamma)
+    err = rel_error(out, ref)
+    tol = TOLERANCE[V.dtype] if tol is None else tol
+    assert err <= tol, f"relative error {err:.3e} > {tol:.0e}"
+    return err
+
+
+@pytest.fixture
+def inputs():
+    return make_inputs

@@ -1,0 +1,170 @@
+"""The public API: the paper's Listing 2, the registry, and a clear error for every bad input."""
+import warnings
+
+import pytest
+import torch
+
+import leetrepro
+from leetrepro import causal_linear_decoder, reference
+from leetrepro.methods import available, register, unregister
+
+from conftest import assert_close_to_reference, make_inputs
+
+
+def test_listing2_runs_unchanged_on_cpu():
+    batch_size, heads, seqlen, rank = 1, 4, 300, 16
+    dim = 24
+    B = torch.randn((batch_size, heads, seqlen, rank))
+    C = torch.randn((batch_size, heads, seqlen, rank))
+    V = torch.randn((batch_size, heads, seqlen, dim))
+    gamma = torch.full((heads, 1), 0.9)
+    out = causal_linear_decoder(B, C, V)
+    assert_close_to_reference(out, B, C, V, None)
+    out = causal_linear_decoder(B, C, V, is_mask_weight=True, gamma=gamma)
+    assert_close_to_reference(out, B, C, V, gamma)
+    out = causal_linear_decoder(B, C, V, attn_method="block-based")
+    assert_close_to_reference(out, B, C, V, None)
+
+
+@pytest.mark.parametrize("gamma", [0.875, torch.tensor(0.875), torch.tensor([0.875]),
+                                   torch.full((3,), 0.875), torch.full((3, 1), 0.875),
+                                   torch.full((1, 1), 0.875, dtype=torch.float16)])
+def test_gamma_shapes_accepted(gamma):  # 0.875 is exact in every float dtype
+    B, C, V = make_inputs(2, 3, 20, 4, 5)
+    out = causal_linear_decoder(B, C, V, gamma, method="Vanilla")
+    torch.testing.assert_close(out.double(), reference(B, C, V, 0.875), rtol=1e-5, atol=1e-5)
+
+
+def test_abbreviations_and_names_are_interchangeable():
+    B, C, V = make_inputs(1, 2, 30, 4, 4)
+    for m in leetrepro.methods.methods():
+        if m.language == "torch":
+            a = causal_linear_decoder(B, C, V, method=m.abbr)
+            b = causal_linear_decoder(B, C, V, method=m.name.upper())
+            torch.testing.assert_close(a, b)
+
+
+def test_auto_picks_a_correct_method_on_cpu():
+    for n in (1, 128, 129, 500):
+        B, C, V = make_inputs(2, 2, n, 8, 4)
+        out = causal_linear_decoder(B, C, V, 0.95)
+        assert_close_to_reference(out, B, C, V, 0.95)
+    assert leetrepro.auto_method(64, torch.float32, torch.device("cpu")).abbr == "Vanilla"
+    assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "LA_torch"
+
+
+def test_n_zero_returns_empty_and_non_contiguous_inputs_work():
+    B, C, V = make_inputs(2, 3, 0, 4, 5)
+    out = causal_linear_decoder(B, C, V, 0.5, method="Bb")
+    assert out.shape == (2, 3, 0, 5)
+    B, C, V = make_inputs(3, 2, 41, 6, 5)
+    Bt = B.transpose(0, 1).contiguous().transpose(0, 1)   # same values, other strides
+    Vt = V[..., ::1].transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert not Bt.is_contiguous() and not Vt.is_contiguous()
+    for m in ("Vanilla", "Bb", "Cdotp_torch", "Recur", "LA_torch", "FA_torch"):
+        assert_close_to_reference(causal_linear_decoder(Bt, C, Vt, 0.8, method=m), B, C, V, 0.8)
+
+
+def test_rank_zero_gives_zeros():
+    B, C, V = make_inputs(1, 2, 10, 0, 3)
+    assert torch.equal(causal_linear_decoder(B, C, V), torch.zeros_like(V))
+
+
+def test_method_options_are_checked():
+    B, C, V = make_inputs(1, 1, 10, 2, 2)
+    with pytest.raises(TypeError, match="block_size"):
+        causal_linear_decoder(B, C, V, method="Bb", blocksize=4)
+
+
+BAD = [
+    (lambda: make_inputs(2, 3, 10, 4, 5), dict(V=torch.randn(1, 3, 10, 5)), "batch"),
+    (lambda: make_inputs(2, 3, 10, 4, 5), dict(C=torch.randn(2, 4, 10, 4)), "heads"),
+    (lambda: make_inputs(2, 3, 10, 4, 5), dict(V=torch.randn(2, 3, 11, 5)), "N"),
+    (lambda: make_inputs(2, 3, 10, 4, 5), dict(C=torch.randn(2, 3, 10, 6)), "rank"),
+    (lambda: make_inputs(2, 3, 10, 4, 5), dict(B=torch.randn(3, 10, 4)), "4-D"),
+]
+
+
+@pytest.mark.parametrize("make,replace,word", BAD)
+def test_shape_errors_name_the_problem_and_the_shapes(make, replace, word):
+    B, C, V = make()
+    args = {**dict(B=B, C=C, V=V), **replace}
+    with pytest.raises(ValueError, match=word) as info:
+        causal_linear_decoder(args["B"], args["C"], args["V"])
+    assert "(" in str(info.value)  # the shapes are in the message
+
+
+def test_dtype_and_device_errors():
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    with pytest.raises(TypeError, match="dtype"):
+        causal_linear_decoder(B.to(torch.int64), C, V)
+    with pytest.raises(TypeError, match="one dtype"):
+        causal_linear_decoder(B.double(), C, V)
+    with pytest.raises(ValueError, match="device"):
+        causal_linear_decoder(B.to("meta"), C, V)
+
+
+@pytest.mark.parametrize("gamma,word", [
+    (torch.full((3,), 0.9), "not broadcastable"), (torch.full((2, 2), 0.9), "not broadcastable"),
+    (0.0, r"\(0, 1\]"), (1.5, r"\(0, 1\]"), (-0.1, r"\(0, 1\]"), (float("nan"), "NaN"),
+    (torch.tensor([0.5, float("nan")]), "NaN"), (torch.tensor([1, 1]), "floating"),
+    ("0.9", "float or a tensor"),
+])
+def test_gamma_errors(gamma, word):
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    with pytest.raises((ValueError, TypeError), match=word):
+        causal_linear_decoder(B, C, V, gamma)
+
+
+def test_paper_keywords():
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    with pytest.raises(ValueError, match="needs gamma"):
+        causal_linear_decoder(B, C, V, is_mask_weight=True)
+    with pytest.warns(UserWarning, match="ignored"):
+        out = causal_linear_decoder(B, C, V, 0.5, is_mask_weight=False)
+    assert_close_to_reference(out, B, C, V, None)
+    with pytest.raises(ValueError, match="disagree"):
+        causal_linear_decoder(B, C, V, method="Bb", attn_method="Recur")
+
+
+def test_unknown_method_lists_the_available_ones():
+    B, C, V = make_inputs(1, 1, 4, 2, 2)
+    with pytest.raises(ValueError, match="available:.*block-based \\(Bb\\)"):
+        causal_linear_decoder(B, C, V, method="flash")
+
+
+def test_unsupported_dtype_or_device_is_an_error():
+    @register("fp32-only", abbr="F32", dtypes=[torch.float32], devices=["cuda"])
+    def fp32_only(B, C, V, gamma):
+        return V
+    try:
+        B, C, V = make_inputs(1, 1, 4, 2, 2)
+        with pytest.raises(ValueError, match="does not support dtype"):
+            causal_linear_decoder(B, C, V, method="F32")
+    finally:
+        unregister("F32")
+
+
+def test_register_a_users_method_and_list_it():
+    @register("my-cumsum", abbr="Mine", complexity="O(N r d)")
+    def mine(B, C, V, gamma):
+        """Delegates to Bb."""
+        return causal_linear_decoder(B, C, V, gamma, method="Bb")
+    try:
+        table = available()
+        assert table.loc["my-cumsum", "abbr"] == "Mine"
+        assert {"abbr", "complexity", "dtypes", "devices"} <= set(table.columns)
+        B, C, V = make_inputs(1, 2, 9, 3, 3)
+        assert_close_to_reference(causal_linear_decoder(B, C, V, 0.7, method="mine"), B, C, V, 0.7)
+        with pytest.raises(ValueError, match="already registered"):
+            register("other", abbr="Mine")(mine)
+    finally:
+        unregister("my-cumsum")
+    assert "my-cumsum" not in available().index
+
+
+def test_no_warnings_on_the_happy_path():
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        causal_linear_decoder(B, C, V, 0.9)

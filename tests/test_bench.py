@@ -1,0 +1,71 @@
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from leetrepro import benchmark_method
+from leetrepro.bench import format_cell, provenance
+
+
+def test_registered_method_on_cpu():
+    df = benchmark_method("Bb", device="cpu", dtype="float32", batch_size=2, is_weight_decay=True,
+                          seqlens=(16, 33), heads=2, rank=8, dim=4, reps=3, progress=False)
+    assert isinstance(df, pd.DataFrame)
+    assert list(df.N) == [16, 33] and (df.status == "ok").all()
+    assert (df.mean_s > 0).all() and (df.std_s >= 0).all() and (df.reps == 3).all()
+    assert df.decay.all() and (df.method == "Bb").all()
+    assert df.cell.str.contains("±").all()
+
+
+def test_callable_gets_the_gamma_of_listing1():
+    seen = []
+
+    def attn(q, k, v, gamma):
+        seen.append(gamma)
+        return v
+
+    gamma = torch.full((2, 1), 0.9)
+    benchmark_method(attn, device="cpu", batch_size=1, is_weight_decay=True, gamma=gamma,
+                     seqlens=(8,), heads=2, rank=4, dim=4, reps=2, progress=False)
+    assert all(torch.equal(g, gamma) for g in seen) and len(seen) == 3
+    seen.clear()
+    benchmark_method(attn, device="cpu", seqlens=(8,), heads=2, rank=4, dim=4, reps=1,
+                     progress=False)
+    assert seen == [None, None]
+
+
+def test_oom_and_time_limit_cells_do_not_abort_the_sweep():
+    def flaky(q, k, v, gamma):
+        n = q.shape[2]
+        if n == 16:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        if n >= 32:
+            time.sleep(0.05)
+        return v
+
+    df = benchmark_method(flaky, device="cpu", seqlens=(8, 16, 24, 32, 64), heads=1, rank=2,
+                          dim=2, reps=2, time_limit=0.03, progress=False)
+    assert list(df.status) == ["ok", "OOM", "ok", ">limit", ">limit"]
+    assert list(df.cell[1:2]) == ["OOM"] and "not run" in df.note.iloc[4]
+
+
+def test_other_errors_are_recorded():
+    def broken(q, k, v, gamma):
+        raise ValueError("nope")
+    df = benchmark_method(broken, device="cpu", seqlens=(4,), heads=1, rank=2, dim=2, reps=1,
+                          progress=False)
+    assert df.status.iloc[0] == "error" and "nope" in df.note.iloc[0]
+
+
+def test_cuda_without_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(RuntimeError, match="no GPU"):
+        benchmark_method("Bb", device="cuda", seqlens=(8,))
+
+
+def test_helpers():
+    assert format_cell(1.234e-3, 5.6e-5) == "1.23e-03 ± 5.6e-05"
+    p = provenance("cpu")
+    assert {"gpu", "commit", "date", "torch"} <= set(p)

@@ -1,0 +1,73 @@
+"""Every PyTorch method against the float64 oracle: both masks, per-head γ, odd N, r ≠ d, batch > 1,
+all dtypes the CPU has; hypothesis draws shapes nobody picked by hand."""
+import zlib
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leetrepro import causal_linear_decoder
+from leetrepro.methods import methods
+
+from conftest import assert_close_to_reference, make_inputs, random_gammas
+
+TORCH_METHODS = [m.name for m in methods() if m.language == "torch"]
+# small blocks so that short test sequences still cross many block boundaries
+SMALL_BLOCKS = {"block-based": {"block_size": 16}, "lightningAttention-2_torch": {"block_size": 16},
+                "recursion": {"base": 4}}
+SHAPES = [(1, 1, 1, 4, 4), (2, 3, 37, 8, 5), (1, 2, 64, 3, 9), (3, 2, 100, 16, 16), (2, 1, 129, 7, 12)]
+GAMMAS = {"mask01": None, "per_head": "random", "one": 1.0, "tiny": 1e-6, "float": 0.9}
+
+
+def _gamma(kind, heads):
+    g = GAMMAS[kind]
+    return random_gammas(heads) if g == "random" else g
+
+
+def test_all_six_families_are_registered():
+    abbrs = {m.abbr for m in methods()}
+    assert {"Vanilla", "Bb", "Cdotp_torch", "Recur", "LA_torch", "FA_torch"} <= abbrs
+
+
+@pytest.mark.parametrize("method", TORCH_METHODS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}n{}r{}d{}".format(*s))
+@pytest.mark.parametrize("gamma", list(GAMMAS))
+def test_fp32_matches_reference(method, shape, gamma):
+    B, C, V = make_inputs(*shape, seed=zlib.crc32(f"{method}{shape}{gamma}".encode()) % 1000)
+    g = _gamma(gamma, shape[1])
+    for opts in ({}, SMALL_BLOCKS.get(method, {})):
+        out = causal_linear_decoder(B, C, V, g, method=method, **opts)
+        assert_close_to_reference(out, B, C, V, g)
+
+
+@pytest.mark.parametrize("method", TORCH_METHODS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("gamma", ["mask01", "per_head"])
+def test_other_dtypes(method, dtype, gamma):
+    B, C, V = make_inputs(2, 3, 77, 12, 10, dtype=dtype, seed=3)
+    g = _gamma(gamma, 3)
+    out = causal_linear_decoder(B, C, V, g, method=method, **SMALL_BLOCKS.get(method, {}))
+    assert_close_to_reference(out, B, C, V, g)
+
+
+@pytest.mark.parametrize("method", TORCH_METHODS)
+def test_inputs_of_any_sign_and_size_stay_finite(method):
+    # the original FleetAttention_torch took logs of the inputs and returned NaN with decay
+    B, C, V = make_inputs(1, 2, 300, 6, 6, seed=5, scale=30.0)
+    out = causal_linear_decoder(B, C, V, torch.tensor([0.999, 0.01]), method=method)
+    assert torch.isfinite(out).all()
+    assert_close_to_reference(out, B, C, V, torch.tensor([0.999, 0.01]))
+
+
+@pytest.mark.parametrize("method", TORCH_METHODS)
+@settings(max_examples=12, deadline=None)
+@given(batch=st.integers(1, 3), heads=st.integers(1, 3), n=st.integers(1, 150),
+       r=st.integers(1, 20), d=st.integers(1, 20), seed=st.integers(0, 10_000),
+       decay=st.sampled_from(["none", "per_head", "near_zero", "near_one"]))
+def test_random_shapes(method, batch, heads, n, r, d, seed, decay):
+    B, C, V = make_inputs(batch, heads, n, r, d, seed=seed)
+    g = {"none": None, "per_head": random_gammas(heads, seed, low=0.0001),
+         "near_zero": torch.full((heads, 1), 1e-3), "near_one": 1 - 1e-7}[decay]
+    out = causal_linear_decoder(B, C, V, g, method=method, **SMALL_BLOCKS.get(method, {}))
+    assert_close_to_reference(out, B, C, V, g)
