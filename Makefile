@@ -5,9 +5,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # On a machine with an NVIDIA driver, torch from the registry (CUDA build, brings Triton);
 # elsewhere torch 2.13.0, whose CPU build is what CI and the dev machines install, plus the
-# Triton release of the GPU image (3.6.0) for the interpreter tests.
+# Triton release of the GPU image (3.6.0) for the interpreter tests (its interpreter needs numpy < 2.3).
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
-TORCH  ?= $(if $(HAS_GPU),torch,torch==2.13.0 triton==3.6.0)
+TORCH  ?= $(if $(HAS_GPU),torch,torch==2.13.0 triton==3.6.0 "numpy<2.3")
 PYTEST_ARGS ?=
 
 .PHONY: help install test test-fast clean

@@ -35,6 +35,15 @@ def device_name(device) -> str:
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
+def gpu_tag(device="cuda") -> str:
+    """Short folder name for a device: "NVIDIA H100 80GB HBM3" -> "h100", a CPU -> "cpu"."""
+    name = device_name(device)
+    if torch.device(device).type != "cuda":
+        return "cpu"
+    words = [w for w in name.replace("NVIDIA", "").split() if w.lower() not in ("geforce", "tesla")]
+    return (words[0] if words else "gpu").lower()
+
+
 def _repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -125,7 +134,8 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
                      is_weight_decay: bool = False, gamma=None,
                      seqlens: Sequence[int] = PAPER_SEQLENS, heads: int = 32, rank: int = 128,
                      dim: int = 128, reps: int = 15, *, time_limit: float = 60.0, seed: int = 0,
-                     progress: bool = True, options: dict | None = None):
+                     progress: bool = True, options: dict | None = None,
+                     max_cell_seconds: float | None = None):
     """Time ``method`` over ``seqlens`` (the paper's Listing 1).
 
     Args:
@@ -136,6 +146,8 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
         heads, rank, dim: H, r, d of the inputs; ``reps``: timed calls per N (paper: 15).
         time_limit: seconds one warm-up call may take before the cell reads ``>limit``.
         options: keyword options for a registered method (e.g. ``{"block_size": 128}``).
+        max_cell_seconds: if set, a slow cell runs fewer than ``reps`` calls (at least 3) so that
+            it takes about this long; the ``reps`` column says how many ran.
 
     Returns:
         pandas DataFrame, one row per N: ``mean_s``, ``std_s`` (sample), ``median_s``, ``min_s``,
@@ -194,10 +206,13 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
                 rows.append(dict(row, status=">limit", cell=">limit",
                                  note=f"warm-up call took {first:.1f} s"))
                 continue
-            times = time_calls(fn, arg_sets, reps, device)
-            mean, std = statistics.fmean(times), (statistics.stdev(times) if reps > 1 else 0.0)
+            n_reps = reps if max_cell_seconds is None else \
+                max(min(reps, 3), min(reps, int(max_cell_seconds / max(first, 1e-9))))
+            times = time_calls(fn, arg_sets, n_reps, device)
+            mean = statistics.fmean(times)
+            std = statistics.stdev(times) if n_reps > 1 else 0.0
             row.update(mean_s=mean, std_s=std, median_s=statistics.median(times),
-                       min_s=min(times), max_s=max(times), reps=reps, status="ok",
+                       min_s=min(times), max_s=max(times), reps=n_reps, status="ok",
                        cell=format_cell(mean, std), note="")
             if device.type == "cuda":
                 row["peak_mem_GB"] = torch.cuda.max_memory_allocated(device) / 1e9

@@ -6,10 +6,13 @@ O(N·r·d) time, O(r·d) state per (batch, head). The PyTorch twin steps through
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from ..registry import register
+from ..registry import GPU_DTYPES, register
 from ._common import prepare
+from ._gpu import staged
 
 
 @register("causal-dot-product_torch", "Cdotp_torch", complexity="O(N·r·d)", language="torch",
@@ -27,3 +30,33 @@ def causal_dot_product_torch(B, C, V, gamma):
         state.add_(c[:, :, i, :, None] * v[:, :, i, None, :])
         out[:, :, i] = (b[:, :, i, None, :] @ state).squeeze(-2)
     return out.to(V.dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_extension():
+    """Build (first use; cached by torch under ``$TORCH_EXTENSIONS_DIR``) and load the CUDA kernel."""
+    from importlib import resources
+
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None:
+        raise RuntimeError(
+            "Cdotp builds its CUDA kernel on first use and needs the CUDA toolkit (nvcc), which was "
+            "not found: install the toolkit matching torch.version.cuda = "
+            f"{torch.version.cuda} and set CUDA_HOME, or use method='Cdotp_torch'")
+    src = resources.files("leetrepro.kernels")
+    sources = [str(src / "causal_dot_product_binding.cpp"), str(src / "causal_dot_product.cu")]
+    return cpp_extension.load(name="leetrepro_cdotp", sources=sources,
+                              extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
+
+
+@register("causal-dot-product", "Cdotp", complexity="O(N·r·d)", language="cuda", dtypes=GPU_DTYPES,
+          devices=("cuda",),
+          summary="CUDA: r×32 state per thread block on chip, one sweep over N (Vyas et al. style)")
+def causal_dot_product(B, C, V, gamma):
+    """CUDA causal-dot-product. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`;
+    r ≤ 256. fp32 accumulation for every dtype. Grid: (batch·heads, d / 32)."""
+    if B.shape[-1] > 256:
+        raise ValueError(f"Cdotp supports rank r ≤ 256, got r = {B.shape[-1]}; use LA or Cdotp_torch")
+    B, C, V, _, g = staged(B, C, V, gamma)
+    return cuda_extension().forward(B, C, V, g, torch.cuda.current_stream(V.device).cuda_stream)

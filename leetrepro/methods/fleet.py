@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 
 from .._decay import discounted_cumsum
-from ..registry import register
+from ..registry import GPU_DTYPES, register
 from ._common import prepare
+from ._gpu import next_pow2, staged, triton_kernels
 
 
 @register("FleetAttention_torch", "FA_torch", complexity="O(N·r·d)", language="torch",
@@ -24,3 +25,47 @@ def fleet_attention_torch(B, C, V, gamma):
     for i in range(b.shape[-1]):
         out += b[..., i:i + 1] * discounted_cumsum(c[..., i:i + 1] * v, lg)
     return out.to(V.dtype)
+
+
+def _launch(B, C, V, gamma, rank_groups: int):
+    kern = triton_kernels("fleet_attn")
+    batch, heads, n, r = B.shape
+    d = V.shape[-1]
+    B, C, V, lg, _ = staged(B, C, V, gamma)
+    out = torch.zeros_like(V) if rank_groups > 1 else torch.empty_like(V)
+    prefix = torch.zeros(batch * heads, r, d, dtype=torch.float32, device=V.device)  # the l^j
+    block_d = min(64, next_pow2(d))
+    per_program = -(-r // rank_groups)
+    grid = (batch * heads, -(-d // block_d), -(-r // per_program))
+    kern.fa_fwd_kernel[grid](B, C, V, out, prefix, lg if lg is not None else prefix, n, r, d, heads,
+                             per_program, HAS_DECAY=lg is not None, ACCUMULATE=rank_groups > 1,
+                             BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+@register("FleetAttention", "FA", complexity="O(N·r·d)", language="triton", dtypes=GPU_DTYPES,
+          devices=("cuda",),
+          summary="Triton Algorithm 5: column × row blocks, prefix sums l^j carried, ranks summed "
+                  "in one program (deterministic)")
+def fleet_attention(B, C, V, gamma):
+    """Triton FleetAttention (Algorithm 5, App. C.1). Shapes and gamma as in
+    :func:`leetrepro.causal_linear_decoder`. Grid: (batch·heads, d / 64); each program sums all
+    ranks itself, so results are bit-identical from run to run. Workspace: r·d fp32 per
+    (batch, head) for the prefix sums."""
+    return _launch(B, C, V, gamma, rank_groups=1)
+
+
+@register("FleetAttention_modify", "FA_modify", complexity="O(N·r·d)", language="triton",
+          dtypes=GPU_DTYPES, devices=("cuda",), unsafe=True,
+          summary="UNSAFE (Appendix D, Table 9 only): ranks split across programs that add into O "
+                  "without synchronisation; results are wrong",
+          options={"rank_groups": 8})
+def fleet_attention_modify(B, C, V, gamma, rank_groups: int = 8):
+    """UNSAFE: FleetAttention_modify of Appendix D, kept only to reproduce Table 9.
+
+    The ranks are split into ``rank_groups`` groups run by different programs, which add their
+    partial sums into O with an unsynchronised load-add-store; updates are lost when they overlap,
+    so the output is wrong (how wrong is part of what Table 9 reports). Never chosen by
+    ``method="auto"``.
+    """
+    return _launch(B, C, V, gamma, rank_groups=max(1, int(rank_groups)))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from .._decay import causal_mask, discounted_cumsum, powers
-from ..registry import register
+from ..registry import GPU_DTYPES, register
 from ._common import prepare
+from ._gpu import dot_precision, next_pow2, staged, triton_kernels
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
@@ -40,3 +41,36 @@ def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128):
         bw = b[:, :, 1:] if w_in is None else b[:, :, 1:] * w_in.unsqueeze(1)
         out[:, :, 1:] += bw @ h.view(batch, heads, nb - 1, r, d)
     return out.reshape(batch, heads, nb * size, d)[:, :, :n].to(V.dtype)
+
+
+def la_config(r: int, d: int, dtype: torch.dtype) -> dict:
+    """Block sizes for the Triton kernel: sized so that an H100 (232 KB of shared memory per block)
+    launches every dtype up to r = d = 256 (the original's fp16 config needed 245760 bytes)."""
+    block_r = next_pow2(r)
+    big = block_r > 128
+    return dict(BLOCK_N=32 if big else 64, BLOCK_R=block_r,
+                BLOCK_D=min(32 if big else 64, next_pow2(d)),
+                num_warps=8 if big else 4, num_stages=1 if big else 2)
+
+
+@register("lightningAttention-2", "LA", complexity="O(N·(L·(r+d) + r·d))", language="triton",
+          dtypes=GPU_DTYPES, devices=("cuda",),
+          summary="Triton: intra-block quadratic + on-chip inter-block state, one sweep over N",
+          options={"fp32_precision": "tf32"})
+def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
+    """Triton lightningAttention-2. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`.
+
+    fp32 inputs use tf32 dot products unless ``fp32_precision`` says otherwise (``"tf32x3"``,
+    ``"ieee"``; see :mod:`leetrepro.methods._gpu`). Grid: (batch·heads, d / BLOCK_D).
+    """
+    kern = triton_kernels("lightning_attn")
+    batch, heads, n, r = B.shape
+    d = V.shape[-1]
+    B, C, V, lg, _ = staged(B, C, V, gamma)
+    out = torch.empty_like(V)
+    cfg = la_config(r, d, V.dtype)
+    grid = (batch * heads, -(-d // cfg["BLOCK_D"]))
+    kern.la_fwd_kernel[grid](B, C, V, out, lg if lg is not None else out, n, r, d, heads,
+                             HAS_DECAY=lg is not None, PRECISION=dot_precision(V.dtype, fp32_precision),
+                             **cfg)
+    return out

@@ -1,0 +1,45 @@
+// Python binding of the CUDA causal-dot-product kernel (kernels/causal_dot_product.cu).
+// The stream comes from Python (torch.cuda.current_stream().cuda_stream), so this file needs only
+// the CPU-side torch headers.
+#include <torch/extension.h>
+
+#include <cstdint>
+
+namespace leetrepro {
+int cdotp_forward(int dtype, const void* B, const void* C, const void* V, void* O,
+                  const float* gamma, int64_t BH, int64_t N, int R, int D, int H, void* stream);
+int cdotp_max_rank();
+}  // namespace leetrepro
+
+static torch::Tensor forward(torch::Tensor B, torch::Tensor C, torch::Tensor V,
+                             c10::optional<torch::Tensor> gamma, int64_t stream) {
+  TORCH_CHECK(B.is_cuda() && C.is_cuda() && V.is_cuda(), "Cdotp: inputs must be CUDA tensors");
+  TORCH_CHECK(B.is_contiguous() && C.is_contiguous() && V.is_contiguous(),
+              "Cdotp: inputs must be contiguous");
+  TORCH_CHECK(B.dim() == 4 && C.sizes() == B.sizes() && V.dim() == 4, "Cdotp: bad shapes");
+  TORCH_CHECK(B.size(3) <= leetrepro::cdotp_max_rank(), "Cdotp: rank r = ", B.size(3),
+              " exceeds the kernel's maximum of ", leetrepro::cdotp_max_rank());
+  int dtype = -1;
+  if (V.scalar_type() == torch::kFloat32) dtype = 0;
+  if (V.scalar_type() == torch::kFloat16) dtype = 1;
+  if (V.scalar_type() == torch::kBFloat16) dtype = 2;
+  TORCH_CHECK(dtype >= 0, "Cdotp: dtype must be float32, float16 or bfloat16");
+  const float* g = nullptr;
+  if (gamma.has_value()) {
+    TORCH_CHECK(gamma->is_cuda() && gamma->scalar_type() == torch::kFloat32 &&
+                    gamma->is_contiguous() && gamma->numel() == B.size(1),
+                "Cdotp: gamma must be a contiguous float32 CUDA tensor of shape (heads,)");
+    g = gamma->data_ptr<float>();
+  }
+  auto O = torch::empty_like(V);
+  const int err = leetrepro::cdotp_forward(
+      dtype, B.data_ptr(), C.data_ptr(), V.data_ptr(), O.data_ptr(), g, B.size(0) * B.size(1),
+      B.size(2), static_cast<int>(B.size(3)), static_cast<int>(V.size(3)),
+      static_cast<int>(B.size(1)), reinterpret_cast<void*>(stream));
+  TORCH_CHECK(err == 0, "Cdotp kernel launch failed with cudaError ", err);
+  return O;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "causal-dot-product forward (CUDA)");
+}

@@ -1,0 +1,169 @@
+"""The full correctness matrix on a GPU: every registered method × dtype × mask × shape against the
+float64 oracle, plus run-to-run determinism. ``make gpu-check`` (or ``python -m leetrepro.gpu_check
+--out data/<gpu>``) writes ``correctness.csv`` and exits non-zero if any case fails.
+
+Shapes cover N = 1, odd N, r ≠ d, tiny r and d, r = d = 256, batch 16 × 32 heads, and N = 100000.
+``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
+first and last (batch, head) against the oracle. The output buffer is poisoned with NaN before
+every call, so a kernel that leaves elements unwritten fails.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+
+from . import causal_linear_decoder, reference, rel_error
+from ._inputs import DTYPE_NAMES
+from .bench import gpu_tag, provenance
+from .methods import methods
+from .reference import TF32_TOLERANCE, TOLERANCE
+
+# (batch, heads, N, r, d)
+SHAPES = [(1, 1, 1, 16, 16), (2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (1, 2, 3001, 256, 256),
+          (1, 32, 4097, 128, 128), (16, 32, 2048, 128, 128), (1, 4, 100000, 128, 128)]
+HUGE = (16, 32, 100000, 128, 128)
+QUADRATIC_MAX_N = 16384          # Vanilla materialises N×N per (batch, head)
+SLOW_TORCH_MAX_N = {"causal-dot-product_torch": 100000}
+
+
+def gammas(heads: int, seed: int) -> torch.Tensor:
+    """Per-head decays: random in (0.5, 1), with λ = 1 exactly and λ = 1e-4 among them."""
+    g = torch.Generator().manual_seed(seed)
+    out = 0.5 + 0.5 * torch.rand(heads, generator=g, dtype=torch.float64)
+    out[0] = 1.0
+    if heads > 1:
+        out[-1] = 1e-4
+    return out
+
+
+def inputs(shape, dtype, seed, device):
+    b, h, n, r, d = shape
+    g = torch.Generator(device=device).manual_seed(seed)
+    # drawn in the target dtype: the huge case has no room for a float32 copy
+    B, C = (torch.randn(b, h, n, r, generator=g, device=device, dtype=dtype).mul_(r ** -0.5)
+            for _ in range(2))
+    return B, C, torch.randn(b, h, n, d, generator=g, device=device, dtype=dtype)
+
+
+def poison(like: torch.Tensor) -> None:
+    """Fill the allocator's next block of this size with NaN (empty_like will likely reuse it)."""
+    torch.full_like(like, float("nan"))
+
+
+def variants(m, dtype):
+    """(label, options, tolerance) for one method and dtype: the Triton kernels in fp32 run with
+    their default tf32 dots and with the fp32-exact modes."""
+    if m.language == "triton" and dtype == torch.float32:
+        return [("tf32", {}, TF32_TOLERANCE), ("tf32x3", {"fp32_precision": "tf32x3"}, 1e-5),
+                ("ieee", {"fp32_precision": "ieee"}, 1e-5)]
+    return [("", {}, TOLERANCE[dtype])]
+
+
+def check_case(m, shape, dtype, decay, device, seed, rows, meta):
+    B, C, V = inputs(shape, dtype, seed, device)
+    g = gammas(shape[1], seed).to(device) if decay else None
+    ref = reference(B, C, V, g)
+    for label, opts, tol in variants(m, dtype):
+        row = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
+                   precision=label, decay=decay, batch=shape[0], heads=shape[1], N=shape[2],
+                   r=shape[3], d=shape[4], tol=tol, rel_err=math.nan, max_abs_err=math.nan,
+                   deterministic="", seconds=math.nan)
+        try:
+            poison(V)
+            t0 = time.perf_counter()
+            out = causal_linear_decoder(B, C, V, g, method=m.name, **opts)
+            torch.cuda.synchronize()
+            row["seconds"] = time.perf_counter() - t0
+            err = rel_error(out, ref)
+            row.update(rel_err=err, max_abs_err=(out.double() - ref).abs().max().item())
+            if m.language != "torch":
+                poison(V)
+                again = causal_linear_decoder(B, C, V, g, method=m.name, **opts)
+                row["deterministic"] = bool(torch.equal(out, again))
+            ok = err <= tol
+            if m.unsafe:
+                row["status"] = "unsafe (reported, not judged)"
+            else:
+                row["status"] = "pass" if ok and row["deterministic"] is not False else "FAIL"
+        except Exception as exc:  # a failing case is recorded, the matrix goes on
+            row["status"] = f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        rows.append(row)
+        print(f"{row['status'][:30]:30s} {m.abbr:12s} {row['dtype']:9s} {label:6s} "
+              f"decay={decay!s:5s} {shape} err={row['rel_err']:.2e}", flush=True)
+    del B, C, V, ref
+    torch.cuda.empty_cache()
+
+
+def check_huge(m, dtype, device, rows, meta):
+    """batch 16 × 32 heads × N = 100000: the first and last (batch, head) against the oracle."""
+    b, h, n, r, d = HUGE
+    row = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
+               precision="", decay=True, batch=b, heads=h, N=n, r=r, d=d, tol=TOLERANCE[dtype],
+               rel_err=math.nan, max_abs_err=math.nan, deterministic="", seconds=math.nan,
+               note="checked on (batch, head) = (0, 0) and (15, 31)")
+    try:
+        B, C, V = inputs(HUGE, dtype, 7, device)
+        g = gammas(h, 7).to(device)
+        out = causal_linear_decoder(B, C, V, g, method=m.name)
+        errs = []
+        for bi, hi in ((0, 0), (b - 1, h - 1)):
+            sl = (slice(bi, bi + 1), slice(hi, hi + 1))
+            ref = reference(B[sl], C[sl], V[sl], g[hi:hi + 1])
+            errs.append(rel_error(out[sl], ref))
+        row.update(rel_err=max(errs), status="pass" if max(errs) <= TOLERANCE[dtype] else "FAIL")
+    except Exception as exc:
+        row["status"] = f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    rows.append(row)
+    print(f"{row['status'][:30]:30s} {m.abbr:12s} {row['dtype']:9s} huge {HUGE} err={row['rel_err']:.2e}",
+          flush=True)
+    torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for correctness.csv (default data/<gpu>)")
+    p.add_argument("--methods", nargs="*", default=None, help="abbreviations (default: all)")
+    p.add_argument("--huge", action="store_true", help="also batch 16 × 32 heads × N = 100000")
+    p.add_argument("--quick", action="store_true", help="small shapes only")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    meta = provenance(device)
+    chosen = [m for m in methods() if args.methods is None or m.abbr in args.methods]
+    shapes = SHAPES[:3] if args.quick else SHAPES
+    rows = []
+    for m in chosen:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            if not m.supports(dtype, device):
+                continue
+            for si, shape in enumerate(shapes):
+                if m.name == "vanilla" and shape[2] > QUADRATIC_MAX_N:
+                    continue  # O(N²) memory: not part of the matrix for this method
+                for decay in (False, True):
+                    check_case(m, shape, dtype, decay, device, 100 * si + decay, rows, meta)
+            if args.huge and m.language in ("triton", "cuda") and not m.unsafe \
+                    and dtype == torch.float16:
+                check_huge(m, dtype, device, rows, meta)
+    df = pd.DataFrame(rows)
+    out = args.out or os.path.join("data", gpu_tag(device))
+    os.makedirs(out, exist_ok=True)
+    df.to_csv(os.path.join(out, "correctness.csv"), index=False)
+    failed = df[df.status.str.startswith("FAIL")]
+    print(f"\n{len(df)} cases, {len(failed)} failed -> {out}/correctness.csv")
+    if len(failed):
+        print(failed[["abbr", "dtype", "precision", "decay", "batch", "heads", "N", "r", "d",
+                      "rel_err", "status"]].to_string())
+    return 1 if len(failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Latency of the GPU kernels and their PyTorch twins at the paper's shapes (heads 32, r = d = 128,
+batch 1 and 16, N = 128 … 100000, both masks, fp32 and fp16), with the distance to the memory
+floor. ``make bench-kernels`` (or ``python -m leetrepro.kernel_bench --out data/<gpu>``) writes
+``kernels.csv``: median, min, max, mean, std, peak memory, floor and median/floor per cell, and
+the device-to-device copy bandwidth measured in the same run (the floor uses it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from .bench import PAPER_SEQLENS, benchmark_method, gpu_tag, provenance
+from .complexity import io_bytes
+
+KERNELS = ("LA", "FA", "FA_modify", "Cdotp")
+TWINS = ("LA_torch", "FA_torch", "Cdotp_torch")
+
+
+def copy_bandwidth(device, nbytes: int = 2 * 2 ** 30, reps: int = 20) -> float:
+    """Bytes read + written per second by a device-to-device copy (the memory ceiling)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        dst.copy_(src)
+        stop.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(stop) / 1e3)
+    times.sort()
+    return 2 * nbytes / times[len(times) // 2]
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for kernels.csv (default data/<gpu>)")
+    p.add_argument("--methods", nargs="*", default=list(KERNELS + TWINS))
+    p.add_argument("--dtypes", nargs="*", default=["float32", "float16"])
+    p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
+    p.add_argument("--seqlens", nargs="*", type=int, default=list(PAPER_SEQLENS))
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--time-limit", type=float, default=2.0,
+                   help="seconds one call may take before the cell reads >limit")
+    p.add_argument("--cell-seconds", type=float, default=4.0,
+                   help="fewer reps (≥ 3) for cells slower than this in total")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernel_bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    meta = provenance(device)
+    bw = copy_bandwidth(device)
+    print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
+    frames = []
+    for dtype in args.dtypes:
+        for batch in args.batches:
+            for decay in (False, True):
+                for method in args.methods:
+                    df = benchmark_method(method, device="cuda", dtype=dtype, batch_size=batch,
+                                          is_weight_decay=decay, seqlens=args.seqlens,
+                                          reps=args.reps, time_limit=args.time_limit,
+                                          max_cell_seconds=args.cell_seconds, progress=False)
+                    frames.append(df)
+                    cells = " ".join(f"{c:>9s}" if s != "ok" else f"{m * 1e3:9.3f}"
+                                     for c, s, m in zip(df.cell, df.status, df.median_s))
+                    print(f"{dtype:8s} b{batch:<2d} decay={decay!s:5s} {method:11s} ms: {cells}",
+                          flush=True)
+    df = pd.concat(frames, ignore_index=True)
+    itemsize = df.dtype.map({"float32": 4, "float16": 2, "bfloat16": 2})
+    df["floor_s"] = [io_bytes(n, r, d, batch=b, heads=h, itemsize=i) / bw
+                     for n, r, d, b, h, i in zip(df.N, df["rank"], df.dim, df.batch, df.heads, itemsize)]
+    df["ratio_to_floor"] = df.median_s / df.floor_s
+    df["copy_TBps"] = bw / 1e12
+    for k, v in meta.items():
+        df[k] = v
+    out = args.out or os.path.join("data", gpu_tag(device))
+    os.makedirs(out, exist_ok=True)
+    df.to_csv(os.path.join(out, "kernels.csv"), index=False)
+    print(f"-> {out}/kernels.csv ({len(df)} cells)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
