@@ -58,7 +58,7 @@ def poison(like: torch.Tensor) -> None:
 def variants(m, dtype):
     """(label, options, tolerance) for one method and dtype: the Triton kernels in fp32 run with
     their default tf32 dots and with the fp32-exact modes."""
-    if m.language == "triton" and dtype == torch.float32:
+    if "fp32_precision" in m.options and dtype == torch.float32:
         return [("tf32", {}, TF32_TOLERANCE), ("tf32x3", {"fp32_precision": "tf32x3"}, 1e-5),
                 ("ieee", {"fp32_precision": "ieee"}, 1e-5)]
     return [("", {}, TOLERANCE[dtype])]

@@ -38,8 +38,6 @@ def copy_bandwidth(device, nbytes: int = 2 * 2 ** 30, reps: int = 20) -> float:
 
 
 def main(argv=None) -> int:
-    import pandas as pd
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for kernels.csv (default data/<gpu>)")
     p.add_argument("--methods", nargs="*", default=list(KERNELS + TWINS))
@@ -59,6 +57,8 @@ def main(argv=None) -> int:
     meta = provenance(device)
     bw = copy_bandwidth(device)
     print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
+    out = args.out or os.path.join("data", gpu_tag(device))
+    os.makedirs(out, exist_ok=True)
     frames = []
     for dtype in args.dtypes:
         for batch in args.batches:
@@ -69,10 +69,19 @@ def main(argv=None) -> int:
                                           reps=args.reps, time_limit=args.time_limit,
                                           max_cell_seconds=args.cell_seconds, progress=False)
                     frames.append(df)
+                    finish(frames, bw, meta, out)  # rewritten after every sweep: a cut run keeps its data
                     cells = " ".join(f"{c:>9s}" if s != "ok" else f"{m * 1e3:9.3f}"
                                      for c, s, m in zip(df.cell, df.status, df.median_s))
                     print(f"{dtype:8s} b{batch:<2d} decay={decay!s:5s} {method:11s} ms: {cells}",
                           flush=True)
+    print(f"-> {out}/kernels.csv ({sum(len(f) for f in frames)} cells)")
+    return 0
+
+
+def finish(frames, bw: float, meta: dict, out: str):
+    """Add floor, ratio and provenance columns and write ``out/kernels.csv``."""
+    import pandas as pd
+
     df = pd.concat(frames, ignore_index=True)
     itemsize = df.dtype.map({"float32": 4, "float16": 2, "bfloat16": 2})
     df["floor_s"] = [io_bytes(n, r, d, batch=b, heads=h, itemsize=i) / bw
@@ -81,11 +90,8 @@ def main(argv=None) -> int:
     df["copy_TBps"] = bw / 1e12
     for k, v in meta.items():
         df[k] = v
-    out = args.out or os.path.join("data", gpu_tag(device))
-    os.makedirs(out, exist_ok=True)
     df.to_csv(os.path.join(out, "kernels.csv"), index=False)
-    print(f"-> {out}/kernels.csv ({len(df)} cells)")
-    return 0
+    return df
 
 
 if __name__ == "__main__":

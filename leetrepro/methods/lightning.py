@@ -43,14 +43,15 @@ def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128):
     return out.reshape(batch, heads, nb * size, d)[:, :, :n].to(V.dtype)
 
 
-def la_config(r: int, d: int, dtype: torch.dtype) -> dict:
+def la_config(r: int, d: int, precision: str) -> dict:
     """Block sizes for the Triton kernel: sized so that an H100 (232 KB of shared memory per block)
-    launches every dtype up to r = d = 256 (the original's fp16 config needed 245760 bytes)."""
+    launches every dtype and precision up to r = d = 256 (the original's fp16 config needed
+    245760 bytes; so does ours with tf32x3 split operands and two pipeline stages)."""
     block_r = next_pow2(r)
     big = block_r > 128
     return dict(BLOCK_N=32 if big else 64, BLOCK_R=block_r,
                 BLOCK_D=min(32 if big else 64, next_pow2(d)),
-                num_warps=8 if big else 4, num_stages=1 if big else 2)
+                num_warps=8 if big else 4, num_stages=1 if big or precision == "tf32x3" else 2)
 
 
 @register("lightningAttention-2", "LA", complexity="O(N·(L·(r+d) + r·d))", language="triton",
@@ -68,9 +69,9 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     d = V.shape[-1]
     B, C, V, lg, _ = staged(B, C, V, gamma)
     out = torch.empty_like(V)
-    cfg = la_config(r, d, V.dtype)
+    precision = dot_precision(V.dtype, fp32_precision)
+    cfg = la_config(r, d, precision)
     grid = (batch * heads, -(-d // cfg["BLOCK_D"]))
     kern.la_fwd_kernel[grid](B, C, V, out, lg if lg is not None else out, n, r, d, heads,
-                             HAS_DECAY=lg is not None, PRECISION=dot_precision(V.dtype, fp32_precision),
-                             **cfg)
+                             HAS_DECAY=lg is not None, PRECISION=precision, **cfg)
     return out
