@@ -4,8 +4,9 @@
 //   U_i = λ U_{i-1} + c_iᵀ v_i,    o_i = b_i U_i        (λ = 1: the 0-1 mask)
 //
 // Thread (warp w, lane l) holds state rows [w·RPT, (w+1)·RPT) of column l in registers. Tokens go
-// in chunks of T: the chunk's B, C (contiguous, coalesced) and V columns are staged in shared
-// memory as fp32; each warp writes its partial dot products b_i·U_i, and the block sums them.
+// in chunks: the chunk's B, C (contiguous, coalesced) and V columns are staged in shared memory as
+// fp32 (the next chunk is already loading into registers meanwhile); each warp writes its partial
+// dot products b_i·U_i, and the block sums them.
 // Accumulation is fp32 for every input dtype. Offsets are 64-bit (batch 16 × 32 heads × 100000 ×
 // 128 elements is past int32). No torch headers: the binding lives in causal_dot_product_binding.cpp.
 #include <cuda_bf16.h>
@@ -17,9 +18,9 @@
 namespace leetrepro {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
 constexpr int kCols = 32;
-constexpr int kChunk = 16;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -31,58 +32,101 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(x);
 }
 
-template <typename scalar_t, int RPT>
-__global__ void __launch_bounds__(kWarps * 32)
+// Loads tokens [t0, t0 + CHUNK) of B, C (rows padded to RP) and of V's kCols columns into the
+// calling thread's registers, zero where out of range.
+template <typename scalar_t, int RP, int CHUNK, int kBC, int kV>
+__device__ __forceinline__ void fetch_chunk(const scalar_t* __restrict__ Bp,
+                                            const scalar_t* __restrict__ Cp,
+                                            const scalar_t* __restrict__ Vp, int64_t t0, int64_t N,
+                                            int R, int D, int col0, float (&rb)[kBC],
+                                            float (&rc)[kBC], float (&rv)[kV]) {
+#pragma unroll
+  for (int i = 0; i < kBC; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int t = idx / RP, row = idx % RP;
+    const bool ok = idx < CHUNK * RP && t0 + t < N && row < R;
+    const int64_t off = (t0 + t) * R + row;
+    rb[i] = ok ? to_float(Bp[off]) : 0.0f;
+    rc[i] = ok ? to_float(Cp[off]) : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kV; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    const int t = idx / kCols, col = col0 + idx % kCols;
+    rv[i] = (idx < CHUNK * kCols && t0 + t < N && col < D) ? to_float(Vp[(t0 + t) * D + col])
+                                                            : 0.0f;
+  }
+}
+
+// RPT state rows per thread (a multiple of 4: rows are read from shared memory as float4);
+// CHUNK tokens staged per step; DECAY false compiles the 0-1 mask without the λ multiply.
+template <typename scalar_t, int RPT, int CHUNK, bool DECAY>
+__global__ void __launch_bounds__(kThreads)
 cdotp_kernel(const scalar_t* __restrict__ B, const scalar_t* __restrict__ C,
              const scalar_t* __restrict__ V, scalar_t* __restrict__ O,
              const float* __restrict__ gamma, int64_t N, int R, int D, int H) {
-  constexpr int RP = kWarps * RPT;  // state rows, r padded
-  __shared__ float sb[kChunk * RP];
-  __shared__ float sc[kChunk * RP];
-  __shared__ float sv[kChunk * kCols];
-  __shared__ float sp[kChunk * kWarps * kCols];
+  constexpr int RP = kWarps * RPT;                          // state rows, r padded
+  constexpr int kBC = (CHUNK * RP + kThreads - 1) / kThreads;  // B/C elements each thread stages
+  constexpr int kV = (CHUNK * kCols + kThreads - 1) / kThreads;
+  __shared__ __align__(16) float sb[CHUNK * RP];
+  __shared__ __align__(16) float sc[CHUNK * RP];
+  __shared__ float sv[CHUNK * kCols];
+  __shared__ float sp[CHUNK * kWarps * kCols];
   const int64_t bh = blockIdx.x;
   const int col0 = blockIdx.y * kCols;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const float g = gamma != nullptr ? gamma[bh % H] : 1.0f;
+  const float g = DECAY ? gamma[bh % H] : 1.0f;
   const scalar_t* Bp = B + bh * N * R;
   const scalar_t* Cp = C + bh * N * R;
   const scalar_t* Vp = V + bh * N * D;
   scalar_t* Op = O + bh * N * D;
 
+  // the next chunk travels in registers while the current one is computed: one memory latency
+  // per chunk, hidden behind the arithmetic, instead of one per staged element
+  float rb[kBC], rc[kBC], rv[kV];
+  fetch_chunk<scalar_t, RP, CHUNK, kBC, kV>(Bp, Cp, Vp, 0, N, R, D, col0, rb, rc, rv);
+
   float state[RPT];
 #pragma unroll
   for (int k = 0; k < RPT; ++k) state[k] = 0.0f;
 
-  for (int64_t t0 = 0; t0 < N; t0 += kChunk) {
-    const int tn = static_cast<int>(N - t0 < kChunk ? N - t0 : kChunk);
-    for (int idx = threadIdx.x; idx < kChunk * RP; idx += blockDim.x) {
-      const int t = idx / RP, row = idx % RP;
-      const bool ok = t < tn && row < R;
-      const int64_t off = (t0 + t) * R + row;
-      sb[idx] = ok ? to_float(Bp[off]) : 0.0f;
-      sc[idx] = ok ? to_float(Cp[off]) : 0.0f;
+  for (int64_t t0 = 0; t0 < N; t0 += CHUNK) {
+    const int tn = static_cast<int>(N - t0 < CHUNK ? N - t0 : CHUNK);
+#pragma unroll
+    for (int i = 0; i < kBC; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      if (idx < CHUNK * RP) { sb[idx] = rb[i]; sc[idx] = rc[i]; }
     }
-    for (int idx = threadIdx.x; idx < kChunk * kCols; idx += blockDim.x) {
-      const int t = idx / kCols, col = col0 + idx % kCols;
-      sv[idx] = (t < tn && col < D) ? to_float(Vp[(t0 + t) * D + col]) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kV; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      if (idx < CHUNK * kCols) sv[idx] = rv[i];
     }
     __syncthreads();
+    if (t0 + CHUNK < N)
+      fetch_chunk<scalar_t, RP, CHUNK, kBC, kV>(Bp, Cp, Vp, t0 + CHUNK, N, R, D, col0, rb, rc, rv);
     for (int t = 0; t < tn; ++t) {
       const float v = sv[t * kCols + lane];
-      const float* bt = sb + t * RP + warp * RPT;  // same address across the warp: a broadcast
-      const float* ct = sc + t * RP + warp * RPT;
-      float part = 0.0f;
+      // same address across the warp: broadcast reads, 16 bytes at a time
+      const float4* bt = reinterpret_cast<const float4*>(sb + t * RP + warp * RPT);
+      const float4* ct = reinterpret_cast<const float4*>(sc + t * RP + warp * RPT);
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one serial sum
 #pragma unroll
-      for (int k = 0; k < RPT; ++k) {
-        state[k] = fmaf(g, state[k], ct[k] * v);
-        part = fmaf(bt[k], state[k], part);
+      for (int k4 = 0; k4 < RPT / 4; ++k4) {
+        const float4 b4 = bt[k4], c4 = ct[k4];
+        const float bk[4] = {b4.x, b4.y, b4.z, b4.w}, ck[4] = {c4.x, c4.y, c4.z, c4.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          float& s = state[4 * k4 + u];
+          s = DECAY ? fmaf(ck[u], v, g * s) : fmaf(ck[u], v, s);
+          part[u] = fmaf(bk[u], s, part[u]);
+        }
       }
-      sp[(t * kWarps + warp) * kCols + lane] = part;
+      sp[(t * kWarps + warp) * kCols + lane] = (part[0] + part[1]) + (part[2] + part[3]);
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < tn * kCols; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < tn * kCols; idx += kThreads) {
       const int t = idx / kCols, c = idx % kCols;
       float sum = 0.0f;
 #pragma unroll
@@ -96,10 +140,16 @@ cdotp_kernel(const scalar_t* __restrict__ B, const scalar_t* __restrict__ C,
 template <typename scalar_t, int RPT>
 cudaError_t launch_rpt(const void* B, const void* C, const void* V, void* O, const float* gamma,
                        int64_t BH, int64_t N, int R, int D, int H, cudaStream_t stream) {
+  constexpr int kChunk = RPT <= 16 ? 16 : 8;  // static shared memory stays under 48 KB
   const dim3 grid(static_cast<unsigned>(BH), static_cast<unsigned>((D + kCols - 1) / kCols));
-  cdotp_kernel<scalar_t, RPT><<<grid, kWarps * 32, 0, stream>>>(
-      static_cast<const scalar_t*>(B), static_cast<const scalar_t*>(C),
-      static_cast<const scalar_t*>(V), static_cast<scalar_t*>(O), gamma, N, R, D, H);
+  const auto* b = static_cast<const scalar_t*>(B);
+  const auto* c = static_cast<const scalar_t*>(C);
+  const auto* v = static_cast<const scalar_t*>(V);
+  auto* o = static_cast<scalar_t*>(O);
+  if (gamma != nullptr)
+    cdotp_kernel<scalar_t, RPT, kChunk, true><<<grid, kThreads, 0, stream>>>(b, c, v, o, gamma, N, R, D, H);
+  else
+    cdotp_kernel<scalar_t, RPT, kChunk, false><<<grid, kThreads, 0, stream>>>(b, c, v, o, gamma, N, R, D, H);
   return cudaGetLastError();
 }
 
@@ -107,19 +157,16 @@ template <typename scalar_t>
 cudaError_t launch(const void* B, const void* C, const void* V, void* O, const float* gamma,
                    int64_t BH, int64_t N, int R, int D, int H, cudaStream_t stream) {
   const int rpt = (R + kWarps - 1) / kWarps;
-  if (rpt <= 1) return launch_rpt<scalar_t, 1>(B, C, V, O, gamma, BH, N, R, D, H, stream);
-  if (rpt <= 2) return launch_rpt<scalar_t, 2>(B, C, V, O, gamma, BH, N, R, D, H, stream);
   if (rpt <= 4) return launch_rpt<scalar_t, 4>(B, C, V, O, gamma, BH, N, R, D, H, stream);
   if (rpt <= 8) return launch_rpt<scalar_t, 8>(B, C, V, O, gamma, BH, N, R, D, H, stream);
   if (rpt <= 16) return launch_rpt<scalar_t, 16>(B, C, V, O, gamma, BH, N, R, D, H, stream);
   if (rpt <= 32) return launch_rpt<scalar_t, 32>(B, C, V, O, gamma, BH, N, R, D, H, stream);
-  if (rpt <= 64) return launch_rpt<scalar_t, 64>(B, C, V, O, gamma, BH, N, R, D, H, stream);
   return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
-int cdotp_max_rank() { return kWarps * 64; }
+int cdotp_max_rank() { return kWarps * 32; }
 
 // dtype: 0 float32, 1 float16, 2 bfloat16. gamma: per-head λ (H floats) or nullptr for the 0-1
 // mask. Inputs contiguous (batch·heads, N, r|d). Returns a cudaError_t.

@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="*", default=["float32", "float16"])
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
     p.add_argument("--seqlens", nargs="*", type=int, default=list(PAPER_SEQLENS))
+    p.add_argument("--twin-seqlens", nargs="*", type=int, default=[128, 2048, 8192, 25600],
+                   help="N for the PyTorch twins (they take seconds per call at long N)")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--time-limit", type=float, default=2.0,
                    help="seconds one call may take before the cell reads >limit")
@@ -65,7 +67,8 @@ def main(argv=None) -> int:
             for decay in (False, True):
                 for method in args.methods:
                     df = benchmark_method(method, device="cuda", dtype=dtype, batch_size=batch,
-                                          is_weight_decay=decay, seqlens=args.seqlens,
+                                          is_weight_decay=decay,
+                                          seqlens=args.twin_seqlens if method in TWINS else args.seqlens,
                                           reps=args.reps, time_limit=args.time_limit,
                                           max_cell_seconds=args.cell_seconds, progress=False)
                     frames.append(df)
