@@ -71,7 +71,28 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     out = torch.empty_like(V)
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = la_config(r, d, precision)
-    grid = (batch * heads, -(-d // cfg["BLOCK_D"]))
-    kern.la_fwd_kernel[grid](B, C, V, out, lg if lg is not None else out, n, r, d, heads,
-                             HAS_DECAY=lg is not None, PRECISION=precision, **cfg)
+    d_blocks = -(-d // cfg["BLOCK_D"])
+    seg = segment_length(n, batch * heads * d_blocks, cfg["BLOCK_N"], V.device)
+    n_seg = -(-n // seg)
+    grid = (batch * heads, d_blocks, n_seg)
+    consts = dict(HAS_DECAY=lg is not None, PRECISION=precision, **cfg)
+    lg = lg if lg is not None else out  # unused without decay
+    if n_seg > 1:
+        states = torch.empty(batch * heads, n_seg, cfg["BLOCK_R"], d, dtype=torch.float32,
+                             device=V.device)
+        kern.la_state_kernel[grid](C, V, states, lg, n, r, d, heads, seg, **consts)
+    else:
+        states = out  # unused with one segment
+    kern.la_fwd_kernel[grid](B, C, V, out, states, lg, n, r, d, heads, seg, **consts)
     return out
+
+
+def segment_length(n: int, programs: int, block_n: int, device) -> int:
+    """Rows per segment of N. Batch·heads·column-blocks programs alone leave most SMs idle at
+    batch 1 (64 programs for 32 heads on 132 SMs), so N is cut until there are about four
+    programs per SM, never into segments shorter than 1024 rows: the segment states cost an extra
+    read of C and V, worth it only when the sweep itself is long."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
+        else 4
+    pieces = max(1, min(-(-4 * sms // programs), n // 1024))
+    return -(-(-(-n // pieces)) // block_n) * block_n
