@@ -178,7 +178,7 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
     base = dict(method=name, device=device_name(device), dtype=DTYPE_NAMES[torch_dtype],
                 batch=batch_size, heads=heads, rank=rank, dim=dim, decay=bool(is_weight_decay))
     rows, over_limit_at = [], None
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)  # on the device: GBs at long N
     for n in _progress(list(seqlens), f"{name} {base['dtype']} b{batch_size}", progress):
         row = dict(base, N=int(n), mean_s=math.nan, std_s=math.nan, median_s=math.nan,
                    min_s=math.nan, max_s=math.nan, reps=0, peak_mem_GB=math.nan)
@@ -195,8 +195,8 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
             n_sets = 3 if one_set < ROTATE_BELOW_BYTES else 1
             for _ in range(n_sets):
                 arg_sets.append(tuple(
-                    torch.randn(batch_size, heads, n, k, generator=gen, dtype=torch.float32)
-                    .to(device=device, dtype=torch_dtype) for k in (rank, rank, dim)))
+                    torch.randn(batch_size, heads, n, k, generator=gen, device=device,
+                                dtype=torch_dtype) for k in (rank, rank, dim)))
             sync(device)
             t0 = time.perf_counter()
             fn(*arg_sets[0])

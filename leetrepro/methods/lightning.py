@@ -9,6 +9,9 @@ The Triton kernel (LA) keeps H on chip and makes one pass over the inputs.
 """
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 
 from .._decay import causal_mask, discounted_cumsum, powers
@@ -49,9 +52,12 @@ def la_config(r: int, d: int, precision: str) -> dict:
     245760 bytes; so does ours with tf32x3 split operands and two pipeline stages)."""
     block_r = next_pow2(r)
     big = block_r > 128
-    return dict(BLOCK_N=32 if big else 64, BLOCK_R=block_r,
-                BLOCK_D=min(32 if big else 64, next_pow2(d)),
-                num_warps=8 if big else 4, num_stages=1 if big or precision == "tf32x3" else 2)
+    cfg = dict(BLOCK_N=32 if big else 64, BLOCK_R=block_r,
+               BLOCK_D=min(32 if big else 64, next_pow2(d)),
+               num_warps=8 if big else 4, num_stages=1 if big or precision == "tf32x3" else 2)
+    # tuning hook: LEETREPRO_LA_CONFIG='{"num_warps": 8}' overrides entries (for sweeps, not users)
+    cfg.update(json.loads(os.environ.get("LEETREPRO_LA_CONFIG", "{}")))
+    return cfg
 
 
 @register("lightningAttention-2", "LA", complexity="O(N·(L·(r+d) + r·d))", language="triton",
