@@ -26,7 +26,8 @@ def auto_method(n: int, dtype: torch.dtype, device: torch.device) -> Method:
             m = get(name)
         except ValueError:
             continue
-        if m.supports(dtype, device) and not m.unsafe:
+        # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
+        if m.supports(dtype, device) and torch.device(device).type in m.devices and not m.unsafe:
             return m
     raise ValueError(f"no registered method supports dtype {dtype} on {device}")
 

@@ -1,5 +1,13 @@
-import pytest
+import os
+
 import torch
+
+# Without a GPU, the Triton kernels run under Triton's interpreter on CPU tensors. Set before any
+# kernel module is imported (the launchers import them on first use).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from leetrepro import reference, rel_error
 from leetrepro.reference import TOLERANCE

@@ -1,0 +1,123 @@
+"""The GPU kernels on the CPU: Triton ones under TRITON_INTERPRET=1 against the oracle (small shapes:
+the interpreter is slow), the CUDA source compiled by nvcc. On a GPU the same tests run natively;
+the full matrix is ``make gpu-check`` (data/h100/correctness.csv)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import leetrepro
+from leetrepro import causal_linear_decoder
+from leetrepro.methods import get
+
+from conftest import assert_close_to_reference, make_inputs, random_gammas
+
+triton = pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = DEVICE == "cpu"
+KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
+# (batch, heads, N, r, d): odd N, r ≠ d, tiny r and d, batch > 1; N = 2100 crosses LA's segment split
+LA_SHAPES = [(2, 3, 37, 8, 5), (1, 2, 130, 20, 33), (1, 1, 2100, 4, 6)]
+FA_SHAPES = [(2, 3, 37, 8, 5), (1, 1, 130, 5, 20)]
+BF16_DOT_BROKEN = pytest.mark.xfail(
+    INTERPRETED, strict=True,
+    reason="Triton 3.6's interpreter returns garbage for bf16 tl.dot (a bare bf16 product is 100% "
+           "off); LA bf16 is verified on the GPU (data/h100/correctness.csv)")
+
+
+def _check(method, shape, dtype, decay, **opts):
+    B, C, V = make_inputs(*shape, dtype=dtype, device=DEVICE, seed=sum(shape))
+    g = random_gammas(shape[1], seed=shape[2], low=0.9).to(DEVICE) if decay else None
+    out = causal_linear_decoder(B, C, V, g, method=method, **opts)
+    tol = 5e-3 if dtype == torch.float32 and not INTERPRETED and not opts else None
+    assert_close_to_reference(out, B, C, V, g, tol=tol)
+    return B, C, V, g, out
+
+
+@pytest.mark.parametrize("shape", LA_SHAPES, ids=str)
+@pytest.mark.parametrize("decay", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
+                                   pytest.param(torch.bfloat16, marks=BF16_DOT_BROKEN)])
+def test_lightning_attention2_triton(shape, decay, dtype):
+    _check("LA", shape, dtype, decay)
+
+
+@pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
+def test_lightning_fp32_exact_modes(precision):
+    _check("LA", LA_SHAPES[0], torch.float32, True, fp32_precision=precision)
+    with pytest.raises(ValueError, match="fp32_precision"):
+        _check("LA", LA_SHAPES[0], torch.float32, True, fp32_precision="fast")
+
+
+@pytest.mark.parametrize("shape", FA_SHAPES, ids=str)
+@pytest.mark.parametrize("decay", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_fleet_attention_triton_is_correct_and_deterministic(shape, decay, dtype):
+    B, C, V, g, out = _check("FA", shape, dtype, decay)
+    assert torch.equal(out, causal_linear_decoder(B, C, V, g, method="FA"))
+
+
+def test_fa_modify_is_registered_unsafe_and_never_auto():
+    m = get("FA_modify")
+    assert m.unsafe and "UNSAFE" in m.fn.__doc__
+    assert leetrepro.available().loc["FleetAttention_modify", "unsafe"]
+    for n in (64, 4096):
+        assert leetrepro.auto_method(n, torch.float16, torch.device(DEVICE)).abbr != "FA_modify"
+    # it runs; under the interpreter programs run one after another, so its race cannot bite
+    B, C, V = make_inputs(1, 1, 40, 8, 4, device=DEVICE)
+    out = causal_linear_decoder(B, C, V, 0.9, method="FA_modify")
+    assert out.shape == V.shape
+    if INTERPRETED:
+        assert_close_to_reference(out, B, C, V, 0.9)
+
+
+def test_kernel_sources_ship_with_the_package():
+    from importlib import resources
+    files = {p.name for p in resources.files("leetrepro.kernels").iterdir()}
+    assert {"lightning_attn.py", "fleet_attn.py", "causal_dot_product.cu",
+            "causal_dot_product_binding.cpp"} <= files
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_cuda_methods_on_cpu_are_a_clear_error():
+    B, C, V = make_inputs(1, 1, 8, 4, 4)
+    with pytest.raises(ValueError, match="does not support .* on device cpu"):
+        causal_linear_decoder(B, C, V, method="Cdotp")
+
+
+def test_cdotp_without_toolchain_says_how_to_fix(monkeypatch):
+    from torch.utils import cpp_extension
+
+    from leetrepro.methods.causal_dot_product import cuda_extension
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    with pytest.raises(RuntimeError, match="nvcc.*CUDA_HOME.*Cdotp_torch"):
+        cuda_extension.__wrapped__()
+
+
+def test_cdotp_cuda_source_compiles(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found: the CUDA source was not compiled on this machine")
+    src = os.path.join(KERNELS, "causal_dot_product.cu")
+    res = subprocess.run([nvcc, "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90",
+                          "-c", src, "-o", str(tmp_path / "cdotp.o")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "cdotp.o").stat().st_size > 0
+
+
+def test_cdotp_binding_compiles_against_torch_headers(tmp_path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler: the binding was not compiled on this machine")
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+    incs = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", *incs,
+                          "-DTORCH_EXTENSION_NAME=leetrepro_cdotp",
+                          os.path.join(KERNELS, "causal_dot_product_binding.cpp")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
