@@ -10,16 +10,35 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 TORCH  ?= $(if $(HAS_GPU),torch,torch==2.13.0 triton==3.6.0 "numpy<2.3")
 PYTEST_ARGS ?=
 
-GPU    ?= $(shell $(PY) -c "from leetrepro.bench import gpu_tag; print(gpu_tag())" 2>/dev/null || echo gpu)
+# HERE: this machine's tag (h100, a100, … or cpu). GPU: whose tables to make; on a machine without
+# a GPU the GPU tables are re-rendered from the committed data/$(GPU)/ (default h100).
+HERE   := $(shell $(PY) -c "from leetrepro.bench import gpu_tag; print(gpu_tag())" 2>/dev/null || echo cpu)
+GPU    ?= $(if $(filter cpu,$(HERE)),h100,$(HERE))
 DATA   ?= data/$(GPU)
+OUT    ?= .
+DTYPE  ?= float32
+REPS   ?= 15
+NBFLAGS ?=
+# the venv by default; on an offline GPU host: make reproduce PY=python3 INSTALLED= (see README)
+INSTALLED ?= $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+NB     = $(PY) -m papermill -k python3 --log-level WARNING
+LEMMA_CPU := -y "ks: [8, 9, 10, 11, 12, 13]" -p heads 4 -p reps 3
+LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
+TABLES := table3 table4 table5 table6
 
-.PHONY: help install test clean gpu-check bench-kernels
+.PHONY: help install test clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
+        derivations long-prompts claims wheelhouse
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
 	@echo "make test      the test suite (CPU; Triton kernels under TRITON_INTERPRET=1)"
 	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> $(DATA)/correctness.csv"
 	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> $(DATA)/kernels.csv"
+	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from $(DATA))"
+	@echo "make table3 … table6 table9 lemma31 derivations long-prompts claims   one each"
+	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) OUT=$(OUT) NBFLAGS='-p seqlens ...'"
+	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +57,43 @@ gpu-check: $(VENV)/.installed
 
 bench-kernels: $(VENV)/.installed
 	$(PY) -m leetrepro.kernel_bench --out $(DATA)
+
+# $(1) notebook, $(2) executed copy under figures/<tag>/, $(3) tag, $(4) papermill arguments
+define run_notebook
+	@mkdir -p $(OUT)/figures/$(3)
+	$(NB) notebooks/$(1).ipynb $(OUT)/figures/$(3)/$(2).ipynb -p out_root $(OUT) $(4) $(NBFLAGS)
+endef
+
+NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/; Lemma 3.1 was timed on this CPU (data/cpu/).
+
+reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims
+	@echo "reproduce: done. Tables, figures and executed notebooks under $(OUT)/figures/ and $(OUT)/data/."
+	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
+
+$(TABLES): $(INSTALLED)
+	$(call run_notebook,latency,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS))
+
+table9: $(INSTALLED)
+	$(call run_notebook,table9,table9,$(GPU),-p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS))
+
+long-prompts: $(INSTALLED)
+	$(call run_notebook,long_prompts,long_prompts,$(GPU),-p gpu $(GPU))
+
+claims: $(INSTALLED)
+	$(call run_notebook,claims,claims,$(GPU),-p gpu $(GPU))
+
+lemma31: $(INSTALLED)
+	$(call run_notebook,lemma31,lemma31,$(HERE),$(LEMMA_ARGS))
+
+derivations: $(INSTALLED)
+	$(call run_notebook,derivations,derivations,derivations,)
+
+WHEEL_PY ?= 3.12
+wheelhouse:
+	$(PYTHON) -m pip download -d wheelhouse --only-binary=:all: --python-version $(WHEEL_PY) \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 --platform any papermill ipykernel nbformat nbclient sympy tqdm
+	@echo "copy wheelhouse/ to the GPU host, then: python3 -m pip install --no-index --find-links wheelhouse papermill ipykernel sympy"
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis

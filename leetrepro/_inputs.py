@@ -65,7 +65,8 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
         return None
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float, torch.Tensor)):
         raise TypeError(f"gamma must be None, a float or a tensor, got {type(gamma).__name__}")
-    g = torch.as_tensor(gamma).detach()
+    # a Python number stays float64 (torch.as_tensor would round 0.9 to float32 first)
+    g = gamma.detach() if isinstance(gamma, torch.Tensor) else torch.tensor(float(gamma), dtype=torch.float64)
     if not (g.is_floating_point() or isinstance(gamma, (int, float))):
         raise TypeError(f"gamma must be floating point, got dtype {g.dtype}")
     shape = tuple(g.shape)

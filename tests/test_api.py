@@ -35,6 +35,14 @@ def test_gamma_shapes_accepted(gamma):  # 0.875 is exact in every float dtype
     torch.testing.assert_close(out.double(), reference(B, C, V, 0.875), rtol=1e-5, atol=1e-5)
 
 
+def test_python_float_gamma_keeps_double_precision():
+    from leetrepro._inputs import normalize_gamma
+    assert normalize_gamma(0.9, 2, "cpu")[0].item() == 0.9  # not 0.8999999762 (float32)
+    B, C, V = (t.double() for t in make_inputs(1, 1, 200, 4, 4))
+    out = causal_linear_decoder(B, C, V, 0.9, method="FA_torch")
+    assert_close_to_reference(out, B, C, V, 0.9, tol=1e-12)
+
+
 def test_abbreviations_and_names_are_interchangeable():
     B, C, V = make_inputs(1, 2, 30, 4, 4)
     for m in leetrepro.methods.methods():

@@ -1,0 +1,137 @@
+"""Latency tables (the paper's Tables 3-6 and 9): measure, or reload a committed measurement, put
+the paper's A6000 numbers beside ours, mark the fastest method per N, and plot latency against N.
+
+A measured table is a ``benchmark_method`` DataFrame per method, concatenated, with provenance
+columns (gpu, commit, date, library versions); it is saved as ``data/<gpu>/table<k>.csv``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..bench import PAPER_SEQLENS, benchmark_method, gpu_tag, provenance
+from . import paper
+
+ROOT = paper.ROOT
+PAPER_METHODS = ("Vanilla", "Bb", "Cdotp", "Cdotp_torch", "FA", "FA_torch", "LA", "LA_torch", "Recur")
+#: table -> (batch, decay, methods)
+TABLES = {3: (1, False, PAPER_METHODS), 4: (1, True, PAPER_METHODS),
+          5: (16, False, PAPER_METHODS), 6: (16, True, PAPER_METHODS)}
+
+
+def data_path(gpu: str, name: str) -> str:
+    return os.path.join(ROOT, "data", gpu, name)
+
+
+def measure(methods=PAPER_METHODS, *, batch_size=1, decay=False, dtype="float32",
+            seqlens=PAPER_SEQLENS, reps=15, device="cuda", heads=32, rank=128, dim=128,
+            time_limit=60.0, progress=True):
+    """Run ``benchmark_method`` for every method; one failing cell never stops the table."""
+    import pandas as pd
+
+    frames = []
+    for m in methods:
+        df = benchmark_method(m, device=device, dtype=dtype, batch_size=batch_size,
+                              is_weight_decay=decay, seqlens=seqlens, heads=heads, rank=rank,
+                              dim=dim, reps=reps, time_limit=time_limit, progress=progress)
+        frames.append(df)
+    out = pd.concat(frames, ignore_index=True)
+    for k, v in provenance(device).items():
+        out[k] = v
+    return out
+
+
+def load_measured(gpu: str, name: str):
+    """A committed measurement (``data/<gpu>/<name>``) or None."""
+    import pandas as pd
+    path = data_path(gpu, name)
+    return pd.read_csv(path) if os.path.exists(path) else None
+
+
+def from_kernel_bench(gpu: str, batch: int, decay: bool, dtype: str = "float32"):
+    """The cells of ``data/<gpu>/kernels.csv`` (``make bench-kernels``) for one table's setting:
+    what can be re-rendered where the full table was not measured."""
+    k = load_measured(gpu, "kernels.csv")
+    if k is None:
+        return None
+    return k[(k.batch == batch) & (k.decay == decay) & (k.dtype == dtype)].copy()
+
+
+def side_by_side(measured, paper_table):
+    """One row per (method, N): the paper's mean, ours (mean, std, status), ours/paper."""
+    import pandas as pd
+
+    p = paper_table[["method", "N", "mean_s", "cell"]].rename(
+        columns={"mean_s": "paper_s", "cell": "paper_cell"})
+    m = measured[["method", "N", "mean_s", "std_s", "median_s", "status", "cell"]].rename(
+        columns={"mean_s": "ours_s", "std_s": "ours_std_s", "cell": "ours_cell"})
+    both = pd.merge(p, m, on=["method", "N"], how="outer")
+    both["ours_cell"] = both.ours_cell.fillna("not measured")
+    both["paper_cell"] = both.paper_cell.fillna("not in paper")
+    both["ratio"] = both.ours_s / both.paper_s
+    return both.sort_values(["method", "N"]).reset_index(drop=True)
+
+
+def wide(both, value: str = "ours_cell"):
+    """Methods × N table of one column of :func:`side_by_side` (the paper's layout)."""
+    return both.pivot(index="method", columns="N", values=value)
+
+
+def fastest(both, column: str = "ours_s"):
+    """{N: method} with the smallest ``column`` per N (NaN cells never win)."""
+    best = both.dropna(subset=[column]).sort_values(column).groupby("N").first()
+    return best.method.to_dict()
+
+
+def styled(both, column: str = "ours_s", label: str = "ours_cell"):
+    """pandas Styler of :func:`wide` with the fastest method per N in bold, as the paper prints."""
+    table = wide(both, label)
+    win = fastest(both, column)
+
+    def bold(col):
+        return ["font-weight: bold" if win.get(col.name) == idx else "" for idx in col.index]
+
+    return table.style.apply(bold, axis=0)
+
+
+def triple(both):
+    """paper / ours / ratio per cell as one string per (method, N): what the notebooks print."""
+    def cell(r):
+        ratio = f"{r.ratio:.2f}×" if r.ratio == r.ratio else "–"
+        return f"{r.paper_cell} | {r.ours_cell} | {ratio}"
+    both = both.copy()
+    both["paper | ours | ours/paper"] = both.apply(cell, axis=1)
+    return wide(both, "paper | ours | ours/paper")
+
+
+def plot_latency(measured, title: str, path_stem: str | None = None, paper_table=None):
+    """Log-log latency against N per method (ours solid, the paper's dashed); saves PNG and SVG."""
+    import matplotlib
+    matplotlib.use("Agg") if path_stem and not os.environ.get("MPLBACKEND") else None
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ok = measured[measured.status == "ok"]
+    colors = {}
+    for method, g in ok.groupby("method"):
+        line, = ax.plot(g.N, g.median_s, marker="o", label=method)
+        colors[method] = line.get_color()
+    if paper_table is not None:
+        for method, g in paper_table.dropna(subset=["mean_s"]).groupby("method"):
+            if method in colors:
+                ax.plot(g.N, g.mean_s, ls="--", lw=1, color=colors[method], alpha=0.6)
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="latency (s)",
+           title=title + ("\n(solid: this GPU, dashed: paper, A6000)" if paper_table is not None else ""))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    if path_stem:
+        os.makedirs(os.path.dirname(path_stem), exist_ok=True)
+        for ext in ("png", "svg"):
+            fig.savefig(f"{path_stem}.{ext}", dpi=120)
+    return fig
+
+
+def default_gpu() -> str:
+    return gpu_tag("cuda") if torch.cuda.is_available() else "h100"

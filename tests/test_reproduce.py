@@ -1,0 +1,89 @@
+"""The reproduction machinery: side-by-side tables, the claims checks, and every notebook run by
+papermill on tiny parameters (CPU)."""
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from leetrepro.reproduce import claims, tables
+from leetrepro.reproduce import paper
+
+NOTEBOOKS = os.path.join(paper.ROOT, "notebooks")
+
+
+def fake_table(times: dict, status=None):
+    rows = [dict(method=m, N=n, mean_s=t, std_s=t / 100, median_s=t, status="ok",
+                 cell=f"{t:.2e} ± {t / 100:.1e}") for (m, n), t in times.items()]
+    for (m, n) in (status or {}):
+        rows.append(dict(method=m, N=n, mean_s=float("nan"), std_s=float("nan"),
+                         median_s=float("nan"), status=status[(m, n)], cell=status[(m, n)]))
+    return pd.DataFrame(rows)
+
+
+def test_side_by_side_and_fastest():
+    measured = fake_table({("LA", 128): 1e-4, ("Vanilla", 128): 5e-5, ("LA", 512): 2e-4},
+                          {("Vanilla", 512): "OOM"})
+    both = tables.side_by_side(measured, paper.load(3))
+    la = both.set_index(["method", "N"]).loc[("LA", 128)]
+    assert la.ratio == pytest.approx(1e-4 / 1.18e-4)
+    assert tables.fastest(both) == {128: "Vanilla", 512: "LA"}
+    assert both.set_index(["method", "N"]).loc[("Bb", 128), "ours_cell"] == "not measured"
+    html = tables.styled(both).to_html()
+    assert "font-weight: bold" in html
+    assert "|" in tables.triple(both).loc["LA", 128]
+
+
+def test_claims_from_constructed_tables():
+    t3 = fake_table({**{("LA", n): 1e-8 * n for n in (1024, 2048, 8192, 32768)},
+                     **{("Vanilla", n): 1e-10 * n * n for n in (128, 1024, 2048, 8192)},
+                     ("LA", 128): 1e-5, ("Bb", 2048): 1e-3, ("LA_torch", 2048): 1e-4},
+                    {("Vanilla", 12800): "OOM"})
+    t9 = pd.DataFrame([dict(method=m, batch=1, decay=False, N=n, mean_s=t, status="ok")
+                       for n in (128, 512) for m, t in (("FA", 1.0), ("FA_modify", 0.5))])
+    c = claims.check_claims({3: t3, 9: t9}).set_index("claim").holds
+    assert c.filter(like="Vanilla runs out").iloc[0] == "yes"
+    assert c.filter(like="LA fastest").iloc[0] == "yes"
+    assert c.filter(like="N ≤ 128").iloc[0] == "yes"  # Vanilla 1.6e-6 s beats LA 1e-5 s at N = 128
+    assert c.filter(like="FA_modify").iloc[0] == "yes"
+    assert c.filter(like="Cdotp fastest").iloc[0] == "not measured"
+
+
+def test_claims_on_the_papers_own_numbers_run():
+    df = claims.check_claims(claims.paper_tables_as_measured())
+    assert len(df) == len(claims.CLAIMS) and set(df.holds) <= {"yes", "no", "not measured"}
+    assert df.set_index("claim").holds.filter(like="Cdotp fastest").iloc[0] == "yes"
+
+
+TINY = {
+    "derivations": ["-p", "n", "40", "-y", "sizes: [8, 16, 32]"],
+    "lemma31": ["-p", "device", "cpu", "-y", "ks: [6, 7, 8]", "-p", "heads", "2", "-p", "rank", "8",
+                "-p", "dim", "8", "-p", "reps", "2"],
+    "latency": ["-p", "device", "cpu", "-y", "{seqlens: [16, 33], methods: [Vanilla, Bb, LA_torch, Recur]}",
+                "-p", "reps", "2", "-p", "heads", "2", "-p", "rank", "8", "-p", "dim", "8",
+                "-p", "gpu", "cpu-tiny"],
+    "table9": ["-p", "device", "cpu", "-y", "{seqlens: [16], batch_sizes: [1], decays: [true], "
+               "error_shape: [1, 1, 20, 8, 8]}", "-p", "reps", "2", "-p", "heads", "1", "-p", "rank",
+               "8", "-p", "dim", "8", "-p", "gpu", "cpu-tiny"],
+    "long_prompts": ["-p", "device", "cpu", "-y", "{seqlens: [16, 32], methods: [Vanilla, Bb]}",
+                     "-p", "reps", "2", "-p", "heads", "2", "-p", "rank", "8", "-p", "dim", "8",
+                     "-p", "dtype", "float32", "-p", "gpu", "cpu-tiny"],
+    "claims": ["-p", "gpu", "h100"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_notebook_runs_on_tiny_parameters(name, tmp_path):
+    pytest.importorskip("papermill")
+    out = tmp_path / f"{name}.ipynb"
+    env = dict(os.environ, PYTHONPATH=paper.ROOT, MPLBACKEND="Agg")
+    res = subprocess.run([sys.executable, "-m", "papermill", "-k", "python3", "--log-level", "WARNING",
+                          os.path.join(NOTEBOOKS, f"{name}.ipynb"), str(out),
+                          "-p", "out_root", str(tmp_path), *TINY[name]],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert out.exists()
+    figs = list(tmp_path.glob("figures/*/*.png"))
+    if name != "claims":
+        assert figs, f"{name} wrote no figure"
