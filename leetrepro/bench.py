@@ -83,6 +83,18 @@ def provenance(device) -> dict:
                 python=sys.version.split()[0])
 
 
+def gpu_script_setup(script: str, out: str | None):
+    """What every GPU script starts with: (device, provenance, output folder, created), or None
+    after saying why when there is no GPU. The folder defaults to ``data/<gpu tag>``."""
+    if not torch.cuda.is_available():
+        print(f"{script} needs a CUDA GPU", file=sys.stderr)
+        return None
+    device = torch.device("cuda")
+    out = out or os.path.join("data", gpu_tag(device))
+    os.makedirs(out, exist_ok=True)
+    return device, provenance(device), out
+
+
 def is_oom(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError) or (
         isinstance(err, (RuntimeError, MemoryError)) and "out of memory" in str(err).lower()) \

@@ -19,7 +19,7 @@ import torch
 
 from . import causal_linear_decoder, reference, rel_error
 from ._inputs import DTYPE_NAMES
-from .bench import gpu_tag, provenance
+from .bench import gpu_script_setup
 from .methods import methods
 from .reference import TF32_TOLERANCE, TOLERANCE
 
@@ -134,11 +134,10 @@ def main(argv=None) -> int:
     p.add_argument("--huge", action="store_true", help="also batch 16 × 32 heads × N = 100000")
     p.add_argument("--quick", action="store_true", help="small shapes only")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_check needs a CUDA GPU", file=sys.stderr)
+    setup = gpu_script_setup("gpu_check", args.out)
+    if setup is None:
         return 2
-    device = torch.device("cuda")
-    meta = provenance(device)
+    device, meta, out = setup
     chosen = [m for m in methods() if args.methods is None or m.abbr in args.methods]
     shapes = SHAPES[:3] if args.quick else SHAPES
     rows = []
@@ -155,8 +154,6 @@ def main(argv=None) -> int:
                     and dtype == torch.float16:
                 check_huge(m, dtype, device, rows, meta)
     df = pd.DataFrame(rows)
-    out = args.out or os.path.join("data", gpu_tag(device))
-    os.makedirs(out, exist_ok=True)
     df.to_csv(os.path.join(out, "correctness.csv"), index=False)
     failed = df[df.status.str.startswith("FAIL")]
     print(f"\n{len(df)} cases, {len(failed)} failed -> {out}/correctness.csv")

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from .bench import PAPER_SEQLENS, benchmark_method, gpu_tag, provenance
+from .bench import PAPER_SEQLENS, benchmark_method, gpu_script_setup
 from .complexity import io_bytes
 
 KERNELS = ("LA", "FA", "FA_modify", "Cdotp")
@@ -52,15 +52,12 @@ def main(argv=None) -> int:
     p.add_argument("--cell-seconds", type=float, default=4.0,
                    help="fewer reps (≥ 3) for cells slower than this in total")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("kernel_bench needs a CUDA GPU", file=sys.stderr)
+    setup = gpu_script_setup("kernel_bench", args.out)
+    if setup is None:
         return 2
-    device = torch.device("cuda")
-    meta = provenance(device)
+    device, meta, out = setup
     bw = copy_bandwidth(device)
     print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
-    out = args.out or os.path.join("data", gpu_tag(device))
-    os.makedirs(out, exist_ok=True)
     frames = []
     for dtype in args.dtypes:
         for batch in args.batches:

@@ -66,59 +66,47 @@ def claim_vanilla_oom(tables):
                 f"{where}; ran up to N = {max(runs) if runs else '-'}")
 
 
-def _fastest(d, n):
-    g = d[(d.N == n)]
-    return g.sort_values("mean_s").method.tolist(), g.set_index("method").mean_s
-
-
-def claim_la_fastest(tables):
-    flags, ev = [], []
-    for t in (3, 4):
+def _columns(tables, table_ids, keep=lambda n: True):
+    """(table, N, methods fastest first, mean time per method) for every column of the tables."""
+    for t in table_ids:
         d = _ok(tables.get(t))
         if d is None:
             continue
         for n in sorted(set(d.N)):
-            if n <= 512:
-                continue
-            order, times = _fastest(d, n)
-            if "LA" not in times or len(order) < 2:
-                continue
-            others = times.drop("LA").min()
-            flags.append(order[0] == "LA" and others >= 2 * times["LA"])
-            if not flags[-1]:
-                ev.append(f"T{t} N={n}: fastest {order[0]}, next/LA = {others / times['LA']:.2f}")
+            if keep(n):
+                g = d[d.N == n]
+                yield t, n, g.sort_values("mean_s").method.tolist(), g.set_index("method").mean_s
+
+
+def claim_la_fastest(tables):
+    flags, ev = [], []
+    for t, n, order, times in _columns(tables, (3, 4), lambda n: n > 512):
+        if "LA" not in times or len(order) < 2:
+            continue
+        others = times.drop("LA").min()
+        flags.append(order[0] == "LA" and others >= 2 * times["LA"])
+        if not flags[-1]:
+            ev.append(f"T{t} N={n}: fastest {order[0]}, next/LA = {others / times['LA']:.2f}")
     return _row("batch 1, N > 512: LA fastest, by at least 2×", "Sec. 5.1, Tables 3-4",
                 _verdict(flags), "; ".join(ev[:6]) or (f"{len(flags)} columns" if flags else ""))
 
 
 def claim_vanilla_short(tables):
     flags, ev = [], []
-    for t in (3, 4):
-        d = _ok(tables.get(t))
-        if d is None:
-            continue
-        for n in sorted(set(d.N)):
-            if n > 128:
-                continue
-            order, _ = _fastest(d, n)
-            if "Vanilla" in order:
-                flags.append(order[0] == "Vanilla")
-                ev.append(f"T{t} N={n}: fastest {order[0]}")
+    for t, n, order, _ in _columns(tables, (3, 4), lambda n: n <= 128):
+        if "Vanilla" in order:
+            flags.append(order[0] == "Vanilla")
+            ev.append(f"T{t} N={n}: fastest {order[0]}")
     return _row("N ≤ 128: Vanilla fastest", "Sec. 5.1, Tables 3-4", _verdict(flags), "; ".join(ev))
 
 
 def claim_cdotp_batch16(tables):
     flags, ev = [], []
-    for t in (5, 6):
-        d = _ok(tables.get(t))
-        if d is None:
-            continue
-        for n in sorted(set(d.N)):
-            order, _ = _fastest(d, n)
-            if "Cdotp" in order and len(order) > 1:
-                flags.append(order[0] == "Cdotp")
-                if not flags[-1]:
-                    ev.append(f"T{t} N={n}: fastest {order[0]}")
+    for t, n, order, _ in _columns(tables, (5, 6)):
+        if "Cdotp" in order and len(order) > 1:
+            flags.append(order[0] == "Cdotp")
+            if not flags[-1]:
+                ev.append(f"T{t} N={n}: fastest {order[0]}")
     return _row("batch 16: Cdotp fastest at every N", "Sec. 5.1, Tables 5-6", _verdict(flags),
                 "; ".join(ev[:6]) or (f"{len(flags)} columns" if flags else ""))
 
@@ -159,17 +147,13 @@ def claim_twins(tables):
 
 def claim_recur(tables):
     close, far, ev = [], [], []
-    for t, flags, want in ((3, close, "close"), (5, close, "close"), (4, far, "far"), (6, far, "far")):
-        d = _ok(tables.get(t))
-        if d is None:
+    for t, n, _, times in _columns(tables, (3, 4, 5, 6)):
+        if "Recur" not in times or len(times) < 2:
             continue
-        for n in sorted(set(d.N)):
-            _, times = _fastest(d, n)
-            if "Recur" not in times or len(times) < 2:
-                continue
-            rel = times["Recur"] / times.drop("Recur").min()
-            flags.append(rel <= 3 if want == "close" else rel >= 10)
-            ev.append(f"T{t} N={n}: {rel:.1f}× best")
+        rel = times["Recur"] / times.drop("Recur").min()
+        decayed = t in (4, 6)
+        (far if decayed else close).append(rel >= 10 if decayed else rel <= 3)
+        ev.append(f"T{t} N={n}: {rel:.1f}× best")
     holds = "not measured" if not close or not far else \
         ("yes" if all(close) and all(far) else "no")
     return _row("Recur within 3× of the best without decay, ≥ 10× slower than the best with it",
