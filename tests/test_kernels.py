@@ -121,3 +121,12 @@ def test_cdotp_binding_compiles_against_torch_headers(tmp_path):
                           os.path.join(KERNELS, "causal_dot_product_binding.cpp")],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_every_subpackage_is_declared_for_the_wheel():
+    import pathlib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = pathlib.Path(KERNELS).parent
+    declared = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "leetrepro").rglob("__init__.py")}
+    assert found | {"leetrepro.kernels"} == declared

@@ -102,7 +102,11 @@ def write_tables(text: str, folder: str = PAPER_DIR) -> None:
 def load(table: int):
     """The paper's Table ``table`` (3-9) as a DataFrame."""
     import pandas as pd
-    return pd.read_csv(os.path.join(PAPER_DIR, f"table{table}.csv"))
+    path = os.path.join(PAPER_DIR, f"table{table}.csv")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: the paper's tables live in the source checkout's "
+                                f"data/paper/ (reproducing needs a clone, not only the installed package)")
+    return pd.read_csv(path)
 
 
 if __name__ == "__main__":
