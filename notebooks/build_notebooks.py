@@ -39,7 +39,7 @@ gpu = None          # folder tag under data/ and figures/ (default: this GPU's, 
 time_limit = 60.0   # seconds one call may take before the cell reads >limit
 heads, rank, dim = 32, 128, 128
 out_root = "."''',
-        COMMON + '''bs, dec, _ = T.TABLES[table]
+        COMMON + '''bs, dec = T.TABLES[table]
 batch_size = bs if batch_size is None else batch_size
 decay = dec if decay is None else decay
 name = f"table{table}"
@@ -304,7 +304,7 @@ for t in (3, 4, 5, 6, 9):
     path = os.path.join(data_dir, f"table{t}.csv")
     df = pd.read_csv(path) if os.path.exists(path) else T.load_measured(gpu, f"table{t}.csv")
     if df is None and t != 9:
-        bs, dec, _ = T.TABLES[t]
+        bs, dec = T.TABLES[t]
         df = T.from_kernel_bench(gpu, bs, dec)
         sources[t] = "kernels.csv (partial)" if df is not None else "missing"
     elif df is None:
@@ -332,6 +332,8 @@ def build():
         params.metadata["tags"] = ["parameters"]
         nb.cells.append(params)
         nb.cells += [nbf.v4.new_code_cell(c) for c in cells[1:]]
+        for i, cell in enumerate(nb.cells):  # stable ids: rebuilding changes only what changed
+            cell["id"] = f"{name}-{i}"
         nbf.write(nb, os.path.join(HERE, f"{name}.ipynb"))
 
 

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import os
 
-import torch
-
-from ..bench import PAPER_SEQLENS, benchmark_method, gpu_tag, provenance
+from ..bench import PAPER_SEQLENS, benchmark_method, provenance
 from . import paper
 
 ROOT = paper.ROOT
 PAPER_METHODS = ("Vanilla", "Bb", "Cdotp", "Cdotp_torch", "FA", "FA_torch", "LA", "LA_torch", "Recur")
-#: table -> (batch, decay, methods)
-TABLES = {3: (1, False, PAPER_METHODS), 4: (1, True, PAPER_METHODS),
-          5: (16, False, PAPER_METHODS), 6: (16, True, PAPER_METHODS)}
+#: table -> (batch size, exponential decay)
+TABLES = {3: (1, False), 4: (1, True), 5: (16, False), 6: (16, True)}
 
 
 def data_path(gpu: str, name: str) -> str:
@@ -107,8 +104,6 @@ def triple(both):
 
 def plot_latency(measured, title: str, path_stem: str | None = None, paper_table=None):
     """Log-log latency against N per method (ours solid, the paper's dashed); saves PNG and SVG."""
-    import matplotlib
-    matplotlib.use("Agg") if path_stem and not os.environ.get("MPLBACKEND") else None
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -131,7 +126,3 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
         for ext in ("png", "svg"):
             fig.savefig(f"{path_stem}.{ext}", dpi=120)
     return fig
-
-
-def default_gpu() -> str:
-    return gpu_tag("cuda") if torch.cuda.is_available() else "h100"
