@@ -9,6 +9,7 @@ The Triton kernel (LA) keeps H on chip and makes one pass over the inputs.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -57,9 +58,12 @@ def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = 
                num_warps=8 if big else 4, num_stages=1 if big or precision == "tf32x3" else 2)
     # measured on the H100 at batch 1, N = 100000, r = d = 128 (NOTES.md, LA sweep)
     if not big and precision == "tf32" and not half:
-        cfg.update(num_warps=8) if decay else cfg.update(num_stages=1)
+        if decay:
+            cfg["num_warps"] = 8
+        else:
+            cfg["num_stages"] = 1
     elif not big and half and decay:
-        cfg.update(num_stages=1)
+        cfg["num_stages"] = 1
     # tuning hook: LEETREPRO_LA_CONFIG='{"num_warps": 8}' overrides entries (for sweeps, not users)
     cfg.update(json.loads(os.environ.get("LEETREPRO_LA_CONFIG", "{}")))
     return cfg
@@ -73,7 +77,8 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     """Triton lightningAttention-2. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`.
 
     fp32 inputs use tf32 dot products unless ``fp32_precision`` says otherwise (``"tf32x3"``,
-    ``"ieee"``; see :mod:`leetrepro.methods._gpu`). Grid: (batch·heads, d / BLOCK_D).
+    ``"ieee"``; see :mod:`leetrepro.methods._gpu`). Grid: (batch·heads, d / BLOCK_D, segments
+    of N), segments only when batch·heads is too small to fill the GPU (:func:`segment_length`).
     """
     kern = triton_kernels("lightning_attn")
     batch, heads, n, r = B.shape
@@ -103,7 +108,16 @@ def segment_length(n: int, programs: int, block_n: int, device) -> int:
     batch 1 (64 programs for 32 heads on 132 SMs), so N is cut until there are about four
     programs per SM, never into segments shorter than 1024 rows: the segment states cost an extra
     read of C and V, worth it only when the sweep itself is long."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
-        else 4
-    pieces = max(1, min(-(-4 * sms // programs), n // 1024))
-    return -(-(-(-n // pieces)) // block_n) * block_n
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 4
+    pieces = max(1, min(_cdiv(4 * sms, programs), n // 1024))
+    return _cdiv(_cdiv(n, pieces), block_n) * block_n  # whole blocks per segment
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
