@@ -84,8 +84,8 @@ def provenance(device) -> dict:
 
 
 def gpu_script_setup(script: str, out: str | None):
-    """What every GPU script starts with: (device, provenance, output folder, created), or None
-    after saying why when there is no GPU. The folder defaults to ``data/<gpu tag>``."""
+    """What every GPU script starts with: (device, provenance, output folder), or None after
+    saying why when there is no GPU. The folder defaults to ``data/<gpu tag>`` and is created."""
     if not torch.cuda.is_available():
         print(f"{script} needs a CUDA GPU", file=sys.stderr)
         return None

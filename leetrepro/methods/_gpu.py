@@ -45,6 +45,11 @@ def staged(B, C, V, gamma):
     return B, C, V, torch.log(g64).to(torch.float32).contiguous(), g64.to(torch.float32).contiguous()
 
 
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for positive integers (grid sizes, block counts)."""
+    return -(-a // b)
+
+
 def next_pow2(x: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, (x - 1).bit_length()))
 

@@ -13,7 +13,7 @@ import torch
 from .._decay import discounted_cumsum
 from ..registry import GPU_DTYPES, register
 from ._common import prepare
-from ._gpu import next_pow2, staged, triton_kernels
+from ._gpu import cdiv, next_pow2, staged, triton_kernels
 
 
 @register("FleetAttention_torch", "FA_torch", complexity="O(N·r·d)", language="torch",
@@ -35,8 +35,8 @@ def _launch(B, C, V, gamma, rank_groups: int):
     out = torch.zeros_like(V) if rank_groups > 1 else torch.empty_like(V)
     prefix = torch.zeros(batch * heads, r, d, dtype=torch.float32, device=V.device)  # the l^j
     block_d = min(64, next_pow2(d))
-    per_program = -(-r // rank_groups)
-    grid = (batch * heads, -(-d // block_d), -(-r // per_program))
+    per_program = cdiv(r, rank_groups)
+    grid = (batch * heads, cdiv(d, block_d), cdiv(r, per_program))
     kern.fa_fwd_kernel[grid](B, C, V, out, prefix, lg if lg is not None else prefix, n, r, d, heads,
                              per_program, HAS_DECAY=lg is not None, ACCUMULATE=rank_groups > 1,
                              BLOCK_N=64, BLOCK_D=block_d, num_warps=4)

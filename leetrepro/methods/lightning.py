@@ -18,7 +18,7 @@ import torch
 from .._decay import causal_mask, discounted_cumsum, powers
 from ..registry import GPU_DTYPES, register
 from ._common import prepare
-from ._gpu import dot_precision, next_pow2, staged, triton_kernels
+from ._gpu import cdiv, dot_precision, next_pow2, staged, triton_kernels
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
@@ -31,7 +31,7 @@ def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128):
     d = v.shape[-1]
     kw = dict(dtype=b.dtype, device=b.device)
     size = min(block_size, n)
-    nb = -(-n // size)
+    nb = cdiv(n, size)
     pad = nb * size - n
     b, c, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)).view(batch, heads, nb, size, -1)
                for t in (b, c, v))
@@ -87,9 +87,9 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     out = torch.empty_like(V)
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=lg is not None)
-    d_blocks = -(-d // cfg["BLOCK_D"])
+    d_blocks = cdiv(d, cfg["BLOCK_D"])
     seg = segment_length(n, batch * heads * d_blocks, cfg["BLOCK_N"], V.device)
-    n_seg = -(-n // seg)
+    n_seg = cdiv(n, seg)
     grid = (batch * heads, d_blocks, n_seg)
     consts = dict(HAS_DECAY=lg is not None, PRECISION=precision, **cfg)
     lg = lg if lg is not None else out  # unused without decay
@@ -110,12 +110,8 @@ def segment_length(n: int, programs: int, block_n: int, device) -> int:
     read of C and V, worth it only when the sweep itself is long."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 4
-    pieces = max(1, min(_cdiv(4 * sms, programs), n // 1024))
-    return _cdiv(_cdiv(n, pieces), block_n) * block_n  # whole blocks per segment
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    pieces = max(1, min(cdiv(4 * sms, programs), n // 1024))
+    return cdiv(cdiv(n, pieces), block_n) * block_n  # whole blocks per segment
 
 
 @functools.lru_cache(maxsize=None)
