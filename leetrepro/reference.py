@@ -5,19 +5,25 @@ import torch
 
 from ._decay import causal_mask
 from ._inputs import check_qkv, log_gamma, normalize_gamma
+from ._state import add_initial_state, check_state, final_state
 
 
 @torch.no_grad()
 def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
-              row_block: int = 2048) -> torch.Tensor:
+              row_block: int = 2048, initial_state: torch.Tensor | None = None,
+              output_final_state: bool = False):
     """``O = (B Cᵀ ⊙ M) V`` by the quadratic formula, in float64.
 
     Shapes: B, C ``(batch, heads, N, r)``, V ``(batch, heads, N, d)``; returns ``(batch, heads, N, d)``
     float64 on the inputs' device. ``gamma``: see :mod:`leetrepro._inputs`; M[i, j] = γ^(i-j) for
     i ≥ j. Cost O(N²(r+d)) time; rows are processed ``row_block`` at a time so memory stays
     O(row_block·N) and long sequences can be checked on a GPU.
+
+    ``initial_state`` ``(batch, heads, r, d)`` / ``output_final_state``: the recurrent state of
+    :mod:`leetrepro._state`; with ``output_final_state`` the result is ``(O, S_N)``, both float64.
     """
     check_qkv(B, C, V)
+    check_state(initial_state, B, V)
     g = normalize_gamma(gamma, B.shape[1], B.device)
     lg = log_gamma(g, torch.float64)
     B, C, V = (t.to(torch.float64) for t in (B, C, V))
@@ -28,7 +34,9 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
         # rows s..e-1 see columns 0..e-1; mask row i, col j -> λ^(i-j)
         mask = causal_mask(e - s, lg, dtype=torch.float64, device=V.device, m=e, row_offset=s)
         out[:, :, s:e] = ((B[:, :, s:e] @ C[:, :, :e].transpose(-1, -2)) * mask) @ V[:, :, :e]
-    return out
+    S0 = None if initial_state is None else initial_state.to(torch.float64)
+    out = add_initial_state(out, B, S0, lg)
+    return (out, final_state(C, V, lg, S0)) if output_final_state else out
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

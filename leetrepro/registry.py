@@ -27,6 +27,7 @@ class Method:
     devices: frozenset = frozenset({"cpu", "cuda"})
     language: str = "torch"        # torch | triton | cuda | user
     unsafe: bool = False           # gives wrong results by design (FA_modify); never chosen by auto
+    state: bool = False            # takes initial_state= and output_final_state= (leetrepro._state)
     summary: str = ""
     options: dict = field(default_factory=dict)  # tunable keyword arguments and their defaults
 
@@ -45,8 +46,8 @@ _REGISTRY: dict[str, Method] = {}
 
 def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
-             unsafe: bool = False, summary: str = "", options: dict | None = None,
-             replace: bool = False):
+             unsafe: bool = False, state: bool = False, summary: str = "",
+             options: dict | None = None, replace: bool = False):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
 
     >>> @register("my-method", abbr="Mine", complexity="O(N r d)")
@@ -58,7 +59,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
     def deco(fn):
         m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
                    dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
-                   unsafe=unsafe, summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
+                   unsafe=unsafe, state=state, summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
                    options=dict(options or {}))
         keys = {name.lower(), m.abbr.lower()}
         taken = [k for k in keys if k in _REGISTRY and _REGISTRY[k].name != name]
@@ -100,7 +101,8 @@ def get(name: str) -> Method:
 
 def available():
     """A pandas DataFrame of the registered methods: name, abbreviation, language, complexity,
-    dtypes, devices, and whether the method is unsafe (wrong by design, kept for a table)."""
+    dtypes, devices, whether the method is unsafe (wrong by design, kept for a table) and whether
+    it takes and returns the recurrent state."""
     import pandas as pd
 
     short = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
@@ -108,6 +110,7 @@ def available():
     rows = [dict(name=m.name, abbr=m.abbr, language=m.language, complexity=m.complexity,
                  dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)
                                  if d in short),
-                 devices=",".join(sorted(m.device_types())), unsafe=m.unsafe, summary=m.summary)
+                 devices=",".join(sorted(m.device_types())), unsafe=m.unsafe, state=m.state,
+                 summary=m.summary)
             for m in methods()]
     return pd.DataFrame(rows).set_index("name")

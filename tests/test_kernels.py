@@ -20,6 +20,9 @@ INTERPRETED = DEVICE == "cpu"
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 # (batch, heads, N, r, d): odd N, r ≠ d, tiny r and d, batch > 1; N = 2100 crosses LA's segment split
 LA_SHAPES = [(2, 3, 37, 8, 5), (1, 2, 130, 20, 33), (1, 1, 2100, 4, 6)]
+# Chunk: one segment (the batch-16 path), segments chained through the ring (the batch-1 path, a
+# partial last segment), and r = 200 whose 256-row state splits d = 100 into two column blocks
+CHUNK_CASES = [((2, 3, 37, 8, 5), None), ((1, 2, 300, 20, 33), 64), ((1, 1, 150, 200, 100), 64)]
 FA_SHAPES = [(2, 3, 37, 8, 5), (1, 1, 130, 5, 20)]
 BF16_DOT_BROKEN = pytest.mark.xfail(
     INTERPRETED, strict=True,
@@ -31,7 +34,8 @@ def _check(method, shape, dtype, decay, **opts):
     B, C, V = make_inputs(*shape, dtype=dtype, device=DEVICE, seed=sum(shape))
     g = random_gammas(shape[1], seed=shape[2], low=0.9).to(DEVICE) if decay else None
     out = causal_linear_decoder(B, C, V, g, method=method, **opts)
-    tol = 5e-3 if dtype == torch.float32 and not INTERPRETED and not opts else None
+    exact = opts.get("fp32_precision") in ("tf32x3", "ieee")
+    tol = 5e-3 if dtype == torch.float32 and not INTERPRETED and not exact else None
     assert_close_to_reference(out, B, C, V, g, tol=tol)
     return B, C, V, g, out
 
@@ -44,11 +48,25 @@ def test_lightning_attention2_triton(shape, decay, dtype):
     _check("LA", shape, dtype, decay)
 
 
+@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=str)
+@pytest.mark.parametrize("decay", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
+                                   pytest.param(torch.bfloat16, marks=BF16_DOT_BROKEN)])
+def test_chunk_scan_triton(shape, segment, decay, dtype):
+    _check("Chunk", shape, dtype, decay, segment=segment)
+
+
+def test_chunk_scan_rejects_a_ragged_segment():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        _check("Chunk", CHUNK_CASES[0][0], torch.float32, False, segment=100)
+
+
+@pytest.mark.parametrize("method", ["LA", "Chunk"])
 @pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
-def test_lightning_fp32_exact_modes(precision):
-    _check("LA", LA_SHAPES[0], torch.float32, True, fp32_precision=precision)
+def test_fp32_exact_modes(method, precision):
+    _check(method, LA_SHAPES[0], torch.float32, True, fp32_precision=precision)
     with pytest.raises(ValueError, match="fp32_precision"):
-        _check("LA", LA_SHAPES[0], torch.float32, True, fp32_precision="fast")
+        _check(method, LA_SHAPES[0], torch.float32, True, fp32_precision="fast")
 
 
 @pytest.mark.parametrize("shape", FA_SHAPES, ids=str)
@@ -76,7 +94,7 @@ def test_fa_modify_is_registered_unsafe_and_never_auto():
 def test_kernel_sources_ship_with_the_package():
     from importlib import resources
     files = {p.name for p in resources.files("leetrepro.kernels").iterdir()}
-    assert {"lightning_attn.py", "fleet_attn.py", "causal_dot_product.cu",
+    assert {"lightning_attn.py", "fleet_attn.py", "chunk_scan.py", "causal_dot_product.cu",
             "causal_dot_product_binding.cpp"} <= files
 
 

@@ -3,6 +3,6 @@
 ``available()`` lists them; ``register`` adds your own; ``get`` looks one up by name or abbreviation.
 """
 from ..registry import Method, available, get, methods, register, unregister
-from . import block_based, causal_dot_product, fleet, lightning, recursion, vanilla  # noqa: F401  (registers)
+from . import block_based, causal_dot_product, chunk, fleet, lightning, recursion, vanilla  # noqa: F401  (registers)
 
 __all__ = ["Method", "available", "get", "methods", "register", "unregister"]

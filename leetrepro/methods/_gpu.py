@@ -12,6 +12,8 @@ fp16/bf16 inputs use fp16/bf16 tensor-core products with fp32 accumulation and a
 """
 from __future__ import annotations
 
+import functools
+import json
 import os
 
 import torch
@@ -43,6 +45,31 @@ def staged(B, C, V, gamma):
         return B, C, V, None, None
     g64 = gamma.to(device=V.device, dtype=torch.float64)
     return B, C, V, torch.log(g64).to(torch.float32).contiguous(), g64.to(torch.float32).contiguous()
+
+
+def staged_state(state: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """An initial state (checked by the API) as the kernels read it: float32, contiguous."""
+    if state is None:
+        return None
+    return state.to(device=like.device, dtype=torch.float32).contiguous()
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 elsewhere: the interpreter's stand-in)."""
+    if device.type != "cuda":
+        return 4
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def config_override(method: str) -> dict:
+    """Tile-config entries from ``LEETREPRO_<METHOD>_CONFIG`` (JSON), for sweeps, not users:
+    ``LEETREPRO_CHUNK_CONFIG='{"num_stages": 3}' python -m leetrepro._sweep Chunk``."""
+    return json.loads(os.environ.get(f"LEETREPRO_{method.upper()}_CONFIG", "{}"))
 
 
 def cdiv(a: int, b: int) -> int:

@@ -9,24 +9,26 @@ The Triton kernel (LA) keeps H on chip and makes one pass over the inputs.
 """
 from __future__ import annotations
 
-import functools
-import json
-import os
-
 import torch
 
 from .._decay import causal_mask, discounted_cumsum, powers
+from .._state import add_initial_state, final_state
 from ..registry import GPU_DTYPES, register
 from ._common import prepare
-from ._gpu import cdiv, dot_precision, next_pow2, staged, triton_kernels
+from ._gpu import cdiv, config_override, dot_precision, next_pow2, sm_count, staged, triton_kernels
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
-          language="torch", summary="all blocks' intra parts batched, block states by a discounted scan",
+          language="torch", state=True,
+          summary="all blocks' intra parts batched, block states by a discounted scan; state in/out",
           options={"block_size": 128})
-def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128):
-    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = L."""
+def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128,
+                               initial_state=None, output_final_state: bool = False):
+    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = L.
+    ``initial_state``/``output_final_state``: :mod:`leetrepro._state` (S_N in float32, float64
+    for float64 inputs)."""
     b, c, v, lg = prepare(B, C, V, gamma)
+    s0 = None if initial_state is None else initial_state.to(b.dtype)
     batch, heads, n, r = b.shape
     d = v.shape[-1]
     kw = dict(dtype=b.dtype, device=b.device)
@@ -44,7 +46,11 @@ def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128):
         w_in = powers(lg, size, start=1, **kw)
         bw = b[:, :, 1:] if w_in is None else b[:, :, 1:] * w_in.unsqueeze(1)
         out[:, :, 1:] += bw @ h.view(batch, heads, nb - 1, r, d)
-    return out.reshape(batch, heads, nb * size, d)[:, :, :n].to(V.dtype)
+    out = add_initial_state(out.reshape(batch, heads, nb * size, d)[:, :, :n], B.to(b.dtype), s0, lg)
+    if output_final_state:
+        return out.to(V.dtype), final_state(c.reshape(batch, heads, -1, r)[:, :, :n],
+                                            v.reshape(batch, heads, -1, d)[:, :, :n], lg, s0)
+    return out.to(V.dtype)
 
 
 def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False) -> dict:
@@ -64,8 +70,7 @@ def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = 
             cfg["num_stages"] = 1
     elif not big and half and decay:
         cfg["num_stages"] = 1
-    # tuning hook: LEETREPRO_LA_CONFIG='{"num_warps": 8}' overrides entries (for sweeps, not users)
-    cfg.update(json.loads(os.environ.get("LEETREPRO_LA_CONFIG", "{}")))
+    cfg.update(config_override("LA"))
     return cfg
 
 
@@ -108,12 +113,7 @@ def segment_length(n: int, programs: int, block_n: int, device) -> int:
     batch 1 (64 programs for 32 heads on 132 SMs), so N is cut until there are about four
     programs per SM, never into segments shorter than 1024 rows: the segment states cost an extra
     read of C and V, worth it only when the sweep itself is long."""
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 4
+    sms = sm_count(device)
     pieces = max(1, min(cdiv(4 * sms, programs), n // 1024))
     return cdiv(cdiv(n, pieces), block_n) * block_n  # whole blocks per segment
 
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -1,0 +1,169 @@
+"""Distance to the memory floor: our kernels next to flash-linear-attention, in one process.
+
+``make floor`` (or ``python -m leetrepro.floor --out data/<gpu>``) times, per cell (dtype × batch ×
+N × mask; heads 32, r = d = 128, inputs ``randn``, ALiBi-style decays), each entry below with CUDA
+events around the Python call (launch overhead counts), median of ``--reps`` after a warm-up,
+alternating two input sets where memory allows. It prints one line per cell and writes
+``floor.csv``: median, floor = (|B|+|C|+|V|+|O|)·bytes / measured copy bandwidth, median/floor,
+time relative to flash-linear-attention (``vs_fla``) and to the original LA (``vs_original``, from
+``data/anchors``, fp32 only: its fp16 config does not launch on an H100), the error against the
+float64 oracle (first sequence of the batch, N ≤ 25600) and the workspace: peak memory beyond
+inputs and output.
+
+Entries: ``Chunk`` (fp32: tf32 dots), ``Chunk/tf32x3`` (fp32 only: meets the 1e-5 contract),
+``LA``, and ``fla`` = ``fla.ops.simple_gla.chunk_simple_gla`` (the optional ``bench`` dependency
+``fla-core``; its time-major layout is prepared outside the timed call, ``scale=1``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from ._inputs import alibi_gammas, parse_dtype
+from .api import causal_linear_decoder
+from .bench import is_oom, time_calls
+from .complexity import io_bytes
+from .reference import reference, rel_error
+
+SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
+
+
+def entries(dtype: torch.dtype, names) -> dict:
+    """name -> fn(B, C, V, g, fla_inputs) for the entries that run this dtype."""
+    out = {}
+    for name in names:
+        if name == "fla":
+            try:
+                from fla.ops.simple_gla import chunk_simple_gla
+            except ImportError as err:
+                print(f"fla: not installed ({err}); `pip install fla-core` or `make wheelhouse`",
+                      file=sys.stderr)
+                continue
+            out[name] = (lambda B, C, V, g, t, f=chunk_simple_gla:
+                         f(t[0], t[1], t[2], g_gamma=t[3], scale=1.0)[0])
+        elif "/" in name:
+            method, precision = name.split("/")
+            if dtype == torch.float32:
+                out[name] = (lambda B, C, V, g, t, m=method, p=precision:
+                             causal_linear_decoder(B, C, V, g, method=m, fp32_precision=p))
+        else:
+            out[name] = (lambda B, C, V, g, t, m=name: causal_linear_decoder(B, C, V, g, method=m))
+    return out
+
+
+def original_times() -> dict:
+    """(dtype, batch, decay, N) -> the original LA's median seconds on the H100 (data/anchors)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                        "anchors", "h100-originals-and-fla.csv")
+    if not os.path.exists(path):
+        return {}
+    import pandas as pd
+    df = pd.read_csv(path)
+    df = df[(df.method == "LA") & (df.status == "ok")]
+    return {(r.dtype, int(r.batch), bool(r.decay), int(r.N)): float(r.median_s)
+            for r in df.itertuples()}
+
+
+def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, rank=128, dim=128,
+                 check_error: bool = True) -> list[dict]:
+    per = batch * heads * n * (2 * rank + dim) * dtype.itemsize
+    sets = 2 if per < 2 * 2 ** 30 else 1
+    gen = torch.Generator(device=device).manual_seed(n + batch)
+    inputs = [tuple(torch.randn(batch, heads, n, k, device=device, dtype=dtype, generator=gen)
+                    for k in (rank, rank, dim)) for _ in range(sets)]
+    g = alibi_gammas(heads).to(device) if decay else None
+    fla_g = torch.log(g).float() if decay else torch.zeros(heads, device=device)
+    fla_in = [tuple(t.transpose(1, 2).contiguous() for t in s) + (fla_g,) for s in inputs] \
+        if "fla" in fns else [None] * sets
+    floor_s = io_bytes(n, rank, dim, batch=batch, heads=heads, itemsize=dtype.itemsize) / bw
+    ref = None
+    if check_error and n <= 25600:
+        B, C, V = (t[:1] for t in inputs[0])
+        ref = reference(B, C, V, g)
+    rows = []
+    for name, fn in fns.items():
+        row = dict(dtype=SHORT[dtype], batch=batch, decay=decay, N=n, method=name, floor_s=floor_s)
+        try:
+            out = fn(*inputs[0], g, fla_in[0])  # warm-up (compiles)
+            if ref is not None:
+                o = out[:1] if name != "fla" else out[:1].transpose(1, 2)
+                row["rel_error"] = rel_error(o, ref)
+            del out
+            torch.cuda.synchronize(device)
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            out = fn(*inputs[0], g, fla_in[0])
+            torch.cuda.synchronize(device)
+            row["workspace_MB"] = (torch.cuda.max_memory_allocated(device) - base
+                                   - out.numel() * out.element_size()) / 2 ** 20
+            del out
+            args = [(s[0], s[1], s[2], g, f) for s, f in zip(inputs, fla_in)]
+            times = sorted(time_calls(fn, args, reps, device))
+            row.update(median_s=times[len(times) // 2], min_s=times[0], max_s=times[-1],
+                       reps=reps, status="ok")
+            row["floor_ratio"] = row["median_s"] / floor_s
+        except Exception as err:  # one failing cell never aborts the run
+            row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:120]}"
+            torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    from .bench import gpu_script_setup
+    from .kernel_bench import copy_bandwidth
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for floor.csv (default data/<gpu>)")
+    p.add_argument("--entries", nargs="*", default=["Chunk", "Chunk/tf32x3", "LA", "fla"])
+    p.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16", "float32"])
+    p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
+    p.add_argument("--seqlens", nargs="*", type=int, default=None,
+                   help="N values (default: 128 … 100000 at batch 1, … 25600 at batch 16)")
+    p.add_argument("--masks", nargs="*", default=["0-1", "decay"])
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--csv", default="floor.csv")
+    args = p.parse_args(argv)
+    setup = gpu_script_setup("floor", args.out)
+    if setup is None:
+        return 2
+    import pandas as pd
+
+    device, meta, out = setup
+    bw = copy_bandwidth(device)
+    print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
+    orig = original_times()
+    rows = []
+    for dt in map(parse_dtype, args.dtypes):
+        fns = entries(dt, args.entries)
+        for batch in args.batches:
+            for n in args.seqlens or GRID_N.get(batch, GRID_N[16]):
+                for mask in args.masks:
+                    cell = measure_cell(fns, dt, batch, n, mask == "decay", args.reps, bw, device)
+                    fla = next((r.get("median_s") for r in cell if r["method"] == "fla"), None)
+                    o = orig.get((SHORT[dt], batch, mask == "decay", n))
+                    for r in cell:
+                        if r.get("median_s"):
+                            r["vs_fla"] = r["median_s"] / fla if fla else None
+                            r["vs_original"] = r["median_s"] / o if o else None
+                    rows += cell
+                    print(f"{SHORT[dt]} b{batch} N={n} {mask:5s} floor {cell[0]['floor_s'] * 1e3:.3f} ms | "
+                          + " | ".join(f"{r['method']} " + (f"{r['median_s'] * 1e3:.3f} ms "
+                                       f"({r['floor_ratio']:.2f}x)" if r.get("median_s")
+                                       else r["status"][:40]) for r in cell), flush=True)
+    df = pd.DataFrame(rows)
+    df["copy_TBps"] = bw / 1e12
+    for k, v in meta.items():
+        df[k] = v
+    path = os.path.join(out, args.csv)
+    df.to_csv(path, index=False)
+    print(f"wrote {path} ({len(df)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

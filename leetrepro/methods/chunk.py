@@ -1,0 +1,90 @@
+"""Chunk-scan (Chunk): this project's kernel for the operator, lightningAttention-2's chunked form
+made single-pass for every batch size (issue 5; design and measurements in NOTES.md).
+
+For chunks of L rows with state H (r × d, fp32) entering chunk [s, s+L):
+    O_[s:s+L] = (B C ᵀ ⊙ M)_chunk V_chunk + diag(λ^1..λ^L) B_chunk H,
+    H ← λ^L H + (diag(λ^(L-1)..λ^0) C_chunk)ᵀ V_chunk.
+At batch·heads too small to fill the GPU, each head's N rows are split into segments whose states
+are chained through a two-slot ring buffer (``kernels/chunk_scan.py``): one read of B and O, and a
+second read of C and V that the segment size keeps in L2. Time O(N·(L·(r+d) + r·d)); extra memory
+O(batch·heads·r·d) (the ring, two states per lane).
+
+State in and out (for prompts processed in pieces and for generation): ``initial_state`` S0
+``(batch, heads, r, d)`` and ``output_final_state=True`` returning ``(O, S_N)`` (S_N in float32) with
+    S_N = λ^N S0 + Σ_j λ^(N-1-j) c_jᵀ v_j,   O_i += λ^(i+1) b_i S0,
+the convention of RetNet's recurrent form and flash-linear-attention (S_t = λ S_{t-1} + c_tᵀ v_t,
+o_t = b_t S_t), so running two halves with the state passed on equals running the whole.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..registry import GPU_DTYPES, register
+from ._gpu import cdiv, config_override, dot_precision, next_pow2, sm_count, staged_state, triton_kernels
+
+#: bytes of L2 the segments in flight may fill between their two reads of C and V (H100: 50 MB)
+L2_BUDGET = 16 * 2**20
+
+
+def chunk_config(r: int, d: int) -> dict:
+    """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
+    (which re-read B and C once per block)."""
+    block_r = next_pow2(r)
+    block_d = min(next_pow2(d), max(16, 16384 // block_r))
+    big = block_r * block_d >= 8192
+    cfg = dict(BLOCK_N=64 if block_r <= 128 else 32, BLOCK_R=block_r, BLOCK_D=block_d,
+                num_warps=8 if big else 4, num_stages=2)
+    return cfg | config_override("Chunk")
+
+
+def segment_rows(n: int, lanes: int, r: int, d: int, itemsize: int, block_n: int, sms: int) -> int:
+    """Rows per segment: N whole when the lanes alone fill the GPU (two programs per SM), else the
+    largest power of two such that one segment's C and V rows for every SM fit ``L2_BUDGET``."""
+    if lanes >= 2 * sms:
+        return n
+    seg = max(block_n, L2_BUDGET // (sms * (r + d) * itemsize))
+    seg = 1 << (seg.bit_length() - 1)
+    return n if n <= seg else seg
+
+
+@register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
+          dtypes=GPU_DTYPES, devices=("cuda",), state=True,
+          summary="Triton: LA's chunked form in one pass, segment states chained in L2 (batch 1 "
+                  "uses every SM); state in/out",
+          options={"fp32_precision": "tf32", "segment": None})
+def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
+               initial_state: torch.Tensor | None = None, output_final_state: bool = False):
+    """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
+
+    ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
+    ``"ieee"``. ``segment``: rows per segment (default :func:`segment_rows`; a multiple of 64).
+    ``initial_state``/``output_final_state``: see the module docstring.
+    """
+    kern = triton_kernels("chunk_scan")
+    batch, heads, n, r = B.shape
+    d = V.shape[-1]
+    B, C, V = B.contiguous(), C.contiguous(), V.contiguous()
+    out = torch.empty_like(V)
+    cfg = chunk_config(r, d)
+    segment = segment or cfg.pop("segment", None)
+    lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
+    if segment is None:
+        segment = segment_rows(n, lanes, r, d, V.element_size(), cfg["BLOCK_N"], sm_count(V.device))
+    elif segment <= 0 or segment % cfg["BLOCK_N"]:
+        raise ValueError(f"segment={segment} must be a positive multiple of {cfg['BLOCK_N']}")
+    n_seg = cdiv(n, segment)
+    s0 = staged_state(initial_state, B)
+    sn = torch.empty(batch, heads, r, d, dtype=torch.float32, device=V.device) \
+        if output_final_state else out
+    if n_seg > 1:
+        sync = torch.zeros(lanes + 1, dtype=torch.int32, device=V.device)
+        ws = torch.empty(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
+                         device=V.device)
+    else:
+        sync = ws = out  # unused
+    kern.chunk_scan_kernel[(lanes * n_seg,)](
+        B, C, V, out, out if s0 is None else s0, sn, ws, sync, out if gamma is None else gamma,
+        n, r, d, heads, lanes, segment, HAS_DECAY=gamma is not None, HAS_S0=s0 is not None,
+        STORE_SN=output_final_state, SPLIT=n_seg > 1,
+        PRECISION=dot_precision(V.dtype, fp32_precision), **cfg)
+    return (out, sn) if output_final_state else out
