@@ -10,6 +10,8 @@ Conventions (the whole package follows them):
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -56,13 +58,47 @@ def check_qkv(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> None:
                          f"V on {V.device}")
 
 
+#: normalised decays already checked and copied to a device, so that a model calling the operator
+#: every layer with the same gamma pays neither the host checks nor a blocking host-to-device copy
+#: (which would serialise the CPU with the GPU). Keyed by value (host gamma) or by the tensor
+#: itself and its version counter (device gamma, so an in-place change is seen).
+_GAMMA_CACHE: dict = {}
+
+
 def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | None:
     """Return ``gamma`` as a float64 tensor of shape ``(heads,)`` on ``device``, or None.
 
-    Values are checked on the host (one small device-to-host copy when ``gamma`` lives on a GPU).
+    Values are checked on the host the first time a gamma is seen (one small device-to-host copy
+    when it lives on a GPU); the checked device copy is cached (``_GAMMA_CACHE``).
     """
     if gamma is None:
         return None
+    key = _gamma_key(gamma, heads, device)
+    hit = _GAMMA_CACHE.get(key) if key is not None else None
+    # a device gamma is keyed by id(): the entry holds a weak reference to be sure it is the same
+    if hit is not None and (hit[0] is None or hit[0]() is gamma):
+        return hit[1]
+    g = _checked_gamma(gamma, heads, device)
+    if key is not None:
+        if len(_GAMMA_CACHE) >= 256:
+            _GAMMA_CACHE.clear()
+        _GAMMA_CACHE[key] = (weakref.ref(gamma) if key[0] == "device" else None, g)
+    return g
+
+
+def _gamma_key(gamma, heads: int, device) -> tuple | None:
+    dev = str(torch.device(device))
+    if isinstance(gamma, float) or (isinstance(gamma, int) and not isinstance(gamma, bool)):
+        return ("value", float(gamma), heads, dev)
+    if isinstance(gamma, torch.Tensor) and gamma.is_floating_point() and gamma.numel() <= 4096:
+        if gamma.device.type == "cpu":
+            return ("host", gamma.dtype, tuple(gamma.shape), gamma.contiguous().numpy().tobytes()
+                    if gamma.dtype != torch.bfloat16 else gamma.float().numpy().tobytes(), heads, dev)
+        return ("device", id(gamma), gamma._version, heads, dev)
+    return None
+
+
+def _checked_gamma(gamma, heads: int, device) -> torch.Tensor:
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float, torch.Tensor)):
         raise TypeError(f"gamma must be None, a float or a tensor, got {type(gamma).__name__}")
     # a Python number stays float64 (torch.as_tensor would round 0.9 to float32 first)

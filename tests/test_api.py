@@ -176,3 +176,14 @@ def test_no_warnings_on_the_happy_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         causal_linear_decoder(B, C, V, 0.9)
+
+
+def test_gamma_cache_sees_new_values_and_in_place_changes():
+    from leetrepro._inputs import normalize_gamma
+    g = torch.full((3,), 0.5, dtype=torch.float64)
+    assert normalize_gamma(g, 3, "cpu").tolist() == [0.5] * 3
+    g.fill_(0.25)  # in place: the value key changes
+    assert normalize_gamma(g, 3, "cpu").tolist() == [0.25] * 3
+    assert normalize_gamma(0.9, 3, "cpu").tolist() == [0.9] * 3
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        normalize_gamma(torch.full((3,), 1.5), 3, "cpu")
