@@ -22,29 +22,31 @@ import torch
 from ..registry import GPU_DTYPES, register
 from ._gpu import cdiv, config_override, dot_precision, next_pow2, sm_count, staged_state, triton_kernels
 
-#: bytes of L2 the segments in flight may fill between their two reads of C and V (H100: 50 MB)
-L2_BUDGET = 16 * 2**20
-
-
-def chunk_config(r: int, d: int) -> dict:
+def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool) -> dict:
     """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
-    (which re-read B and C once per block)."""
+    (which re-read B and C once per block). Stages and BLOCK_N for r = d = 128 from the H100
+    sweeps in NOTES.md (fp32 tiles are twice the bytes, so fp32 gets fewer rows or stages)."""
     block_r = next_pow2(r)
     block_d = min(next_pow2(d), max(16, 16384 // block_r))
     big = block_r * block_d >= 8192
-    cfg = dict(BLOCK_N=64 if block_r <= 128 else 32, BLOCK_R=block_r, BLOCK_D=block_d,
-                num_warps=8 if big else 4, num_stages=2)
+    half = dtype != torch.float32
+    cfg = dict(BLOCK_N=64, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=8 if big else 4,
+               num_stages=3 if half else 2)
+    if block_r > 128 or (not half and not decay):
+        cfg["BLOCK_N"] = 32
+    if not half and precision != "tf32":  # split operands need more shared memory
+        cfg.update(BLOCK_N=32, num_stages=1)
     return cfg | config_override("Chunk")
 
 
-def segment_rows(n: int, lanes: int, r: int, d: int, itemsize: int, block_n: int, sms: int) -> int:
-    """Rows per segment: N whole when the lanes alone fill the GPU (two programs per SM), else the
-    largest power of two such that one segment's C and V rows for every SM fit ``L2_BUDGET``."""
+def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
+    """Rows per segment: N whole when the lanes alone fill the GPU (two programs per SM), else cut
+    so that about three programs per SM run in all (measured: larger segments beat the smaller,
+    L2-resident ones the design first aimed at, NOTES.md)."""
     if lanes >= 2 * sms:
         return n
-    seg = max(block_n, L2_BUDGET // (sms * (r + d) * itemsize))
-    seg = 1 << (seg.bit_length() - 1)
-    return n if n <= seg else seg
+    pieces = cdiv(3 * sms, lanes)
+    return max(block_n, cdiv(cdiv(n, pieces), block_n) * block_n)
 
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
@@ -57,7 +59,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
-    ``"ieee"``. ``segment``: rows per segment (default :func:`segment_rows`; a multiple of 64).
+    ``"ieee"``. ``segment``: rows per segment (default :func:`segment_rows`; a multiple of BLOCK_N).
     ``initial_state``/``output_final_state``: see the module docstring.
     """
     kern = triton_kernels("chunk_scan")
@@ -65,12 +67,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     d = V.shape[-1]
     B, C, V = B.contiguous(), C.contiguous(), V.contiguous()
     out = torch.empty_like(V)
-    cfg = chunk_config(r, d)
-    segment = segment or cfg.pop("segment", None)
+    precision = dot_precision(V.dtype, fp32_precision)
+    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None)
+    segment = cfg.pop("segment", None) if segment is None else segment
     lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
     if segment is None:
-        segment = segment_rows(n, lanes, r, d, V.element_size(), cfg["BLOCK_N"], sm_count(V.device))
-    elif segment <= 0 or segment % cfg["BLOCK_N"]:
+        segment = segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(V.device))
+    if segment <= 0 or segment % cfg["BLOCK_N"]:
         raise ValueError(f"segment={segment} must be a positive multiple of {cfg['BLOCK_N']}")
     n_seg = cdiv(n, segment)
     s0 = staged_state(initial_state, B)
@@ -86,5 +89,5 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         B, C, V, out, out if s0 is None else s0, sn, ws, sync, out if gamma is None else gamma,
         n, r, d, heads, lanes, segment, HAS_DECAY=gamma is not None, HAS_S0=s0 is not None,
         STORE_SN=output_final_state, SPLIT=n_seg > 1,
-        PRECISION=dot_precision(V.dtype, fp32_precision), **cfg)
+        PRECISION=precision, **cfg)
     return (out, sn) if output_final_state else out
