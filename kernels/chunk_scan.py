@@ -127,10 +127,12 @@ def chunk_scan_kernel(B, C, V, O, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SE
         vo_off = vo_base + (s + rows)[:, None].to(tl.int64) * D + cols_d[None, :]
         v = tl.load(V + vo_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         w_in, w_out, decay = _chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
-        b_in = (b.to(tl.float32) * w_in[:, None]).to(b.dtype) if HAS_DECAY else b
         # half inputs: the fp32 state is rounded to the inputs' dtype for this product (as in
-        # lightning attention and flash-linear-attention); fp32 inputs keep it in fp32
-        out = tl.dot(b_in, state.to(b.dtype), input_precision=PRECISION)
+        # lightning attention and flash-linear-attention); fp32 inputs keep it in fp32.
+        # diag(λ^(i+1)) scales the fp32 product, not the operand b (no round trip of b)
+        out = tl.dot(b, state.to(b.dtype), input_precision=PRECISION)
+        if HAS_DECAY:
+            out = out * w_in[:, None]
         scores = tl.dot(b, tl.trans(c), input_precision=PRECISION) * intra
         out = tl.dot(scores.to(v.dtype), v, acc=out, input_precision=PRECISION)
         state = _accumulate(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
