@@ -15,7 +15,8 @@ PYTEST_ARGS ?=
 HERE   := $(shell $(PY) -c "from leetrepro.bench import gpu_tag; print(gpu_tag())" 2>/dev/null || echo cpu)
 GPU    ?= $(if $(filter cpu,$(HERE)),h100,$(HERE))
 DATA   ?= data/$(GPU)
-OUT    ?= .
+# without a GPU, re-rendered tables go to rerendered/ so the committed H100 notebooks stay as run
+OUT    ?= $(if $(filter cpu,$(HERE)),rerendered,.)
 DTYPE  ?= float32
 REPS   ?= 15
 NBFLAGS ?=
@@ -64,7 +65,7 @@ define run_notebook
 	$(NB) notebooks/$(1).ipynb $(OUT)/figures/$(3)/$(2).ipynb -p out_root $(OUT) $(4) $(NBFLAGS)
 endef
 
-NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/; Lemma 3.1 was timed on this CPU (data/cpu/).
+NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(OUT)/; Lemma 3.1 was timed on this CPU ($(OUT)/data/cpu/).
 
 reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims
 	@echo "reproduce: done. Tables, figures and executed notebooks under $(OUT)/figures/ and $(OUT)/data/."
