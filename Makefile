@@ -29,7 +29,7 @@ LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
 .PHONY: help install test clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
-        derivations long-prompts claims wheelhouse
+        derivations long-prompts claims wheelhouse floor tune
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -39,6 +39,8 @@ help:
 	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from $(DATA))"
 	@echo "make table3 … table6 table9 lemma31 derivations long-prompts claims   one each"
 	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) OUT=$(OUT) NBFLAGS='-p seqlens ...'"
+	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
+	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
 
 $(VENV)/.installed: pyproject.toml
@@ -67,7 +69,7 @@ endef
 
 NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(OUT)/; Lemma 3.1 was timed on this CPU ($(OUT)/data/cpu/).
 
-reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims
+reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims floor
 	@echo "reproduce: done. Tables, figures and executed notebooks under $(OUT)/figures/ and $(OUT)/data/."
 	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
 
@@ -85,6 +87,15 @@ claims: $(INSTALLED)
 
 lemma31: $(INSTALLED)
 	$(call run_notebook,lemma31,lemma31,$(HERE),$(LEMMA_ARGS))
+
+# issue 5: our kernels vs flash-linear-attention and the floor (GPU: measured; else re-rendered)
+floor: $(INSTALLED)
+	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.floor --out $(OUT)/data/$(GPU))
+	$(call run_notebook,floor,floor,$(GPU),-p gpu $(GPU))
+
+# the dispatch table of method="auto" for this GPU, and auto's regret (GPU only)
+tune: $(INSTALLED)
+	$(PY) -m leetrepro.tune --out $(OUT)/data/$(GPU)
 
 derivations: $(INSTALLED)
 	$(call run_notebook,derivations,derivations,derivations,)

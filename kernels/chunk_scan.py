@@ -14,8 +14,8 @@ Per segment k of a lane (rows [a, e)):
         O_i = Σ_{s≤j≤i} λ^(i-j) (b_i·c_j) v_j + λ^(i-s+1) b_i H,
         H  ← λ^len H + Σ_j λ^(s+len-1-j) c_jᵀ v_j,
      so the last segment's H is the final state.
-Step 4 re-reads the C and V rows of step 1 soon after, from L2 when the segments in flight fit in
-it (the launcher sizes SEG for that). Two ring slots per lane suffice: P_{k+1} overwrites P_{k-1}
+Step 4 re-reads the C and V rows of step 1 (from L2 if the segments in flight fit there; the
+launcher's measured choice of SEG is longer, see NOTES.md). Two ring slots per lane suffice: P_{k+1} overwrites P_{k-1}
 only after segment k+1 has read P_k, which segment k published after reading P_{k-1}.
 Only non-negative powers of λ appear. Launcher: ``leetrepro.methods.chunk``.
 """

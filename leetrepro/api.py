@@ -7,35 +7,50 @@ import warnings
 
 import torch
 
+from . import dispatch
 from . import methods as _methods  # noqa: F401  (fills the registry)
 from ._inputs import check_qkv, normalize_gamma
 from ._state import check_state
 from .registry import Method, get, methods
 
-#: ``method="auto"`` picks the first of these that is registered and supports the inputs'
-#: dtype and device. Short sequences go to Vanilla (Section 5.1: fastest at N ≤ 128), the rest to
-#: lightningAttention-2 (fastest at batch 1 and N > 512 in Tables 3-4): the Triton kernel on a
-#: GPU, its PyTorch twin elsewhere. A measured per-GPU table replaces this rule where one exists.
+#: ``method="auto"``: on a GPU with a measured table (``make tune``, :mod:`leetrepro.dispatch`) the
+#: method the table names for the nearest cell; elsewhere this rule, the first of the list that is
+#: registered and runs the inputs' dtype natively on their device. Short sequences go to Vanilla
+#: (Section 5.1: fastest at N ≤ 128), the rest to Chunk (this project's kernel, NOTES.md), then
+#: lightningAttention-2 (fastest at batch 1 and N > 512 in Tables 3-4), then PyTorch twins.
 AUTO_SHORT_N = 128
-AUTO_ORDER = ("LA", "LA_torch", "Bb")
+AUTO_ORDER = ("Chunk", "LA", "LA_torch", "Bb")
 STATE_ORDER = ("Chunk", "LA_torch")
 
 
-def auto_method(n: int, dtype: torch.dtype, device: torch.device, *, state: bool = False) -> Method:
-    """The method ``method="auto"`` uses for these inputs (see ``AUTO_ORDER``); with ``state``,
-    only methods that take and return the recurrent state."""
-    order = ("Vanilla",) + AUTO_ORDER if n <= AUTO_SHORT_N else AUTO_ORDER
-    if state:
-        order = STATE_ORDER
+def auto_method(n: int, dtype: torch.dtype, device: torch.device, *, batch: int = 1,
+                decay: bool = False, state: bool = False) -> Method:
+    """The method ``method="auto"`` uses for these inputs: the measured table's choice where
+    there is one, else the rule above; with ``state``, only methods that take and return the
+    recurrent state."""
+    def usable(m):
+        # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
+        return (m.supports(dtype, device) and torch.device(device).type in m.devices
+                and not m.unsafe and (m.state or not state))
+
+    picked = dispatch.choose(n, batch, dtype, decay, device)
+    if picked is not None:
+        try:
+            m = get(picked)
+            if usable(m):
+                return m
+        except ValueError:
+            pass
+    order = STATE_ORDER if state else (("Vanilla",) + AUTO_ORDER if n <= AUTO_SHORT_N else AUTO_ORDER)
     for name in order:
         try:
             m = get(name)
         except ValueError:
             continue
-        # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
-        if m.supports(dtype, device) and torch.device(device).type in m.devices and not m.unsafe:
+        if usable(m):
             return m
-    raise ValueError(f"no registered method supports dtype {dtype} on {device}")
+    raise ValueError(f"no registered method supports dtype {dtype} on {device}"
+                     + (" with a state" if state else ""))
 
 
 def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
@@ -80,7 +95,8 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     g = normalize_gamma(gamma, heads, B.device)
     with_state = initial_state is not None or output_final_state
     check_state(initial_state, B, V)
-    m = auto_method(n, B.dtype, B.device, state=with_state) if method == "auto" else get(method)
+    m = auto_method(n, B.dtype, B.device, batch=batch, decay=g is not None, state=with_state) \
+        if method == "auto" else get(method)
     if with_state and not m.state:
         raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
                          f"that do: {', '.join(x.abbr for x in methods() if x.state)}")

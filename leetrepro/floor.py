@@ -83,7 +83,7 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
     ref = None
     if check_error and n <= 25600:
         B, C, V = (t[:1] for t in inputs[0])
-        ref = reference(B, C, V, g)
+        ref = reference(B, C, V, g, row_block=512)
     rows = []
     for name, fn in fns.items():
         row = dict(dtype=SHORT[dtype], batch=batch, decay=decay, N=n, method=name, floor_s=floor_s)
@@ -110,6 +110,8 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
             row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:120]}"
             torch.cuda.empty_cache()
         rows.append(row)
+    del inputs, fla_in, ref
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -167,3 +169,29 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def targets(df):
+    """Issue 5's targets checked from ``floor.csv``: one row per (dtype, batch, mask, N, entry).
+
+    * N ≥ 8192: median/floor ≤ 1.3 (``Chunk``; ``Chunk/tf32x3`` is the fp32-contract path,
+      reported with its own ratio and no target);
+    * N ≤ 2048, batch 1: at most half of flash-linear-attention's time and of the original LA's
+      (where the original runs: fp32).
+    """
+    import pandas as pd
+    ok = df[df.status == "ok"]
+    rows = []
+    for r in ok[ok.method.str.startswith("Chunk")].itertuples():
+        if r.N >= 8192:
+            rows.append(dict(dtype=r.dtype, batch=r.batch, decay=r.decay, N=r.N, entry=r.method,
+                             target="≤ 1.3× floor", value=round(r.floor_ratio, 2),
+                             met="-" if "/" in r.method else ("yes" if r.floor_ratio <= 1.3 else "no")))
+        elif r.batch == 1 and "/" not in r.method:
+            for ref in ("fla", "original"):
+                v = getattr(r, f"vs_{ref}", None)
+                if v is not None and v == v:
+                    rows.append(dict(dtype=r.dtype, batch=r.batch, decay=r.decay, N=r.N,
+                                     entry=r.method, target=f"≤ 0.5× {ref}", value=round(v, 2),
+                                     met="yes" if v <= 0.5 else "no"))
+    return pd.DataFrame(rows)

@@ -320,6 +320,54 @@ claims.insert(2, "on the paper's numbers", check_claims(paper_tables_as_measured
 claims.to_csv(os.path.join(data_dir, "claims.csv"), index=False)
 claims''',
     ]),
+    "floor": ("# Distance to the memory floor (issue 5)\n"
+              "Our kernels next to flash-linear-attention, timed in one process by `make floor` "
+              "(`leetrepro.floor`): median / floor, where the floor is (|B|+|C|+|V|+|O|)·bytes over "
+              "the copy bandwidth measured in the same run; then `method=\"auto\"` from `make tune` "
+              "(`data/<gpu>/dispatch.csv`) and its regret against the best method per cell.", [
+        '''gpu = None
+device = "cuda"
+measure = False     # True on a GPU: run the benchmark now (minutes) instead of reading floor.csv
+out_root = "."''',
+        COMMON + '''import pandas as pd
+import matplotlib.pyplot as plt
+from leetrepro import floor as F
+path = os.path.join(data_dir, "floor.csv")
+if live and measure:
+    F.main(["--out", data_dir])
+df = pd.read_csv(path) if os.path.exists(path) else T.load_measured(gpu, "floor.csv")
+assert df is not None, f"no floor.csv for {gpu}: run `make floor` on that GPU"
+p = df.iloc[0]
+display(Markdown(f"GPU {p.gpu}, commit {p.commit}, {p.date}; copy bandwidth {p.copy_TBps:.2f} TB/s"))
+ok = df[df.status == "ok"]
+cells = [(dt, b, dec) for dt in ok.dtype.unique() for b in sorted(ok.batch.unique()) for dec in (False, True)]
+fig, axes = plt.subplots(len(ok.dtype.unique()), 4, figsize=(16, 3.4 * len(ok.dtype.unique())), squeeze=False)
+for ax, (dt, b, dec) in zip(axes.flat, cells):
+    for m, g in ok[(ok.dtype == dt) & (ok.batch == b) & (ok.decay == dec)].groupby("method"):
+        ax.plot(g.N, g.floor_ratio, marker="o", label=m)
+    ax.axhline(1.3, color="k", ls="--", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="N", ylabel="time / floor",
+           title=f"{dt}, batch {b}, {'decay' if dec else '0-1 mask'}")
+    ax.grid(alpha=0.3)
+axes.flat[0].legend(fontsize=8); fig.tight_layout()
+for ext in ("png", "svg"):
+    fig.savefig(os.path.join(fig_dir, f"floor.{ext}"), dpi=110)''',
+        '''t = F.targets(df)
+display(Markdown(f"**Targets met: {(t.met == 'yes').sum()} of {(t.met != '-').sum()}** "
+                 "(`-`: the fp32-contract path, reported without a target)"))
+t''',
+        '''cols = ["dtype", "batch", "decay", "N", "method", "median_s", "floor_ratio", "vs_fla",
+        "vs_original", "rel_error", "workspace_MB"]
+ok[[c for c in cols if c in ok]].round(4)''',
+        '''disp = T.load_measured(gpu, "dispatch.csv")
+if disp is None:
+    display(Markdown(f"No `data/{gpu}/dispatch.csv`: run `make tune` on that GPU."))
+else:
+    display(Markdown(f"`method=\"auto\"`: regret against the best method per cell, max "
+                     f"{disp.regret.max() * 100:.1f}%, median {disp.regret.median() * 100:.1f}% "
+                     f"over {len(disp)} cells"))
+    display(disp[["dtype", "batch", "decay", "N", "best", "best_s", "auto", "auto_s", "regret"]].round(5))''',
+    ]),
 }
 
 

@@ -187,3 +187,19 @@ def test_gamma_cache_sees_new_values_and_in_place_changes():
     assert normalize_gamma(0.9, 3, "cpu").tolist() == [0.9] * 3
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         normalize_gamma(torch.full((3,), 1.5), 3, "cpu")
+
+
+def test_auto_follows_the_dispatch_table(monkeypatch):
+    import pandas as pd
+    from leetrepro import dispatch
+    table = pd.DataFrame(dict(dtype=["fp32"] * 4, decay=[False] * 4, batch=[1, 1, 16, 16],
+                              N=[128, 8192, 128, 8192], best=["Vanilla", "Bb", "LA_torch", "Recur"]))
+    assert dispatch._nearest(table, 100, 1) == "Vanilla"
+    assert dispatch._nearest(table, 20000, 2) == "Bb"
+    assert dispatch._nearest(table, 5000, 12) == "Recur"
+    # where the table names a method, auto takes it; where that cannot run the inputs, the rule
+    monkeypatch.setattr(dispatch, "choose", lambda *a, **k: "Bb")
+    assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "Bb"
+    assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu"), state=True).abbr == "LA_torch"
+    monkeypatch.setattr(dispatch, "choose", lambda *a, **k: "FA_modify")  # unsafe: never
+    assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "LA_torch"

@@ -5,9 +5,10 @@ For chunks of L rows with state H (r × d, fp32) entering chunk [s, s+L):
     O_[s:s+L] = (B C ᵀ ⊙ M)_chunk V_chunk + diag(λ^1..λ^L) B_chunk H,
     H ← λ^L H + (diag(λ^(L-1)..λ^0) C_chunk)ᵀ V_chunk.
 At batch·heads too small to fill the GPU, each head's N rows are split into segments whose states
-are chained through a two-slot ring buffer (``kernels/chunk_scan.py``): one read of B and O, and a
-second read of C and V that the segment size keeps in L2. Time O(N·(L·(r+d) + r·d)); extra memory
-O(batch·heads·r·d) (the ring, two states per lane).
+are chained through a two-slot ring buffer (``kernels/chunk_scan.py``): B, V, O once and C, V twice
+(segments short enough for the second read to hit L2 measured slower on the H100: their
+pipelines are too short; NOTES.md). At batch·heads ≥ 2 × SMs: one pass, exactly the four tensors.
+Time O(N·(L·(r+d) + r·d)); extra memory O(batch·heads·r·d) (the ring, two states per lane).
 
 State in and out (for prompts processed in pieces and for generation): ``initial_state`` S0
 ``(batch, heads, r, d)`` and ``output_final_state=True`` returning ``(O, S_N)`` (S_N in float32) with
@@ -31,7 +32,7 @@ def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool
     big = block_r * block_d >= 8192
     half = dtype != torch.float32
     cfg = dict(BLOCK_N=64, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=8 if big else 4,
-               num_stages=3 if half else 2)
+               num_stages=4 if half else 2)
     if block_r > 128 or (not half and not decay):
         cfg["BLOCK_N"] = 32
     if not half and precision != "tf32":  # split operands need more shared memory

@@ -1,0 +1,61 @@
+"""The measured dispatch table behind ``method="auto"``.
+
+``make tune`` (:mod:`leetrepro.tune`) times every registered method on a grid (dtype × batch × N ×
+mask, heads 32, r = d = 128) and writes ``data/<gpu>/dispatch.csv``: per cell the fastest method
+(``best``) and every method's median. :func:`choose` looks the inputs up in the table of the GPU
+they are on (``LEETREPRO_DISPATCH=path.csv`` overrides the file): same dtype and mask, the nearest
+batch and the nearest N on a log scale. Heads, r and d are not keys: the table is measured at the
+paper's shape. Without a table for this GPU, or when its choice cannot run these inputs (a state
+is asked for, say), ``auto`` falls back to the rule in :mod:`leetrepro.api`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def table_path(tag: str) -> str:
+    return os.environ.get("LEETREPRO_DISPATCH") or os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", tag, "dispatch.csv")
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str):
+    if not os.path.exists(path):
+        return None
+    import pandas as pd
+    return pd.read_csv(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _tag(index: int) -> str:
+    from .bench import gpu_tag
+    return gpu_tag(torch.device("cuda", index))
+
+
+def choose(n: int, batch: int, dtype: torch.dtype, decay: bool, device) -> str | None:
+    """The abbreviation the table names for these inputs, or None (no table, no matching rows)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    table = _load(table_path(_tag(device.index if device.index is not None else
+                                  torch.cuda.current_device())))
+    if table is None:
+        return None
+    rows = table[(table.dtype == SHORT.get(dtype)) & (table.decay == bool(decay))]
+    if rows.empty:
+        return None
+    return _nearest(rows, n, batch)
+
+
+def _nearest(rows, n: int, batch: int) -> str:
+    lb, ln = math.log(max(batch, 1)), math.log(max(n, 1))
+    b = min(rows.batch.unique(), key=lambda x: abs(math.log(x) - lb))
+    rows = rows[rows.batch == b]
+    best = min(rows.itertuples(), key=lambda r: abs(math.log(r.N) - ln))
+    return best.best

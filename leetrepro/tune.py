@@ -1,0 +1,120 @@
+"""``make tune``: measure every registered method on a grid and write the dispatch table that
+``method="auto"`` uses on this GPU (``data/<gpu>/dispatch.csv``, :mod:`leetrepro.dispatch`), then
+time ``auto`` against the best method of each cell and report its regret.
+
+Grid: dtype (fp16, bf16, fp32) × batch (1, 16) × N (128 … 100000 at batch 1, … 25600 at batch 16)
+× mask, heads 32, r = d = 128. Each method: median of ``--reps`` CUDA-event timings of the Python
+call after a warm-up. A method slower than ``--time-limit`` per call, or out of memory, is not
+tried at larger N for that dtype/batch/mask (its times only grow). Unsafe methods (FA_modify)
+and interpreted ones are never candidates.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+from ._inputs import alibi_gammas, parse_dtype
+from .api import causal_linear_decoder
+from .bench import is_oom, time_calls
+from .dispatch import SHORT
+from .floor import GRID_N
+from .methods import methods
+
+
+def candidates(dtype: torch.dtype) -> list[str]:
+    return [m.abbr for m in methods() if not m.unsafe and m.supports(dtype, torch.device("cuda"))
+            and "cuda" in m.devices]
+
+
+def _time(fn, args, reps, device) -> float:
+    fn(*args[0])  # warm-up (compiles)
+    torch.cuda.synchronize(device)
+    return statistics.median(time_calls(fn, args, reps, device))
+
+
+def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, publish) -> dict:
+    """Time every method on one cell; ``publish(row)`` puts its best into the table before
+    ``auto`` (which reads the table) is timed against it."""
+    gen = torch.Generator(device=device).manual_seed(n)
+    per = batch * 32 * n * 384 * dtype.itemsize
+    sets = [tuple(torch.randn(batch, 32, n, 128, device=device, dtype=dtype, generator=gen)
+                  for _ in range(3)) for _ in range(2 if per < 2 ** 30 else 1)]
+    g = alibi_gammas(32).view(32, 1) if decay else None
+    row = dict(dtype=SHORT[dtype], batch=batch, decay=decay, N=n)
+    for name in names:
+        if name in dropped:
+            row[f"t_{name}"] = float("nan")
+            continue
+        fn = (lambda B, C, V, m=name: causal_linear_decoder(B, C, V, g, method=m))
+        try:
+            t = _time(fn, sets, reps, device)
+            if t > limit:
+                dropped.add(name)
+        except Exception as err:  # OOM or a method that cannot take the cell
+            t = float("nan")
+            dropped.add(name)
+            if not is_oom(err):
+                print(f"  {name}: {type(err).__name__}: {str(err)[:100]}", file=sys.stderr)
+        torch.cuda.empty_cache()
+        row[f"t_{name}"] = t
+    times = {k[2:]: v for k, v in row.items() if k.startswith("t_") and v == v}
+    row["best"] = min(times, key=times.get)
+    row["best_s"] = times[row["best"]]
+    publish(row)
+    # auto as a user calls it, against the best method, timed again side by side
+    auto = (lambda B, C, V: causal_linear_decoder(B, C, V, g))
+    best = (lambda B, C, V, m=row["best"]: causal_linear_decoder(B, C, V, g, method=m))
+    row["auto_s"], row["best_again_s"] = _time(auto, sets, reps, device), _time(best, sets, reps, device)
+    from .api import auto_method
+    row["auto"] = auto_method(n, dtype, device, batch=batch, decay=decay).abbr
+    row["regret"] = row["auto_s"] / row["best_again_s"] - 1
+    return row
+
+
+def main(argv=None) -> int:
+    from .bench import gpu_script_setup
+    from . import dispatch
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for dispatch.csv (default data/<gpu>)")
+    p.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16", "float32"])
+    p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
+    p.add_argument("--seqlens", nargs="*", type=int, default=None)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--time-limit", type=float, default=0.25)
+    args = p.parse_args(argv)
+    setup = gpu_script_setup("tune", args.out)
+    if setup is None:
+        return 2
+    import pandas as pd
+
+    device, meta, out = setup
+    path = os.path.join(out, "dispatch.csv")
+    rows = []
+    for dt in map(parse_dtype, args.dtypes):
+        for batch in args.batches:
+            for decay in (False, True):
+                dropped: set = set()
+                for n in args.seqlens or GRID_N.get(batch, GRID_N[16]):
+                    def publish(row):  # the table grows as it is measured; auto reads this run's
+                        pd.DataFrame(rows + [row]).assign(**meta).to_csv(path, index=False)
+                        dispatch._load.cache_clear()
+                    r = tune_cell(dt, batch, n, decay, candidates(dt), args.reps,
+                                  args.time_limit, device, dropped, publish)
+                    rows.append(r)
+                    print(f"{r['dtype']} b{batch} {'decay' if decay else '0-1  '} N={n:6d} best "
+                          f"{r['best']:8s} {r['best_s'] * 1e3:9.3f} ms | auto {r['auto']:8s} "
+                          f"regret {r['regret'] * 100:+5.1f}%", flush=True)
+    df = pd.DataFrame(rows).assign(**meta)
+    df.to_csv(path, index=False)
+    print(f"wrote {path}: max regret of auto {df.regret.max() * 100:.1f}% "
+          f"(median {df.regret.median() * 100:.1f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
