@@ -29,7 +29,7 @@ LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
 .PHONY: help install test clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
-        derivations long-prompts claims wheelhouse floor tune
+        derivations long-prompts claims wheelhouse floor tune table7 table8
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -37,7 +37,7 @@ help:
 	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> $(DATA)/correctness.csv"
 	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> $(DATA)/kernels.csv"
 	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from $(DATA))"
-	@echo "make table3 … table6 table9 lemma31 derivations long-prompts claims   one each"
+	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
 	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) OUT=$(OUT) NBFLAGS='-p seqlens ...'"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
 	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
@@ -69,12 +69,16 @@ endef
 
 NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(OUT)/; Lemma 3.1 was timed on this CPU ($(OUT)/data/cpu/).
 
-reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims floor
+reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims table7 table8 floor
 	@echo "reproduce: done. Tables, figures and executed notebooks under $(OUT)/figures/ and $(OUT)/data/."
 	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
 
 $(TABLES): $(INSTALLED)
 	$(call run_notebook,latency,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS))
+
+# Tables 7-8: the methods inside TransNormerLLM-7B / toy-retnet-1.3B layers (LLM_FLAGS: e.g. -p n_prompts 10)
+table7 table8: $(INSTALLED)
+	$(call run_notebook,llm,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE))
 
 table9: $(INSTALLED)
 	$(call run_notebook,table9,table9,$(GPU),-p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS))

@@ -70,6 +70,10 @@ TINY = {
                      "-p", "reps", "2", "-p", "heads", "2", "-p", "rank", "8", "-p", "dim", "8",
                      "-p", "dtype", "float32", "-p", "gpu", "cpu-tiny"],
     "claims": ["-p", "gpu", "h100"],
+    "llm": ["-p", "device", "cpu", "-p", "tiny", "True", "-p", "max_len", "40", "-p", "n_prompts", "4",
+            "-p", "runs", "3", "-p", "equiv_prompts", "1", "-p", "gpu", "cpu-tiny",
+            "-y", "methods: [Original, Vanilla, Bb, LA_torch, Recur]"],
+    "floor": ["-p", "gpu", "h100"],
 }
 
 

@@ -1,0 +1,24 @@
+"""Decoder blocks of the two linear-attention LLMs of the paper's Section 5.2 (Tables 7-8), with the
+attention computation swappable for any registered method (``attention_method=``), the model's own
+way (``"original"``) or the float64 oracle (``"reference"``).
+
+Weights are seeded random with the published shapes (wall time does not depend on their values);
+see :mod:`leetrepro.models.configs` for the shapes and their sources.
+"""
+from .configs import CONFIGS, config
+from .retnet import RetNet
+from .transnormer import TransNormerLLM
+
+MODELS = {"transnormer": TransNormerLLM, "retnet": RetNet}
+
+
+def build(name: str, cfg: dict | None = None, *, seed: int = 0, **overrides):
+    """A model by name (``"transnormer"``, ``"retnet"``) with seeded random weights."""
+    import torch
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; use one of {sorted(MODELS)}")
+    torch.manual_seed(seed)
+    return MODELS[name](cfg or config(name, **overrides))
+
+
+__all__ = ["CONFIGS", "MODELS", "RetNet", "TransNormerLLM", "build", "config"]

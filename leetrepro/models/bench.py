@@ -1,0 +1,209 @@
+"""Tables 7-8: each attention method inside the first two layers of TransNormerLLM-7B and
+toy-retnet-1.3B, the paper's protocol (Section 5.2, Appendix A.1).
+
+Prompts: ``data/prompts/lengths.csv``, 100 seeded lengths drawn uniformly from 6000 … 8192 (the
+paper's LongBench prompts truncated to 8k and filtered at 6k); token ids are seeded random (prompt
+i's ids from seed ``1000 + i``), as wall time does not depend on them. Batch 2 pairs prompts in
+file order (0-1, 2-3, …) and right-pads the shorter with token 0 to the longer's length, as a
+padded batch would be; the padding is computed and timed too.
+
+Protocol: one *run* passes every prompt through the model (``torch.no_grad``, wall clock, a CUDA
+sync at the end); 7 runs; the fastest and slowest dropped; mean and sample standard deviation of
+the rest. A method whose first run takes longer than ``time_limit`` is not run again (its cell
+says ``1 run``). Peak GPU memory is over all its runs. Out of memory: ``OOM``.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from . import build
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROMPTS = os.path.join(ROOT, "data", "prompts", "lengths.csv")
+PAPER_METHODS = ["Original", "Bb", "Cdotp", "Cdotp_torch", "FA", "FA_torch", "LA", "LA_torch",
+                 "Vanilla", "Recur"]
+
+
+def make_prompt_lengths(n: int = 100, low: int = 6000, high: int = 8192, seed: int = 0):
+    """The stored prompt set (``python -m leetrepro.models.bench --write-prompts`` rewrites it)."""
+    import pandas as pd
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (n,), generator=g).tolist()
+    return pd.DataFrame(dict(prompt=range(n), length=lengths, token_seed=[1000 + i for i in range(n)]))
+
+
+def load_prompts(n: int | None = None, max_len: int | None = None):
+    import pandas as pd
+    df = pd.read_csv(PROMPTS)
+    if max_len is not None:  # tiny runs: the same prompts, cut short
+        df = df.assign(length=df.length.clip(upper=max_len))
+    return df if n is None else df.head(n)
+
+
+def batches(prompts, batch_size: int, vocab: int, device) -> list[torch.Tensor]:
+    """Token tensors ``(batch, max length)``: consecutive prompts, right-padded with id 0."""
+    out = []
+    rows = list(prompts.itertuples())
+    for s in range(0, len(rows), batch_size):
+        group = rows[s:s + batch_size]
+        n = max(r.length for r in group)
+        ids = torch.zeros(len(group), n, dtype=torch.long)
+        for i, r in enumerate(group):
+            g = torch.Generator().manual_seed(int(r.token_seed))
+            ids[i, :r.length] = torch.randint(1, vocab, (r.length,), generator=g)
+        out.append(ids.to(device))
+    return out
+
+
+def _method(name: str) -> str:
+    return "original" if name.lower() == "original" else name
+
+
+@torch.no_grad()
+def one_run(model, method: str, inputs, device) -> float:
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for ids in inputs:
+        model(ids, _method(method))
+    sync()
+    return time.perf_counter() - t0
+
+
+def measure(model_name: str, methods=PAPER_METHODS, batch_sizes=(1, 2), n_prompts: int = 100,
+            runs: int = 7, device: str = "cuda", dtype: str = "float32", tiny: bool = False,
+            max_len: int | None = None, time_limit: float = 120.0, progress: bool = True):
+    """One row per (method, batch size): mean/std over the kept runs, per-prompt mean, peak memory."""
+    import pandas as pd
+    from .._inputs import parse_dtype
+    from ..bench import is_oom, provenance
+
+    model = build(model_name, tiny=tiny).to(device=device, dtype=parse_dtype(dtype)).eval()
+    prompts = load_prompts(n_prompts, max_len)
+    cuda = torch.device(device).type == "cuda"
+    rows = []
+    for bs in batch_sizes:
+        inputs = batches(prompts, bs, model.cfg["vocab"], device)
+        for m in methods:
+            row = dict(model=model.cfg["name"], method=m, batch=bs, prompts=len(prompts),
+                       tokens=int(prompts.length.sum()))
+            times = []
+            try:
+                if cuda:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                one_run(model, m, inputs[:1], device)  # warm-up: compiles kernels
+                for _ in range(runs):
+                    times.append(one_run(model, m, inputs, device))
+                    if times[0] > time_limit:
+                        break
+                kept = sorted(times)[1:-1] if len(times) >= 3 else times
+                row.update(runs=len(times), mean_s=statistics.mean(kept),
+                           std_s=statistics.stdev(kept) if len(kept) > 1 else float("nan"),
+                           status="ok")
+                row["per_prompt_s"] = row["mean_s"] / len(prompts)
+                if cuda:
+                    row["peak_mem_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
+            except Exception as err:  # one failing cell never stops the table
+                row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:100]}"
+                if cuda:
+                    torch.cuda.empty_cache()
+            rows.append(row)
+            if progress:
+                print(f"{model_name} b{bs} {m:12s} " + (f"{row['mean_s']:9.3f} s ± {row['std_s']:.3f} "
+                      f"({row['runs']} runs)" if row["status"] == "ok" else row["status"]),
+                      file=sys.stderr, flush=True)
+    df = pd.DataFrame(rows)
+    for k, v in provenance(device).items():
+        df[k] = v
+    df["dtype"], df["weights"] = dtype, "seeded random (published shapes)"
+    return df
+
+
+@torch.no_grad()
+def equivalence(model_name: str, methods=PAPER_METHODS, n_prompts: int = 2, device: str = "cuda",
+                dtype: str = "float32", tiny: bool = False, max_len: int | None = None):
+    """Final hidden states of each method (in ``dtype``) against the float64 reference path (the
+    same weights in float64, attention by the float64 oracle): max |diff| and ‖diff‖/‖ref‖."""
+    import pandas as pd
+    from .._inputs import parse_dtype
+    from ..bench import is_oom
+
+    model = build(model_name, tiny=tiny).to(device).eval()
+    prompts = load_prompts(n_prompts, max_len)
+    inputs = batches(prompts, 1, model.cfg["vocab"], device)
+    refs = [model.double()(ids, "reference") for ids in inputs]
+    model = model.to(parse_dtype(dtype))
+    rows = []
+    for m in methods:
+        row = dict(model=model.cfg["name"], method=m, dtype=dtype, prompts=len(inputs))
+        try:
+            outs = [model(ids, _method(m)).double() for ids in inputs]
+            row["max_abs_diff"] = max((o - r).abs().max().item() for o, r in zip(outs, refs))
+            row["rel_diff"] = max(((o - r).norm() / r.norm()).item() for o, r in zip(outs, refs))
+            row["status"] = "ok"
+        except Exception as err:
+            row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:100]}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+if __name__ == "__main__" and "--write-prompts" in sys.argv:
+    os.makedirs(os.path.dirname(PROMPTS), exist_ok=True)
+    make_prompt_lengths().to_csv(PROMPTS, index=False)
+    print(f"wrote {PROMPTS}")
+
+
+def side_by_side(measured, paper_table):
+    """Per (method, batch): the paper's seconds per prompt (its total over 100 prompts / 100),
+    ours, ours/paper, and our peak memory."""
+    import pandas as pd
+    p = paper_table.assign(paper_per_prompt_s=paper_table.mean_s / 100)[
+        ["method", "batch", "paper_per_prompt_s", "cell"]].rename(columns={"cell": "paper (100 prompts)"})
+    cols = ["method", "batch", "per_prompt_s", "mean_s", "std_s", "runs", "peak_mem_GB", "status"]
+    m = measured[[c for c in cols if c in measured]]  # peak memory: CUDA only
+    both = pd.merge(p, m, on=["method", "batch"], how="outer")
+    if "per_prompt_s" in both:
+        both["ours/paper"] = both.per_prompt_s / both.paper_per_prompt_s
+    return both
+
+
+def check_claims(measured, table: int):
+    """Section 5.2's claims, computed from one table's measurements."""
+    import pandas as pd
+    ok = measured[measured.status == "ok"].set_index(["method", "batch"])
+    linear = [m for m in measured.method.unique() if m not in ("Vanilla", "Original")]
+    rows = []
+    lin_oom = measured[measured.method.isin(linear) & (measured.status == "OOM")]
+    rows.append(dict(claim="the linear methods avoid out-of-memory errors",
+                     holds="yes" if lin_oom.empty else "no",
+                     evidence="no linear method ran out of memory; Vanilla: " + ", ".join(
+                         f"batch {r.batch} {r.status}" for r in measured[measured.method == "Vanilla"].itertuples())
+                     if lin_oom.empty else "OOM: " + ", ".join(f"{r.method} b{r.batch}" for r in lin_oom.itertuples())))
+    faster = [m for m in measured.method.unique() if (m, 1) in ok.index and (m, 2) in ok.index
+              and ok.loc[(m, 2), "per_prompt_s"] < ok.loc[(m, 1), "per_prompt_s"]]
+    both = [m for m in measured.method.unique() if (m, 1) in ok.index and (m, 2) in ok.index]
+    rows.append(dict(claim="batch 2 takes less time per prompt than batch 1",
+                     holds="yes" if both and len(faster) == len(both) else ("mostly" if len(faster) > len(both) / 2 else "no"),
+                     evidence=f"{len(faster)} of {len(both)} methods: " + ", ".join(faster)))
+    if ("LA_torch", 1) in ok.index and ("Original", 1) in ok.index:
+        r = [ok.loc[("LA_torch", b), "mean_s"] / ok.loc[("Original", b), "mean_s"]
+             for b in (1, 2) if ("LA_torch", b) in ok.index and ("Original", b) in ok.index]
+        rows.append(dict(claim="LA_torch close to Original (within 10%) or faster",
+                         holds="yes" if max(r) <= 1.1 else "no",
+                         evidence="LA_torch/Original = " + ", ".join(f"{x:.2f}" for x in r)))
+    if table == 7:
+        b2 = ok.xs(2, level="batch") if 2 in ok.index.get_level_values("batch") else None
+        if b2 is not None and not b2.empty:
+            best = b2.mean_s.idxmin()
+            cd = b2.mean_s.get("Cdotp")
+            rows.append(dict(claim="Cdotp is the fastest at batch 2 (TransNormerLLM)",
+                             holds="yes" if best == "Cdotp" else "no",
+                             evidence=f"fastest: {best} ({b2.mean_s.min():.2f} s)"
+                                      + (f"; Cdotp {cd:.2f} s" if cd is not None else "")))
+    return pd.DataFrame(rows)
