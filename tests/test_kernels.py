@@ -20,9 +20,11 @@ INTERPRETED = DEVICE == "cpu"
 KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
 # (batch, heads, N, r, d): odd N, r ≠ d, tiny r and d, batch > 1; N = 2100 crosses LA's segment split
 LA_SHAPES = [(2, 3, 37, 8, 5), (1, 2, 130, 20, 33), (1, 1, 2100, 4, 6)]
-# Chunk: one segment (the batch-16 path), segments chained through the ring (the batch-1 path, a
+# Chunk: a split of 37 rows into one 64-row segment and 37 whole (9 lanes fill the interpreter's
+# 4 stand-in SMs: the batch-16 path, ragged N), segments chained through the ring (the batch-1 path, a
 # partial last segment), and r = 200 whose 256-row state splits d = 100 into two column blocks
-CHUNK_CASES = [((2, 3, 37, 8, 5), None), ((1, 2, 300, 20, 33), 64), ((1, 1, 150, 200, 100), 64)]
+CHUNK_CASES = [((2, 3, 37, 8, 5), None), ((3, 3, 37, 8, 5), None), ((1, 2, 300, 20, 33), 64),
+               ((1, 1, 150, 200, 100), 64)]
 FA_SHAPES = [(2, 3, 37, 8, 5), (1, 1, 130, 5, 20)]
 BF16_DOT_BROKEN = pytest.mark.xfail(
     INTERPRETED, strict=True,

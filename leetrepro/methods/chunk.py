@@ -74,7 +74,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
     if segment is None:
         segment = segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(V.device))
-    if segment <= 0 or segment % cfg["BLOCK_N"]:
+    if segment <= 0 or (segment < n and segment % cfg["BLOCK_N"]):  # one segment: any N
         raise ValueError(f"segment={segment} must be a positive multiple of {cfg['BLOCK_N']}")
     n_seg = cdiv(n, segment)
     s0 = staged_state(initial_state, B)
