@@ -30,9 +30,13 @@ def candidates(dtype: torch.dtype) -> list[str]:
             and "cuda" in m.devices]
 
 
-def _time(fn, args, reps, device) -> float:
-    fn(*args[0])  # warm-up (compiles)
+def _time(fn, args, reps, device, limit: float = float("inf")) -> float:
+    """Median seconds per call; a single call's time when even that exceeds ``limit``."""
+    fn(*args[0])  # warm-up (compiles, builds)
     torch.cuda.synchronize(device)
+    once = time_calls(fn, args, 1, device)[0]
+    if once > limit:
+        return once
     return statistics.median(time_calls(fn, args, reps, device))
 
 
@@ -51,7 +55,7 @@ def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, 
             continue
         fn = (lambda B, C, V, m=name: causal_linear_decoder(B, C, V, g, method=m))
         try:
-            t = _time(fn, sets, reps, device)
+            t = _time(fn, sets, reps, device, limit)
             if t > limit:
                 dropped.add(name)
         except Exception as err:  # OOM or a method that cannot take the cell
