@@ -43,14 +43,23 @@ def choose(n: int, batch: int, dtype: torch.dtype, decay: bool, device) -> str |
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    table = _load(table_path(_tag(device.index if device.index is not None else
-                                  torch.cuda.current_device())))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _choose(table_path(_tag(index)), n, batch, SHORT.get(dtype), bool(decay))
+
+
+@functools.lru_cache(maxsize=4096)  # auto is called per layer: the lookup must cost ~nothing
+def _choose(path: str, n: int, batch: int, dtype: str | None, decay: bool) -> str | None:
+    table = _load(path)
     if table is None:
         return None
-    rows = table[(table.dtype == SHORT.get(dtype)) & (table.decay == bool(decay))]
-    if rows.empty:
-        return None
-    return _nearest(rows, n, batch)
+    rows = table[(table.dtype == dtype) & (table.decay == decay)]
+    return None if rows.empty else _nearest(rows, n, batch)
+
+
+def clear_cache() -> None:
+    """Forget loaded tables and choices (after ``make tune`` rewrote a table)."""
+    _load.cache_clear()
+    _choose.cache_clear()
 
 
 def _nearest(rows, n: int, batch: int) -> str:

@@ -40,6 +40,17 @@ def _time(fn, args, reps, device, limit: float = float("inf")) -> float:
     return statistics.median(time_calls(fn, args, reps, device))
 
 
+def _paired(f1, f2, args, reps, device) -> tuple[float, float]:
+    f1(*args[0])
+    f2(*args[0])
+    t1, t2 = [], []
+    for i in range(reps):
+        a = [args[i % len(args)]]
+        t1 += time_calls(f1, a, 1, device)
+        t2 += time_calls(f2, a, 1, device)
+    return statistics.median(t1), statistics.median(t2)
+
+
 def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, publish) -> dict:
     """Time every method on one cell; ``publish(row)`` puts its best into the table before
     ``auto`` (which reads the table) is timed against it."""
@@ -69,10 +80,11 @@ def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, 
     row["best"] = min(times, key=times.get)
     row["best_s"] = times[row["best"]]
     publish(row)
-    # auto as a user calls it, against the best method, timed again side by side
+    # auto as a user calls it, against the best method called by name, timed call by call in
+    # alternation (each call synchronised), so drift and noise hit both alike
     auto = (lambda B, C, V: causal_linear_decoder(B, C, V, g))
     best = (lambda B, C, V, m=row["best"]: causal_linear_decoder(B, C, V, g, method=m))
-    row["auto_s"], row["best_again_s"] = _time(auto, sets, reps, device), _time(best, sets, reps, device)
+    row["auto_s"], row["best_again_s"] = _paired(auto, best, sets, 2 * reps + 1, device)
     from .api import auto_method
     row["auto"] = auto_method(n, dtype, device, batch=batch, decay=decay).abbr
     row["regret"] = row["auto_s"] / row["best_again_s"] - 1
@@ -88,7 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16", "float32"])
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
     p.add_argument("--seqlens", nargs="*", type=int, default=None)
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=15)
     p.add_argument("--time-limit", type=float, default=0.25)
     args = p.parse_args(argv)
     setup = gpu_script_setup("tune", args.out)
@@ -98,6 +110,7 @@ def main(argv=None) -> int:
 
     device, meta, out = setup
     path = os.path.join(out, "dispatch.csv")
+    os.environ["LEETREPRO_DISPATCH"] = path  # auto, timed below, reads the table being written
     rows = []
     for dt in map(parse_dtype, args.dtypes):
         for batch in args.batches:
@@ -106,7 +119,7 @@ def main(argv=None) -> int:
                 for n in args.seqlens or GRID_N.get(batch, GRID_N[16]):
                     def publish(row):  # the table grows as it is measured; auto reads this run's
                         pd.DataFrame(rows + [row]).assign(**meta).to_csv(path, index=False)
-                        dispatch._load.cache_clear()
+                        dispatch.clear_cache()
                     r = tune_cell(dt, batch, n, decay, candidates(dt), args.reps,
                                   args.time_limit, device, dropped, publish)
                     rows.append(r)
