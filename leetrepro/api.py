@@ -27,7 +27,13 @@ def auto_method(n: int, dtype: torch.dtype, device: torch.device, *, batch: int 
                 decay: bool = False, state: bool = False) -> Method:
     """The method ``method="auto"`` uses for these inputs: the measured table's choice where
     there is one, else the rule above; with ``state``, only methods that take and return the
-    recurrent state."""
+    recurrent state. Cached per arguments (a model calls it per layer); ``register`` and
+    ``dispatch.clear_cache`` clear the cache."""
+    return _auto_method(n, dtype, torch.device(device), batch, decay, state)
+
+
+@functools.lru_cache(maxsize=4096)
+def _auto_method(n, dtype, device, batch, decay, state) -> Method:
     def usable(m):
         # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
         return (m.supports(dtype, device) and torch.device(device).type in m.devices

@@ -58,8 +58,10 @@ def _choose(path: str, n: int, batch: int, dtype: str | None, decay: bool) -> st
 
 def clear_cache() -> None:
     """Forget loaded tables and choices (after ``make tune`` rewrote a table)."""
+    from .api import _auto_method
     _load.cache_clear()
     _choose.cache_clear()
+    _auto_method.cache_clear()
 
 
 def _nearest(rows, n: int, batch: int) -> str:

@@ -68,6 +68,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
                              f"(to {_REGISTRY[taken[0]].name}); pass replace=True to override")
         for k in keys:
             _REGISTRY[k] = m
+        _forget_choices()
         return fn
     return deco
 
@@ -76,6 +77,15 @@ def unregister(name: str) -> None:
     m = get(name)
     for k in [k for k, v in _REGISTRY.items() if v is m]:
         del _REGISTRY[k]
+    _forget_choices()
+
+
+def _forget_choices() -> None:
+    """method="auto" caches its choices; a change of the registry invalidates them."""
+    import sys
+    api = sys.modules.get("leetrepro.api")
+    if api is not None:
+        api._auto_method.cache_clear()
 
 
 def methods() -> list[Method]:

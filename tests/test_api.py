@@ -199,7 +199,10 @@ def test_auto_follows_the_dispatch_table(monkeypatch):
     assert dispatch._nearest(table, 5000, 12) == "Recur"
     # where the table names a method, auto takes it; where that cannot run the inputs, the rule
     monkeypatch.setattr(dispatch, "choose", lambda *a, **k: "Bb")
+    dispatch.clear_cache()  # auto caches its choices
     assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "Bb"
     assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu"), state=True).abbr == "LA_torch"
     monkeypatch.setattr(dispatch, "choose", lambda *a, **k: "FA_modify")  # unsafe: never
+    dispatch.clear_cache()
     assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "LA_torch"
+    dispatch.clear_cache()
