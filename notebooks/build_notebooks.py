@@ -399,16 +399,19 @@ assert df is not None, f"no floor.csv for {gpu}: run `make floor` on that GPU"
 p = df.iloc[0]
 display(Markdown(f"GPU {p.gpu}, commit {p.commit}, {p.date}; copy bandwidth {p.copy_TBps:.2f} TB/s"))
 ok = df[df.status == "ok"]
+colors = {m: f"C{i}" for i, m in enumerate(sorted(ok.method.unique()))}  # one colour per entry
 cells = [(dt, b, dec) for dt in ok.dtype.unique() for b in sorted(ok.batch.unique()) for dec in (False, True)]
 fig, axes = plt.subplots(len(ok.dtype.unique()), 4, figsize=(16, 3.4 * len(ok.dtype.unique())), squeeze=False)
 for ax, (dt, b, dec) in zip(axes.flat, cells):
     for m, g in ok[(ok.dtype == dt) & (ok.batch == b) & (ok.decay == dec)].groupby("method"):
-        ax.plot(g.N, g.floor_ratio, marker="o", label=m)
+        ax.plot(g.N, g.floor_ratio, marker="o", label=m, color=colors[m])
     ax.axhline(1.3, color="k", ls="--", lw=0.8)
     ax.set(xscale="log", yscale="log", xlabel="N", ylabel="time / floor",
            title=f"{dt}, batch {b}, {'decay' if dec else '0-1 mask'}")
     ax.grid(alpha=0.3)
-axes.flat[0].legend(fontsize=8); fig.tight_layout()
+for row in axes:
+    row[0].legend(fontsize=8)
+fig.tight_layout()
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"floor.{ext}"), dpi=110)''',
         '''t = F.targets(df)
@@ -422,7 +425,7 @@ ok[[c for c in cols if c in ok]].round(4)''',
 if disp is None:
     display(Markdown(f"No `data/{gpu}/dispatch.csv`: run `make tune` on that GPU."))
 else:
-    display(Markdown(f"`method=\"auto\"`: regret against the best method per cell, max "
+    display(Markdown(f"`method=auto`: regret against the best method per cell, max "
                      f"{disp.regret.max() * 100:.1f}%, median {disp.regret.median() * 100:.1f}% "
                      f"over {len(disp)} cells"))
     display(disp[["dtype", "batch", "decay", "N", "best", "best_s", "auto", "auto_s", "regret"]].round(5))''',
