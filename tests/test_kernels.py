@@ -29,7 +29,7 @@ FA_SHAPES = [(2, 3, 37, 8, 5), (1, 1, 130, 5, 20)]
 BF16_DOT_BROKEN = pytest.mark.xfail(
     INTERPRETED, strict=True,
     reason="Triton 3.6's interpreter returns garbage for bf16 tl.dot (a bare bf16 product is 100% "
-           "off); LA bf16 is verified on the GPU (data/h100/correctness.csv)")
+           "off); bf16 LA and Chunk are verified on the GPU (data/h100/correctness.csv)")
 
 
 def _check(method, shape, dtype, decay, **opts):

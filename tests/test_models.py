@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from leetrepro.models import build, config
-from leetrepro.models.bench import batches, load_prompts
+from leetrepro.models.bench import batches, load_prompts, make_prompt_lengths
 
 PATHS = ["original", "Vanilla", "Bb", "Cdotp_torch", "Recur", "LA_torch", "FA_torch"]
 
@@ -36,6 +36,7 @@ def test_published_shapes_and_layer_specifics():
 
 def test_prompt_set_and_batches():
     p = load_prompts()
+    assert p.equals(make_prompt_lengths())  # the stored set is the seeded one
     assert len(p) == 100 and p.length.between(6000, 8192).all() and p.token_seed.is_unique
     small = load_prompts(3, max_len=50)
     b = batches(small, 2, vocab=100, device="cpu")

@@ -39,7 +39,8 @@ def make_prompt_lengths(n: int = 100, low: int = 6000, high: int = 8192, seed: i
 
 def load_prompts(n: int | None = None, max_len: int | None = None):
     import pandas as pd
-    df = pd.read_csv(PROMPTS)
+    # an installed wheel has no data/: the set is regenerated from its seed (a test keeps the two equal)
+    df = pd.read_csv(PROMPTS) if os.path.exists(PROMPTS) else make_prompt_lengths()
     if max_len is not None:  # tiny runs: the same prompts, cut short
         df = df.assign(length=df.length.clip(upper=max_len))
     return df if n is None else df.head(n)
