@@ -116,8 +116,7 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
 
 
 def main(argv=None) -> int:
-    from .bench import gpu_script_setup
-    from .kernel_bench import copy_bandwidth
+    from .kernel_bench import bench_setup
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for floor.csv (default data/<gpu>)")
@@ -130,14 +129,12 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--csv", default="floor.csv")
     args = p.parse_args(argv)
-    setup = gpu_script_setup("floor", args.out)
+    setup = bench_setup("floor", args.out)
     if setup is None:
         return 2
     import pandas as pd
 
-    device, meta, out = setup
-    bw = copy_bandwidth(device)
-    print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
+    device, meta, out, bw = setup
     orig = original_times()
     rows = []
     for dt in map(parse_dtype, args.dtypes):

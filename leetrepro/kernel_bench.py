@@ -37,6 +37,18 @@ def copy_bandwidth(device, nbytes: int = 2 * 2 ** 30, reps: int = 20) -> float:
     return 2 * nbytes / times[len(times) // 2]
 
 
+def bench_setup(script: str, out: str | None):
+    """``gpu_script_setup`` plus the copy bandwidth, measured and printed: (device, provenance,
+    folder, bytes/s), or None without a GPU."""
+    setup = gpu_script_setup(script, out)
+    if setup is None:
+        return None
+    device, meta, out = setup
+    bw = copy_bandwidth(device)
+    print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
+    return device, meta, out, bw
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for kernels.csv (default data/<gpu>)")
@@ -52,12 +64,10 @@ def main(argv=None) -> int:
     p.add_argument("--cell-seconds", type=float, default=4.0,
                    help="fewer reps (≥ 3) for cells slower than this in total")
     args = p.parse_args(argv)
-    setup = gpu_script_setup("kernel_bench", args.out)
+    setup = bench_setup("kernel_bench", args.out)
     if setup is None:
         return 2
-    device, meta, out = setup
-    bw = copy_bandwidth(device)
-    print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
+    device, meta, out, bw = setup
     frames = []
     for dtype in args.dtypes:
         for batch in args.batches:
