@@ -1,6 +1,7 @@
-"""Chunk-scan forward in Triton: lightningAttention-2's chunked form in a single pass over HBM, with
-the inter-segment state chained through a small ring buffer (decoupled look-back, Merrill & Garland
-2016, specialised to a chain), so batch 1 can use every SM without a second read of C and V.
+"""Chunk-scan forward in Triton: lightningAttention-2's chunked form with the whole r × d state of a
+lane on chip. When the lanes fill the GPU, one pass over B, C, V, O. Otherwise (batch 1) N is cut
+into segments whose states are chained through a small ring buffer (decoupled look-back, Merrill &
+Garland 2016, specialised to a chain), so every SM works, at the price of a second read of C, V.
 
 A *lane* is one (batch·head, value-column block); its N rows are cut into segments of SEG rows.
 Programs take tickets in launch order (an atomic counter), ticket t = segment t // LANES of lane
