@@ -23,6 +23,7 @@ import torch
 from ..registry import GPU_DTYPES, register
 from ._gpu import cdiv, config_override, dot_precision, next_pow2, sm_count, staged_state, triton_kernels
 
+
 def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool) -> dict:
     """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
     (which re-read B and C once per block). Stages and BLOCK_N for r = d = 128 from the H100
@@ -52,8 +53,8 @@ def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True,
-          summary="Triton: LA's chunked form in one pass, segment states chained in L2 (batch 1 "
-                  "uses every SM); state in/out",
+          summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
+                  "chained through a ring so every SM works; state in/out",
           options={"fp32_precision": "tf32", "segment": None})
 def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
                initial_state: torch.Tensor | None = None, output_final_state: bool = False):
