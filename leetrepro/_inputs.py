@@ -17,6 +17,9 @@ import torch
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
                torch.float64: "float64"}
+#: the short names tables and CSV columns use (fp16, bf16, fp32, fp64)
+SHORT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+               torch.float64: "fp64"}
 
 
 def parse_dtype(dtype) -> torch.dtype:

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+from ._inputs import SHORT_NAMES
 
 
 def table_path(tag: str) -> str:
@@ -44,7 +44,7 @@ def choose(n: int, batch: int, dtype: torch.dtype, decay: bool, device) -> str |
     if device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _choose(table_path(_tag(index)), n, batch, SHORT.get(dtype), bool(decay))
+    return _choose(table_path(_tag(index)), n, batch, SHORT_NAMES.get(dtype), bool(decay))
 
 
 @functools.lru_cache(maxsize=4096)  # auto is called per layer: the lookup must cost ~nothing

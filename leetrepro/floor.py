@@ -22,13 +22,12 @@ import sys
 
 import torch
 
-from ._inputs import alibi_gammas, parse_dtype
+from ._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from .api import causal_linear_decoder
 from .bench import is_oom, time_calls
 from .complexity import io_bytes
 from .reference import reference, rel_error
 
-SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
 
 
@@ -86,7 +85,7 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
         ref = reference(B, C, V, g, row_block=512)
     rows = []
     for name, fn in fns.items():
-        row = dict(dtype=SHORT[dtype], batch=batch, decay=decay, N=n, method=name, floor_s=floor_s)
+        row = dict(dtype=SHORT_NAMES[dtype], batch=batch, decay=decay, N=n, method=name, floor_s=floor_s)
         try:
             out = fn(*inputs[0], g, fla_in[0])  # warm-up (compiles)
             if ref is not None:
@@ -144,13 +143,13 @@ def main(argv=None) -> int:
                 for mask in args.masks:
                     cell = measure_cell(fns, dt, batch, n, mask == "decay", args.reps, bw, device)
                     fla = next((r.get("median_s") for r in cell if r["method"] == "fla"), None)
-                    o = orig.get((SHORT[dt], batch, mask == "decay", n))
+                    o = orig.get((SHORT_NAMES[dt], batch, mask == "decay", n))
                     for r in cell:
                         if r.get("median_s"):
                             r["vs_fla"] = r["median_s"] / fla if fla else None
                             r["vs_original"] = r["median_s"] / o if o else None
                     rows += cell
-                    print(f"{SHORT[dt]} b{batch} N={n} {mask:5s} floor {cell[0]['floor_s'] * 1e3:.3f} ms | "
+                    print(f"{SHORT_NAMES[dt]} b{batch} N={n} {mask:5s} floor {cell[0]['floor_s'] * 1e3:.3f} ms | "
                           + " | ".join(f"{r['method']} " + (f"{r['median_s'] * 1e3:.3f} ms "
                                        f"({r['floor_ratio']:.2f}x)" if r.get("median_s")
                                        else r["status"][:40]) for r in cell), flush=True)

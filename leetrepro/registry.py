@@ -115,8 +115,8 @@ def available():
     it takes and returns the recurrent state."""
     import pandas as pd
 
-    short = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
-             torch.float64: "fp64"}
+    from ._inputs import SHORT_NAMES as short
+
     rows = [dict(name=m.name, abbr=m.abbr, language=m.language, complexity=m.complexity,
                  dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)
                                  if d in short),

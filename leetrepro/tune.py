@@ -17,10 +17,9 @@ import sys
 
 import torch
 
-from ._inputs import alibi_gammas, parse_dtype
+from ._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from .api import causal_linear_decoder
 from .bench import is_oom, time_calls
-from .dispatch import SHORT
 from .floor import GRID_N
 from .methods import methods
 
@@ -59,7 +58,7 @@ def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, 
     sets = [tuple(torch.randn(batch, 32, n, 128, device=device, dtype=dtype, generator=gen)
                   for _ in range(3)) for _ in range(2 if per < 2 ** 30 else 1)]
     g = alibi_gammas(32).view(32, 1) if decay else None
-    row = dict(dtype=SHORT[dtype], batch=batch, decay=decay, N=n)
+    row = dict(dtype=SHORT_NAMES[dtype], batch=batch, decay=decay, N=n)
     for name in names:
         if name in dropped:
             row[f"t_{name}"] = float("nan")

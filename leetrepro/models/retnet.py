@@ -19,6 +19,7 @@ import math
 import torch
 from torch import nn
 
+from .._decay import causal_mask
 from .attention import linear_attention
 
 
@@ -65,10 +66,8 @@ class MultiScaleRetention(nn.Module):
 
     @staticmethod
     def _parallel(q, k, v, gamma):
-        n = q.shape[2]
-        i = torch.arange(n, device=q.device)
-        diff = (i[:, None] - i[None, :]).to(torch.float64)
-        d = torch.where(diff >= 0, torch.exp(torch.log(gamma).view(-1, 1, 1) * diff.clamp(min=0)), 0.0)
+        d = causal_mask(q.shape[2], torch.log(gamma).view(-1, 1, 1), dtype=torch.float64,
+                        device=q.device)
         d = (d / d.sum(-1, keepdim=True).sqrt()).to(q.dtype)
         s = q @ k.transpose(-1, -2) * d
         s = s / s.detach().abs().sum(-1, keepdim=True).clamp(min=1, max=5e4)
