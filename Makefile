@@ -9,14 +9,16 @@ PIP    := $(PY) -m pip
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 TORCH  ?= $(if $(HAS_GPU),torch,torch==2.13.0 triton==3.6.0 "numpy<2.3")
 PYTEST_ARGS ?=
+NOTEBOOKS := $(patsubst %.py,%.ipynb,$(wildcard notebooks/*.py))
 
 # HERE: this machine's tag (h100, a100, … or cpu). GPU: whose tables to make; on a machine without
 # a GPU the GPU tables are re-rendered from the committed data/$(GPU)/ (default h100).
-HERE   := $(shell $(PY) -c "from leetrepro.bench import gpu_tag; print(gpu_tag())" 2>/dev/null || echo cpu)
+HERE   := $(shell $(PY) -c "from leetrepro._device import gpu_tag; print(gpu_tag())" 2>/dev/null || echo cpu)
 GPU    ?= $(if $(filter cpu,$(HERE)),h100,$(HERE))
 DATA   ?= data/$(GPU)
-# without a GPU, re-rendered tables go to rerendered/ so the committed H100 notebooks stay as run
-OUT    ?= $(if $(filter cpu,$(HERE)),rerendered,.)
+# where tables, figures and executed notebooks go; without a GPU, re-rendered tables go to
+# rerendered/ so the committed GPU-executed notebooks stay as run
+RESULTS ?= $(if $(filter cpu,$(HERE)),rerendered,.)
 DTYPE  ?= float32
 REPS   ?= 15
 NBFLAGS ?=
@@ -28,17 +30,19 @@ LEMMA_CPU := -y "ks: [8, 9, 10, 11, 12, 13]" -p heads 4 -p reps 3
 LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
-.PHONY: help install test clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
-        derivations long-prompts claims wheelhouse floor tune table7 table8
+.PHONY: help install test test-fast clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
+        derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
 	@echo "make test      the test suite (CPU; Triton kernels under TRITON_INTERPRET=1)"
+	@echo "make test-fast the quick lane: everything not marked slow (under a minute)"
+	@echo "make notebooks the .ipynb files papermill runs, from their sources notebooks/*.py"
 	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> $(DATA)/correctness.csv"
 	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> $(DATA)/kernels.csv"
 	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from $(DATA))"
 	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
-	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) OUT=$(OUT) NBFLAGS='-p seqlens ...'"
+	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) NBFLAGS='-p seqlens ...'"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
 	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
@@ -55,22 +59,31 @@ install: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-gpu-check: $(VENV)/.installed
-	$(PY) -m leetrepro.gpu_check --out $(DATA) --huge
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-bench-kernels: $(VENV)/.installed
-	$(PY) -m leetrepro.kernel_bench --out $(DATA)
+# notebooks are kept as readable py:percent sources; papermill runs the .ipynb made from them
+notebooks: $(NOTEBOOKS)
+notebooks/%.ipynb: notebooks/%.py
+	$(PY) -m jupytext --quiet --to ipynb --output $@ $<
+
+gpu-check: $(INSTALLED)
+	$(PY) -m leetrepro.bench.gpu_check --out $(DATA) --huge
+
+bench-kernels: $(INSTALLED)
+	$(PY) -m leetrepro.bench.kernels --out $(DATA)
 
 # $(1) notebook, $(2) executed copy under figures/<tag>/, $(3) tag, $(4) papermill arguments
 define run_notebook
-	@mkdir -p $(OUT)/figures/$(3)
-	$(NB) notebooks/$(1).ipynb $(OUT)/figures/$(3)/$(2).ipynb -p out_root $(OUT) $(4) $(NBFLAGS)
+	@mkdir -p $(RESULTS)/figures/$(3)
+	@$(MAKE) --no-print-directory notebooks/$(1).ipynb
+	$(NB) notebooks/$(1).ipynb $(RESULTS)/figures/$(3)/$(2).ipynb -p out_root $(RESULTS) $(4) $(NBFLAGS)
 endef
 
-NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(OUT)/; Lemma 3.1 was timed on this CPU ($(OUT)/data/cpu/).
+NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(RESULTS)/; Lemma 3.1 was timed on this CPU ($(RESULTS)/data/cpu/).
 
 reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims table7 table8 floor
-	@echo "reproduce: done. Tables, figures and executed notebooks under $(OUT)/figures/ and $(OUT)/data/."
+	@echo "reproduce: done. Tables, figures and executed notebooks under $(RESULTS)/figures/ and $(RESULTS)/data/."
 	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
 
 $(TABLES): $(INSTALLED)
@@ -92,14 +105,14 @@ claims: $(INSTALLED)
 lemma31: $(INSTALLED)
 	$(call run_notebook,lemma31,lemma31,$(HERE),$(LEMMA_ARGS))
 
-# issue 5: our kernels vs flash-linear-attention and the floor (GPU: measured; else re-rendered)
+# our kernels vs flash-linear-attention and the floor (GPU: measured; else re-rendered)
 floor: $(INSTALLED)
-	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.floor --out $(OUT)/data/$(GPU))
+	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.floor --out $(RESULTS)/data/$(GPU))
 	$(call run_notebook,floor,floor,$(GPU),-p gpu $(GPU))
 
 # the dispatch table of method="auto" for this GPU, and auto's regret (GPU only)
 tune: $(INSTALLED)
-	$(PY) -m leetrepro.tune --out $(OUT)/data/$(GPU)
+	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU)
 
 derivations: $(INSTALLED)
 	$(call run_notebook,derivations,derivations,derivations,)
@@ -109,8 +122,8 @@ wheelhouse:
 	$(PYTHON) -m pip download -d wheelhouse --only-binary=:all: --python-version $(WHEEL_PY) \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 --platform any papermill ipykernel nbformat nbclient sympy tqdm \
-	  fla-core einops pytest hypothesis
-	@echo "copy wheelhouse/ to the GPU host, then: python3 -m pip install --no-index --find-links wheelhouse papermill ipykernel sympy"
+	  fla-core einops pytest hypothesis jupytext
+	@echo "copy wheelhouse/ to the GPU host, then: python3 -m pip install --no-index --find-links wheelhouse papermill ipykernel sympy jupytext"
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf build dist *.egg-info .pytest_cache .hypothesis notebooks/*.ipynb

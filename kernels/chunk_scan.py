@@ -18,42 +18,29 @@ Per segment k of a lane (rows [a, e)):
 Step 4 re-reads the C and V rows of step 1 (from L2 if the segments in flight fit there; the
 launcher's measured choice of SEG is longer, see NOTES.md). Two ring slots per lane suffice: P_{k+1} overwrites P_{k-1}
 only after segment k+1 has read P_k, which segment k published after reading P_{k-1}.
-Only non-negative powers of λ appear. Launcher: ``leetrepro.methods.chunk``.
+Only non-negative powers of λ appear. ``DUAL`` also writes O2 = op(E, V, C) for a fourth input E
+shaped like V: its state Σ v_jᵀ c_j is the transpose of this one, so one sweep gives both (the
+backward's dV and dC). ``REVERSE`` runs the same recurrence over the rows read
+backwards (logical row t = physical row N-1-t): the backward pass's dV and dC. Non-finite rows of
+C or V poison the rows from theirs on and the carried state, never an earlier row
+(``_tiles.isolate_nonfinite``). Shared tile code: ``_tiles.py``. Launcher:
+``leetrepro.methods.chunk``.
 """
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _chunk_weights(lg, s, N, BLOCK_N: tl.constexpr, HAS_DECAY: tl.constexpr):
-    """λ^(i+1) (rows of b, into the chunk), λ^(len-1-j) (rows of c, out of it), λ^len."""
-    rows = tl.arange(0, BLOCK_N)
-    if HAS_DECAY:
-        length = tl.minimum(N - s, BLOCK_N)
-        w_in = tl.exp((rows + 1).to(tl.float32) * lg)
-        w_out = tl.where(rows < length, tl.exp(tl.maximum(length - 1 - rows, 0).to(tl.float32) * lg), 0.0)
-        decay = tl.exp(length.to(tl.float32) * lg)
-    else:
-        w_in = tl.full((BLOCK_N,), 1.0, tl.float32)
-        w_out = w_in
-        decay = 1.0
-    return w_in, w_out, decay
+from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, intra_mask,
+                                      isolate_nonfinite, load_rows, row_positions, state_operand,
+                                      store_rows)
 
 
 @triton.jit
-def _accumulate(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISION: tl.constexpr):
-    """state ← λ^len state + (diag(w_out) c)ᵀ v, accumulated on the tensor cores in fp32."""
-    if HAS_DECAY:
-        state = state * decay
-        c = (c.to(tl.float32) * w_out[:, None]).to(c.dtype)
-    return tl.dot(tl.trans(c), v, acc=state, input_precision=PRECISION)
-
-
-@triton.jit
-def chunk_scan_kernel(B, C, V, O, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SEG,
+def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SEG,
                       HAS_DECAY: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
-                      SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                      SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
+                      HALF_RANGE: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                      PRECISION: tl.constexpr):
     if SPLIT:
         t = tl.atomic_add(SYNC + LANES, 1)  # ticket, in the order programs actually start
     else:
@@ -66,18 +53,15 @@ def chunk_scan_kernel(B, C, V, O, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SE
     # int64 offsets: batch 16 × 32 heads × N 100000 × 128 overflows int32
     bc_base = bh.to(tl.int64) * N * R
     vo_base = bh.to(tl.int64) * N * D
-    rows = tl.arange(0, BLOCK_N)
     cols_r = tl.arange(0, BLOCK_R)
     cols_d = d0 + tl.arange(0, BLOCK_D)
     r_ok = cols_r < R
     d_ok = cols_d < D
     if HAS_DECAY:
         lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
-        diff = rows[:, None] - rows[None, :]
-        intra = tl.where(diff >= 0, tl.exp(tl.maximum(diff, 0).to(tl.float32) * lg), 0.0)
     else:
         lg = 0.0
-        intra = tl.where(rows[:, None] >= rows[None, :], 1.0, 0.0)
+    intra = intra_mask(lg, BLOCK_N, HAS_DECAY)
     start = seg * SEG
     end = tl.minimum(start + SEG, N)
     last = end >= N
@@ -90,13 +74,12 @@ def chunk_scan_kernel(B, C, V, O, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SE
     if SPLIT:
         if not last:
             for s in range(start, end, BLOCK_N):
-                n_ok = (s + rows) < N
-                c = tl.load(C + bc_base + (s + rows)[:, None].to(tl.int64) * R + cols_r[None, :],
-                            mask=n_ok[:, None] & r_ok[None, :], other=0.0)
-                v = tl.load(V + vo_base + (s + rows)[:, None].to(tl.int64) * D + cols_d[None, :],
-                            mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-                w_in, w_out, decay = _chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
-                local = _accumulate(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
+                ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
+                c, c_bad = isolate_nonfinite(load_rows(C, bc_base, phys, ok, cols_r, r_ok, R))
+                v, v_bad = isolate_nonfinite(load_rows(V, vo_base, phys, ok, cols_d, d_ok, D))
+                w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
+                local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
+                local += tl.sum(c_bad + v_bad, axis=0)
 
     # 2. the state entering the segment
     if HAS_S0:
@@ -121,23 +104,22 @@ def chunk_scan_kernel(B, C, V, O, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SE
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
     for s in range(start, end, BLOCK_N):
-        n_ok = (s + rows) < N
-        bc_off = bc_base + (s + rows)[:, None].to(tl.int64) * R + cols_r[None, :]
-        b = tl.load(B + bc_off, mask=n_ok[:, None] & r_ok[None, :], other=0.0)
-        c = tl.load(C + bc_off, mask=n_ok[:, None] & r_ok[None, :], other=0.0)
-        vo_off = vo_base + (s + rows)[:, None].to(tl.int64) * D + cols_d[None, :]
-        v = tl.load(V + vo_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        w_in, w_out, decay = _chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
-        # half inputs: the fp32 state is rounded to the inputs' dtype for this product (as in
-        # lightning attention and flash-linear-attention); fp32 inputs keep it in fp32.
-        # diag(λ^(i+1)) scales the fp32 product, not the operand b (no round trip of b)
-        out = tl.dot(b, state.to(b.dtype), input_precision=PRECISION)
-        if HAS_DECAY:
-            out = out * w_in[:, None]
-        scores = tl.dot(b, tl.trans(c), input_precision=PRECISION) * intra
-        out = tl.dot(scores.to(v.dtype), v, acc=out, input_precision=PRECISION)
-        state = _accumulate(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        tl.store(O + vo_off, out.to(O.dtype.element_ty), mask=n_ok[:, None] & d_ok[None, :])
+        ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
+        b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
+        c, c_bad = isolate_nonfinite(load_rows(C, bc_base, phys, ok, cols_r, r_ok, R))
+        v, v_bad = isolate_nonfinite(load_rows(V, vo_base, phys, ok, cols_d, d_ok, D))
+        w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
+        h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
+        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
+        poison = tl.cumsum(c_bad + v_bad, axis=0)  # NaN from the first non-finite row on
+        store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out + poison[:, None])
+        if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
+            e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, D)
+            out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
+                                HALF_RANGE, PRECISION)
+            store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2 + poison[:, None])
+        state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
+        state += tl.sum(c_bad + v_bad, axis=0)
     if STORE_SN:
         if last:
             tl.store(SN + state_off, state, mask=state_ok)

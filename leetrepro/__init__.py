@@ -3,34 +3,18 @@ attention, ``O = (B Cᵀ ⊙ M) V`` with ``M[i, j] = γ^(i-j)`` for i ≥ j).
 
     from leetrepro import causal_linear_decoder
     O = causal_linear_decoder(B, C, V, gamma=0.9)        # B, C: (batch, H, N, r); V: (batch, H, N, d)
+
+The operator lives here (API, custom op with its backward, one module per method family, oracle,
+registry, dispatch); the tools that measure it live in :mod:`leetrepro.bench` (``from
+leetrepro.bench import benchmark_method``, the paper's Listing 1), the reproduction of the paper's
+tables in :mod:`leetrepro.reproduce`, the paper's two models in :mod:`leetrepro.models`.
 """
-import importlib.util as _ilu
-import os as _os
-import sys as _sys
+from . import complexity, methods
+from .api import causal_linear_decoder
+from .dispatch import auto_method
+from .reference import reference, rel_error
+from .registry import available, register
 
-
-def _kernels_from_checkout() -> None:
-    # Installed, kernels/ ships as leetrepro.kernels (pyproject's package-dir). Run from a source
-    # checkout (PYTHONPATH=.), map the top-level kernels/ folder to that name.
-    if "leetrepro.kernels" in _sys.modules or _ilu.find_spec("leetrepro.kernels") is not None:
-        return
-    root = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "kernels")
-    if _os.path.isfile(_os.path.join(root, "__init__.py")):
-        spec = _ilu.spec_from_file_location("leetrepro.kernels", _os.path.join(root, "__init__.py"),
-                                            submodule_search_locations=[root])
-        module = _ilu.module_from_spec(spec)
-        _sys.modules["leetrepro.kernels"] = module
-        spec.loader.exec_module(module)
-
-
-_kernels_from_checkout()
-
-from . import complexity, methods  # noqa: E402
-from .api import auto_method, causal_linear_decoder  # noqa: E402
-from .bench import benchmark_method  # noqa: E402
-from .reference import reference, rel_error  # noqa: E402
-from .registry import available, register  # noqa: E402
-
-__version__ = "0.1.0"
-__all__ = ["causal_linear_decoder", "reference", "rel_error", "benchmark_method", "available",
-           "register", "methods", "complexity", "auto_method"]
+__version__ = "0.2.0"
+__all__ = ["causal_linear_decoder", "reference", "rel_error", "available", "register", "methods",
+           "complexity", "auto_method"]

@@ -25,6 +25,9 @@ SHORT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 def parse_dtype(dtype) -> torch.dtype:
     """``"fp16"``, ``"float16"``, ``"half"``, ``torch.float16`` ... -> ``torch.float16``."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"dtype {dtype} is not supported; use one of float16, bfloat16, "
+                             f"float32, float64")
         return dtype
     aliases = {"fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
                "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -72,16 +75,29 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
     """Return ``gamma`` as a float64 tensor of shape ``(heads,)`` on ``device``, or None.
 
     Values are checked on the host the first time a gamma is seen (one small device-to-host copy
-    when it lives on a GPU); the checked device copy is cached (``_GAMMA_CACHE``).
+    when it lives on a GPU); the checked device copy is cached (``_GAMMA_CACHE``). While
+    ``torch.compile`` traces, a tensor gamma is only reshaped (reading its values would break the
+    graph): the operator checks the values when it runs (:func:`check_gamma_values`).
     """
     if gamma is None:
         return None
+    if isinstance(gamma, torch.Tensor) and gamma.requires_grad:
+        raise ValueError("gamma requires grad, but the decays are fixed: no gradient is computed "
+                         "for them; pass gamma.detach() (or a float)")
+    if torch.compiler.is_compiling():
+        if isinstance(gamma, torch.Tensor):
+            return _shaped_gamma(gamma, heads).to(device=device, dtype=torch.float64)
+        if isinstance(gamma, (int, float)) and not isinstance(gamma, bool):
+            if not 0 < gamma <= 1:  # NaN fails this too
+                raise ValueError(f"gamma must lie in (0, 1]; got {gamma}")
+            return torch.full((heads,), float(gamma), dtype=torch.float64, device=device)
     key = _gamma_key(gamma, heads, device)
     hit = _GAMMA_CACHE.get(key) if key is not None else None
     # a device gamma is keyed by id(): the entry holds a weak reference to be sure it is the same
     if hit is not None and (hit[0] is None or hit[0]() is gamma):
         return hit[1]
     g = _checked_gamma(gamma, heads, device)
+    _CHECKED[(id(g), g._version)] = weakref.ref(g)
     if key is not None:
         if len(_GAMMA_CACHE) >= 256:
             _GAMMA_CACHE.clear()
@@ -101,12 +117,9 @@ def _gamma_key(gamma, heads: int, device) -> tuple | None:
     return None
 
 
-def _checked_gamma(gamma, heads: int, device) -> torch.Tensor:
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, torch.Tensor)):
-        raise TypeError(f"gamma must be None, a float or a tensor, got {type(gamma).__name__}")
-    # a Python number stays float64 (torch.as_tensor would round 0.9 to float32 first)
-    g = gamma.detach() if isinstance(gamma, torch.Tensor) else torch.tensor(float(gamma), dtype=torch.float64)
-    if not (g.is_floating_point() or isinstance(gamma, (int, float))):
+def _shaped_gamma(g: torch.Tensor, heads: int) -> torch.Tensor:
+    """A gamma tensor of shape (), (1,), (H,), (1, 1) or (H, 1) as ``(heads,)``; no value read."""
+    if not g.is_floating_point():
         raise TypeError(f"gamma must be floating point, got dtype {g.dtype}")
     shape = tuple(g.shape)
     if g.dim() == 2 and g.shape[1] == 1:
@@ -114,14 +127,45 @@ def _checked_gamma(gamma, heads: int, device) -> torch.Tensor:
     if g.dim() > 1 or (g.dim() == 1 and g.shape[0] not in (1, heads)):
         raise ValueError(f"gamma of shape {shape} is not broadcastable to {heads} heads; use a float "
                          f"or shape ({heads},) or ({heads}, 1)")
-    g = g.to(device="cpu", dtype=torch.float64).reshape(-1).expand(heads).contiguous()
+    return g.reshape(-1).expand(heads)
+
+
+def _check_values(g: torch.Tensor) -> None:
+    """Raise unless every decay of the float64 host tensor ``g`` lies in (0, 1]."""
     if torch.isnan(g).any():
         raise ValueError("gamma contains NaN")
     bad = (g <= 0) | (g > 1)
     if bad.any():
         raise ValueError(f"gamma must lie in (0, 1]; got {g[bad][:4].tolist()} "
                          f"(head(s) {bad.nonzero().flatten()[:4].tolist()})")
+
+
+def _checked_gamma(gamma, heads: int, device) -> torch.Tensor:
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, torch.Tensor)):
+        raise TypeError(f"gamma must be None, a float or a tensor, got {type(gamma).__name__}")
+    # a Python number stays float64 (torch.as_tensor would round 0.9 to float32 first)
+    g = gamma.detach() if isinstance(gamma, torch.Tensor) else torch.tensor(float(gamma), dtype=torch.float64)
+    g = _shaped_gamma(g, heads).to(device="cpu", dtype=torch.float64).contiguous()
+    _check_values(g)
     return g.to(device)
+
+
+_CHECKED: dict = {}
+
+
+def check_gamma_values(g: torch.Tensor | None) -> None:
+    """The operator's own check of a normalised gamma ``(H,)``, for calls whose values were not
+    seen on the host (a compiled graph): cached per tensor and version, so one check per gamma."""
+    if g is None:
+        return
+    key = (id(g), g._version)
+    hit = _CHECKED.get(key)
+    if hit is not None and hit() is g:
+        return
+    _check_values(g.detach().to(device="cpu", dtype=torch.float64))
+    if len(_CHECKED) >= 256:
+        _CHECKED.clear()
+    _CHECKED[key] = weakref.ref(g)
 
 
 def log_gamma(gamma: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -1,146 +1,88 @@
 """The public entry point, ``causal_linear_decoder`` (the paper's Listing 2)."""
 from __future__ import annotations
 
-import functools
-import inspect
 import warnings
 
 import torch
 
-from . import dispatch
 from . import methods as _methods  # noqa: F401  (fills the registry)
+from . import ops
 from ._inputs import check_qkv, normalize_gamma
 from ._state import check_state
-from .registry import Method, get, methods
-
-#: ``method="auto"``: on a GPU with a measured table (``make tune``, :mod:`leetrepro.dispatch`) the
-#: method the table names for the nearest cell; elsewhere this rule, the first of the list that is
-#: registered and runs the inputs' dtype natively on their device. Short sequences go to Vanilla
-#: (Section 5.1: fastest at N ≤ 128), the rest to Chunk (this project's kernel, NOTES.md), then
-#: lightningAttention-2 (fastest at batch 1 and N > 512 in Tables 3-4), then PyTorch twins.
-AUTO_SHORT_N = 128
-AUTO_ORDER = ("Chunk", "LA", "LA_torch", "Bb")
-STATE_ORDER = ("Chunk", "LA_torch")
-
-
-def auto_method(n: int, dtype: torch.dtype, device: torch.device, *, batch: int = 1,
-                decay: bool = False, state: bool = False) -> Method:
-    """The method ``method="auto"`` uses for these inputs: the measured table's choice where
-    there is one, else the rule above; with ``state``, only methods that take and return the
-    recurrent state. Cached per arguments (a model calls it per layer); ``register`` and
-    ``dispatch.clear_cache`` clear the cache."""
-    return _auto_method(n, dtype, torch.device(device), batch, decay, state)
-
-
-@functools.lru_cache(maxsize=4096)
-def _auto_method(n, dtype, device, batch, decay, state) -> Method:
-    def usable(m):
-        # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
-        return (m.supports(dtype, device) and torch.device(device).type in m.devices
-                and not m.unsafe and (m.state or not state))
-
-    picked = dispatch.choose(n, batch, dtype, decay, device)
-    if picked is not None:
-        try:
-            m = get(picked)
-            if usable(m):
-                return m
-        except ValueError:
-            pass
-    order = STATE_ORDER if state else (("Vanilla",) + AUTO_ORDER if n <= AUTO_SHORT_N else AUTO_ORDER)
-    for name in order:
-        try:
-            m = get(name)
-        except ValueError:
-            continue
-        if usable(m):
-            return m
-    raise ValueError(f"no registered method supports dtype {dtype} on {device}"
-                     + (" with a state" if state else ""))
+from .ops import check_options  # noqa: F401  (re-exported: benchmark_method checks options early)
+from .registry import get
 
 
 def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
                           method: str = "auto", is_mask_weight: bool | None = None,
                           attn_method: str | None = None, initial_state: torch.Tensor | None = None,
                           output_final_state: bool = False, **options):
-    """Exponentially decaying causal linear attention, ``O = (B Cᵀ ⊙ M) V``.
+    """Exponentially decaying causal linear attention, ``O = (B Cᵀ ⊙ M) V``, differentiable.
 
     Args:
         B, C: ``(batch, heads, N, r)``; V: ``(batch, heads, N, d)``. One floating dtype (fp16, bf16,
             fp32, fp64) and one device; any strides.
         gamma: per-step decay λ per head, in (0, 1]: a float, or a tensor ``(H,)`` / ``(H, 1)``.
-            ``M[i, j] = gamma^(i-j)`` for i ≥ j, else 0. None: the 0-1 causal mask.
-        method: a registered name or abbreviation (``leetrepro.methods.available()``), or
-            ``"auto"`` (see :func:`auto_method`).
-        is_mask_weight, attn_method: the paper's keywords (Listing 2). ``is_mask_weight=True``
-            requires ``gamma``; ``is_mask_weight=False`` means the 0-1 mask whatever ``gamma`` is.
-            ``attn_method`` is a synonym of ``method``.
+            ``M[i, j] = gamma^(i-j)`` for i ≥ j, else 0. None: the 0-1 causal mask. The decays are
+            fixed (no gradient): a gamma that requires grad is an error.
+        method: a registered name or abbreviation, case-insensitive
+            (``leetrepro.methods.available()``), or ``"auto"`` (:func:`leetrepro.auto_method`).
+        is_mask_weight, attn_method: the paper's keywords (Listing 2). ``is_mask_weight`` true
+            requires ``gamma``; false means the 0-1 mask whatever ``gamma`` is (any truthy or
+            falsy value counts). ``attn_method`` is a synonym of ``method``.
         initial_state: ``(batch, heads, r, d)``, the recurrent state S the sequence starts from
             (e.g. the ``final_state`` of the previous piece of a prompt); see :mod:`leetrepro._state`
             for the convention ``S_t = λ S_{t-1} + c_tᵀ v_t``, ``o_t = b_t S_t``.
         output_final_state: also return ``S_N`` (float32; float64 for float64 inputs).
             Both need a method with state support (``available()["state"]``: Chunk, LA_torch).
-        **options: method options, e.g. ``block_size`` for Bb and LA_torch, ``base`` for Recur.
+        **options: method options, e.g. ``block_size`` for Bb and LA_torch, ``base`` for Recur,
+            ``fp32_precision`` for the Triton kernels. A bad value is a ValueError naming the
+            option. With ``method="auto"`` only ``fp32_precision`` is accepted (every method takes
+            it; the PyTorch methods are exact fp32 anyway): the chosen method depends on the
+            inputs, so method-specific options need a named method.
 
     Returns:
         O, ``(batch, heads, N, d)``, in the inputs' dtype (accumulated in float32 or wider);
-        ``(O, S_N)`` with ``output_final_state=True``.
+        ``(O, S_N)`` with ``output_final_state=True``. Gradients flow to B, C, V and
+        ``initial_state`` (:mod:`leetrepro.ops`). Rows before a non-finite row of C or V are
+        exact (non-finite values never leak backwards in time).
+
+    Complexity: that of the method (``available()["complexity"]``); the backward costs three
+    calls of the same method.
     """
-    if attn_method is not None:
-        if method not in ("auto", attn_method):
-            raise ValueError(f"method={method!r} and attn_method={attn_method!r} disagree")
-        method = attn_method
+    method = _method_keyword(method, attn_method)
     check_qkv(B, C, V)
-    if is_mask_weight is True and gamma is None:
-        raise ValueError("is_mask_weight=True needs gamma (the per-head decay in (0, 1])")
-    if is_mask_weight is False and gamma is not None:
-        warnings.warn("is_mask_weight=False: gamma is ignored and the 0-1 causal mask is used",
-                      stacklevel=2)
-        gamma = None
-    batch, heads, n, _ = B.shape
-    g = normalize_gamma(gamma, heads, B.device)
-    with_state = initial_state is not None or output_final_state
+    if is_mask_weight is not None:
+        if is_mask_weight and gamma is None:
+            raise ValueError("is_mask_weight=True needs gamma (the per-head decay in (0, 1])")
+        if not is_mask_weight and gamma is not None:
+            warnings.warn("is_mask_weight=False: gamma is ignored and the 0-1 causal mask is used",
+                          stacklevel=2)
+            gamma = None
+    g = normalize_gamma(gamma, B.shape[1], B.device)
     check_state(initial_state, B, V)
-    m = auto_method(n, B.dtype, B.device, batch=batch, decay=g is not None, state=with_state) \
-        if method == "auto" else get(method)
-    if with_state and not m.state:
-        raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
-                         f"that do: {', '.join(x.abbr for x in methods() if x.state)}")
-    if not m.supports(B.dtype, B.device):
-        raise ValueError(f"method {m.name} ({m.abbr}) does not support dtype {B.dtype} on device "
-                         f"{B.device.type}; it supports dtypes "
-                         f"{sorted(str(d) for d in m.dtypes)} on {sorted(m.device_types())}")
-    accepted = _accepted_options(m.fn)
-    bad = [] if accepted is None else [k for k in options if k not in accepted]
-    if bad:
-        raise TypeError(f"method {m.name} got unknown option(s) {bad}; it accepts "
-                        f"{sorted(accepted) or 'none'}")
-    d = V.shape[-1]
-    if n == 0 or batch == 0 or heads == 0 or d == 0 or B.shape[-1] == 0:
-        out = V.new_zeros(batch, heads, n, d)
-        if not output_final_state:
-            return out
-        sdtype = torch.float64 if V.dtype == torch.float64 else torch.float32
-        s = V.new_zeros(batch, heads, B.shape[-1], d, dtype=sdtype)
-        if initial_state is not None and n == 0:
-            s = initial_state.to(sdtype).clone()
-        elif initial_state is not None:  # r == 0: the state is empty too
-            s = s + initial_state.to(sdtype)
-        return out, s
-    if with_state:
-        options = dict(options, initial_state=initial_state, output_final_state=output_final_state)
-    return m.fn(B, C, V, g, **options)
+    encoded = ops.encode_options(options)
+    if not torch.compiler.is_compiling():
+        # checked here, in eager mode, so errors name the call; a compiled graph defers them to
+        # the op, which checks the same when it runs
+        with_state = initial_state is not None or output_final_state
+        m = ops.resolve(method, B, g, with_state)
+        opts = check_options(None if ops.is_auto(method) else m, options)
+        if ops.is_auto(method):
+            opts = check_options(m, opts)
+        if not (torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (B, C, V, initial_state))):
+            # nothing for autograd to record: skip the op's dispatch (host time per call)
+            out, s = ops.run(m, opts, B, C, V, g, initial_state, False, output_final_state)
+            return (out, s) if output_final_state else out
+    out, s = ops.causal_linear(B, C, V, g, initial_state, method, encoded, False,
+                               output_final_state)
+    return (out, s) if output_final_state else out
 
 
-@functools.lru_cache(maxsize=None)  # inspect.signature costs ~10 µs, too much per call
-def _accepted_options(fn) -> frozenset | None:
-    """Keyword options of a method's ``fn`` beyond (B, C, V, gamma); None if it takes ``**kwargs``."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind == p.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params[4:]
-                     if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                     and p.name not in ("initial_state", "output_final_state"))
+def _method_keyword(method, attn_method) -> str:
+    if attn_method is None:
+        return method
+    if not ops.is_auto(method) and (ops.is_auto(attn_method) or get(method) is not get(attn_method)):
+        raise ValueError(f"method={method!r} and attn_method={attn_method!r} disagree")
+    return attn_method

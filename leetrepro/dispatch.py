@@ -1,12 +1,18 @@
-"""The measured dispatch table behind ``method="auto"``.
+"""How ``method="auto"`` chooses: a measured table per GPU, else a documented rule.
 
-``make tune`` (:mod:`leetrepro.tune`) times every registered method on a grid (dtype × batch × N ×
-mask, heads 32, r = d = 128) and writes ``data/<gpu>/dispatch.csv``: per cell the fastest method
-(``best``) and every method's median. :func:`choose` looks the inputs up in the table of the GPU
-they are on (``LEETREPRO_DISPATCH=path.csv`` overrides the file): same dtype and mask, the nearest
-batch and the nearest N on a log scale. Heads, r and d are not keys: the table is measured at the
-paper's shape. Without a table for this GPU, or when its choice cannot run these inputs (a state
-is asked for, say), ``auto`` falls back to the rule in :mod:`leetrepro.api`.
+``make tune`` (:mod:`leetrepro.bench.tune`) times every registered method on a grid (dtype × batch
+× N × mask, heads 32, r = d = 128) and writes ``data/<gpu>/dispatch.csv``: per cell the fastest
+method (``best``) and every method's median. The tables ship inside the wheel, so an installed
+package follows them too. :func:`choose` looks the inputs up in the table of the GPU they are on
+(``LEETREPRO_DISPATCH=path.csv`` overrides the file): same dtype and mask, the nearest batch, then
+the nearest N on a log scale. Heads, r and d are not keys: the table is measured at the paper's
+shape.
+
+Without a table for this GPU (another GPU, the CPU), or when the table's choice cannot run the
+inputs (a state is asked for, say), :func:`auto_method` follows :data:`AUTO_ORDER`: Vanilla for
+N ≤ :data:`AUTO_SHORT_N` (Section 5.1: fastest there), else the first method of the list that is
+registered and runs the inputs' dtype natively on their device. Choices are cached per
+arguments (a model asks per layer); registering a method or rewriting a table clears the cache.
 """
 from __future__ import annotations
 
@@ -16,12 +22,57 @@ import os
 
 import torch
 
+from . import registry
+from ._device import gpu_tag
 from ._inputs import SHORT_NAMES
+from ._paths import data
+
+AUTO_SHORT_N = 128
+#: Chunk (this project's kernel, NOTES.md), lightningAttention-2 (fastest at batch 1 and N > 512
+#: in Tables 3-4), then the PyTorch twins
+AUTO_ORDER = ("Chunk", "LA", "LA_torch", "Bb")
+STATE_ORDER = ("Chunk", "LA_torch")
 
 
 def table_path(tag: str) -> str:
-    return os.environ.get("LEETREPRO_DISPATCH") or os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", tag, "dispatch.csv")
+    return os.environ.get("LEETREPRO_DISPATCH") or data(tag, "dispatch.csv")
+
+
+def auto_method(n: int, dtype: torch.dtype, device, *, batch: int = 1, decay: bool = False,
+                state: bool = False) -> registry.Method:
+    """The method ``method="auto"`` uses for these inputs: the measured table's choice where
+    there is one, else the rule above; with ``state``, only methods that take and return the
+    recurrent state."""
+    return _auto(n, dtype, torch.device(device), batch, decay, state)
+
+
+@functools.lru_cache(maxsize=4096)
+def _auto(n, dtype, device, batch, decay, state) -> registry.Method:
+    def usable(m):
+        # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
+        return (m.supports(dtype, device) and device.type in m.devices
+                and not m.unsafe and (m.state or not state))
+
+    picked = choose(n, batch, dtype, decay, device)
+    candidates = ([picked] if picked else []) + list(
+        STATE_ORDER if state else (("Vanilla",) + AUTO_ORDER if n <= AUTO_SHORT_N else AUTO_ORDER))
+    for name in candidates:
+        try:
+            m = registry.get(name)
+        except ValueError:
+            continue
+        if usable(m):
+            return m
+    raise ValueError(f"no registered method supports dtype {dtype} on {device}"
+                     + (" with a state" if state else ""))
+
+
+def choose(n: int, batch: int, dtype: torch.dtype, decay: bool, device) -> str | None:
+    """The abbreviation the table names for these inputs, or None (no table, no matching rows)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return _choose(table_path(gpu_tag(device)), n, batch, SHORT_NAMES.get(dtype), bool(decay))
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,21 +81,6 @@ def _load(path: str):
         return None
     import pandas as pd
     return pd.read_csv(path)
-
-
-@functools.lru_cache(maxsize=None)
-def _tag(index: int) -> str:
-    from .bench import gpu_tag
-    return gpu_tag(torch.device("cuda", index))
-
-
-def choose(n: int, batch: int, dtype: torch.dtype, decay: bool, device) -> str | None:
-    """The abbreviation the table names for these inputs, or None (no table, no matching rows)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _choose(table_path(_tag(index)), n, batch, SHORT_NAMES.get(dtype), bool(decay))
 
 
 @functools.lru_cache(maxsize=4096)  # auto is called per layer: the lookup must cost ~nothing
@@ -56,17 +92,19 @@ def _choose(path: str, n: int, batch: int, dtype: str | None, decay: bool) -> st
     return None if rows.empty else _nearest(rows, n, batch)
 
 
-def clear_cache() -> None:
-    """Forget loaded tables and choices (after ``make tune`` rewrote a table)."""
-    from .api import _auto_method
-    _load.cache_clear()
-    _choose.cache_clear()
-    _auto_method.cache_clear()
-
-
 def _nearest(rows, n: int, batch: int) -> str:
     lb, ln = math.log(max(batch, 1)), math.log(max(n, 1))
     b = min(rows.batch.unique(), key=lambda x: abs(math.log(x) - lb))
     rows = rows[rows.batch == b]
     best = min(rows.itertuples(), key=lambda r: abs(math.log(r.N) - ln))
     return best.best
+
+
+def clear_cache() -> None:
+    """Forget loaded tables and choices (after ``make tune`` rewrote a table)."""
+    _load.cache_clear()
+    _choose.cache_clear()
+    _auto.cache_clear()
+
+
+registry.on_change(_auto.cache_clear)

@@ -6,9 +6,9 @@ import torch
 from ._decay import causal_mask
 from ._inputs import check_qkv, log_gamma, normalize_gamma
 from ._state import add_initial_state, check_state, final_state
+from .methods._common import isolate_nonfinite
 
 
-@torch.no_grad()
 def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
               row_block: int = 2048, initial_state: torch.Tensor | None = None,
               output_final_state: bool = False):
@@ -21,12 +21,14 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
 
     ``initial_state`` ``(batch, heads, r, d)`` / ``output_final_state``: the recurrent state of
     :mod:`leetrepro._state`; with ``output_final_state`` the result is ``(O, S_N)``, both float64.
+    Differentiable (plain float64 autograd): the oracle of the gradients too.
     """
     check_qkv(B, C, V)
     check_state(initial_state, B, V)
     g = normalize_gamma(gamma, B.shape[1], B.device)
     lg = log_gamma(g, torch.float64)
     B, C, V = (t.to(torch.float64) for t in (B, C, V))
+    C, V, poison = isolate_nonfinite(C, V)  # exact IEEE rows: no 0 × NaN from later rows
     n = B.shape[2]
     out = torch.empty(*V.shape, dtype=torch.float64, device=V.device)
     for s in range(0, n, row_block):
@@ -36,7 +38,7 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
         out[:, :, s:e] = ((B[:, :, s:e] @ C[:, :, :e].transpose(-1, -2)) * mask) @ V[:, :, :e]
     S0 = None if initial_state is None else initial_state.to(torch.float64)
     out = add_initial_state(out, B, S0, lg)
-    return (out, final_state(C, V, lg, S0)) if output_final_state else out
+    return poison(out, final_state(C, V, lg, S0)) if output_final_state else poison(out)
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -49,7 +51,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return num / den if den > 0 else num
 
 
-#: The accuracy contract (DEVELOPERS.md): ‖out − ref‖/‖ref‖ per input dtype. Kernels that use
+#: The accuracy contract: ‖out − ref‖/‖ref‖ per input dtype. Kernels that use
 #: tf32 dots for float32 on purpose are held to ``TF32_TOLERANCE`` instead.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 TF32_TOLERANCE = 5e-3

@@ -15,6 +15,27 @@ import torch
 
 ALL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 GPU_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+#: fp32 precision of the kernels' dot products (``fp32_precision``; leetrepro.methods._gpu)
+FP32_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+#: option name -> (what it accepts, check). Shared by every method that takes the option; an
+#: option of a user's method with no rule here is passed on unchecked.
+OPTION_RULES = {
+    "block_size": ("a positive integer", _positive_int),
+    "base": ("a positive integer", _positive_int),
+    "rank_groups": ("a positive integer", _positive_int),
+    "segment": ("None or a positive integer (a multiple of the kernel's row block)",
+                lambda v: v is None or _positive_int(v)),
+    "fp32_precision": (f"None or one of {FP32_PRECISIONS}", lambda v: v is None or v in FP32_PRECISIONS),
+}
+#: options every method accepts: ``fp32_precision`` asks for at least that fp32 accuracy, which the
+#: PyTorch methods (plain fp32 arithmetic) always give; so ``method="auto"`` may take it too
+UNIVERSAL_OPTIONS = ("fp32_precision",)
 
 
 @dataclass(frozen=True)
@@ -28,6 +49,8 @@ class Method:
     language: str = "torch"        # torch | triton | cuda | user
     unsafe: bool = False           # gives wrong results by design (FA_modify); never chosen by auto
     state: bool = False            # takes initial_state= and output_final_state= (leetrepro._state)
+    reverse: bool = False          # takes reverse=True (the operator in reverse time, for backward)
+    dual: bool = False             # takes dual=E: also op(E, V, C) from the same sweep (dV with dC)
     summary: str = ""
     options: dict = field(default_factory=dict)  # tunable keyword arguments and their defaults
 
@@ -46,7 +69,8 @@ _REGISTRY: dict[str, Method] = {}
 
 def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
-             unsafe: bool = False, state: bool = False, summary: str = "",
+             unsafe: bool = False, state: bool = False, reverse: bool = False, dual: bool = False,
+             summary: str = "",
              options: dict | None = None, replace: bool = False):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
 
@@ -59,7 +83,8 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
     def deco(fn):
         m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
                    dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
-                   unsafe=unsafe, state=state, summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
+                   unsafe=unsafe, state=state, reverse=reverse, dual=dual,
+                   summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
                    options=dict(options or {}))
         keys = {name.lower(), m.abbr.lower()}
         taken = [k for k in keys if k in _REGISTRY and _REGISTRY[k].name != name]
@@ -68,7 +93,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
                              f"(to {_REGISTRY[taken[0]].name}); pass replace=True to override")
         for k in keys:
             _REGISTRY[k] = m
-        _forget_choices()
+        _changed()
         return fn
     return deco
 
@@ -77,15 +102,20 @@ def unregister(name: str) -> None:
     m = get(name)
     for k in [k for k, v in _REGISTRY.items() if v is m]:
         del _REGISTRY[k]
-    _forget_choices()
+    _changed()
 
 
-def _forget_choices() -> None:
-    """method="auto" caches its choices; a change of the registry invalidates them."""
-    import sys
-    api = sys.modules.get("leetrepro.api")
-    if api is not None:
-        api._auto_method.cache_clear()
+_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_change(fn: Callable[[], None]) -> None:
+    """Call ``fn()`` whenever a method is registered or removed (caches of choices listen)."""
+    _LISTENERS.append(fn)
+
+
+def _changed() -> None:
+    for fn in _LISTENERS:
+        fn()
 
 
 def methods() -> list[Method]:
@@ -99,7 +129,8 @@ def methods() -> list[Method]:
 
 
 def get(name: str) -> Method:
-    """Look a method up by name or abbreviation (case-insensitive)."""
+    """Look a method up by name or abbreviation (case-insensitive; ``"auto"`` is not a method:
+    :func:`leetrepro.dispatch.auto_method` chooses one)."""
     if isinstance(name, Method):
         return name
     try:
@@ -111,8 +142,9 @@ def get(name: str) -> Method:
 
 def available():
     """A pandas DataFrame of the registered methods: name, abbreviation, language, complexity,
-    dtypes, devices, whether the method is unsafe (wrong by design, kept for a table) and whether
-    it takes and returns the recurrent state."""
+    dtypes, devices, whether the method is unsafe (wrong by design, kept for a table), whether
+    it takes and returns the recurrent state and whether it runs in reverse time natively (else
+    its backward flips the inputs)."""
     import pandas as pd
 
     from ._inputs import SHORT_NAMES as short
@@ -121,6 +153,6 @@ def available():
                  dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)
                                  if d in short),
                  devices=",".join(sorted(m.device_types())), unsafe=m.unsafe, state=m.state,
-                 summary=m.summary)
+                 reverse=m.reverse, summary=m.summary)
             for m in methods()]
     return pd.DataFrame(rows).set_index("name")

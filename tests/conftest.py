@@ -39,3 +39,15 @@ def assert_close_to_reference(out, B, C, V, gamma, tol=None):
 @pytest.fixture
 def inputs():
     return make_inputs
+
+
+#: the interpreted FleetAttention kernel walks ranks and rows one scan at a time: seconds per case
+SLOW_INTERPRETED = {"FA", "FA_modify"} if not torch.cuda.is_available() else set()
+
+
+def method_params(abbrs):
+    """pytest params of method abbreviations (or Method objects), the slow interpreted ones marked
+    ``slow`` (left out of ``make test-fast``)."""
+    return [pytest.param(a, id=getattr(a, "abbr", a),
+                         marks=pytest.mark.slow if getattr(a, "abbr", a) in SLOW_INTERPRETED else ())
+            for a in abbrs]

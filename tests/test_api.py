@@ -206,3 +206,66 @@ def test_auto_follows_the_dispatch_table(monkeypatch):
     dispatch.clear_cache()
     assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "LA_torch"
     dispatch.clear_cache()
+
+
+@pytest.mark.parametrize("method", ["auto", "AUTO", "Auto"])
+def test_auto_is_case_insensitive_and_rejects_method_specific_options(method):
+    B, C, V = make_inputs(1, 2, 200, 4, 4)
+    assert_close_to_reference(causal_linear_decoder(B, C, V, 0.9, method=method), B, C, V, 0.9)
+    # the same answer at every N: a method-specific option is refused whatever auto would pick
+    for n in (16, 200, 5000):
+        B, C, V = make_inputs(1, 1, n, 2, 2)
+        with pytest.raises(ValueError, match="method='auto' takes no method-specific option"):
+            causal_linear_decoder(B, C, V, method=method, block_size=64)
+        # fp32_precision is taken by every method (the PyTorch ones are exact fp32 anyway)
+        out = causal_linear_decoder(B, C, V, 0.9, method=method, fp32_precision="tf32x3")
+        assert_close_to_reference(out, B, C, V, 0.9)
+
+
+@pytest.mark.parametrize("method, options, word", [
+    ("Bb", {"block_size": 0}, "block_size"), ("Bb", {"block_size": -3}, "block_size"),
+    ("Bb", {"block_size": 2.5}, "block_size"), ("Bb", {"block_size": True}, "block_size"),
+    ("LA_torch", {"block_size": "64"}, "block_size"), ("Recur", {"base": 0}, "base"),
+    ("Vanilla", {"fp32_precision": "fast"}, "fp32_precision"),
+    ("auto", {"fp32_precision": "half"}, "fp32_precision"),
+])
+def test_bad_option_values_are_value_errors_naming_the_option(method, options, word):
+    B, C, V = make_inputs(1, 1, 10, 2, 2)
+    with pytest.raises(ValueError, match=f"{word}=.*{word} takes"):
+        causal_linear_decoder(B, C, V, method=method, **options)
+
+
+@pytest.mark.parametrize("flag", [0, 0.0, "", False])
+def test_falsy_is_mask_weight_means_the_0_1_mask(flag):
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    with pytest.warns(UserWarning, match="ignored"):
+        out = causal_linear_decoder(B, C, V, 0.5, is_mask_weight=flag)
+    assert_close_to_reference(out, B, C, V, None)
+    with pytest.raises(ValueError, match="needs gamma"):
+        causal_linear_decoder(B, C, V, is_mask_weight=1)
+
+
+def test_method_names_match_case_insensitively_everywhere():
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    a = causal_linear_decoder(B, C, V, method="bb", attn_method="BB")
+    assert_close_to_reference(a, B, C, V, None)
+    with pytest.raises(ValueError, match="disagree"):
+        causal_linear_decoder(B, C, V, method="bb", attn_method="recur")
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 0, 4, 5), (0, 3, 7, 4, 5), (2, 3, 7, 0, 5), (2, 0, 7, 4, 5)])
+def test_empty_shapes_keep_the_autograd_graph(shape):
+    B, C, V = (t.requires_grad_() for t in make_inputs(*shape))
+    out = causal_linear_decoder(B, C, V, 0.5, method="Bb")
+    assert out.shape == V.shape and out.grad_fn is not None
+    out.sum().backward()
+    for t in (B, C, V):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+
+
+def test_gamma_that_requires_grad_is_a_clear_error():
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    g = torch.full((2,), 0.9, requires_grad=True)
+    with pytest.raises(ValueError, match="decays are fixed.*detach"):
+        causal_linear_decoder(B, C, V, g)
+    assert_close_to_reference(causal_linear_decoder(B, C, V, g.detach()), B, C, V, g.detach())

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 import torch
 
-from leetrepro import benchmark_method
-from leetrepro.bench import format_cell, provenance
+from leetrepro.bench import benchmark_method
+from leetrepro.bench.harness import format_cell, provenance
 
 
 def test_registered_method_on_cpu():
@@ -50,12 +50,32 @@ def test_oom_and_time_limit_cells_do_not_abort_the_sweep():
     assert list(df.cell[1:2]) == ["OOM"] and "not run" in df.note.iloc[4]
 
 
-def test_other_errors_are_recorded():
+def test_errors_other_than_out_of_memory_raise():
     def broken(q, k, v, gamma):
         raise ValueError("nope")
-    df = benchmark_method(broken, device="cpu", seqlens=(4,), heads=1, rank=2, dim=2, reps=1,
-                          progress=False)
-    assert df.status.iloc[0] == "error" and "nope" in df.note.iloc[0]
+    with pytest.raises(ValueError, match="nope"):
+        benchmark_method(broken, device="cpu", seqlens=(4,), heads=1, rank=2, dim=2, reps=1,
+                         progress=False)
+
+
+@pytest.mark.parametrize("kwargs, error, word", [
+    (dict(method="flash"), ValueError, "unknown method"),
+    (dict(method="Bb", options={"block_size": 0}), ValueError, "block_size"),
+    (dict(method="Bb", options={"blocksize": 4}), TypeError, "blocksize"),
+    (dict(method="Bb", dtype="int32"), ValueError, "dtype"),
+    (dict(method="Bb", dtype=torch.int32), ValueError, "dtype"),
+])
+def test_configuration_errors_raise_before_anything_is_timed(kwargs, error, word):
+    with pytest.raises(error, match=word):
+        benchmark_method(device="cpu", seqlens=(4,), heads=1, rank=2, dim=2, reps=1,
+                         progress=False, **kwargs)
+
+
+def test_gamma_without_decay_warns():
+    with pytest.warns(UserWarning, match="gamma is ignored"):
+        df = benchmark_method("Bb", device="cpu", gamma=0.9, seqlens=(8,), heads=1, rank=2, dim=2,
+                              reps=1, progress=False)
+    assert not df.decay.any()
 
 
 def test_cuda_without_gpu_is_a_clear_error():

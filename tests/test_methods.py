@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from leetrepro import causal_linear_decoder
 from leetrepro.methods import methods
 
-from conftest import assert_close_to_reference, make_inputs, random_gammas
+from conftest import assert_close_to_reference, make_inputs, method_params, random_gammas
 
 TORCH_METHODS = [m.name for m in methods() if m.language == "torch"]
 # small blocks so that short test sequences still cross many block boundaries
@@ -71,3 +71,26 @@ def test_random_shapes(method, batch, heads, n, r, d, seed, decay):
          "near_zero": torch.full((heads, 1), 1e-3), "near_one": 1 - 1e-7}[decay]
     out = causal_linear_decoder(B, C, V, g, method=method, **SMALL_BLOCKS.get(method, {}))
     assert_close_to_reference(out, B, C, V, g)
+
+
+def _runnable_methods():
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return [m.abbr for m in methods() if not m.unsafe and m.supports(torch.float32, device)]
+
+
+@pytest.mark.parametrize("method", method_params(_runnable_methods()))
+@pytest.mark.parametrize("where", ["C", "V"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_row_never_reaches_earlier_rows(method, where, value):
+    """Padding with uninitialised memory is common: rows before the first non-finite row of C or V
+    equal the reference on the rows before it; every later row is non-finite, as the formula says."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    B, C, V = make_inputs(2, 2, 150, 8, 5, device=device, seed=4)
+    bad = {"C": C.clone(), "V": V.clone()}
+    bad[where][:, :, 100, 1] = value
+    opts = {"segment": 64} if method == "Chunk" else {}  # the chained segments carry it too
+    out = causal_linear_decoder(B, bad["C"], bad["V"], 0.9, method=method, **opts)
+    head = (slice(None), slice(None), slice(0, 100))
+    tol = 5e-3 if device == "cuda" and method in ("LA", "Chunk") else None
+    assert_close_to_reference(out[head], B[head], C[head], V[head], 0.9, tol=tol)
+    assert (~torch.isfinite(out[:, :, 100:])).any(-1).all()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from leetrepro.models import build, config
-from leetrepro.models.bench import batches, load_prompts, make_prompt_lengths
+from leetrepro.bench.llm import batches, load_prompts, make_prompt_lengths
 
 PATHS = ["original", "Vanilla", "Bb", "Cdotp_torch", "Recur", "LA_torch", "FA_torch"]
 

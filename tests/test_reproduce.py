@@ -77,13 +77,21 @@ TINY = {
 }
 
 
+def test_every_notebook_source_is_exercised():
+    assert {f[:-3] for f in os.listdir(NOTEBOOKS) if f.endswith(".py")} == set(TINY)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_notebook_runs_on_tiny_parameters(name, tmp_path):
     pytest.importorskip("papermill")
+    jupytext = pytest.importorskip("jupytext")
+    source = tmp_path / f"{name}.source.ipynb"  # what `make notebooks` makes from the .py source
+    jupytext.write(jupytext.read(os.path.join(NOTEBOOKS, f"{name}.py")), str(source))
     out = tmp_path / f"{name}.ipynb"
     env = dict(os.environ, PYTHONPATH=paper.ROOT, MPLBACKEND="Agg")
     res = subprocess.run([sys.executable, "-m", "papermill", "-k", "python3", "--log-level", "WARNING",
-                          os.path.join(NOTEBOOKS, f"{name}.ipynb"), str(out),
+                          str(source), str(out),
                           "-p", "out_root", str(tmp_path), *TINY[name]],
                          capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -95,7 +103,7 @@ def test_notebook_runs_on_tiny_parameters(name, tmp_path):
 
 def test_floor_targets_from_a_constructed_table():
     import pandas as pd
-    from leetrepro.floor import targets
+    from leetrepro.bench.floor import targets
     df = pd.DataFrame([
         dict(dtype="fp16", batch=1, decay=False, N=8192, method="Chunk", status="ok", floor_ratio=1.2),
         dict(dtype="fp16", batch=16, decay=True, N=25600, method="Chunk", status="ok", floor_ratio=1.5),

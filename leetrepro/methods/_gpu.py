@@ -13,12 +13,16 @@ fp16/bf16 inputs use fp16/bf16 tensor-core products with fp32 accumulation and a
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
+import sys
 
 import torch
 
-FP32_PRECISIONS = ("tf32", "tf32x3", "ieee")
+from .._device import sm_count  # noqa: F401  (the launchers' SM count)
+from .._paths import resource
+from ..registry import FP32_PRECISIONS
 
 
 def default_fp32_precision() -> str:
@@ -54,18 +58,6 @@ def staged_state(state: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor
     return state.to(device=like.device, dtype=torch.float32).contiguous()
 
 
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (4 elsewhere: the interpreter's stand-in)."""
-    if device.type != "cuda":
-        return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def config_override(method: str) -> dict:
     """Tile-config entries from ``LEETREPRO_<METHOD>_CONFIG`` (JSON), for sweeps, not users:
     ``LEETREPRO_CHUNK_CONFIG='{"num_stages": 3}' python -m leetrepro._sweep Chunk``."""
@@ -81,11 +73,36 @@ def next_pow2(x: int, minimum: int = 16) -> int:
     return max(minimum, 1 << max(0, (x - 1).bit_length()))
 
 
+def kernel_source(name: str) -> str:
+    """Path of a file of this copy's ``kernels/`` folder (:mod:`leetrepro._paths`)."""
+    return os.path.join(resource("kernels"), name)
+
+
+@functools.lru_cache(maxsize=None)
 def triton_kernels(module: str):
-    """Import ``leetrepro.kernels.<module>`` (needs Triton), with a clear error without it."""
+    """The Triton kernel module ``kernels/<module>.py`` of this copy of the package (needs
+    Triton), loaded by path as ``leetrepro.kernels.<module>``, with a clear error without Triton."""
+    name = f"leetrepro.kernels.{module}"
+    if name in sys.modules:
+        return sys.modules[name]
     try:
-        import importlib
-        return importlib.import_module(f"leetrepro.kernels.{module}")
+        import triton  # noqa: F401
     except ImportError as err:
         raise RuntimeError(f"this method needs Triton ({err}); `pip install triton` or use its "
                            f"_torch twin") from err
+    if "leetrepro.kernels" not in sys.modules:  # the package of the shared tile helpers
+        pkg = importlib.util.spec_from_file_location(
+            "leetrepro.kernels", kernel_source("__init__.py"),
+            submodule_search_locations=[resource("kernels")])
+        sys.modules["leetrepro.kernels"] = importlib.util.module_from_spec(pkg)
+        pkg.loader.exec_module(sys.modules["leetrepro.kernels"])
+    return importlib.import_module(name)
+
+
+def refuse_interpreted_bf16(dtype: torch.dtype, abbr: str) -> None:
+    """Triton's interpreter (``TRITON_INTERPRET=1``, how the kernels run on a CPU) computes bf16
+    ``tl.dot`` wrongly: refuse rather than return wrong numbers."""
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        raise ValueError(f"{abbr} cannot run bfloat16 under TRITON_INTERPRET=1: Triton's "
+                         f"interpreter computes bf16 dot products wrongly. Use float16/float32 "
+                         f"there, a GPU for bf16, or a PyTorch method")

@@ -14,15 +14,15 @@ import torch
 
 from .._decay import causal_mask, powers, scale_rows
 from ..registry import register
-from ._common import gamma_pow, prepare
+from ._common import gamma_pow, torch_method
 
 
 @register("block-based", "Bb", complexity="O(N·B_c·(r+d) + N·r·d)", language="torch",
           summary="Algorithm 2: blocks in sequence, intra-block quadratic + running r×d state",
           options={"block_size": 256})
-def block_based(B, C, V, gamma, block_size: int = 256):
+@torch_method
+def block_based(b, c, v, lg, block_size: int = 256):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = B_c."""
-    b, c, v, lg = prepare(B, C, V, gamma)
     batch, heads, n, _ = b.shape
     kw = dict(dtype=b.dtype, device=b.device)
     out = torch.empty(batch, heads, n, v.shape[-1], **kw)
@@ -38,4 +38,4 @@ def block_based(B, C, V, gamma, block_size: int = 256):
         out[:, :, s:e] = ((bi @ ci.transpose(-1, -2)) * mask[..., :ln, :ln]) @ vi \
             + scale_rows(bi, None if w_in is None else w_in[:, :ln]) @ state
         state = state * gamma_pow(lg, ln) + scale_rows(ci, w_out).transpose(-1, -2) @ vi
-    return out.to(V.dtype)
+    return out

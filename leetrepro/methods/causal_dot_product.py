@@ -11,15 +11,15 @@ import functools
 import torch
 
 from ..registry import GPU_DTYPES, register
-from ._common import prepare
-from ._gpu import staged
+from ._common import torch_method
+from ._gpu import kernel_source, staged
 
 
 @register("causal-dot-product_torch", "Cdotp_torch", complexity="O(N·r·d)", language="torch",
           summary="Algorithm 1: one r×d state update and one row of output per token")
-def causal_dot_product_torch(B, C, V, gamma):
+@torch_method
+def causal_dot_product_torch(b, c, v, lg):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`."""
-    b, c, v, lg = prepare(B, C, V, gamma)
     batch, heads, n, r = b.shape
     decay = None if lg is None else torch.exp(lg).view(1, heads, 1, 1)
     state = torch.zeros(batch, heads, r, v.shape[-1], dtype=b.dtype, device=b.device)
@@ -29,14 +29,12 @@ def causal_dot_product_torch(B, C, V, gamma):
             state.mul_(decay)
         state.add_(c[:, :, i, :, None] * v[:, :, i, None, :])
         out[:, :, i] = (b[:, :, i, None, :] @ state).squeeze(-2)
-    return out.to(V.dtype)
+    return out
 
 
 @functools.lru_cache(maxsize=1)
 def cuda_extension():
     """Build (first use; cached by torch under ``$TORCH_EXTENSIONS_DIR``) and load the CUDA kernel."""
-    from importlib import resources
-
     from torch.utils import cpp_extension
 
     if cpp_extension.CUDA_HOME is None:
@@ -44,8 +42,7 @@ def cuda_extension():
             "Cdotp builds its CUDA kernel on first use and needs the CUDA toolkit (nvcc), which was "
             "not found: install the toolkit matching torch.version.cuda = "
             f"{torch.version.cuda} and set CUDA_HOME, or use method='Cdotp_torch'")
-    src = resources.files("leetrepro.kernels")
-    sources = [str(src / "causal_dot_product_binding.cpp"), str(src / "causal_dot_product.cu")]
+    sources = [kernel_source("causal_dot_product_binding.cpp"), kernel_source("causal_dot_product.cu")]
     return cpp_extension.load(name="leetrepro_cdotp", sources=sources,
                               extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
 

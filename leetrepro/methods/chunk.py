@@ -1,5 +1,5 @@
 """Chunk-scan (Chunk): this project's kernel for the operator, lightningAttention-2's chunked form
-made single-pass for every batch size (issue 5; design and measurements in NOTES.md).
+made single-pass for every batch size (design and measurements in NOTES.md).
 
 For chunks of L rows with state H (r × d, fp32) entering chunk [s, s+L):
     O_[s:s+L] = (B C ᵀ ⊙ M)_chunk V_chunk + diag(λ^1..λ^L) B_chunk H,
@@ -21,23 +21,34 @@ from __future__ import annotations
 import torch
 
 from ..registry import GPU_DTYPES, register
-from ._gpu import cdiv, config_override, dot_precision, next_pow2, sm_count, staged_state, triton_kernels
+from ._gpu import (cdiv, config_override, dot_precision, next_pow2, refuse_interpreted_bf16, sm_count,
+                   staged_state, triton_kernels)
+
+#: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
+#: NOTES.md. fp32 tiles are twice the bytes, so fp32 gets fewer rows or stages; tf32x3/ieee split
+#: or widen the operands and fit one stage only.
+CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
+               ("tf32", False): (32, 2), ("tf32", True): (64, 2),
+               ("exact", False): (32, 1), ("exact", True): (32, 1)}
+
+
+def operand_kind(dtype: torch.dtype, precision: str) -> str:
+    """``"half"`` (fp16/bf16), ``"tf32"`` or ``"exact"`` (fp32 with tf32x3 or ieee dots)."""
+    if dtype != torch.float32:
+        return "half"
+    return "tf32" if precision == "tf32" else "exact"
 
 
 def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool) -> dict:
     """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
-    (which re-read B and C once per block). Stages and BLOCK_N for r = d = 128 from the H100
-    sweeps in NOTES.md (fp32 tiles are twice the bytes, so fp32 gets fewer rows or stages)."""
+    (which re-read B and C once per block); rows and stages from :data:`CHUNK_TABLE`."""
     block_r = next_pow2(r)
     block_d = min(next_pow2(d), max(16, 16384 // block_r))
-    big = block_r * block_d >= 8192
-    half = dtype != torch.float32
-    cfg = dict(BLOCK_N=64, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=8 if big else 4,
-               num_stages=4 if half else 2)
-    if block_r > 128 or (not half and not decay):
-        cfg["BLOCK_N"] = 32
-    if not half and precision != "tf32":  # split operands need more shared memory
-        cfg.update(BLOCK_N=32, num_stages=1)
+    block_n, stages = CHUNK_TABLE[(operand_kind(dtype, precision), decay)]
+    if block_r > 128:  # a 256-row state leaves shared memory for 32-row tiles only
+        block_n = 32
+    cfg = dict(BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
+               num_warps=8 if block_r * block_d >= 8192 else 4, num_stages=stages)
     return cfg | config_override("Chunk")
 
 
@@ -52,18 +63,24 @@ def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
 
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
-          dtypes=GPU_DTYPES, devices=("cuda",), state=True,
+          dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
-                  "chained through a ring so every SM works; state in/out",
+                  "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None})
 def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
-               initial_state: torch.Tensor | None = None, output_final_state: bool = False):
+               initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+               reverse: bool = False, dual: torch.Tensor | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
     ``"ieee"``. ``segment``: rows per segment (default :func:`segment_rows`; a multiple of BLOCK_N).
-    ``initial_state``/``output_final_state``: see the module docstring.
+    ``initial_state``/``output_final_state``: see the module docstring. ``reverse``: the operator
+    on the rows read backwards (the backward pass's dV and dC), no copies. ``dual``: a tensor E
+    shaped like V; O becomes the pair (op(B, C, V), op(E, V, C)), both from one sweep (the second's
+    state is the first's transposed): the backward's dV and dC together. Needs the whole state in
+    one lane (r·d ≤ 128·128).
     """
+    refuse_interpreted_bf16(V.dtype, "Chunk")
     kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
@@ -76,20 +93,29 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if segment is None:
         segment = segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(V.device))
     if segment <= 0 or (segment < n and segment % cfg["BLOCK_N"]):  # one segment: any N
-        raise ValueError(f"segment={segment} must be a positive multiple of {cfg['BLOCK_N']}")
+        raise ValueError(f"option segment={segment} is invalid: it must be a positive multiple of "
+                         f"{cfg['BLOCK_N']} (this call's row block)")
     n_seg = cdiv(n, segment)
+    if dual is not None:
+        if lanes != batch * heads or cfg["BLOCK_R"] < r:
+            raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
+                             f"got r = {r}, d = {d}")
+        dual = dual.contiguous()
+        out2 = torch.empty_like(B)
     s0 = staged_state(initial_state, B)
     sn = torch.empty(batch, heads, r, d, dtype=torch.float32, device=V.device) \
-        if output_final_state else out
+        if output_final_state else None
+    sync = ws = None
     if n_seg > 1:
         sync = torch.zeros(lanes + 1, dtype=torch.int32, device=V.device)
         ws = torch.empty(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                          device=V.device)
-    else:
-        sync = ws = out  # unused
     kern.chunk_scan_kernel[(lanes * n_seg,)](
-        B, C, V, out, out if s0 is None else s0, sn, ws, sync, out if gamma is None else gamma,
-        n, r, d, heads, lanes, segment, HAS_DECAY=gamma is not None, HAS_S0=s0 is not None,
-        STORE_SN=output_final_state, SPLIT=n_seg > 1,
-        PRECISION=precision, **cfg)
+        B, C, V, out, E=dual, O2=None if dual is None else out2, S0=s0, SN=sn, WS=ws, SYNC=sync,
+        GAMMA=gamma, N=n, R=r, D=d, H=heads, LANES=lanes, SEG=segment,
+        HAS_DECAY=gamma is not None, HAS_S0=s0 is not None, STORE_SN=output_final_state,
+        SPLIT=n_seg > 1, REVERSE=reverse, DUAL=dual is not None,
+        HALF_RANGE=V.dtype == torch.float16, PRECISION=precision, **cfg)
+    if dual is not None:
+        out = (out, out2)
     return (out, sn) if output_final_state else out

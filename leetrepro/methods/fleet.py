@@ -12,19 +12,19 @@ import torch
 
 from .._decay import discounted_cumsum
 from ..registry import GPU_DTYPES, register
-from ._common import prepare
+from ._common import torch_method
 from ._gpu import cdiv, next_pow2, staged, triton_kernels
 
 
 @register("FleetAttention_torch", "FA_torch", complexity="O(N·r·d)", language="torch",
           summary="Eq. (5): sum over ranks of diag(b_i)·λ-cumsum(diag(c_i) V)")
-def fleet_attention_torch(B, C, V, gamma):
+@torch_method
+def fleet_attention_torch(b, c, v, lg):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`."""
-    b, c, v, lg = prepare(B, C, V, gamma)
     out = torch.zeros_like(v)
     for i in range(b.shape[-1]):
         out += b[..., i:i + 1] * discounted_cumsum(c[..., i:i + 1] * v, lg)
-    return out.to(V.dtype)
+    return out
 
 
 def _launch(B, C, V, gamma, rank_groups: int):
@@ -37,9 +37,9 @@ def _launch(B, C, V, gamma, rank_groups: int):
     block_d = min(64, next_pow2(d))
     per_program = cdiv(r, rank_groups)
     grid = (batch * heads, cdiv(d, block_d), cdiv(r, per_program))
-    kern.fa_fwd_kernel[grid](B, C, V, out, prefix, lg if lg is not None else prefix, n, r, d, heads,
-                             per_program, HAS_DECAY=lg is not None, ACCUMULATE=rank_groups > 1,
-                             BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
+    kern.fa_fwd_kernel[grid](B, C, V, out, L_WS=prefix, LOG_GAMMA=lg, N=n, R=r, D=d, H=heads,
+                             RANKS_PER_PROGRAM=per_program, HAS_DECAY=lg is not None,
+                             ACCUMULATE=rank_groups > 1, BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
     return out
 
 
@@ -68,4 +68,4 @@ def fleet_attention_modify(B, C, V, gamma, rank_groups: int = 8):
     so the output is wrong (how wrong is part of what Table 9 reports). Never chosen by
     ``method="auto"``.
     """
-    return _launch(B, C, V, gamma, rank_groups=max(1, int(rank_groups)))
+    return _launch(B, C, V, gamma, rank_groups=rank_groups)

@@ -14,21 +14,23 @@ import torch
 from .._decay import causal_mask, discounted_cumsum, powers
 from .._state import add_initial_state, final_state
 from ..registry import GPU_DTYPES, register
-from ._common import prepare
-from ._gpu import cdiv, config_override, dot_precision, next_pow2, sm_count, staged, triton_kernels
+from ._common import torch_method
+from ._gpu import (cdiv, config_override, dot_precision, next_pow2, refuse_interpreted_bf16, sm_count,
+                   staged, triton_kernels)
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
           language="torch", state=True,
           summary="all blocks' intra parts batched, block states by a discounted scan; state in/out",
           options={"block_size": 128})
-def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128,
+@torch_method
+def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
                                initial_state=None, output_final_state: bool = False):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = L.
     ``initial_state``/``output_final_state``: :mod:`leetrepro._state` (S_N in float32, float64
     for float64 inputs)."""
-    b, c, v, lg = prepare(B, C, V, gamma)
     s0 = None if initial_state is None else initial_state.to(b.dtype)
+    b_in = b
     batch, heads, n, r = b.shape
     d = v.shape[-1]
     kw = dict(dtype=b.dtype, device=b.device)
@@ -46,32 +48,33 @@ def lightning_attention2_torch(B, C, V, gamma, block_size: int = 128,
         w_in = powers(lg, size, start=1, **kw)
         bw = b[:, :, 1:] if w_in is None else b[:, :, 1:] * w_in.unsqueeze(1)
         out[:, :, 1:] += bw @ h.view(batch, heads, nb - 1, r, d)
-    out = add_initial_state(out.reshape(batch, heads, nb * size, d)[:, :, :n], B.to(b.dtype), s0, lg)
+    out = add_initial_state(out.reshape(batch, heads, nb * size, d)[:, :, :n], b_in, s0, lg)
     if output_final_state:
-        return out.to(V.dtype), final_state(c.reshape(batch, heads, -1, r)[:, :, :n],
-                                            v.reshape(batch, heads, -1, d)[:, :, :n], lg, s0)
-    return out.to(V.dtype)
+        return out, final_state(c.reshape(batch, heads, -1, r)[:, :, :n],
+                                v.reshape(batch, heads, -1, d)[:, :, :n], lg, s0)
+    return out
+
+
+#: (operand kind, decay) -> (num_warps, num_stages) at r ≤ 128, measured on the H100 at batch 1,
+#: N = 100000, r = d = 128 (NOTES.md, LA sweep); tf32x3 splits operands and fits one stage only
+LA_TABLE = {("half", False): (4, 2), ("half", True): (4, 1), ("tf32", False): (4, 1),
+            ("tf32", True): (8, 2), ("tf32x3", False): (4, 1), ("tf32x3", True): (4, 1),
+            ("ieee", False): (4, 2), ("ieee", True): (4, 2)}
 
 
 def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False) -> dict:
     """Block sizes for the Triton kernel: sized so that an H100 (232 KB of shared memory per block)
     launches every dtype and precision up to r = d = 256 (the original's fp16 config needed
-    245760 bytes; so does ours with tf32x3 split operands and two pipeline stages)."""
+    245760 bytes); warps and stages from :data:`LA_TABLE`."""
     block_r = next_pow2(r)
-    big = block_r > 128
-    cfg = dict(BLOCK_N=32 if big else 64, BLOCK_R=block_r,
-               BLOCK_D=min(32 if big else 64, next_pow2(d)),
-               num_warps=8 if big else 4, num_stages=1 if big or precision == "tf32x3" else 2)
-    # measured on the H100 at batch 1, N = 100000, r = d = 128 (NOTES.md, LA sweep)
-    if not big and precision == "tf32" and not half:
-        if decay:
-            cfg["num_warps"] = 8
-        else:
-            cfg["num_stages"] = 1
-    elif not big and half and decay:
-        cfg["num_stages"] = 1
-    cfg.update(config_override("LA"))
-    return cfg
+    if block_r > 128:
+        cfg = dict(BLOCK_N=32, BLOCK_R=block_r, BLOCK_D=min(32, next_pow2(d)), num_warps=8,
+                   num_stages=1)
+    else:
+        warps, stages = LA_TABLE[("half" if half else precision, decay)]
+        cfg = dict(BLOCK_N=64, BLOCK_R=block_r, BLOCK_D=min(64, next_pow2(d)), num_warps=warps,
+                   num_stages=stages)
+    return cfg | config_override("LA")
 
 
 @register("lightningAttention-2", "LA", complexity="O(N·(L·(r+d) + r·d))", language="triton",
@@ -85,6 +88,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     ``"ieee"``; see :mod:`leetrepro.methods._gpu`). Grid: (batch·heads, d / BLOCK_D, segments
     of N), segments only when batch·heads is too small to fill the GPU (:func:`segment_length`).
     """
+    refuse_interpreted_bf16(V.dtype, "LA")
     kern = triton_kernels("lightning_attn")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
@@ -96,15 +100,14 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     seg = segment_length(n, batch * heads * d_blocks, cfg["BLOCK_N"], V.device)
     n_seg = cdiv(n, seg)
     grid = (batch * heads, d_blocks, n_seg)
-    consts = dict(HAS_DECAY=lg is not None, PRECISION=precision, **cfg)
-    lg = lg if lg is not None else out  # unused without decay
+    shape = dict(LOG_GAMMA=lg, N=n, R=r, D=d, H=heads, SEG=seg, HAS_DECAY=lg is not None,
+                 PRECISION=precision, **cfg)
+    states = None
     if n_seg > 1:
         states = torch.empty(batch * heads, n_seg, cfg["BLOCK_R"], d, dtype=torch.float32,
                              device=V.device)
-        kern.la_state_kernel[grid](C, V, states, lg, n, r, d, heads, seg, **consts)
-    else:
-        states = out  # unused with one segment
-    kern.la_fwd_kernel[grid](B, C, V, out, states, lg, n, r, d, heads, seg, **consts)
+        kern.la_state_kernel[grid](C, V, states, **shape)
+    kern.la_fwd_kernel[grid](B, C, V, out, states, HALF_RANGE=V.dtype == torch.float16, **shape)
     return out
 
 
@@ -116,4 +119,3 @@ def segment_length(n: int, programs: int, block_n: int, device) -> int:
     sms = sm_count(device)
     pieces = max(1, min(cdiv(4 * sms, programs), n // 1024))
     return cdiv(cdiv(n, pieces), block_n) * block_n  # whole blocks per segment
-

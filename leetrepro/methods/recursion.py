@@ -18,7 +18,7 @@ import torch
 
 from .._decay import causal_mask, powers
 from ..registry import register
-from ._common import prepare
+from ._common import torch_method
 
 
 def padded_length(n: int, base: int) -> int:
@@ -29,9 +29,9 @@ def padded_length(n: int, base: int) -> int:
 @register("recursion", "Recur", complexity="O(N log N · r·d)", language="torch",
           summary="Algorithms 3-4: halves recursively, off-diagonal block by right multiplication",
           options={"base": 32})
-def recursion(B, C, V, gamma, base: int = 32):
+@torch_method
+def recursion(b, c, v, lg, base: int = 32):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``base`` = termination size."""
-    b, c, v, lg = prepare(B, C, V, gamma)
     batch, heads, n, r = b.shape
     d = v.shape[-1]
     kw = dict(dtype=b.dtype, device=b.device)
@@ -58,4 +58,4 @@ def recursion(B, C, V, gamma, base: int = 32):
         state = c1.transpose(-1, -2) @ sv[:, :, :, 0]  # (batch, H, segs, r, d)
         out.view(batch, heads, size // seg, 2, half, d)[:, :, :, 1] += b2 @ state
         half = seg
-    return out[:, :, :n].to(V.dtype)
+    return out[:, :, :n]

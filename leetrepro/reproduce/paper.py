@@ -13,8 +13,9 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PAPER_DIR = os.path.join(ROOT, "data", "paper")
+from .._paths import ROOT, data
+
+PAPER_DIR = data("paper")
 SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
 #: table -> (batch, decay) of the latency tables; Table 9 holds both batches and masks
 LATENCY = {3: (1, False), 4: (1, True), 5: (16, False), 6: (16, True)}

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import os
 
-from ..bench import PAPER_SEQLENS, benchmark_method, provenance
+from .. import _paths
+from ..bench.harness import PAPER_SEQLENS, benchmark_method, provenance
 from . import paper
 
-ROOT = paper.ROOT
 PAPER_METHODS = ("Vanilla", "Bb", "Cdotp", "Cdotp_torch", "FA", "FA_torch", "LA", "LA_torch", "Recur")
 #: table -> (batch size, exponential decay)
 TABLES = {3: (1, False), 4: (1, True), 5: (16, False), 6: (16, True)}
 
 
 def data_path(gpu: str, name: str) -> str:
-    return os.path.join(ROOT, "data", gpu, name)
+    return _paths.data(gpu, name)
 
 
 def measure(methods=PAPER_METHODS, *, batch_size=1, decay=False, dtype="float32",

@@ -1,6 +1,6 @@
 """Latency of the GPU kernels and their PyTorch twins at the paper's shapes (heads 32, r = d = 128,
 batch 1 and 16, N = 128 … 100000, both masks, fp32 and fp16), with the distance to the memory
-floor. ``make bench-kernels`` (or ``python -m leetrepro.kernel_bench --out data/<gpu>``) writes
+floor. ``make bench-kernels`` (or ``python -m leetrepro.bench.kernels --out data/<gpu>``) writes
 ``kernels.csv``: median, min, max, mean, std, peak memory, floor and median/floor per cell, and
 the device-to-device copy bandwidth measured in the same run (the floor uses it).
 """
@@ -12,41 +12,11 @@ import sys
 
 import torch
 
-from .bench import PAPER_SEQLENS, benchmark_method, gpu_script_setup
-from .complexity import io_bytes
+from ..complexity import io_bytes
+from .harness import PAPER_SEQLENS, bench_setup, benchmark_method
 
-KERNELS = ("LA", "FA", "FA_modify", "Cdotp")
+KERNELS = ("Chunk", "LA", "FA", "FA_modify", "Cdotp")
 TWINS = ("LA_torch", "FA_torch", "Cdotp_torch")
-
-
-def copy_bandwidth(device, nbytes: int = 2 * 2 ** 30, reps: int = 20) -> float:
-    """Bytes read + written per second by a device-to-device copy (the memory ceiling)."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        dst.copy_(src)
-        stop.record()
-        torch.cuda.synchronize(device)
-        times.append(start.elapsed_time(stop) / 1e3)
-    times.sort()
-    return 2 * nbytes / times[len(times) // 2]
-
-
-def bench_setup(script: str, out: str | None):
-    """``gpu_script_setup`` plus the copy bandwidth, measured and printed: (device, provenance,
-    folder, bytes/s), or None without a GPU."""
-    setup = gpu_script_setup(script, out)
-    if setup is None:
-        return None
-    device, meta, out = setup
-    bw = copy_bandwidth(device)
-    print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
-    return device, meta, out, bw
 
 
 def main(argv=None) -> int:

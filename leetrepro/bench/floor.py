@@ -1,6 +1,6 @@
 """Distance to the memory floor: our kernels next to flash-linear-attention, in one process.
 
-``make floor`` (or ``python -m leetrepro.floor --out data/<gpu>``) times, per cell (dtype × batch ×
+``make floor`` (or ``python -m leetrepro.bench.floor --out data/<gpu>``) times, per cell (dtype × batch ×
 N × mask; heads 32, r = d = 128, inputs ``randn``, ALiBi-style decays), each entry below with CUDA
 events around the Python call (launch overhead counts), median of ``--reps`` after a warm-up,
 alternating two input sets where memory allows. It prints one line per cell and writes
@@ -22,11 +22,12 @@ import sys
 
 import torch
 
-from ._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
-from .api import causal_linear_decoder
-from .bench import is_oom, time_calls
-from .complexity import io_bytes
-from .reference import reference, rel_error
+from .. import _paths
+from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
+from ..api import causal_linear_decoder
+from ..complexity import io_bytes
+from ..reference import reference, rel_error
+from .harness import bench_setup, is_oom, median, random_inputs, time_calls
 
 GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
 
@@ -56,8 +57,7 @@ def entries(dtype: torch.dtype, names) -> dict:
 
 def original_times() -> dict:
     """(dtype, batch, decay, N) -> the original LA's median seconds on the H100 (data/anchors)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
-                        "anchors", "h100-originals-and-fla.csv")
+    path = _paths.data("anchors", "h100-originals-and-fla.csv")
     if not os.path.exists(path):
         return {}
     import pandas as pd
@@ -72,8 +72,8 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
     per = batch * heads * n * (2 * rank + dim) * dtype.itemsize
     sets = 2 if per < 2 * 2 ** 30 else 1
     gen = torch.Generator(device=device).manual_seed(n + batch)
-    inputs = [tuple(torch.randn(batch, heads, n, k, device=device, dtype=dtype, generator=gen)
-                    for k in (rank, rank, dim)) for _ in range(sets)]
+    inputs = [random_inputs(batch, heads, n, rank, dim, dtype=dtype, device=device, generator=gen)
+              for _ in range(sets)]
     g = alibi_gammas(heads).to(device) if decay else None
     fla_g = torch.log(g).float() if decay else torch.zeros(heads, device=device)
     fla_in = [tuple(t.transpose(1, 2).contiguous() for t in s) + (fla_g,) for s in inputs] \
@@ -115,8 +115,6 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
 
 
 def main(argv=None) -> int:
-    from .kernel_bench import bench_setup
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for floor.csv (default data/<gpu>)")
     p.add_argument("--entries", nargs="*", default=["Chunk", "Chunk/tf32x3", "LA", "fla"])
@@ -163,12 +161,10 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def targets(df):
-    """Issue 5's targets checked from ``floor.csv``: one row per (dtype, batch, mask, N, entry).
+    """The floor targets checked from ``floor.csv``: one row per (dtype, batch, mask, N, entry).
 
     * N ≥ 8192: median/floor ≤ 1.3 (``Chunk``; ``Chunk/tf32x3`` is the fp32-contract path,
       reported with its own ratio and no target);
@@ -191,3 +187,7 @@ def targets(df):
                                      entry=r.method, target=f"≤ 0.5× {ref}", value=round(v, 2),
                                      met="yes" if v <= 0.5 else "no"))
     return pd.DataFrame(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

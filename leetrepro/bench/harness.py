@@ -18,35 +18,17 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from typing import Callable, Sequence
 
 import torch
 
-from ._inputs import DTYPE_NAMES, alibi_gammas, parse_dtype
+from .._device import device_name, gpu_tag
+from .._inputs import DTYPE_NAMES, alibi_gammas, parse_dtype
+from .._paths import ROOT
 
 PAPER_SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
 ROTATE_BELOW_BYTES = 256 * 2 ** 20  # rotate input sets while one set is smaller than this
-
-
-def device_name(device) -> str:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-    return f"CPU ({platform.processor() or platform.machine()})"
-
-
-def gpu_tag(device="cuda") -> str:
-    """Short folder name for a device: "NVIDIA H100 80GB HBM3" -> "h100", a CPU -> "cpu"."""
-    name = device_name(device)
-    if torch.device(device).type != "cuda":
-        return "cpu"
-    words = [w for w in name.replace("NVIDIA", "").split() if w.lower() not in ("geforce", "tesla")]
-    return (words[0] if words else "gpu").lower()
-
-
-def _repo_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def git_commit() -> str:
@@ -56,11 +38,11 @@ def git_commit() -> str:
         return os.environ["LEETREPRO_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10, cwd=_repo_root())
+                              text=True, timeout=10, cwd=ROOT)
         if head.returncode != 0:
             return "unknown"
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, cwd=_repo_root())
+                               capture_output=True, text=True, timeout=10, cwd=ROOT)
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -93,6 +75,46 @@ def gpu_script_setup(script: str, out: str | None):
     out = out or os.path.join("data", gpu_tag(device))
     os.makedirs(out, exist_ok=True)
     return device, provenance(device), out
+
+
+def bench_setup(script: str, out: str | None):
+    """``gpu_script_setup`` plus the copy bandwidth, measured and printed: (device, provenance,
+    folder, bytes/s), or None without a GPU."""
+    setup = gpu_script_setup(script, out)
+    if setup is None:
+        return None
+    device, meta, out = setup
+    bw = copy_bandwidth(device)
+    print(f"{meta['gpu']}: device-to-device copy {bw / 1e12:.2f} TB/s", flush=True)
+    return device, meta, out, bw
+
+
+def copy_bandwidth(device, nbytes: int = 2 * 2 ** 30, reps: int = 20) -> float:
+    """Bytes read + written per second by a device-to-device copy (the memory ceiling)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = time_calls(lambda: dst.copy_(src), [()], reps, device)
+    return 2 * nbytes / median(times)
+
+
+def random_inputs(batch: int, heads: int, n: int, r: int, d: int, *, dtype=torch.float32,
+                  device="cpu", seed: int = 0, generator: torch.Generator | None = None,
+                  scale_bc: bool = False) -> tuple:
+    """B, C ``(batch, heads, n, r)`` and V ``(batch, heads, n, d)`` from ``randn``, drawn on the
+    device in the target dtype (long sequences have no room for a float32 copy). ``scale_bc``
+    divides B and C by sqrt(r), so that sums stay O(1) in half precision (the correctness checks)."""
+    gen = generator or torch.Generator(device=device).manual_seed(seed)
+    B, C = (torch.randn(batch, heads, n, r, generator=gen, device=device, dtype=dtype)
+            for _ in range(2))
+    if scale_bc:
+        B, C = B.mul_(r ** -0.5), C.mul_(r ** -0.5)
+    return B, C, torch.randn(batch, heads, n, d, generator=gen, device=device, dtype=dtype)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
 
 
 def is_oom(err: BaseException) -> bool:
@@ -164,12 +186,16 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
 
     Returns:
         pandas DataFrame, one row per N: ``mean_s``, ``std_s`` (sample), ``median_s``, ``min_s``,
-        ``max_s``, ``reps``, ``peak_mem_GB`` (CUDA only), ``status`` (ok | OOM | >limit | error),
+        ``max_s``, ``reps``, ``peak_mem_GB`` (CUDA only), ``status`` (ok | OOM | >limit),
         ``cell`` (``"mean ± std"`` or the status), plus the run's configuration.
+
+    Raises:
+        ValueError: an unknown method, dtype or option value (before anything is timed); any
+        error of the method other than running out of memory (a cell never hides a bug).
     """
     import pandas as pd
 
-    from .api import causal_linear_decoder
+    from ..api import causal_linear_decoder
 
     torch_dtype = parse_dtype(dtype)
     device = torch.device(device)
@@ -179,14 +205,21 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
         g = alibi_gammas(heads).view(heads, 1) if gamma is None else gamma
         g = torch.as_tensor(g, dtype=torch.float32).to(device)
     else:
+        if gamma is not None:
+            warnings.warn("benchmark_method: gamma is ignored without is_weight_decay=True "
+                          "(the 0-1 causal mask is timed)", stacklevel=2)
         g = None
     if callable(method):
+        if options:
+            raise ValueError("options apply to a registered method, not to a callable")
         name, fn = getattr(method, "__name__", repr(method)), (lambda B, C, V: method(B, C, V, g))
     else:
-        from .registry import get
-        m = get(method)
+        from ..api import check_options
+        from ..registry import get
+        m = get(method)  # an unknown name raises here, before anything is timed
+        opts = check_options(m, options or {})
         name = m.abbr
-        fn = (lambda B, C, V: causal_linear_decoder(B, C, V, g, method=m.name, **(options or {})))
+        fn = (lambda B, C, V: causal_linear_decoder(B, C, V, g, method=m.name, **opts))
     base = dict(method=name, device=device_name(device), dtype=DTYPE_NAMES[torch_dtype],
                 batch=batch_size, heads=heads, rank=rank, dim=dim, decay=bool(is_weight_decay))
     rows, over_limit_at = [], None
@@ -206,9 +239,8 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
             one_set = batch_size * heads * n * (2 * rank + dim) * torch_dtype.itemsize
             n_sets = 3 if one_set < ROTATE_BELOW_BYTES else 1
             for _ in range(n_sets):
-                arg_sets.append(tuple(
-                    torch.randn(batch_size, heads, n, k, generator=gen, device=device,
-                                dtype=torch_dtype) for k in (rank, rank, dim)))
+                arg_sets.append(random_inputs(batch_size, heads, n, rank, dim, dtype=torch_dtype,
+                                              device=device, generator=gen))
             sync(device)
             t0 = time.perf_counter()
             fn(*arg_sets[0])
@@ -234,9 +266,10 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
                        cell=format_cell(mean, std), note="")
             if device.type == "cuda":
                 row["peak_mem_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
-        except Exception as err:  # one bad cell never aborts the sweep
-            status = "OOM" if is_oom(err) else "error"
-            rows.append(dict(row, status=status, cell=status,
+        except Exception as err:  # out of memory is a result; any other error is a bug: raise
+            if not is_oom(err):
+                raise
+            rows.append(dict(row, status="OOM", cell="OOM",
                              note=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"))
             continue
         finally:

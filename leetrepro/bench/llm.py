@@ -21,16 +21,18 @@ import time
 
 import torch
 
-from . import build
+from .. import _paths
+from .._inputs import parse_dtype
+from ..models import build
+from .harness import is_oom, provenance
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROMPTS = os.path.join(ROOT, "data", "prompts", "lengths.csv")
+PROMPTS = _paths.data("prompts", "lengths.csv")
 PAPER_METHODS = ["Original", "Bb", "Cdotp", "Cdotp_torch", "FA", "FA_torch", "LA", "LA_torch",
                  "Vanilla", "Recur"]
 
 
 def make_prompt_lengths(n: int = 100, low: int = 6000, high: int = 8192, seed: int = 0):
-    """The stored prompt set (``python -m leetrepro.models.bench --write-prompts`` rewrites it)."""
+    """The stored prompt set (``python -m leetrepro.bench.llm --write-prompts`` rewrites it)."""
     import pandas as pd
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high + 1, (n,), generator=g).tolist()
@@ -81,8 +83,6 @@ def measure(model_name: str, methods=PAPER_METHODS, batch_sizes=(1, 2), n_prompt
             max_len: int | None = None, time_limit: float = 120.0, progress: bool = True):
     """One row per (method, batch size): mean/std over the kept runs, per-prompt mean, peak memory."""
     import pandas as pd
-    from .._inputs import parse_dtype
-    from ..bench import is_oom, provenance
 
     model = build(model_name, tiny=tiny).to(device=device, dtype=parse_dtype(dtype)).eval()
     prompts = load_prompts(n_prompts, max_len)
@@ -132,8 +132,6 @@ def equivalence(model_name: str, methods=PAPER_METHODS, n_prompts: int = 2, devi
     """Final hidden states of each method (in ``dtype``) against the float64 reference path (the
     same weights in float64, attention by the float64 oracle): max |diff| and ‖diff‖/‖ref‖."""
     import pandas as pd
-    from .._inputs import parse_dtype
-    from ..bench import is_oom
 
     model = build(model_name, tiny=tiny).to(device).eval()
     prompts = load_prompts(n_prompts, max_len)

@@ -1,5 +1,5 @@
 """The full correctness matrix on a GPU: every registered method × dtype × mask × shape against the
-float64 oracle, plus run-to-run determinism. ``make gpu-check`` (or ``python -m leetrepro.gpu_check
+float64 oracle, plus run-to-run determinism. ``make gpu-check`` (or ``python -m leetrepro.bench.gpu_check
 --out data/<gpu>``) writes ``correctness.csv`` and exits non-zero if any case fails.
 
 Shapes cover N = 1, odd N, r ≠ d, tiny r and d, r = d = 256, batch 16 × 32 heads, and N = 100000.
@@ -17,18 +17,17 @@ import time
 
 import torch
 
-from . import causal_linear_decoder, reference, rel_error
-from ._inputs import DTYPE_NAMES
-from .bench import gpu_script_setup
-from .methods import methods
-from .reference import TF32_TOLERANCE, TOLERANCE
+from .. import causal_linear_decoder, reference, rel_error
+from .._inputs import DTYPE_NAMES
+from ..methods import methods
+from ..reference import TF32_TOLERANCE, TOLERANCE
+from .harness import gpu_script_setup, random_inputs
 
 # (batch, heads, N, r, d)
 SHAPES = [(1, 1, 1, 16, 16), (2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (1, 2, 3001, 256, 256),
           (1, 32, 4097, 128, 128), (16, 32, 2048, 128, 128), (1, 4, 100000, 128, 128)]
 HUGE = (16, 32, 100000, 128, 128)
 QUADRATIC_MAX_N = 16384          # Vanilla materialises N×N per (batch, head)
-SLOW_TORCH_MAX_N = {"causal-dot-product_torch": 100000}
 
 
 def gammas(heads: int, seed: int) -> torch.Tensor:
@@ -42,12 +41,7 @@ def gammas(heads: int, seed: int) -> torch.Tensor:
 
 
 def inputs(shape, dtype, seed, device):
-    b, h, n, r, d = shape
-    g = torch.Generator(device=device).manual_seed(seed)
-    # drawn in the target dtype: the huge case has no room for a float32 copy
-    B, C = (torch.randn(b, h, n, r, generator=g, device=device, dtype=dtype).mul_(r ** -0.5)
-            for _ in range(2))
-    return B, C, torch.randn(b, h, n, d, generator=g, device=device, dtype=dtype)
+    return random_inputs(*shape, dtype=dtype, device=device, seed=seed, scale_bc=True)
 
 
 def poison(like: torch.Tensor) -> None:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 
-from ._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
-from .api import causal_linear_decoder
-from .bench import is_oom, time_calls
+from .. import dispatch
+from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
+from ..api import auto_method, causal_linear_decoder
+from ..methods import methods
 from .floor import GRID_N
-from .methods import methods
+from .harness import gpu_script_setup, is_oom, median, random_inputs, time_calls
 
 
 def candidates(dtype: torch.dtype) -> list[str]:
@@ -36,7 +36,7 @@ def _time(fn, args, reps, device, limit: float = float("inf")) -> float:
     once = time_calls(fn, args, 1, device)[0]
     if once > limit:
         return once
-    return statistics.median(time_calls(fn, args, reps, device))
+    return median(time_calls(fn, args, reps, device))
 
 
 def _paired(f1, f2, args, reps, device) -> tuple[float, float]:
@@ -47,7 +47,7 @@ def _paired(f1, f2, args, reps, device) -> tuple[float, float]:
         a = [args[i % len(args)]]
         t1 += time_calls(f1, a, 1, device)
         t2 += time_calls(f2, a, 1, device)
-    return statistics.median(t1), statistics.median(t2)
+    return median(t1), median(t2)
 
 
 def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, publish) -> dict:
@@ -55,8 +55,8 @@ def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, 
     ``auto`` (which reads the table) is timed against it."""
     gen = torch.Generator(device=device).manual_seed(n)
     per = batch * 32 * n * 384 * dtype.itemsize
-    sets = [tuple(torch.randn(batch, 32, n, 128, device=device, dtype=dtype, generator=gen)
-                  for _ in range(3)) for _ in range(2 if per < 2 ** 30 else 1)]
+    sets = [random_inputs(batch, 32, n, 128, 128, dtype=dtype, device=device, generator=gen)
+            for _ in range(2 if per < 2 ** 30 else 1)]
     g = alibi_gammas(32).view(32, 1) if decay else None
     row = dict(dtype=SHORT_NAMES[dtype], batch=batch, decay=decay, N=n)
     for name in names:
@@ -84,15 +84,12 @@ def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, 
     auto = (lambda B, C, V: causal_linear_decoder(B, C, V, g))
     best = (lambda B, C, V, m=row["best"]: causal_linear_decoder(B, C, V, g, method=m))
     row["auto_s"], row["best_again_s"] = _paired(auto, best, sets, 2 * reps + 1, device)
-    from .api import auto_method
     row["auto"] = auto_method(n, dtype, device, batch=batch, decay=decay).abbr
     row["regret"] = row["auto_s"] / row["best_again_s"] - 1
     return row
 
 
 def main(argv=None) -> int:
-    from .bench import gpu_script_setup
-    from . import dispatch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for dispatch.csv (default data/<gpu>)")

@@ -1,20 +1,20 @@
 """Times one Triton method at batch 1, N = 100000 and batch 16, N = 25600 (fp32 and fp16, both
 masks) for each tile config in argv (JSON, through ``LEETREPRO_<METHOD>_CONFIG``). A development
-aid behind NOTES.md's sweep rows: ``python -m leetrepro._sweep Chunk '{"num_stages": 3}'``."""
+aid behind NOTES.md's sweep rows: ``python -m leetrepro.bench.sweep Chunk '{"num_stages": 3}'``."""
 import os
 import sys
 
 import torch
 
-from . import causal_linear_decoder
-from .bench import time_calls
+from ..api import causal_linear_decoder
+from .harness import random_inputs, time_calls
 
 
 def main():
     method, configs = sys.argv[1], sys.argv[2:] or ["{}"]
     for batch, n in ((1, 100000), (16, 25600)):
         for dtype in (torch.float32, torch.float16):
-            B, C, V = (torch.randn(batch, 32, n, 128, device="cuda", dtype=dtype) for _ in range(3))
+            B, C, V = random_inputs(batch, 32, n, 128, 128, dtype=dtype, device="cuda")
             for g in (None, torch.full((32,), 0.99, device="cuda", dtype=torch.float64)):
                 for cfg in configs:
                     os.environ[f"LEETREPRO_{method.upper()}_CONFIG"] = cfg

@@ -1,0 +1,124 @@
+"""Tile code shared by the chunked Triton kernels (lightningAttention-2, chunk-scan).
+
+Conventions: a chunk is BLOCK_N consecutive *logical* rows s..s+BLOCK_N-1 of one (batch, head);
+in reverse time (``REVERSE``) logical row t is physical row N-1-t, so the same code computes the
+operator on time-reversed rows (the backward's dV and dC) without copying anything. Decays enter
+as log λ (fp32) and only ever as λ^k with k ≥ 0.
+
+Precision policy (both kernels): dot operands in the input dtype (fp16/bf16), accumulation and the
+carried state in fp32; fp32 inputs use ``PRECISION`` (tf32 by default, tf32x3 or ieee on request).
+When the fp32 state or the fp32 scores become an fp16 operand, they are first scaled by a power
+of two so that their largest entry sits near 2^14 (:func:`half_operand`): an fp16 state would
+otherwise overflow past 65504 where the output itself fits, or lose its small entries to
+subnormals. Powers of two are exact, so nothing else changes. bf16 has fp32's range: no scaling.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_positions(s, N, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
+    """Logical rows s..s+BLOCK_N-1: (in range, physical row as int64)."""
+    rows = s + tl.arange(0, BLOCK_N)
+    if REVERSE:
+        phys = N - 1 - rows
+    else:
+        phys = rows
+    return rows < N, phys.to(tl.int64)
+
+
+@triton.jit
+def load_rows(ptr, base, phys, ok, cols, col_ok, stride):
+    """The (BLOCK_N, len(cols)) tile of rows ``phys`` of a row-major (…, N, stride) tensor; 0 outside."""
+    return tl.load(ptr + base + phys[:, None] * stride + cols[None, :],
+                   mask=ok[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton.jit
+def store_rows(ptr, base, phys, ok, cols, col_ok, stride, x):
+    tl.store(ptr + base + phys[:, None] * stride + cols[None, :], x.to(ptr.dtype.element_ty),
+             mask=ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def intra_mask(lg, BLOCK_N: tl.constexpr, HAS_DECAY: tl.constexpr):
+    """The chunk's own (BLOCK_N, BLOCK_N) mask: λ^(i-j) for i ≥ j, exactly 0 above the diagonal."""
+    rows = tl.arange(0, BLOCK_N)
+    diff = rows[:, None] - rows[None, :]
+    if HAS_DECAY:
+        return tl.where(diff >= 0, tl.exp(tl.maximum(diff, 0).to(tl.float32) * lg), 0.0)
+    return tl.where(diff >= 0, 1.0, 0.0)
+
+
+@triton.jit
+def chunk_weights(lg, s, N, BLOCK_N: tl.constexpr, HAS_DECAY: tl.constexpr):
+    """For the chunk at logical row s: λ^(i+1) (rows of b, onto the incoming state), λ^(len-1-j)
+    (rows of c, into the outgoing state; 0 past N) and λ^len (the state's own decay)."""
+    rows = tl.arange(0, BLOCK_N)
+    if HAS_DECAY:
+        length = tl.minimum(N - s, BLOCK_N)
+        w_in = tl.exp((rows + 1).to(tl.float32) * lg)
+        w_out = tl.where(rows < length,
+                         tl.exp(tl.maximum(length - 1 - rows, 0).to(tl.float32) * lg), 0.0)
+        decay = tl.exp(length.to(tl.float32) * lg)
+    else:
+        w_in = tl.full((BLOCK_N,), 1.0, tl.float32)
+        w_out = w_in
+        decay = 1.0
+    return w_in, w_out, decay
+
+
+@triton.jit
+def isolate_nonfinite(x):
+    """(x with its NaN/Inf entries set to 0, per row 0 or NaN). A chunk multiplies whole tiles, so
+    a non-finite row j would meet the zero mask weights of earlier rows i < j and turn them NaN
+    (0 × NaN); zeroed, it cannot, and the per-row NaN lets the kernel poison rows ≥ j itself."""
+    z = x * 0  # 0 where finite, NaN where not
+    return tl.where(z == 0, x, 0), tl.sum(z.to(tl.float32), axis=1)
+
+
+@triton.jit
+def half_operand(x, dtype: tl.constexpr):
+    """The fp32 tile x as an fp16 dot operand, scaled by 2^-e so that its largest entry is near
+    2^14, and the factor 2^e the product must be multiplied by."""
+    m = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-30)  # an all-zero tile: any e
+    e = tl.minimum(tl.ceil(tl.log2(m)) - 14.0, 100.0)  # NaN falls through: the product is NaN anyway
+    return (x * tl.exp2(-e)).to(dtype), tl.exp2(e)
+
+
+@triton.jit
+def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISION: tl.constexpr):
+    """state ← λ^len state + (diag(w_out) c)ᵀ v, on the tensor cores, accumulated in fp32."""
+    if HAS_DECAY:
+        state = state * decay
+        c = (c.to(tl.float32) * w_out[:, None]).to(c.dtype)
+    return tl.dot(tl.trans(c), v, acc=state, input_precision=PRECISION)
+
+
+@triton.jit
+def state_operand(state, dtype: tl.constexpr, HALF_RANGE: tl.constexpr):
+    """The fp32 state as a dot operand of ``dtype`` and the factor its products need."""
+    if HALF_RANGE:
+        return half_operand(state, dtype)
+    else:
+        return state.to(dtype), 1.0
+
+
+@triton.jit
+def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
+                 HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
+    """Rows of one chunk, in fp32: diag(w_in) x·H + (x yᵀ ⊙ mask) z, with H = h·h_scale the
+    incoming state as an operand (:func:`state_operand`). The operator's output is
+    (x, y, z) = (b, c, v) with H the state; its dual op(E, V, C) is (e, v, c) with Hᵀ. The decay
+    scales the fp32 product, not the operand x (no round trip of x through fp32)."""
+    out = tl.dot(x, h, input_precision=PRECISION)
+    if HALF_RANGE:
+        out = out * h_scale
+    if HAS_DECAY:
+        out = out * w_in[:, None]
+    scores = tl.dot(x, tl.trans(y), input_precision=PRECISION) * intra
+    if HALF_RANGE:
+        p, p_scale = half_operand(scores, z.dtype)
+        return out + tl.dot(p, z, input_precision=PRECISION) * p_scale
+    else:
+        return tl.dot(scores.to(z.dtype), z, acc=out, input_precision=PRECISION)

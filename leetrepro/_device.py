@@ -1,0 +1,53 @@
+"""Which device this is: its name, the short tag that names its folders (``data/h100``), and its
+number of streaming multiprocessors. Queried once per device and cached."""
+from __future__ import annotations
+
+import functools
+import platform
+
+import torch
+
+
+def device_name(device) -> str:
+    """``"NVIDIA H100 80GB HBM3"``, or ``"CPU (x86_64)"``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _cuda_name(_index(device))
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def gpu_tag(device="cuda") -> str:
+    """Short folder name for a device: "NVIDIA H100 80GB HBM3" -> "h100", a CPU -> "cpu"."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    return _tag(_index(device))
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 elsewhere: the interpreter's stand-in)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 4
+    return _sm_count(_index(device))
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _tag(index: int) -> str:
+    words = [w for w in _cuda_name(index).replace("NVIDIA", "").split()
+             if w.lower() not in ("geforce", "tesla")]
+    return (words[0] if words else "gpu").lower()
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count

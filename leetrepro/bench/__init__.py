@@ -1,0 +1,18 @@
+"""The tools that measure the operator, apart from the operator itself (nothing in the core
+imports this package): the paper's Listing 1 (:func:`benchmark_method`) over one timing primitive
+(:func:`~leetrepro.bench.harness.time_calls`) and one provenance record
+(:func:`~leetrepro.bench.harness.provenance`), and the ``make`` targets' scripts:
+
+==============================  ==========================================================
+``python -m leetrepro.bench.gpu_check``   the correctness matrix on a GPU (``make gpu-check``)
+``python -m leetrepro.bench.kernels``     kernel latency at the paper's shapes (``make bench-kernels``)
+``python -m leetrepro.bench.floor``       distance to the memory floor, with peers (``make floor``)
+``python -m leetrepro.bench.tune``        the dispatch table of ``method="auto"`` (``make tune``)
+``python -m leetrepro.bench.train``       forward + backward against the floor (``make bench-train``)
+``python -m leetrepro.bench.sweep``       launch-config sweeps of one Triton method (development)
+``leetrepro.bench.llm``                   Tables 7-8 inside the paper's two models
+==============================  ==========================================================
+"""
+from .harness import benchmark_method, gpu_tag, provenance, time_calls
+
+__all__ = ["benchmark_method", "gpu_tag", "provenance", "time_calls"]

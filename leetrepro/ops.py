@@ -1,0 +1,270 @@
+"""The operator as one PyTorch custom op, ``torch.ops.leetrepro.causal_linear``, with its backward.
+
+Every method (Triton, CUDA, PyTorch) runs behind this op, so autograd, ``torch.compile``
+(``fullgraph=True``) and CUDA graphs see one node with a shape-only (fake) implementation,
+whichever method computes it, and every method gets the same backward.
+
+**Backward** (derived and checked numerically in ``notebooks/derivations.py``). With M the decay
+mask and ``op`` the operator itself, O = (B Cᵀ ⊙ M) V gives
+
+    dB = (dO Vᵀ ⊙ M) C   = op(dO, V, C)          forward in time, over the forward's state
+    dV = (C Bᵀ ⊙ Mᵀ) dO  = op_rev(C, B, dO)      reverse in time
+    dC = (V dOᵀ ⊙ Mᵀ) B  = op_rev(V, dO, B)      reverse in time, the transposed state of dV's
+
+where ``op_rev`` is the operator on time-reversed rows (Mᵀ is the causal mask read backwards).
+So each gradient is one more call of the same method, in reverse time where the method has a
+reverse mode (``Method.reverse``: the Triton kernel walks the rows backwards, no copies), else on
+flipped copies. dV's state is Σ_s λ^(s-t) b_sᵀ dO_s and dC's is its transpose, so a method that
+takes ``dual=`` (Chunk) computes both in one reverse sweep: the backward reads B, C, V, dO and
+writes dC, dV, then reads dO, V, C and writes dB (10 tensor passes; forward + backward 14, against
+the 11 that a single fused sweep could reach). Nothing is saved but the inputs: no per-chunk
+states (O(N·r·d) memory in the public kernels) are kept; the backward recomputes. The backward
+is one custom op too (``leetrepro::causal_linear_backward``), first-order only.
+
+With a state (``initial_state`` S0, final state S_N, gradient dS_N), using X = dS_N / λ:
+
+    dB = op(dO, V, C, initial_state=S0ᵀ)
+    dV, R = op_rev(C, B, dO, initial_state=X, output_final_state=True)
+    dC = op_rev(V, dO, B, initial_state=Xᵀ)
+    dS0 = λ R
+
+(the reverse pass adds λ^(N-t) c_t X = λ^(N-1-t) c_t dS_N to row t, and ends in
+R = λ^N X + Σ_t λ^t b_tᵀ dO_t). The decays are fixed: no gradient flows to ``gamma``.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+
+import torch
+
+from . import dispatch, registry
+from ._inputs import check_gamma_values
+from .registry import OPTION_RULES, UNIVERSAL_OPTIONS, Method
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The final state's dtype: float32 (float64 for float64 inputs)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def is_auto(method) -> bool:
+    return isinstance(method, str) and method.lower() == "auto"
+
+
+def resolve(method, B: torch.Tensor, gamma, with_state: bool) -> Method:
+    """The registered method that will run these inputs (``"auto"`` chosen by
+    :func:`leetrepro.dispatch.auto_method`), or a ValueError saying why none can."""
+    batch, _, n, _ = B.shape
+    if is_auto(method):
+        return dispatch.auto_method(n, B.dtype, B.device, batch=batch, decay=gamma is not None,
+                                    state=with_state)
+    m = registry.get(method)
+    if with_state and not m.state:
+        raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
+                         f"that do: {', '.join(x.abbr for x in registry.methods() if x.state)}")
+    if not m.supports(B.dtype, B.device):
+        raise ValueError(f"method {m.name} ({m.abbr}) does not support dtype {B.dtype} on device "
+                         f"{B.device.type}; it supports dtypes "
+                         f"{sorted(str(d) for d in m.dtypes)} on {sorted(m.device_types())}")
+    return m
+
+
+def check_options(m: Method | None, options: dict) -> dict:
+    """The options ``m`` will get, or an error naming the option and what it accepts.
+
+    ``m`` None stands for ``method="auto"``: it takes only the options every method accepts
+    (``fp32_precision``), since which method runs depends on the inputs. Unknown names are a
+    TypeError, bad values a ValueError. A universal option a method has no use for (the PyTorch
+    methods compute in fp32 anyway) is checked and dropped."""
+    if m is None:
+        specific = sorted(k for k in options if k not in UNIVERSAL_OPTIONS)
+        if specific:
+            raise ValueError(f"method='auto' takes no method-specific option ({specific}): which "
+                             f"method runs depends on the inputs; name the method "
+                             f"(method='Bb', …) to pass them. Accepted with auto: "
+                             f"{list(UNIVERSAL_OPTIONS)}")
+    accepted = None if m is None else _accepted_options(m.fn)
+    out = {}
+    for k, v in options.items():
+        if accepted is not None and k not in accepted and k not in UNIVERSAL_OPTIONS:
+            raise TypeError(f"method {m.name} got unknown option {k!r}; it accepts "
+                            f"{sorted(accepted) or 'none'} (and {list(UNIVERSAL_OPTIONS)})")
+        rule = OPTION_RULES.get(k)
+        if rule is not None and not rule[1](v):
+            raise ValueError(f"option {k}={v!r} is invalid: {k} takes {rule[0]}")
+        if accepted is None or k in accepted:
+            out[k] = v
+    return out
+
+
+@functools.lru_cache(maxsize=None)  # inspect.signature costs ~10 µs, too much per call
+def _accepted_options(fn) -> frozenset | None:
+    """Keyword options of a method's ``fn`` beyond (B, C, V, gamma); None if it takes ``**kwargs``."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params[4:]
+                     if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                     and p.name not in ("initial_state", "output_final_state", "reverse", "dual"))
+
+
+def encode_options(options: dict) -> str:
+    """Options as the op's string argument (a custom op takes no dict): a JSON object."""
+    if not options:
+        return ""
+    return _encode(tuple(sorted(options.items())))
+
+
+@torch.compiler.assume_constant_result  # traced once as a constant: the options are Python values
+def _encode(items: tuple) -> str:
+    return json.dumps(dict(items), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode(options: str) -> tuple:
+    return tuple(sorted(json.loads(options).items())) if options else ()
+
+
+def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
+        output_final_state: bool):
+    """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``."""
+    batch, heads, n, r = B.shape
+    d = V.shape[-1]
+    sdtype = state_dtype(V.dtype)
+    no_state = V.new_empty(0, dtype=sdtype)
+    if n == 0 or batch == 0 or heads == 0 or d == 0 or r == 0:
+        out = V.new_zeros(batch, heads, n, d)
+        if not output_final_state:
+            return out, no_state
+        s = V.new_zeros(batch, heads, r, d, dtype=sdtype)
+        if initial_state is not None:  # N = 0 passes it through; r = 0 leaves it empty
+            s = s + initial_state.to(sdtype)
+        return out, s
+    kw = dict(opts)
+    if initial_state is not None or output_final_state:
+        kw.update(initial_state=initial_state, output_final_state=output_final_state)
+    flip = reverse and not m.reverse
+    if reverse and m.reverse:
+        kw["reverse"] = True
+    if flip:
+        B, C, V = B.flip(2), C.flip(2), V.flip(2)
+    res = m.fn(B, C, V, gamma, **kw)
+    out, s = res if output_final_state else (res, no_state)
+    if flip:
+        out = out.flip(2)
+    return out.contiguous(), s
+
+
+@torch.library.custom_op("leetrepro::causal_linear", mutates_args=())
+def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None,
+                  initial_state: torch.Tensor | None, method: str, options: str, reverse: bool,
+                  output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``O = (B Cᵀ ⊙ M) V`` (``reverse``: on time-reversed rows) by ``method`` (a registered name
+    or ``"auto"``), ``options`` a JSON object of method options; ``gamma`` None or a float64
+    ``(H,)`` tensor of decays in (0, 1]. Returns ``(O, S_N)``, S_N an empty tensor unless
+    ``output_final_state``. Use :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
+    check_gamma_values(gamma)
+    with_state = initial_state is not None or output_final_state
+    m = resolve(method, B, gamma, with_state)
+    opts = check_options(None if is_auto(method) else m, dict(_decode(options)))
+    if is_auto(method):
+        opts = check_options(m, opts)
+    return run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state)
+
+
+@causal_linear.register_fake
+def _(B, C, V, gamma, initial_state, method, options, reverse, output_final_state):
+    batch, heads, _, r = B.shape
+    sdtype = state_dtype(V.dtype)
+    s = V.new_empty((batch, heads, r, V.shape[-1]) if output_final_state else (0,), dtype=sdtype)
+    return V.new_empty(V.shape), s
+
+
+@torch.library.custom_op("leetrepro::causal_linear_backward", mutates_args=())
+def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tensor,
+                           gamma: torch.Tensor | None, initial_state: torch.Tensor | None,
+                           dS: torch.Tensor | None, method: str, options: str, reverse: bool,
+                           need_b: bool, need_c: bool, need_v: bool, need_s0: bool,
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dB, dC, dV, dS0)`` of :func:`causal_linear` for output gradients dO and dS
+    (dS None: the final state was not asked for), by the forward's method; an empty tensor stands
+    for a gradient not asked for. See the module docstring for the formulas. A method that takes
+    ``dual=`` (Chunk) computes dV and dC in one reverse sweep."""
+    check_gamma_values(gamma)
+    with_state = initial_state is not None or dS is not None
+    m = resolve(method, B, gamma, with_state)
+    opts = check_options(None if is_auto(method) else m, dict(_decode(options)))
+    if is_auto(method):
+        opts = check_options(m, opts)
+    empty = V.new_empty(0)
+    dB = dC = dV = dS0 = empty
+    X = None if dS is None else _per_head(dS, gamma, -1)
+    if need_v or need_c or need_s0:
+        fused = m.dual and m.reverse and _dual_fits(m, B, V)
+        if fused:
+            kw = dict(opts, dual=V, reverse=not reverse)
+            if X is not None or need_s0:
+                kw.update(initial_state=X, output_final_state=need_s0)
+            res = m.fn(C, B, dO, gamma, **kw)
+            (dV, dC), R = res if need_s0 else (res, None)
+        else:
+            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0)
+            if need_c:
+                xt = None if X is None else X.transpose(-1, -2)
+                dC, _ = run(m, opts, V, dO, B, gamma, xt, not reverse, False)
+        if need_s0:
+            dS0 = _per_head(R, gamma, 1).to(initial_state.dtype)
+    if need_b:
+        s0t = None if initial_state is None else initial_state.transpose(-1, -2)
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False)
+    keep = (need_b, need_c, need_v, need_s0)
+    return tuple(g.contiguous() if k else empty for g, k in zip((dB, dC, dV, dS0), keep))
+
+
+def _dual_fits(m: Method, B: torch.Tensor, V: torch.Tensor) -> bool:
+    """Whether the fused dV/dC sweep applies: the whole r × d state in one lane, N ≥ 1."""
+    r, d = B.shape[-1], V.shape[-1]
+    return B.shape[2] > 0 and B.numel() > 0 and V.numel() > 0 and r * d <= 128 * 128 \
+        and r <= 128 and d <= 128
+
+
+@causal_linear_backward.register_fake
+def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, need_c, need_v,
+      need_s0):
+    empty = V.new_empty(0)
+    return (B.new_empty(B.shape) if need_b else empty, C.new_empty(C.shape) if need_c else empty,
+            V.new_empty(V.shape) if need_v else empty,
+            initial_state.new_empty(initial_state.shape) if need_s0 else empty)
+
+
+def _setup_context(ctx, inputs, output):
+    B, C, V, gamma, initial_state, method, options, reverse, output_final_state = inputs
+    ctx.save_for_backward(B, C, V, gamma, initial_state)
+    ctx.args = (method, options, reverse, output_final_state)
+
+
+def _per_head(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.Tensor:
+    """x · λ^power per head (x ``(batch, heads, …)``), in x's dtype."""
+    if gamma is None:
+        return x
+    return (x.to(torch.float64) * gamma.view(1, -1, 1, 1) ** power).to(x.dtype)
+
+
+def _backward(ctx, dO, dS):
+    B, C, V, gamma, S0 = ctx.saved_tensors
+    method, options, reverse, final = ctx.args
+    need_b, need_c, need_v, _, need_s0 = ctx.needs_input_grad[:5]
+    dO = torch.zeros_like(V) if dO is None else dO.to(V.dtype)
+    dS = dS if final and dS is not None and dS.numel() else None
+    dB, dC, dV, dS0 = causal_linear_backward(dO, B, C, V, gamma, S0, dS, method, options, reverse,
+                                             need_b, need_c, need_v, bool(need_s0))
+    return (dB if need_b else None, dC if need_c else None, dV if need_v else None, None,
+            dS0 if need_s0 else None, None, None, None, None)
+
+
+causal_linear.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,59 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The paper's claims, checked from the data
+# Each qualitative claim of Section 5.1 and Appendix D, computed from this GPU's tables (and, as a check of the checks, from the paper's own numbers).
+
+# %% tags=["parameters"]
+gpu = None
+device = "cuda"
+out_root = "."
+
+# %%
+import os
+import torch
+from IPython.display import Markdown, display
+from leetrepro.reproduce import tables as T, paper
+from leetrepro.bench import gpu_tag
+live = torch.device(device).type != "cuda" or torch.cuda.is_available()
+gpu = gpu or (gpu_tag(device) if live else "h100")
+data_dir = os.path.join(out_root, "data", gpu)
+fig_dir = os.path.join(out_root, "figures", gpu)
+os.makedirs(data_dir, exist_ok=True); os.makedirs(fig_dir, exist_ok=True)
+if not live:
+    display(Markdown(f"**No GPU on this machine: nothing is measured here. The tables below are "
+                     f"re-rendered from the committed measurements in `data/{gpu}/`.**"))
+import pandas as pd
+from leetrepro.reproduce.claims import check_claims, paper_tables_as_measured
+pd.set_option("display.max_colwidth", 200)
+tables, sources = {}, {}
+for t in (3, 4, 5, 6, 9):
+    path = os.path.join(data_dir, f"table{t}.csv")
+    df = pd.read_csv(path) if os.path.exists(path) else T.load_measured(gpu, f"table{t}.csv")
+    if df is None and t != 9:
+        bs, dec = T.TABLES[t]
+        df = T.from_kernel_bench(gpu, bs, dec)
+        sources[t] = "kernels.csv (partial)" if df is not None else "missing"
+    elif df is None:
+        k = T.load_measured(gpu, "kernels.csv")
+        df = None if k is None else k[k.method.isin(["FA", "FA_modify"]) & (k.dtype == "float32")]
+        sources[t] = "kernels.csv" if df is not None else "missing"
+    else:
+        sources[t] = f"table{t}.csv"
+    tables[t] = df
+display(Markdown("Sources: " + ", ".join(f"Table {t}: {s}" for t, s in sources.items())))
+claims = check_claims(tables)
+claims.insert(2, "on the paper's numbers", check_claims(paper_tables_as_measured()).holds)
+claims.to_csv(os.path.join(data_dir, "claims.csv"), index=False)
+claims

@@ -1,0 +1,84 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Distance to the memory floor
+# Our kernels next to flash-linear-attention, timed in one process by `make floor` (`leetrepro.bench.floor`): median / floor, where the floor is (|B|+|C|+|V|+|O|)·bytes over the copy bandwidth measured in the same run; then `method="auto"` from `make tune` (`data/<gpu>/dispatch.csv`) and its regret against the best method per cell.
+
+# %% tags=["parameters"]
+gpu = None
+device = "cuda"
+measure = False     # True on a GPU: run the benchmark now (minutes) instead of reading floor.csv
+out_root = "."
+
+# %%
+import os
+import torch
+from IPython.display import Markdown, display
+from leetrepro.reproduce import tables as T, paper
+from leetrepro.bench import gpu_tag
+live = torch.device(device).type != "cuda" or torch.cuda.is_available()
+gpu = gpu or (gpu_tag(device) if live else "h100")
+data_dir = os.path.join(out_root, "data", gpu)
+fig_dir = os.path.join(out_root, "figures", gpu)
+os.makedirs(data_dir, exist_ok=True); os.makedirs(fig_dir, exist_ok=True)
+if not live:
+    display(Markdown(f"**No GPU on this machine: nothing is measured here. The tables below are "
+                     f"re-rendered from the committed measurements in `data/{gpu}/`.**"))
+import pandas as pd
+import matplotlib.pyplot as plt
+from leetrepro.bench import floor as F
+path = os.path.join(data_dir, "floor.csv")
+if live and measure:
+    F.main(["--out", data_dir])
+df = pd.read_csv(path) if os.path.exists(path) else T.load_measured(gpu, "floor.csv")
+assert df is not None, f"no floor.csv for {gpu}: run `make floor` on that GPU"
+p = df.iloc[0]
+display(Markdown(f"GPU {p.gpu}, commit {p.commit}, {p.date}; copy bandwidth {p.copy_TBps:.2f} TB/s"))
+ok = df[df.status == "ok"]
+colors = {m: f"C{i}" for i, m in enumerate(sorted(ok.method.unique()))}  # one colour per entry
+cells = [(dt, b, dec) for dt in ok.dtype.unique() for b in sorted(ok.batch.unique()) for dec in (False, True)]
+fig, axes = plt.subplots(len(ok.dtype.unique()), 4, figsize=(16, 3.4 * len(ok.dtype.unique())), squeeze=False)
+for ax, (dt, b, dec) in zip(axes.flat, cells):
+    for m, g in ok[(ok.dtype == dt) & (ok.batch == b) & (ok.decay == dec)].groupby("method"):
+        ax.plot(g.N, g.floor_ratio, marker="o", label=m, color=colors[m])
+    ax.axhline(1.3, color="k", ls="--", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel="N", ylabel="time / floor",
+           title=f"{dt}, batch {b}, {'decay' if dec else '0-1 mask'}")
+    ax.grid(alpha=0.3)
+for row in axes:
+    row[0].legend(fontsize=8)
+fig.tight_layout()
+for ext in ("png", "svg"):
+    fig.savefig(os.path.join(fig_dir, f"floor.{ext}"), dpi=110)
+
+# %%
+t = F.targets(df)
+display(Markdown(f"**Targets met: {(t.met == 'yes').sum()} of {(t.met != '-').sum()}** "
+                 "(`-`: the fp32-contract path, reported without a target)"))
+t
+
+# %%
+cols = ["dtype", "batch", "decay", "N", "method", "median_s", "floor_ratio", "vs_fla",
+        "vs_original", "rel_error", "workspace_MB"]
+ok[[c for c in cols if c in ok]].round(4)
+
+# %%
+disp = T.load_measured(gpu, "dispatch.csv")
+if disp is None:
+    display(Markdown(f"No `data/{gpu}/dispatch.csv`: run `make tune` on that GPU."))
+else:
+    display(Markdown(f"`method=auto`: regret against the best method per cell, max "
+                     f"{disp.regret.max() * 100:.1f}%, median {disp.regret.median() * 100:.1f}% "
+                     f"over {len(disp)} cells"))
+    display(disp[["dtype", "batch", "decay", "N", "best", "best_s", "auto", "auto_s", "regret"]].round(5))

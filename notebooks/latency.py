@@ -1,0 +1,76 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Tables 3-6: latency of one attention layer
+# Each method at heads 32, r = d = 128 over N = 128 … 100000 (Section 5.1): mean ± std of 15 timed calls after a warm-up, `OOM` and `>limit` cells kept. Every cell shows the paper's A6000 number, ours and ours/paper; the fastest method per N is in bold.
+
+# %% tags=["parameters"]
+table = 3           # the paper's table to reproduce (3-6): sets batch size and mask
+batch_size = None   # override the table's batch size
+decay = None        # override the table's mask (True: exponential decay)
+dtype = "float32"
+seqlens = [128, 512, 2048, 8192, 12800, 25600, 100000]
+methods = ["Vanilla", "Bb", "Cdotp", "Cdotp_torch", "FA", "FA_torch", "LA", "LA_torch", "Recur"]
+reps = 15
+device = "cuda"
+gpu = None          # folder tag under data/ and figures/ (default: this GPU's, or h100 to re-render)
+time_limit = 60.0   # seconds one call may take before the cell reads >limit
+heads, rank, dim = 32, 128, 128
+out_root = "."
+
+# %%
+import os
+import torch
+from IPython.display import Markdown, display
+from leetrepro.reproduce import tables as T, paper
+from leetrepro.bench import gpu_tag
+live = torch.device(device).type != "cuda" or torch.cuda.is_available()
+gpu = gpu or (gpu_tag(device) if live else "h100")
+data_dir = os.path.join(out_root, "data", gpu)
+fig_dir = os.path.join(out_root, "figures", gpu)
+os.makedirs(data_dir, exist_ok=True); os.makedirs(fig_dir, exist_ok=True)
+if not live:
+    display(Markdown(f"**No GPU on this machine: nothing is measured here. The tables below are "
+                     f"re-rendered from the committed measurements in `data/{gpu}/`.**"))
+bs, dec = T.TABLES[table]
+batch_size = bs if batch_size is None else batch_size
+decay = dec if decay is None else decay
+name = f"table{table}"
+if live:
+    measured = T.measure(methods, batch_size=batch_size, decay=decay, dtype=dtype, seqlens=seqlens,
+                         reps=reps, device=device, heads=heads, rank=rank, dim=dim, time_limit=time_limit)
+    measured.to_csv(os.path.join(data_dir, f"{name}.csv"), index=False)
+    source = f"measured now on {measured.gpu.iloc[0]}"
+else:
+    measured = T.load_measured(gpu, f"{name}.csv")
+    source = f"data/{gpu}/{name}.csv"
+    if measured is None:
+        measured = T.from_kernel_bench(gpu, batch_size, decay, dtype)
+        source = f"data/{gpu}/kernels.csv (the kernel benchmark: only the methods it covers)"
+assert measured is not None, f"no measurement of {name} for {gpu}: run `make {name}` on that GPU"
+measured = measured[measured.method.isin(methods)]
+prov = measured.iloc[0]
+display(Markdown(f"Source: {source}; GPU {prov.gpu}, dtype {dtype}, batch {batch_size}, "
+                 f"{'decay' if decay else '0-1 mask'}, commit {prov.commit}, {prov.date}."))
+
+# %%
+both = T.side_by_side(measured, paper.load(table))
+display(Markdown("**This GPU** (mean ± std, s; fastest per N in bold)"))
+display(T.styled(both))
+display(Markdown("**Paper (A6000) | this GPU | ours/paper**"))
+display(T.triple(both))
+
+# %%
+fig = T.plot_latency(measured, f"Table {table}: batch {batch_size}, {'decay' if decay else '0-1 mask'}, {dtype} ({prov.gpu})",
+                     os.path.join(fig_dir, name), paper.load(table))

@@ -1,0 +1,80 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Long prompts: the companion paper's Figure 2
+# Speed-up over Vanilla for N = 1k … 512k (batch 1, heads 32, d = r = 128), with torch's scaled-dot-product attention (softmax) as the reference, and peak memory per method.
+
+# %% tags=["parameters"]
+seqlens = [2 ** k for k in range(10, 20)]
+methods = ["Vanilla", "Bb", "Cdotp", "Cdotp_torch", "FA", "LA", "Recur"]
+dtype = "float16"
+reps = 8
+device = "cuda"
+gpu = None
+time_limit = 30.0
+heads, rank, dim = 32, 128, 128
+out_root = "."
+
+# %%
+import os
+import torch
+from IPython.display import Markdown, display
+from leetrepro.reproduce import tables as T, paper
+from leetrepro.bench import gpu_tag
+live = torch.device(device).type != "cuda" or torch.cuda.is_available()
+gpu = gpu or (gpu_tag(device) if live else "h100")
+data_dir = os.path.join(out_root, "data", gpu)
+fig_dir = os.path.join(out_root, "figures", gpu)
+os.makedirs(data_dir, exist_ok=True); os.makedirs(fig_dir, exist_ok=True)
+if not live:
+    display(Markdown(f"**No GPU on this machine: nothing is measured here. The tables below are "
+                     f"re-rendered from the committed measurements in `data/{gpu}/`.**"))
+import pandas as pd
+from leetrepro.bench import benchmark_method
+if live:
+    measured = T.measure(methods, batch_size=1, decay=False, dtype=dtype, seqlens=seqlens, reps=reps,
+                         device=device, heads=heads, rank=rank, dim=dim, time_limit=time_limit)
+    sdpa = benchmark_method(lambda B, C, V, g: torch.nn.functional.scaled_dot_product_attention(B, C, V, is_causal=True),
+                            device=device, dtype=dtype, seqlens=seqlens, heads=heads, rank=rank, dim=dim,
+                            reps=reps, time_limit=time_limit)
+    sdpa["method"] = "SDPA (softmax)"
+    measured = pd.concat([measured, sdpa], ignore_index=True)
+    measured.to_csv(os.path.join(data_dir, "long_prompts.csv"), index=False)
+else:
+    measured = T.load_measured(gpu, "long_prompts.csv")
+    if measured is None:
+        display(Markdown(f"**No `data/{gpu}/long_prompts.csv` yet: run `make long-prompts` on that GPU. "
+                         f"Nothing to show.**"))
+ok = None if measured is None else measured[measured.status == "ok"]
+if ok is not None:
+    t = ok.pivot_table(index="N", columns="method", values="median_s")
+    display(measured.pivot_table(index="method", columns="N", values="cell", aggfunc="first"))
+    if "Vanilla" in t:
+        display(Markdown("Speed-up over Vanilla:"))
+        display(t.rdiv(t["Vanilla"], axis=0))
+
+# %%
+import matplotlib.pyplot as plt
+fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+for m, g in ([] if ok is None else ok.groupby("method")):
+    axes[0].plot(g.N, g.median_s, marker="o", label=m)
+    axes[1].plot(g.N, g.peak_mem_GB, marker="o", label=m)
+axes[0].set(xscale="log", yscale="log", xlabel="N", ylabel="latency (s)", title=f"batch 1, heads {heads}, {dtype}")
+mem_known = ok is not None and ok.peak_mem_GB.notna().any()   # peak memory is measured on CUDA only
+axes[1].set(xscale="log", yscale="log" if mem_known else "linear", xlabel="N",
+            ylabel="peak memory (GB)" if mem_known else "peak memory (CUDA only: not measured here)")
+for a in axes: a.grid(alpha=0.3)
+axes[0].legend(fontsize=8); fig.tight_layout()
+for ext in ("png", "svg"):
+    fig.savefig(os.path.join(fig_dir, f"long_prompts.{ext}"), dpi=120)

@@ -1,0 +1,97 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Table 9: FleetAttention vs FA_modify (Appendix D)
+# FA_modify sums the ranks without synchronisation; the paper reports it at about half FA's time. Here also its error against the float64 oracle (it is wrong by design).
+
+# %% tags=["parameters"]
+batch_sizes = [1, 16]
+decays = [False, True]
+dtype = "float32"
+seqlens = [128, 512, 2048, 8192, 12800, 25600, 100000]
+reps = 15
+device = "cuda"
+gpu = None
+time_limit = 60.0
+heads, rank, dim = 32, 128, 128
+error_shape = [1, 32, 4097, 128, 128]   # (batch, heads, N, r, d) of the accuracy check
+out_root = "."
+
+# %%
+import os
+import torch
+from IPython.display import Markdown, display
+from leetrepro.reproduce import tables as T, paper
+from leetrepro.bench import gpu_tag
+live = torch.device(device).type != "cuda" or torch.cuda.is_available()
+gpu = gpu or (gpu_tag(device) if live else "h100")
+data_dir = os.path.join(out_root, "data", gpu)
+fig_dir = os.path.join(out_root, "figures", gpu)
+os.makedirs(data_dir, exist_ok=True); os.makedirs(fig_dir, exist_ok=True)
+if not live:
+    display(Markdown(f"**No GPU on this machine: nothing is measured here. The tables below are "
+                     f"re-rendered from the committed measurements in `data/{gpu}/`.**"))
+import pandas as pd
+if live:
+    frames = [T.measure(["FA", "FA_modify"], batch_size=b, decay=dec, dtype=dtype, seqlens=seqlens,
+                        reps=reps, device=device, heads=heads, rank=rank, dim=dim, time_limit=time_limit)
+              for b in batch_sizes for dec in decays]
+    measured = pd.concat(frames, ignore_index=True)
+    measured.to_csv(os.path.join(data_dir, "table9.csv"), index=False)
+else:
+    measured = T.load_measured(gpu, "table9.csv")
+    if measured is None:
+        k = T.load_measured(gpu, "kernels.csv")
+        measured = k[k.method.isin(["FA", "FA_modify"]) & (k.dtype == dtype)].copy()
+        display(Markdown(f"Source: `data/{gpu}/kernels.csv` (FA and FA_modify cells)."))
+measured.groupby(["batch", "decay"]).size()
+
+# %%
+p = paper.load(9)
+rows = []
+for (b, dec), g in measured.groupby(["batch", "decay"]):
+    s = T.side_by_side(g, p[(p.batch == b) & (p.decay == dec)])
+    s.insert(0, "setting", f"bz {b}, {'decay' if dec else '0-1'}")
+    rows.append(s)
+both = pd.concat(rows)
+display(both.pivot_table(index=["setting", "method"], columns="N", values="ours_cell", aggfunc="first"))
+ratio = measured[measured.status == "ok"].pivot_table(index=["batch", "decay", "N"], columns="method", values="mean_s")
+ratio["FA_modify / FA"] = ratio["FA_modify"] / ratio["FA"]
+pratio = p.pivot_table(index=["batch", "decay", "N"], columns="method", values="mean_s")
+ratio["paper: FA_modify / FA"] = pratio["FA_modify"] / pratio["FA"]
+ratio
+
+# %%
+from leetrepro import causal_linear_decoder, reference, rel_error
+if live:
+    b, h, n, r, d = error_shape
+    B, C, V = (torch.randn(b, h, n, k, device=device) / (r ** 0.5 if k == r else 1) for k in (r, r, d))
+    ref = reference(B, C, V)
+    errs = {m: rel_error(causal_linear_decoder(B, C, V, method=m), ref) for m in ("FA", "FA_modify")}
+    display(Markdown(f"Relative error at {tuple(error_shape)}: " + ", ".join(f"{m} {e:.2e}" for m, e in errs.items())))
+else:
+    c = T.load_measured(gpu, "correctness.csv")
+    if c is not None:
+        display(c[c.abbr.isin(["FA", "FA_modify"])].groupby(["abbr", "batch", "N"]).rel_err.max().unstack("abbr"))
+
+# %%
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(6, 3.5))
+for (b, dec), g in ratio.reset_index().groupby(["batch", "decay"]):
+    ax.plot(g.N, g["FA_modify / FA"], marker="o", label=f"bz {b}, {'decay' if dec else '0-1'}")
+ax.axhline(0.5, color="gray", ls="--", lw=1, label="paper: ~0.5")
+ax.set(xscale="log", xlabel="N", ylabel="FA_modify time / FA time", title=f"Table 9 on {gpu}")
+ax.legend(fontsize=8); fig.tight_layout()
+for ext in ("png", "svg"):
+    fig.savefig(os.path.join(fig_dir, f"table9.{ext}"), dpi=120)

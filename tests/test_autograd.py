@@ -1,0 +1,160 @@
+"""Training: gradients of every method against float64 autograd through the oracle, the custom op
+(opcheck), gradcheck, and torch.compile(fullgraph=True) of a model that calls the operator."""
+import pytest
+import torch
+
+from leetrepro import causal_linear_decoder, reference, rel_error
+from leetrepro.methods import methods
+from leetrepro.reference import TOLERANCE
+
+from conftest import make_inputs, method_params, random_gammas
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = DEVICE == "cpu"
+# every method that runs here (Triton kernels under the interpreter on a CPU), bar the unsafe one
+METHODS = [m for m in methods() if not m.unsafe and m.supports(torch.float32, torch.device(DEVICE))]
+# odd N (no block divides it), r ≠ d, batch > 1; small blocks so blocks are crossed
+SHAPE = (2, 3, 37, 8, 5)
+SMALL = {"Bb": {"block_size": 16}, "LA_torch": {"block_size": 16}, "Recur": {"base": 4}}
+
+
+def _tol(m, dtype):
+    if dtype == torch.float32 and m.language == "triton" and not INTERPRETED:
+        return 5e-3  # tf32 dots by default (documented)
+    return TOLERANCE[dtype]
+
+
+def _grads(fn, inputs, cotangents):
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    loss = sum((o.double() * c).sum() for o, c in zip(outs, cotangents))
+    return torch.autograd.grad(loss, inputs)
+
+
+def _check_gradients(m, dtype, decay, state, shape=SHAPE, opts=None):
+    b, h, n, r, d = shape
+    B, C, V = make_inputs(*shape, dtype=dtype, device=DEVICE, seed=n + r)
+    g = random_gammas(h, seed=3, low=0.7).to(DEVICE) if decay else None
+    S0 = torch.randn(b, h, r, d, device=DEVICE) if state else None
+    opts = SMALL.get(m.abbr, {}) if opts is None else opts
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    dO = torch.randn(b, h, n, d, device=DEVICE, generator=gen, dtype=torch.float64)
+    cots = [dO] + ([torch.randn(b, h, r, d, device=DEVICE, generator=gen, dtype=torch.float64)]
+                   if state else [])
+    leaves = [t.detach().requires_grad_() for t in (B, C, V)] + \
+        ([S0.detach().requires_grad_()] if state else [])
+    ours = _grads(lambda *x: causal_linear_decoder(
+        *x[:3], g, method=m.name, initial_state=x[3] if state else None,
+        output_final_state=state, **opts), leaves, cots)
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    want = _grads(lambda *x: reference(*x[:3], g, initial_state=x[3] if state else None,
+                                       output_final_state=state), exact, cots)
+    for name, a, w in zip("BCVS", ours, want):
+        assert a.dtype == leaves["BCVS".index(name)].dtype and a.shape == w.shape
+        err = rel_error(a, w)
+        assert err <= _tol(m, dtype), f"d{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("method", method_params(METHODS))
+@pytest.mark.parametrize("decay", [False, True], ids=["mask01", "decay"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gradients_of_every_method(method, decay, dtype):
+    if not method.supports(dtype, torch.device(DEVICE)):
+        pytest.skip(f"{method.abbr} does not run {dtype} here")
+    _check_gradients(method, dtype, decay, state=False)
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m.language == "torch"], ids=lambda m: m.abbr)
+def test_gradients_in_bfloat16(method):
+    _check_gradients(method, torch.bfloat16, True, state=False)
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if m.state], ids=lambda m: m.abbr)
+@pytest.mark.parametrize("decay", [False, True], ids=["mask01", "decay"])
+def test_gradients_through_the_states(method, decay):
+    _check_gradients(method, torch.float32, decay, state=True)
+
+
+@pytest.mark.slow
+def test_chunk_backward_across_segments():
+    chunk = next((m for m in METHODS if m.abbr == "Chunk"), None)
+    if chunk is None:
+        pytest.skip("Chunk does not run here")
+    _check_gradients(chunk, torch.float32, True, state=True, shape=(1, 2, 200, 16, 12),
+                     opts={"segment": 64})
+
+
+def test_gradcheck_in_float64():
+    B, C, V = (t.double().requires_grad_() for t in make_inputs(2, 2, 13, 3, 4, seed=2))
+    S0 = torch.randn(2, 2, 3, 4, dtype=torch.float64, requires_grad=True)
+    g = torch.tensor([0.8, 0.95], dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda *x: causal_linear_decoder(*x[:3], g, method="LA_torch", block_size=4,
+                                         initial_state=x[3], output_final_state=True),
+        (B, C, V, S0))
+
+
+def test_opcheck():
+    """The custom op's schema, fake implementation and autograd registration."""
+    from leetrepro.ops import causal_linear
+    B, C, V = make_inputs(2, 3, 21, 4, 5, seed=7)
+    g = torch.tensor([0.9, 0.8, 1.0], dtype=torch.float64)
+    S0 = torch.randn(2, 3, 4, 5)
+    cases = [
+        (B, C, V, None, None, "Bb", '{"block_size": 8}', False, False),
+        (B, C, V, g, None, "auto", "", False, False),
+        (B, C, V, g, S0, "LA_torch", "", False, True),
+        (B, C, V, g, S0, "auto", "", True, True),
+    ]
+    for args in cases:
+        args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.dtype != torch.float64
+                     else a for a in args)
+        torch.library.opcheck(causal_linear, args)
+
+
+class TinyLayer(torch.nn.Module):
+    """A causal linear-attention layer as a model would hold it."""
+
+    def __init__(self, gamma, heads=2, dim=16, method="auto"):
+        super().__init__()
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.heads, self.gamma, self.method = heads, gamma, method
+
+    def forward(self, x):
+        b, n, dim = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        o = causal_linear_decoder(q, k, v, self.gamma, method=self.method)
+        return o.transpose(1, 2).reshape(b, n, dim)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [None, 0.9, torch.tensor([0.9, 0.5])], ids=["mask01", "float", "tensor"])
+def test_torch_compile_fullgraph_forward_and_backward(gamma):
+    torch.manual_seed(0)
+    layer = TinyLayer(gamma).to(DEVICE)
+    x = torch.randn(2, 40, 16, device=DEVICE)
+    eager = layer(x)
+    eager.square().sum().backward()
+    want = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    compiled = torch.compile(layer, fullgraph=True)
+    out = compiled(x)
+    out.square().sum().backward()
+    torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
+    for p, w in zip(layer.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_torch_compile_reduce_overhead_and_bad_gamma_at_run_time():
+    torch._dynamo.reset()
+    layer = TinyLayer(torch.tensor([0.9, 0.5]), method="Bb").to(DEVICE)
+    compiled = torch.compile(layer, fullgraph=True, mode="reduce-overhead")
+    x = torch.randn(2, 24, 16, device=DEVICE)
+    for _ in range(3):  # warm-up, record, replay
+        out = compiled(x)
+    torch.testing.assert_close(out, layer(x), rtol=1e-4, atol=1e-4)
+    # the values of a tensor gamma are checked when the compiled graph runs
+    bad = TinyLayer(torch.tensor([0.9, 1.5]), method="Bb").to(DEVICE)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        torch.compile(bad, fullgraph=True)(x)
