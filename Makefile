@@ -31,7 +31,7 @@ LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
-        derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks
+        derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -45,6 +45,8 @@ help:
 	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) NBFLAGS='-p seqlens ...'"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
 	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
+	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv"
+	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
 
 $(VENV)/.installed: pyproject.toml
@@ -113,6 +115,14 @@ floor: $(INSTALLED)
 # the dispatch table of method="auto" for this GPU, and auto's regret (GPU only)
 tune: $(INSTALLED)
 	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU)
+
+# forward + backward against its floor, flash-linear-attention beside it (GPU only)
+bench-train: $(INSTALLED)
+	$(PY) -m leetrepro.bench.train --out $(DATA)
+
+# a small byte-level language model trained once per method (GPU: measured; else re-rendered)
+train: $(INSTALLED)
+	$(call run_notebook,train,train,$(GPU),-p gpu $(GPU))
 
 derivations: $(INSTALLED)
 	$(call run_notebook,derivations,derivations,derivations,)

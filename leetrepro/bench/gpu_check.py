@@ -3,6 +3,8 @@ float64 oracle, plus run-to-run determinism. ``make gpu-check`` (or ``python -m 
 --out data/<gpu>``) writes ``correctness.csv`` and exits non-zero if any case fails.
 
 Shapes cover N = 1, odd N, r ≠ d, tiny r and d, r = d = 256, batch 16 × 32 heads, and N = 100000.
+Gradients get rows of their own (``quantity`` dB, dC, dV, and dS0 for the methods with a state):
+the backward of each method against float64 autograd through the oracle, on ``GRAD_SHAPES``.
 ``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
 first and last (batch, head) against the oracle. The output buffer is poisoned with NaN before
 every call, so a kernel that leaves elements unwritten fails.
@@ -21,12 +23,16 @@ from .. import causal_linear_decoder, reference, rel_error
 from .._inputs import DTYPE_NAMES
 from ..methods import methods
 from ..reference import TF32_TOLERANCE, TOLERANCE
-from .harness import gpu_script_setup, random_inputs
+from .harness import gpu_script_setup, random_inputs, sync
 
 # (batch, heads, N, r, d)
 SHAPES = [(1, 1, 1, 16, 16), (2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (1, 2, 3001, 256, 256),
           (1, 32, 4097, 128, 128), (16, 32, 2048, 128, 128), (1, 4, 100000, 128, 128)]
 HUGE = (16, 32, 100000, 128, 128)
+#: gradient shapes: odd N and r ≠ d, blocks crossed; 32 heads at 4097; 2 heads × 10000 rows cut
+#: into segments (the batch-1 path of the kernels)
+GRAD_SHAPES = [(2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (1, 32, 4097, 128, 128),
+               (1, 2, 10000, 128, 128)]
 QUADRATIC_MAX_N = 16384          # Vanilla materialises N×N per (batch, head)
 
 
@@ -65,9 +71,9 @@ def check_case(m, shape, dtype, decay, device, seed, rows, meta):
     ref = reference(B, C, V, g)
     for label, opts, tol in variants(m, dtype, shape[2]):
         row = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
-                   precision=label, decay=decay, batch=shape[0], heads=shape[1], N=shape[2],
-                   r=shape[3], d=shape[4], tol=tol, rel_err=math.nan, max_abs_err=math.nan,
-                   deterministic="", seconds=math.nan)
+                   precision=label, quantity="O", decay=decay, batch=shape[0], heads=shape[1],
+                   N=shape[2], r=shape[3], d=shape[4], tol=tol, rel_err=math.nan,
+                   max_abs_err=math.nan, deterministic="", seconds=math.nan)
         try:
             poison(V)
             t0 = time.perf_counter()
@@ -94,11 +100,58 @@ def check_case(m, shape, dtype, decay, device, seed, rows, meta):
     torch.cuda.empty_cache()
 
 
+def check_grads(m, shape, dtype, decay, device, seed, rows, meta):
+    """Rows dB, dC, dV (and dS0 with a state) of one case against float64 autograd."""
+    b, h, n, r, d = shape
+    B, C, V = inputs(shape, dtype, seed, device)
+    g = gammas(h, seed).to(device) if decay else None
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    state = m.state
+    S0 = torch.randn(b, h, r, d, device=device, generator=gen) if state else None
+    dO = torch.randn(b, h, n, d, device=device, generator=gen, dtype=torch.float64)
+    dS = torch.randn(b, h, r, d, device=device, generator=gen, dtype=torch.float64) if state else None
+    leaves = [t.detach().requires_grad_() for t in (B, C, V)] + ([S0.requires_grad_()] if state else [])
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    names = ["dB", "dC", "dV"] + (["dS0"] if state else [])
+    tol = TF32_TOLERANCE if "fp32_precision" in m.options and dtype == torch.float32 else TOLERANCE[dtype]
+
+    def loss(x, fn):
+        res = fn(*x[:3], g, initial_state=x[3] if state else None, output_final_state=state)
+        o, s = res if state else (res, None)
+        return (o.double() * dO).sum() + ((s.double() * dS).sum() if state else 0)
+
+    base = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
+                precision="", decay=decay, batch=b, heads=h, N=n, r=r, d=d, tol=tol,
+                deterministic="", note="vs float64 autograd through the oracle"
+                + (", with initial and final state" if state else ""))
+    try:
+        want = torch.autograd.grad(loss(exact, reference), exact)
+        t0 = time.perf_counter()
+        got = torch.autograd.grad(loss(leaves, lambda *a, **k: causal_linear_decoder(
+            *a, method=m.name, **k)), leaves)
+        sync(device)
+        seconds = time.perf_counter() - t0
+        for q, a, w in zip(names, got, want):
+            err = rel_error(a, w)
+            rows.append(dict(base, quantity=q, rel_err=err, seconds=seconds,
+                             max_abs_err=(a.double() - w).abs().max().item(),
+                             status="pass" if err <= tol else "FAIL"))
+    except Exception as exc:
+        rows.append(dict(base, quantity="grads", rel_err=math.nan,
+                         status=f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"))
+    print(f"{'grads':30s} {m.abbr:12s} {DTYPE_NAMES[dtype]:9s} decay={decay!s:5s} {shape} "
+          + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}"
+                     for r in rows[-len(names):]), flush=True)
+    del B, C, V, leaves, exact
+    torch.cuda.empty_cache()
+
+
 def check_huge(m, dtype, device, rows, meta):
     """batch 16 × 32 heads × N = 100000: the first and last (batch, head) against the oracle."""
     b, h, n, r, d = HUGE
     row = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
-               precision="", decay=True, batch=b, heads=h, N=n, r=r, d=d, tol=TOLERANCE[dtype],
+               precision="", quantity="O", decay=True, batch=b, heads=h, N=n, r=r, d=d,
+               tol=TOLERANCE[dtype],
                rel_err=math.nan, max_abs_err=math.nan, deterministic="", seconds=math.nan,
                note="checked on (batch, head) = (0, 0) and (15, 31)")
     try:
@@ -127,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", nargs="*", default=None, help="abbreviations (default: all)")
     p.add_argument("--huge", action="store_true", help="also batch 16 × 32 heads × N = 100000")
     p.add_argument("--quick", action="store_true", help="small shapes only")
+    p.add_argument("--no-grads", action="store_true", help="forward only (no gradient rows)")
+    p.add_argument("--csv", default="correctness.csv")
     args = p.parse_args(argv)
     setup = gpu_script_setup("gpu_check", args.out)
     if setup is None:
@@ -147,13 +202,19 @@ def main(argv=None) -> int:
             if args.huge and m.language in ("triton", "cuda") and not m.unsafe \
                     and dtype == torch.float16:
                 check_huge(m, dtype, device, rows, meta)
+            if not args.no_grads and not m.unsafe:
+                for si, shape in enumerate(GRAD_SHAPES[:2] if args.quick else GRAD_SHAPES):
+                    if m.abbr == "Cdotp_torch" and shape[2] > 4097:
+                        continue  # one Python step per token, three times: minutes per case
+                    for decay in (False, True):
+                        check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta)
     df = pd.DataFrame(rows)
-    df.to_csv(os.path.join(out, "correctness.csv"), index=False)
+    df.to_csv(os.path.join(out, args.csv), index=False)
     failed = df[df.status.str.startswith("FAIL")]
-    print(f"\n{len(df)} cases, {len(failed)} failed -> {out}/correctness.csv")
+    print(f"\n{len(df)} cases, {len(failed)} failed -> {out}/{args.csv}")
     if len(failed):
-        print(failed[["abbr", "dtype", "precision", "decay", "batch", "heads", "N", "r", "d",
-                      "rel_err", "status"]].to_string())
+        print(failed[["abbr", "dtype", "precision", "quantity", "decay", "batch", "heads", "N", "r",
+                      "d", "rel_err", "status"]].to_string())
     return 1 if len(failed) else 0
 
 

@@ -1,0 +1,183 @@
+"""Forward + backward against its memory floor, beside flash-linear-attention, in one process.
+
+``make bench-train`` (or ``python -m leetrepro.bench.train --out data/<gpu>``) times, per cell
+(dtype × batch × N, decay, heads 32, r = d = 128, inputs ``randn`` with B and C scaled by
+1/sqrt(r), ALiBi-style decays), the forward with inputs that require grad (``fwd_ms``) and the
+forward plus the backward to dB, dC, dV (``fwd_bwd_ms``), each a median of CUDA-event timings
+after a warm-up, the entries interleaved call by call. The floor of forward + backward moves 11
+tensors at r = d (forward: B, C, V read, O written; backward: B, C, V, dO read, dB, dC, dV
+written): ``floor_ms = (6r + 5d)·N·batch·heads·bytes / copy bandwidth`` measured in the same run.
+``peak_extra_GiB``: the peak memory of forward + backward beyond the inputs, dO and O;
+``grads_GiB``: |dB| + |dC| + |dV|. ``rel_error_d*``: each gradient of the first (batch, head)
+against float64 autograd through the oracle (N ≤ ``--check-max-n``).
+
+Entries: ``Chunk`` (``causal_linear_decoder(..., method="Chunk")``: the custom op, its backward
+a fused reverse sweep for dV and dC plus a forward sweep for dB) and ``fla``
+(``fla.ops.simple_gla.chunk_simple_gla``, its time-major layout prepared outside the timed call,
+``scale=1``; the optional ``fla-core``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
+from ..api import causal_linear_decoder
+from ..reference import reference, rel_error
+from .harness import bench_setup, is_oom, median, random_inputs, time_calls
+
+#: (dtype, batch, N): the training cells, decay mask
+CELLS = [("bfloat16", 16, 25600), ("bfloat16", 1, 100000), ("bfloat16", 8, 8192),
+         ("float16", 1, 32768)]
+HEADS, RANK, DIM = 32, 128, 128
+
+
+def train_floor_bytes(n: int, r: int, d: int, batch: int, heads: int, itemsize: int) -> int:
+    """Bytes the forward + backward must move at the least: 11 tensors at r = d."""
+    return batch * heads * n * (6 * r + 5 * d) * itemsize
+
+
+def entries(names) -> dict:
+    """name -> (forward(inputs) -> outputs tuple, the leaves its gradients are taken to)."""
+    out = {}
+    for name in names:
+        if name == "fla":
+            try:
+                from fla.ops.simple_gla import chunk_simple_gla
+            except ImportError as err:
+                print(f"fla: not installed ({err}); `pip install fla-core` or `make wheelhouse`",
+                      file=sys.stderr)
+                continue
+            out[name] = lambda x, f=chunk_simple_gla: f(x["q"], x["k"], x["v"], g_gamma=x["lg"],
+                                                        scale=1.0)[0]
+        else:
+            out[name] = lambda x, m=name: causal_linear_decoder(x["B"], x["C"], x["V"], x["g"],
+                                                                method=m)
+    return out
+
+
+def _leaves(name: str, x: dict) -> list:
+    return [x[k] for k in (("q", "k", "v") if name == "fla" else ("B", "C", "V"))]
+
+
+def make_cell(dtype, batch, n, device) -> dict:
+    B, C, V = random_inputs(batch, HEADS, n, RANK, DIM, dtype=dtype, device=device, seed=n,
+                            scale_bc=True)
+    g = alibi_gammas(HEADS).to(device)
+    x = dict(B=B.requires_grad_(), C=C.requires_grad_(), V=V.requires_grad_(), g=g,
+             lg=torch.log(g).float())
+    x["dO"] = torch.randn_like(V) * 0.1
+    return x
+
+
+def add_fla_layout(x: dict) -> None:
+    """fla's time-major copies (b, T, h, K), made outside the timed calls."""
+    for ours, theirs in (("B", "q"), ("C", "k"), ("V", "v")):
+        x[theirs] = x[ours].detach().transpose(1, 2).contiguous().requires_grad_()
+    x["dO_t"] = x["dO"].transpose(1, 2).contiguous()
+
+
+def gradient_errors(name: str, fn, x: dict) -> dict:
+    """Relative errors of dB, dC, dV on the first (batch, head) against float64 autograd."""
+    sl = (slice(0, 1), slice(0, 1))
+    leaves = [t.detach()[sl].clone().requires_grad_() for t in (x["B"], x["C"], x["V"])]
+    dO = x["dO"][sl]
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    want = torch.autograd.grad((reference(*exact, x["g"][:1], row_block=1024) * dO.double()).sum(),
+                               exact)
+    if name == "fla":
+        sub = dict(q=leaves[0].transpose(1, 2), k=leaves[1].transpose(1, 2),
+                   v=leaves[2].transpose(1, 2), lg=x["lg"][:1])
+        got = torch.autograd.grad(fn(sub), leaves, dO.transpose(1, 2))
+    else:
+        got = torch.autograd.grad(fn(dict(B=leaves[0], C=leaves[1], V=leaves[2], g=x["g"][:1])),
+                                  leaves, dO)
+    return {f"rel_error_d{k}": rel_error(a, w) for k, a, w in zip("BCV", got, want)}
+
+
+def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[dict]:
+    x = make_cell(dtype, batch, n, device)
+    if "fla" in fns:
+        add_fla_layout(x)
+    floor = train_floor_bytes(n, RANK, DIM, batch, HEADS, dtype.itemsize) / bw
+    grads_gib = batch * HEADS * n * (2 * RANK + DIM) * dtype.itemsize / 2 ** 30
+    out_bytes = batch * HEADS * n * DIM * dtype.itemsize
+    rows, calls = {}, {}
+    for name, fn in fns.items():
+        dO = x["dO_t"] if name == "fla" else x["dO"]
+        leaves = _leaves(name, x)
+        row = dict(method=name, dtype=SHORT_NAMES[dtype], batch=batch, N=n, decay=True,
+                   heads=HEADS, r=RANK, d=DIM, floor_ms=floor * 1e3, grads_GiB=grads_gib)
+        try:
+            fwd = (lambda f=fn: f(x))
+            both = (lambda f=fn, lv=leaves, g=dO: torch.autograd.grad(f(x), lv, g))
+            both()  # warm-up: compiles
+            torch.cuda.synchronize(device)
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            grads = both()
+            torch.cuda.synchronize(device)
+            row["peak_extra_GiB"] = (torch.cuda.max_memory_allocated(device) - base - out_bytes) / 2 ** 30
+            del grads
+            if n <= check_max_n:
+                row.update(gradient_errors(name, fn, x))
+            calls[name] = (fwd, both)
+            row["status"] = "ok"
+        except Exception as err:  # an entry that cannot take the cell is a row, not an abort
+            row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:160]}"
+            torch.cuda.empty_cache()
+        rows[name] = row
+    times = {name: ([], []) for name in calls}
+    for _ in range(reps):  # interleaved: drift and noise hit every entry alike
+        for name, (fwd, both) in calls.items():
+            times[name][0].extend(time_calls(fwd, [()], 1, device))
+            times[name][1].extend(time_calls(both, [()], 1, device))
+    for name, (tf, tb) in times.items():
+        row = rows[name]
+        row.update(fwd_ms=median(tf) * 1e3, fwd_bwd_ms=median(tb) * 1e3, reps=reps)
+        row["floor_ratio"] = row["fwd_bwd_ms"] / row["floor_ms"]
+    del x
+    torch.cuda.empty_cache()
+    return list(rows.values())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for train.csv (default data/<gpu>)")
+    p.add_argument("--entries", nargs="*", default=["Chunk", "fla"])
+    p.add_argument("--cells", nargs="*", default=None,
+                   help="dtype:batch:N triples (default: the training cells of the README)")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--check-max-n", type=int, default=25600)
+    p.add_argument("--csv", default="train.csv")
+    args = p.parse_args(argv)
+    setup = bench_setup("bench.train", args.out)
+    if setup is None:
+        return 2
+    import pandas as pd
+
+    device, meta, out, bw = setup
+    cells = CELLS if args.cells is None else [
+        (c.split(":")[0], int(c.split(":")[1]), int(c.split(":")[2])) for c in args.cells]
+    fns = entries(args.entries)
+    rows = []
+    for dt, batch, n in cells:
+        dtype = parse_dtype(dt)
+        cell = measure(fns, dtype, batch, n, args.reps, bw, device, args.check_max_n)
+        rows += cell
+        print(f"{SHORT_NAMES[dtype]} b{batch} N={n} decay, floor {cell[0]['floor_ms']:.2f} ms | "
+              + " | ".join(f"{r['method']} fwd {r['fwd_ms']:.2f} fwd+bwd {r['fwd_bwd_ms']:.2f} ms "
+                           f"({r['floor_ratio']:.2f}x) peak+{r['peak_extra_GiB']:.2f} GiB"
+                           if r["status"] == "ok" else f"{r['method']} {r['status'][:60]}"
+                           for r in cell), flush=True)
+        pd.DataFrame(rows).assign(copy_TBps=bw / 1e12, **meta).to_csv(
+            os.path.join(out, args.csv), index=False)  # rewritten per cell: a cut run keeps its rows
+    print(f"wrote {os.path.join(out, args.csv)} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
