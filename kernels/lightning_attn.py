@@ -49,8 +49,9 @@ def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
 
 @triton.jit
 def la_fwd_kernel(B, C, V, O, S, LOG_GAMMA, N, R, D, H, SEG,
-                  HAS_DECAY: tl.constexpr, HALF_RANGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                  HAS_DECAY: tl.constexpr, SPLIT: tl.constexpr, HALF_RANGE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                  PRECISION: tl.constexpr):
     bh = tl.program_id(0)
     d0 = tl.program_id(1) * BLOCK_D
     seg = tl.program_id(2)
@@ -65,11 +66,12 @@ def la_fwd_kernel(B, C, V, O, S, LOG_GAMMA, N, R, D, H, SEG,
     intra = intra_mask(lg, BLOCK_N, HAS_DECAY)
     # the state entering this segment: the earlier segments' own states, decayed to its start
     state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
-    n_seg = tl.num_programs(2)
-    seg_decay = tl.exp(SEG.to(tl.float32) * lg) if HAS_DECAY else 1.0
-    for k in range(0, seg):
-        s_off = ((bh.to(tl.int64) * n_seg + k) * BLOCK_R + cols_r[:, None]) * D + cols_d[None, :]
-        state = state * seg_decay + tl.load(S + s_off, mask=d_ok[None, :], other=0.0)
+    if SPLIT:  # (S is None with one segment)
+        n_seg = tl.num_programs(2)
+        seg_decay = tl.exp(SEG.to(tl.float32) * lg) if HAS_DECAY else 1.0
+        for k in range(0, seg):
+            s_off = ((bh.to(tl.int64) * n_seg + k) * BLOCK_R + cols_r[:, None]) * D + cols_d[None, :]
+            state = state * seg_decay + tl.load(S + s_off, mask=d_ok[None, :], other=0.0)
     start = seg * SEG
     for s in range(start, tl.minimum(start + SEG, N), BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)

@@ -30,6 +30,9 @@ from ._gpu import (cdiv, config_override, dot_precision, next_pow2, refuse_inter
 CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
                ("tf32", False): (32, 2), ("tf32", True): (64, 2),
                ("exact", False): (32, 1), ("exact", True): (32, 1)}
+#: the dual sweep (the backward's dV and dC) stages a fourth tile per row block: fewer stages,
+#: fp32 in 32-row blocks, so that four tiles per stage fit 227 KB of shared memory
+DUAL_TABLE = {"half": (64, 2), "tf32": (32, 2), "exact": (32, 1)}
 
 
 def operand_kind(dtype: torch.dtype, precision: str) -> str:
@@ -39,12 +42,15 @@ def operand_kind(dtype: torch.dtype, precision: str) -> str:
     return "tf32" if precision == "tf32" else "exact"
 
 
-def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool) -> dict:
+def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool,
+                 dual: bool = False) -> dict:
     """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
-    (which re-read B and C once per block); rows and stages from :data:`CHUNK_TABLE`."""
+    (which re-read B and C once per block); rows and stages from :data:`CHUNK_TABLE`
+    (:data:`DUAL_TABLE` for the dual sweep)."""
     block_r = next_pow2(r)
     block_d = min(next_pow2(d), max(16, 16384 // block_r))
-    block_n, stages = CHUNK_TABLE[(operand_kind(dtype, precision), decay)]
+    kind = operand_kind(dtype, precision)
+    block_n, stages = DUAL_TABLE[kind] if dual else CHUNK_TABLE[(kind, decay)]
     if block_r > 128:  # a 256-row state leaves shared memory for 32-row tiles only
         block_n = 32
     cfg = dict(BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
@@ -87,7 +93,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     B, C, V = B.contiguous(), C.contiguous(), V.contiguous()
     out = torch.empty_like(V)
     precision = dot_precision(V.dtype, fp32_precision)
-    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None)
+    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, dual=dual is not None)
     segment = cfg.pop("segment", None) if segment is None else segment
     lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
     if segment is None:

@@ -107,7 +107,8 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
         states = torch.empty(batch * heads, n_seg, cfg["BLOCK_R"], d, dtype=torch.float32,
                              device=V.device)
         kern.la_state_kernel[grid](C, V, states, **shape)
-    kern.la_fwd_kernel[grid](B, C, V, out, states, HALF_RANGE=V.dtype == torch.float16, **shape)
+    kern.la_fwd_kernel[grid](B, C, V, out, states, SPLIT=n_seg > 1,
+                             HALF_RANGE=V.dtype == torch.float16, **shape)
     return out
 
 
