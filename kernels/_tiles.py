@@ -5,6 +5,11 @@ in reverse time (``REVERSE``) logical row t is physical row N-1-t, so the same c
 operator on time-reversed rows (the backward's dV and dC) without copying anything. Decays enter
 as log λ (fp32) and only ever as λ^k with k ≥ 0.
 
+Non-finite inputs (NaN/Inf in rows of C or V, e.g. padding of uninitialised memory): the scores
+are masked with ``where``, and a chunk whose output holds a NaN/Inf is recomputed by
+:func:`isolated_output`, so a non-finite row never reaches an earlier row; the carried state
+turns NaN, which poisons every later row, as the exact formula does.
+
 Precision policy (both kernels): dot operands in the input dtype (fp16/bf16), accumulation and the
 carried state in fp32; fp32 inputs use ``PRECISION`` (tf32 by default, tf32x3 or ieee on request).
 When the fp32 state or the fp32 scores become an fp16 operand, they are first scaled by a power
@@ -70,11 +75,29 @@ def chunk_weights(lg, s, N, BLOCK_N: tl.constexpr, HAS_DECAY: tl.constexpr):
 
 @triton.jit
 def isolate_nonfinite(x):
-    """(x with its NaN/Inf entries set to 0, per row 0 or NaN). A chunk multiplies whole tiles, so
-    a non-finite row j would meet the zero mask weights of earlier rows i < j and turn them NaN
-    (0 × NaN); zeroed, it cannot, and the per-row NaN lets the kernel poison rows ≥ j itself."""
+    """(x with its NaN/Inf entries set to 0, per row 0 or NaN)."""
     z = x * 0  # 0 where finite, NaN where not
     return tl.where(z == 0, x, 0), tl.sum(z.to(tl.float32), axis=1)
+
+
+@triton.jit
+def has_nonfinite(x):
+    """Whether the tile holds a NaN or Inf (one reduction)."""
+    return tl.sum(tl.sum(x * 0.0, axis=1), axis=0) != 0.0
+
+
+@triton.jit
+def isolated_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
+                    HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`chunk_output` for a chunk whose output came out non-finite. A chunk multiplies whole
+    tiles, so a non-finite row j of z meets the zero weights of the earlier rows i < j inside the
+    product and turns them NaN (0 × NaN). Here the non-finite entries of y and z are zeroed first
+    and every row from the first non-finite one on is set to NaN: rows before it are exact. Taken
+    only when the output holds a NaN/Inf, so finite inputs pay one reduction per chunk."""
+    y, y_bad = isolate_nonfinite(y)
+    z, z_bad = isolate_nonfinite(z)
+    out = chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
+    return out + tl.cumsum(y_bad + z_bad, axis=0)[:, None]
 
 
 @triton.jit
@@ -116,7 +139,8 @@ def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
         out = out * h_scale
     if HAS_DECAY:
         out = out * w_in[:, None]
-    scores = tl.dot(x, tl.trans(y), input_precision=PRECISION) * intra
+    # where, not a product: a non-finite y_j must not reach rows i < j through 0 × NaN
+    scores = tl.where(intra != 0.0, tl.dot(x, tl.trans(y), input_precision=PRECISION) * intra, 0.0)
     if HALF_RANGE:
         p, p_scale = half_operand(scores, z.dtype)
         return out + tl.dot(p, z, input_precision=PRECISION) * p_scale

@@ -22,23 +22,23 @@ Only non-negative powers of λ appear. ``DUAL`` also writes O2 = op(E, V, C) for
 shaped like V: its state Σ v_jᵀ c_j is the transpose of this one, so one sweep gives both (the
 backward's dV and dC). ``REVERSE`` runs the same recurrence over the rows read
 backwards (logical row t = physical row N-1-t): the backward pass's dV and dC. Non-finite rows of
-C or V poison the rows from theirs on and the carried state, never an earlier row
-(``_tiles.isolate_nonfinite``). Shared tile code: ``_tiles.py``. Launcher:
+C or V poison the rows from theirs on and the carried state, never an earlier row (``ISOLATE``,
+``_tiles.isolated_output``). Shared tile code: ``_tiles.py``. Launcher:
 ``leetrepro.methods.chunk``.
 """
 import triton
 import triton.language as tl
 
-from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, intra_mask,
-                                      isolate_nonfinite, load_rows, row_positions, state_operand,
-                                      store_rows)
+from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
+                                      intra_mask, isolated_output, load_rows, row_positions,
+                                      state_operand, store_rows)
 
 
 @triton.jit
 def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SEG,
                       HAS_DECAY: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
                       SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
-                      HALF_RANGE: tl.constexpr,
+                      HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr):
     if SPLIT:
@@ -75,11 +75,10 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LA
         if not last:
             for s in range(start, end, BLOCK_N):
                 ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
-                c, c_bad = isolate_nonfinite(load_rows(C, bc_base, phys, ok, cols_r, r_ok, R))
-                v, v_bad = isolate_nonfinite(load_rows(V, vo_base, phys, ok, cols_d, d_ok, D))
+                c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
+                v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
                 w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
                 local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
-                local += tl.sum(c_bad + v_bad, axis=0)
 
     # 2. the state entering the segment
     if HAS_S0:
@@ -106,20 +105,26 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LA
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
         b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
-        c, c_bad = isolate_nonfinite(load_rows(C, bc_base, phys, ok, cols_r, r_ok, R))
-        v, v_bad = isolate_nonfinite(load_rows(V, vo_base, phys, ok, cols_d, d_ok, D))
+        c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
+        v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
-        poison = tl.cumsum(c_bad + v_bad, axis=0)  # NaN from the first non-finite row on
-        store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out + poison[:, None])
+        if ISOLATE:
+            if has_nonfinite(out):  # rare: recompute so that no row meets a later row's NaN
+                out = isolated_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
+                                      PRECISION)
+        store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, D)
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
                                 HALF_RANGE, PRECISION)
-            store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2 + poison[:, None])
+            if ISOLATE:
+                if has_nonfinite(out2):
+                    out2 = isolated_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
+                                           HALF_RANGE, PRECISION)
+            store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        state += tl.sum(c_bad + v_bad, axis=0)
     if STORE_SN:
         if last:
             tl.store(SN + state_off, state, mask=state_ok)

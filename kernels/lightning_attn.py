@@ -15,9 +15,9 @@ non-finite isolation): ``_tiles.py``. Launcher: ``leetrepro.methods.lightning``.
 import triton
 import triton.language as tl
 
-from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, intra_mask,
-                                      isolate_nonfinite, load_rows, row_positions, state_operand,
-                                      store_rows)
+from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
+                                      intra_mask, isolated_output, load_rows, row_positions,
+                                      state_operand, store_rows)
 
 
 @triton.jit
@@ -37,11 +37,10 @@ def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
     start = seg * SEG
     for s in range(start, tl.minimum(start + SEG, N), BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)
-        c, c_bad = isolate_nonfinite(load_rows(C, bh.to(tl.int64) * N * R, phys, ok, cols_r, r_ok, R))
-        v, v_bad = isolate_nonfinite(load_rows(V, bh.to(tl.int64) * N * D, phys, ok, cols_d, d_ok, D))
+        c = load_rows(C, bh.to(tl.int64) * N * R, phys, ok, cols_r, r_ok, R)
+        v = load_rows(V, bh.to(tl.int64) * N * D, phys, ok, cols_d, d_ok, D)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        state += tl.sum(c_bad + v_bad, axis=0)
     n_seg = tl.num_programs(2)
     s_off = ((bh.to(tl.int64) * n_seg + seg) * BLOCK_R + cols_r[:, None]) * D + cols_d[None, :]
     tl.store(S + s_off, state, mask=d_ok[None, :])
@@ -50,6 +49,7 @@ def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
 @triton.jit
 def la_fwd_kernel(B, C, V, O, S, LOG_GAMMA, N, R, D, H, SEG,
                   HAS_DECAY: tl.constexpr, SPLIT: tl.constexpr, HALF_RANGE: tl.constexpr,
+                  ISOLATE: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                   PRECISION: tl.constexpr):
     bh = tl.program_id(0)
@@ -76,13 +76,14 @@ def la_fwd_kernel(B, C, V, O, S, LOG_GAMMA, N, R, D, H, SEG,
     for s in range(start, tl.minimum(start + SEG, N), BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)
         b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
-        c, c_bad = isolate_nonfinite(load_rows(C, bc_base, phys, ok, cols_r, r_ok, R))
-        v, v_bad = isolate_nonfinite(load_rows(V, vo_base, phys, ok, cols_d, d_ok, D))
+        c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
+        v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
-        bad = c_bad + v_bad
-        out += tl.cumsum(bad, axis=0)[:, None]  # NaN from the first non-finite row on
+        if ISOLATE:
+            if has_nonfinite(out):  # rare: recompute so that no row meets a later row's NaN
+                out = isolated_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
+                                      PRECISION)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        state += tl.sum(bad, axis=0)
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)

@@ -108,7 +108,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
                              device=V.device)
         kern.la_state_kernel[grid](C, V, states, **shape)
     kern.la_fwd_kernel[grid](B, C, V, out, states, SPLIT=n_seg > 1,
-                             HALF_RANGE=V.dtype == torch.float16, **shape)
+                             **(dict(ISOLATE=True, HALF_RANGE=V.dtype == torch.float16) | shape))
     return out
 
 
