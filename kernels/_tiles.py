@@ -129,7 +129,7 @@ def state_operand(state, dtype: tl.constexpr, HALF_RANGE: tl.constexpr):
 
 @triton.jit
 def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
-                 HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
+                 HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr, ACC_FUSED: tl.constexpr = False):
     """Rows of one chunk, in fp32: diag(w_in) x·H + (x yᵀ ⊙ mask) z, with H = h·h_scale the
     incoming state as an operand (:func:`state_operand`). The operator's output is
     (x, y, z) = (b, c, v) with H the state; its dual op(E, V, C) is (e, v, c) with Hᵀ. The decay
@@ -144,5 +144,7 @@ def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
     if HALF_RANGE:
         p, p_scale = half_operand(scores, z.dtype)
         return out + tl.dot(p, z, input_precision=PRECISION) * p_scale
-    else:
+    elif ACC_FUSED:
         return tl.dot(scores.to(z.dtype), z, acc=out, input_precision=PRECISION)
+    else:
+        return out + tl.dot(scores.to(z.dtype), z, input_precision=PRECISION)

@@ -30,15 +30,15 @@ import triton
 import triton.language as tl
 
 from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
-                                      intra_mask, isolated_output, load_rows, row_positions,
-                                      state_operand, store_rows)
+                                      intra_mask, isolate_nonfinite, isolated_output, load_rows,
+                                      row_positions, state_operand, store_rows)
 
 
 @triton.jit
 def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SEG,
                       HAS_DECAY: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
                       SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
-                      HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr,
+                      HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr, ACC_FUSED: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr):
     if SPLIT:
@@ -107,10 +107,16 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LA
         b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
         c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
         v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
+        if ISOLATE == 1:
+            c, c_bad = isolate_nonfinite(c)
+            v, v_bad = isolate_nonfinite(v)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
-        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
-        if ISOLATE:
+        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION,
+                           ACC_FUSED)
+        if ISOLATE == 1:
+            out += tl.cumsum(c_bad + v_bad, axis=0)[:, None]
+        if ISOLATE == 2:
             if has_nonfinite(out):  # rare: recompute so that no row meets a later row's NaN
                 out = isolated_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
                                       PRECISION)
@@ -119,12 +125,14 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LA
             e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, D)
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
                                 HALF_RANGE, PRECISION)
-            if ISOLATE:
+            if ISOLATE == 2:
                 if has_nonfinite(out2):
                     out2 = isolated_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
                                            HALF_RANGE, PRECISION)
             store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
+        if ISOLATE == 1:
+            state += tl.sum(c_bad + v_bad, axis=0)
     if STORE_SN:
         if last:
             tl.store(SN + state_off, state, mask=state_ok)

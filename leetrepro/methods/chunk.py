@@ -121,7 +121,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         GAMMA=gamma, N=n, R=r, D=d, H=heads, LANES=lanes, SEG=segment,
         HAS_DECAY=gamma is not None, HAS_S0=s0 is not None, STORE_SN=output_final_state,
         SPLIT=n_seg > 1, REVERSE=reverse, DUAL=dual is not None,
-        PRECISION=precision, **(dict(ISOLATE=True, HALF_RANGE=V.dtype == torch.float16) | cfg))
+        PRECISION=precision, **(dict(ISOLATE=2, ACC_FUSED=False, HALF_RANGE=V.dtype == torch.float16) | cfg))
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
