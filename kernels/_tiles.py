@@ -6,9 +6,9 @@ operator on time-reversed rows (the backward's dV and dC) without copying anythi
 as log λ (fp32) and only ever as λ^k with k ≥ 0.
 
 Non-finite inputs (NaN/Inf in rows of C or V, e.g. padding of uninitialised memory): the scores
-are masked with ``where``, and a chunk whose output holds a NaN/Inf is recomputed by
-:func:`isolated_output`, so a non-finite row never reaches an earlier row; the carried state
-turns NaN, which poisons every later row, as the exact formula does.
+are masked with ``where``; a lane whose output came out non-finite is recomputed by a repair
+launch with :func:`isolate_nonfinite` (chunk_scan.py says how), so a non-finite row never reaches
+an earlier row, while every later row turns NaN, as the exact formula has it.
 
 Precision policy (both kernels): dot operands in the input dtype (fp16/bf16), accumulation and the
 carried state in fp32; fp32 inputs use ``PRECISION`` (tf32 by default, tf32x3 or ieee on request).
@@ -84,20 +84,6 @@ def isolate_nonfinite(x):
 def has_nonfinite(x):
     """Whether the tile holds a NaN or Inf (one reduction)."""
     return tl.sum(tl.sum(x * 0.0, axis=1), axis=0) != 0.0
-
-
-@triton.jit
-def isolated_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
-                    HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
-    """:func:`chunk_output` for a chunk whose output came out non-finite. A chunk multiplies whole
-    tiles, so a non-finite row j of z meets the zero weights of the earlier rows i < j inside the
-    product and turns them NaN (0 × NaN). Here the non-finite entries of y and z are zeroed first
-    and every row from the first non-finite one on is set to NaN: rows before it are exact. Taken
-    only when the output holds a NaN/Inf, so finite inputs pay one reduction per chunk."""
-    y, y_bad = isolate_nonfinite(y)
-    z, z_bad = isolate_nonfinite(z)
-    out = chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
-    return out + tl.cumsum(y_bad + z_bad, axis=0)[:, None]
 
 
 @triton.jit

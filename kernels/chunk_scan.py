@@ -21,24 +21,31 @@ only after segment k+1 has read P_k, which segment k published after reading P_{
 Only non-negative powers of λ appear. ``DUAL`` also writes O2 = op(E, V, C) for a fourth input E
 shaped like V: its state Σ v_jᵀ c_j is the transpose of this one, so one sweep gives both (the
 backward's dV and dC). ``REVERSE`` runs the same recurrence over the rows read
-backwards (logical row t = physical row N-1-t): the backward pass's dV and dC. Non-finite rows of
-C or V poison the rows from theirs on and the carried state, never an earlier row (``ISOLATE``,
-``_tiles.isolated_output``). Shared tile code: ``_tiles.py``. Launcher:
+backwards (logical row t = physical row N-1-t): the backward pass's dV and dC.
+
+Non-finite rows of C or V: a chunk multiplies whole tiles, so a NaN/Inf in row j meets the zero
+weights of earlier rows of its chunk (0 × NaN) and would spoil them. Detecting that per chunk
+costs 2.5-5× (a reduction and a branch per chunk break the load-to-MMA pipeline; NOTES.md), so
+each program only collects, per thread, whether any output was non-finite, reduces that once at
+its end and flags its lane. A second launch (``REPAIR``, one program per lane, a few microseconds
+when nothing is flagged) recomputes only the flagged lanes from their start with ``ISOLATE``: the
+non-finite entries of C and V zeroed, every row from the first non-finite one on set to NaN. Shared tile code: ``_tiles.py``. Launcher:
 ``leetrepro.methods.chunk``.
 """
 import triton
 import triton.language as tl
 
 from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
-                                      intra_mask, isolate_nonfinite, isolated_output, load_rows,
-                                      row_positions, state_operand, store_rows)
+                                      intra_mask, isolate_nonfinite, load_rows, row_positions,
+                                      state_operand, store_rows)
 
 
 @triton.jit
-def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LANES, SEG,
+def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D, H, LANES, SEG,
                       HAS_DECAY: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
                       SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
                       HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr, ACC_FUSED: tl.constexpr,
+                      REPAIR: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr):
     if SPLIT:
@@ -65,6 +72,10 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LA
     start = seg * SEG
     end = tl.minimum(start + SEG, N)
     last = end >= N
+    go = True
+    if REPAIR:  # only the lanes whose outputs came out non-finite are recomputed
+        go = tl.load(FLAGS + lane) != 0
+        end = tl.where(go, end, start)
     state_off = (bh.to(tl.int64) * R + cols_r[:, None]) * D + cols_d[None, :]
     state_ok = r_ok[:, None] & d_ok[None, :]
     ws_tile = cols_r[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
@@ -102,37 +113,44 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, GAMMA, N, R, D, H, LA
             tl.atomic_xchg(SYNC + lane, seg + 1, sem="release")
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
+    seen = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)  # NaN where an output was non-finite
+    seen2 = tl.zeros((BLOCK_N, BLOCK_R), dtype=tl.float32)  # the same for the dual output
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
         b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
         c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
         v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
-        if ISOLATE == 1:
+        if ISOLATE:
             c, c_bad = isolate_nonfinite(c)
             v, v_bad = isolate_nonfinite(v)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION,
                            ACC_FUSED)
-        if ISOLATE == 1:
-            out += tl.cumsum(c_bad + v_bad, axis=0)[:, None]
-        if ISOLATE == 2:
-            if has_nonfinite(out):  # rare: recompute so that no row meets a later row's NaN
-                out = isolated_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
-                                      PRECISION)
+        if ISOLATE:  # the repair launch: NaN from the first non-finite row on, none before
+            poison = tl.cumsum(c_bad + v_bad, axis=0)[:, None]
+            out += poison
+        else:
+            seen += out * 0.0
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, D)
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
                                 HALF_RANGE, PRECISION)
-            if ISOLATE == 2:
-                if has_nonfinite(out2):
-                    out2 = isolated_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
-                                           HALF_RANGE, PRECISION)
+            if ISOLATE:
+                out2 += poison
+            else:
+                seen2 += out2 * 0.0
             store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        if ISOLATE == 1:
+        if ISOLATE:
             state += tl.sum(c_bad + v_bad, axis=0)
+    if not ISOLATE:  # one reduction per program: flag the lane for the repair launch
+        bad = has_nonfinite(seen)
+        if DUAL:
+            bad = bad | has_nonfinite(seen2)
+        if bad:
+            tl.store(FLAGS + lane, 1)
     if STORE_SN:
         if last:
-            tl.store(SN + state_off, state, mask=state_ok)
+            tl.store(SN + state_off, state, mask=state_ok & go)

@@ -9,14 +9,14 @@ Only non-negative powers of λ appear.
 When batch·heads is too small to fill the GPU, N is cut into segments of SEG rows (a multiple of
 BLOCK_N): ``la_state_kernel`` computes every segment's own end state from C and V, and
 ``la_fwd_kernel`` starts segment k from Σ_{j<k} λ^(SEG·(k-1-j)) S_j. One segment = no split.
-Shared tile code (loads, decay factors, chunk output, state update, precision policy,
-non-finite isolation): ``_tiles.py``. Launcher: ``leetrepro.methods.lightning``.
+Non-finite rows: flagged lanes recomputed by a second launch (``REPAIR``), as in chunk_scan.py.
+Shared tile code (loads, decay factors, chunk output, state update, precision policy): ``_tiles.py``. Launcher: ``leetrepro.methods.lightning``.
 """
 import triton
 import triton.language as tl
 
 from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
-                                      intra_mask, isolated_output, load_rows, row_positions,
+                                      intra_mask, isolate_nonfinite, load_rows, row_positions,
                                       state_operand, store_rows)
 
 
@@ -47,9 +47,9 @@ def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
 
 
 @triton.jit
-def la_fwd_kernel(B, C, V, O, S, LOG_GAMMA, N, R, D, H, SEG,
+def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
                   HAS_DECAY: tl.constexpr, SPLIT: tl.constexpr, HALF_RANGE: tl.constexpr,
-                  ISOLATE: tl.constexpr,
+                  ISOLATE: tl.constexpr, REPAIR: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                   PRECISION: tl.constexpr):
     bh = tl.program_id(0)
@@ -72,18 +72,30 @@ def la_fwd_kernel(B, C, V, O, S, LOG_GAMMA, N, R, D, H, SEG,
         for k in range(0, seg):
             s_off = ((bh.to(tl.int64) * n_seg + k) * BLOCK_R + cols_r[:, None]) * D + cols_d[None, :]
             state = state * seg_decay + tl.load(S + s_off, mask=d_ok[None, :], other=0.0)
+    lane = bh * tl.num_programs(1) + tl.program_id(1)
     start = seg * SEG
-    for s in range(start, tl.minimum(start + SEG, N), BLOCK_N):
+    end = tl.minimum(start + SEG, N)
+    if REPAIR:  # only the lanes whose outputs came out non-finite are recomputed (chunk_scan.py)
+        end = tl.where(tl.load(FLAGS + lane) != 0, end, start)
+    seen = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)
         b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
         c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
         v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
+        if ISOLATE:
+            c, c_bad = isolate_nonfinite(c)
+            v, v_bad = isolate_nonfinite(v)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
-        if ISOLATE:
-            if has_nonfinite(out):  # rare: recompute so that no row meets a later row's NaN
-                out = isolated_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
-                                      PRECISION)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
+        if ISOLATE:
+            out += tl.cumsum(c_bad + v_bad, axis=0)[:, None]
+            state += tl.sum(c_bad + v_bad, axis=0)
+        else:
+            seen += out * 0.0
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
+    if not ISOLATE:
+        if has_nonfinite(seen):
+            tl.store(FLAGS + lane, 1)

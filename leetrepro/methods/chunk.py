@@ -116,12 +116,18 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         sync = torch.zeros(lanes + 1, dtype=torch.int32, device=V.device)
         ws = torch.empty(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                          device=V.device)
-    kern.chunk_scan_kernel[(lanes * n_seg,)](
-        B, C, V, out, E=dual, O2=None if dual is None else out2, S0=s0, SN=sn, WS=ws, SYNC=sync,
-        GAMMA=gamma, N=n, R=r, D=d, H=heads, LANES=lanes, SEG=segment,
-        HAS_DECAY=gamma is not None, HAS_S0=s0 is not None, STORE_SN=output_final_state,
-        SPLIT=n_seg > 1, REVERSE=reverse, DUAL=dual is not None,
-        PRECISION=precision, **(dict(ISOLATE=2, ACC_FUSED=False, HALF_RANGE=V.dtype == torch.float16) | cfg))
+    flags = torch.zeros(lanes, dtype=torch.int32, device=V.device)
+    args = dict(E=dual, O2=None if dual is None else out2, S0=s0, SN=sn, FLAGS=flags, GAMMA=gamma,
+                N=n, R=r, D=d, H=heads, LANES=lanes, HAS_DECAY=gamma is not None,
+                HAS_S0=s0 is not None, STORE_SN=output_final_state, REVERSE=reverse,
+                DUAL=dual is not None, PRECISION=precision,
+                **(dict(ACC_FUSED=False, HALF_RANGE=V.dtype == torch.float16) | cfg))
+    kern.chunk_scan_kernel[(lanes * n_seg,)](B, C, V, out, WS=ws, SYNC=sync, SEG=segment,
+                                             SPLIT=n_seg > 1, ISOLATE=False, REPAIR=False, **args)
+    # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's
+    # NaN/Inf (the kernel's docstring); a few microseconds when no lane is flagged
+    kern.chunk_scan_kernel[(lanes,)](B, C, V, out, WS=None, SYNC=None, SEG=n, SPLIT=False,
+                                     ISOLATE=True, REPAIR=True, **args)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
