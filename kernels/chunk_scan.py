@@ -25,9 +25,9 @@ backwards (logical row t = physical row N-1-t): the backward pass's dV and dC.
 
 Non-finite rows of C or V: a chunk multiplies whole tiles, so a NaN/Inf in row j meets the zero
 weights of earlier rows of its chunk (0 × NaN) and would spoil them. Detecting that per chunk
-costs 2.5-5× (a reduction and a branch per chunk break the load-to-MMA pipeline; NOTES.md), so
-each program only collects, per thread, whether any output was non-finite, reduces that once at
-its end and flags its lane. A second launch (``REPAIR``, one program per lane, a few microseconds
+costs 2.5-5× (a reduction and a branch per chunk break the load-to-MMA pipeline; NOTES.md). But
+such a row also makes the carried state non-finite, and nothing makes it finite again, so each
+program checks its state once, at its end, and flags its lane. A second launch (``REPAIR``, one program per lane, a few microseconds
 when nothing is flagged) recomputes only the flagged lanes from their start with ``ISOLATE``: the
 non-finite entries of C and V zeroed, every row from the first non-finite one on set to NaN. Shared tile code: ``_tiles.py``. Launcher:
 ``leetrepro.methods.chunk``.
@@ -113,8 +113,6 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
             tl.atomic_xchg(SYNC + lane, seg + 1, sem="release")
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
-    seen = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)  # NaN where an output was non-finite
-    seen2 = tl.zeros((BLOCK_N, BLOCK_R), dtype=tl.float32)  # the same for the dual output
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
         b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
@@ -130,8 +128,6 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
         if ISOLATE:  # the repair launch: NaN from the first non-finite row on, none before
             poison = tl.cumsum(c_bad + v_bad, axis=0)[:, None]
             out += poison
-        else:
-            seen += out * 0.0
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, D)
@@ -139,17 +135,12 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
                                 HALF_RANGE, PRECISION)
             if ISOLATE:
                 out2 += poison
-            else:
-                seen2 += out2 * 0.0
             store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
         if ISOLATE:
             state += tl.sum(c_bad + v_bad, axis=0)
-    if not ISOLATE:  # one reduction per program: flag the lane for the repair launch
-        bad = has_nonfinite(seen)
-        if DUAL:
-            bad = bad | has_nonfinite(seen2)
-        if bad:
+    if not ISOLATE:  # a non-finite c or v leaves the state non-finite for good: one check
+        if has_nonfinite(state):
             tl.store(FLAGS + lane, 1)
     if STORE_SN:
         if last:

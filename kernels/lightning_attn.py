@@ -77,7 +77,6 @@ def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
     end = tl.minimum(start + SEG, N)
     if REPAIR:  # only the lanes whose outputs came out non-finite are recomputed (chunk_scan.py)
         end = tl.where(tl.load(FLAGS + lane) != 0, end, start)
-    seen = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)
         b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
@@ -93,9 +92,7 @@ def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
         if ISOLATE:
             out += tl.cumsum(c_bad + v_bad, axis=0)[:, None]
             state += tl.sum(c_bad + v_bad, axis=0)
-        else:
-            seen += out * 0.0
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
-    if not ISOLATE:
-        if has_nonfinite(seen):
+    if not ISOLATE:  # a non-finite c or v leaves the state non-finite for good: one check
+        if has_nonfinite(state):
             tl.store(FLAGS + lane, 1)

@@ -108,7 +108,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
                              device=V.device)
         kern.la_state_kernel[grid](C, V, states, **shape)
     flags = torch.zeros(batch * heads * d_blocks, dtype=torch.int32, device=V.device)
-    fwd = dict(HALF_RANGE=V.dtype == torch.float16) | shape
+    fwd = dict(HALF_RANGE=V.dtype != torch.float32) | shape
     kern.la_fwd_kernel[grid](B, C, V, out, states, flags, SPLIT=n_seg > 1, ISOLATE=False,
                              REPAIR=False, **fwd)
     # lanes whose outputs came out non-finite, recomputed without letting a row reach earlier ones
