@@ -9,7 +9,8 @@ tensors at r = d (forward: B, C, V read, O written; backward: B, C, V, dO read, 
 written): ``floor_ms = (6r + 5d)·N·batch·heads·bytes / copy bandwidth`` measured in the same run.
 ``peak_extra_GiB``: the peak memory of forward + backward beyond the inputs, dO and O;
 ``grads_GiB``: |dB| + |dC| + |dV|. ``rel_error_d*``: each gradient of the first (batch, head)
-against float64 autograd through the oracle (N ≤ ``--check-max-n``).
+against float64 autograd through the oracle (N ≤ ``--check-max-n``, 8192: the float64 graph
+is O(N²)).
 
 Entries: ``Chunk`` (``causal_linear_decoder(..., method="Chunk")``: the custom op, its backward
 a fused reverse sweep for dV and dC plus a forward sweep for dB) and ``fla``
@@ -151,7 +152,8 @@ def main(argv=None) -> int:
     p.add_argument("--cells", nargs="*", default=None,
                    help="dtype:batch:N triples (default: the training cells of the README)")
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--check-max-n", type=int, default=25600)
+    p.add_argument("--check-max-n", type=int, default=8192,
+                   help="largest N whose gradients are checked against float64 autograd")
     p.add_argument("--csv", default="train.csv")
     args = p.parse_args(argv)
     setup = bench_setup("bench.train", args.out)

@@ -127,7 +127,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's
     # NaN/Inf (the kernel's docstring); a few microseconds when no lane is flagged
     kern.chunk_scan_kernel[(lanes,)](B, C, V, out, WS=None, SYNC=None, SEG=n, SPLIT=False,
-                                     ISOLATE=True, REPAIR=True, **args)
+                                     ISOLATE=True, REPAIR=True, **(args | dict(num_stages=1)))
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out

@@ -113,7 +113,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
                              REPAIR=False, **fwd)
     # lanes whose outputs came out non-finite, recomputed without letting a row reach earlier ones
     kern.la_fwd_kernel[grid[:2] + (1,)](B, C, V, out, None, flags, **(fwd | dict(
-        SEG=n, SPLIT=False, ISOLATE=True, REPAIR=True)))
+        SEG=n, SPLIT=False, ISOLATE=True, REPAIR=True, num_stages=1)))
     return out
 
 
