@@ -79,3 +79,30 @@ ax.set(xscale="log", xlabel="n", ylabel="norm ratio", title="Theorem 4.1: triang
 ax.legend(fontsize=8); ax.grid(alpha=0.3); fig.tight_layout()
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"theorem41.{ext}"), dpi=120)
+
+# %% [markdown]
+# ## The backward pass: three operators of the same family
+# With $O = (B C^\top \odot M) V$ and a loss gradient $dO$:
+# $\partial L/\partial V = (B C^\top \odot M)^\top dO = (C B^\top \odot M^\top)\, dO$,
+# $\partial L/\partial C = \big((dO\, V^\top) \odot M\big)^\top B = (V\, dO^\top \odot M^\top) B$,
+# $\partial L/\partial B = (dO\, V^\top \odot M)\, C$.
+# $M^\top$ is the causal mask read backwards in time ($M^\top = J M J$ with $J$ the reversal), so
+# $dV = J\,\mathrm{op}(JC, JB, J\,dO)$ and $dC = J\,\mathrm{op}(JV, J\,dO, JB)$: each gradient is the
+# forward operator on other inputs, and dV's recurrent state $\sum_{s\ge t}\lambda^{s-t} b_s^\top dO_s$
+# is the transpose of dC's. Checked below against float64 autograd through the oracle (each check
+# can fail: it compares two independent computations).
+
+# %%
+gen = torch.Generator().manual_seed(seed + 7)
+Bq, Cq, Vq = (torch.randn(2, 3, n, k, dtype=torch.float64, generator=gen, requires_grad=True)
+              for k in (r, r, d))
+dO = torch.randn(2, 3, n, d, dtype=torch.float64, generator=gen)
+auto_grads = torch.autograd.grad((reference(Bq, Cq, Vq, gamma) * dO).sum(), (Bq, Cq, Vq))
+J = lambda t: t.flip(2)
+formula = {"dB": reference(dO, Vq, Cq, gamma),
+           "dV": J(reference(J(Cq), J(Bq), J(dO), gamma)),
+           "dC": J(reference(J(Vq), J(dO), J(Bq), gamma))}
+back = pd.DataFrame([dict(gradient=k, rel_error=((formula[k] - a).norm() / a.norm()).item())
+                     for k, a in zip(("dB", "dC", "dV"), auto_grads)])
+assert (back.rel_error < 1e-12).all(), back
+back
