@@ -1,0 +1,40 @@
+"""The installed package: the wheel carries the kernels and the dispatch tables, and an installed
+copy finds its own (not a checkout's)."""
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from leetrepro import _paths
+
+ROOT = _paths.ROOT
+
+
+def test_a_checkout_uses_its_own_kernels_and_data():
+    assert _paths.resource("kernels") == os.path.join(ROOT, "kernels")
+    assert _paths.data("h100", "dispatch.csv") == os.path.join(ROOT, "data", "h100", "dispatch.csv")
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_kernels_and_dispatch_tables_and_finds_them_installed(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", ROOT, "--no-deps",
+                          "--no-build-isolation", "-q", "-w", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    wheel = next(tmp_path.glob("leetrepro-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"leetrepro/kernels/chunk_scan.py", "leetrepro/kernels/_tiles.py",
+            "leetrepro/kernels/causal_dot_product.cu", "leetrepro/data/h100/dispatch.csv"} <= names
+    assert not any(n.startswith("leetrepro/data/h100/table") for n in names)  # only the tables
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = ("from leetrepro import dispatch, _paths; "
+            "print(dispatch.table_path('h100')); print(_paths.resource('kernels'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=str(site)), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table, kernels = out.stdout.split()
+    assert table == str(site / "leetrepro" / "data" / "h100" / "dispatch.csv") and os.path.exists(table)
+    assert kernels == str(site / "leetrepro" / "kernels")
