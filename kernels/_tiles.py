@@ -48,6 +48,22 @@ def store_rows(ptr, base, phys, ok, cols, col_ok, stride, x):
 
 
 @triton.jit
+def load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d, d_ok, R, D,
+               ISOLATE: tl.constexpr):
+    """One chunk's b, c, v tiles and, with ISOLATE (the repair launch), c and v with their
+    non-finite entries zeroed and the per-row 0/NaN that poisons rows from a bad one on."""
+    b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
+    c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
+    v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
+    if ISOLATE:
+        c, c_bad = isolate_nonfinite(c)
+        v, v_bad = isolate_nonfinite(v)
+        return b, c, v, c_bad + v_bad
+    else:
+        return b, c, v, 0.0
+
+
+@triton.jit
 def intra_mask(lg, BLOCK_N: tl.constexpr, HAS_DECAY: tl.constexpr):
     """The chunk's own (BLOCK_N, BLOCK_N) mask: λ^(i-j) for i ≥ j, exactly 0 above the diagonal."""
     rows = tl.arange(0, BLOCK_N)
@@ -117,7 +133,7 @@ def state_operand(state, dtype: tl.constexpr, HALF_RANGE: tl.constexpr):
 
 @triton.jit
 def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
-                 HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr, ACC_FUSED: tl.constexpr = False):
+                 HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
     """Rows of one chunk, in fp32: diag(w_in) x·H + (x yᵀ ⊙ mask) z, with H = h·h_scale the
     incoming state as an operand (:func:`state_operand`). The operator's output is
     (x, y, z) = (b, c, v) with H the state; its dual op(E, V, C) is (e, v, c) with Hᵀ. The decay
@@ -132,7 +148,5 @@ def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
     if HALF_RANGE:
         p, p_scale = half_operand(scores, z.dtype)
         return out + tl.dot(p, z, input_precision=PRECISION) * p_scale
-    elif ACC_FUSED:
-        return tl.dot(scores.to(z.dtype), z, acc=out, input_precision=PRECISION)
     else:
         return out + tl.dot(scores.to(z.dtype), z, input_precision=PRECISION)

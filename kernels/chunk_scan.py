@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
-                                      intra_mask, isolate_nonfinite, load_rows, row_positions,
+                                      intra_mask, load_chunk, load_rows, row_positions,
                                       state_operand, store_rows)
 
 
@@ -44,7 +44,7 @@ from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weig
 def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D, H, LANES, SEG,
                       HAS_DECAY: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
                       SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
-                      HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr, ACC_FUSED: tl.constexpr,
+                      HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr,
                       REPAIR: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr):
@@ -115,18 +115,13 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
     # 4. the outputs, chunk by chunk, carrying the state on chip
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
-        b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
-        c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
-        v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
-        if ISOLATE:
-            c, c_bad = isolate_nonfinite(c)
-            v, v_bad = isolate_nonfinite(v)
+        b, c, v, bad = load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d,
+                                  d_ok, R, D, ISOLATE)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
-        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION,
-                           ACC_FUSED)
+        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
         if ISOLATE:  # the repair launch: NaN from the first non-finite row on, none before
-            poison = tl.cumsum(c_bad + v_bad, axis=0)[:, None]
+            poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
@@ -138,7 +133,7 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
             store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
         if ISOLATE:
-            state += tl.sum(c_bad + v_bad, axis=0)
+            state += tl.sum(bad, axis=0)
     if not ISOLATE:  # a non-finite c or v leaves the state non-finite for good: one check
         if has_nonfinite(state):
             tl.store(FLAGS + lane, 1)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
-                                      intra_mask, isolate_nonfinite, load_rows, row_positions,
+                                      intra_mask, load_chunk, load_rows, row_positions,
                                       state_operand, store_rows)
 
 
@@ -79,19 +79,15 @@ def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
         end = tl.where(tl.load(FLAGS + lane) != 0, end, start)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)
-        b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
-        c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
-        v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
-        if ISOLATE:
-            c, c_bad = isolate_nonfinite(c)
-            v, v_bad = isolate_nonfinite(v)
+        b, c, v, bad = load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d,
+                                  d_ok, R, D, ISOLATE)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
         if ISOLATE:
-            out += tl.cumsum(c_bad + v_bad, axis=0)[:, None]
-            state += tl.sum(c_bad + v_bad, axis=0)
+            out += tl.cumsum(bad, axis=0)[:, None]
+            state += tl.sum(bad, axis=0)
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
     if not ISOLATE:  # a non-finite c or v leaves the state non-finite for good: one check
         if has_nonfinite(state):

@@ -97,7 +97,7 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
     if hit is not None and (hit[0] is None or hit[0]() is gamma):
         return hit[1]
     g = _checked_gamma(gamma, heads, device)
-    _CHECKED[(id(g), g._version)] = weakref.ref(g)
+    _mark_checked(g)  # the op, which checks what it is given, need not read it again
     if key is not None:
         if len(_GAMMA_CACHE) >= 256:
             _GAMMA_CACHE.clear()
@@ -163,9 +163,13 @@ def check_gamma_values(g: torch.Tensor | None) -> None:
     if hit is not None and hit() is g:
         return
     _check_values(g.detach().to(device="cpu", dtype=torch.float64))
+    _mark_checked(g)
+
+
+def _mark_checked(g: torch.Tensor) -> None:
     if len(_CHECKED) >= 256:
         _CHECKED.clear()
-    _CHECKED[key] = weakref.ref(g)
+    _CHECKED[(id(g), g._version)] = weakref.ref(g)
 
 
 def log_gamma(gamma: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

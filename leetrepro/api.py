@@ -9,7 +9,6 @@ from . import methods as _methods  # noqa: F401  (fills the registry)
 from . import ops
 from ._inputs import check_qkv, normalize_gamma
 from ._state import check_state
-from .ops import check_options  # noqa: F401  (re-exported: benchmark_method checks options early)
 from .registry import get
 
 
@@ -61,22 +60,17 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             gamma = None
     g = normalize_gamma(gamma, B.shape[1], B.device)
     check_state(initial_state, B, V)
-    encoded = ops.encode_options(options)
     if not torch.compiler.is_compiling():
         # checked here, in eager mode, so errors name the call; a compiled graph defers them to
         # the op, which checks the same when it runs
-        with_state = initial_state is not None or output_final_state
-        m = ops.resolve(method, B, g, with_state)
-        opts = check_options(None if ops.is_auto(method) else m, options)
-        if ops.is_auto(method):
-            opts = check_options(m, opts)
+        m, opts = ops.prepare(method, options, B, g, initial_state is not None or output_final_state)
         if not (torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (B, C, V, initial_state))):
             # nothing for autograd to record: skip the op's dispatch (host time per call)
             out, s = ops.run(m, opts, B, C, V, g, initial_state, False, output_final_state)
             return (out, s) if output_final_state else out
-    out, s = ops.causal_linear(B, C, V, g, initial_state, method, encoded, False,
-                               output_final_state)
+    out, s = ops.causal_linear(B, C, V, g, initial_state, method, ops.encode_options(options),
+                               False, output_final_state)
     return (out, s) if output_final_state else out
 
 

@@ -99,6 +99,15 @@ def check_options(m: Method | None, options: dict) -> dict:
     return out
 
 
+def prepare(method, options: dict, B: torch.Tensor, gamma, with_state: bool) -> tuple[Method, dict]:
+    """The method that will run (:func:`resolve`) and the options it gets (:func:`check_options`):
+    ``"auto"`` takes only universal options, whichever method it picks."""
+    m = resolve(method, B, gamma, with_state)
+    if is_auto(method):
+        options = check_options(None, options)
+    return m, check_options(m, options)
+
+
 @functools.lru_cache(maxsize=None)  # inspect.signature costs ~10 µs, too much per call
 def _accepted_options(fn) -> frozenset | None:
     """Keyword options of a method's ``fn`` beyond (B, C, V, gamma); None if it takes ``**kwargs``."""
@@ -131,8 +140,9 @@ def _decode(options: str) -> tuple:
 
 
 def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
-        output_final_state: bool):
-    """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``."""
+        output_final_state: bool, dual: torch.Tensor | None = None):
+    """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
+    with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C))."""
     batch, heads, n, r = B.shape
     d = V.shape[-1]
     sdtype = state_dtype(V.dtype)
@@ -151,13 +161,15 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     flip = reverse and not m.reverse
     if reverse and m.reverse:
         kw["reverse"] = True
+    if dual is not None:
+        kw["dual"] = dual
     if flip:
         B, C, V = B.flip(2), C.flip(2), V.flip(2)
     res = m.fn(B, C, V, gamma, **kw)
     out, s = res if output_final_state else (res, no_state)
     if flip:
         out = out.flip(2)
-    return out.contiguous(), s
+    return (out if dual is not None else out.contiguous()), s
 
 
 @torch.library.custom_op("leetrepro::causal_linear", mutates_args=())
@@ -169,11 +181,8 @@ def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torc
     ``(H,)`` tensor of decays in (0, 1]. Returns ``(O, S_N)``, S_N an empty tensor unless
     ``output_final_state``. Use :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
     check_gamma_values(gamma)
-    with_state = initial_state is not None or output_final_state
-    m = resolve(method, B, gamma, with_state)
-    opts = check_options(None if is_auto(method) else m, dict(_decode(options)))
-    if is_auto(method):
-        opts = check_options(m, opts)
+    m, opts = prepare(method, dict(_decode(options)), B, gamma,
+                      initial_state is not None or output_final_state)
     return run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state)
 
 
@@ -196,22 +205,14 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
     for a gradient not asked for. See the module docstring for the formulas. A method that takes
     ``dual=`` (Chunk) computes dV and dC in one reverse sweep."""
     check_gamma_values(gamma)
-    with_state = initial_state is not None or dS is not None
-    m = resolve(method, B, gamma, with_state)
-    opts = check_options(None if is_auto(method) else m, dict(_decode(options)))
-    if is_auto(method):
-        opts = check_options(m, opts)
+    m, opts = prepare(method, dict(_decode(options)), B, gamma,
+                      initial_state is not None or dS is not None)
     empty = V.new_empty(0)
     dB = dC = dV = dS0 = empty
     X = None if dS is None else _per_head(dS, gamma, -1)
     if need_v or need_c or need_s0:
-        fused = m.dual and m.reverse and _dual_fits(m, B, V)
-        if fused:
-            kw = dict(opts, dual=V, reverse=not reverse)
-            if X is not None or need_s0:
-                kw.update(initial_state=X, output_final_state=need_s0)
-            res = m.fn(C, B, dO, gamma, **kw)
-            (dV, dC), R = res if need_s0 else (res, None)
+        if m.dual and m.reverse and _dual_fits(B, V):
+            (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V)
         else:
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0)
             if need_c:
@@ -226,11 +227,10 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
     return tuple(g.contiguous() if k else empty for g, k in zip((dB, dC, dV, dS0), keep))
 
 
-def _dual_fits(m: Method, B: torch.Tensor, V: torch.Tensor) -> bool:
-    """Whether the fused dV/dC sweep applies: the whole r × d state in one lane, N ≥ 1."""
-    r, d = B.shape[-1], V.shape[-1]
-    return B.shape[2] > 0 and B.numel() > 0 and V.numel() > 0 and r * d <= 128 * 128 \
-        and r <= 128 and d <= 128
+def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
+    """Whether the fused dV/dC sweep applies: the whole r × d state in one lane (r, d ≤ 128),
+    nothing empty (``run`` handles empty shapes apart)."""
+    return B.numel() > 0 and V.numel() > 0 and B.shape[-1] <= 128 and V.shape[-1] <= 128
 
 
 @causal_linear_backward.register_fake

@@ -26,15 +26,7 @@ import os
 import torch
 from IPython.display import Markdown, display
 from leetrepro.reproduce import tables as T, paper
-from leetrepro.bench import gpu_tag
-live = torch.device(device).type != "cuda" or torch.cuda.is_available()
-gpu = gpu or (gpu_tag(device) if live else "h100")
-data_dir = os.path.join(out_root, "data", gpu)
-fig_dir = os.path.join(out_root, "figures", gpu)
-os.makedirs(data_dir, exist_ok=True); os.makedirs(fig_dir, exist_ok=True)
-if not live:
-    display(Markdown(f"**No GPU on this machine: nothing is measured here. The tables below are "
-                     f"re-rendered from the committed measurements in `data/{gpu}/`.**"))
+live, gpu, data_dir, fig_dir = T.notebook_setup(device, gpu, out_root)
 import pandas as pd
 import matplotlib.pyplot as plt
 from leetrepro.bench import floor as F

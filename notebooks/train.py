@@ -35,16 +35,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from IPython.display import Markdown, display
-from leetrepro.bench import gpu_tag
 from leetrepro.bench.lm import fla_attention, train
+from leetrepro.reproduce.tables import notebook_setup
 from leetrepro.models.lm import corpus
 
-live = torch.device(device).type != "cuda" or torch.cuda.is_available()
-gpu = gpu or (gpu_tag(device) if live else "h100")
-data_dir = os.path.join(out_root, "data", gpu)
-fig_dir = os.path.join(out_root, "figures", gpu)
-os.makedirs(data_dir, exist_ok=True)
-os.makedirs(fig_dir, exist_ok=True)
+live, gpu, data_dir, fig_dir = notebook_setup(device, gpu, out_root)
 csv = os.path.join(data_dir, "train_lm.csv")
 
 # %%
@@ -67,7 +62,6 @@ if live:
     runs.to_csv(csv, index=False)
 else:
     runs = pd.read_csv(csv)
-    display(Markdown(f"No GPU here: re-rendered from `{csv}`."))
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))

@@ -27,7 +27,7 @@ from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..complexity import io_bytes
 from ..reference import reference, rel_error
-from .harness import bench_setup, is_oom, median, random_inputs, time_calls
+from .harness import bench_setup, fla_chunk_simple_gla, is_oom, random_inputs, time_calls
 
 GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
 
@@ -37,11 +37,8 @@ def entries(dtype: torch.dtype, names) -> dict:
     out = {}
     for name in names:
         if name == "fla":
-            try:
-                from fla.ops.simple_gla import chunk_simple_gla
-            except ImportError as err:
-                print(f"fla: not installed ({err}); `pip install fla-core` or `make wheelhouse`",
-                      file=sys.stderr)
+            chunk_simple_gla = fla_chunk_simple_gla()
+            if chunk_simple_gla is None:
                 continue
             out[name] = (lambda B, C, V, g, t, f=chunk_simple_gla:
                          f(t[0], t[1], t[2], g_gamma=t[3], scale=1.0)[0])

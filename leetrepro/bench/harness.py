@@ -113,6 +113,18 @@ def random_inputs(batch: int, heads: int, n: int, r: int, d: int, *, dtype=torch
     return B, C, torch.randn(batch, heads, n, d, generator=gen, device=device, dtype=dtype)
 
 
+def fla_chunk_simple_gla():
+    """flash-linear-attention's ``chunk_simple_gla`` (the optional peer ``fla-core``), or None after
+    saying how to install it."""
+    try:
+        from fla.ops.simple_gla import chunk_simple_gla
+    except ImportError as err:
+        print(f"fla: not installed ({err}); `pip install fla-core` or `make wheelhouse`",
+              file=sys.stderr)
+        return None
+    return chunk_simple_gla
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
@@ -214,7 +226,7 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
             raise ValueError("options apply to a registered method, not to a callable")
         name, fn = getattr(method, "__name__", repr(method)), (lambda B, C, V: method(B, C, V, g))
     else:
-        from ..api import check_options
+        from ..ops import check_options
         from ..registry import get
         m = get(method)  # an unknown name raises here, before anything is timed
         opts = check_options(m, options or {})

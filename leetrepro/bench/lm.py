@@ -10,16 +10,15 @@ import time
 import torch
 
 from ..models.lm import ByteLM, batches
-from .harness import provenance, sync
+from .harness import fla_chunk_simple_gla, provenance, sync
 
 
 def fla_attention():
     """flash-linear-attention's ``chunk_simple_gla`` as an attention callable
     ``(B, C, V, gamma) -> O`` in this project's layout (its own forward and backward), or None
     when fla is not installed."""
-    try:
-        from fla.ops.simple_gla import chunk_simple_gla
-    except ImportError:
+    chunk_simple_gla = fla_chunk_simple_gla()
+    if chunk_simple_gla is None:
         return None
 
     def attend(B, C, V, gamma):

@@ -28,7 +28,7 @@ import torch
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
-from .harness import bench_setup, is_oom, median, random_inputs, time_calls
+from .harness import bench_setup, fla_chunk_simple_gla, is_oom, median, random_inputs, time_calls
 
 #: (dtype, batch, N): the training cells, decay mask
 CELLS = [("bfloat16", 16, 25600), ("bfloat16", 1, 100000), ("bfloat16", 8, 8192),
@@ -46,11 +46,8 @@ def entries(names) -> dict:
     out = {}
     for name in names:
         if name == "fla":
-            try:
-                from fla.ops.simple_gla import chunk_simple_gla
-            except ImportError as err:
-                print(f"fla: not installed ({err}); `pip install fla-core` or `make wheelhouse`",
-                      file=sys.stderr)
+            chunk_simple_gla = fla_chunk_simple_gla()
+            if chunk_simple_gla is None:
                 continue
             out[name] = lambda x, f=chunk_simple_gla: f(x["q"], x["k"], x["v"], g_gamma=x["lg"],
                                                         scale=1.0)[0]

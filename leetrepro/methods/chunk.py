@@ -121,7 +121,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                 N=n, R=r, D=d, H=heads, LANES=lanes, HAS_DECAY=gamma is not None,
                 HAS_S0=s0 is not None, STORE_SN=output_final_state, REVERSE=reverse,
                 DUAL=dual is not None, PRECISION=precision,
-                **(dict(ACC_FUSED=False, HALF_RANGE=V.dtype != torch.float32) | cfg))
+                **(dict(HALF_RANGE=V.dtype != torch.float32) | cfg))
     kern.chunk_scan_kernel[(lanes * n_seg,)](B, C, V, out, WS=ws, SYNC=sync, SEG=segment,
                                              SPLIT=n_seg > 1, ISOLATE=False, REPAIR=False, **args)
     # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's

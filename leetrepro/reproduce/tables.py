@@ -126,3 +126,25 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
         for ext in ("png", "svg"):
             fig.savefig(f"{path_stem}.{ext}", dpi=120)
     return fig
+
+
+def notebook_setup(device: str, gpu: str | None, out_root: str, *, default: str = "h100"):
+    """What every reproduction notebook starts with: ``(live, gpu, data_dir, fig_dir)``. ``live``:
+    the device can measure (a CPU always can; "cuda" needs a GPU); ``gpu``: the folder tag (this
+    GPU's, or ``default`` to re-render committed data); both folders under ``out_root`` are made.
+    Without a GPU, says so in the notebook."""
+    import torch
+
+    from .._device import gpu_tag
+
+    live = torch.device(device).type != "cuda" or torch.cuda.is_available()
+    gpu = gpu or (gpu_tag(device) if live else default)
+    data_dir = os.path.join(out_root, "data", gpu)
+    fig_dir = os.path.join(out_root, "figures", gpu)
+    os.makedirs(data_dir, exist_ok=True)
+    os.makedirs(fig_dir, exist_ok=True)
+    if not live:
+        from IPython.display import Markdown, display
+        display(Markdown(f"**No GPU on this machine: nothing is measured here. The tables below are "
+                         f"re-rendered from the committed measurements in `data/{gpu}/`.**"))
+    return live, gpu, data_dir, fig_dir
