@@ -20,7 +20,8 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
 
     Args:
         B, C: ``(batch, heads, N, r)``; V: ``(batch, heads, N, d)``. One floating dtype (fp16, bf16,
-            fp32, fp64) and one device; any strides.
+            fp32, fp64) and one device; any strides. Under ``torch.autocast`` all three are cast
+            to the autocast dtype first.
         gamma: per-step decay λ per head, in (0, 1]: a float, or a tensor ``(H,)`` / ``(H, 1)``.
             ``M[i, j] = gamma^(i-j)`` for i ≥ j, else 0. None: the 0-1 causal mask. The decays are
             fixed (no gradient): a gamma that requires grad is an error.
@@ -50,6 +51,7 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     calls of the same method.
     """
     method = _method_keyword(method, attn_method)
+    B, C, V = _autocast(B, C, V)
     check_qkv(B, C, V)
     if is_mask_weight is not None:
         if is_mask_weight and gamma is None:
@@ -72,6 +74,18 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     out, s = ops.causal_linear(B, C, V, g, initial_state, method, ops.encode_options(options),
                                False, output_final_state)
     return (out, s) if output_final_state else out
+
+
+def _autocast(B, C, V):
+    """Under ``torch.autocast`` the operator runs in the autocast dtype, as a matrix product does
+    (a model's B, C and V can come out of autocast in different dtypes)."""
+    if not all(isinstance(t, torch.Tensor) for t in (B, C, V)):
+        return B, C, V  # check_qkv says what is wrong
+    kind = B.device.type
+    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        return tuple(t.to(dtype) if t.is_floating_point() else t for t in (B, C, V))
+    return B, C, V
 
 
 def _method_keyword(method, attn_method) -> str:

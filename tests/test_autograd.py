@@ -158,3 +158,14 @@ def test_torch_compile_reduce_overhead_and_bad_gamma_at_run_time():
     bad = TinyLayer(torch.tensor([0.9, 1.5]), method="Bb").to(DEVICE)
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         torch.compile(bad, fullgraph=True)(x)
+
+
+def test_autocast_runs_in_the_autocast_dtype_with_gradients():
+    B, C, V = (t.requires_grad_() for t in make_inputs(2, 2, 30, 4, 6, seed=5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = causal_linear_decoder(B, C.to(torch.bfloat16), V, 0.9, method="LA_torch")
+    assert out.dtype == torch.bfloat16
+    ref = reference(*(t.detach().to(torch.bfloat16) for t in (B, C, V)), 0.9)
+    assert rel_error(out, ref) <= TOLERANCE[torch.bfloat16]
+    out.float().sum().backward()
+    assert B.grad.dtype == torch.float32 and torch.isfinite(B.grad).all()
