@@ -22,7 +22,10 @@ def fla_attention():
         return None
 
     def attend(B, C, V, gamma):
-        q, k, v = (t.transpose(1, 2) for t in (B, C, V))
+        # fla takes one dtype, as causal_linear_decoder does: the autocast dtype under autocast
+        dtype = torch.get_autocast_dtype(V.device.type) \
+            if torch.is_autocast_enabled(V.device.type) else V.dtype
+        q, k, v = (t.to(dtype).transpose(1, 2) for t in (B, C, V))
         o, _ = chunk_simple_gla(q, k, v, g_gamma=torch.log(gamma).float(), scale=1.0)
         return o.transpose(1, 2)
     return attend
