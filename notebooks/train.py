@@ -69,7 +69,7 @@ for m, g in runs.groupby("method", sort=False):
     ax.plot(g.step, g.loss, label=m, lw=1.2)
 ax.set(xlabel="step", ylabel=f"training loss (mean over {log_every} steps, nats/byte)",
        title=f"byte-level LM, {runs.layers.iloc[0]} layers × {runs.dim.iloc[0]}, "
-             f"batch {runs.batch.iloc[0]} × {runs.seq_len.iloc[0]} bytes ({runs.gpu.iloc[0]})")
+             f"batch {runs.batch.iloc[0]} × {runs.seq_len.iloc[0]} bytes\n{runs.gpu.iloc[0]}")
 ax.grid(alpha=0.3)
 ax.legend(fontsize=8)
 fig.tight_layout()
