@@ -181,6 +181,7 @@ def main(argv=None) -> int:
     p.add_argument("--huge", action="store_true", help="also batch 16 × 32 heads × N = 100000")
     p.add_argument("--quick", action="store_true", help="small shapes only")
     p.add_argument("--no-grads", action="store_true", help="forward only (no gradient rows)")
+    p.add_argument("--grads-only", action="store_true", help="gradient rows only (no forward rows)")
     p.add_argument("--csv", default="correctness.csv")
     args = p.parse_args(argv)
     setup = gpu_script_setup("gpu_check", args.out)
@@ -194,12 +195,12 @@ def main(argv=None) -> int:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             if not m.supports(dtype, device):
                 continue
-            for si, shape in enumerate(shapes):
+            for si, shape in enumerate([] if args.grads_only else shapes):
                 if m.name == "vanilla" and shape[2] > QUADRATIC_MAX_N:
                     continue  # O(N²) memory: not part of the matrix for this method
                 for decay in (False, True):
                     check_case(m, shape, dtype, decay, device, 100 * si + decay, rows, meta)
-            if args.huge and m.language in ("triton", "cuda") and not m.unsafe \
+            if args.huge and not args.grads_only and m.language in ("triton", "cuda") and not m.unsafe \
                     and dtype == torch.float16:
                 check_huge(m, dtype, device, rows, meta)
             if not args.no_grads and not m.unsafe:
