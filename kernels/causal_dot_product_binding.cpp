@@ -27,8 +27,8 @@ static torch::Tensor forward(torch::Tensor B, torch::Tensor C, torch::Tensor V,
   const float* g = nullptr;
   if (gamma.has_value()) {
     TORCH_CHECK(gamma->is_cuda() && gamma->scalar_type() == torch::kFloat32 &&
-                    gamma->is_contiguous() && gamma->numel() == B.size(1),
-                "Cdotp: gamma must be a contiguous float32 CUDA tensor of shape (heads,)");
+                    gamma->is_contiguous() && gamma->numel() == 2 * B.size(1),
+                "Cdotp: gamma must be a contiguous float32 CUDA tensor of shape (2, heads)");
     g = gamma->data_ptr<float>();
   }
   auto O = torch::empty_like(V);

@@ -94,3 +94,13 @@ def test_a_non_finite_row_never_reaches_earlier_rows(method, where, value):
     tol = 5e-3 if device == "cuda" and method in ("LA", "Chunk") else None
     assert_close_to_reference(out[head], B[head], C[head], V[head], 0.9, tol=tol)
     assert (~torch.isfinite(out[:, :, 100:])).any(-1).all()
+
+
+@pytest.mark.parametrize("method", method_params(_runnable_methods()))
+def test_decay_just_below_one_does_not_drift(method):
+    # λ = 1 − 1.5·2⁻²⁴ sits halfway between two float32 numbers: a state multiplied by λ rounded to
+    # fp32 once per token drifts by 3e-8 a token, 6e-5 over these 4000 (the fp32 contract is 1e-5)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    B, C, V = make_inputs(1, 1, 4000, 8, 8, seed=11, device=device)
+    out = causal_linear_decoder(B, C, V, 1 - 1.5 * 2 ** -24, method=method)
+    assert_close_to_reference(out, B, C, V, 1 - 1.5 * 2 ** -24)

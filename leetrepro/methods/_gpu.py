@@ -43,12 +43,16 @@ def dot_precision(dtype: torch.dtype, fp32_precision: str | None) -> str:
 
 def staged(B, C, V, gamma):
     """Contiguous inputs and the per-head decay as the kernels read it: float32 ``(H,)`` log λ
-    (Triton) and λ (CUDA), or None for the 0-1 mask."""
+    (Triton) and float32 ``(2, H)`` [λ rounded to fp32, λ/that − 1] (CUDA), or None for the 0-1
+    mask. A kernel that multiplies its state by λ once per token needs the second row: λ near 1
+    rounded to fp32 is off by up to 3e-8, which compounds to 1e-4 over 4096 tokens."""
     B, C, V = B.contiguous(), C.contiguous(), V.contiguous()
     if gamma is None:
         return B, C, V, None, None
     g64 = gamma.to(device=V.device, dtype=torch.float64)
-    return B, C, V, torch.log(g64).to(torch.float32).contiguous(), g64.to(torch.float32).contiguous()
+    g32 = g64.to(torch.float32)
+    pair = torch.stack([g32, (g64 / g32.double() - 1).to(torch.float32)]).contiguous()
+    return B, C, V, torch.log(g64).to(torch.float32).contiguous(), pair
 
 
 def staged_state(state: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:

@@ -21,12 +21,17 @@ from ._gpu import kernel_source, staged
 def causal_dot_product_torch(b, c, v, lg):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`."""
     batch, heads, n, r = b.shape
-    decay = None if lg is None else torch.exp(lg).view(1, heads, 1, 1)
+    if lg is not None:
+        # λ as hi + lo: λ near 1 rounded to the compute dtype is off by up to 3e-8 (fp32), which
+        # compounds over N steps (1e-4 at N = 4096); the lo part carries the rest
+        lam = torch.exp(lg.double()).view(1, heads, 1, 1)
+        hi = lam.to(b.dtype)
+        lo = (lam - hi.double()).to(b.dtype)
     state = torch.zeros(batch, heads, r, v.shape[-1], dtype=b.dtype, device=b.device)
     out = torch.empty(batch, heads, n, v.shape[-1], dtype=b.dtype, device=b.device)
     for i in range(n):
-        if decay is not None:
-            state.mul_(decay)
+        if lg is not None:
+            state = torch.addcmul(state * lo, state, hi)
         state.add_(c[:, :, i, :, None] * v[:, :, i, None, :])
         out[:, :, i] = (b[:, :, i, None, :] @ state).squeeze(-2)
     return out
