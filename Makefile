@@ -31,7 +31,8 @@ LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
-        derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train
+        derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
+        bench-sp
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -44,6 +45,7 @@ help:
 	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
 	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) NBFLAGS='-p seqlens ...'"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
+	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
@@ -119,6 +121,13 @@ tune: $(INSTALLED)
 # forward + backward against its floor, flash-linear-attention beside it (GPU only)
 bench-train: $(INSTALLED)
 	$(PY) -m leetrepro.bench.train --out $(DATA)
+
+# sequence parallelism over the GPUs of this host (GPUS of them), one torchrun job -> data/<gpu>x<GPUS>/sp.csv
+GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
+SP_ARGS ?= --ns 1048576 2097152 4194304 --longest 4194304 3670016 3145728
+bench-sp: $(INSTALLED)
+	$(PY) -m torch.distributed.run --nproc-per-node=$(GPUS) -m leetrepro.bench.sp $(SP_ARGS) \
+	  $(if $(filter-out .,$(RESULTS)),--out $(RESULTS)/$(GPU)x$(GPUS))
 
 # a small byte-level language model trained once per method (GPU: measured; else re-rendered)
 train: $(INSTALLED)

@@ -123,6 +123,22 @@ def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISI
 
 
 @triton.jit
+def segment_state(C, V, bc_base, vo_base, start, end, N, lg, cols_r, r_ok, cols_d, d_ok, R, D,
+                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr, PRECISION: tl.constexpr):
+    """Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32, BLOCK_R × BLOCK_D): the state
+    a segment adds, from zero. ``end - start`` is a multiple of BLOCK_N unless end = N."""
+    local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    for s in range(start, end, BLOCK_N):
+        ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
+        c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
+        v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
+        w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
+        local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
+    return local
+
+
+@triton.jit
 def state_operand(state, dtype: tl.constexpr, HALF_RANGE: tl.constexpr):
     """The fp32 state as a dot operand of ``dtype`` and the factor its products need."""
     if HALF_RANGE:

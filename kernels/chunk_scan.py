@@ -37,7 +37,7 @@ import triton.language as tl
 
 from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
                                       intra_mask, load_chunk, load_rows, row_positions,
-                                      state_operand, store_rows)
+                                      segment_state, state_operand, store_rows)
 
 
 @triton.jit
@@ -84,12 +84,9 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     if SPLIT:
         if not last:
-            for s in range(start, end, BLOCK_N):
-                ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
-                c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
-                v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
-                w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
-                local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
+            local = segment_state(C, V, bc_base, vo_base, start, end, N, lg, cols_r, r_ok, cols_d,
+                                  d_ok, R, D, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
+                                  PRECISION)
 
     # 2. the state entering the segment
     if HAS_S0:

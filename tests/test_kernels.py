@@ -13,6 +13,7 @@ from leetrepro import causal_linear_decoder
 from leetrepro.methods import get
 
 from conftest import assert_close_to_reference, make_inputs, random_gammas
+from leetrepro.reference import TOLERANCE
 
 triton = pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,6 +57,25 @@ def test_lightning_attention2_triton(shape, decay, dtype):
                                    BF16])
 def test_chunk_scan_triton(shape, segment, decay, dtype):
     _check("Chunk", shape, dtype, decay, segment=segment)
+
+
+@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=str)
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16])
+def test_chunk_state_triton(shape, segment, reverse, dtype):
+    # the state alone (sequence parallelism's extra pass): per-head γ, segments, column blocks
+    from leetrepro.methods.chunk import chunk_state
+
+    B, C, V = make_inputs(*shape, dtype=dtype, device=DEVICE, seed=sum(shape) + 1)
+    g = random_gammas(shape[1], seed=shape[2], low=0.9).to(DEVICE)
+    rows, vals = (C.flip(2), V.flip(2)) if reverse else (C, V)
+    for gamma in (None, g):
+        got = chunk_state(C, V, gamma, reverse=reverse, segment=segment,
+                          fp32_precision="ieee" if INTERPRETED else None)
+        _, want = leetrepro.reference(B, rows, vals, gamma, output_final_state=True)
+        tol = 5e-3 if dtype == torch.float32 and not INTERPRETED else TOLERANCE[dtype]
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert leetrepro.rel_error(got, want) <= tol
 
 
 def test_chunk_scan_rejects_a_ragged_segment():

@@ -131,3 +131,46 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
+
+
+def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
+                reverse: bool = False, fp32_precision: str | None = None,
+                segment: int | None = None) -> torch.Tensor:
+    """The state the rows add, without the outputs: ``Σ_j λ^(N-1-j) c_jᵀ v_j`` (``reverse``: the rows
+    read backwards, ``Σ_j λ^j c_jᵀ v_j``), float32 ``(batch, heads, r, d)``; C ``(batch, heads, N, r)``,
+    V ``(batch, heads, N, d)``, fp16/bf16/fp32 on a GPU, gamma None or float64 ``(H,)``.
+
+    Reads C and V once (``kernels/chunk_state.py``); N is cut into segments as Chunk cuts it, and
+    the segments' sums are weighted by λ^(N - end) and added in a fixed order (``segment``: rows
+    per segment, a multiple of the row block; default as Chunk's). O(N·r·d) time,
+    O(segments·batch·heads·r·d) workspace."""
+    refuse_interpreted_bf16(V.dtype, "chunk_state")
+    batch, heads, n, r = C.shape
+    d = V.shape[-1]
+    if n == 0 or C.numel() == 0 or V.numel() == 0:
+        return V.new_zeros(batch, heads, r, d, dtype=torch.float32)
+    C, V = C.contiguous(), V.contiguous()
+    precision = dot_precision(V.dtype, fp32_precision)
+    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None)
+    cfg.pop("segment", None)
+    n_db = cdiv(d, cfg["BLOCK_D"])
+    lanes = batch * heads * n_db
+    if segment is None:
+        segment = segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(V.device))
+    if segment <= 0 or (segment < n and segment % cfg["BLOCK_N"]):
+        raise ValueError(f"segment={segment} must be a positive multiple of {cfg['BLOCK_N']}")
+    n_seg = cdiv(n, segment)
+    ws = torch.empty(lanes, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
+                     device=V.device)
+    triton_kernels("chunk_state").chunk_state_kernel[(lanes, n_seg)](
+        C, V, ws, gamma, n, r, d, heads, segment, HAS_DECAY=gamma is not None, REVERSE=reverse,
+        PRECISION=precision, **cfg)
+    ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
+    if gamma is None:
+        s = ws.sum(3)
+    else:
+        ends = torch.clamp(torch.arange(1, n_seg + 1, device=V.device) * segment, max=n)
+        w = torch.exp((n - ends).to(torch.float64)[None, :] * torch.log(gamma.to(torch.float64))[:, None])
+        s = torch.einsum("bhksrd,hs->bhkrd", ws, w.to(torch.float32))
+    # (batch, heads, d blocks, BLOCK_R, BLOCK_D) -> (batch, heads, r, d)
+    return s.permute(0, 1, 3, 2, 4).reshape(batch, heads, cfg["BLOCK_R"], -1)[:, :, :r, :d].contiguous()

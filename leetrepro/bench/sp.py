@@ -1,0 +1,246 @@
+"""Sequence-parallel scaling: :func:`leetrepro.distributed.causal_linear_decoder_sp` on G GPUs beside
+the single-GPU kernel on one, against the distributed memory floor, in one ``torchrun`` job.
+
+    torchrun --nproc-per-node=2 -m leetrepro.bench.sp --out data/h200x2      (make bench-sp)
+
+Per total N (batch 1, heads 32, r = d = 128, ALiBi-style decays, Chunk on each slice: ``--method``): the
+forward (``fwd``) and forward + backward to dB, dC, dV (``fwd_bwd``), each a median over
+``--reps`` steps after a warm-up; a step's time is the slowest rank's (CUDA events around the
+call, all ranks released together by a barrier). Columns:
+
+* ``floor_ms``: the distributed floor per GPU, (6 or 15 tensor passes of this rank's slice) ÷ the
+  copy bandwidth measured in the same run: forward = its state pass (C, V) + the pass from the
+  gathered prefix (B, C, V, O); backward = its reverse state pass (B, dO) + the fused backward
+  (B, C, V, dO read, dB, dC, dV written). ``gpus = 1`` rows: the single-GPU kernel, floor 4 / 11.
+* ``exchange_ms``: the all-gather of one rank's state packet alone (median, same run);
+  ``bytes_exchanged``: bytes a rank receives per step (forward: one packet from every other rank;
+  forward + backward: the backward's packet too), beside ``kv_bytes``, what gathering K and V
+  would move (softmax context parallelism: the others' K and V, and their gradients back).
+* ``single_gpu_ms``: the single-GPU kernel on the whole N, where it fits one GPU.
+* ``check_rel_err``: a correctness check before timing, at N = ``--check-n`` in fp32 with
+  tf32x3 products: O and dB, dC, dV of the distributed run against the single-GPU run on rank 0.
+* ``longest``: ``--longest`` adds a row for the longest N that trains (forward + backward) on
+  the G GPUs, from a list of candidates whose memory estimate fits.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
+from ..api import causal_linear_decoder
+from ..distributed import _all_gather, causal_linear_decoder_sp
+from ..reference import rel_error
+from .._device import gpu_tag
+from .harness import copy_bandwidth, median, provenance, random_inputs, time_calls
+
+HEADS, RANK, DIM = 32, 128, 128
+FWD_PASSES, FWD_BWD_PASSES = 6, 15          # per rank, sequence-parallel
+SINGLE_FWD, SINGLE_FWD_BWD = 4, 11          # one GPU
+
+
+def _step(fn, device):
+    """Seconds of ``fn()`` on the slowest rank: all ranks start together (barrier)."""
+    dist.barrier()
+    t = torch.tensor(time_calls(fn, [()], 1, device)[0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _timed(fn, reps, device, warmup=2):
+    for _ in range(warmup):
+        _step(fn, device)
+    return median([_step(fn, device) for _ in range(reps)])
+
+
+def _make(n_local, dtype, device, seed, grad):
+    B, C, V = random_inputs(1, HEADS, n_local, RANK, DIM, dtype=dtype, device=device, seed=seed,
+                            scale_bc=True)
+    if grad:
+        B, C, V = (t.requires_grad_() for t in (B, C, V))
+    return B, C, V
+
+
+def _fwd_bwd(call, B, C, V, dO):
+    def step():
+        for t in (B, C, V):
+            t.grad = None
+        call(B, C, V).backward(dO)
+    return step
+
+
+def check(n_total, device, rank, world, method):
+    """O, dB, dC, dV of the distributed run against one GPU (rank 0), fp32 with tf32x3 products;
+    every rank draws the whole input from the same seed and keeps its slice."""
+    opts = dict(method=method, fp32_precision="tf32x3")
+    g = alibi_gammas(HEADS).to(device)
+    B, C, V = _make(n_total, torch.float32, device, 11, grad=True)
+    dO = torch.randn(V.shape, device=device, generator=torch.Generator(device).manual_seed(12))
+    per = n_total // world
+    sl = slice(rank * per, (rank + 1) * per)
+    parts = [t.detach()[:, :, sl].clone().requires_grad_() for t in (B, C, V)]
+    out = causal_linear_decoder_sp(*parts, g, **opts)
+    out.backward(dO[:, :, sl])
+    if rank == 0:
+        want = causal_linear_decoder(B, C, V, g, **opts)
+        want.backward(dO)
+        wants = [want.detach(), B.grad, C.grad, V.grad]
+    errs = []
+    for i, x in enumerate([out.detach()] + [t.grad for t in parts]):
+        pieces = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(pieces, x.contiguous())
+        if rank == 0:
+            errs.append(rel_error(torch.cat(pieces, 2), wants[i]))
+    err = torch.tensor(max(errs) if errs else 0.0, device=device)
+    dist.broadcast(err, 0)
+    return err.item()
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for sp.csv (default data/<gpu>x<G>)")
+    p.add_argument("--ns", type=int, nargs="*", default=[2 ** 20, 2 ** 21],
+                   help="total sequence lengths")
+    p.add_argument("--single-max-n", type=int, default=2 ** 20,
+                   help="the single-GPU kernel runs the whole N up to this length")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--method", default="Chunk", help="the method that runs each slice")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--check-n", type=int, default=65536)
+    p.add_argument("--longest", type=int, nargs="*", default=[],
+                   help="candidate total N for the longest sequence that trains (largest first)")
+    args = p.parse_args(argv)
+    if "RANK" not in os.environ:
+        print("run it under torchrun: torchrun --nproc-per-node=G -m leetrepro.bench.sp", file=sys.stderr)
+        return 2
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:  # a smoke test of the script on the CPU (gloo); its numbers mean nothing
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    meta = provenance(device)
+    bw = copy_bandwidth(device, nbytes=2 ** 30 if device.type == "cuda" else 2 ** 24)
+    out_dir = args.out or os.path.join("data", f"{gpu_tag(device)}x{world}")
+    if rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        print(f"{world} × {meta['gpu']}: copy {bw / 1e12:.2f} TB/s", flush=True)
+    dtype = parse_dtype(args.dtype)
+    size = dtype.itemsize
+    g = alibi_gammas(HEADS).to(device)
+
+    err = check(args.check_n, device, rank, world, args.method)
+    if rank == 0:
+        print(f"check N={args.check_n} fp32 (tf32x3): max rel err of O, dB, dC, dV vs one GPU {err:.2e}",
+              flush=True)
+    state_bytes = HEADS * RANK * DIM * 4
+    packet = torch.zeros(state_bytes // 4 + 2, device=device)
+    exchange = _timed(lambda: _all_gather(packet, None), 20, device)
+
+    rows = []
+
+    def row(**kw):
+        base = dict(meta, gpus=world, dtype=SHORT_NAMES[dtype], batch=1, heads=HEADS, r=RANK, d=DIM,
+                    decay=True, method=args.method, check_rel_err=err, copy_TBps=bw / 1e12)
+        rows.append(base | kw)
+        if rank == 0:
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in kw.items()}, flush=True)
+
+    call_sp = lambda B, C, V: causal_linear_decoder_sp(B, C, V, g, method=args.method)  # noqa: E731
+    call_one = lambda B, C, V: causal_linear_decoder(B, C, V, g, method=args.method)  # noqa: E731
+    for n_total in args.ns:
+        n_local = n_total // world
+        tensor_ms = n_local * HEADS * RANK * size / bw * 1e3
+        # the single-GPU kernel on the whole N (rank 0 alone; the others wait at the barrier)
+        single = {}
+        if n_total <= args.single_max_n:
+            for pas in ("fwd", "fwd_bwd"):
+                if rank == 0:
+                    B, C, V = _make(n_total, dtype, device, 1, grad=pas == "fwd_bwd")
+                    if pas == "fwd":
+                        with torch.no_grad():
+                            t = median(_local_times(lambda: call_one(B, C, V), args.reps, device))
+                    else:
+                        dO = torch.randn_like(V)
+                        t = median(_local_times(_fwd_bwd(call_one, B, C, V, dO), args.reps, device))
+                        del dO
+                    del B, C, V
+                    torch.cuda.empty_cache()
+                    single[pas] = t
+                    floor = (SINGLE_FWD if pas == "fwd" else SINGLE_FWD_BWD) * tensor_ms * world / 1e3
+                    row(gpus=1, N=n_total, n_per_gpu=n_total, **{"pass": pas}, ms=t * 1e3,
+                        floor_ms=floor * 1e3, floor_ratio=t / floor, exchange_ms=0.0,
+                        bytes_exchanged=0, kv_bytes=0, single_gpu_ms=t * 1e3)
+                dist.barrier()
+        for pas in ("fwd", "fwd_bwd"):
+            B, C, V = _make(n_local, dtype, device, 2 + rank, grad=pas == "fwd_bwd")
+            if pas == "fwd":
+                with torch.no_grad():
+                    t = _timed(lambda: call_sp(B, C, V), args.reps, device)
+                passes, packets, kv = FWD_PASSES, 1, 1
+            else:
+                dO = torch.randn_like(V)
+                t = _timed(_fwd_bwd(call_sp, B, C, V, dO), args.reps, device)
+                del dO
+                passes, packets, kv = FWD_BWD_PASSES, 2, 2
+            del B, C, V
+            torch.cuda.empty_cache()
+            floor_ms = passes * tensor_ms
+            single_ms = single.get(pas, math.nan) * 1e3
+            row(N=n_total, n_per_gpu=n_local, **{"pass": pas}, ms=t * 1e3, floor_ms=floor_ms,
+                floor_ratio=t * 1e3 / floor_ms, exchange_ms=exchange * 1e3 * packets,
+                bytes_exchanged=(world - 1) * (packets * state_bytes + 8),
+                kv_bytes=(world - 1) * n_local * HEADS * (RANK + DIM) * size * kv,
+                single_gpu_ms=single_ms, speedup_vs_single=single_ms / (t * 1e3))
+    for n_total in args.longest:
+        n_local = n_total // world
+        need = 8.3 * n_local * HEADS * RANK * size  # B, C, V, O, dO, dB, dC, dV + workspace
+        free = torch.tensor(torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0,
+                            device=device, dtype=torch.float64)
+        dist.all_reduce(free, op=dist.ReduceOp.MIN)
+        if need > free.item():
+            if rank == 0:
+                print(f"longest: N={n_total} needs ~{need / 2**30:.0f} GiB per GPU, "
+                      f"{free.item() / 2**30:.0f} free: skipped", flush=True)
+            continue
+        B, C, V = _make(n_local, dtype, device, 3 + rank, grad=True)
+        dO = torch.randn_like(V)
+        torch.cuda.reset_peak_memory_stats(device)
+        t = _timed(_fwd_bwd(call_sp, B, C, V, dO), 3, device, warmup=1)
+        peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
+        del B, C, V, dO
+        torch.cuda.empty_cache()
+        tensor_ms = n_local * HEADS * RANK * size / bw * 1e3
+        row(N=n_total, n_per_gpu=n_local, **{"pass": "fwd_bwd_longest"}, ms=t * 1e3,
+            floor_ms=FWD_BWD_PASSES * tensor_ms, floor_ratio=t * 1e3 / (FWD_BWD_PASSES * tensor_ms),
+            exchange_ms=exchange * 2e3, bytes_exchanged=(world - 1) * (2 * state_bytes + 8),
+            kv_bytes=(world - 1) * n_local * HEADS * (RANK + DIM) * size * 2,
+            single_gpu_ms=math.nan, peak_GiB=peak)
+        break
+    if rank == 0:
+        pd.DataFrame(rows).to_csv(os.path.join(out_dir, "sp.csv"), index=False)
+        print(f"-> {out_dir}/sp.csv", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _local_times(fn, reps, device, warmup=2):
+    """Seconds per call of ``fn`` on this GPU alone (warm-up, then ``reps`` calls)."""
+    for _ in range(warmup):
+        fn()
+    return [time_calls(fn, [()], 1, device)[0] for _ in range(reps)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

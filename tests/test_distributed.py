@@ -1,0 +1,137 @@
+"""Sequence parallelism on the CPU: gloo, 2-4 processes, against one process and the float64 oracle.
+
+Each spawn runs every case in its processes (starting processes is the cost): uneven slices, a
+slice of one row and an empty one, both masks and per-head γ, initial and final state, forward and
+every gradient."""
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from leetrepro import causal_linear_decoder, reference, rel_error
+from leetrepro.distributed import causal_linear_decoder_sp, local_state
+
+from conftest import make_inputs, random_gammas
+
+# (lengths of the ranks' slices, batch, heads, r, d)
+CASES = {2: [((37, 50), 2, 3, 8, 5), ((1, 64), 1, 2, 4, 4)],
+         3: [((20, 1, 33), 2, 2, 6, 7), ((16, 0, 16), 1, 3, 4, 4)],
+         4: [((9, 17, 1, 30), 1, 2, 5, 3)]}
+
+
+def _case(lengths, batch, heads, r, d, dtype, decay, with_s0, with_final, method, seed):
+    n = sum(lengths)
+    B, C, V = make_inputs(batch, heads, n, r, d, dtype=dtype, seed=seed)
+    g = random_gammas(heads, seed, low=0.3) if decay else None
+    gen = torch.Generator().manual_seed(seed + 7)
+    S0 = torch.randn(batch, heads, r, d, generator=gen, dtype=torch.float64) if with_s0 else None
+    dO = torch.randn(batch, heads, n, d, generator=gen, dtype=torch.float64)
+    dS = torch.randn(batch, heads, r, d, generator=gen, dtype=torch.float64)
+    return B, C, V, g, S0, dO, dS
+
+
+def _grads(fn, B, C, V, g, S0, dO, dS, with_final, scale_final=1.0):
+    leaves = [t.detach().clone().requires_grad_() for t in (B, C, V)]
+    s0 = None if S0 is None else S0.detach().clone().requires_grad_()
+    res = fn(*leaves, g, initial_state=s0, output_final_state=with_final)
+    out, fin = res if with_final else (res, None)
+    loss = (out.double() * dO).sum()
+    if with_final:
+        loss = loss + scale_final * (fin.double() * dS).sum()
+    loss.backward()
+    grads = [t.grad for t in leaves] + ([s0.grad] if s0 is not None else [])
+    return out.detach(), (None if fin is None else fin.detach()), grads
+
+
+def _worker(rank, world, init, failures):
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        seed = 0
+        for lengths, batch, heads, r, d in CASES[world]:
+            lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+            for dtype, method, tol in ((torch.float64, "auto", 1e-12), (torch.float32, "LA_torch", 1e-5)):
+                for decay, with_s0, with_final in ((False, False, False), (True, True, True),
+                                                   (True, False, True), (False, True, False)):
+                    seed += 1
+                    B, C, V, g, S0, dO, dS = _case(lengths, batch, heads, r, d, dtype, decay,
+                                                   with_s0, with_final, method, seed)
+                    want_o, want_s, want_g = _grads(reference, B, C, V, g, S0, dO, dS, with_final)
+                    sl = slice(lo, hi)
+                    # each rank's copy of S_N enters the loss once, so the gradients add up to
+                    # world copies: the oracle's loss counts it world times
+                    want_g2 = _grads(reference, B, C, V, g, S0, dO, world * dS, with_final)[2] \
+                        if with_final else want_g
+
+                    def sp(b, c, v, gg, initial_state, output_final_state):
+                        return causal_linear_decoder_sp(
+                            b[:, :, sl], c[:, :, sl], v[:, :, sl], gg,
+                            initial_state=initial_state if rank == 0 else None,
+                            output_final_state=output_final_state, method=method)
+
+                    got_o, got_s, got_g = _grads(sp, B, C, V, g, S0, dO[:, :, sl], dS, with_final)
+                    label = f"rank {rank} {lengths} {dtype} decay={decay} s0={with_s0} final={with_final}"
+                    checks = [("O", got_o, want_o[:, :, sl])]
+                    if with_final:
+                        checks.append(("S_N", got_s, want_s))
+                    # dB, dC, dV: this rank's rows of the whole sequence's gradients
+                    for name, got, want in zip(("dB", "dC", "dV"), got_g[:3], want_g2[:3]):
+                        checks.append((name, got[:, :, sl], want[:, :, sl]))
+                    for name, got, want in checks:
+                        if want.numel() == 0:
+                            assert got.numel() == 0, (label, name)
+                            continue
+                        err = rel_error(got, want)
+                        assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
+                    if with_s0 and rank == 0:  # rank 0's dS0 is already the whole gradient
+                        err = rel_error(got_g[3], want_g2[3])
+                        assert err <= tol, f"{label}: dS0 relative error {err:.2e} > {tol:.0e}"
+        # initial_state off rank 0 is an error (raised before any collective)
+        if rank == 1:
+            B, C, V = make_inputs(1, 1, 3, 2, 2)
+            with pytest.raises(ValueError, match="rank 0"):
+                causal_linear_decoder_sp(B, C, V, initial_state=torch.zeros(1, 1, 2, 2))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        failures.put(f"rank {rank}: {traceback.format_exc()}")
+        raise
+
+
+@pytest.mark.parametrize("world", sorted(CASES))
+def test_sequence_parallel_equals_one_process(world):
+    ctx = mp.get_context("spawn")
+    failures = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = "file://" + os.path.join(tmp, "rendezvous")
+        try:
+            mp.start_processes(_worker, args=(world, init, failures), nprocs=world,
+                               start_method="spawn")
+        except Exception as exc:
+            msgs = []
+            while not failures.empty():
+                msgs.append(failures.get())
+            pytest.fail("\n".join(msgs) or str(exc))
+
+
+def test_one_process_without_a_group_is_the_operator():
+    B, C, V = make_inputs(2, 3, 45, 6, 7, dtype=torch.float64, seed=4)
+    g = random_gammas(3, 4)
+    S0 = torch.randn(2, 3, 6, 7, dtype=torch.float64)
+    out, s = causal_linear_decoder_sp(B, C, V, g, initial_state=S0, output_final_state=True)
+    want, want_s = causal_linear_decoder(B, C, V, g, initial_state=S0, output_final_state=True)
+    assert rel_error(out, want) < 1e-13 and rel_error(s, want_s) < 1e-13
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("decay", [False, True])
+def test_local_state_is_the_final_state(reverse, decay):
+    B, C, V = make_inputs(2, 3, 70, 5, 6, dtype=torch.float64, seed=9)
+    g = random_gammas(3, 9) if decay else None
+    rows = C.flip(2) if reverse else C
+    vals = V.flip(2) if reverse else V
+    _, want = reference(B, rows, vals, g, output_final_state=True)
+    assert rel_error(local_state(C, V, g, reverse=reverse), want) < 1e-13
