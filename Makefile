@@ -32,7 +32,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
-        bench-sp
+        bench-sp scaling
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -46,6 +46,7 @@ help:
 	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) NBFLAGS='-p seqlens ...'"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
+	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
@@ -127,7 +128,12 @@ GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
 SP_ARGS ?= --ns 1048576 2097152 4194304 --longest 4194304 3670016 3145728
 bench-sp: $(INSTALLED)
 	$(PY) -m torch.distributed.run --nproc-per-node=$(GPUS) -m leetrepro.bench.sp $(SP_ARGS) \
-	  $(if $(filter-out .,$(RESULTS)),--out $(RESULTS)/$(GPU)x$(GPUS))
+	  --out $(RESULTS)/data/$(GPU)x$(GPUS)
+
+# the scaling notebook from data/$(SP_TAG)/sp.csv (no GPU needed): plots and the model of larger scales
+SP_TAG ?= h200x2
+scaling: $(INSTALLED)
+	$(call run_notebook,scaling,scaling,$(SP_TAG),-p tag $(SP_TAG))
 
 # a small byte-level language model trained once per method (GPU: measured; else re-rendered)
 train: $(INSTALLED)

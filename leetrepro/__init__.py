@@ -7,14 +7,16 @@ attention, ``O = (B Cᵀ ⊙ M) V`` with ``M[i, j] = γ^(i-j)`` for i ≥ j).
 The operator lives here (API, custom op with its backward, one module per method family, oracle,
 registry, dispatch); the tools that measure it live in :mod:`leetrepro.bench` (``from
 leetrepro.bench import benchmark_method``, the paper's Listing 1), the reproduction of the paper's
-tables in :mod:`leetrepro.reproduce`, the paper's two models in :mod:`leetrepro.models`.
+tables in :mod:`leetrepro.reproduce`, the paper's two models in :mod:`leetrepro.models`. One
+sequence over several GPUs: :func:`causal_linear_decoder_sp` (:mod:`leetrepro.distributed`).
 """
 from . import complexity, methods
 from .api import causal_linear_decoder
 from .dispatch import auto_method
+from .distributed import causal_linear_decoder_sp
 from .reference import reference, rel_error
 from .registry import available, register
 
 __version__ = "0.2.0"
-__all__ = ["causal_linear_decoder", "reference", "rel_error", "available", "register", "methods",
+__all__ = ["causal_linear_decoder", "causal_linear_decoder_sp", "reference", "rel_error", "available", "register", "methods",
            "complexity", "auto_method"]
