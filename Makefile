@@ -32,7 +32,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
-        bench-sp scaling
+        bench-sp scaling bench-serve
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -45,6 +45,7 @@ help:
 	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
 	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) NBFLAGS='-p seqlens ...'"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
+	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> $(DATA)/serve.csv, generation.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
@@ -122,6 +123,10 @@ tune: $(INSTALLED)
 # forward + backward against its floor, flash-linear-attention beside it (GPU only)
 bench-train: $(INSTALLED)
 	$(PY) -m leetrepro.bench.train --out $(DATA)
+
+# packed prefill, the decode step, generation in Tables 7-8's models; fla beside (GPU only)
+bench-serve: $(INSTALLED)
+	$(PY) -m leetrepro.bench.serve --out $(RESULTS)/data/$(GPU)
 
 # sequence parallelism over the GPUs of this host (GPUS of them), one torchrun job -> data/<gpu>x<GPUS>/sp.csv
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)

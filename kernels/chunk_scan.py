@@ -23,6 +23,10 @@ shaped like V: its state Σ v_jᵀ c_j is the transpose of this one, so one swee
 backward's dV and dC). ``REVERSE`` runs the same recurrence over the rows read
 backwards (logical row t = physical row N-1-t): the backward pass's dV and dC.
 
+``SCALE`` multiplies the outputs as they are stored (flash-linear-attention's query scale, free).
+Packed sequences (``VARLEN``): lane (sequence, head) reads rows CU[seq]..CU[seq+1]-1 of a batch of
+one; rows are addressed through strides, so time-major inputs are read in place.
+
 Non-finite rows of C or V: a chunk multiplies whole tiles, so a NaN/Inf in row j meets the zero
 weights of earlier rows of its chunk (0 × NaN) and would spoil them. Detecting that per chunk
 costs 2.5-5× (a reduction and a branch per chunk break the load-to-MMA pipeline; NOTES.md). But
@@ -41,8 +45,9 @@ from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weig
 
 
 @triton.jit
-def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D, H, LANES, SEG,
-                      HAS_DECAY: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
+def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG,
+                      SCALE,                      SB_B, SB_H, SB_T, SV_B, SV_H, SV_T,
+                      HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
                       SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
                       HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr,
                       REPAIR: tl.constexpr,
@@ -57,9 +62,19 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
     d0 = (lane % n_db) * BLOCK_D
-    # int64 offsets: batch 16 × 32 heads × N 100000 × 128 overflows int32
-    bc_base = bh.to(tl.int64) * N * R
-    vo_base = bh.to(tl.int64) * N * D
+    # rows addressed through strides (head-major or time-major layouts, no copies); int64
+    # offsets: batch 16 × 32 heads × N 100000 × 128 overflows int32
+    seq = bh // H
+    head = (bh % H).to(tl.int64)
+    if VARLEN:  # sequence `seq` is rows cu[seq]..cu[seq+1]-1 of the packed batch of one
+        bos = tl.load(CU + seq).to(tl.int64)
+        n = (tl.load(CU + seq + 1) - bos).to(tl.int32)
+        bc_base = head * SB_H + bos * SB_T
+        vo_base = head * SV_H + bos * SV_T
+    else:
+        n = N
+        bc_base = seq.to(tl.int64) * SB_B + head * SB_H
+        vo_base = seq.to(tl.int64) * SV_B + head * SV_H
     cols_r = tl.arange(0, BLOCK_R)
     cols_d = d0 + tl.arange(0, BLOCK_D)
     r_ok = cols_r < R
@@ -70,11 +85,13 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
         lg = 0.0
     intra = intra_mask(lg, BLOCK_N, HAS_DECAY)
     start = seg * SEG
-    end = tl.minimum(start + SEG, N)
-    last = end >= N
-    go = True
+    end = tl.minimum(start + SEG, n)
+    last = end >= n
+    # packed sequences share one grid sized for the longest: segments past a sequence's end
+    # neither wait, publish nor store
+    go = (start < n) | (seg == 0)
     if REPAIR:  # only the lanes whose outputs came out non-finite are recomputed
-        go = tl.load(FLAGS + lane) != 0
+        go = go & (tl.load(FLAGS + lane) != 0)
         end = tl.where(go, end, start)
     state_off = (bh.to(tl.int64) * R + cols_r[:, None]) * D + cols_d[None, :]
     state_ok = r_ok[:, None] & d_ok[None, :]
@@ -84,8 +101,8 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     if SPLIT:
         if not last:
-            local = segment_state(C, V, bc_base, vo_base, start, end, N, lg, cols_r, r_ok, cols_d,
-                                  d_ok, R, D, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
+            local = segment_state(C, V, bc_base, vo_base, start, end, n, lg, cols_r, r_ok, cols_d,
+                                  d_ok, SB_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
                                   PRECISION)
 
     # 2. the state entering the segment
@@ -94,7 +111,7 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
     else:
         state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     if SPLIT:
-        if seg > 0:
+        if (seg > 0) & go:
             flag = tl.atomic_add(SYNC + lane, 0, sem="acquire")
             while flag < seg:
                 flag = tl.atomic_add(SYNC + lane, 0, sem="acquire")
@@ -111,23 +128,23 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, N, R, D
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
     for s in range(start, end, BLOCK_N):
-        ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
+        ok, phys = row_positions(s, n, BLOCK_N, REVERSE)
         b, c, v, bad = load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d,
-                                  d_ok, R, D, ISOLATE)
-        w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
+                                  d_ok, SB_T, SV_T, ISOLATE)
+        w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
         if ISOLATE:  # the repair launch: NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
-        store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
+        store_rows(O, vo_base, phys, ok, cols_d, d_ok, SV_T, out * SCALE)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
-            e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, D)
+            e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, SV_T)
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
                                 HALF_RANGE, PRECISION)
             if ISOLATE:
                 out2 += poison
-            store_rows(O2, bc_base, phys, ok, cols_r, r_ok, R, out2)
+            store_rows(O2, bc_base, phys, ok, cols_r, r_ok, SB_T, out2 * SCALE)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
         if ISOLATE:
             state += tl.sum(bad, axis=0)

@@ -9,14 +9,20 @@ registry, dispatch); the tools that measure it live in :mod:`leetrepro.bench` (`
 leetrepro.bench import benchmark_method``, the paper's Listing 1), the reproduction of the paper's
 tables in :mod:`leetrepro.reproduce`, the paper's two models in :mod:`leetrepro.models`. One
 sequence over several GPUs: :func:`causal_linear_decoder_sp` (:mod:`leetrepro.distributed`).
+Serving: packed prompts (``cu_seqlens=``), :func:`decode_step` over a pool of states
+(:mod:`leetrepro.decode`), and flash-linear-attention's :func:`chunk_simple_gla` as a drop-in
+(:mod:`leetrepro.compat`).
 """
 from . import complexity, methods
 from .api import causal_linear_decoder
+from .compat import chunk_simple_gla
+from .decode import decode_step
 from .dispatch import auto_method
 from .distributed import causal_linear_decoder_sp
 from .reference import reference, rel_error
 from .registry import available, register
 
 __version__ = "0.2.0"
-__all__ = ["causal_linear_decoder", "causal_linear_decoder_sp", "reference", "rel_error", "available", "register", "methods",
+__all__ = ["causal_linear_decoder", "causal_linear_decoder_sp", "chunk_simple_gla", "decode_step",
+           "reference", "rel_error", "available", "register", "methods",
            "complexity", "auto_method"]

@@ -105,6 +105,20 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
     return g
 
 
+def memo_by_tensor(cache: dict, t: torch.Tensor, make):
+    """``make(t)``, cached per tensor object and version (keyed by id, confirmed by a weak
+    reference; at most 256 entries): what a model computes from the same decay tensor every layer."""
+    key = (id(t), t._version)
+    hit = cache.get(key)
+    if hit is not None and hit[0]() is t:
+        return hit[1]
+    value = make(t)
+    if len(cache) >= 256:
+        cache.clear()
+    cache[key] = (weakref.ref(t), value)
+    return value
+
+
 def _gamma_key(gamma, heads: int, device) -> tuple | None:
     dev = str(torch.device(device))
     if isinstance(gamma, float) or (isinstance(gamma, int) and not isinstance(gamma, bool)):
@@ -190,3 +204,29 @@ def alibi_gammas(heads: int) -> torch.Tensor:
     span 0.43 ... 0.996."""
     h = torch.arange(1, heads + 1, dtype=torch.float64)
     return torch.exp(-torch.pow(2.0, -8.0 * h / heads))
+
+
+def check_cu_seqlens(cu_seqlens, B: torch.Tensor) -> int | None:
+    """The number of sequences packed along N, after checking ``cu_seqlens`` (None: not packed).
+
+    ``cu_seqlens``: 1-D int32/int64 offsets on B's device, ``cu[0] = 0``, non-decreasing,
+    ``cu[-1] = N``; B's batch must be 1 (flash-linear-attention's convention). The values are
+    checked on the host (one small device-to-host copy) unless ``torch.compile`` is tracing."""
+    if cu_seqlens is None:
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 1:
+        raise TypeError("cu_seqlens must be a 1-D int32 (or int64) tensor of offsets "
+                        "[0, len_0, len_0 + len_1, ..., N]")
+    if cu_seqlens.device != B.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, the inputs on {B.device}")
+    if B.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the sequences are packed along N of a batch of one; "
+                         f"got batch {B.shape[0]}")
+    if not torch.compiler.is_compiling():
+        cu = cu_seqlens.tolist()
+        if cu[0] != 0 or cu[-1] != B.shape[2] or any(b < a for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at N = "
+                             f"{B.shape[2]}; got {cu[:4]}{' ...' if len(cu) > 4 else ''} "
+                             f"ending at {cu[-1]}")
+    return cu_seqlens.numel() - 1

@@ -14,15 +14,18 @@ import torch
 from ._decay import powers, scale_rows
 
 
-def check_state(state: torch.Tensor | None, B: torch.Tensor, V: torch.Tensor) -> None:
-    """Raise a ValueError/TypeError unless ``state`` is None or ``(batch, heads, r, d)`` on B's device."""
+def check_state(state: torch.Tensor | None, B: torch.Tensor, V: torch.Tensor,
+                sequences: int | None = None) -> None:
+    """Raise a ValueError/TypeError unless ``state`` is None or ``(batch, heads, r, d)`` on B's
+    device (``(sequences, heads, r, d)`` for packed sequences)."""
     if state is None:
         return
     if not isinstance(state, torch.Tensor):
         raise TypeError(f"initial_state must be a torch.Tensor, got {type(state).__name__}")
-    want = (B.shape[0], B.shape[1], B.shape[3], V.shape[3])
+    lead = "batch" if sequences is None else "sequences"
+    want = (B.shape[0] if sequences is None else sequences, B.shape[1], B.shape[3], V.shape[3])
     if tuple(state.shape) != want:
-        raise ValueError(f"initial_state must have shape (batch, heads, r, d) = {want}, "
+        raise ValueError(f"initial_state must have shape ({lead}, heads, r, d) = {want}, "
                          f"got {tuple(state.shape)}")
     if not state.is_floating_point():
         raise TypeError(f"initial_state must be floating point, got {state.dtype}")

@@ -7,7 +7,7 @@ import torch
 
 from . import methods as _methods  # noqa: F401  (fills the registry)
 from . import ops
-from ._inputs import check_qkv, normalize_gamma
+from ._inputs import check_cu_seqlens, check_qkv, normalize_gamma
 from ._state import check_state
 from .registry import get
 
@@ -15,7 +15,9 @@ from .registry import get
 def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
                           method: str = "auto", is_mask_weight: bool | None = None,
                           attn_method: str | None = None, initial_state: torch.Tensor | None = None,
-                          output_final_state: bool = False, **options):
+                          output_final_state: bool = False,
+                          cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
+                          **options):
     """Exponentially decaying causal linear attention, ``O = (B Cᵀ ⊙ M) V``, differentiable.
 
     Args:
@@ -35,6 +37,14 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             for the convention ``S_t = λ S_{t-1} + c_tᵀ v_t``, ``o_t = b_t S_t``.
         output_final_state: also return ``S_N`` (float32; float64 for float64 inputs).
             Both need a method with state support (``available()["state"]``: Chunk, LA_torch).
+        cu_seqlens: sequences of different lengths packed along N of a batch of one, as the
+            int32 offsets ``[0, len_0, len_0 + len_1, ..., N]`` (flash-linear-attention's
+            convention). Each sequence starts from zero (or from its row of ``initial_state``,
+            then ``(sequences, heads, r, d)``) and returns its own final state; nothing crosses
+            from one sequence to the next and no padding is read or written. Chunk runs them in
+            one launch; other methods one call per sequence.
+        scale: a nonzero number multiplying O (flash-linear-attention's query scale): free in
+            Chunk, which applies it as it writes O; the final state is not scaled.
         **options: method options, e.g. ``block_size`` for Bb and LA_torch, ``base`` for Recur,
             ``fp32_precision`` for the Triton kernels. A bad value is a ValueError naming the
             option. With ``method="auto"`` only ``fp32_precision`` is accepted (every method takes
@@ -61,7 +71,8 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
                           stacklevel=2)
             gamma = None
     g = normalize_gamma(gamma, B.shape[1], B.device)
-    check_state(initial_state, B, V)
+    check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B))
+    scale = _check_scale(scale)
     if not torch.compiler.is_compiling():
         # checked here, in eager mode, so errors name the call; a compiled graph defers them to
         # the op, which checks the same when it runs
@@ -69,11 +80,22 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
         if not (torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (B, C, V, initial_state))):
             # nothing for autograd to record: skip the op's dispatch (host time per call)
-            out, s = ops.run(m, opts, B, C, V, g, initial_state, False, output_final_state)
+            out, s = ops.run(m, opts, B, C, V, g, initial_state, False, output_final_state,
+                             cu_seqlens=cu_seqlens, scale=scale)
             return (out, s) if output_final_state else out
     out, s = ops.causal_linear(B, C, V, g, initial_state, method, ops.encode_options(options),
-                               False, output_final_state)
+                               False, output_final_state, cu_seqlens, scale)
     return (out, s) if output_final_state else out
+
+
+def _check_scale(scale) -> float:
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale must be a number, got {type(scale).__name__}") from None
+    if value == 0 or value != value or abs(value) == float("inf"):
+        raise ValueError(f"scale must be finite and nonzero, got {scale}")
+    return value
 
 
 def _autocast(B, C, V):

@@ -119,7 +119,8 @@ def _accepted_options(fn) -> frozenset | None:
         return None
     return frozenset(p.name for p in params[4:]
                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                     and p.name not in ("initial_state", "output_final_state", "reverse", "dual"))
+                     and p.name not in ("initial_state", "output_final_state", "reverse", "dual",
+                                        "cu_seqlens", "scale"))
 
 
 def encode_options(options: dict) -> str:
@@ -140,21 +141,23 @@ def _decode(options: str) -> tuple:
 
 
 def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
-        output_final_state: bool, dual: torch.Tensor | None = None):
+        output_final_state: bool, dual: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None, scale: float = 1.0):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
-    with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C))."""
+    with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
+    ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
+    ``Method.varlen`` runs them one by one. ``scale`` multiplies O (not S_N)."""
+    if cu_seqlens is not None and not m.varlen:
+        return _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
+                         dual, cu_seqlens, scale)
     batch, heads, n, r = B.shape
     d = V.shape[-1]
     sdtype = state_dtype(V.dtype)
     no_state = V.new_empty(0, dtype=sdtype)
     if n == 0 or batch == 0 or heads == 0 or d == 0 or r == 0:
-        out = V.new_zeros(batch, heads, n, d)
-        if not output_final_state:
-            return out, no_state
-        s = V.new_zeros(batch, heads, r, d, dtype=sdtype)
-        if initial_state is not None:  # N = 0 passes it through; r = 0 leaves it empty
-            s = s + initial_state.to(sdtype)
-        return out, s
+        # N = 0 passes the initial state through; r = 0 leaves it empty
+        count = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+        return _empty_sequences(V, r, initial_state, output_final_state, count)
     kw = dict(opts)
     if initial_state is not None or output_final_state:
         kw.update(initial_state=initial_state, output_final_state=output_final_state)
@@ -163,32 +166,77 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         kw["reverse"] = True
     if dual is not None:
         kw["dual"] = dual
+    if cu_seqlens is not None:
+        kw["cu_seqlens"] = cu_seqlens
+    if scale != 1.0 and m.scale:
+        kw["scale"] = scale
     if flip:
         B, C, V = B.flip(2), C.flip(2), V.flip(2)
     res = m.fn(B, C, V, gamma, **kw)
     out, s = res if output_final_state else (res, no_state)
+    if scale != 1.0 and not m.scale:
+        out = tuple(o * scale for o in out) if dual is not None else out * scale
     if flip:
-        out = out.flip(2)
+        out = tuple(o.flip(2) for o in out) if dual is not None else out.flip(2)
     return (out if dual is not None else out.contiguous()), s
+
+
+def _empty_sequences(V, r, initial_state, output_final_state, count):
+    """Zero outputs shaped like V and ``count`` final states: zeros, or the initial states."""
+    sdtype = state_dtype(V.dtype)
+    out = V.new_zeros(V.shape)
+    if not output_final_state:
+        return out, V.new_empty(0, dtype=sdtype)
+    s = V.new_zeros(count, V.shape[1], r, V.shape[-1], dtype=sdtype)
+    return out, s if initial_state is None else s + initial_state.to(sdtype)
+
+
+def _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state, dual, cu,
+              scale):
+    """Packed sequences one call each (methods without a packed mode; one host read of cu)."""
+    bounds = cu.tolist()
+    outs, outs2, states = [], [], []
+    for i in range(len(bounds) - 1):
+        rows = slice(bounds[i], bounds[i + 1])
+        s0 = None if initial_state is None else initial_state[i:i + 1]
+        o, s = run(m, opts, B[:, :, rows], C[:, :, rows], V[:, :, rows], gamma, s0, reverse,
+                   output_final_state, None if dual is None else dual[:, :, rows], scale=scale)
+        if dual is not None:
+            o, o2 = o
+            outs2.append(o2)
+        outs.append(o)
+        states.append(s)
+    out = torch.cat(outs, 2) if outs else V.new_zeros(V.shape)
+    if dual is not None:
+        out = (out, torch.cat(outs2, 2) if outs2 else B.new_zeros(B.shape))
+    if not output_final_state:
+        return out, V.new_empty(0, dtype=state_dtype(V.dtype))
+    return out, torch.cat(states, 0) if states else _empty_sequences(
+        V, B.shape[-1], initial_state, True, 0)[1]
 
 
 @torch.library.custom_op("leetrepro::causal_linear", mutates_args=())
 def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None,
                   initial_state: torch.Tensor | None, method: str, options: str, reverse: bool,
-                  output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  output_final_state: bool, cu_seqlens: torch.Tensor | None = None,
+                  scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``O = (B Cᵀ ⊙ M) V`` (``reverse``: on time-reversed rows) by ``method`` (a registered name
     or ``"auto"``), ``options`` a JSON object of method options; ``gamma`` None or a float64
-    ``(H,)`` tensor of decays in (0, 1]. Returns ``(O, S_N)``, S_N an empty tensor unless
-    ``output_final_state``. Use :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
+    ``(H,)`` tensor of decays in (0, 1]; ``cu_seqlens`` None or the offsets of sequences packed
+    along N; ``scale`` multiplies O (not S_N). Returns ``(O, S_N)``, S_N an empty tensor unless ``output_final_state``. Use
+    :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
                       initial_state is not None or output_final_state)
-    return run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state)
+    return run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
+               cu_seqlens=cu_seqlens, scale=scale)
 
 
 @causal_linear.register_fake
-def _(B, C, V, gamma, initial_state, method, options, reverse, output_final_state):
+def _(B, C, V, gamma, initial_state, method, options, reverse, output_final_state, cu_seqlens=None,
+      scale=1.0):
     batch, heads, _, r = B.shape
+    batch = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     sdtype = state_dtype(V.dtype)
     s = V.new_empty((batch, heads, r, V.shape[-1]) if output_final_state else (0,), dtype=sdtype)
     return V.new_empty(V.shape), s
@@ -199,6 +247,7 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
                            gamma: torch.Tensor | None, initial_state: torch.Tensor | None,
                            dS: torch.Tensor | None, method: str, options: str, reverse: bool,
                            need_b: bool, need_c: bool, need_v: bool, need_s0: bool,
+                           cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dB, dC, dV, dS0)`` of :func:`causal_linear` for output gradients dO and dS
     (dS None: the final state was not asked for), by the forward's method; an empty tensor stands
@@ -209,20 +258,26 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
                       initial_state is not None or dS is not None)
     empty = V.new_empty(0)
     dB = dC = dV = dS0 = empty
-    X = None if dS is None else _per_head(dS, gamma, -1)
+    # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
+    # sweeps start from X/scale and scale what they write; R comes out divided by scale too
+    X = None if dS is None else _per_head(dS, gamma, -1) / scale
     if need_v or need_c or need_s0:
         if m.dual and m.reverse and _dual_fits(B, V):
-            (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V)
+            (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
+                              cu_seqlens=cu_seqlens, scale=scale)
         else:
-            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0)
+            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, cu_seqlens=cu_seqlens,
+                        scale=scale)
             if need_c:
                 xt = None if X is None else X.transpose(-1, -2)
-                dC, _ = run(m, opts, V, dO, B, gamma, xt, not reverse, False)
+                dC, _ = run(m, opts, V, dO, B, gamma, xt, not reverse, False,
+                            cu_seqlens=cu_seqlens, scale=scale)
         if need_s0:
-            dS0 = _per_head(R, gamma, 1).to(initial_state.dtype)
+            dS0 = (_per_head(R, gamma, 1) * scale).to(initial_state.dtype)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False)
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, cu_seqlens=cu_seqlens,
+                    scale=scale)
     keep = (need_b, need_c, need_v, need_s0)
     return tuple(g.contiguous() if k else empty for g, k in zip((dB, dC, dV, dS0), keep))
 
@@ -235,7 +290,7 @@ def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
 
 @causal_linear_backward.register_fake
 def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, need_c, need_v,
-      need_s0):
+      need_s0, cu_seqlens=None, scale=1.0):
     empty = V.new_empty(0)
     return (B.new_empty(B.shape) if need_b else empty, C.new_empty(C.shape) if need_c else empty,
             V.new_empty(V.shape) if need_v else empty,
@@ -243,9 +298,10 @@ def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, n
 
 
 def _setup_context(ctx, inputs, output):
-    B, C, V, gamma, initial_state, method, options, reverse, output_final_state = inputs
-    ctx.save_for_backward(B, C, V, gamma, initial_state)
-    ctx.args = (method, options, reverse, output_final_state)
+    (B, C, V, gamma, initial_state, method, options, reverse, output_final_state, cu_seqlens,
+     scale) = inputs
+    ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens)
+    ctx.args = (method, options, reverse, output_final_state, scale)
 
 
 def _per_head(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.Tensor:
@@ -256,15 +312,16 @@ def _per_head(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.
 
 
 def _backward(ctx, dO, dS):
-    B, C, V, gamma, S0 = ctx.saved_tensors
-    method, options, reverse, final = ctx.args
+    B, C, V, gamma, S0, cu_seqlens = ctx.saved_tensors
+    method, options, reverse, final, scale = ctx.args
     need_b, need_c, need_v, _, need_s0 = ctx.needs_input_grad[:5]
     dO = torch.zeros_like(V) if dO is None else dO.to(V.dtype)
     dS = dS if final and dS is not None and dS.numel() else None
     dB, dC, dV, dS0 = causal_linear_backward(dO, B, C, V, gamma, S0, dS, method, options, reverse,
-                                             need_b, need_c, need_v, bool(need_s0))
+                                             need_b, need_c, need_v, bool(need_s0), cu_seqlens,
+                                             scale)
     return (dB if need_b else None, dC if need_c else None, dV if need_v else None, None,
-            dS0 if need_s0 else None, None, None, None, None)
+            dS0 if need_s0 else None, None, None, None, None, None, None)
 
 
 causal_linear.register_autograd(_backward, setup_context=_setup_context)

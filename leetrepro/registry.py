@@ -51,6 +51,8 @@ class Method:
     state: bool = False            # takes initial_state= and output_final_state= (leetrepro._state)
     reverse: bool = False          # takes reverse=True (the operator in reverse time, for backward)
     dual: bool = False             # takes dual=E: also op(E, V, C) from the same sweep (dV with dC)
+    varlen: bool = False           # takes cu_seqlens= (packed sequences); others run them one by one
+    scale: bool = False            # takes scale= (multiplies O as it is stored); others multiply after
     summary: str = ""
     options: dict = field(default_factory=dict)  # tunable keyword arguments and their defaults
 
@@ -70,7 +72,7 @@ _REGISTRY: dict[str, Method] = {}
 def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
              unsafe: bool = False, state: bool = False, reverse: bool = False, dual: bool = False,
-             summary: str = "",
+             varlen: bool = False, scale: bool = False, summary: str = "",
              options: dict | None = None, replace: bool = False):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
 
@@ -83,7 +85,8 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
     def deco(fn):
         m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
                    dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
-                   unsafe=unsafe, state=state, reverse=reverse, dual=dual,
+                   unsafe=unsafe, state=state, reverse=reverse, dual=dual, varlen=varlen,
+                   scale=scale,
                    summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
                    options=dict(options or {}))
         keys = {name.lower(), m.abbr.lower()}
@@ -143,8 +146,9 @@ def get(name: str) -> Method:
 def available():
     """A pandas DataFrame of the registered methods: name, abbreviation, language, complexity,
     dtypes, devices, whether the method is unsafe (wrong by design, kept for a table), whether
-    it takes and returns the recurrent state and whether it runs in reverse time natively (else
-    its backward flips the inputs)."""
+    it takes and returns the recurrent state, whether it runs in reverse time natively (else
+    its backward flips the inputs) and whether it runs packed sequences (``cu_seqlens``) in one
+    launch (else one call per sequence)."""
     import pandas as pd
 
     from ._inputs import SHORT_NAMES as short
@@ -153,6 +157,6 @@ def available():
                  dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)
                                  if d in short),
                  devices=",".join(sorted(m.device_types())), unsafe=m.unsafe, state=m.state,
-                 reverse=m.reverse, summary=m.summary)
+                 reverse=m.reverse, varlen=m.varlen, summary=m.summary)
             for m in methods()]
     return pd.DataFrame(rows).set_index("name")

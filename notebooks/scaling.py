@@ -33,11 +33,12 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-data_dir = os.path.join(out_root, "data", tag)
+from leetrepro.reproduce.tables import load_measured
+
 fig_dir = os.path.join(out_root, "figures", tag)
 os.makedirs(fig_dir, exist_ok=True)
-sp = pd.read_csv(os.path.join("data", tag, "sp.csv") if not os.path.exists(os.path.join(data_dir, "sp.csv"))
-                 else os.path.join(data_dir, "sp.csv"))
+fresh = os.path.join(out_root, "data", tag, "sp.csv")  # a run of make bench-sp into out_root
+sp = pd.read_csv(fresh) if os.path.exists(fresh) else load_measured(tag, "sp.csv")
 meta = sp.iloc[0]
 display(Markdown(f"**{meta.gpu}**, {sp.gpus.max()} GPUs, commit `{meta.commit}`, {meta.date}, "
                  f"copy {meta.copy_TBps:.2f} TB/s; correctness check before timing (fp32, tf32x3, "

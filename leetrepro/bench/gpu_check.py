@@ -146,6 +146,69 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta):
     torch.cuda.empty_cache()
 
 
+def check_serving(dtype, decay, device, rows, meta):
+    """Rows for packed prompts (``cu_seqlens``: O and the final states, each sequence against the
+    oracle alone) and for the decode step (prefill N, then k steps over a state pool, against the
+    prefill of N + k), by Chunk / ``decode_step``."""
+    from ..decode import decode_step
+
+    heads, r, d = 32, 128, 128
+    lengths = [3000, 0, 1, 4097, 777, 64]
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                      device=device)
+    B, C, V = inputs((1, heads, sum(lengths), r, d), dtype, 900 + decay, device)
+    g = gammas(heads, 900).to(device) if decay else None
+    tol = TF32_TOLERANCE if dtype == torch.float32 else TOLERANCE[dtype]
+    base = dict(meta, method="chunk-scan", abbr="Chunk", language="triton",
+                dtype=DTYPE_NAMES[dtype], precision="", decay=decay, batch=1, heads=heads,
+                N=sum(lengths), r=r, d=d, tol=tol, deterministic="", seconds=math.nan,
+                max_abs_err=math.nan)
+    try:
+        S0 = torch.randn(len(lengths), heads, r, d, device=device)
+        out, fin = causal_linear_decoder(B, C, V, g, method="Chunk", cu_seqlens=cu,
+                                         initial_state=S0, output_final_state=True)
+        errs_o, errs_s = [], []
+        for i in range(len(lengths)):
+            a, b = int(cu[i]), int(cu[i + 1])
+            o, s = reference(B[:, :, a:b], C[:, :, a:b], V[:, :, a:b], g,
+                             initial_state=S0[i:i + 1], output_final_state=True)
+            if b > a:
+                errs_o.append(rel_error(out[:, :, a:b], o))
+            errs_s.append(rel_error(fin[i:i + 1], s))
+        note = f"packed lengths {lengths}, initial states; worst sequence"
+        for q, e in (("O_varlen", max(errs_o)), ("S_varlen", max(errs_s))):
+            rows.append(dict(base, quantity=q, rel_err=e, note=note,
+                             status="pass" if e <= tol else "FAIL"))
+    except Exception as exc:
+        rows.append(dict(base, quantity="varlen", rel_err=math.nan,
+                         status=f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"))
+    try:  # decode: batch 8, prefill 1000 rows, then 16 steps of one token
+        n, k = 1000, 16
+        B, C, V = inputs((8, heads, n + k, r, d), dtype, 950 + decay, device)
+        _, state = causal_linear_decoder(B[:, :, :n], C[:, :, :n], V[:, :, :n], g, method="Chunk",
+                                         output_final_state=True)
+        pool = torch.randn(20, heads, r, d, device=device)
+        slots = torch.tensor([3, 1, 17, 0, 8, 11, 5, 19], dtype=torch.int32, device=device)
+        pool[slots.long()] = state
+        outs = [decode_step(B[:, :, t:t + 1], C[:, :, t:t + 1], V[:, :, t:t + 1], g, pool, slots)
+                for t in range(n, n + k)]
+        e = rel_error(torch.cat(outs, 2), reference(B, C, V, g)[:, :, n:])
+        _, want_s = reference(B, C, V, g, output_final_state=True)
+        es = rel_error(pool[slots.long()], want_s)
+        note = "prefill 1000 by Chunk, then 16 decode steps over a pool of 20 slots (batch 8)"
+        base = dict(base, method="decode_step", abbr="decode_step", batch=8, N=n + k)
+        for q, err, t in (("O_decode", e, TOLERANCE[dtype]), ("S_decode", es, tol)):
+            rows.append(dict(base, quantity=q, rel_err=err, tol=t, note=note,
+                             status="pass" if err <= t else "FAIL"))
+    except Exception as exc:
+        rows.append(dict(base, quantity="decode", rel_err=math.nan,
+                         status=f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"))
+    print(f"{'serving':30s} {DTYPE_NAMES[dtype]:9s} decay={decay!s:5s} "
+          + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}" for r in rows[-4:]),
+          flush=True)
+    torch.cuda.empty_cache()
+
+
 def check_huge(m, dtype, device, rows, meta):
     """batch 16 × 32 heads × N = 100000: the first and last (batch, head) against the oracle."""
     b, h, n, r, d = HUGE
@@ -182,6 +245,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="small shapes only")
     p.add_argument("--no-grads", action="store_true", help="forward only (no gradient rows)")
     p.add_argument("--grads-only", action="store_true", help="gradient rows only (no forward rows)")
+    p.add_argument("--serving", action="store_true",
+                   help="also packed prompts (cu_seqlens) and the decode step (Chunk, decode_step)")
     p.add_argument("--csv", default="correctness.csv")
     args = p.parse_args(argv)
     setup = gpu_script_setup("gpu_check", args.out)
@@ -210,6 +275,10 @@ def main(argv=None) -> int:
                     for decay in (False, True):
                         check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta)
             pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
+    if args.serving:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for decay in (False, True):
+                check_serving(dtype, decay, device, rows, meta)
     df = pd.DataFrame(rows)
     df.to_csv(os.path.join(out, args.csv), index=False)
     failed = df[df.status.str.startswith("FAIL")]

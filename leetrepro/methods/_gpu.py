@@ -50,9 +50,15 @@ def staged(B, C, V, gamma):
     if gamma is None:
         return B, C, V, None, None
     g64 = gamma.to(device=V.device, dtype=torch.float64)
+    return B, C, V, torch.log(g64).to(torch.float32).contiguous(), decay_pair(g64)
+
+
+def decay_pair(gamma: torch.Tensor) -> torch.Tensor:
+    """float32 ``(2, H)``: λ rounded to fp32 and λ/that − 1, for kernels that multiply a state by
+    λ once per token (the second row keeps the product from drifting)."""
+    g64 = gamma.to(torch.float64)
     g32 = g64.to(torch.float32)
-    pair = torch.stack([g32, (g64 / g32.double() - 1).to(torch.float32)]).contiguous()
-    return B, C, V, torch.log(g64).to(torch.float32).contiguous(), pair
+    return torch.stack([g32, (g64 / g32.double() - 1).to(torch.float32)]).contiguous()
 
 
 def staged_state(state: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:

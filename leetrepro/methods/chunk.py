@@ -35,6 +35,18 @@ CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
 DUAL_TABLE = {"half": (64, 2), "tf32": (32, 2), "exact": (32, 1)}
 
 
+def _same_rows(x: torch.Tensor, y: torch.Tensor | None):
+    """x and y (None or shaped like x) in one layout the kernel addresses by strides: the last
+    dimension contiguous, y's strides x's; copies only where that does not already hold."""
+    if x.stride(-1) != 1 and x.numel() > 0:
+        x = x.contiguous()
+    if y is None:
+        return x, y
+    if y.stride() != x.stride():
+        x, y = x.contiguous(), y.contiguous()
+    return x, y
+
+
 def operand_kind(dtype: torch.dtype, precision: str) -> str:
     """``"half"`` (fp16/bf16), ``"tf32"`` or ``"exact"`` (fp32 with tf32x3 or ieee dots)."""
     if dtype != torch.float32:
@@ -69,13 +81,15 @@ def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
 
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
-          dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True,
+          dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
+          scale=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None})
 def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-               reverse: bool = False, dual: torch.Tensor | None = None):
+               reverse: bool = False, dual: torch.Tensor | None = None,
+               cu_seqlens: torch.Tensor | None = None, scale: float = 1.0):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -84,14 +98,25 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     on the rows read backwards (the backward pass's dV and dC), no copies. ``dual``: a tensor E
     shaped like V; O becomes the pair (op(B, C, V), op(E, V, C)), both from one sweep (the second's
     state is the first's transposed): the backward's dV and dC together. Needs the whole state in
-    one lane (r·d ≤ 128·128).
+    one lane (r·d ≤ 128·128). ``cu_seqlens``: int32/int64 offsets of sequences packed along N of a
+    batch of one, each with its own state (``initial_state``/final state ``(sequences, heads, r, d)``).
+
+    Any layout whose last dimension is contiguous is read in place (flash-linear-attention's
+    time-major ``(batch, N, heads, r)`` transposed to ``(batch, heads, N, r)`` included); O comes
+    out in V's layout. ``scale`` multiplies O (and the dual output) as it is stored.
     """
     refuse_interpreted_bf16(V.dtype, "Chunk")
     kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
-    B, C, V = B.contiguous(), C.contiguous(), V.contiguous()
+    B, C = _same_rows(B, C)
+    V, dual = _same_rows(V, dual)
     out = torch.empty_like(V)
+    if out.stride() != V.stride():  # V not dense: O in the head-major layout, V copied to it
+        V, dual = V.contiguous(), None if dual is None else dual.contiguous()
+        out = torch.empty_like(V)
+    if cu_seqlens is not None:
+        batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, dual=dual is not None)
     segment = cfg.pop("segment", None) if segment is None else segment
@@ -106,8 +131,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         if lanes != batch * heads or cfg["BLOCK_R"] < r:
             raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                              f"got r = {r}, d = {d}")
-        dual = dual.contiguous()
         out2 = torch.empty_like(B)
+        if out2.stride() != B.stride():
+            B, C = B.contiguous(), C.contiguous()
+            out2 = torch.empty_like(B)
     s0 = staged_state(initial_state, B)
     sn = torch.empty(batch, heads, r, d, dtype=torch.float32, device=V.device) \
         if output_final_state else None
@@ -118,7 +145,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                          device=V.device)
     flags = torch.zeros(lanes, dtype=torch.int32, device=V.device)
     args = dict(E=dual, O2=None if dual is None else out2, S0=s0, SN=sn, FLAGS=flags, GAMMA=gamma,
-                N=n, R=r, D=d, H=heads, LANES=lanes, HAS_DECAY=gamma is not None,
+                CU=cu_seqlens, SCALE=float(scale), N=n, R=r, D=d, H=heads, LANES=lanes, HAS_DECAY=gamma is not None,
+                VARLEN=cu_seqlens is not None,
+                **dict(zip(("SB_B", "SB_H", "SB_T"), B.stride()[:3])),
+                **dict(zip(("SV_B", "SV_H", "SV_T"), V.stride()[:3])),
                 HAS_S0=s0 is not None, STORE_SN=output_final_state, REVERSE=reverse,
                 DUAL=dual is not None, PRECISION=precision,
                 **(dict(HALF_RANGE=V.dtype != torch.float32) | cfg))

@@ -21,6 +21,7 @@ from torch import nn
 
 from .._decay import causal_mask
 from .attention import linear_attention
+from .generate import Generative
 
 
 def _rotate(x, sin, cos):
@@ -45,24 +46,53 @@ class MultiScaleRetention(nn.Module):
                                                  / (self.dk // 2)), persistent=False)
 
     def forward(self, x, method: str):
-        b, n, _ = x.shape
-        q, k, v, g = self.q(x), self.k(x) / math.sqrt(self.dk), self.v(x), self.g(x)
-        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-        pos = torch.arange(n, device=x.device, dtype=torch.float64)[:, None] * self.freq.to(x.device)
-        sin, cos = pos.sin().to(x.dtype), pos.cos().to(x.dtype)
-        q, k = _rotate(q, sin, cos), _rotate(k, sin, cos)
+        q, k, v, g = self.project(x)
         gamma = self.gamma.to(x.device)
         if method == "original":
             o = self._parallel(q, k, v, gamma)
         else:
-            # Σ_{j≤i} γ^(i-j) = (1 - γ^(i+1)) / (1 - γ), in float64 via expm1 (γ is close to 1)
-            lg = torch.log(gamma).view(-1, 1)
-            i1 = torch.arange(1, n + 1, device=x.device, dtype=torch.float64)
+            n = x.shape[1]
+            o = linear_attention(self.row_scaled(q, torch.arange(n, device=x.device)), k, v,
+                                 gamma, method)
+        return self.finish(o, g)
+
+    def project(self, x, positions=None):
+        """q, k (rotated by position), v ``(b, heads, n, ·)`` and the gate g of x ``(b, n, dim)``;
+        positions ``(n,)`` (default 0..n-1) or ``(b, n)``."""
+        b, n, _ = x.shape
+        q, k, v, g = self.q(x), self.k(x) / math.sqrt(self.dk), self.v(x), self.g(x)
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        if positions is None:
+            positions = torch.arange(n, device=x.device)
+        pos = positions.to(torch.float64)[..., None] * self.freq.to(x.device)
+        if pos.dim() == 3:
+            pos = pos[:, None]
+        sin, cos = pos.sin().to(x.dtype), pos.cos().to(x.dtype)
+        return _rotate(q, sin, cos), _rotate(k, sin, cos), v, g
+
+    def row_scaled(self, q, positions):
+        """q with D's row normalisation folded in: row i times (Σ_{j≤i} γ^(i-j))^(-1/2)."""
+        # Σ_{j≤i} γ^(i-j) = (1 - γ^(i+1)) / (1 - γ), in float64 via expm1 (γ is close to 1)
+        lg = torch.log(self.gamma.to(q.device)).view(-1, 1)               # (heads, 1)
+        i1 = positions.to(torch.float64) + 1
+        if i1.dim() == 2:                                                 # (b, n): per sequence
+            rowsum = torch.expm1(lg[None] * i1[:, None]) / torch.expm1(lg)[None]
+        else:
             rowsum = torch.expm1(lg * i1) / torch.expm1(lg)
-            o = linear_attention(q * rowsum.rsqrt().to(x.dtype).unsqueeze(-1), k, v, gamma, method)
+        return q * rowsum.rsqrt().to(q.dtype).unsqueeze(-1)
+
+    def mix(self, x, attend, positions=None):
+        """The block with the retention computed by ``attend(q, k, v, gamma) -> o`` (generation:
+        q carries D's row normalisation, as the non-original path does)."""
+        q, k, v, g = self.project(x, positions)
+        if positions is None:
+            positions = torch.arange(x.shape[1], device=x.device)
+        return self.finish(attend(self.row_scaled(q, positions), k, v, self.gamma.to(x.device)), g)
+
+    def finish(self, o, g):
+        b, _, n, _ = o.shape
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps)  # group norm, per head
-        o = o.transpose(1, 2).reshape(b, n, -1)
-        return self.out(nn.functional.silu(g) * o)
+        return self.out(nn.functional.silu(g) * o.transpose(1, 2).reshape(b, n, -1))
 
     @staticmethod
     def _parallel(q, k, v, gamma):
@@ -96,8 +126,12 @@ class RetNetLayer(nn.Module):
         x = x + self.msr(self.norm1(x), method)
         return x + self.ffn(self.norm2(x))
 
+    def mixed(self, x, attend, positions=None):
+        x = x + self.msr.mix(self.norm1(x), attend, positions)
+        return x + self.ffn(self.norm2(x))
 
-class RetNet(nn.Module):
+
+class RetNet(Generative, nn.Module):
     """Embedding (× sqrt(dim), LayerNorm), ``cfg["layers"]`` RetNet layers, final LayerNorm."""
 
     def __init__(self, cfg: dict):
@@ -109,8 +143,11 @@ class RetNet(nn.Module):
         self.layers = nn.ModuleList(RetNetLayer(cfg) for _ in range(cfg["layers"]))
         self.norm = nn.LayerNorm(cfg["dim"], eps=cfg["eps"])
 
+    def embed_tokens(self, input_ids):
+        return self.embed_norm(self.embed(input_ids) * math.sqrt(self.cfg["dim"]))
+
     def forward(self, input_ids, attention_method: str = "auto"):
-        x = self.embed_norm(self.embed(input_ids) * math.sqrt(self.cfg["dim"]))
+        x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, attention_method)
         return self.norm(x)

@@ -16,6 +16,7 @@ from torch import nn
 
 from .._decay import causal_mask, powers
 from .attention import linear_attention
+from .generate import Generative
 
 
 class SRMSNorm(nn.Module):
@@ -49,18 +50,36 @@ class GatedLinearAttention(nn.Module):
             self.theta = nn.Parameter(10000 ** (-torch.arange(self.head_dim) / self.head_dim))
 
     def forward(self, x, method: str):
+        q, k, v, u = self.project(x)
+        gamma = self.gamma.to(x.device)
+        o = original_blockwise(q, k, v, gamma) if method == "original" \
+            else linear_attention(q, k, v, gamma, method)
+        return self.finish(o, u)
+
+    def project(self, x, positions=None):
+        """q, k, v ``(b, heads, n, ·)`` and the gate u of x ``(b, n, dim)``; positions ``(n,)``
+        (default 0..n-1) or ``(b, n)`` for LRPE."""
         b, n, d = x.shape
         q, k, v, u = self.qkvu(x).chunk(4, dim=-1)
         q, k = nn.functional.silu(q), nn.functional.silu(k)
         q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
         if self.lrpe:
-            angle = torch.arange(n, device=x.device, dtype=x.dtype)[:, None] * self.theta.to(x.dtype)
+            if positions is None:
+                positions = torch.arange(n, device=x.device)
+            angle = positions.to(x.dtype)[..., None] * self.theta.to(x.dtype)  # (…, n, head_dim)
+            if angle.dim() == 3:
+                angle = angle[:, None]
             q, k = (torch.cat([t * angle.cos(), t * angle.sin()], dim=-1) for t in (q, k))
-        gamma = self.gamma.to(x.device)
-        o = original_blockwise(q, k, v, gamma) if method == "original" \
-            else linear_attention(q, k, v, gamma, method)
-        o = o.transpose(1, 2).reshape(b, n, d)
-        return self.out(self.norm(o) * u)
+        return q, k, v, u
+
+    def mix(self, x, attend, positions=None):
+        """The block with the attention computed by ``attend(q, k, v, gamma) -> o`` (generation)."""
+        q, k, v, u = self.project(x, positions)
+        return self.finish(attend(q, k, v, self.gamma.to(x.device)), u)
+
+    def finish(self, o, u):
+        b, _, n, _ = o.shape
+        return self.out(self.norm(o.transpose(1, 2).reshape(b, n, -1)) * u)
 
 
 def original_blockwise(q, k, v, gamma, block: int = 256):
@@ -103,8 +122,12 @@ class TransNormerLayer(nn.Module):
         x = x + self.attn(self.norm1(x), method)
         return x + self.glu(self.norm2(x))
 
+    def mixed(self, x, attend, positions=None):
+        x = x + self.attn.mix(self.norm1(x), attend, positions)
+        return x + self.glu(self.norm2(x))
 
-class TransNormerLLM(nn.Module):
+
+class TransNormerLLM(Generative, nn.Module):
     """Embedding, ``cfg["layers"]`` TransNormer layers, final SRMSNorm -> hidden states."""
 
     def __init__(self, cfg: dict):
@@ -115,8 +138,11 @@ class TransNormerLLM(nn.Module):
         self.layers = nn.ModuleList(TransNormerLayer(cfg, i) for i in range(cfg["layers"]))
         self.norm = SRMSNorm(cfg["eps"])
 
+    def embed_tokens(self, input_ids):
+        return self.embed(input_ids)
+
     def forward(self, input_ids, attention_method: str = "auto"):
-        x = self.embed(input_ids)
+        x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, attention_method)
         return self.norm(x)

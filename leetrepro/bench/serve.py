@@ -1,0 +1,268 @@
+"""Serving: packed prefill, the decode step over a state pool, and generation in Tables 7-8's
+models, beside flash-linear-attention, in one process.
+
+``make bench-serve`` (``python -m leetrepro.bench.serve --out data/<gpu>``) writes
+
+* ``serve.csv``: ``case`` = ``prefill_varlen`` (the 100 seeded prompts of ``data/prompts``,
+  716,176 tokens packed with ``cu_seqlens``, heads 32, r = d = 128, decays 0.8…0.999, fp16 and
+  bf16) or ``decode`` (one token per sequence, fp32 states in a pool of 2·batch slots, bf16 inputs,
+  batch 1, 64, 256). ``ms``: median of CUDA-event timings after a warm-up, entries interleaved.
+  ``floor_ms``: prefill (|B|+|C|+|V|+|O|)·bytes, decode the states read and written, ÷ the copy
+  bandwidth measured in the same run. ``host_us``: wall time per call of 200 back-to-back calls
+  (host and GPU overlapped: what a serving loop pays per step). Entries: ``Chunk`` (our packed
+  head-major call), ``chunk_simple_gla`` (our drop-in, fla's layout), ``Chunk_padded`` (the batch
+  right-padded to the longest prompt), ``decode_step`` (eager) and ``decode_step_graph`` (the step
+  captured in a CUDA graph, replayed), ``fla`` (flash-linear-attention: ``chunk_simple_gla`` with
+  ``cu_seqlens``; ``fused_recurrent_simple_gla`` for a step).
+* ``generation.csv``: each model's first two layers (fp16), the prompts prefilled packed in groups
+  of ``--group`` then 128 tokens generated per prompt by greedy steps: time to first token
+  (``ttft_ms``: the group's prefill), per-token latency (``step_ms``, median step) and
+  ``tokens_per_s`` (generated tokens ÷ decode time), batched (every prompt decoding together) and
+  batch 1 (prompt by prompt, the first ``--batch1-prompts``), per method: ``Chunk`` (packed prefill
+  + ``decode_step``) and ``original`` (each model's own attention for the prefill, its recurrent
+  form in PyTorch for the steps). ``agree``: the share of generated tokens equal to Chunk's.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from .._inputs import SHORT_NAMES
+from ..api import causal_linear_decoder
+from ..compat import chunk_simple_gla
+from ..decode import decode_step
+from .harness import bench_setup, fla_chunk_simple_gla, median, time_calls
+from .llm import load_prompts
+
+HEADS, RANK, DIM = 32, 128, 128
+
+
+def decays(device):
+    return torch.linspace(0.8, 0.999, HEADS, dtype=torch.float64, device=device)
+
+
+def host_us(fn, calls: int = 200) -> float:
+    """Wall time per call of ``calls`` back-to-back calls, synchronised at the end."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def interleaved(entries: dict, reps: int, device) -> dict:
+    """Median seconds per entry, the entries called in turn, ``reps`` rounds after a warm-up."""
+    for fn in entries.values():
+        fn()
+    times = {k: [] for k in entries}
+    for _ in range(reps):
+        for k, fn in entries.items():
+            times[k] += time_calls(fn, [()], 1, device)
+    return {k: median(v) for k, v in times.items()}
+
+
+def prefill_rows(device, bw, reps, meta):
+    lengths = load_prompts().length.tolist()
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                      device=device)
+    total = int(cu[-1])
+    g = decays(device)
+    g_gamma = torch.log(g).float()
+    fla = fla_chunk_simple_gla()
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16):
+        gen = torch.Generator(device=device).manual_seed(0)
+        # time-major storage (fla's layout); our head-major call gets contiguous copies
+        q, k, v = (torch.randn(1, total, HEADS, RANK, device=device, dtype=dtype, generator=gen)
+                   .mul_(RANK ** -0.5) for _ in range(3))
+        B, C, V = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        entries = {
+            "Chunk": lambda: causal_linear_decoder(B, C, V, g, method="Chunk", cu_seqlens=cu),
+            "chunk_simple_gla": lambda: chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=1.0,
+                                                         cu_seqlens=cu),
+        }
+        if fla is not None:
+            cu64 = cu.long()
+            entries["fla"] = lambda: fla(q, k, v, g_gamma=g_gamma, scale=1.0, cu_seqlens=cu64)
+        times = interleaved(entries, reps, device)
+        hosts = {k: host_us(fn, 5) for k, fn in entries.items()}
+        del B, C, V
+        # the same prompts right-padded into batches of 16 (what a padded server computes)
+        longest = max(lengths)
+        Bp = torch.randn(16, HEADS, longest, RANK, device=device, dtype=dtype)
+        pad = time_calls(lambda: causal_linear_decoder(Bp, Bp, Bp, g, method="Chunk"), [()], reps,
+                         device)
+        groups = -(-len(lengths) // 16)
+        times["Chunk_padded"] = median(pad) * groups
+        hosts["Chunk_padded"] = float("nan")
+        del Bp, q, k, v
+        torch.cuda.empty_cache()
+        floor = 4 * total * HEADS * RANK * dtype.itemsize / bw
+        for name, t in times.items():
+            rows.append(dict(meta, case="prefill_varlen", method=name, dtype=SHORT_NAMES[dtype],
+                             batch=len(lengths), tokens=total, ms=t * 1e3, floor_ms=floor * 1e3,
+                             floor_ratio=t / floor, host_us=hosts[name]))
+            print(f"prefill {SHORT_NAMES[dtype]} {name:18s} {t * 1e3:8.3f} ms  {t / floor:5.2f}x floor",
+                  flush=True)
+    return rows
+
+
+def decode_rows(device, bw, reps, meta):
+    try:
+        from fla.ops.simple_gla import fused_recurrent_simple_gla
+    except ImportError:
+        fused_recurrent_simple_gla = None
+    g = decays(device)
+    g_gamma = torch.log(g).float()
+    rows = []
+    dtype = torch.bfloat16
+    for batch in (1, 64, 256):
+        gen = torch.Generator(device=device).manual_seed(batch)
+        B, C, V = (torch.randn(batch, HEADS, 1, RANK, device=device, dtype=dtype, generator=gen)
+                   for _ in range(3))
+        pool = torch.randn(2 * batch, HEADS, RANK, DIM, device=device, generator=gen) * 0.01
+        slots = torch.arange(batch, device=device, dtype=torch.int32) * 2
+        entries = {"decode_step": lambda: decode_step(B, C, V, g, pool, slots)}
+        # the same step captured in a CUDA graph (fixed shapes, slots on the device)
+        entries["decode_step"]()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                decode_step(B, C, V, g, pool, slots)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            decode_step(B, C, V, g, pool, slots)
+        entries["decode_step_graph"] = graph.replay
+        if fused_recurrent_simple_gla is not None:
+            q, k, v = (x.transpose(1, 2) for x in (B, C, V))
+            h0 = pool[slots.long()]
+            entries["fla"] = lambda: fused_recurrent_simple_gla(
+                q, k, v, g_gamma=g_gamma, scale=1.0, initial_state=h0, output_final_state=True)
+        times = interleaved(entries, reps, device)
+        hosts = {k: host_us(fn) for k, fn in entries.items()}
+        floor = 2 * batch * HEADS * RANK * DIM * 4 / bw
+        for name, t in times.items():
+            rows.append(dict(meta, case="decode", method=name, dtype=SHORT_NAMES[dtype], batch=batch,
+                             tokens=batch, ms=t * 1e3, floor_ms=floor * 1e3, floor_ratio=t / floor,
+                             host_us=hosts[name]))
+            print(f"decode b{batch:<4d} {name:18s} {t * 1e3:8.4f} ms  {t / floor:5.2f}x floor  "
+                  f"host {hosts[name]:6.1f} us/step", flush=True)
+        del graph
+    return rows
+
+
+def generation_rows(device, meta, group: int, new_tokens: int, batch1_prompts: int):
+    from ..models import build
+    from ..models.generate import decode, prefill
+
+    prompts = load_prompts()
+    rows = []
+    for name in ("transnormer", "retnet"):
+        model = build(name).to(device=device, dtype=torch.float16).eval()
+        vocab = model.cfg["vocab"]
+        ids = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(int(s)))
+               .to(device) for n, s in zip(prompts.length, prompts.token_seed)]
+        reference_tokens = None
+        for method in ("Chunk", "original"):
+            # batched: prompts prefilled packed `group` at a time, then every prompt decodes together
+            pools = model.state_pools(len(ids), device)
+            slots = torch.arange(len(ids), dtype=torch.int32, device=device)
+            first, ttft = [], []
+            for s in range(0, len(ids), group):
+                part = ids[s:s + group]
+                cu = torch.tensor([0] + torch.tensor([len(p) for p in part]).cumsum(0).tolist(),
+                                  dtype=torch.int32, device=device)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                first.append(prefill(model, torch.cat(part)[None], cu, pools, slots[s:s + group],
+                                     method))
+                torch.cuda.synchronize()
+                ttft.append(time.perf_counter() - t0)
+            tokens = torch.cat(first)
+            positions = torch.tensor([len(p) for p in ids], device=device)
+            out, steps = [tokens], []
+            for _ in range(new_tokens - 1):
+                steps.append(time_calls(lambda: out.append(
+                    decode(model, out[-1], positions, pools, slots, method)), [()], 1, device)[0])
+                positions = positions + 1
+            generated = torch.stack(out, 1)
+            if reference_tokens is None:
+                reference_tokens = generated
+            agree = (generated == reference_tokens).float().mean().item()
+            total_decode = sum(steps)
+            rows.append(dict(meta, model=name, method=method, mode="batched", batch=len(ids),
+                             prompts=len(ids), group=group, new_tokens=new_tokens,
+                             ttft_ms=median(ttft) * 1e3, step_ms=median(steps) * 1e3,
+                             tokens_per_s=len(ids) * (new_tokens - 1) / total_decode, agree=agree))
+            print(f"generate {name} {method:8s} batched: TTFT {median(ttft) * 1e3:.1f} ms/group, "
+                  f"step {median(steps) * 1e3:.2f} ms, {rows[-1]['tokens_per_s']:.0f} tok/s, "
+                  f"agree {agree:.3f}", flush=True)
+            # batch 1: prompt by prompt
+            ttft1, steps1 = [], []
+            for i in range(min(batch1_prompts, len(ids))):
+                slot = slots[i:i + 1]
+                cu = torch.tensor([0, len(ids[i])], dtype=torch.int32, device=device)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                tok = prefill(model, ids[i][None], cu, pools, slot, method)
+                torch.cuda.synchronize()
+                ttft1.append(time.perf_counter() - t0)
+                pos = torch.tensor([len(ids[i])], device=device)
+                t0 = time.perf_counter()
+                for _ in range(new_tokens - 1):
+                    tok = decode(model, tok, pos, pools, slot, method)
+                    pos = pos + 1
+                torch.cuda.synchronize()
+                steps1.append((time.perf_counter() - t0) / (new_tokens - 1))
+            rows.append(dict(meta, model=name, method=method, mode="batch1", batch=1,
+                             prompts=len(ttft1), group=1, new_tokens=new_tokens,
+                             ttft_ms=median(ttft1) * 1e3, step_ms=median(steps1) * 1e3,
+                             tokens_per_s=1 / median(steps1), agree=float("nan")))
+            print(f"generate {name} {method:8s} batch 1: TTFT {median(ttft1) * 1e3:.1f} ms, step "
+                  f"{median(steps1) * 1e3:.2f} ms, {1 / median(steps1):.0f} tok/s", flush=True)
+            del pools
+            torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for serve.csv and generation.csv")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--parts", nargs="*", default=["prefill", "decode", "generation"])
+    p.add_argument("--group", type=int, default=10, help="prompts per packed prefill (generation)")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--batch1-prompts", type=int, default=100)
+    args = p.parse_args(argv)
+    setup = bench_setup("serve", args.out)
+    if setup is None:
+        return 2
+    device, meta, out, bw = setup
+    rows = []
+    if "prefill" in args.parts:
+        rows += prefill_rows(device, bw, args.reps, meta)
+    if "decode" in args.parts:
+        rows += decode_rows(device, bw, args.reps, meta)
+    if rows:
+        pd.DataFrame(rows).to_csv(os.path.join(out, "serve.csv"), index=False)
+    if "generation" in args.parts:
+        gen = generation_rows(device, meta, args.group, args.new_tokens, args.batch1_prompts)
+        pd.DataFrame(gen).to_csv(os.path.join(out, "generation.csv"), index=False)
+    print(f"-> {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Generation: one decode step over a pool of recurrent states (:func:`decode_step`).
+
+A serving engine keeps each running sequence's state ``(heads, r, d)`` in one preallocated pool
+``(slots, heads, r, d)`` (fp32) and names a sequence by its slot. A step takes the new tokens of a
+batch of sequences (usually one each), advances each sequence's state in its slot, in place, and
+returns the outputs:
+
+    S ← λ S + c_tᵀ v_t,   o_t = scale · b_t S          (the convention of :mod:`leetrepro._state`)
+
+so prefilling N tokens (``causal_linear_decoder(..., output_final_state=True)``) and then k decode
+steps from that state equals prefilling N + k. The memory traffic is the state, read and written
+once per step (the tokens are a few hundred bytes): the floor is ``2 · batch·heads·r·d·4`` bytes.
+On a GPU a Triton kernel (``kernels/decode_step.py``) with no host synchronisation: a step can be
+captured in a CUDA graph (fixed shapes, slot ids on the device). Elsewhere PyTorch. Inference
+only: no gradient.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._device import sm_count
+from ._inputs import memo_by_tensor, normalize_gamma
+from .registry import GPU_DTYPES
+
+
+def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_pool: torch.Tensor,
+                slots: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+    """Advance ``state_pool[slots]`` by the new tokens and return their outputs.
+
+    Args:
+        B, C: ``(batch, heads, k, r)``; V: ``(batch, heads, k, d)``: k new tokens (usually 1) of
+            each of ``batch`` sequences; fp16, bf16, fp32 (fp64 on the CPU); last dim contiguous
+            (flash-linear-attention's ``(batch, k, heads, r)`` transposed is read in place).
+        gamma: per-head decay in (0, 1] as in :func:`leetrepro.causal_linear_decoder`; None: 0-1.
+        state_pool: ``(slots, heads, r, d)`` float32 (float64 allowed on the CPU), contiguous;
+            rows ``slots`` are read and overwritten in place.
+        slots: ``(batch,)`` int32/int64 on the pool's device: sequence i's state is
+            ``state_pool[slots[i]]``. Slots must be distinct within a step.
+        scale: multiplies the outputs (flash-linear-attention's query scale).
+
+    Returns:
+        O ``(batch, heads, k, d)`` in V's dtype.
+
+    Cost: O(batch·heads·k·r·d) time; memory traffic 2·batch·heads·r·d·4 bytes (the states).
+    """
+    _check(B, C, V, state_pool, slots)
+    g = normalize_gamma(gamma, B.shape[1], B.device)
+    return torch.ops.leetrepro.decode_step(B, C, V, g, state_pool, slots, float(scale))
+
+
+def _check(B, C, V, pool, slots):
+    for name, t in (("B", B), ("C", C), ("V", V), ("state_pool", pool), ("slots", slots)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if B.dim() != 4 or C.shape != B.shape or V.dim() != 4 or V.shape[:3] != B.shape[:3]:
+        raise ValueError(f"B, C must be (batch, heads, k, r) and V (batch, heads, k, d), got "
+                         f"B {tuple(B.shape)}, C {tuple(C.shape)}, V {tuple(V.shape)}")
+    batch, heads, _, r = B.shape
+    if pool.dim() != 4 or tuple(pool.shape[1:]) != (heads, r, V.shape[-1]):
+        raise ValueError(f"state_pool must be (slots, heads, r, d) = (…, {heads}, {r}, "
+                         f"{V.shape[-1]}), got {tuple(pool.shape)}")
+    if not pool.is_contiguous() or pool.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"state_pool must be a contiguous float32 tensor, got {pool.dtype}, "
+                         f"contiguous={pool.is_contiguous()}")
+    if slots.shape != (batch,) or slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slots must be an int32/int64 tensor of shape (batch,) = ({batch},), "
+                         f"got {slots.dtype} {tuple(slots.shape)}")
+    if not B.dtype == C.dtype == V.dtype:
+        raise TypeError(f"B, C and V must share one dtype, got {B.dtype}, {C.dtype}, {V.dtype}")
+    devices = {t.device for t in (B, C, V, pool, slots)}
+    if len(devices) != 1:
+        raise ValueError(f"B, C, V, state_pool and slots must be on one device, got {devices}")
+
+
+@torch.library.custom_op("leetrepro::decode_step", mutates_args=("state_pool",))
+def _decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None,
+                 state_pool: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+    if B.is_cuda and V.dtype in GPU_DTYPES and state_pool.dtype == torch.float32:
+        return _triton_step(B, C, V, gamma, state_pool, slots, scale)
+    return _torch_step(B, C, V, gamma, state_pool, slots, scale)
+
+
+@_decode_step.register_fake
+def _(B, C, V, gamma, state_pool, slots, scale):
+    return V.new_empty(V.shape)
+
+
+def _torch_step(B, C, V, gamma, pool, slots, scale):
+    """The same recurrence in PyTorch, in float64 (a step is small; the pool keeps its dtype)."""
+    idx = slots.long()
+    state = pool[idx].double()
+    lam = None if gamma is None else gamma.double().view(1, -1, 1, 1)
+    b, c, v = B.double(), C.double(), V.double()
+    out = []
+    for t in range(B.shape[2]):
+        if lam is not None:
+            state = state * lam
+        state = state + c[:, :, t, :, None] * v[:, :, t, None, :]
+        out.append((b[:, :, t, None, :] @ state).squeeze(-2) * scale)
+    pool[idx] = state.to(pool.dtype)
+    o = torch.stack(out, 2) if out else V.new_zeros(V.shape, dtype=torch.float64)
+    return o.to(V.dtype)
+
+
+#: per normalised gamma tensor: the (2, H) float32 pair the kernel reads (cached: a step would
+#: otherwise spend its host time building it)
+_PAIRS: dict = {}
+
+
+def _gamma_pair(gamma: torch.Tensor) -> torch.Tensor:
+    from .methods._gpu import decay_pair
+    return memo_by_tensor(_PAIRS, gamma, decay_pair)
+
+
+def _triton_step(B, C, V, gamma, pool, slots, scale):
+    from .methods._gpu import next_pow2, triton_kernels
+
+    batch, heads, k, r = B.shape
+    d = V.shape[-1]
+    if B.stride() != C.stride():
+        B, C = B.contiguous(), C.contiguous()
+    if B.stride(-1) != 1:
+        B, C = B.contiguous(), C.contiguous()
+    if V.stride(-1) != 1:
+        V = V.contiguous()
+    out = torch.empty_like(V)
+    if out.stride(-1) != 1:
+        out = torch.empty(V.shape, dtype=V.dtype, device=V.device)
+    if batch == 0 or heads == 0 or k == 0 or d == 0:
+        return out.zero_()
+    block_r = next_pow2(r)
+    # enough programs to fill the GPU at small batch, wider tiles (fewer, longer rows) otherwise
+    block_d = 16 if batch * heads * max(1, d // 32) < 2 * sm_count(V.device) else 32
+    block_d = min(block_d, next_pow2(d))
+    grid = (batch * heads, -(-d // block_d))
+    triton_kernels("decode_step").decode_step_kernel[grid](
+        B, C, V, out, pool, slots, None if gamma is None else _gamma_pair(gamma), k, r, d, heads,
+        scale, *B.stride()[:3], *V.stride()[:3], *out.stride()[:3], HAS_DECAY=gamma is not None,
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4 if block_r * block_d <= 4096 else 8)
+    return out

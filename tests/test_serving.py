@@ -1,0 +1,206 @@
+"""Serving: packed variable-length prompts (``cu_seqlens``), the decode step over a state pool,
+and the flash-linear-attention drop-in, against running each sequence alone through the oracle."""
+import pytest
+import torch
+
+import leetrepro
+from leetrepro import causal_linear_decoder, chunk_simple_gla, decode_step, reference, rel_error
+from leetrepro.reference import TOLERANCE
+
+from conftest import make_inputs, random_gammas
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = DEVICE == "cpu"
+LENGTHS = [37, 0, 1, 100, 64]          # an empty sequence and one of one row among them
+TRITON = pytest.importorskip("triton", reason="Triton is not installed") is not None
+
+
+def _packed(lengths, heads, r, d, dtype, seed=0, time_major=False):
+    n = sum(lengths)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                      device=DEVICE)
+    if time_major:  # flash-linear-attention's layout, viewed as (1, heads, n, ·)
+        g = torch.Generator().manual_seed(seed)
+        q, k = (torch.randn(1, n, heads, r, generator=g) / r ** 0.5 for _ in range(2))
+        v = torch.randn(1, n, heads, d, generator=g)
+        B, C, V = (x.to(DEVICE, dtype).transpose(1, 2) for x in (q, k, v))
+    else:
+        B, C, V = make_inputs(1, heads, n, r, d, dtype=dtype, device=DEVICE, seed=seed)
+    return B, C, V, cu
+
+
+def _tol(dtype, method):
+    if dtype == torch.float32 and method == "Chunk" and not INTERPRETED:
+        return 5e-3  # tf32 products by default
+    return TOLERANCE[dtype]
+
+
+def _each(B, C, V, g, cu, S0=None, scale=1.0):
+    """Each packed sequence alone through the oracle: O and the final states."""
+    outs, states = [], []
+    for i in range(cu.numel() - 1):
+        a, b = int(cu[i]), int(cu[i + 1])
+        o, s = reference(B[:, :, a:b], C[:, :, a:b], V[:, :, a:b], g,
+                         initial_state=None if S0 is None else S0[i:i + 1], output_final_state=True)
+        outs.append(o * scale)
+        states.append(s)
+    return torch.cat(outs, 2), torch.cat(states, 0)
+
+
+PACKED_METHODS = ["Chunk", "LA_torch"]
+DTYPES = [torch.float32, torch.float16,
+          pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+              INTERPRETED, reason="bf16 dot kernels are refused under TRITON_INTERPRET=1"))]
+
+
+@pytest.mark.parametrize("method", PACKED_METHODS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("decay", [False, True])
+@pytest.mark.parametrize("time_major", [False, True])
+def test_packed_prompts_equal_each_prompt_alone(method, dtype, decay, time_major):
+    heads, r, d = 3, 8, 6
+    B, C, V, cu = _packed(LENGTHS, heads, r, d, dtype, seed=1, time_major=time_major)
+    g = random_gammas(heads, 2).to(DEVICE) if decay else None
+    S0 = torch.randn(len(LENGTHS), heads, r, d, device=DEVICE)
+    for s0 in (None, S0):
+        out, fin = causal_linear_decoder(B, C, V, g, method=method, cu_seqlens=cu,
+                                         initial_state=s0, output_final_state=True)
+        want, want_s = _each(B, C, V, g, cu, s0)
+        assert out.shape == V.shape and fin.shape == (len(LENGTHS), heads, r, d)
+        assert rel_error(out, want) <= _tol(dtype, method)
+        assert rel_error(fin, want_s) <= _tol(dtype, method)
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("method", PACKED_METHODS)
+def test_packed_gradients_equal_each_prompt_alone(method):
+    heads, r, d = 2, 8, 5
+    B, C, V, cu = _packed([20, 1, 0, 45], heads, r, d, torch.float32, seed=3)
+    g = random_gammas(heads, 3).to(DEVICE)
+    S0 = torch.randn(4, heads, r, d, device=DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    dO = torch.randn(V.shape, device=DEVICE, generator=gen, dtype=torch.float64)
+    dS = torch.randn(S0.shape, device=DEVICE, generator=gen, dtype=torch.float64)
+    opts = {"fp32_precision": "ieee"} if method == "Chunk" else {}
+
+    def grads(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (B, C, V, S0)]
+        o, s = fn(*leaves)
+        ((o.double() * dO).sum() + (s.double() * dS).sum()).backward()
+        return [t.grad for t in leaves]
+
+    got = grads(lambda b, c, v, s0: causal_linear_decoder(
+        b, c, v, g, method=method, cu_seqlens=cu, initial_state=s0, output_final_state=True,
+        scale=0.5, **opts))
+    want = grads(lambda b, c, v, s0: _each(b, c, v, g, cu, s0, scale=0.5))
+    for name, a, w in zip(("dB", "dC", "dV", "dS0"), got, want):
+        assert rel_error(a, w) <= 1e-5, name
+
+
+def test_cu_seqlens_is_checked():
+    B, C, V, cu = _packed([3, 4], 1, 2, 2, torch.float32)
+    with pytest.raises(ValueError, match="end at N"):
+        causal_linear_decoder(B, C, V, cu_seqlens=cu[:-1], method="LA_torch")
+    with pytest.raises(TypeError, match="int32"):
+        causal_linear_decoder(B, C, V, cu_seqlens=cu.float(), method="LA_torch")
+    with pytest.raises(ValueError, match="batch of one"):
+        causal_linear_decoder(*(torch.cat([x, x]) for x in (B, C, V)), cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"\(sequences, heads, r, d\)"):
+        causal_linear_decoder(B, C, V, cu_seqlens=cu, initial_state=torch.zeros(1, 1, 2, 2),
+                              method="LA_torch")
+
+
+# ---- the decode step ----------------------------------------------------------------------
+
+def _steps(kernel: bool):
+    """decode_step, or on a CPU the Triton kernel under the interpreter."""
+    if not kernel:
+        return decode_step
+
+    def run(B, C, V, g, pool, slots, scale=1.0):
+        from leetrepro.decode import _triton_step
+        return _triton_step(B, C, V, leetrepro._inputs.normalize_gamma(g, B.shape[1], B.device),
+                            pool, slots, scale)
+    return run
+
+
+@pytest.mark.parametrize("kernel", [False, True] if DEVICE == "cpu" else [False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("decay", [False, True])
+def test_prefill_then_decode_equals_prefill_of_the_longer_prompt(kernel, dtype, decay):
+    heads, r, d, n, k, batch = 3, 8, 6, 40, 5, 3
+    step = _steps(kernel)
+    B, C, V = make_inputs(batch, heads, n + k, r, d, dtype=dtype, device=DEVICE, seed=7)
+    g = random_gammas(heads, 7).to(DEVICE) if decay else None
+    want = reference(B, C, V, g)
+    _, state = causal_linear_decoder(B[:, :, :n], C[:, :, :n], V[:, :, :n], g,
+                                     output_final_state=True, method="LA_torch")
+    pool = torch.randn(6, heads, r, d, device=DEVICE)        # other slots hold other sequences
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32, device=DEVICE)
+    pool[slots.long()] = state.float()
+    untouched = pool[[1, 3, 5]].clone()
+    outs = [step(B[:, :, t:t + 1], C[:, :, t:t + 1], V[:, :, t:t + 1], g, pool, slots)
+            for t in range(n, n + k - 2)]
+    outs.append(step(B[:, :, n + k - 2:], C[:, :, n + k - 2:], V[:, :, n + k - 2:], g, pool, slots))
+    got = torch.cat(outs, 2)
+    assert got.dtype == dtype
+    assert rel_error(got, want[:, :, n:]) <= TOLERANCE[dtype]
+    _, final = reference(B, C, V, g, output_final_state=True)
+    assert rel_error(pool[slots.long()], final) <= 1e-5
+    assert torch.equal(pool[[1, 3, 5]], untouched)
+
+
+def test_decode_step_is_checked():
+    B, C, V = make_inputs(2, 1, 1, 4, 4)
+    pool = torch.zeros(3, 1, 4, 4)
+    with pytest.raises(ValueError, match="slots"):
+        decode_step(B, C, V, 0.9, pool, torch.tensor([0]))
+    with pytest.raises(ValueError, match="state_pool"):
+        decode_step(B, C, V, 0.9, pool[:, :, :2], torch.tensor([0, 1]))
+
+
+# ---- the flash-linear-attention drop-in ----------------------------------------------------
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_chunk_simple_gla_is_the_operator_in_fla_conventions(packed):
+    heads, K, Vd = 3, 8, 6
+    gen = torch.Generator().manual_seed(11)
+    lengths = [13, 0, 30] if packed else [25]
+    n = sum(lengths)
+    batch = 1 if packed else 2
+    q, k = (torch.randn(batch, n, heads, K, generator=gen) for _ in range(2))
+    v = torch.randn(batch, n, heads, Vd, generator=gen)
+    g_gamma = torch.log(random_gammas(heads, 11)).float()
+    h0 = torch.randn(len(lengths) if packed else batch, heads, K, Vd, generator=gen)
+    cu = torch.tensor([0, 13, 13, 43], dtype=torch.int32) if packed else None
+    o, ht = chunk_simple_gla(q, k, v, g_gamma=g_gamma, initial_state=h0, output_final_state=True,
+                             cu_seqlens=cu)
+    assert o.shape == v.shape and ht.shape == h0.shape
+    # the same by hand: head-major, q scaled by K^-0.5, λ = exp(g_gamma)
+    B, C, V = (x.transpose(1, 2) for x in (q * K ** -0.5, k, v))
+    lam = torch.exp(g_gamma.double())
+    if packed:
+        want, want_s = _each(B.to(DEVICE), C.to(DEVICE), V.to(DEVICE), lam, cu, h0)
+    else:
+        want, want_s = reference(B, C, V, lam, initial_state=h0, output_final_state=True)
+    assert rel_error(o.transpose(1, 2), want) <= 1e-5
+    assert rel_error(ht, want_s) <= 1e-5
+    o2, none = chunk_simple_gla(q, k, v, g_gamma=g_gamma, initial_state=h0, cu_seqlens=cu,
+                                head_first=False)
+    assert none is None and torch.allclose(o2, o)
+    with pytest.raises(NotImplementedError, match="g_gamma"):
+        chunk_simple_gla(q, k, v, g=torch.zeros(batch, n, heads))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="flash-linear-attention runs on a GPU only")
+def test_chunk_simple_gla_matches_flash_linear_attention():
+    fla = pytest.importorskip("fla.ops.simple_gla", reason="fla-core is not installed")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 3000, 4, 64, device="cuda", generator=gen, dtype=torch.bfloat16)
+               for _ in range(3))
+    g_gamma = torch.log(torch.linspace(0.9, 0.999, 4, device="cuda"))
+    cu = torch.tensor([0, 1000, 1001, 3000], dtype=torch.int32, device="cuda")
+    ours, s1 = chunk_simple_gla(q, k, v, g_gamma=g_gamma, output_final_state=True, cu_seqlens=cu)
+    theirs, s2 = fla.chunk_simple_gla(q, k, v, g_gamma=g_gamma, output_final_state=True,
+                                      cu_seqlens=cu.long())
+    assert rel_error(ours, theirs.double()) <= 1e-2 and rel_error(s1, s2.double()) <= 1e-2
