@@ -116,3 +116,28 @@ def refuse_interpreted_bf16(dtype: torch.dtype, abbr: str) -> None:
         raise ValueError(f"{abbr} cannot run bfloat16 under TRITON_INTERPRET=1: Triton's "
                          f"interpreter computes bf16 dot products wrongly. Use float16/float32 "
                          f"there, a GPU for bf16, or a PyTorch method")
+
+
+#: compiled kernels by launch key (see :func:`launch`)
+_COMPILED: dict = {}
+
+
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options):
+    """``kernel[grid](*args, **constexprs, **options)`` with Triton's per-call argument binding
+    (~10 µs of host time) skipped after the first call of a key: the compiled kernel is kept and
+    launched with the arguments as they are. The key holds everything Triton specialises on: each
+    tensor's dtype and 16-byte alignment, each scalar's value (Triton specialises integers equal
+    to 1 or divisible by 16), the constexprs, the options, the grid's rank and the device.
+    ``constexprs`` must be the kernel's trailing parameters, in order."""
+    key = (kernel, len(grid), tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+                                    else a for a in args),
+           tuple(constexprs.items()), tuple(sorted(options.items())),
+           next(a.device for a in args if isinstance(a, torch.Tensor)))
+    compiled = _COMPILED.get(key)
+    if compiled is None:  # (the interpreter returns no compiled kernel: it always comes here)
+        compiled = kernel[grid](*args, **constexprs, **options)
+        if len(_COMPILED) >= 4096:
+            _COMPILED.clear()
+        _COMPILED[key] = compiled
+        return
+    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs.values())
