@@ -74,7 +74,7 @@ notebooks/%.ipynb: notebooks/%.py
 	$(PY) -m jupytext --quiet --to ipynb --output $@ $<
 
 gpu-check: $(INSTALLED)
-	$(PY) -m leetrepro.bench.gpu_check --out $(DATA) --huge
+	$(PY) -m leetrepro.bench.gpu_check --out $(DATA) --huge --serving
 
 bench-kernels: $(INSTALLED)
 	$(PY) -m leetrepro.bench.kernels --out $(DATA)
@@ -126,7 +126,8 @@ bench-train: $(INSTALLED)
 
 # packed prefill, the decode step, generation in Tables 7-8's models; fla beside (GPU only)
 bench-serve: $(INSTALLED)
-	$(PY) -m leetrepro.bench.serve --out $(RESULTS)/data/$(GPU)
+	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.serve --out $(RESULTS)/data/$(GPU))
+	$(call run_notebook,serve,serve,$(GPU),-p gpu $(GPU))
 
 # sequence parallelism over the GPUs of this host (GPUS of them), one torchrun job -> data/<gpu>x<GPUS>/sp.csv
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)

@@ -75,6 +75,7 @@ TINY = {
             "-y", "methods: [Original, Vanilla, Bb, LA_torch, Recur]"],
     "floor": ["-p", "gpu", "h100"],
     "scaling": ["-p", "tag", "h200x2"],
+    "serve": ["-p", "gpu", "h100"],
     "train": ["-p", "device", "cpu", "-y", "methods: [Vanilla, Bb, LA_torch, original]",
               "-p", "steps", "30", "-p", "batch", "4", "-p", "seq_len", "64", "-p", "dim", "32",
               "-p", "layers", "2", "-p", "heads", "2", "-p", "lr", "0.01", "-p", "log_every", "10",

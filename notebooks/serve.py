@@ -1,0 +1,72 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Serving: packed prompts, the decode step, and generation in the paper's models
+# `make bench-serve` (`leetrepro/bench/serve.py`) measures, in one process beside flash-linear-attention:
+# * **packed prefill**: the 100 seeded prompts of Tables 7-8 (716,176 tokens) packed with `cu_seqlens`, heads 32, r = d = 128, per-head decays: our call (`causal_linear_decoder(..., cu_seqlens=cu)`), our drop-in `chunk_simple_gla` in fla's time-major layout, fla's `chunk_simple_gla`, and the same prompts right-padded into batches of 16;
+# * **the decode step**: one token per sequence, fp32 states in a pool, `decode_step` eager and captured in a CUDA graph, fla's `fused_recurrent_simple_gla`;
+# * **generation**: each model's first two layers, prompts prefilled packed (10 at a time), then 128 greedy tokens each through `decode_step`, against each model's own PyTorch attention and recurrent step.
+#
+# The floor: prefill reads B, C, V and writes O; a decode step reads and writes the states. Medians of CUDA-event timings.
+
+# %% tags=["parameters"]
+gpu = "h100"
+out_root = "."
+
+# %%
+import os
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import Markdown, display
+from leetrepro.reproduce.tables import load_measured
+
+fig_dir = os.path.join(out_root, "figures", gpu)
+os.makedirs(fig_dir, exist_ok=True)
+serve = load_measured(gpu, "serve.csv")
+gen = load_measured(gpu, "generation.csv")
+meta = serve.iloc[0]
+display(Markdown(f"**{meta.gpu}**, commit `{meta.commit}`, {meta.date}"))
+serve[["case", "method", "dtype", "batch", "tokens", "ms", "floor_ms", "floor_ratio", "host_us"]].round(4)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+pre = serve[serve.case == "prefill_varlen"]
+order = ["Chunk", "Chunk_padded", "chunk_simple_gla", "fla"]
+for i, (dtype, grp) in enumerate(pre.groupby("dtype")):
+    grp = grp.set_index("method").reindex([m for m in order if m in set(grp.method)])
+    xs = [j + 0.4 * i for j in range(len(grp))]
+    bars = axes[0].bar(xs, grp.ms, width=0.38, label=dtype)
+    axes[0].bar_label(bars, labels=[f"{r:.2f}×" for r in grp.floor_ratio], fontsize=7)
+axes[0].axhline(pre.floor_ms.iloc[0], color="k", ls=":", lw=1, label="floor")
+axes[0].set_xticks([j + 0.2 for j in range(len(order))], order, fontsize=8)
+axes[0].set(ylabel="ms", title="packed prefill, 100 prompts (716,176 tokens); label: × floor")
+axes[0].legend(fontsize=8)
+dec = serve[serve.case == "decode"]
+for method, grp in dec.groupby("method"):
+    axes[1].plot(grp.batch, grp.ms * 1e3, "-o", label=method)
+axes[1].plot(dec.groupby("batch").floor_ms.first() * 1e3, "k:", label="floor (states read + written)")
+axes[1].set(xscale="log", yscale="log", xlabel="sequences per step", ylabel="µs per step (GPU)",
+            title="decode step, bf16 inputs, fp32 states")
+axes[1].legend(fontsize=8)
+for ax in axes:
+    ax.grid(alpha=0.3)
+fig.tight_layout()
+fig.savefig(os.path.join(fig_dir, "serve.png"), dpi=120)
+
+# %% [markdown]
+# ## Generation in Tables 7-8's models
+# `ttft_ms`: time to first token (the prefill of one packed group of 10 prompts, batched; one prompt, batch 1); `step_ms`: one generated token for every sequence; `agree`: the share of generated tokens equal to those of the Chunk path (greedy decoding with random weights amplifies last-bit differences: one flipped token changes everything after it).
+
+# %%
+gen[["model", "method", "mode", "prompts", "ttft_ms", "step_ms", "tokens_per_s", "agree"]].round(3)
