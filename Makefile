@@ -48,7 +48,7 @@ help:
 	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> $(DATA)/serve.csv, generation.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
-	@echo "make tune      (GPU) every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
+	@echo "make tune      (GPU) Chunk's launch table -> $(DATA)/chunk_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
@@ -118,6 +118,7 @@ floor: $(INSTALLED)
 
 # the dispatch table of method="auto" for this GPU, and auto's regret (GPU only)
 tune: $(INSTALLED)
+	$(PY) -m leetrepro.bench.sweep --out $(RESULTS)/data/$(GPU)
 	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU)
 
 # forward + backward against its floor, flash-linear-attention beside it (GPU only)

@@ -196,3 +196,23 @@ def test_half_state_neither_overflows_nor_underflows(method, scales):
         {"segment": 64} if method == "Chunk" else {}))
     assert torch.isfinite(out).all()
     assert_close_to_reference(out, B, C, V, 0.999)
+
+
+def test_chunk_reads_the_launch_table_of_its_gpu(tmp_path, monkeypatch):
+    # make tune writes data/<gpu>/chunk_config.csv; a GPU without one gets the defaults
+    from leetrepro.methods import chunk
+
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "chunk_config.csv").write_text(
+        "kind,decay,block_n,stages,geomean_ms\nhalf,True,128,3,1.0\n")
+    monkeypatch.setattr(chunk, "data", lambda *parts: str(tmp_path.joinpath(*parts)))
+    chunk._tuned_table.cache_clear()
+    chunk._config.cache_clear()
+    try:
+        tuned = chunk.chunk_config(128, 128, torch.float16, "tf32", True, device="cpu")
+        default = chunk.chunk_config(128, 128, torch.float16, "tf32", False, device="cpu")
+        assert (tuned["BLOCK_N"], tuned["num_stages"]) == (128, 3)
+        assert (default["BLOCK_N"], default["num_stages"]) == chunk.CHUNK_TABLE[("half", False)]
+    finally:
+        chunk._tuned_table.cache_clear()
+        chunk._config.cache_clear()

@@ -27,7 +27,7 @@ from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..complexity import io_bytes
 from ..reference import reference, rel_error
-from .harness import bench_setup, fla_chunk_simple_gla, is_oom, random_inputs, time_calls
+from .harness import bench_setup, fla_chunk_simple_gla, host_seconds, is_oom, random_inputs, time_calls
 
 GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
 
@@ -100,7 +100,7 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
             args = [(s[0], s[1], s[2], g, f) for s, f in zip(inputs, fla_in)]
             times = sorted(time_calls(fn, args, reps, device))
             row.update(median_s=times[len(times) // 2], min_s=times[0], max_s=times[-1],
-                       reps=reps, status="ok")
+                       reps=reps, status="ok", host_us=host_seconds(fn, args[0], reps, device) * 1e6)
             row["floor_ratio"] = row["median_s"] / floor_s
         except Exception as err:  # one failing cell never aborts the run
             row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:120]}"

@@ -162,6 +162,19 @@ def time_calls(fn: Callable, arg_sets: Sequence[tuple], reps: int, device) -> li
     return times
 
 
+def host_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
+    """Median host time of ``fn(*args)``: the call alone, the GPU idle before each (what a
+    caller's CPU spends to launch it, independent of the GPU's work)."""
+    times = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    sync(device)
+    return median(times)
+
+
 def _progress(items, desc: str, enabled: bool):
     if not enabled:
         return items

@@ -18,15 +18,22 @@ o_t = b_t S_t), so running two halves with the state passed on equals running th
 """
 from __future__ import annotations
 
+import csv
+import functools
+import os
+
 import torch
 
+from .._device import gpu_tag
+from .._paths import data
 from ..registry import GPU_DTYPES, register
-from ._gpu import (cdiv, config_override, dot_precision, next_pow2, refuse_interpreted_bf16, sm_count,
-                   staged_state, triton_kernels)
+from ._gpu import (cdiv, config_override, dot_precision, launch, next_pow2, refuse_interpreted_bf16,
+                   sm_count, staged_state, triton_kernels)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
-#: NOTES.md. fp32 tiles are twice the bytes, so fp32 gets fewer rows or stages; tf32x3/ieee split
-#: or widen the operands and fit one stage only.
+#: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
+#: ``make tune``: :mod:`leetrepro.bench.sweep`) uses that one. fp32 tiles are twice the bytes, so
+#: fp32 gets fewer rows or stages; tf32x3/ieee split or widen the operands and fit one stage only.
 CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
                ("tf32", False): (32, 2), ("tf32", True): (64, 2),
                ("exact", False): (32, 1), ("exact", True): (32, 1)}
@@ -54,20 +61,43 @@ def operand_kind(dtype: torch.dtype, precision: str) -> str:
     return "tf32" if precision == "tf32" else "exact"
 
 
+def tuned_table(tag: str) -> dict:
+    """``{(kind, decay): (BLOCK_N, stages)}`` measured on GPU ``tag`` (``data/<tag>/chunk_config.csv``),
+    or {} where that GPU has none."""
+    return dict(_tuned_table(tag))
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_table(tag: str) -> tuple:
+    path = data(tag, "chunk_config.csv")
+    if not os.path.exists(path):
+        return ()
+    with open(path, newline="") as f:
+        return tuple(((r["kind"], r["decay"] == "True"), (int(r["block_n"]), int(r["stages"])))
+                     for r in csv.DictReader(f))
+
+
 def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool,
-                 dual: bool = False) -> dict:
+                 dual: bool = False, device=None) -> dict:
     """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
-    (which re-read B and C once per block); rows and stages from :data:`CHUNK_TABLE`
-    (:data:`DUAL_TABLE` for the dual sweep)."""
+    (which re-read B and C once per block); rows and stages from the table measured on this GPU
+    (:func:`tuned_table`), else :data:`CHUNK_TABLE` (:data:`DUAL_TABLE` for the dual sweep)."""
+    cfg = dict(_config(r, d, dtype, precision, decay, dual,
+                       None if device is None else gpu_tag(device)))
+    return cfg | config_override("Chunk")
+
+
+@functools.lru_cache(maxsize=1024)
+def _config(r, d, dtype, precision, decay, dual, tag) -> tuple:
     block_r = next_pow2(r)
     block_d = min(next_pow2(d), max(16, 16384 // block_r))
     kind = operand_kind(dtype, precision)
-    block_n, stages = DUAL_TABLE[kind] if dual else CHUNK_TABLE[(kind, decay)]
+    tuned = {} if tag is None or dual else tuned_table(tag)
+    block_n, stages = DUAL_TABLE[kind] if dual else tuned.get((kind, decay), CHUNK_TABLE[(kind, decay)])
     if block_r > 128:  # a 256-row state leaves shared memory for 32-row tiles only
         block_n = 32
-    cfg = dict(BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
-               num_warps=8 if block_r * block_d >= 8192 else 4, num_stages=stages)
-    return cfg | config_override("Chunk")
+    return tuple(dict(BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
+                      num_warps=8 if block_r * block_d >= 8192 else 4, num_stages=stages).items())
 
 
 def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
@@ -118,7 +148,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if cu_seqlens is not None:
         batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
     precision = dot_precision(V.dtype, fp32_precision)
-    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, dual=dual is not None)
+    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, dual=dual is not None,
+                       device=V.device)
     segment = cfg.pop("segment", None) if segment is None else segment
     lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
     if segment is None:
@@ -144,20 +175,22 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         ws = torch.empty(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                          device=V.device)
     flags = torch.zeros(lanes, dtype=torch.int32, device=V.device)
-    args = dict(E=dual, O2=None if dual is None else out2, S0=s0, SN=sn, FLAGS=flags, GAMMA=gamma,
-                CU=cu_seqlens, SCALE=float(scale), N=n, R=r, D=d, H=heads, LANES=lanes, HAS_DECAY=gamma is not None,
-                VARLEN=cu_seqlens is not None,
-                **dict(zip(("SB_B", "SB_H", "SB_T"), B.stride()[:3])),
-                **dict(zip(("SV_B", "SV_H", "SV_T"), V.stride()[:3])),
-                HAS_S0=s0 is not None, STORE_SN=output_final_state, REVERSE=reverse,
-                DUAL=dual is not None, PRECISION=precision,
-                **(dict(HALF_RANGE=V.dtype != torch.float32) | cfg))
-    kern.chunk_scan_kernel[(lanes * n_seg,)](B, C, V, out, WS=ws, SYNC=sync, SEG=segment,
-                                             SPLIT=n_seg > 1, ISOLATE=False, REPAIR=False, **args)
+    # the kernel's parameters in order (methods/_gpu.launch): tensors, scalars, then constexprs
+    head = (B, C, V, out, dual, None if dual is None else out2, s0, sn)
+    tail = (flags, gamma, cu_seqlens, n, r, d, heads, lanes)
+    strides = (*B.stride()[:3], *V.stride()[:3])
+    flags_of = lambda split, repair: dict(  # noqa: E731
+        HAS_DECAY=gamma is not None, VARLEN=cu_seqlens is not None, HAS_S0=s0 is not None,
+        STORE_SN=output_final_state, SPLIT=split, REVERSE=reverse, DUAL=dual is not None,
+        HALF_RANGE=V.dtype != torch.float32, ISOLATE=repair, REPAIR=repair,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"], PRECISION=precision)
+    launch(kern.chunk_scan_kernel, (lanes * n_seg,),
+           (*head, ws, sync, *tail, segment, float(scale), *strides), flags_of(n_seg > 1, False),
+           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's
     # NaN/Inf (the kernel's docstring); a few microseconds when no lane is flagged
-    kern.chunk_scan_kernel[(lanes,)](B, C, V, out, WS=None, SYNC=None, SEG=n, SPLIT=False,
-                                     ISOLATE=True, REPAIR=True, **(args | dict(num_stages=1)))
+    launch(kern.chunk_scan_kernel, (lanes,), (*head, None, None, *tail, n, float(scale), *strides),
+           flags_of(False, True), num_warps=cfg["num_warps"], num_stages=1)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
@@ -181,7 +214,7 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
         return V.new_zeros(batch, heads, r, d, dtype=torch.float32)
     C, V = C.contiguous(), V.contiguous()
     precision = dot_precision(V.dtype, fp32_precision)
-    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None)
+    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, device=V.device)
     cfg.pop("segment", None)
     n_db = cdiv(d, cfg["BLOCK_D"])
     lanes = batch * heads * n_db
