@@ -89,3 +89,42 @@ def test_helpers():
     assert format_cell(1.234e-3, 5.6e-5) == "1.23e-03 ± 5.6e-05"
     p = provenance("cpu")
     assert {"gpu", "commit", "date", "torch"} <= set(p)
+
+
+def _git(cwd, *args):
+    import subprocess
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+def test_provenance_names_only_this_checkouts_commit(tmp_path, monkeypatch):
+    from leetrepro.bench import harness
+
+    outer = tmp_path / "outer"
+    (outer / "copy").mkdir(parents=True)
+    (outer / "f.txt").write_text("x")
+    _git(outer, "init", "-q")
+    _git(outer, "add", "f.txt")
+    _git(outer, "commit", "-qm", "outer")
+    # a copy of the tree exported into another repository: not that repository's commit
+    monkeypatch.setattr(harness, "ROOT", str(outer / "copy"))
+    monkeypatch.delenv("LEETREPRO_COMMIT", raising=False)
+    assert harness.git_commit() == "unknown"
+    monkeypatch.setenv("LEETREPRO_COMMIT", "abc1234")
+    assert harness.git_commit() == "abc1234"
+    # this checkout, modified: the commit and the hash of the diff, whatever the variable says
+    monkeypatch.setattr(harness, "ROOT", str(outer))
+    clean = harness.git_commit()
+    assert len(clean) == 12 and "dirty" not in clean
+    (outer / "f.txt").write_text("y")
+    first = harness.git_commit()
+    (outer / "f.txt").write_text("z")
+    second = harness.git_commit()
+    assert first.startswith(clean + "-dirty-") and second.startswith(clean + "-dirty-")
+    assert first != second
+
+
+def test_provenance_records_the_source_hash():
+    from leetrepro.bench.harness import source_hash
+    row = provenance("cpu")
+    assert row["source"] == source_hash() and len(row["source"]) == 12

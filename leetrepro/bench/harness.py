@@ -12,6 +12,8 @@ longer than ``time_limit`` seconds (a second call is timed when the first one co
 from __future__ import annotations
 
 import datetime
+import functools
+import hashlib
 import math
 import os
 import statistics
@@ -25,27 +27,53 @@ import torch
 
 from .._device import device_name, gpu_tag
 from .._inputs import DTYPE_NAMES, alibi_gammas, parse_dtype
-from .._paths import ROOT
+from .._paths import PACKAGE, ROOT, resource
 
 PAPER_SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
 ROTATE_BELOW_BYTES = 256 * 2 ** 20  # rotate input sets while one set is smaller than this
 
 
 def git_commit() -> str:
-    """Short commit of the checkout (``-dirty`` with uncommitted changes); ``$LEETREPRO_COMMIT``
-    wins, for runs from a copy of the tree without ``.git`` (a GPU host, an installed wheel)."""
-    if os.environ.get("LEETREPRO_COMMIT"):
-        return os.environ["LEETREPRO_COMMIT"]
+    """Short commit of this checkout; with uncommitted changes ``<commit>-dirty-<hash of the diff>``,
+    so that a row measured on a modified tree says so and which modification it was.
+
+    Only a repository whose top level is this package's own root counts (a copy exported into
+    another repository must not take that repository's commit). Without one (a copy of the tree
+    on a GPU host, an installed wheel), ``$LEETREPRO_COMMIT`` names the commit the copy was made
+    from, or "unknown"; :func:`source_hash`, recorded beside it, lets anyone check the claim."""
     try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10, cwd=ROOT)
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(ROOT):
+            return os.environ.get("LEETREPRO_COMMIT") or "unknown"
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=10, cwd=ROOT)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, cwd=ROOT)
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        diff = subprocess.run(["git", "diff", "HEAD"], capture_output=True, timeout=30, cwd=ROOT)
+        if diff.stdout.strip():
+            return f"{head.stdout.strip()}-dirty-{hashlib.sha256(diff.stdout).hexdigest()[:8]}"
+        return head.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return os.environ.get("LEETREPRO_COMMIT") or "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """sha256 (12 hex digits) of the package's source and kernel files as they are on disk: the
+    same at every copy of one commit, so a row whose commit was declared can be checked."""
+    digest = hashlib.sha256()
+    # named as in the repository whether installed (kernels inside the package) or not
+    for label, folder in (("leetrepro", PACKAGE), ("kernels", resource("kernels"))):
+        for dirpath, dirnames, files in os.walk(folder):
+            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "data", "kernels"))
+            for name in sorted(files):
+                if name.endswith((".py", ".cu", ".cpp", ".cuh")):
+                    path = os.path.join(dirpath, name)
+                    digest.update(f"{label}/{os.path.relpath(path, folder)}".encode())
+                    with open(path, "rb") as f:
+                        digest.update(f.read())
+    return digest.hexdigest()[:12]
 
 
 def provenance(device) -> dict:
@@ -59,7 +87,7 @@ def provenance(device) -> dict:
         except metadata.PackageNotFoundError:
             return "absent"
 
-    return dict(gpu=device_name(device), commit=git_commit(),
+    return dict(gpu=device_name(device), commit=git_commit(), source=source_hash(),
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
                 torch=torch.__version__, triton=version("triton"), cuda=torch.version.cuda or "",
                 python=sys.version.split()[0])
