@@ -169,12 +169,15 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     s0 = staged_state(initial_state, B)
     sn = torch.empty(batch, heads, r, d, dtype=torch.float32, device=V.device) \
         if output_final_state else None
-    sync = ws = None
+    # the lanes' repair flags and, split, the ring's counters and ticket: one zeroed buffer (each
+    # zeroing is a launch of its own, ~10 µs of host time)
+    counters = torch.zeros(2 * lanes + 1 if n_seg > 1 else lanes, dtype=torch.int32,
+                           device=V.device)
+    flags, sync, ws = counters[:lanes], None, None
     if n_seg > 1:
-        sync = torch.zeros(lanes + 1, dtype=torch.int32, device=V.device)
+        sync = counters[lanes:]
         ws = torch.empty(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                          device=V.device)
-    flags = torch.zeros(lanes, dtype=torch.int32, device=V.device)
     # the kernel's parameters in order (methods/_gpu.launch): tensors, scalars, then constexprs
     head = (B, C, V, out, dual, None if dual is None else out2, s0, sn)
     tail = (flags, gamma, cu_seqlens, n, r, d, heads, lanes)
