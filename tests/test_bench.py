@@ -109,22 +109,24 @@ def test_provenance_names_only_this_checkouts_commit(tmp_path, monkeypatch):
     # a copy of the tree exported into another repository: not that repository's commit
     monkeypatch.setattr(harness, "ROOT", str(outer / "copy"))
     monkeypatch.delenv("LEETREPRO_COMMIT", raising=False)
-    assert harness.git_commit() == "unknown"
-    monkeypatch.setenv("LEETREPRO_COMMIT", "abc1234")
-    assert harness.git_commit() == "abc1234"
-    # this checkout, modified: the commit and the hash of the diff, whatever the variable says
+    assert harness.commit_and_origin() == ("unknown", "unknown")
+    # this checkout, modified: the commit and the hash of the diff
     monkeypatch.setattr(harness, "ROOT", str(outer))
-    clean = harness.git_commit()
-    assert len(clean) == 12 and "dirty" not in clean
+    clean, origin = harness.commit_and_origin()
+    assert len(clean) == 12 and origin == "git"
     (outer / "f.txt").write_text("y")
     first = harness.git_commit()
     (outer / "f.txt").write_text("z")
     second = harness.git_commit()
     assert first.startswith(clean + "-dirty-") and second.startswith(clean + "-dirty-")
     assert first != second
+    # a declared commit says it was declared
+    monkeypatch.setenv("LEETREPRO_COMMIT", "abc1234")
+    assert harness.commit_and_origin() == ("abc1234", "declared")
 
 
 def test_provenance_records_the_source_hash():
     from leetrepro.bench.harness import source_hash
     row = provenance("cpu")
     assert row["source"] == source_hash() and len(row["source"]) == 12
+    assert row["commit_origin"] in ("git", "declared", "unknown")

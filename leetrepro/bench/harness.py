@@ -34,28 +34,36 @@ ROTATE_BELOW_BYTES = 256 * 2 ** 20  # rotate input sets while one set is smaller
 
 
 def git_commit() -> str:
-    """Short commit of this checkout; with uncommitted changes ``<commit>-dirty-<hash of the diff>``,
-    so that a row measured on a modified tree says so and which modification it was.
+    """The commit a measurement comes from (:func:`commit_and_origin`)."""
+    return commit_and_origin()[0]
 
-    Only a repository whose top level is this package's own root counts (a copy exported into
-    another repository must not take that repository's commit). Without one (a copy of the tree
-    on a GPU host, an installed wheel), ``$LEETREPRO_COMMIT`` names the commit the copy was made
-    from, or "unknown"; :func:`source_hash`, recorded beside it, lets anyone check the claim."""
+
+def commit_and_origin() -> tuple[str, str]:
+    """``(commit, origin)``. ``$LEETREPRO_COMMIT`` set: that commit, origin ``"declared"`` (a copy
+    of the tree whose own history is absent or stale, on a GPU host say; the source hash recorded
+    beside it lets anyone check the claim). Else this checkout's short commit, origin ``"git"``,
+    and with uncommitted changes ``<commit>-dirty-<hash of the diff>``, so a row measured on a
+    modified tree says so and which modification it was. Only a repository whose top level is
+    this package's own root counts: a copy exported into another repository must not take that
+    repository's commit (``"unknown"``)."""
+    if os.environ.get("LEETREPRO_COMMIT"):
+        return os.environ["LEETREPRO_COMMIT"], "declared"
     try:
         top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
                              text=True, timeout=10, cwd=ROOT)
         if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(ROOT):
-            return os.environ.get("LEETREPRO_COMMIT") or "unknown"
+            return "unknown", "unknown"
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=10, cwd=ROOT)
         if head.returncode != 0:
-            return "unknown"
+            return "unknown", "unknown"
         diff = subprocess.run(["git", "diff", "HEAD"], capture_output=True, timeout=30, cwd=ROOT)
         if diff.stdout.strip():
-            return f"{head.stdout.strip()}-dirty-{hashlib.sha256(diff.stdout).hexdigest()[:8]}"
-        return head.stdout.strip()
+            digest = hashlib.sha256(diff.stdout).hexdigest()[:8]
+            return f"{head.stdout.strip()}-dirty-{digest}", "git"
+        return head.stdout.strip(), "git"
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("LEETREPRO_COMMIT") or "unknown"
+        return "unknown", "unknown"
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,7 +95,8 @@ def provenance(device) -> dict:
         except metadata.PackageNotFoundError:
             return "absent"
 
-    return dict(gpu=device_name(device), commit=git_commit(), source=source_hash(),
+    commit, origin = commit_and_origin()
+    return dict(gpu=device_name(device), commit=commit, commit_origin=origin, source=source_hash(),
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
                 torch=torch.__version__, triton=version("triton"), cuda=torch.version.cuda or "",
                 python=sys.version.split()[0])
