@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -122,3 +123,24 @@ def test_floor_targets_from_a_constructed_table():
     assert t[(25600, "Chunk", "≤ 1.3× floor")] == "no"
     assert t[(8192, "Chunk/tf32x3", "≤ 1.3× floor")] == "-"
     assert t[(512, "Chunk", "≤ 0.5× fla")] == "yes" and t[(512, "Chunk", "≤ 0.5× original")] == "no"
+
+
+@pytest.mark.parametrize("law", ["N", "N log N", "N²"])
+def test_growth_model_is_told_apart_with_a_fixed_cost(law):
+    # a fixed cost b makes a linear curve look sub-linear on log-log axes: the fit keeps it apart
+    n = np.array([128, 512, 2048, 8192, 12800, 25600, 100000], dtype=float)
+    t = 3e-5 + 1e-9 * claims.GROWTH[law](n)
+    t *= 1 + 0.01 * np.random.default_rng(0).standard_normal(len(n))
+    best, res = claims.best_growth(n, t)
+    assert best == law
+    for other in claims.GROWTH:
+        if other != law:
+            assert claims.aic_gap(res, other, len(n)) > 2
+
+
+def test_fleet_attention_long_claim_is_judged():
+    import pandas as pd
+    long = pd.DataFrame(dict(method=["FA", "LA", "FA", "LA"], N=[131072, 131072, 32768, 32768],
+                             mean_s=[2.0, 1.0, 0.1, 0.5], status="ok"))
+    row = claims.claim_fa_long({"long": long})
+    assert row["holds"] == "no" and "fastest LA" in row["evidence"]
