@@ -52,7 +52,7 @@ else:
     measured, equiv = T.load_measured(gpu, f"{name}.csv"), T.load_measured(gpu, f"{name}_equivalence.csv")
 assert measured is not None, f"no {name}.csv for {gpu}: run `make {name}` on that GPU"
 p = measured.iloc[0]
-display(Markdown(f"**{p.model}**, {p.gpu}, {p.dtype}, {p.prompts} prompts ({p.tokens} tokens), "
+display(Markdown(f"**{p.model}**, {p.gpu}, {p["dtype"]}, {p.prompts} prompts ({p.tokens} tokens), "
                  f"weights: {p.weights}; commit {p.commit}, {p.date}"))
 both = L.side_by_side(measured, paper.load(table))
 both.round(4)
@@ -75,6 +75,12 @@ claims.to_csv(os.path.join(data_dir, f"{name}_claims.csv"), index=False)
 claims
 
 # %%
+equiv = L.judge_equivalence(equiv)
+judged = equiv[equiv.within_tol != "not judged"]
 display(Markdown("**Equivalence** (in place of the MMLU tables, which need the real weights): "
-                 "final hidden states against the float64 reference path"))
+                 "final hidden states against the float64 reference path, each method held to a "
+                 "stated tolerance (`tol`; `leetrepro.bench.llm.judge_equivalence` says why): "
+                 f"**{(judged.within_tol == 'yes').sum()} of {len(judged)}** judged methods within "
+                 f"it" + (f", {len(equiv) - len(judged)} not judged (FA_modify: wrong by design; "
+                          f"or did not run)" if len(equiv) > len(judged) else "")))
 equiv

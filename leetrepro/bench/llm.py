@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 from .. import _paths
@@ -149,7 +150,26 @@ def equivalence(model_name: str, methods=PAPER_METHODS, n_prompts: int = 2, devi
         except Exception as err:
             row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:100]}"
         rows.append(row)
-    return pd.DataFrame(rows)
+    return judge_equivalence(pd.DataFrame(rows))
+
+
+#: methods whose fp32 products are tf32 by default (error ~1e-3); the rest compute exactly in fp32
+TF32_METHODS = {"LA", "Chunk"}
+
+
+def judge_equivalence(equiv):
+    """``tol`` and ``within_tol`` per row of :func:`equivalence`: a model's final hidden states in
+    fp32 against its float64 path differ by the linear layers' rounding alone (~5e-5 here), so
+    fp32 methods are held to 1e-4 (5e-3 for the tf32 kernels, the operator's documented fp32
+    contract); fp16/bf16 to 1e-2. FA_modify is wrong by design: reported, not judged."""
+    equiv = equiv.copy()
+    half = equiv.dtype.isin(["float16", "bfloat16"])
+    tf32 = equiv.method.isin(TF32_METHODS)
+    equiv["tol"] = np.where(half, 1e-2, np.where(tf32, 5e-3, 1e-4))
+    judged = (equiv.status == "ok") & (equiv.method != "FA_modify")
+    equiv["within_tol"] = np.where(judged, np.where(equiv.rel_diff <= equiv.tol, "yes", "NO"),
+                                   "not judged")
+    return equiv
 
 
 if __name__ == "__main__" and "--write-prompts" in sys.argv:
