@@ -52,7 +52,7 @@ else:
     measured, equiv = T.load_measured(gpu, f"{name}.csv"), T.load_measured(gpu, f"{name}_equivalence.csv")
 assert measured is not None, f"no {name}.csv for {gpu}: run `make {name}` on that GPU"
 p = measured.iloc[0]
-display(Markdown(f"**{p.model}**, {p.gpu}, {p["dtype"]}, {p.prompts} prompts ({p.tokens} tokens), "
+display(Markdown(f"**{p.model}**, {p.gpu}, {p['dtype']}, {p.prompts} prompts ({p.tokens} tokens), "
                  f"weights: {p.weights}; commit {p.commit}, {p.date}"))
 both = L.side_by_side(measured, paper.load(table))
 both.round(4)
