@@ -42,7 +42,11 @@ checks["Eq. (5): Σ diag(b_i) cumsum(diag(c_i) V) = (B Cᵀ ⊙ M₀₁) V"] = (
 checks["λ-cumsum(X) = M_λ X  (O_i = X_i + λ O_{i-1})"] = (discounted_cumsum(V[None, None], lg)[0, 0] - M @ V).abs().max().item()
 eq5d = sum(B[:, i:i + 1] * discounted_cumsum((C[:, i:i + 1] * V)[None, None], lg)[0, 0] for i in range(r))
 checks["App. C.1: Σ diag(b_i) λ-cumsum(diag(c_i) V) = (B Cᵀ ⊙ M_λ) V"] = (eq5d - reference(B[None, None], C[None, None], V[None, None], gamma)[0, 0]).abs().max().item()
-pd.Series(checks, name="max |difference|").to_frame()
+table = pd.Series(checks, name="max |difference|").to_frame()
+# each identity compares two independent computations: a wrong formula fails here
+table["holds (≤ 1e-10)"] = table["max |difference|"] <= 1e-10
+assert table["holds (≤ 1e-10)"].all(), table
+table
 
 # %%
 display(Markdown(f"Complexity at N = {table_N}, r = d = 128 (flops per head):"))
@@ -64,10 +68,19 @@ for m in sizes:
                      op_ratio_random=torch.linalg.matrix_norm(Mm * E, 2).item() / torch.linalg.matrix_norm(E, 2).item(),
                      op_ratio_hilbert=torch.linalg.matrix_norm(Mm * H, 2).item() / torch.linalg.matrix_norm(H, 2).item()))
 thm = pd.DataFrame(rows)
-thm["frobenius bound holds"] = thm.frob_masked <= thm.frob_full
-assert thm["frobenius bound holds"].all()
+# The Frobenius part holds by construction (masking only removes entries): shown, not a check.
+# What can fail: the operator-norm ratio never exceeds the dyadic bound log2(n) + 1 (the lower
+# triangle is a sum of log2(n) + 1 block-diagonal pieces of norm ≤ 1), and on the Hilbert-type
+# matrix it grows like (1/π)·ln n (Bhatia 2000), neither bounded nor faster
+thm["dyadic bound log2 n + 1"] = np.log2(thm.n) + 1
+thm["within the bound"] = (thm.op_ratio_hilbert <= thm["dyadic bound log2 n + 1"]) & \
+    (thm.op_ratio_random <= thm["dyadic bound log2 n + 1"])
 slope = np.polyfit(np.log(thm.n), thm.op_ratio_hilbert, 1)[0]
-display(Markdown(f"Operator-norm ratio on the Hilbert-type matrix grows like {slope:.3f}·ln n (Bhatia: ~ (1/π) ln n = {1/np.pi:.3f}·ln n)."))
+assert thm["within the bound"].all(), thm
+assert 0.5 / np.pi <= slope <= 2 / np.pi, f"log-growth slope {slope:.3f}, (1/π) = {1 / np.pi:.3f}"
+display(Markdown(f"Operator-norm ratio on the Hilbert-type matrix grows like **{slope:.3f}·ln n** "
+                 f"(Bhatia: ~ (1/π) ln n = {1/np.pi:.3f}·ln n; checked within a factor 2), and "
+                 f"stays under log2(n) + 1 for every n; the Frobenius ratio is ≤ 1 by construction."))
 thm
 
 # %%
