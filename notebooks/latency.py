@@ -13,7 +13,7 @@
 
 # %% [markdown]
 # # Tables 3-6: latency of one attention layer
-# Each method at heads 32, r = d = 128 over N = 128 … 100000 (Section 5.1): mean ± std of 15 timed calls after a warm-up, `OOM` and `>limit` cells kept. Every cell shows the paper's A6000 number, ours and ours/paper; the fastest method per N is in bold.
+# Each method at heads 32, r = d = 128 over N = 128 … 100000 (Section 5.1): mean ± std of the timed calls after a warm-up (the count is printed from the data), `OOM` and `>limit` cells kept. The figure shows each method's speed-up over block-based (Bb) beside the paper's. Every cell shows the paper's A6000 number, ours and ours/paper; the fastest method per N is in bold.
 
 # %% tags=["parameters"]
 table = 3           # the paper's table to reproduce (3-6): sets batch size and mask
@@ -53,8 +53,9 @@ else:
 assert measured is not None, f"no measurement of {name} for {gpu}: run `make {name}` on that GPU"
 measured = measured[measured.method.isin(methods)]
 prov = measured.iloc[0]
-display(Markdown(f"Source: {source}; GPU {prov.gpu}, dtype {dtype}, batch {batch_size}, "
-                 f"{'decay' if decay else '0-1 mask'}, commit {prov.commit}, {prov.date}."))
+display(Markdown(f"Source: {source}; GPU {prov.gpu}, dtype {prov['dtype']}, batch {batch_size}, "
+                 f"{'decay' if decay else '0-1 mask'}, commit {prov.commit}, {prov.date}; "
+                 f"mean ± std of {int(prov.reps)} timed calls per cell."))
 
 # %%
 both = T.side_by_side(measured, paper.load(table))
@@ -64,5 +65,5 @@ display(Markdown("**Paper (A6000) | this GPU | ours/paper**"))
 display(T.triple(both))
 
 # %%
-fig = T.plot_latency(measured, f"Table {table}: batch {batch_size}, {'decay' if decay else '0-1 mask'}, {dtype} ({prov.gpu})",
+fig = T.plot_latency(measured, f"Table {table}: batch {batch_size}, {'decay' if decay else '0-1 mask'}, {prov['dtype']} ({prov.gpu})",
                      os.path.join(fig_dir, name), paper.load(table))

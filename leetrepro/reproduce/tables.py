@@ -102,29 +102,56 @@ def triple(both):
     return wide(both, "paper | ours | ours/paper")
 
 
-def plot_latency(measured, title: str, path_stem: str | None = None, paper_table=None):
-    """Log-log latency against N per method (ours solid, the paper's dashed); saves PNG and SVG."""
+def plot_latency(measured, title: str, path_stem: str | None = None, paper_table=None,
+                 baseline: str = "Bb"):
+    """One small panel per method: its speed-up over ``baseline`` (block-based, plain PyTorch,
+    runs at every N) against N, this GPU solid, the paper's A6000 dashed (each over its own
+    baseline), from means as the tables report them. Without the baseline, latency. Saves PNG
+    and SVG."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     ok = measured[measured.status == "ok"]
-    colors = {}
-    for method, g in ok.groupby("method"):
-        line, = ax.plot(g.N, g.median_s, marker="o", label=method)
-        colors[method] = line.get_color()
-    if paper_table is not None:
-        for method, g in paper_table.dropna(subset=["mean_s"]).groupby("method"):
-            if method in colors:
-                ax.plot(g.N, g.mean_s, ls="--", lw=1, color=colors[method], alpha=0.6)
-    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="latency (s)",
-           title=title + ("\n(solid: this GPU, dashed: paper, A6000)" if paper_table is not None else ""))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    paper = None if paper_table is None else paper_table.dropna(subset=["mean_s"])
+    speedup = baseline in set(ok.method)
+    methods = sorted(m for m in ok.method.unique() if not (speedup and m == baseline))
+    cols = 3
+    rows = -(-len(methods) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False,
+                             sharex=True)
+
+    def curve(df, method):
+        t = df[df.method == method].set_index("N").mean_s
+        if not speedup:
+            return t
+        base = df[df.method == baseline].set_index("N").mean_s
+        both = t.index.intersection(base.index)
+        return (base.loc[both] / t.loc[both]).sort_index()
+
+    for ax, method in zip(axes.flat, methods):
+        ours = curve(ok, method)
+        ax.plot(ours.index, ours.values, "o-", color="C0", label="this GPU")
+        if paper is not None and method in set(paper.method) and \
+                (not speedup or baseline in set(paper.method)):
+            theirs = curve(paper, method)
+            ax.plot(theirs.index, theirs.values, "s--", color="C1", label="paper (A6000)")
+        if speedup:
+            ax.axhline(1, color="gray", lw=0.8)
+        ax.set(xscale="log", yscale="log", title=method)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes.flat[len(methods):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"speed-up over {baseline}" if speedup else "latency (s)")
+    for ax in axes[-1]:
+        ax.set_xlabel("sequence length N")
+    axes.flat[0].legend(fontsize=8)
+    reps = f"mean of {int(ok.reps.iloc[0])} timed calls" if "reps" in ok and len(ok) else "means"
+    fig.suptitle(f"{title} — {reps}" + (f"; above 1: faster than {baseline}" if speedup else ""))
     fig.tight_layout()
     if path_stem:
         os.makedirs(os.path.dirname(path_stem), exist_ok=True)
         for ext in ("png", "svg"):
-            fig.savefig(f"{path_stem}.{ext}", dpi=120)
+            fig.savefig(f"{path_stem}.{ext}", dpi=110)
     return fig
 
 
