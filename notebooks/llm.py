@@ -59,11 +59,25 @@ both.round(4)
 
 # %%
 ok = measured[measured.status == "ok"]
-fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-for ax, col, label in ((axes[0], "per_prompt_s", "seconds per prompt"), (axes[1], "peak_mem_GB", "peak memory (GB)")):
-    if col in ok and ok[col].notna().any():
-        ok.pivot(index="method", columns="batch", values=col).plot.bar(ax=ax, logy=True)
-    ax.set(ylabel=label, title=f"Table {table}: {p.model}"); ax.grid(alpha=0.3, axis="y")
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+# seconds per prompt as points on a log axis (bars on a log axis start nowhere), ours beside the
+# paper's (its total over 100 prompts / 100), per batch size
+pp = both.dropna(subset=["per_prompt_s"]) if "per_prompt_s" in both else both.iloc[:0]
+order = sorted(set(pp.method))
+for i, (batch, g) in enumerate(pp.groupby("batch")):
+    g = g.set_index("method").reindex(order)
+    xs = [j + 0.25 * i for j in range(len(order))]
+    axes[0].plot(xs, g.per_prompt_s, "o", color=f"C{i}", label=f"this GPU, batch {batch}")
+    axes[0].plot(xs, g.paper_per_prompt_s, "s", mfc="none", color=f"C{i}", label=f"paper, batch {batch}")
+axes[0].set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8)
+axes[0].set(yscale="log", ylabel="seconds per prompt (mean over the runs)",
+            title=f"Table {table}: {p.model}")
+axes[0].legend(fontsize=7)
+if "peak_mem_GB" in ok and ok.peak_mem_GB.notna().any():
+    ok.pivot(index="method", columns="batch", values="peak_mem_GB").plot.bar(ax=axes[1])
+axes[1].set(ylabel="peak memory (GB)", title="peak memory, this GPU")
+for ax in axes:
+    ax.grid(alpha=0.3, axis="y")
 fig.tight_layout()
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"{name}.{ext}"), dpi=110)
