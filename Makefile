@@ -32,7 +32,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve
+        bench-sp scaling bench-serve cross-gpu
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -47,6 +47,7 @@ help:
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
 	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> $(DATA)/serve.csv, generation.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
+	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) Chunk's launch table -> $(DATA)/chunk_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv"
@@ -107,6 +108,10 @@ long-prompts: $(INSTALLED)
 
 claims: $(INSTALLED)
 	$(call run_notebook,claims,claims,$(GPU),-p gpu $(GPU))
+
+# the paper's tables and claims on every GPU with committed data, beside the A6000 (no GPU needed)
+cross-gpu: $(INSTALLED)
+	$(call run_notebook,cross_gpu,cross_gpu,cross_gpu,)
 
 lemma31: $(INSTALLED)
 	$(call run_notebook,lemma31,lemma31,$(HERE),$(LEMMA_ARGS))

@@ -77,6 +77,7 @@ TINY = {
     "floor": ["-p", "gpu", "h100"],
     "scaling": ["-p", "tag", "h200x2"],
     "serve": ["-p", "gpu", "h100"],
+    "cross_gpu": [],
     "train": ["-p", "device", "cpu", "-y", "methods: [Vanilla, Bb, LA_torch, original]",
               "-p", "steps", "30", "-p", "batch", "4", "-p", "seq_len", "64", "-p", "dim", "32",
               "-p", "layers", "2", "-p", "heads", "2", "-p", "lr", "0.01", "-p", "log_every", "10",
