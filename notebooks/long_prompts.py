@@ -88,3 +88,22 @@ for a in axes:
 fig.tight_layout()
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"long_prompts.{ext}"), dpi=120)
+
+# %% [markdown]
+# ## Conclusions (written from the data above)
+
+# %%
+if ok is not None and base in set(ok.method):
+    ref = ok[ok.method == base].set_index("N").median_s
+    lines = []
+    for m, g in ok[ok.method != base].groupby("method"):
+        g = g[g.N.isin(ref.index)]  # where softmax ran too
+        s = ref.loc[g.N].to_numpy() / g.median_s.to_numpy()
+        faster = g.N[s > 1]
+        lines.append(f"* **{m}**: {s.min():.2g}× to {s.max():.2g}× softmax's speed over N = "
+                     f"{g.N.min():,} … {g.N.max():,}; "
+                     + (f"faster than softmax from N = {faster.min():,}" if len(faster) else
+                        "never faster than softmax here") + ".")
+    longest = ok.groupby("method").N.max()
+    lines.append("* Longest N that ran: " + ", ".join(f"{m} {n:,}" for m, n in longest.items()) + ".")
+    display(Markdown("\n".join(lines)))

@@ -70,3 +70,37 @@ fig.savefig(os.path.join(fig_dir, "serve.png"), dpi=120)
 
 # %%
 gen[["model", "method", "mode", "prompts", "ttft_ms", "step_ms", "tokens_per_s", "agree"]].round(3)
+
+# %% [markdown]
+# ## Conclusions (written from the data above)
+
+# %%
+def cell(case, method, dtype=None, batch=None):
+    d = serve[(serve.case == case) & (serve.method == method)]
+    d = d if dtype is None else d[d.dtype == dtype]
+    d = d if batch is None else d[d.batch == batch]
+    return d.iloc[0] if len(d) else None
+
+
+lines = []
+for dt in sorted(set(pre.dtype)):
+    ours, fla = cell("prefill_varlen", "Chunk", dt), cell("prefill_varlen", "fla", dt)
+    if ours is not None:
+        lines.append(f"* Packed prefill, {dt}: **{ours.ms:.2f} ms, {ours.floor_ratio:.2f}× the floor**"
+                     + (f"; fla {fla.ms:.2f} ms ({fla.floor_ratio:.2f}×), {fla.ms / ours.ms:.1f}× slower"
+                        if fla is not None else "") + ".")
+for b in sorted(set(dec.batch)):
+    g, e, f = (cell("decode", m, batch=b) for m in ("decode_step_graph", "decode_step", "fla"))
+    if g is not None:
+        lines.append(f"* Decode step, batch {b}: {g.ms * 1e3:.1f} µs in a CUDA graph "
+                     f"({g.floor_ratio:.2f}× the floor), {e.ms * 1e3:.1f} µs eager "
+                     f"(host {e.host_us:.0f} µs per step)"
+                     + (f"; fla {f.ms * 1e3:.1f} µs" if f is not None else "") + ".")
+for (model, mode), g in gen.groupby(["model", "mode"]):
+    t = g.set_index("method")
+    if {"Chunk", "original"} <= set(t.index):
+        lines.append(f"* Generation, {model}, {mode}: {t.loc['Chunk', 'tokens_per_s']:,.0f} tokens/s "
+                     f"with Chunk + decode_step against {t.loc['original', 'tokens_per_s']:,.0f} "
+                     f"with the model's own path; time to first token {t.loc['Chunk', 'ttft_ms']:.1f} "
+                     f"against {t.loc['original', 'ttft_ms']:.1f} ms.")
+display(Markdown("\n".join(lines)))
