@@ -57,3 +57,15 @@ display(Markdown(f"Every verdict below concerns {c0.judged}. Judged on data of c
                  " — **more than one run**: a full `make reproduce` on one commit judges every "
                  "claim on one run")))
 claims.drop(columns=["judged", "commits", "one_run"])
+
+# %% [markdown]
+# ## Conclusions (written from the data above)
+
+# %%
+here = claims.holds.value_counts().to_dict()
+own = claims["on the paper's numbers"].value_counts().to_dict()
+display(Markdown(
+    f"On this GPU {here.get('yes', 0)} of {len(claims)} claims hold, {here.get('no', 0)} do not"
+    + (f", {here.get('not measured', 0)} are not measured" if here.get("not measured") else "")
+    + f"; on the paper's own numbers {own.get('yes', 0)} hold under the same thresholds. Holding here: "
+    + ("; ".join(claims[claims.holds == "yes"].claim) or "none") + "."))

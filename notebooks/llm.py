@@ -98,3 +98,20 @@ display(Markdown("**Equivalence** (in place of the MMLU tables, which need the r
                  f"it" + (f", {len(equiv) - len(judged)} not judged (FA_modify: wrong by design; "
                           f"or did not run)" if len(equiv) > len(judged) else "")))
 equiv
+
+# %% [markdown]
+# ## Conclusions (written from the data above)
+
+# %%
+lines = []
+if "per_prompt_s" in both:
+    for batch, g in both.dropna(subset=["per_prompt_s"]).groupby("batch"):
+        fast = g.sort_values("per_prompt_s").iloc[0]
+        pg = g.dropna(subset=["paper_per_prompt_s"]).sort_values("paper_per_prompt_s")
+        lines.append(f"* batch {batch}: fastest here **{fast.method}** ({fast.per_prompt_s:.3f} s per "
+                     f"prompt)" + (f"; the paper's fastest {pg.iloc[0].method}" if len(pg) else "") + ".")
+held = (claims.holds == "yes").sum() if "holds" in claims else 0
+lines.append(f"* Claims of Section 5.2: {held} of {len(claims)} hold on these data.")
+lines.append(f"* Equivalence: {(judged.within_tol == 'yes').sum()} of {len(judged)} judged methods "
+             f"within their stated tolerance of the float64 path.")
+display(Markdown("\n".join(lines)))
