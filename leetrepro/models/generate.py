@@ -12,33 +12,9 @@ import torch
 
 from .._state import final_state
 from ..api import causal_linear_decoder
-from ..ops import state_dtype
 from ..decode import decode_step
-
-
-class Generative:
-    """Mixed into the model classes: ``embed_tokens``, ``layers`` (each with ``mixed``), ``norm``."""
-
-    def hidden(self, input_ids, attend_for, positions=None):
-        """Hidden states with layer i's attention computed by ``attend_for(i)``."""
-        x = self.embed_tokens(input_ids)
-        for i, layer in enumerate(self.layers):
-            x = layer.mixed(x, attend_for(i), positions)
-        return self.norm(x)
-
-    def state_pools(self, slots: int, device, probe_len: int = 1) -> list[torch.Tensor]:
-        """One pool ``(slots, heads, r, d)`` per layer (fp32; fp64 for a float64 model), r and d read
-    off a probe."""
-        shapes = []
-
-        def attend_for(i):
-            def attend(q, k, v, gamma):
-                shapes.append(((q.shape[1], q.shape[3], v.shape[3]), state_dtype(v.dtype)))
-                return torch.zeros_like(v)
-            return attend
-        with torch.no_grad():
-            self.hidden(torch.zeros(1, probe_len, dtype=torch.long, device=device), attend_for)
-        return [torch.zeros(slots, *s, dtype=dt, device=device) for s, dt in shapes]
+from ._generative import Generative
+from .transnormer import original_blockwise
 
 
 def positions_of(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -96,7 +72,6 @@ def _original_prefill(q, k, v, gamma, bounds, pool, idx):
     """Each prompt alone through TransNormerLLM's own blockwise attention (RetNet's q arrives
     row-scaled, which makes its parallel form this same operator), its final state by one matrix
     product."""
-    from .transnormer import original_blockwise
     lg = torch.log(gamma.double()).view(-1, 1, 1)
     outs = []
     for j in range(len(bounds) - 1):

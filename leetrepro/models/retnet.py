@@ -21,7 +21,7 @@ from torch import nn
 
 from .._decay import causal_mask
 from .attention import linear_attention
-from .generate import Generative
+from ._generative import Generative
 
 
 def _rotate(x, sin, cos):

@@ -16,7 +16,7 @@ from torch import nn
 
 from .._decay import causal_mask, powers
 from .attention import linear_attention
-from .generate import Generative
+from ._generative import Generative
 
 
 class SRMSNorm(nn.Module):
