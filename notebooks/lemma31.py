@@ -17,7 +17,7 @@
 
 # %% tags=["parameters"]
 device = "cuda"       # "cpu" works too: timings are then labelled CPU
-ks = list(range(10, 18))   # N = 2^k
+ks = [10, 11, 12, 13, 14, 15, 16, 17]   # the sequence lengths are 2^k
 heads, rank, dim = 32, 128, 128
 base = 32
 linear_method = "LA_torch"

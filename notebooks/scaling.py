@@ -24,7 +24,7 @@ nvlink_GBps = 450.0         # per GPU and direction inside a host (NVLink 4: 18 
 inter_host_GBps = 50.0      # per GPU across hosts (one 400 Gb/s InfiniBand NDR port per GPU)
 step_latency_us = {"intra": 5.0, "inter": 15.0}  # per ring step of an all-gather (assumed)
 gpus_per_host = 8
-tokens_per_gpu = 2 ** 20    # weak scaling of the model
+tokens_per_gpu = 1048576    # weak scaling of the model
 
 # %%
 import os

@@ -24,7 +24,7 @@ dim, layers, heads = 512, 4, 8
 lr = 2e-3
 device = "cuda"
 gpu = None           # folder tag under data/ and figures/ (default: this GPU's)
-corpus_bytes = 2 ** 25
+corpus_bytes = 33554432
 log_every = 10
 out_root = "."
 
