@@ -122,14 +122,12 @@ def _gamma_pair(gamma: torch.Tensor) -> torch.Tensor:
 
 
 def _triton_step(B, C, V, gamma, pool, slots, scale):
-    from .methods._gpu import launch, next_pow2, triton_kernels
+    from .methods._gpu import launch, same_rows, triton_kernels
 
     batch, heads, k, r = B.shape
     d = V.shape[-1]
-    if B.stride() != C.stride() or B.stride(-1) != 1:
-        B, C = B.contiguous(), C.contiguous()
-    if V.stride(-1) != 1:
-        V = V.contiguous()
+    B, C = same_rows(B, C)
+    V, _ = same_rows(V, None)
     out = torch.empty(V.shape, dtype=V.dtype, device=V.device)
     if batch == 0 or heads == 0 or k == 0 or d == 0:
         return out.zero_()

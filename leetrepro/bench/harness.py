@@ -199,6 +199,34 @@ def time_calls(fn: Callable, arg_sets: Sequence[tuple], reps: int, device) -> li
     return times
 
 
+def interleaved_medians(fns: dict, arg_sets: Sequence[tuple], reps: int, device,
+                        warmup: int = 1) -> dict:
+    """Median seconds per call of each ``fns[k]`` (:func:`time_calls`), the entries called in turn
+    so that drift and noise hit every one alike; round i passes ``arg_sets[i % len(arg_sets)]``.
+    ``warmup`` untimed calls of each first (compiles, caches)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn(*arg_sets[0])
+    times = {k: [] for k in fns}
+    for i in range(reps):
+        args = [arg_sets[i % len(arg_sets)]]
+        for k, fn in fns.items():
+            times[k] += time_calls(fn, args, 1, device)
+    return {k: median(v) for k, v in times.items()}
+
+
+def wall_per_call(fn: Callable, calls: int, device) -> float:
+    """Wall seconds per call of ``calls`` back-to-back calls of ``fn()``, synchronised at the end:
+    host and GPU overlapped, what a loop (a serving engine's steps) pays per call."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / calls
+
+
 def host_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
     """Median host time of ``fn(*args)``: the call alone, the GPU idle before each (what a
     caller's CPU spends to launch it, independent of the GPU's work)."""

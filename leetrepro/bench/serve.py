@@ -35,7 +35,8 @@ from .._inputs import SHORT_NAMES
 from ..api import causal_linear_decoder
 from ..compat import chunk_simple_gla
 from ..decode import decode_step
-from .harness import bench_setup, fla_chunk_simple_gla, median, time_calls
+from .harness import (bench_setup, fla_chunk_simple_gla, interleaved_medians, median, time_calls,
+                      wall_per_call)
 from .llm import load_prompts
 
 HEADS, RANK, DIM = 32, 128, 128
@@ -43,28 +44,6 @@ HEADS, RANK, DIM = 32, 128, 128
 
 def decays(device):
     return torch.linspace(0.8, 0.999, HEADS, dtype=torch.float64, device=device)
-
-
-def host_us(fn, calls: int = 200) -> float:
-    """Wall time per call of ``calls`` back-to-back calls, synchronised at the end."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def interleaved(entries: dict, reps: int, device) -> dict:
-    """Median seconds per entry, the entries called in turn, ``reps`` rounds after a warm-up."""
-    for fn in entries.values():
-        fn()
-    times = {k: [] for k in entries}
-    for _ in range(reps):
-        for k, fn in entries.items():
-            times[k] += time_calls(fn, [()], 1, device)
-    return {k: median(v) for k, v in times.items()}
 
 
 def prefill_rows(device, bw, reps, meta):
@@ -90,8 +69,8 @@ def prefill_rows(device, bw, reps, meta):
         if fla is not None:
             cu64 = cu.long()
             entries["fla"] = lambda: fla(q, k, v, g_gamma=g_gamma, scale=1.0, cu_seqlens=cu64)
-        times = interleaved(entries, reps, device)
-        hosts = {k: host_us(fn, 5) for k, fn in entries.items()}
+        times = interleaved_medians(entries, [()], reps, device)
+        hosts = {k: wall_per_call(fn, 5, device) * 1e6 for k, fn in entries.items()}
         del B, C, V
         # the same prompts right-padded into batches of 16 (what a padded server computes)
         longest = max(lengths)
@@ -146,8 +125,8 @@ def decode_rows(device, bw, reps, meta):
             h0 = pool[slots.long()]
             entries["fla"] = lambda: fused_recurrent_simple_gla(
                 q, k, v, g_gamma=g_gamma, scale=1.0, initial_state=h0, output_final_state=True)
-        times = interleaved(entries, reps, device)
-        hosts = {k: host_us(fn) for k, fn in entries.items()}
+        times = interleaved_medians(entries, [()], reps, device)
+        hosts = {k: wall_per_call(fn, 200, device) * 1e6 for k, fn in entries.items()}
         floor = 2 * batch * HEADS * RANK * DIM * 4 / bw
         for name, t in times.items():
             rows.append(dict(meta, case="decode", method=name, dtype=SHORT_NAMES[dtype], batch=batch,

@@ -37,7 +37,8 @@ from ..api import causal_linear_decoder
 from ..distributed import _all_gather, causal_linear_decoder_sp
 from ..reference import rel_error
 from .._device import gpu_tag
-from .harness import copy_bandwidth, median, provenance, random_inputs, time_calls
+from .harness import (copy_bandwidth, interleaved_medians, median, provenance, random_inputs,
+                      time_calls)
 
 HEADS, RANK, DIM = 32, 128, 128
 FWD_PASSES, FWD_BWD_PASSES = 6, 15          # per rank, sequence-parallel
@@ -169,10 +170,12 @@ def main(argv=None) -> int:
                     B, C, V = _make(n_total, dtype, device, 1, grad=pas == "fwd_bwd")
                     if pas == "fwd":
                         with torch.no_grad():
-                            t = median(_local_times(lambda: call_one(B, C, V), args.reps, device))
+                            t = interleaved_medians({0: lambda: call_one(B, C, V)}, [()],
+                                                    args.reps, device, warmup=2)[0]
                     else:
                         dO = torch.randn_like(V)
-                        t = median(_local_times(_fwd_bwd(call_one, B, C, V, dO), args.reps, device))
+                        t = interleaved_medians({0: _fwd_bwd(call_one, B, C, V, dO)}, [()],
+                                                args.reps, device, warmup=2)[0]
                         del dO
                     del B, C, V
                     torch.cuda.empty_cache()
@@ -233,13 +236,6 @@ def main(argv=None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
-
-
-def _local_times(fn, reps, device, warmup=2):
-    """Seconds per call of ``fn`` on this GPU alone (warm-up, then ``reps`` calls)."""
-    for _ in range(warmup):
-        fn()
-    return [time_calls(fn, [()], 1, device)[0] for _ in range(reps)]
 
 
 if __name__ == "__main__":

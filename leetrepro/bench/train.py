@@ -28,7 +28,7 @@ import torch
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
-from .harness import bench_setup, fla_chunk_simple_gla, is_oom, median, random_inputs, time_calls
+from .harness import bench_setup, fla_chunk_simple_gla, interleaved_medians, is_oom, random_inputs
 
 #: (dtype, batch, N): the training cells, decay mask
 CELLS = [("bfloat16", 16, 25600), ("bfloat16", 1, 100000), ("bfloat16", 8, 8192),
@@ -128,14 +128,12 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[d
             row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:160]}"
             torch.cuda.empty_cache()
         rows[name] = row
-    times = {name: ([], []) for name in calls}
-    for _ in range(reps):  # interleaved: drift and noise hit every entry alike
-        for name, (fwd, both) in calls.items():
-            times[name][0].extend(time_calls(fwd, [()], 1, device))
-            times[name][1].extend(time_calls(both, [()], 1, device))
-    for name, (tf, tb) in times.items():
+    times = interleaved_medians({(name, k): f for name, fs in calls.items()
+                                 for k, f in zip(("fwd", "both"), fs)}, [()], reps, device, warmup=0)
+    for name in calls:
         row = rows[name]
-        row.update(fwd_ms=median(tf) * 1e3, fwd_bwd_ms=median(tb) * 1e3, reps=reps)
+        row.update(fwd_ms=times[(name, "fwd")] * 1e3, fwd_bwd_ms=times[(name, "both")] * 1e3,
+                   reps=reps)
         row["floor_ratio"] = row["fwd_bwd_ms"] / row["floor_ms"]
     del x
     torch.cuda.empty_cache()

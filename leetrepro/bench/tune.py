@@ -21,7 +21,8 @@ from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import auto_method, causal_linear_decoder
 from ..methods import methods
 from .floor import GRID_N
-from .harness import gpu_script_setup, is_oom, median, random_inputs, time_calls
+from .harness import (gpu_script_setup, interleaved_medians, is_oom, median, random_inputs,
+                      time_calls)
 
 
 def candidates(dtype: torch.dtype) -> list[str]:
@@ -40,14 +41,8 @@ def _time(fn, args, reps, device, limit: float = float("inf")) -> float:
 
 
 def _paired(f1, f2, args, reps, device) -> tuple[float, float]:
-    f1(*args[0])
-    f2(*args[0])
-    t1, t2 = [], []
-    for i in range(reps):
-        a = [args[i % len(args)]]
-        t1 += time_calls(f1, a, 1, device)
-        t2 += time_calls(f2, a, 1, device)
-    return median(t1), median(t2)
+    t = interleaved_medians({1: f1, 2: f2}, args, reps, device)
+    return t[1], t[2]
 
 
 def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, publish) -> dict:

@@ -61,6 +61,18 @@ def decay_pair(gamma: torch.Tensor) -> torch.Tensor:
     return torch.stack([g32, (g64 / g32.double() - 1).to(torch.float32)]).contiguous()
 
 
+def same_rows(x: torch.Tensor, y: torch.Tensor | None):
+    """x and y (None or shaped like x) in one layout the kernel addresses by strides: the last
+    dimension contiguous, y's strides x's; copies only where that does not already hold."""
+    if x.stride(-1) != 1 and x.numel() > 0:
+        x = x.contiguous()
+    if y is None:
+        return x, y
+    if y.stride() != x.stride():
+        x, y = x.contiguous(), y.contiguous()
+    return x, y
+
+
 def staged_state(state: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     """An initial state (checked by the API) as the kernels read it: float32, contiguous."""
     if state is None:

@@ -28,7 +28,7 @@ from .._device import gpu_tag
 from .._paths import data
 from ..registry import GPU_DTYPES, register
 from ._gpu import (cdiv, config_override, dot_precision, launch, next_pow2, refuse_interpreted_bf16,
-                   sm_count, staged_state, triton_kernels)
+                   same_rows, sm_count, staged_state, triton_kernels)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
 #: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
@@ -40,18 +40,6 @@ CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
 #: the dual sweep (the backward's dV and dC) stages a fourth tile per row block: fewer stages,
 #: fp32 in 32-row blocks, so that four tiles per stage fit 227 KB of shared memory
 DUAL_TABLE = {"half": (64, 2), "tf32": (32, 2), "exact": (32, 1)}
-
-
-def _same_rows(x: torch.Tensor, y: torch.Tensor | None):
-    """x and y (None or shaped like x) in one layout the kernel addresses by strides: the last
-    dimension contiguous, y's strides x's; copies only where that does not already hold."""
-    if x.stride(-1) != 1 and x.numel() > 0:
-        x = x.contiguous()
-    if y is None:
-        return x, y
-    if y.stride() != x.stride():
-        x, y = x.contiguous(), y.contiguous()
-    return x, y
 
 
 def operand_kind(dtype: torch.dtype, precision: str) -> str:
@@ -110,6 +98,20 @@ def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
     return max(block_n, cdiv(cdiv(n, pieces), block_n) * block_n)
 
 
+def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
+    """Rows per segment: the caller's, else a ``segment`` entry of ``cfg`` (a sweep's override,
+    popped), else :func:`segment_rows`; a ValueError unless a positive multiple of the row block
+    (one segment may hold any N)."""
+    override = cfg.pop("segment", None)
+    if segment is None:
+        segment = override if override is not None else \
+            segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(device))
+    if segment <= 0 or (segment < n and segment % cfg["BLOCK_N"]):
+        raise ValueError(f"option segment={segment} is invalid: it must be a positive multiple of "
+                         f"{cfg['BLOCK_N']} (this call's row block)")
+    return segment
+
+
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
           scale=True,
@@ -139,8 +141,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
-    B, C = _same_rows(B, C)
-    V, dual = _same_rows(V, dual)
+    B, C = same_rows(B, C)
+    V, dual = same_rows(V, dual)
     out = torch.empty_like(V)
     if out.stride() != V.stride():  # V not dense: O in the head-major layout, V copied to it
         V, dual = V.contiguous(), None if dual is None else dual.contiguous()
@@ -150,13 +152,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, dual=dual is not None,
                        device=V.device)
-    segment = cfg.pop("segment", None) if segment is None else segment
     lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
-    if segment is None:
-        segment = segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(V.device))
-    if segment <= 0 or (segment < n and segment % cfg["BLOCK_N"]):  # one segment: any N
-        raise ValueError(f"option segment={segment} is invalid: it must be a positive multiple of "
-                         f"{cfg['BLOCK_N']} (this call's row block)")
+    segment = _segment(segment, cfg, n, lanes, V.device)
     n_seg = cdiv(n, segment)
     if dual is not None:
         if lanes != batch * heads or cfg["BLOCK_R"] < r:
@@ -218,13 +215,9 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     C, V = C.contiguous(), V.contiguous()
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, device=V.device)
-    cfg.pop("segment", None)
     n_db = cdiv(d, cfg["BLOCK_D"])
     lanes = batch * heads * n_db
-    if segment is None:
-        segment = segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(V.device))
-    if segment <= 0 or (segment < n and segment % cfg["BLOCK_N"]):
-        raise ValueError(f"segment={segment} must be a positive multiple of {cfg['BLOCK_N']}")
+    segment = _segment(segment, cfg, n, lanes, V.device)
     n_seg = cdiv(n, segment)
     ws = torch.empty(lanes, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                      device=V.device)
