@@ -130,3 +130,13 @@ def test_provenance_records_the_source_hash():
     row = provenance("cpu")
     assert row["source"] == source_hash() and len(row["source"]) == 12
     assert row["commit_origin"] in ("git", "declared", "unknown")
+
+
+def test_every_measuring_tool_imports():
+    # the GPU scripts never run in CI: an import error would first show on a GPU host
+    import importlib
+    import pkgutil
+
+    import leetrepro.bench as bench
+    for mod in pkgutil.iter_modules(bench.__path__):
+        importlib.import_module(f"leetrepro.bench.{mod.name}")

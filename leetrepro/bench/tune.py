@@ -18,7 +18,8 @@ import torch
 
 from .. import dispatch
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
-from ..api import auto_method, causal_linear_decoder
+from ..api import causal_linear_decoder
+from ..dispatch import auto_method
 from ..methods import methods
 from .floor import GRID_N
 from .harness import (gpu_script_setup, interleaved_medians, is_oom, median, random_inputs,
