@@ -96,7 +96,8 @@ reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims table7 table
 $(TABLES): $(INSTALLED)
 	$(call run_notebook,latency,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS))
 
-# Tables 7-8: the methods inside TransNormerLLM-7B / toy-retnet-1.3B layers (LLM_FLAGS: e.g. -p n_prompts 10)
+# Tables 7-8: the methods inside TransNormerLLM-7B / toy-retnet-1.3B layers (the paper protocol; a
+# quicker pass: NBFLAGS="-p runs 1 -p set_limit 30")
 table7 table8: $(INSTALLED)
 	$(call run_notebook,llm,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE))
 

@@ -6,7 +6,7 @@ import warnings
 import torch
 
 from . import methods as _methods  # noqa: F401  (fills the registry)
-from . import ops
+from . import ops, registry
 from ._inputs import check_cu_seqlens, check_qkv, normalize_gamma
 from ._state import check_state
 from .registry import get
@@ -62,7 +62,13 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     """
     method = _method_keyword(method, attn_method)
     B, C, V = _autocast(B, C, V)
-    check_qkv(B, C, V)
+    compiling = torch.compiler.is_compiling()
+    key = None if compiling or initial_state is not None or cu_seqlens is not None \
+        or is_mask_weight is not None else \
+        _signature(B, C, V, method, options, output_final_state, gamma is None)
+    seen = _SEEN.get(key) if key is not None else None
+    if seen is None:
+        check_qkv(B, C, V)
     if is_mask_weight is not None:
         if is_mask_weight and gamma is None:
             raise ValueError("is_mask_weight=True needs gamma (the per-head decay in (0, 1])")
@@ -73,10 +79,16 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     g = normalize_gamma(gamma, B.shape[1], B.device)
     check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B))
     scale = _check_scale(scale)
-    if not torch.compiler.is_compiling():
+    if not compiling:
         # checked here, in eager mode, so errors name the call; a compiled graph defers them to
         # the op, which checks the same when it runs
-        m, opts = ops.prepare(method, options, B, g, initial_state is not None or output_final_state)
+        if seen is None:
+            seen = ops.prepare(method, options, B, g, initial_state is not None or output_final_state)
+            if key is not None:
+                if len(_SEEN) >= 1024:
+                    _SEEN.clear()
+                _SEEN[key] = seen
+        m, opts = seen
         if not (torch.is_grad_enabled() and any(
                 t is not None and t.requires_grad for t in (B, C, V, initial_state))):
             # nothing for autograd to record: skip the op's dispatch (host time per call)
@@ -86,6 +98,26 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     out, s = ops.causal_linear(B, C, V, g, initial_state, method, ops.encode_options(options),
                                False, output_final_state, cu_seqlens, scale)
     return (out, s) if output_final_state else out
+
+
+#: calls already checked, by signature (method, options, shapes, dtypes, devices, state flag,
+#: decay or not), with the method and options they resolved to: a model repeats one signature per
+#: layer, and at short N the checks cost more host time than the kernel. Cleared when a method is
+#: registered or a dispatch table reloaded (``registry.on_change``).
+_SEEN: dict = {}
+registry.on_change(_SEEN.clear)
+
+
+def _signature(B, C, V, method, options: dict, final: bool, no_decay: bool) -> tuple | None:
+    """The key of :data:`_SEEN`, or None where the arguments are not tensors or an option value
+    is unhashable (those calls are checked in full)."""
+    try:
+        key = (method, tuple(options.items()), final, no_decay, B.shape, C.shape, V.shape, B.dtype,
+               C.dtype, V.dtype, B.device, C.device, V.device)
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
 
 
 def _check_scale(scale) -> float:

@@ -104,7 +104,7 @@ def clear_cache() -> None:
     """Forget loaded tables and choices (after ``make tune`` rewrote a table)."""
     _load.cache_clear()
     _choose.cache_clear()
-    _auto.cache_clear()
+    registry.changed()  # _auto and the API's checked signatures listen
 
 
 registry.on_change(_auto.cache_clear)

@@ -96,7 +96,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
                              f"(to {_REGISTRY[taken[0]].name}); pass replace=True to override")
         for k in keys:
             _REGISTRY[k] = m
-        _changed()
+        changed()
         return fn
     return deco
 
@@ -105,18 +105,20 @@ def unregister(name: str) -> None:
     m = get(name)
     for k in [k for k, v in _REGISTRY.items() if v is m]:
         del _REGISTRY[k]
-    _changed()
+    changed()
 
 
 _LISTENERS: list[Callable[[], None]] = []
 
 
 def on_change(fn: Callable[[], None]) -> None:
-    """Call ``fn()`` whenever a method is registered or removed (caches of choices listen)."""
+    """Call ``fn()`` whenever a method is registered or removed, or a dispatch table is reloaded
+    (caches of choices listen)."""
     _LISTENERS.append(fn)
 
 
-def _changed() -> None:
+def changed() -> None:
+    """Tell the caches of choices (:func:`on_change`) that methods or measured tables changed."""
     for fn in _LISTENERS:
         fn()
 

@@ -62,7 +62,7 @@ t
 
 # %%
 cols = ["dtype", "batch", "decay", "N", "method", "median_s", "floor_ratio", "vs_fla",
-        "vs_original", "rel_error", "workspace_MB"]
+        "vs_original", "host_us", "graph_us", "rel_error", "workspace_MB"]
 ok[[c for c in cols if c in ok]].round(4)
 
 # %%
@@ -74,3 +74,25 @@ else:
                      f"{disp.regret.max() * 100:.1f}%, median {disp.regret.median() * 100:.1f}% "
                      f"over {len(disp)} cells"))
     display(disp[["dtype", "batch", "decay", "N", "best", "best_s", "auto", "auto_s", "regret"]].round(5))
+
+# %% [markdown]
+# ## Conclusions (written from the data above)
+
+# %%
+lines = []
+for target, g in t[t.met != "-"].groupby("target", sort=False):
+    miss = g[g.met == "no"]
+    lines.append(f"* **{target}**: met in {(g.met == 'yes').sum()} of {len(g)} cells"
+                 + (f"; missed: " + ", ".join(f"{r.dtype} b{r.batch} N={r.N} {'decay' if r.decay else '0-1'}"
+                                              f" {r.value}" for r in miss.head(8).itertuples())
+                    + (" …" if len(miss) > 8 else "") if len(miss) else "."))
+short = ok[(ok.N <= F.GRAPH_N) & (ok.batch == 1)]
+for m, g in short.groupby("method"):
+    if "host_us" in g and g.host_us.notna().any():
+        graph = g.graph_us.dropna() if "graph_us" in g else g.host_us.iloc[:0]
+        lines.append(f"* {m}, batch 1, N ≤ {F.GRAPH_N}: eager host time {g.host_us.min():.0f}-"
+                     f"{g.host_us.max():.0f} µs per call" + (
+                         f"; a CUDA-graph replay of the same call takes {graph.min():.0f}-{graph.max():.0f} µs"
+                         if len(graph) else "") + ".")
+display(Markdown("\n".join(lines)))
+

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import leetrepro
-from leetrepro import causal_linear_decoder, reference
+from leetrepro import causal_linear_decoder, ops, reference
 from leetrepro.methods import available, register, unregister
 
 from conftest import assert_close_to_reference, make_inputs
@@ -269,3 +269,33 @@ def test_gamma_that_requires_grad_is_a_clear_error():
     with pytest.raises(ValueError, match="decays are fixed.*detach"):
         causal_linear_decoder(B, C, V, g)
     assert_close_to_reference(causal_linear_decoder(B, C, V, g.detach()), B, C, V, g.detach())
+
+
+def test_a_seen_signature_skips_checks_but_never_a_wrong_call(monkeypatch):
+    """The checks of a call signature already seen are skipped (host time); whatever differs from
+    it (a shape, dtype, device, the mask, the options) is checked again, and a reloaded dispatch
+    table forgets what auto resolved to."""
+    from leetrepro import api, dispatch
+    B, C, V = make_inputs(2, 3, 70, 4, 5)
+    for _ in range(2):
+        assert_close_to_reference(causal_linear_decoder(B, C, V, 0.9, method="auto"), B, C, V, 0.9)
+    assert any(k[0] == "auto" for k in api._SEEN)
+    with pytest.raises(ValueError, match="disagree on N"):
+        causal_linear_decoder(B, C, V[:, :, :60], 0.9, method="auto")
+    with pytest.raises(TypeError, match="share one dtype"):
+        causal_linear_decoder(B, C.double(), V, 0.9, method="auto")
+    with pytest.raises(TypeError, match="unknown option"):
+        causal_linear_decoder(B, C, V, 0.9, method="Bb", nonsense=1)
+    assert_close_to_reference(causal_linear_decoder(B, C, V, method="auto"), B, C, V, None)
+    # auto's choice comes from the table: a reloaded table is looked up again
+    monkeypatch.setattr(dispatch, "choose", lambda n, b, dtype, decay, dev: "Recur" if decay else "Bb")
+    dispatch.clear_cache()
+    assert not api._SEEN
+    picked = []
+    real = ops.run
+    monkeypatch.setattr(ops, "run", lambda m, *a, **k: picked.append(m.abbr) or real(m, *a, **k))
+    for g in (0.9, None, 0.9, None):  # the mask is part of the signature
+        causal_linear_decoder(B, C, V, g, method="auto")
+    assert picked == ["Recur", "Bb", "Recur", "Bb"]
+    monkeypatch.undo()
+    dispatch.clear_cache()

@@ -46,3 +46,28 @@ def test_prompt_set_and_batches():
     short = int(load_prompts(2).length.min())
     row = int(load_prompts(2).length.argmin())
     assert (b1[row, short:] == 0).all() and (b1[row, :short] > 0).all()  # right-padded with 0
+
+
+def test_slow_methods_timed_on_a_prefix_scaled_by_tokens(monkeypatch):
+    """``set_limit``: a slow linear-time method runs on the first batches only (at least two) and
+    its total is scaled by tokens; a quadratic one (Vanilla) always runs the whole set."""
+    from leetrepro.bench import llm
+    assert llm._timed_batches(1.0, 50, None) == 50
+    assert llm._timed_batches(1.0, 50, 100.0) == 50      # fits: the whole set
+    assert llm._timed_batches(1.0, 50, 10.0) == 10
+    assert llm._timed_batches(100.0, 50, 10.0) == 2      # at least two
+    seen = []
+
+    def fake_run(model, method, inputs, device):         # 1 s per token-thousand, recorded
+        seen.append((method, len(inputs)))
+        return sum(int(t.numel()) for t in inputs) / 1000
+
+    monkeypatch.setattr(llm, "one_run", fake_run)
+    df = llm.measure("transnormer", ["LA_torch", "Vanilla"], batch_sizes=(1,), n_prompts=6, runs=2,
+                     device="cpu", tiny=True, max_len=None, set_limit=0.5, progress=False)
+    tokens = int(load_prompts(6).length.sum())
+    for r in df.itertuples():  # scaled to the whole set: the same total either way
+        assert r.mean_s == pytest.approx(tokens / 1000)
+    la, va = df.set_index("method").loc["LA_torch"], df.set_index("method").loc["Vanilla"]
+    assert bool(la.extrapolated) and la.prompts_timed == 2 and not bool(va.extrapolated)
+    assert ("LA_torch", 2) in seen and ("Vanilla", 6) in seen

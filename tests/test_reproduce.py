@@ -117,13 +117,17 @@ def test_floor_targets_from_a_constructed_table():
         dict(dtype="fp16", batch=16, decay=True, N=25600, method="Chunk", status="ok", floor_ratio=1.5),
         dict(dtype="fp32", batch=1, decay=True, N=8192, method="Chunk/tf32x3", status="ok", floor_ratio=9.0),
         dict(dtype="fp32", batch=1, decay=False, N=512, method="Chunk", status="ok", floor_ratio=9.0,
-             vs_fla=0.4, vs_original=0.7),
+             vs_fla=0.4, vs_original=0.7, host_us=45.0),
+        dict(dtype="fp16", batch=1, decay=False, N=128, method="Chunk", status="ok", floor_ratio=9.0,
+             host_us=25.0),
         dict(dtype="fp32", batch=1, decay=False, N=512, method="fla", status="ok", floor_ratio=20.0)])
     t = targets(df).set_index(["N", "entry", "target"]).met
     assert t[(8192, "Chunk", "≤ 1.3× floor")] == "yes"
     assert t[(25600, "Chunk", "≤ 1.3× floor")] == "no"
     assert t[(8192, "Chunk/tf32x3", "≤ 1.3× floor")] == "-"
     assert t[(512, "Chunk", "≤ 0.5× fla")] == "yes" and t[(512, "Chunk", "≤ 0.5× original")] == "no"
+    assert t[(512, "Chunk", "host ≤ 30 µs per eager call")] == "no"
+    assert t[(128, "Chunk", "host ≤ 30 µs per eager call")] == "yes"
 
 
 @pytest.mark.parametrize("law", ["N", "N log N", "N²"])

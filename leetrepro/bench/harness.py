@@ -240,6 +240,23 @@ def host_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
     return median(times)
 
 
+def graph_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
+    """Median seconds per replay of ``fn(*args)`` captured once in a CUDA graph (two warm-up calls
+    on a side stream first, as capture needs): what a caller that captures its step pays per
+    call, host launch cost included. Raises where the call cannot be captured."""
+    device = torch.device(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*args)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    return median(time_calls(graph.replay, [()], reps, device))
+
+
 def _progress(items, desc: str, enabled: bool):
     if not enabled:
         return items

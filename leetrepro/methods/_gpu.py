@@ -134,17 +134,23 @@ def refuse_interpreted_bf16(dtype: torch.dtype, abbr: str) -> None:
 _COMPILED: dict = {}
 
 
-def launch(kernel, grid: tuple, args: tuple, constexprs: dict, **options):
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict, key=None, **options):
     """``kernel[grid](*args, **constexprs, **options)`` with Triton's per-call argument binding
     (~10 µs of host time) skipped after the first call of a key: the compiled kernel is kept and
     launched with the arguments as they are. The key holds everything Triton specialises on: each
     tensor's dtype and 16-byte alignment, each scalar's value (Triton specialises integers equal
     to 1 or divisible by 16), the constexprs, the options, the grid's rank and the device.
-    ``constexprs`` must be the kernel's trailing parameters, in order."""
-    key = (kernel, len(grid), tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-                                    else a for a in args),
-           tuple(constexprs.items()), tuple(sorted(options.items())),
-           next(a.device for a in args if isinstance(a, torch.Tensor)))
+    ``constexprs`` must be the kernel's trailing parameters, in order.
+
+    ``key``: the caller's hashable stand-in for all of that (its cached launch plan: shapes,
+    dtypes, flags, strides, device, and whether its tensors are 16-byte aligned), which spares
+    building the key argument by argument."""
+    if key is None:
+        key = (tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
+                     for a in args),
+               tuple(constexprs.items()), tuple(sorted(options.items())),
+               next(a.device for a in args if isinstance(a, torch.Tensor)))
+    key = (kernel, len(grid), key)
     compiled = _COMPILED.get(key)
     if compiled is None:  # (the interpreter returns no compiled kernel: it always comes here)
         compiled = kernel[grid](*args, **constexprs, **options)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import functools
 import os
+import typing
 
 import torch
 
@@ -137,7 +138,6 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     time-major ``(batch, N, heads, r)`` transposed to ``(batch, heads, N, r)`` included); O comes
     out in V's layout. ``scale`` multiplies O (and the dual output) as it is stored.
     """
-    refuse_interpreted_bf16(V.dtype, "Chunk")
     kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
@@ -149,16 +149,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         out = torch.empty_like(V)
     if cu_seqlens is not None:
         batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
-    precision = dot_precision(V.dtype, fp32_precision)
-    cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, dual=dual is not None,
-                       device=V.device)
-    lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
-    segment = _segment(segment, cfg, n, lanes, V.device)
-    n_seg = cdiv(n, segment)
+    signature = (n, r, d, batch, heads, V.dtype, dot_precision(V.dtype, fp32_precision),
+                 gamma is not None, dual is not None, V.device, segment,
+                 os.environ.get("LEETREPRO_CHUNK_CONFIG"), cu_seqlens is not None,
+                 initial_state is not None, output_final_state, reverse)
+    plan = _plan(*signature)
+    lanes = plan.lanes
     if dual is not None:
-        if lanes != batch * heads or cfg["BLOCK_R"] < r:
-            raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
-                             f"got r = {r}, d = {d}")
         out2 = torch.empty_like(B)
         if out2.stride() != B.stride():
             B, C = B.contiguous(), C.contiguous()
@@ -168,32 +165,71 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         if output_final_state else None
     # the lanes' repair flags and, split, the ring's counters and ticket: one zeroed buffer (each
     # zeroing is a launch of its own, ~10 µs of host time)
-    counters = torch.zeros(2 * lanes + 1 if n_seg > 1 else lanes, dtype=torch.int32,
+    counters = torch.zeros(2 * lanes + 1 if plan.split else lanes, dtype=torch.int32,
                            device=V.device)
     flags, sync, ws = counters[:lanes], None, None
-    if n_seg > 1:
+    if plan.split:
         sync = counters[lanes:]
-        ws = torch.empty(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
-                         device=V.device)
+        ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
     # the kernel's parameters in order (methods/_gpu.launch): tensors, scalars, then constexprs
     head = (B, C, V, out, dual, None if dual is None else out2, s0, sn)
     tail = (flags, gamma, cu_seqlens, n, r, d, heads, lanes)
     strides = (*B.stride()[:3], *V.stride()[:3])
-    flags_of = lambda split, repair: dict(  # noqa: E731
-        HAS_DECAY=gamma is not None, VARLEN=cu_seqlens is not None, HAS_S0=s0 is not None,
-        STORE_SN=output_final_state, SPLIT=split, REVERSE=reverse, DUAL=dual is not None,
-        HALF_RANGE=V.dtype != torch.float32, ISOLATE=repair, REPAIR=repair,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"], PRECISION=precision)
-    launch(kern.chunk_scan_kernel, (lanes * n_seg,),
-           (*head, ws, sync, *tail, segment, float(scale), *strides), flags_of(n_seg > 1, False),
-           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    scale = float(scale)
+    # everything the launches specialise on (methods/_gpu.launch): the signature fixes the
+    # scalars, flags and the fresh buffers' offsets; the inputs' alignment is checked here
+    ptrs = B.data_ptr() | C.data_ptr() | V.data_ptr()
+    for t in (dual, s0, gamma, cu_seqlens):
+        if t is not None:
+            ptrs |= t.data_ptr()
+    key = (signature, strides, B.dtype, C.dtype, None if gamma is None else gamma.dtype,
+           None if cu_seqlens is None else cu_seqlens.dtype, ptrs % 16 == 0)
+    launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,),
+           (*head, ws, sync, *tail, plan.segment, scale, *strides), plan.main, key + (False,),
+           **plan.main_options)
     # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's
     # NaN/Inf (the kernel's docstring); a few microseconds when no lane is flagged
-    launch(kern.chunk_scan_kernel, (lanes,), (*head, None, None, *tail, n, float(scale), *strides),
-           flags_of(False, True), num_warps=cfg["num_warps"], num_stages=1)
+    launch(kern.chunk_scan_kernel, (lanes,), (*head, None, None, *tail, n, scale, *strides),
+           plan.repair, key + (True,), **plan.repair_options)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
+
+
+class _Plan(typing.NamedTuple):
+    """What a call of :func:`chunk_scan` launches, a function of shapes and flags only."""
+    lanes: int
+    segment: int
+    n_seg: int
+    split: bool
+    ws_shape: tuple
+    main: dict          # the constexprs of the scan launch
+    repair: dict        # and of the repair launch
+    main_options: dict  # num_warps, num_stages
+    repair_options: dict
+
+
+@functools.lru_cache(maxsize=1024)  # the host time of a short call: computed once per signature
+def _plan(n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
+          has_s0, store_sn, reverse) -> _Plan:
+    refuse_interpreted_bf16(dtype, "Chunk")
+    # override: LEETREPRO_CHUNK_CONFIG as the key sees it (a sweep changes it between calls)
+    cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device)
+    lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
+    segment = _segment(segment, cfg, n, lanes, device)
+    n_seg = cdiv(n, segment)
+    if dual and (lanes != batch * heads or cfg["BLOCK_R"] < r):
+        raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
+                         f"got r = {r}, d = {d}")
+    flags = lambda split, repair: dict(  # noqa: E731
+        HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0, STORE_SN=store_sn, SPLIT=split,
+        REVERSE=reverse, DUAL=dual, HALF_RANGE=dtype != torch.float32, ISOLATE=repair,
+        REPAIR=repair, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
+        PRECISION=precision)
+    return _Plan(lanes, segment, n_seg, n_seg > 1, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"]),
+                 flags(n_seg > 1, False), flags(False, True),
+                 dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
+                 dict(num_warps=cfg["num_warps"], num_stages=1))
 
 
 def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
