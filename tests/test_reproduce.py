@@ -149,3 +149,20 @@ def test_fleet_attention_long_claim_is_judged():
                              mean_s=[2.0, 1.0, 0.1, 0.5], status="ok"))
     row = claims.claim_fa_long({"long": long})
     assert row["holds"] == "no" and "fastest LA" in row["evidence"]
+
+
+def test_floor_references_come_from_the_same_cell_and_gpu():
+    import pandas as pd
+    from leetrepro.bench.floor import original_times, with_references
+    h100 = "NVIDIA H100 80GB HBM3"
+    orig = original_times(h100)
+    assert orig and not original_times("NVIDIA H200")  # the anchors hold the H100 only
+    cell = next(iter(orig))
+    dtype, batch, decay, n = cell
+    rows = [dict(dtype=dtype, batch=batch, decay=decay, N=n, method=m, status="ok", median_s=t, gpu=g)
+            for g in (h100, "NVIDIA H200") for m, t in (("Chunk", 1.0), ("fla", 4.0))]
+    df = with_references(pd.DataFrame(rows[:2]))
+    assert df.vs_fla.tolist() == [0.25, 1.0]
+    assert df.vs_original.iloc[0] == pytest.approx(1.0 / orig[cell])
+    other = with_references(pd.DataFrame(rows[2:]))
+    assert other.vs_original.isna().all() and other.vs_fla.tolist() == [0.25, 1.0]

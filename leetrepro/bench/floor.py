@@ -6,7 +6,8 @@ events around the Python call (launch overhead counts), median of ``--reps`` aft
 alternating two input sets where memory allows. It prints one line per cell and writes
 ``floor.csv``: median, floor = (|B|+|C|+|V|+|O|)·bytes / measured copy bandwidth, median/floor,
 time relative to flash-linear-attention (``vs_fla``) and to the original LA (``vs_original``, from
-``data/anchors``, fp32 only: its fp16 config does not launch on an H100), the error against the
+``data/anchors``, measured on the H100 only, so on other GPUs empty; fp32 only: its fp16 config does
+not launch on an H100), the error against the
 float64 oracle (first sequence of the batch, N ≤ 25600) and the workspace: peak memory beyond
 inputs and output. ``host_us``: the median host time of one call with the GPU idle before it (what
 launching costs the CPU); ``graph_us`` (N ≤ 2048): the median time per replay of the call captured
@@ -58,16 +59,35 @@ def entries(dtype: torch.dtype, names) -> dict:
     return out
 
 
-def original_times() -> dict:
-    """(dtype, batch, decay, N) -> the original LA's median seconds on the H100 (data/anchors)."""
+def original_times(gpu: str) -> dict:
+    """(dtype, batch, decay, N) -> the original LA's median seconds measured on GPU ``gpu`` (its
+    full name, as ``provenance`` records it) in ``data/anchors``; {} where none was measured there
+    (the anchors hold the H100 only: another GPU's times are no reference for this one)."""
     path = _paths.data("anchors", "h100-originals-and-fla.csv")
     if not os.path.exists(path):
         return {}
     import pandas as pd
     df = pd.read_csv(path)
-    df = df[(df.method == "LA") & (df.status == "ok")]
+    df = df[(df.method == "LA") & (df.status == "ok") & (df.gpu == gpu)]
     return {(r.dtype, int(r.batch), bool(r.decay), int(r.N)): float(r.median_s)
             for r in df.itertuples()}
+
+
+def with_references(df):
+    """``vs_fla`` and ``vs_original`` of every row of a ``floor.csv`` table: its median over
+    flash-linear-attention's in the same cell and over the original LA's on the same GPU
+    (:func:`original_times`; None where the anchors have no such cell)."""
+    df = df.copy()
+    orig = original_times(df.gpu.iloc[0]) if len(df) else {}
+    key = ["dtype", "batch", "decay", "N"]
+    ok = df.status == "ok"
+    fla = df[ok & (df.method == "fla")].set_index(key).median_s
+    cells = list(df[key].itertuples(index=False, name=None))
+    df["vs_fla"] = [m / fla[c] if s and c in fla.index else None
+                    for m, c, s in zip(df.get("median_s", [None] * len(df)), cells, ok)]
+    df["vs_original"] = [m / orig[c] if s and c in orig else None
+                         for m, c, s in zip(df.get("median_s", [None] * len(df)), cells, ok)]
+    return df
 
 
 def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, rank=128, dim=128,
@@ -141,7 +161,6 @@ def main(argv=None) -> int:
     import pandas as pd
 
     device, meta, out, bw = setup
-    orig = original_times()
     rows = []
     for dt in map(parse_dtype, args.dtypes):
         fns = entries(dt, args.entries)
@@ -149,12 +168,6 @@ def main(argv=None) -> int:
             for n in args.seqlens or GRID_N.get(batch, GRID_N[16]):
                 for mask in args.masks:
                     cell = measure_cell(fns, dt, batch, n, mask == "decay", args.reps, bw, device)
-                    fla = next((r.get("median_s") for r in cell if r["method"] == "fla"), None)
-                    o = orig.get((SHORT_NAMES[dt], batch, mask == "decay", n))
-                    for r in cell:
-                        if r.get("median_s"):
-                            r["vs_fla"] = r["median_s"] / fla if fla else None
-                            r["vs_original"] = r["median_s"] / o if o else None
                     rows += cell
                     print(f"{SHORT_NAMES[dt]} b{batch} N={n} {mask:5s} floor {cell[0]['floor_s'] * 1e3:.3f} ms | "
                           + " | ".join(f"{r['method']} " + (f"{r['median_s'] * 1e3:.3f} ms "
@@ -164,6 +177,7 @@ def main(argv=None) -> int:
     df["copy_TBps"] = bw / 1e12
     for k, v in meta.items():
         df[k] = v
+    df = with_references(df)
     path = os.path.join(out, args.csv)
     df.to_csv(path, index=False)
     print(f"wrote {path} ({len(df)} rows)")
