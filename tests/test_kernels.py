@@ -216,3 +216,15 @@ def test_chunk_reads_the_launch_table_of_its_gpu(tmp_path, monkeypatch):
     finally:
         chunk._tuned_table.cache_clear()
         chunk._config.cache_clear()
+
+
+@pytest.mark.slow
+def test_chunk_kernel_compiles_for_hopper_without_a_gpu():
+    """The scan kernel goes through Triton's real code generation for sm_90 and ptxas (not the
+    interpreter): what the GPU will run compiles, and its register use can be read (NOTES.md)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
+    res = subprocess.run([sys.executable, "-m", "leetrepro.bench.regs", "--configs", "fp16:decay:64:3"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0 and "registers" in res.stdout, res.stdout + res.stderr[-2000:]

@@ -1,0 +1,91 @@
+"""Registers and spills of Chunk's scan kernel per launch configuration, compiled for a GPU
+architecture without one (Triton's compiler and ``ptxas`` on the host; no device needed).
+
+``python -m leetrepro.bench.regs [--arch 90] [--configs fp16:decay:64:3 ...]`` compiles the kernel
+as :mod:`leetrepro.methods.chunk` launches it (r = d = 128, 8 warps, batch 1's split form unless a
+config ends in ``:one``) and prints ``ptxas -v``'s registers, stack frame and spill bytes per
+thread. The kernel holds a 128 × 128 fp32 state per program (64 registers per thread at 8 warps)
+beside the chunk's products: what does not fit in 255 registers goes to local memory, whose
+traffic shows up in a profile as L1/TEX scoreboard stalls (NOTES.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+POINTER = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
+DEFAULT = ["fp16:0-1:64:3", "fp16:decay:64:3", "fp16:decay:32:3", "fp32:0-1:32:2",
+           "fp32:decay:64:2", "fp32:decay:32:2"]
+
+
+def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool = True,
+                arch: int = 90, precision: str = "tf32") -> str:
+    """The PTX of ``chunk_scan_kernel`` for one configuration (forward, no state in or out)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..methods._gpu import triton_kernels
+    kern = triton_kernels("chunk_scan").chunk_scan_kernel
+    p = POINTER[dtype]
+    sig = dict(B=p, C=p, V=p, O=p, E=p, O2=p, S0="*fp32", SN="*fp32", WS="*fp32", SYNC="*i32",
+               FLAGS="*i32", GAMMA="*fp64", CU="*i32", N="i32", R="i32", D="i32", H="i32",
+               LANES="i32", SEG="i32", SCALE="fp32", SB_B="i64", SB_H="i64", SB_T="i64",
+               SV_B="i64", SV_H="i64", SV_T="i64")
+    const = dict(E=None, O2=None, S0=None, SN=None, CU=None, HAS_DECAY=decay, VARLEN=False,
+                 HAS_S0=False, STORE_SN=False, SPLIT=split, REVERSE=False, DUAL=False,
+                 HALF_RANGE=dtype != "fp32", ISOLATE=False, REPAIR=False, BLOCK_N=block_n,
+                 BLOCK_R=128, BLOCK_D=128, PRECISION=precision if dtype == "fp32" else "tf32")
+    if not split:
+        const.update(WS=None, SYNC=None)
+    if not decay:
+        const.update(GAMMA=None)
+    sig.update({k: "constexpr" for k in const})
+    src = ASTSource(fn=kern, signature=sig,
+                    constexprs={(kern.arg_names.index(k),): v for k, v in const.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=8, num_stages=stages))
+    return compiled.asm["ptx"]
+
+
+def ptxas_usage(ptx: str, arch: int = 90) -> str:
+    """``ptxas -v``'s resource lines for a PTX text: registers, stack frame, spill stores/loads."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([_ptxas(arch), f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull],
+                             capture_output=True, text=True, check=True)
+    keep = [line.split(":", 1)[-1].strip() for line in res.stderr.splitlines()
+            if "registers" in line or "spill" in line]
+    return "; ".join(keep)
+
+
+def _ptxas(arch: int) -> str:
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    from triton.backends.nvidia import compiler  # the ptxas Triton ships with
+    return compiler.get_ptxas(arch).path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)")
+    p.add_argument("--configs", nargs="*", default=DEFAULT,
+                   help="dtype:mask:BLOCK_N:stages[:one] (mask 0-1 or decay; :one = batch 16's one pass)")
+    args = p.parse_args(argv)
+    for cfg in args.configs:
+        dtype, mask, block_n, stages, *rest = cfg.split(":")
+        ptx = compile_ptx(dtype, mask == "decay", int(block_n), int(stages), split=rest != ["one"],
+                          arch=args.arch)
+        print(f"{cfg:22s} {ptxas_usage(ptx, args.arch)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
