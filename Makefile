@@ -25,7 +25,7 @@ NBFLAGS ?=
 # the venv by default; on an offline GPU host: make reproduce PY=python3 INSTALLED= (see README)
 INSTALLED ?= $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
-NB     = $(PY) -m papermill -k python3 --log-level WARNING
+NB     = $(PY) -m leetrepro.reproduce.execute -k python3 --log-level WARNING
 LEMMA_CPU := -y "ks: [8, 9, 10, 11, 12, 13]" -p heads 4 -p reps 3
 LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6

@@ -1,0 +1,62 @@
+"""``python -m leetrepro.reproduce.execute IN.ipynb OUT.ipynb [papermill options]``: papermill's
+command line (``make`` runs every notebook through it), with the notebook's kernel reached over
+local IPC sockets in a private temporary folder instead of TCP ports.
+
+Why: a kernel on TCP without encryption keys logs a warning into every run ("Kernel is running
+over TCP without encryption"), and its ports are open to every user of the host; IPC sockets
+stay on this host, owned by this user. Everything else is papermill's own command line.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+ENGINE = "leetrepro-ipc"
+
+
+def _engine():
+    from jupyter_client import AsyncKernelManager
+    from papermill.engines import NBClientEngine
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        """A kernel whose sockets are files under a private temporary folder."""
+
+        @default("transport")
+        def _default_transport(self):
+            return "ipc"
+
+        @default("ip")
+        def _default_ip(self):
+            folder = tempfile.mkdtemp(prefix="leetrepro-kernel-")
+            self._ipc_folder = folder
+            return os.path.join(folder, "kernel")
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart)
+            if not restart:
+                shutil.rmtree(getattr(self, "_ipc_folder", ""), ignore_errors=True)
+
+    class IPCEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, **kwargs):
+            kwargs.setdefault("kernel_manager_class", IPCKernelManager)
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    return IPCEngine
+
+
+def main(argv=None) -> int:
+    from papermill.cli import papermill
+    from papermill.engines import papermill_engines
+
+    papermill_engines.register(ENGINE, _engine())
+    args = list(sys.argv[1:] if argv is None else argv)
+    papermill.main(args + ["--engine", ENGINE], prog_name="papermill")  # exits with its status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
