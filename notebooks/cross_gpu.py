@@ -126,3 +126,42 @@ bw = facts["copy TB/s"].dropna() if "copy TB/s" in facts else pd.Series(dtype=fl
 display(Markdown("\n".join(lines) + ("\n\nMeasured copy bandwidth: " + ", ".join(
     f"{g} {v} TB/s" for g, v in bw.items()) + ": a memory-bound method's time scales with the "
     "inverse of it, a launch- or latency-bound one's does not (the short-N cells)." if len(bw) else "")))
+
+# %% [markdown]
+# ## Distance to the memory floor on each GPU
+# `make floor` on every GPU that has it (`data/<gpu>/floor.csv`): this project's kernel (Chunk) and flash-linear-attention at the cells of the floor targets, median milliseconds and time / floor. Between two GPUs, a memory-bound kernel's time falls with the copy bandwidth; one limited by its own latency or instruction issue keeps its time, so its ratio to the (lower) floor grows.
+
+# %%
+CELLS = [("fp16", 16, 25600, False), ("fp16", 16, 25600, True), ("fp16", 1, 100000, False),
+         ("fp16", 1, 100000, True), ("fp32", 16, 25600, False), ("fp32", 1, 100000, False)]
+floor_gpus = sorted(t for t in os.listdir(root) if os.path.exists(os.path.join(root, t, "floor.csv")))
+rows = []
+for g in floor_gpus:
+    f = T.load_measured(g, "floor.csv")
+    f = f[(f.status == "ok") & f.method.isin(["Chunk", "fla"])]
+    for dt, b, n, dec in CELLS:
+        for r in f[(f.dtype == dt) & (f.batch == b) & (f.N == n) & (f.decay == dec)].itertuples():
+            rows.append(dict(cell=f"{dt} b{b} N={n} {'decay' if dec else '0-1'}", method=r.method,
+                             gpu=g, ms=r.median_s * 1e3, floor_ratio=r.floor_ratio,
+                             copy_TBps=r.copy_TBps, commit=r.commit))
+fl = pd.DataFrame(rows)
+if len(fl):
+    wide = fl.pivot_table(index=["cell", "method"], columns="gpu", values=["ms", "floor_ratio"], sort=False)
+    display(wide.round(3))
+else:
+    display(Markdown("No `floor.csv` under `data/`: run `make floor` on a GPU."))
+
+# %%
+lines = []
+if len(floor_gpus) >= 2 and len(fl):
+    a, b = floor_gpus[0], floor_gpus[-1]
+    bw = fl.groupby("gpu").copy_TBps.first()
+    lines.append(f"* Copy bandwidth {a} {bw[a]:.2f} TB/s, {b} {bw[b]:.2f} TB/s: a memory-bound kernel "
+                 f"would take {bw[a] / bw[b]:.2f}× the time on {b}.")
+    for (cell, method), g in fl.groupby(["cell", "method"], sort=False):
+        g = g.set_index("gpu")
+        if a in g.index and b in g.index:
+            lines.append(f"* {method}, {cell}: {b} takes {g.ms[b] / g.ms[a]:.2f}× the time of {a} "
+                         f"({g.floor_ratio[a]:.2f}× → {g.floor_ratio[b]:.2f}× its floor).")
+display(Markdown("\n".join(lines) if lines else "One GPU with `floor.csv`: nothing to compare yet."))
+
