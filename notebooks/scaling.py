@@ -159,3 +159,40 @@ ax.grid(alpha=0.3)
 ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(os.path.join(fig_dir, "scaling_model.png"), dpi=120)
+
+# %% [markdown]
+# ## Every measured host size beside the model
+# All runs of `make bench-sp` on this GPU model (`data/<gpu>x<P>/sp.csv`, one per host size P): per size, the forward + backward step at 1 Mi tokens per GPU, its exchange and the exchange's share of the step (measured), next to the flat all-gather model above.
+
+# %%
+import glob
+from leetrepro import _paths
+
+base = tag.rsplit("x", 1)[0]
+runs = {}
+for path in sorted(glob.glob(os.path.join(_paths.resource("data"), f"{base}x*", "sp.csv"))):
+    runs[os.path.basename(os.path.dirname(path))] = pd.read_csv(path)
+runs.setdefault(tag, sp)  # a fresh run into out_root
+rows = []
+for t, d in sorted(runs.items(), key=lambda kv: kv[1].gpus.max()):
+    fb = d[(d["pass"] == "fwd_bwd") & (d.gpus > 1) & (d.n_per_gpu == 2 ** 20)]
+    if len(fb):
+        r = fb.iloc[0]
+        rows.append(dict(tag=t, GPUs=int(r.gpus), commit=r.commit, ms=r.ms, exchange_ms=r.exchange_ms,
+                         exchange_share=r.exchange_ms / r.ms, floor_ratio=r.floor_ratio,
+                         model_share=2 * allgather_ms(int(r.gpus)) / (local_ms + 2 * allgather_ms(int(r.gpus)))))
+sizes = pd.DataFrame(rows)
+display(sizes.round(4))
+fig, ax = plt.subplots(figsize=(6, 3.6))
+ax.plot(ps, [100 * 2 * allgather_ms(p) / (local_ms + 2 * allgather_ms(p)) for p in ps], label="model: flat all-gather")
+ax.scatter(sizes.GPUs, 100 * sizes.exchange_share, color="k", zorder=3, label="measured")
+ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="exchange, % of a step",
+       title=f"{meta.gpu}: measured host sizes ({', '.join(sizes.tag)})")
+ax.grid(alpha=0.3)
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(os.path.join(fig_dir, "scaling_sizes.png"), dpi=120)
+display(Markdown(f"Measured host sizes: {', '.join(f'{g} GPUs' for g in sizes.GPUs)}"
+                 + ("; the larger sizes need their own runs (`make bench-sp` on a host with more GPUs)."
+                    if sizes.GPUs.max() < gpus_per_host else ".")))
+
