@@ -128,6 +128,20 @@ def allgather_ms(p, per_host=gpus_per_host, hierarchical=False):
     return max(t, measured_ag)
 
 
+def share(p, hierarchical=False):
+    """The model's exchange (two all-gathers) as a fraction of a forward + backward step."""
+    x = 2 * allgather_ms(p, hierarchical=hierarchical)
+    return x / (local_ms + x)
+
+
+def finish_share_plot(fig, ax, title, name):
+    ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="exchange, % of a step", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(fig_dir, name), dpi=120)
+
+
 rows = []
 for p in [2, 8, 64, 512]:
     flat, hier = 2 * allgather_ms(p), 2 * allgather_ms(p, hierarchical=True)
@@ -137,7 +151,7 @@ for p in [2, 8, 64, 512]:
                      gathered_states_MiB=p * state / 2**20))
 model = pd.DataFrame(rows)
 display(model.round(3))
-free_until = next((p for p in range(2, 4097) if 2 * allgather_ms(p) > 0.05 * (local_ms + 2 * allgather_ms(p))), None)
+free_until = next((p for p in range(2, 4097) if share(p) > 0.05), None)
 display(Markdown(
     f"At {tokens_per_gpu / 2**20:.0f} Mi tokens per GPU ({local_ms:.0f} ms of local forward + backward), "
     f"the flat all-gather of states stays under 5 % of a step up to about **{free_until} GPUs** "
@@ -148,17 +162,12 @@ display(Markdown(
 
 fig, ax = plt.subplots(figsize=(6, 3.6))
 ps = np.unique(np.geomspace(2, 1024, 40).astype(int))
-ax.plot(ps, [100 * 2 * allgather_ms(p) / (local_ms + 2 * allgather_ms(p)) for p in ps], label="flat all-gather")
-ax.plot(ps, [100 * 2 * allgather_ms(p, hierarchical=True) / (local_ms + 2 * allgather_ms(p, hierarchical=True))
-             for p in ps], label="reduced inside each host first")
+ax.plot(ps, [100 * share(p) for p in ps], label="flat all-gather")
+ax.plot(ps, [100 * share(p, hierarchical=True) for p in ps], label="reduced inside each host first")
 ax.axhline(5, color="gray", ls=":", lw=1)
 ax.scatter([2], [100 * 2 * measured_ag / (local_ms + 2 * measured_ag)], color="k", zorder=3, label="measured (2 GPUs)")
-ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="exchange, % of a step",
-       title=f"Model: {tokens_per_gpu / 2**20:.0f} Mi tokens per GPU, fwd + bwd")
-ax.grid(alpha=0.3)
-ax.legend(fontsize=8)
-fig.tight_layout()
-fig.savefig(os.path.join(fig_dir, "scaling_model.png"), dpi=120)
+finish_share_plot(fig, ax, f"Model: {tokens_per_gpu / 2**20:.0f} Mi tokens per GPU, fwd + bwd",
+                  "scaling_model.png")
 
 # %% [markdown]
 # ## Every measured host size beside the model
@@ -180,18 +189,13 @@ for t, d in sorted(runs.items(), key=lambda kv: kv[1].gpus.max()):
         r = fb.iloc[0]
         rows.append(dict(tag=t, GPUs=int(r.gpus), commit=r.commit, ms=r.ms, exchange_ms=r.exchange_ms,
                          exchange_share=r.exchange_ms / r.ms, floor_ratio=r.floor_ratio,
-                         model_share=2 * allgather_ms(int(r.gpus)) / (local_ms + 2 * allgather_ms(int(r.gpus)))))
+                         model_share=share(int(r.gpus))))
 sizes = pd.DataFrame(rows)
 display(sizes.round(4))
 fig, ax = plt.subplots(figsize=(6, 3.6))
-ax.plot(ps, [100 * 2 * allgather_ms(p) / (local_ms + 2 * allgather_ms(p)) for p in ps], label="model: flat all-gather")
+ax.plot(ps, [100 * share(p) for p in ps], label="model: flat all-gather")
 ax.scatter(sizes.GPUs, 100 * sizes.exchange_share, color="k", zorder=3, label="measured")
-ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="exchange, % of a step",
-       title=f"{meta.gpu}: measured host sizes ({', '.join(sizes.tag)})")
-ax.grid(alpha=0.3)
-ax.legend(fontsize=8)
-fig.tight_layout()
-fig.savefig(os.path.join(fig_dir, "scaling_sizes.png"), dpi=120)
+finish_share_plot(fig, ax, f"{meta.gpu}: measured host sizes ({', '.join(sizes.tag)})", "scaling_sizes.png")
 display(Markdown(f"Measured host sizes: {', '.join(f'{g} GPUs' for g in sizes.GPUs)}"
                  + ("; the larger sizes need their own runs (`make bench-sp` on a host with more GPUs)."
                     if sizes.GPUs.max() < gpus_per_host else ".")))
