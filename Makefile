@@ -20,7 +20,13 @@ DATA   ?= data/$(GPU)
 # rerendered/ so the committed GPU-executed notebooks stay as run
 RESULTS ?= $(if $(filter cpu,$(HERE)),rerendered,.)
 DTYPE  ?= float32
-REPS   ?= 15
+# QUICK=1: the settings of the committed runs (make reproduce in about half an hour on one GPU):
+# 5 repetitions and a 2 s limit per call in Tables 3-6 and 9 (slower cells read >limit), one run
+# over the prompt set in Tables 7-8 with slow methods timed on the first prompts (set_limit)
+QUICK  ?=
+REPS   ?= $(if $(QUICK),5,15)
+LIMIT  := $(if $(QUICK),-p time_limit 2)
+LLM_QUICK := $(if $(QUICK),-p runs 1 -p set_limit 30)
 NBFLAGS ?=
 # the venv by default; on an offline GPU host: make reproduce PY=python3 INSTALLED= (see README)
 INSTALLED ?= $(VENV)/.installed
@@ -43,7 +49,8 @@ help:
 	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> $(DATA)/kernels.csv"
 	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from $(DATA))"
 	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
-	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) NBFLAGS='-p seqlens ...'"
+	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) QUICK=$(QUICK) NBFLAGS='-p seqlens ...'"
+	@echo "    QUICK=1: 5 repetitions, 2 s per call, Tables 7-8 in one run (the committed runs' settings)"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
 	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> $(DATA)/serve.csv, generation.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
@@ -94,15 +101,15 @@ reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims table7 table
 	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
 
 $(TABLES): $(INSTALLED)
-	$(call run_notebook,latency,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS))
+	$(call run_notebook,latency,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS) $(LIMIT))
 
-# Tables 7-8: the methods inside TransNormerLLM-7B / toy-retnet-1.3B layers (the paper protocol; a
-# quicker pass: NBFLAGS="-p runs 1 -p set_limit 30")
+# Tables 7-8: the methods inside TransNormerLLM-7B / toy-retnet-1.3B layers (the paper's protocol;
+# QUICK=1: one run over the set)
 table7 table8: $(INSTALLED)
-	$(call run_notebook,llm,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE))
+	$(call run_notebook,llm,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) $(LLM_QUICK))
 
 table9: $(INSTALLED)
-	$(call run_notebook,table9,table9,$(GPU),-p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS))
+	$(call run_notebook,table9,table9,$(GPU),-p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS) $(LIMIT))
 
 long-prompts: $(INSTALLED)
 	$(call run_notebook,long_prompts,long_prompts,$(GPU),-p gpu $(GPU))
