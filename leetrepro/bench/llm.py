@@ -221,30 +221,51 @@ def side_by_side(measured, paper_table):
     return both
 
 
+#: "significantly" where a run has no spread to judge by (one run): the 7-run H100 data spread
+#: by at most 0.1 % of a table's time, so 1 % is a margin no run-to-run noise reaches
+SIGNIFICANT = 0.01
+
+
+def faster(ok, a: str, b: str, batch: int) -> tuple[bool, str] | None:
+    """Whether method ``a`` is significantly faster than ``b`` at ``batch``: by more than twice the
+    larger of their run-to-run standard deviations (:data:`SIGNIFICANT` of b's time where a
+    deviation is missing), and the evidence; None where either did not run."""
+    if (a, batch) not in ok.index or (b, batch) not in ok.index:
+        return None
+    ta, tb = ok.loc[(a, batch), "mean_s"], ok.loc[(b, batch), "mean_s"]
+    sd = max(ok.loc[(a, batch), "std_s"], ok.loc[(b, batch), "std_s"])
+    margin = 2 * sd if sd == sd else SIGNIFICANT * tb
+    return bool(tb - ta > margin), f"b{batch}: {a}/{b} = {ta / tb:.3f} (margin {margin / tb:.2%})"
+
+
 def check_claims(measured, table: int):
-    """Section 5.2's claims, computed from one table's measurements."""
+    """Section 5.2's claims in the paper's wording, computed from one table's measurements (this
+    project's re-implementations of the methods and of the two models' layers, not the paper's
+    code). "Almost all settings" and "mostly" hold where more than half of the cases do (the
+    evidence gives the count)."""
     import pandas as pd
     ok = measured[measured.status == "ok"].set_index(["method", "batch"])
-    linear = [m for m in measured.method.unique() if m not in ("Vanilla", "Original")]
+    linear = [m for m in measured.method.unique() if m not in QUADRATIC]
     rows = []
     lin_oom = measured[measured.method.isin(linear) & (measured.status == "OOM")]
-    rows.append(dict(claim="the linear methods avoid out-of-memory errors",
+    rows.append(dict(claim="the linear methods do not run out of memory (at batch 2 either)",
                      holds="yes" if lin_oom.empty else "no",
                      evidence="no linear method ran out of memory; Vanilla: " + ", ".join(
                          f"batch {r.batch} {r.status}" for r in measured[measured.method == "Vanilla"].itertuples())
                      if lin_oom.empty else "OOM: " + ", ".join(f"{r.method} b{r.batch}" for r in lin_oom.itertuples())))
-    faster = [m for m in measured.method.unique() if (m, 1) in ok.index and (m, 2) in ok.index
-              and ok.loc[(m, 2), "per_prompt_s"] < ok.loc[(m, 1), "per_prompt_s"]]
     both = [m for m in measured.method.unique() if (m, 1) in ok.index and (m, 2) in ok.index]
-    rows.append(dict(claim="batch 2 takes less time per prompt than batch 1",
-                     holds="yes" if both and len(faster) == len(both) else ("mostly" if len(faster) > len(both) / 2 else "no"),
-                     evidence=f"{len(faster)} of {len(both)} methods: " + ", ".join(faster)))
-    if ("LA_torch", 1) in ok.index and ("Original", 1) in ok.index:
-        r = [ok.loc[("LA_torch", b), "mean_s"] / ok.loc[("Original", b), "mean_s"]
-             for b in (1, 2) if ("LA_torch", b) in ok.index and ("Original", b) in ok.index]
-        rows.append(dict(claim="LA_torch close to Original (within 10%) or faster",
-                         holds="yes" if max(r) <= 1.1 else "no",
-                         evidence="LA_torch/Original = " + ", ".join(f"{x:.2f}" for x in r)))
+    lower = [m for m in both if ok.loc[(m, 2), "per_prompt_s"] < ok.loc[(m, 1), "per_prompt_s"]]
+    rows.append(dict(claim="at batch 2 the latency of each method is mostly lower than at batch 1",
+                     holds=_majority(len(lower), len(both)),
+                     evidence=f"{len(lower)} of {len(both)} methods lower at batch 2: " + ", ".join(lower)))
+    for a, b, claim in (("LA_torch", "Original", "LA_torch significantly outperforms Original in almost "
+                                                  "all settings"),
+                        ("LA_torch", "LA", "LA_torch outperforms its CUDA version LA (LA's overhead is "
+                                           "non-negligible)")):
+        cases = [c for c in (faster(ok, a, b, bs) for bs in (1, 2)) if c is not None]
+        if cases:
+            rows.append(dict(claim=claim, holds=_majority(sum(c[0] for c in cases), len(cases)),
+                             evidence="; ".join(c[1] for c in cases)))
     if table == 7:
         b2 = ok.xs(2, level="batch") if 2 in ok.index.get_level_values("batch") else None
         if b2 is not None and not b2.empty:
@@ -253,7 +274,7 @@ def check_claims(measured, table: int):
             # the paper's methods only: this project's own kernel (Chunk) is not in its table
             paper_b2 = b2[b2.index.isin(PAPER_METHODS)]
             pbest = paper_b2.mean_s.idxmin() if len(paper_b2) else best
-            rows.append(dict(claim="Cdotp is the fastest at batch 2 (TransNormerLLM)",
+            rows.append(dict(claim="Cdotp performs the best on TransNormerLLM-7B when the batch size is not 1",
                              holds="yes" if pbest == "Cdotp" else "no",
                              evidence=f"fastest of the paper's methods: {pbest} ({paper_b2.mean_s.min():.2f} s)"
                                       + (f"; Cdotp {cd:.2f} s ({cd / paper_b2.mean_s.min() - 1:+.1%})"
@@ -261,3 +282,16 @@ def check_claims(measured, table: int):
                                       + (f"; fastest overall {best} ({b2.mean_s.min():.2f} s)"
                                          if best != pbest else "")))
     return pd.DataFrame(rows)
+
+
+def _majority(held: int, cases: int) -> str:
+    return "yes" if held > cases / 2 else "no"
+
+
+def paper_as_measured(paper_table):
+    """The paper's Table 7 or 8 (``reproduce.paper.load``) in the form of :func:`measure`'s rows,
+    so that :func:`check_claims` can be checked against the paper's own numbers."""
+    df = paper_table.copy()
+    df["status"] = np.where(df.cell.astype(str).str.upper() == "OOM", "OOM", "ok")
+    df["per_prompt_s"] = df.mean_s / 100
+    return df
