@@ -56,7 +56,7 @@ help:
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
-	@echo "make tune      (GPU) Chunk's launch table -> $(DATA)/chunk_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
+	@echo "make tune      (GPU) Chunk's and LA's launch tables -> $(DATA)/chunk_config.csv, la_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
@@ -129,7 +129,8 @@ floor: $(INSTALLED)
 	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.floor --out $(RESULTS)/data/$(GPU))
 	$(call run_notebook,floor,floor,$(GPU),-p gpu $(GPU))
 
-# the dispatch table of method="auto" for this GPU, and auto's regret (GPU only)
+# the launch tables of Chunk and LA, then the dispatch table of method="auto" for this GPU and
+# auto's regret (GPU only)
 tune: $(INSTALLED)
 	$(PY) -m leetrepro.bench.sweep --out $(RESULTS)/data/$(GPU)
 	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU)

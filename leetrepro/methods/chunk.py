@@ -18,18 +18,15 @@ o_t = b_t S_t), so running two halves with the state passed on equals running th
 """
 from __future__ import annotations
 
-import csv
 import functools
 import os
 import typing
 
 import torch
 
-from .._device import gpu_tag
-from .._paths import data
 from ..registry import GPU_DTYPES, register
-from ._gpu import (cdiv, config_override, dot_precision, launch, next_pow2, refuse_interpreted_bf16,
-                   same_rows, sm_count, staged_state, triton_kernels)
+from ._gpu import (cdiv, config_override, dot_precision, launch, measured_table, next_pow2,
+                   refuse_interpreted_bf16, same_rows, sm_count, staged_state, triton_kernels)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
 #: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
@@ -50,20 +47,10 @@ def operand_kind(dtype: torch.dtype, precision: str) -> str:
     return "tf32" if precision == "tf32" else "exact"
 
 
-def tuned_table(tag: str) -> dict:
-    """``{(kind, decay): (BLOCK_N, stages)}`` measured on GPU ``tag`` (``data/<tag>/chunk_config.csv``),
-    or {} where that GPU has none."""
-    return dict(_tuned_table(tag))
-
-
-@functools.lru_cache(maxsize=None)
-def _tuned_table(tag: str) -> tuple:
-    path = data(tag, "chunk_config.csv")
-    if not os.path.exists(path):
-        return ()
-    with open(path, newline="") as f:
-        return tuple(((r["kind"], r["decay"] == "True"), (int(r["block_n"]), int(r["stages"])))
-                     for r in csv.DictReader(f))
+def tuned_table(device) -> dict:
+    """``{(kind, decay): (BLOCK_N, stages)}`` measured on the GPU of ``device``
+    (``data/<gpu>/chunk_config.csv``), or {} where that GPU has none."""
+    return measured_table(device, "chunk_config.csv", ("block_n", "stages"))
 
 
 def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool,
@@ -72,16 +59,16 @@ def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool
     (which re-read B and C once per block); rows and stages from the table measured on this GPU
     (:func:`tuned_table`), else :data:`CHUNK_TABLE` (:data:`DUAL_TABLE` for the dual sweep)."""
     cfg = dict(_config(r, d, dtype, precision, decay, dual,
-                       None if device is None else gpu_tag(device)))
+                       None if device is None else torch.device(device)))
     return cfg | config_override("Chunk")
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(r, d, dtype, precision, decay, dual, tag) -> tuple:
+def _config(r, d, dtype, precision, decay, dual, device) -> tuple:
     block_r = next_pow2(r)
     block_d = min(next_pow2(d), max(16, 16384 // block_r))
     kind = operand_kind(dtype, precision)
-    tuned = {} if tag is None or dual else tuned_table(tag)
+    tuned = {} if dual else tuned_table(device)
     block_n, stages = DUAL_TABLE[kind] if dual else tuned.get((kind, decay), CHUNK_TABLE[(kind, decay)])
     if block_r > 128:  # a 256-row state leaves shared memory for 32-row tiles only
         block_n = 32

@@ -15,8 +15,8 @@ from .._decay import causal_mask, discounted_cumsum, powers
 from .._state import add_initial_state, final_state
 from ..registry import GPU_DTYPES, register
 from ._common import torch_method
-from ._gpu import (cdiv, config_override, dot_precision, next_pow2, refuse_interpreted_bf16, sm_count,
-                   staged, triton_kernels)
+from ._gpu import (cdiv, config_override, dot_precision, measured_table, next_pow2,
+                   refuse_interpreted_bf16, sm_count, staged, triton_kernels)
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
@@ -56,22 +56,28 @@ def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
 
 
 #: (operand kind, decay) -> (num_warps, num_stages) at r ≤ 128, measured on the H100 at batch 1,
-#: N = 100000, r = d = 128 (NOTES.md, LA sweep); tf32x3 splits operands and fits one stage only
+#: N = 100000, r = d = 128 (NOTES.md, LA sweep): the defaults. A GPU with its own table
+#: (``data/<gpu>/la_config.csv``, written by ``make tune``) uses that one for fp16/bf16 and tf32;
+#: tf32x3 splits operands and fits one stage only
 LA_TABLE = {("half", False): (4, 2), ("half", True): (4, 1), ("tf32", False): (4, 1),
             ("tf32", True): (8, 2), ("tf32x3", False): (4, 1), ("tf32x3", True): (4, 1),
             ("ieee", False): (4, 2), ("ieee", True): (4, 2)}
 
 
-def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False) -> dict:
+def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False,
+              device=None) -> dict:
     """Block sizes for the Triton kernel: sized so that an H100 (232 KB of shared memory per block)
     launches every dtype and precision up to r = d = 256 (the original's fp16 config needed
-    245760 bytes); warps and stages from :data:`LA_TABLE`."""
+    245760 bytes); warps and stages from the table measured on ``device``'s GPU
+    (``data/<gpu>/la_config.csv``), else :data:`LA_TABLE`."""
     block_r = next_pow2(r)
     if block_r > 128:
         cfg = dict(BLOCK_N=32, BLOCK_R=block_r, BLOCK_D=min(32, next_pow2(d)), num_warps=8,
                    num_stages=1)
     else:
-        warps, stages = LA_TABLE[("half" if half else precision, decay)]
+        kind = "half" if half else precision
+        warps, stages = measured_table(device, "la_config.csv", ("warps", "stages")).get(
+            (kind, decay), LA_TABLE[(kind, decay)])
         cfg = dict(BLOCK_N=64, BLOCK_R=block_r, BLOCK_D=min(64, next_pow2(d)), num_warps=warps,
                    num_stages=stages)
     return cfg | config_override("LA")
@@ -95,7 +101,8 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     B, C, V, lg, _ = staged(B, C, V, gamma)
     out = torch.empty_like(V)
     precision = dot_precision(V.dtype, fp32_precision)
-    cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=lg is not None)
+    cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=lg is not None,
+                    device=V.device)
     d_blocks = cdiv(d, cfg["BLOCK_D"])
     seg = segment_length(n, batch * heads * d_blocks, cfg["BLOCK_N"], V.device)
     n_seg = cdiv(n, seg)
