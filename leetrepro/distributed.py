@@ -163,7 +163,6 @@ class _SequenceParallel(torch.autograd.Function):
         batch, heads, n, r = B.shape
         d = V.shape[-1]
         sd = ops.state_dtype(V.dtype)
-        size = batch * heads * r * d
         dO = torch.zeros_like(V) if dO is None else dO.to(V.dtype)
         own = ops._per_head(local_state(B, dO, g, reverse=True,
                                         fp32_precision=opts.get("fp32_precision")), g, 1)

@@ -19,7 +19,6 @@ Entries: ``Chunk`` (fp32: tf32 dots), ``Chunk/tf32x3`` (fp32 only: meets the 1e-
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -30,7 +29,7 @@ from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..complexity import io_bytes
 from ..reference import reference, rel_error
-from .harness import (bench_setup, fla_chunk_simple_gla, graph_seconds, host_seconds, is_oom,
+from .harness import (fla_chunk_simple_gla, gpu_main, graph_seconds, host_seconds, is_oom,
                       random_inputs, time_calls)
 
 GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
@@ -143,9 +142,7 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="folder for floor.csv (default data/<gpu>)")
+def _arguments(p) -> None:
     p.add_argument("--entries", nargs="*", default=["Chunk", "Chunk/tf32x3", "LA", "fla"])
     p.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16", "float32"])
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
@@ -154,8 +151,10 @@ def main(argv=None) -> int:
     p.add_argument("--masks", nargs="*", default=["0-1", "decay"])
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--csv", default="floor.csv")
-    args = p.parse_args(argv)
-    setup = bench_setup("floor", args.out)
+
+
+def main(argv=None) -> int:
+    args, setup = gpu_main("floor", __doc__, argv, _arguments, output="floor.csv", bandwidth=True)
     if setup is None:
         return 2
     import pandas as pd

@@ -11,7 +11,6 @@ every call, so a kernel that leaves elements unwritten fails.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -23,7 +22,7 @@ from .. import causal_linear_decoder, reference, rel_error
 from .._inputs import DTYPE_NAMES
 from ..methods import methods
 from ..reference import TF32_TOLERANCE, TOLERANCE
-from .harness import gpu_script_setup, random_inputs, sync
+from .harness import gpu_main, random_inputs, sync
 
 # (batch, heads, N, r, d)
 SHAPES = [(1, 1, 1, 16, 16), (2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (1, 2, 3001, 256, 256),
@@ -237,11 +236,7 @@ def check_huge(m, dtype, device, rows, meta):
     torch.cuda.empty_cache()
 
 
-def main(argv=None) -> int:
-    import pandas as pd
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="folder for correctness.csv (default data/<gpu>)")
+def _arguments(p) -> None:
     p.add_argument("--methods", nargs="*", default=None, help="abbreviations (default: all)")
     p.add_argument("--huge", action="store_true", help="also batch 16 × 32 heads × N = 100000")
     p.add_argument("--quick", action="store_true", help="small shapes only")
@@ -250,8 +245,12 @@ def main(argv=None) -> int:
     p.add_argument("--serving", action="store_true",
                    help="also packed prompts (cu_seqlens) and the decode step (Chunk, decode_step)")
     p.add_argument("--csv", default="correctness.csv")
-    args = p.parse_args(argv)
-    setup = gpu_script_setup("gpu_check", args.out)
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    args, setup = gpu_main("gpu_check", __doc__, argv, _arguments, output="correctness.csv")
     if setup is None:
         return 2
     device, meta, out = setup

@@ -114,6 +114,20 @@ def gpu_script_setup(script: str, out: str | None):
     return device, provenance(device), out
 
 
+def gpu_main(script: str, doc: str, argv, configure: Callable, *, output: str,
+             bandwidth: bool = False):
+    """What every GPU script's ``main`` starts with: its command line (``--out``, the folder for
+    ``output``, plus what ``configure(parser)`` adds) parsed from ``argv``, then
+    :func:`gpu_script_setup` (:func:`bench_setup` with ``bandwidth``). Returns ``(args, setup)``;
+    ``setup`` is None without a GPU (said on stderr)."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--out", default=None, help=f"folder for {output} (default data/<gpu>)")
+    configure(p)
+    args = p.parse_args(argv)
+    return args, (bench_setup if bandwidth else gpu_script_setup)(script, args.out)
+
+
 def bench_setup(script: str, out: str | None):
     """``gpu_script_setup`` plus the copy bandwidth, measured and printed: (device, provenance,
     folder, bytes/s), or None without a GPU."""

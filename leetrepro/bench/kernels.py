@@ -6,22 +6,19 @@ the device-to-device copy bandwidth measured in the same run (the floor uses it)
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import torch
 
 from ..complexity import io_bytes
-from .harness import PAPER_SEQLENS, bench_setup, benchmark_method
+from .harness import PAPER_SEQLENS, benchmark_method, gpu_main
 
 KERNELS = ("Chunk", "LA", "FA", "FA_modify", "Cdotp")
 TWINS = ("LA_torch", "FA_torch", "Cdotp_torch")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="folder for kernels.csv (default data/<gpu>)")
+def _arguments(p) -> None:
     p.add_argument("--methods", nargs="*", default=list(KERNELS + TWINS))
     p.add_argument("--dtypes", nargs="*", default=["float32", "float16"])
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
@@ -33,8 +30,10 @@ def main(argv=None) -> int:
                    help="seconds one call may take before the cell reads >limit")
     p.add_argument("--cell-seconds", type=float, default=4.0,
                    help="fewer reps (≥ 3) for cells slower than this in total")
-    args = p.parse_args(argv)
-    setup = bench_setup("kernel_bench", args.out)
+
+
+def main(argv=None) -> int:
+    args, setup = gpu_main("kernel_bench", __doc__, argv, _arguments, output="kernels.csv", bandwidth=True)
     if setup is None:
         return 2
     device, meta, out, bw = setup

@@ -24,7 +24,6 @@ models, beside flash-linear-attention, in one process.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ from .._inputs import SHORT_NAMES
 from ..api import causal_linear_decoder
 from ..compat import chunk_simple_gla
 from ..decode import decode_step
-from .harness import (bench_setup, fla_chunk_simple_gla, interleaved_medians, median, time_calls,
+from .harness import (fla_chunk_simple_gla, gpu_main, interleaved_medians, median, time_calls,
                       wall_per_call)
 from .llm import load_prompts
 
@@ -216,18 +215,18 @@ def generation_rows(device, meta, group: int, new_tokens: int, batch1_prompts: i
     return rows
 
 
-def main(argv=None) -> int:
-    import pandas as pd
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="folder for serve.csv and generation.csv")
+def _arguments(p) -> None:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--parts", nargs="*", default=["prefill", "decode", "generation"])
     p.add_argument("--group", type=int, default=10, help="prompts per packed prefill (generation)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--batch1-prompts", type=int, default=100)
-    args = p.parse_args(argv)
-    setup = bench_setup("serve", args.out)
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    args, setup = gpu_main("serve", __doc__, argv, _arguments, output="serve.csv and generation.csv", bandwidth=True)
     if setup is None:
         return 2
     device, meta, out, bw = setup

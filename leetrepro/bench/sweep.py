@@ -11,7 +11,6 @@ do not fit the GPU's shared memory are skipped.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -21,7 +20,7 @@ import torch
 
 from .._inputs import alibi_gammas
 from ..api import causal_linear_decoder
-from .harness import gpu_script_setup, median, random_inputs, time_calls
+from .harness import gpu_main, median, random_inputs, time_calls
 
 KINDS = {"half": torch.float16, "tf32": torch.float32}
 SHAPES = ((1, 100000), (16, 25600))
@@ -83,15 +82,15 @@ def best_table(df, params: tuple[str, str], meta: dict):
     return table
 
 
+def _arguments(p) -> None:
+    p.add_argument("--methods", nargs="*", default=list(SWEEPS), choices=list(SWEEPS))
+    p.add_argument("--reps", type=int, default=7)
+
+
 def main(argv=None) -> int:
     import pandas as pd
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="folder for the tables (default data/<gpu>)")
-    p.add_argument("--methods", nargs="*", default=list(SWEEPS), choices=list(SWEEPS))
-    p.add_argument("--reps", type=int, default=7)
-    args = p.parse_args(argv)
-    setup = gpu_script_setup("sweep", args.out)
+    args, setup = gpu_main("sweep", __doc__, argv, _arguments, output="the launch tables")
     if setup is None:
         return 2
     device, meta, out = setup

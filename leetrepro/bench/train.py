@@ -19,7 +19,6 @@ a fused reverse sweep for dV and dC plus a forward sweep for dB) and ``fla``
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -28,7 +27,7 @@ import torch
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
-from .harness import bench_setup, fla_chunk_simple_gla, interleaved_medians, is_oom, random_inputs
+from .harness import fla_chunk_simple_gla, gpu_main, interleaved_medians, is_oom, random_inputs
 
 #: (dtype, batch, N): the training cells, decay mask
 CELLS = [("bfloat16", 16, 25600), ("bfloat16", 1, 100000), ("bfloat16", 8, 8192),
@@ -140,9 +139,7 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[d
     return list(rows.values())
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="folder for train.csv (default data/<gpu>)")
+def _arguments(p) -> None:
     p.add_argument("--entries", nargs="*", default=["Chunk", "fla"])
     p.add_argument("--cells", nargs="*", default=None,
                    help="dtype:batch:N triples (default: the training cells of the README)")
@@ -150,8 +147,10 @@ def main(argv=None) -> int:
     p.add_argument("--check-max-n", type=int, default=8192,
                    help="largest N whose gradients are checked against float64 autograd")
     p.add_argument("--csv", default="train.csv")
-    args = p.parse_args(argv)
-    setup = bench_setup("bench.train", args.out)
+
+
+def main(argv=None) -> int:
+    args, setup = gpu_main("bench.train", __doc__, argv, _arguments, output="train.csv", bandwidth=True)
     if setup is None:
         return 2
     import pandas as pd

@@ -10,7 +10,6 @@ and interpreted ones are never candidates.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -22,8 +21,7 @@ from ..api import causal_linear_decoder
 from ..dispatch import auto_method
 from ..methods import methods
 from .floor import GRID_N
-from .harness import (gpu_script_setup, interleaved_medians, is_oom, median, random_inputs,
-                      time_calls)
+from .harness import gpu_main, interleaved_medians, is_oom, median, random_inputs, time_calls
 
 
 def candidates(dtype: torch.dtype) -> list[str]:
@@ -85,17 +83,17 @@ def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, 
     return row
 
 
-def main(argv=None) -> int:
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="folder for dispatch.csv (default data/<gpu>)")
+def _arguments(p) -> None:
     p.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16", "float32"])
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
     p.add_argument("--seqlens", nargs="*", type=int, default=None)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--time-limit", type=float, default=0.25)
-    args = p.parse_args(argv)
-    setup = gpu_script_setup("tune", args.out)
+
+
+def main(argv=None) -> int:
+
+    args, setup = gpu_main("tune", __doc__, argv, _arguments, output="dispatch.csv")
     if setup is None:
         return 2
     import pandas as pd

@@ -10,7 +10,6 @@ import os
 
 from .. import _paths
 from ..bench.harness import PAPER_SEQLENS, benchmark_method, provenance
-from . import paper
 
 PAPER_METHODS = ("Vanilla", "Bb", "Cdotp", "Cdotp_torch", "FA", "FA_torch", "LA", "LA_torch", "Recur")
 #: table -> (batch size, exponential decay)
@@ -111,7 +110,7 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
     import matplotlib.pyplot as plt
 
     ok = measured[measured.status == "ok"]
-    paper = None if paper_table is None else paper_table.dropna(subset=["mean_s"])
+    theirs_all = None if paper_table is None else paper_table.dropna(subset=["mean_s"])
     speedup = baseline in set(ok.method)
     methods = sorted(m for m in ok.method.unique() if not (speedup and m == baseline))
     cols = 3
@@ -130,9 +129,9 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
     for ax, method in zip(axes.flat, methods):
         ours = curve(ok, method)
         ax.plot(ours.index, ours.values, "o-", color="C0", label="this GPU")
-        if paper is not None and method in set(paper.method) and \
-                (not speedup or baseline in set(paper.method)):
-            theirs = curve(paper, method)
+        if theirs_all is not None and method in set(theirs_all.method) and \
+                (not speedup or baseline in set(theirs_all.method)):
+            theirs = curve(theirs_all, method)
             ax.plot(theirs.index, theirs.values, "s--", color="C1", label="paper (A6000)")
         if speedup:
             ax.axhline(1, color="gray", lw=0.8)
