@@ -236,3 +236,47 @@ def test_chunk_kernel_compiles_for_hopper_without_a_gpu():
     res = subprocess.run([sys.executable, "-m", "leetrepro.bench.regs", "--configs", "fp16:decay:64:3"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0 and "registers" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatch):
+    """Chunk keeps compiled kernels by a precomputed key (host time): a call that differs in
+    anything Triton specialises on (strides, mask, dtype, alignment, state flags) compiles anew; the
+    same call again only launches. A stand-in kernel records compiles and launches."""
+    from leetrepro.methods import _gpu, chunk
+
+    events = []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args: events.append("launch")
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: events.append("compile") or Compiled()
+
+    class Module:
+        chunk_scan_kernel = Kernel()
+
+    monkeypatch.setattr(chunk, "triton_kernels", lambda name: Module())
+    monkeypatch.setattr(_gpu, "_COMPILED", {})
+    monkeypatch.setattr(chunk, "launch", _gpu.launch)
+    B, C, V = (torch.randn(1, 2, 96, 16) for _ in range(3))
+
+    def compiles(*args, **kw):
+        events.clear()
+        chunk.chunk_scan(*args, **kw)
+        return events.count("compile"), events.count("launch")
+
+    assert compiles(B, C, V, None) == (2, 0)           # the scan and the repair launch
+    assert compiles(B, C, V, None) == (0, 2)           # the same signature: launched only
+    g = torch.full((2,), 0.9, dtype=torch.float64)
+    assert compiles(B, C, V, g) == (2, 0)              # the decay mask
+    assert compiles(B, C, V, g) == (0, 2)
+    tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V)]
+    assert compiles(*tm, None) == (2, 0)               # time-major strides
+    assert compiles(B.double().float(), C, V, None) == (0, 2)  # other tensors, same signature
+    wide = [torch.randn(1, 2, 96, 17) for _ in range(3)]
+    assert compiles(*(t[..., :16] for t in wide), None) == (2, 0)  # rows 17 apart (strides)
+    assert compiles(*(t[..., 1:] for t in wide), None) == (2, 0)   # the same, 4 bytes off alignment
+    assert compiles(B.half(), C.half(), V.half(), None) == (2, 0)
+    assert compiles(B, C, V, None, output_final_state=True)[0] == 2
