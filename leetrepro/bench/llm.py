@@ -15,9 +15,10 @@ Out of memory: ``OOM``.
 
 ``set_limit`` (seconds, None: off) bounds one run of a slow method: when a prompt batch timed after
 the warm-up says the whole set would take longer, the method runs on the first batches only (as
-many as fit the limit, at least two) and its total is scaled to the set by tokens (the cost per
-token of these models is flat over 6000-8192 tokens); ``prompts_timed`` says how many prompts ran
-and ``extrapolated`` marks such rows. The paper's own slow PyTorch twins (Cdotp_torch, FA_torch)
+many as fit the limit, at least two) and its total is scaled to the set by tokens (a linear-time
+method's cost per token is flat over 6000-8192 tokens; Vanilla and Original, whose attention is
+quadratic, are never cut: :data:`QUADRATIC`); ``prompts_timed`` says how many prompts ran and
+``extrapolated`` marks such rows. The paper's own slow PyTorch twins (Cdotp_torch, FA_torch)
 are what this is for: 100 prompts of them cost minutes per run.
 """
 from __future__ import annotations

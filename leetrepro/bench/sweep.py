@@ -68,15 +68,14 @@ def sweep(method: str, device, meta: dict, reps: int) -> list[dict]:
 def best_table(df, params: tuple[str, str], meta: dict):
     """Per (kind, decay): the candidate with the least geometric mean over the shapes, among those
     that ran at every shape."""
-    import pandas as pd
     ok = df.dropna(subset=["ms"])
     score = (ok.assign(log_ms=ok.ms.map(math.log))
              .groupby(["kind", "decay", *params]).agg(log_ms=("log_ms", "mean"),
                                                        shapes=("ms", "size")))
     score = score[score.shapes == len(SHAPES)].reset_index()
     best = score.loc[score.groupby(["kind", "decay"]).log_ms.idxmin()]
-    table = pd.DataFrame(best.assign(geomean_ms=best.log_ms.map(math.exp))[
-        ["kind", "decay", *params, "geomean_ms"]])
+    table = best.assign(geomean_ms=best.log_ms.map(math.exp))[
+        ["kind", "decay", *params, "geomean_ms"]].copy()
     for k, v in meta.items():
         table[k] = v
     return table
