@@ -131,9 +131,11 @@ floor: $(INSTALLED)
 
 # the launch tables of Chunk and LA, then the dispatch table of method="auto" for this GPU and
 # auto's regret (GPU only)
+# TUNE_ARGS=--resume: a cut-off run goes on where it stopped (measured cells kept)
+TUNE_ARGS ?=
 tune: $(INSTALLED)
 	$(PY) -m leetrepro.bench.sweep --out $(RESULTS)/data/$(GPU)
-	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU)
+	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU) $(TUNE_ARGS)
 
 # forward + backward against its floor, flash-linear-attention beside it (GPU only)
 bench-train: $(INSTALLED)

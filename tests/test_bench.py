@@ -140,3 +140,51 @@ def test_every_measuring_tool_imports():
     import leetrepro.bench as bench
     for mod in pkgutil.iter_modules(bench.__path__):
         importlib.import_module(f"leetrepro.bench.{mod.name}")
+
+
+def test_tune_resume_keeps_measured_cells_and_their_provenance(tmp_path, monkeypatch):
+    """``tune --resume`` times only the cells a cut-off run left, keeps the earlier rows as they
+    were measured, and still skips at larger N a method the earlier run dropped."""
+    import argparse
+
+    from leetrepro.bench import tune
+
+    def fake_main(script, doc, argv, configure, *, output):
+        p = argparse.ArgumentParser()
+        p.add_argument("--out")
+        configure(p)
+        args = p.parse_args(argv)
+        return args, ("cpu", {"gpu": "GPU", "commit": "new"}, args.out)
+
+    timed = []
+
+    def fake_cell(dtype, batch, n, decay, names, reps, limit, device, dropped, publish):
+        timed.append((tune.SHORT_NAMES[dtype], batch, decay, n, frozenset(dropped)))
+        row = dict(dtype=tune.SHORT_NAMES[dtype], batch=batch, decay=decay, N=n, t_A=1e-3,
+                   t_B=float("nan") if "B" in dropped else 2e-3, best="A", best_s=1e-3,
+                   auto="A", regret=0.0)
+        publish(row)
+        return row
+
+    monkeypatch.setattr(tune, "gpu_main", fake_main)
+    monkeypatch.setattr(tune, "tune_cell", fake_cell)
+    monkeypatch.setattr(tune, "candidates", lambda dt: ["A", "B"])
+    old = pd.DataFrame([dict(dtype="fp16", batch=1, decay=False, N=n, t_A=1e-3, t_B=b,
+                             best="A", best_s=1e-3, auto="A", regret=0.0, gpu="GPU",
+                             commit="old") for n, b in ((128, 2e-3), (256, 9.0))])
+    path = tmp_path / "dispatch.csv"
+    old.to_csv(path, index=False)
+    argv = ["--out", str(tmp_path), "--dtypes", "float16", "--batches", "1",
+            "--seqlens", "128", "256", "512"]
+    assert tune.main(argv + ["--resume"]) == 0
+    # the two measured cells are not timed again; B (over the limit at N=256) stays dropped
+    assert [t[:4] for t in timed] == [("fp16", 1, False, 512)] + [
+        ("fp16", 1, True, n) for n in (128, 256, 512)]
+    assert timed[0][4] == {"B"} and timed[1][4] == set()
+    df = pd.read_csv(path)
+    assert len(df) == 6 and df.drop_duplicates(tune.CELL).shape[0] == 6
+    assert list(df.commit) == ["old"] * 2 + ["new"] * 4
+    # without --resume the table is measured anew
+    timed.clear()
+    assert tune.main(argv) == 0
+    assert len(timed) == 6 and set(pd.read_csv(path).commit) == {"new"}

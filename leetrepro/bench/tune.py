@@ -7,6 +7,11 @@ Grid: dtype (fp16, bf16, fp32) × batch (1, 16) × N (128 … 100000 at batch 1,
 call after a warm-up. A method slower than ``--time-limit`` per call, or out of memory, is not
 tried at larger N for that dtype/batch/mask (its times only grow). Unsafe methods (FA_modify)
 and interpreted ones are never candidates.
+
+A long run that was cut off goes on where it stopped with ``--resume``: the cells already in the
+table are kept as measured (each row keeps its own provenance) and only the others are timed.
+
+    python -m leetrepro.bench.tune --out data/h200 [--dtypes bfloat16 float32] [--resume]
 """
 from __future__ import annotations
 
@@ -89,6 +94,26 @@ def _arguments(p) -> None:
     p.add_argument("--seqlens", nargs="*", type=int, default=None)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--time-limit", type=float, default=0.25)
+    p.add_argument("--resume", action="store_true",
+                   help="keep the cells already in dispatch.csv and time only the others")
+
+
+CELL = ["dtype", "batch", "decay", "N"]
+
+
+def measured_before(path: str, limit: float):
+    """The rows of an earlier run of this table (``--resume``) and, per (dtype, batch, mask), the
+    methods it dropped (out of time or memory at some N: not tried at larger N)."""
+    import pandas as pd
+
+    if not os.path.exists(path):
+        return [], {}
+    old = pd.read_csv(path)
+    dropped: dict = {}
+    for row in old.to_dict("records"):
+        names = {k[2:] for k, v in row.items() if k.startswith("t_") and not v <= limit}
+        dropped.setdefault((row["dtype"], row["batch"], row["decay"]), set()).update(names)
+    return old.to_dict("records"), dropped
 
 
 def main(argv=None) -> int:
@@ -101,14 +126,24 @@ def main(argv=None) -> int:
     device, meta, out = setup
     path = os.path.join(out, "dispatch.csv")
     os.environ["LEETREPRO_DISPATCH"] = path  # auto, timed below, reads the table being written
+    kept, dropped_before = measured_before(path, args.time_limit) if args.resume else ([], {})
+    done = {tuple(r[k] for k in CELL) for r in kept}
     rows = []
+
+    def table(extra=()):  # earlier rows keep their provenance; this run's get its own
+        return pd.concat([pd.DataFrame(kept), pd.DataFrame(rows + list(extra)).assign(**meta)],
+                         ignore_index=True)
+
     for dt in map(parse_dtype, args.dtypes):
         for batch in args.batches:
             for decay in (False, True):
-                dropped: set = set()
+                dropped = set(dropped_before.get((SHORT_NAMES[dt], batch, decay), ()))
                 for n in args.seqlens or GRID_N.get(batch, GRID_N[16]):
+                    if (SHORT_NAMES[dt], batch, decay, n) in done:
+                        continue
+
                     def publish(row):  # the table grows as it is measured; auto reads this run's
-                        pd.DataFrame(rows + [row]).assign(**meta).to_csv(path, index=False)
+                        table([row]).to_csv(path, index=False)
                         dispatch.clear_cache()
                     r = tune_cell(dt, batch, n, decay, candidates(dt), args.reps,
                                   args.time_limit, device, dropped, publish)
@@ -116,7 +151,7 @@ def main(argv=None) -> int:
                     print(f"{r['dtype']} b{batch} {'decay' if decay else '0-1  '} N={n:6d} best "
                           f"{r['best']:8s} {r['best_s'] * 1e3:9.3f} ms | auto {r['auto']:8s} "
                           f"regret {r['regret'] * 100:+5.1f}%", flush=True)
-    df = pd.DataFrame(rows).assign(**meta)
+    df = table()
     df.to_csv(path, index=False)
     print(f"wrote {path}: max regret of auto {df.regret.max() * 100:.1f}% "
           f"(median {df.regret.median() * 100:.1f}%)")
