@@ -51,12 +51,13 @@ display(Markdown("Sources: " + ", ".join(f"Table {t}: {s}" for t, s in sources.i
 claims = check_claims(tables)
 claims.insert(2, "on the paper's numbers", check_claims(paper_tables_as_measured()).holds)
 claims.to_csv(os.path.join(data_dir, "claims.csv"), index=False)
-c0 = claims.iloc[0]
-display(Markdown(f"Every verdict below concerns {c0.judged}. Judged on data of commit(s) "
-                 f"`{c0.commits}`" + ("" if c0.one_run else
-                 " — **more than one run**: a full `make reproduce` on one commit judges every "
-                 "claim on one run")))
-claims.drop(columns=["judged", "commits", "one_run"])
+every = " ".join(sorted(set(" ".join(claims.commits).split())))
+display(Markdown(f"Every verdict below concerns {claims.judged.iloc[0]}. Judged on data of commit(s) "
+                 f"`{every}`; " + ("each claim on one run (its commit is in the last column)."
+                                   if claims.one_run.all() else
+                                   "**some claims mix runs** (`one_run` says which): a full `make "
+                                   "reproduce` on one commit judges every claim on one run.")))
+claims.drop(columns=["judged", "one_run"])
 
 # %% [markdown]
 # ## Conclusions (written from the data above)

@@ -51,6 +51,24 @@ def test_claims_from_constructed_tables():
     assert c.filter(like="Cdotp fastest").iloc[0] == "not measured"
 
 
+def test_each_claim_names_the_commits_of_the_tables_it_read():
+    t3 = fake_table({("LA", n): 1e-8 * n for n in (1024, 2048, 8192)}, {}).assign(commit="aaa")
+    t9 = pd.DataFrame([dict(method=m, batch=1, decay=False, N=n, mean_s=t, status="ok",
+                            commit="bbb") for n in (128, 512) for m, t in (("FA", 1.0),
+                                                                             ("FA_modify", 0.5))])
+    long = pd.DataFrame([dict(method="FA", N=n, mean_s=1.0, status="ok", commit="ccc")
+                         for n in (65536, 131072)])
+    c = claims.check_claims({3: t3, 9: t9, "long": long}).set_index("claim")
+    assert c.filter(like="FA_modify", axis=0).commits.iloc[0] == "bbb"
+    assert c.filter(like="Vanilla runs out", axis=0).commits.iloc[0] == "aaa"
+    assert c.filter(like="beyond 64k", axis=0).commits.iloc[0] == "ccc"
+    assert c.one_run.all() and (c.judged == claims.JUDGED).all()
+    # a claim that reads two runs says so
+    mixed = claims.check_claims({3: t3, 4: t3.assign(commit="ddd")}).set_index("claim")
+    row = mixed.filter(like="LA fastest", axis=0).iloc[0]
+    assert row.commits == "aaa ddd" and not row.one_run
+
+
 def test_claims_on_the_papers_own_numbers_run():
     df = claims.check_claims(claims.paper_tables_as_measured())
     assert len(df) == len(claims.CLAIMS) and set(df.holds) <= {"yes", "no", "not measured"}

@@ -275,7 +275,12 @@ def _progress(items, desc: str, enabled: bool):
     if not enabled:
         return items
     try:
-        from tqdm.auto import tqdm
+        import importlib.util
+        # tqdm.auto warns where Jupyter has no widgets (a GPU host, say): text bars there
+        if importlib.util.find_spec("ipywidgets") is not None:
+            from tqdm.auto import tqdm
+        else:
+            from tqdm import tqdm
         return tqdm(items, desc=desc, leave=False)
     except ImportError:  # pragma: no cover
         return items

@@ -238,17 +238,42 @@ JUDGED = ("this project's re-implementations of the paper's methods (PyTorch twi
           "CUDA kernels), not the paper's own code")
 
 
+class _Reads(dict):
+    """The tables, noting which of them a claim reads (its evidence's provenance)."""
+
+    def __init__(self, tables):
+        super().__init__(tables)
+        self.read: set = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def _commits(dfs) -> list[str]:
+    return sorted({str(c) for df in dfs if df is not None and "commit" in df
+                   for c in df.commit.dropna().unique()})
+
+
 def check_claims(tables: dict):
-    """One row per claim (see the module docstring), with ``judged`` (what the verdict is about)
-    and ``commits``: the commits of the tables the claims were judged on (one run: one commit)."""
+    """One row per claim (see the module docstring), with ``judged`` (what the verdict is about),
+    ``commits`` (the commits of the tables that claim was judged on) and ``one_run`` (they are one
+    commit: the claim was judged on one run)."""
     import pandas as pd
     tables = {k: v for k, v in tables.items() if v is not None}
-    commits = sorted({str(c) for df in tables.values() if "commit" in df
-                      for c in df.commit.dropna().unique()})
-    out = pd.DataFrame([c(tables) for c in CLAIMS])
-    out["judged"] = JUDGED
-    out["commits"] = " ".join(commits) if commits else "paper"
-    out["one_run"] = len(commits) <= 1
+    rows = []
+    for claim in CLAIMS:
+        reads = _Reads(tables)
+        row = claim(reads)
+        commits = _commits(tables.get(k) for k in reads.read)
+        rows.append(dict(row, commits=" ".join(commits) if commits else "paper",
+                         one_run=len(commits) <= 1))
+    out = pd.DataFrame(rows)
+    out.insert(len(out.columns) - 2, "judged", JUDGED)
     return out
 
 
