@@ -57,7 +57,7 @@ display(Markdown(f"Every verdict below concerns {claims.judged.iloc[0]}. Judged 
                                    if claims.one_run.all() else
                                    "**some claims mix runs** (`one_run` says which): a full `make "
                                    "reproduce` on one commit judges every claim on one run.")))
-claims.drop(columns=["judged", "one_run"])
+claims.drop(columns=["judged", "one_run", "gpus", "dates"])
 
 # %% [markdown]
 # ## Conclusions (written from the data above)
@@ -65,8 +65,10 @@ claims.drop(columns=["judged", "one_run"])
 # %%
 here = claims.holds.value_counts().to_dict()
 own = claims["on the paper's numbers"].value_counts().to_dict()
+n_yes, n_no, n_none = here.get("yes", 0), here.get("no", 0), here.get("not measured", 0)
 display(Markdown(
-    f"On this GPU {here.get('yes', 0)} of {len(claims)} claims hold, {here.get('no', 0)} do not"
-    + (f", {here.get('not measured', 0)} are not measured" if here.get("not measured") else "")
+    f"On this GPU {n_yes} of {len(claims)} claims {'holds' if n_yes == 1 else 'hold'}, {n_no} "
+    f"{'does' if n_no == 1 else 'do'} not"
+    + (f", {n_none} {'is' if n_none == 1 else 'are'} not measured" if n_none else "")
     + f"; on the paper's own numbers {own.get('yes', 0)} hold under the same thresholds. Holding here: "
     + ("; ".join(claims[claims.holds == "yes"].claim) or "none") + "."))

@@ -21,6 +21,7 @@ out_root = "."
 
 # %%
 import os
+import torch
 import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
@@ -56,28 +57,52 @@ def gpu_facts(tag):
 
 facts = pd.DataFrame([gpu_facts(g) for g in gpus]).set_index("tag")
 display(Markdown(f"GPUs with a committed reproduction: **{', '.join(gpus) or 'none'}** (the paper: "
-                 f"one NVIDIA RTX A6000, 768 GB/s)."))
+                 f"one NVIDIA RTX A6000, {paper.A6000_BANDWIDTH / 1e9:.0f} GB/s on its data sheet)."))
 facts
 
 # %% [markdown]
-# ## Tables 3-6: the paper's A6000 beside each GPU (mean seconds; ratio to the paper)
+# ## Tables 3-6: the paper's A6000 beside each GPU
+# Each cell: the paper's mean, then each GPU's (milliseconds, in the order of the header), `–` where a method did not run (out of memory, over the time limit, or not in the paper). The last row is each GPU's memory floor for the cell (B, C, V read and O written once at its measured copy bandwidth; the A6000's at its data-sheet rate): how far every paper method is from what the memory allows.
 
 # %%
+from leetrepro.complexity import memory_floor_seconds
+
 frames = []
 for t in (3, 4, 5, 6):
     p = paper.load(t)[["method", "N", "mean_s"]].rename(columns={"mean_s": "A6000 (paper)"})
+    shape = None
     for g in gpus:
         d = T.load_measured(g, f"table{t}.csv")
         if d is None:
             continue
+        shape = d.iloc[0]
         d = d[d.status == "ok"][["method", "N", "mean_s"]].rename(columns={"mean_s": g})
         p = p.merge(d, on=["method", "N"], how="left")
     p.insert(0, "table", t)
     frames.append(p)
+    if shape is None:
+        continue
+    item = torch.empty((), dtype=getattr(torch, shape["dtype"])).element_size()
+    bws = {"A6000 (paper)": paper.A6000_BANDWIDTH, **{g: facts.loc[g, "copy TB/s"] * 1e12 for g in gpus
+                                        if pd.notna(facts.loc[g].get("copy TB/s"))}}
+    floor = {c: {n: memory_floor_seconds(int(n), int(shape["rank"]), int(shape["dim"]),
+                                         batch=int(shape["batch"]), heads=int(shape["heads"]),
+                                         itemsize=item, bandwidth=bw) for n in p.N.unique()}
+             for c, bw in bws.items()}
+    cols = ["A6000 (paper)", *[g for g in gpus if g in p]]
+    fmt = (lambda v: "–" if pd.isna(v) else f"{v * 1e3:.3g}")
+    cell = p.assign(cell=[" | ".join(fmt(r[c]) for c in cols) for _, r in p.iterrows()])
+    grid = cell.pivot_table(index="method", columns="N", values="cell", aggfunc="first")
+    grid.loc["memory floor"] = [" | ".join(fmt(floor[c][n]) if c in floor else "–" for c in cols)
+                                for n in grid.columns]
+    bs, dec = T.TABLES[t]
+    display(Markdown(f"**Table {t}** (batch {bs}, {'decay' if dec else '0-1'} mask, {shape['dtype']}, "
+                     f"heads {shape['heads']}, r = d = {shape['rank']}): ms, "
+                     + " | ".join(cols)))
+    display(grid)
 side = pd.concat(frames, ignore_index=True)
 for g in gpus:
     side[f"{g} / paper"] = side[g] / side["A6000 (paper)"]
-side.round(5)
 
 # %%
 fig, axes = plt.subplots(1, 4, figsize=(17, 3.8), sharey=True)
@@ -96,15 +121,126 @@ fig.tight_layout()
 fig.savefig(os.path.join(fig_dir, "cross_gpu.png"), dpi=110)
 
 # %% [markdown]
+# ## Where the GPUs differ, method by method
+# Per method, each GPU's time over the first GPU's, median over the cells of Tables 3-6 that ran on both (with the range). A method bound by memory bandwidth follows the ratio of copy bandwidths; one bound by compute, launches or the host keeps its time where the GPUs share a chip (the H100 and the H200 are the same GH100 die and differ in memory); a ratio above 1 is not explained by either.
+
+# %%
+if len(gpus) > 1:
+    ref = gpus[0]
+    rows = []
+    for g in gpus[1:]:
+        bw_ratio = facts.loc[ref, "copy TB/s"] / facts.loc[g, "copy TB/s"]
+        both = side.dropna(subset=[ref, g])
+        for m, d in both.groupby("method"):
+            r = d[g] / d[ref]
+            med = r.median()
+            kind = ("follows the bandwidth" if abs(med - bw_ratio) < 0.1 else
+                    "same time (not memory-bound)" if abs(med - 1) < 0.1 else
+                    "in between" if bw_ratio < med < 1 else
+                    "faster than the bandwidth alone explains" if med < bw_ratio else
+                    "SLOWER on " + g)
+            rows.append(dict(method=m, gpus=f"{g} / {ref}", median=round(med, 2),
+                             low=round(r.min(), 2), high=round(r.max(), 2), cells=len(r),
+                             reading=kind))
+        # cells that ran on one GPU only: what the other could not hold or finish
+        only = side[side[g].notna() & side[ref].isna()]
+        if len(only):
+            display(Markdown(f"Ran on {g} and not on {ref} (out of memory or over the time limit "
+                             f"there): " + ", ".join(f"T{r.table} {r.method} N={r.N:,}"
+                                                     for r in only.itertuples()) + "."))
+    by_method = pd.DataFrame(rows)
+    display(Markdown(f"Copy bandwidth ratio {ref}/{g}: {bw_ratio:.2f} (a memory-bound method's "
+                     f"expected time ratio)."))
+    display(by_method)
+    slower = by_method[by_method.reading.str.startswith("SLOWER")]
+    display(Markdown(f"Slower on {g} than on {ref}, explained neither by bandwidth nor by compute: "
+                     + (", ".join(f"{r.method} ({r.median}×, {r.low}-{r.high}× over {r.cells} cells)"
+                                  for r in slower.itertuples()) or "none") + "."))
+
+# %% [markdown]
+# ## Table 9: FA_modify's time over FA's, the paper beside each GPU
+# The companion method's claim is "about half the time of FA". Each cell: the ratio FA_modify / FA (means), the paper's first.
+
+# %%
+p9 = paper.load(9)
+t9 = {"A6000 (paper)": p9, **{g: d[d.status == "ok"] for g in gpus
+                              if (d := T.load_measured(g, "table9.csv")) is not None}}
+ratios = {}
+for who, d in t9.items():
+    w = d.pivot_table(index=["batch", "decay", "N"], columns="method", values="mean_s")
+    if {"FA", "FA_modify"} <= set(w.columns):
+        ratios[who] = (w.FA_modify / w.FA).round(2)
+r9 = pd.DataFrame(ratios)
+if len(r9):
+    display(r9.reset_index().pivot_table(index=["batch", "decay"], columns="N",
+                                         values=list(ratios), aggfunc="first")
+            .stack(0, future_stack=True).rename_axis(["batch", "decay", "source"]))
+else:
+    display(Markdown("No Table 9 measured yet."))
+
+# %% [markdown]
+# ## Tables 7-8: the methods inside two models' layers, the paper beside each GPU
+# Seconds per prompt (the paper's total over its 100 prompts / 100; a GPU's mean total over the prompts it ran / their count, `make table7 table8`), and Section 5.2's claims judged on each GPU's own run.
+
+# %%
+from leetrepro.bench import llm as L
+
+for t in (7, 8):
+    p = paper.load(t)[["method", "batch", "mean_s"]].assign(mean_s=lambda x: x.mean_s / 100)
+    p = p.rename(columns={"mean_s": "A6000 (paper)"})
+    verdicts78 = {"paper's own numbers": L.check_claims(L.paper_as_measured(paper.load(t)), t)
+                  .set_index("claim").holds}
+    ran = []
+    for g in gpus:
+        d = T.load_measured(g, f"table{t}.csv")
+        if d is None:
+            continue
+        ran.append(f"{g}: {int(d.prompts.iloc[0])} prompts"
+                   + (", slow methods on the first prompts (`extrapolated`)"
+                      if "extrapolated" in d and d.extrapolated.fillna(False).astype(bool).any() else ""))
+        ok = d[d.status == "ok"][["method", "batch", "per_prompt_s"]].rename(columns={"per_prompt_s": g})
+        p = p.merge(ok, on=["method", "batch"], how="outer")
+        verdicts78[g] = L.check_claims(d, t).set_index("claim").holds
+    display(Markdown(f"**Table {t}** ({'TransNormerLLM-7B' if t == 7 else 'toy-retnet-1.3B'}, "
+                     f"first two layers; s per prompt). Runs: " + ("; ".join(ran) or "none yet")))
+    display(p.pivot_table(index="method", columns="batch", values=[c for c in p.columns
+                                                                  if c not in ("method", "batch")])
+            .round(4))
+    display(pd.DataFrame(verdicts78))
+
+# %% [markdown]
+# ## Long prompts (companion paper, Figure 2): each GPU's sweep
+# Median ms at a few lengths, and the longest N each method ran (`make long-prompts`): where the GPUs differ in memory, the quadratic method's reach differs.
+
+# %%
+long = {g: d for g in gpus if (d := T.load_measured(g, "long_prompts.csv")) is not None}
+if long:
+    show = [8192, 65536, 524288]
+    rows = []
+    for g, d in long.items():
+        ok = d[d.status == "ok"]
+        for m, x in ok.groupby("method"):
+            row = dict(method=m, gpu=g, longest_N=int(x.N.max()))
+            row.update({f"N={n:,} ms": round(float(x[x.N == n].median_s.iloc[0]) * 1e3, 3)
+                        if (x.N == n).any() else None for n in show})
+            rows.append(row)
+    display(pd.DataFrame(rows).set_index(["method", "gpu"]).sort_index())
+    missing = [g for g in gpus if g not in long]
+    if missing:
+        display(Markdown("No long-prompt sweep yet on: " + ", ".join(missing) + "."))
+else:
+    display(Markdown("No long-prompt sweep measured yet."))
+
+# %% [markdown]
 # ## Which claims hold on which GPU
 
 # %%
-verdicts = {}
+verdicts, evidence = {}, {}
 for g in gpus:
     tables = {t: T.load_measured(g, f"table{t}.csv") for t in (3, 4, 5, 6, 9)}
     tables["long"] = T.load_measured(g, "long_prompts.csv")
-    c = check_claims(tables)
-    verdicts[g] = c.set_index("claim").holds
+    c = check_claims(tables).set_index("claim")
+    verdicts[g], evidence[g] = c.holds, c.evidence
 verdicts["paper's own numbers"] = check_claims(paper_tables_as_measured()).set_index("claim").holds
 claims = pd.DataFrame(verdicts)
 claims
@@ -114,8 +250,13 @@ lines = []
 for claim, row in claims.iterrows():
     held = [g for g in gpus if row[g] == "yes"]
     failed = [g for g in gpus if row[g] == "no"]
-    if held and failed:
-        lines.append(f"* **{claim}**: holds on {', '.join(held)}, not on {', '.join(failed)}.")
+    missing = [g for g in gpus if row[g] == "not measured"]
+    if (held and failed) or (missing and len(missing) < len(gpus)):
+        # where the GPUs disagree, each one's evidence says why (memory, bandwidth, what ran)
+        why = "; ".join(f"{g}: {evidence[g][claim] or 'no data'}" for g in gpus)
+        state = (f"holds on {', '.join(held) or 'none'}, not on {', '.join(failed) or 'none'}"
+                 + (f", not measured on {', '.join(missing)}" if missing else ""))
+        lines.append(f"* **{claim}**: {state}. Evidence: {why}.")
     elif gpus:
         state = "holds on every GPU" if held else ("holds on no GPU" if failed else
                                                   "is not measured on any GPU")

@@ -102,6 +102,19 @@ def provenance(device) -> dict:
                 python=sys.version.split()[0])
 
 
+def runs_of(tables) -> dict:
+    """Where a derived table's rows come from (a claim judged on measured tables, say): the GPUs,
+    commits and dates of ``tables`` (DataFrames or None), each a space-separated sorted list,
+    "paper" where none carries them (the paper's own numbers), and ``one_run``: one commit."""
+    tables, out = list(tables), {}
+    for col in ("gpu", "commit", "date"):
+        vals = sorted({str(v) for df in tables if df is not None and col in df
+                       for v in df[col].dropna().unique()})
+        out[col + "s"] = ("; " if col == "gpu" else " ").join(vals) if vals else "paper"
+    out["one_run"] = len(out["commits"].split()) <= 1 or out["commits"] == "paper"
+    return out
+
+
 def gpu_script_setup(script: str, out: str | None):
     """What every GPU script starts with: (device, provenance, output folder), or None after
     saying why when there is no GPU. The folder defaults to ``data/<gpu tag>`` and is created."""

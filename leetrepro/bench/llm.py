@@ -34,7 +34,7 @@ import torch
 from .. import _paths
 from .._inputs import parse_dtype
 from ..models import build
-from .harness import is_oom, provenance
+from .harness import is_oom, provenance, runs_of
 
 PROMPTS = _paths.data("prompts", "lengths.csv")
 #: methods whose attention costs O(N²): their time is not proportional to tokens
@@ -179,7 +179,7 @@ def equivalence(model_name: str, methods=PAPER_METHODS, n_prompts: int = 2, devi
         except Exception as err:
             row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:100]}"
         rows.append(row)
-    return judge_equivalence(pd.DataFrame(rows))
+    return judge_equivalence(pd.DataFrame(rows).assign(**provenance(device)))
 
 
 #: methods whose fp32 products are tf32 by default (error ~1e-3); the rest compute exactly in fp32
@@ -243,7 +243,8 @@ def check_claims(measured, table: int):
     """Section 5.2's claims in the paper's wording, computed from one table's measurements (this
     project's re-implementations of the methods and of the two models' layers, not the paper's
     code). "Almost all settings" and "mostly" hold where more than half of the cases do (the
-    evidence gives the count)."""
+    evidence gives the count). Each row names the run it was judged on (``gpus``, ``commits``,
+    ``dates``: :func:`harness.runs_of`)."""
     import pandas as pd
     ok = measured[measured.status == "ok"].set_index(["method", "batch"])
     linear = [m for m in measured.method.unique() if m not in QUADRATIC]
@@ -282,7 +283,7 @@ def check_claims(measured, table: int):
                                          if cd is not None else "")
                                       + (f"; fastest overall {best} ({b2.mean_s.min():.2f} s)"
                                          if best != pbest else "")))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).assign(**runs_of([measured]))
 
 
 def _majority(held: int, cases: int) -> str:

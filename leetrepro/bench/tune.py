@@ -103,12 +103,14 @@ CELL = ["dtype", "batch", "decay", "N"]
 
 def measured_before(path: str, limit: float):
     """The rows of an earlier run of this table (``--resume``) and, per (dtype, batch, mask), the
-    methods it dropped (out of time or memory at some N: not tried at larger N)."""
+    methods it dropped (out of time or memory at some N: not tried at larger N). A cell cut off
+    after its best was published but before ``auto`` was timed against it is measured again."""
     import pandas as pd
 
     if not os.path.exists(path):
         return [], {}
     old = pd.read_csv(path)
+    old = old[old.regret.notna()] if "regret" in old else old.iloc[:0]
     dropped: dict = {}
     for row in old.to_dict("records"):
         names = {k[2:] for k, v in row.items() if k.startswith("t_") and not v <= limit}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..bench.harness import runs_of
+
 TWINS = (("LA", "LA_torch"), ("FA", "FA_torch"), ("Cdotp", "Cdotp_torch"))
 
 
@@ -254,27 +256,18 @@ class _Reads(dict):
         return super().__getitem__(key)
 
 
-def _commits(dfs) -> list[str]:
-    return sorted({str(c) for df in dfs if df is not None and "commit" in df
-                   for c in df.commit.dropna().unique()})
-
-
 def check_claims(tables: dict):
-    """One row per claim (see the module docstring), with ``judged`` (what the verdict is about),
-    ``commits`` (the commits of the tables that claim was judged on) and ``one_run`` (they are one
-    commit: the claim was judged on one run)."""
+    """One row per claim (see the module docstring), with ``judged`` (what the verdict is about)
+    and where the tables that claim read come from (:func:`bench.harness.runs_of`: ``gpus``,
+    ``commits``, ``dates``, and ``one_run``: one commit, the claim judged on one run)."""
     import pandas as pd
     tables = {k: v for k, v in tables.items() if v is not None}
     rows = []
     for claim in CLAIMS:
         reads = _Reads(tables)
         row = claim(reads)
-        commits = _commits(tables.get(k) for k in reads.read)
-        rows.append(dict(row, commits=" ".join(commits) if commits else "paper",
-                         one_run=len(commits) <= 1))
-    out = pd.DataFrame(rows)
-    out.insert(len(out.columns) - 2, "judged", JUDGED)
-    return out
+        rows.append(dict(row, judged=JUDGED, **runs_of(tables.get(k) for k in reads.read)))
+    return pd.DataFrame(rows)
 
 
 def paper_tables_as_measured():

@@ -17,6 +17,9 @@ from .._paths import ROOT, data
 
 PAPER_DIR = data("paper")
 SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
+#: the paper's GPU, an NVIDIA RTX A6000: its data-sheet memory bandwidth (bytes/s); the paper
+#: reports none measured, and no A6000 is measured here
+A6000_BANDWIDTH = 768e9
 #: table -> (batch, decay) of the latency tables; Table 9 holds both batches and masks
 LATENCY = {3: (1, False), 4: (1, True), 5: (16, False), 6: (16, True)}
 #: printed cells that are not numbers as written, and how they are read
