@@ -51,7 +51,7 @@ display(Markdown("Sources: " + ", ".join(f"Table {t}: {s}" for t, s in sources.i
 claims = check_claims(tables)
 claims.insert(2, "on the paper's numbers", check_claims(paper_tables_as_measured()).holds)
 claims.to_csv(os.path.join(data_dir, "claims.csv"), index=False)
-every = " ".join(sorted(set(" ".join(claims.commits).split())))
+every = " ".join(sorted(set(" ".join(claims.commits).split()) - {"none"}))
 display(Markdown(f"Every verdict below concerns {claims.judged.iloc[0]}. Judged on data of commit(s) "
                  f"`{every}`; " + ("each claim on one run (its commit is in the last column)."
                                    if claims.one_run.all() else

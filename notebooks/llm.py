@@ -95,7 +95,8 @@ claims = L.check_claims(measured, table)
 own = L.check_claims(L.paper_as_measured(paper.load(table)), table).set_index("claim").holds
 claims.insert(2, "on the paper's numbers", claims.claim.map(own))
 claims.to_csv(os.path.join(data_dir, f"{name}_claims.csv"), index=False)
-display(Markdown(f"Judged on one run: {claims.gpus.iloc[0]}, commit `{claims.commits.iloc[0]}`."))
+display(Markdown(f"Judged on {claims.gpus.iloc[0]}, commit(s) `{claims.commits.iloc[0]}`"
+                 + (": one run." if claims.one_run.iloc[0] else ": **more than one run**.")))
 claims.drop(columns=["gpus", "commits", "dates", "one_run"])
 
 # %%

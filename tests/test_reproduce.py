@@ -63,6 +63,7 @@ def test_each_claim_names_the_commits_of_the_tables_it_read():
     assert c.filter(like="FA_modify", axis=0).commits.iloc[0] == "bbb"
     assert c.filter(like="Vanilla runs out", axis=0).commits.iloc[0] == "aaa"
     assert c.filter(like="beyond 64k", axis=0).commits.iloc[0] == "ccc"
+    assert c.filter(like="Cdotp fastest", axis=0).commits.iloc[0] == "none"  # no table 5 or 6
     assert c.one_run.all() and (c.judged == claims.JUDGED).all()
     # a claim that reads two runs says so
     mixed = claims.check_claims({3: t3, 4: t3.assign(commit="ddd")}).set_index("claim")

@@ -104,14 +104,15 @@ def provenance(device) -> dict:
 
 def runs_of(tables) -> dict:
     """Where a derived table's rows come from (a claim judged on measured tables, say): the GPUs,
-    commits and dates of ``tables`` (DataFrames or None), each a space-separated sorted list,
-    "paper" where none carries them (the paper's own numbers), and ``one_run``: one commit."""
-    tables, out = list(tables), {}
+    commits and dates of ``tables`` (DataFrames or None), each a space-separated sorted list;
+    "paper" where the tables carry none (the paper's own numbers), "none" where there are no
+    tables (nothing measured); ``one_run``: at most one commit."""
+    tables, out = [t for t in tables if t is not None], {}
     for col in ("gpu", "commit", "date"):
-        vals = sorted({str(v) for df in tables if df is not None and col in df
-                       for v in df[col].dropna().unique()})
-        out[col + "s"] = ("; " if col == "gpu" else " ").join(vals) if vals else "paper"
-    out["one_run"] = len(out["commits"].split()) <= 1 or out["commits"] == "paper"
+        vals = sorted({str(v) for df in tables if col in df for v in df[col].dropna().unique()})
+        out[col + "s"] = (("; " if col == "gpu" else " ").join(vals) if vals else
+                          "paper" if tables else "none")
+    out["one_run"] = len(out["commits"].split()) <= 1
     return out
 
 
