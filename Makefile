@@ -106,8 +106,11 @@ $(TABLES): $(INSTALLED)
 
 # Tables 7-8: the methods inside TransNormerLLM-7B / toy-retnet-1.3B layers (the paper's protocol;
 # QUICK=1: one run over the set)
+# (no GPU and no committed data/$(GPU)/table7.csv to re-render: said, and skipped)
 table7 table8: $(INSTALLED)
-	$(call run_notebook,llm,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) $(LLM_QUICK))
+	$(if $(and $(filter cpu,$(HERE)),$(if $(wildcard $(DATA)/$@.csv),,none)),\
+	  @echo "$@: no $(DATA)/$@.csv to re-render without a GPU (make $@ on that GPU writes it): skipped",\
+	  $(call run_notebook,llm,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) $(LLM_QUICK)))
 
 table9: $(INSTALLED)
 	$(call run_notebook,table9,table9,$(GPU),-p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS) $(LIMIT))
