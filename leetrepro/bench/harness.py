@@ -268,10 +268,10 @@ def host_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
     return median(times)
 
 
-def graph_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
-    """Median seconds per replay of ``fn(*args)`` captured once in a CUDA graph (two warm-up calls
-    on a side stream first, as capture needs): what a caller that captures its step pays per
-    call, host launch cost included. Raises where the call cannot be captured."""
+def capture_graph(fn: Callable, args: tuple, device) -> "torch.cuda.CUDAGraph":
+    """``fn(*args)`` captured in a CUDA graph, after two warm-up calls on a side stream (what
+    capture needs: kernels compiled, allocations made outside the graph). Raises where the call
+    cannot be captured."""
     device = torch.device(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -282,6 +282,13 @@ def graph_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn(*args)
+    return graph
+
+
+def graph_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
+    """Median seconds per replay of ``fn(*args)`` captured once (:func:`capture_graph`): what a
+    caller that captures its step pays per call, host launch cost included."""
+    graph = capture_graph(fn, args, device)
     return median(time_calls(graph.replay, [()], reps, device))
 
 

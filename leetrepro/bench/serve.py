@@ -34,8 +34,8 @@ from .._inputs import SHORT_NAMES
 from ..api import causal_linear_decoder
 from ..compat import chunk_simple_gla
 from ..decode import decode_step
-from .harness import (fla_chunk_simple_gla, gpu_main, interleaved_medians, median, time_calls,
-                      wall_per_call)
+from .harness import (capture_graph, fla_chunk_simple_gla, gpu_main, interleaved_medians, median,
+                      time_calls, wall_per_call)
 from .llm import load_prompts
 
 HEADS, RANK, DIM = 32, 128, 128
@@ -109,15 +109,7 @@ def decode_rows(device, bw, reps, meta):
         entries = {"decode_step": lambda: decode_step(B, C, V, g, pool, slots)}
         # the same step captured in a CUDA graph (fixed shapes, slots on the device)
         entries["decode_step"]()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                decode_step(B, C, V, g, pool, slots)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            decode_step(B, C, V, g, pool, slots)
+        graph = capture_graph(decode_step, (B, C, V, g, pool, slots), device)
         entries["decode_step_graph"] = graph.replay
         if fused_recurrent_simple_gla is not None:
             q, k, v = (x.transpose(1, 2) for x in (B, C, V))
