@@ -175,6 +175,31 @@ def test_fleet_attention_long_claim_is_judged():
     assert row["holds"] == "no" and "fastest LA" in row["evidence"]
 
 
+def test_claims_weigh_the_original_code_on_the_same_gpu_only():
+    """Where a ranking claim fails, the evidence says how this project's method compares with the
+    original code in the cells both measured on that GPU, and whether the original's time would
+    have won them; on a GPU without anchors it says the original was not measured there."""
+    import pandas as pd
+    from leetrepro.bench.floor import original_times
+    h100 = "NVIDIA H100 80GB HBM3"
+    orig = original_times(h100, "Cdotp")
+    n = max(k[3] for k in orig if k[:3] == ("fp32", 16, False))
+    t_orig = orig[("fp32", 16, False, n)]
+
+    def table(gpu, cdotp, la):
+        return pd.DataFrame(dict(method=["Cdotp", "LA"], N=n, mean_s=[cdotp, la], median_s=[cdotp, la],
+                                 status="ok", gpu=gpu, dtype="float32", batch=16, decay=False))
+    # ours 2× the original, LA between the two: the original's time would have won the column
+    row = claims.claim_cdotp_batch16({5: table(h100, 2 * t_orig, 1.5 * t_orig)})
+    assert row["holds"] == "no"
+    assert "takes 2.00× the original code's time" in row["evidence"]
+    assert "fastest in 1 of the 1 columns" in row["evidence"]
+    row = claims.claim_cdotp_batch16({5: table(h100, 2 * t_orig, 0.5 * t_orig)})
+    assert "fastest in 0 of the 1 columns" in row["evidence"]
+    row = claims.claim_cdotp_batch16({5: table("NVIDIA H200", 2 * t_orig, 1.5 * t_orig)})
+    assert "not measured on this GPU" in row["evidence"]
+
+
 def test_floor_references_come_from_the_same_cell_and_gpu():
     import pandas as pd
     from leetrepro.bench.floor import original_times, with_references
@@ -214,7 +239,6 @@ def test_section_52_claims_hold_on_the_papers_own_numbers(table):
 #: committed files written before their rows were stamped; each is replaced by its next run on
 #: that GPU (the test fails once one is, so this list only shrinks)
 PROVENANCE_PENDING = {
-    "h100/long_prompts.csv": "the softmax (SDPA) rows were measured before they were stamped",
     "h100/table7_equivalence.csv": "written before equivalence rows carried their run",
     "h100/table8_equivalence.csv": "written before equivalence rows carried their run",
     "h100/table7_claims.csv": "written before claims rows named their run",
