@@ -71,3 +71,35 @@ def test_slow_methods_timed_on_a_prefix_scaled_by_tokens(monkeypatch):
     la, va = df.set_index("method").loc["LA_torch"], df.set_index("method").loc["Vanilla"]
     assert bool(la.extrapolated) and la.prompts_timed == 2 and not bool(va.extrapolated)
     assert ("LA_torch", 2) in seen and ("Vanilla", 6) in seen
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_warm_up_compiles_every_shape_of_the_set(monkeypatch, batch_size):
+    """A Triton method's attention runs at every (batch, length) of the set before timing, with
+    inputs in the layout the model gives it: a run of one must not time the compiler (Triton
+    specialises N on divisibility by 16). PyTorch methods and ``original`` warm up on one batch."""
+    from leetrepro.bench import llm
+    from leetrepro.models import build
+    from leetrepro.reference import reference
+    seen = []
+
+    def attention(B, C, V, gamma, method):
+        assert method == "LA" and torch.isfinite(B).all() and (B != 0).any()
+        seen.append((B.shape[0], B.shape[2], tuple(sorted(range(4), key=lambda i: -B.stride(i)))))
+        return reference(B, C, V, gamma).to(V.dtype)
+
+    monkeypatch.setattr(llm, "linear_attention", attention)
+    model = build("transnormer", tiny=True).eval()
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randint(1, model.cfg["vocab"], (batch_size, n), generator=g) for n in (33, 40, 17, 40)]
+    repeated = llm.warm_up(model, "LA", inputs, "cpu")
+    layers = len(model.layers)
+    first, again = seen[:layers], seen[layers:]   # the model pass on the first batch, then the rest
+    assert {s[:2] for s in first} == {(batch_size, 33)}
+    assert sorted({s[:2] for s in again}) == [(batch_size, 17), (batch_size, 40)]
+    assert repeated == len(again) == 2 * layers
+    assert [s[2] for s in again] == [s[2] for s in first] * 2   # each call's layout, kept
+    seen.clear()
+    assert llm.warm_up(model, "LA_torch", inputs, "cpu") == 0
+    assert llm.warm_up(model, "Original", inputs, "cpu") == 0
+    assert seen == []

@@ -58,16 +58,18 @@ def entries(dtype: torch.dtype, names) -> dict:
     return out
 
 
-def original_times(gpu: str) -> dict:
-    """(dtype, batch, decay, N) -> the original LA's median seconds measured on GPU ``gpu`` (its
-    full name, as ``provenance`` records it) in ``data/anchors``; {} where none was measured there
-    (the anchors hold the H100 only: another GPU's times are no reference for this one)."""
+def original_times(gpu: str, method: str = "LA") -> dict:
+    """(dtype, batch, decay, N) -> the original code's median seconds for ``method`` (its
+    abbreviation) measured on GPU ``gpu`` (its full name, as ``provenance`` records it) in
+    ``data/anchors``; dtype as ``fp32``/``fp16``/``bf16``. {} where none was measured there (the
+    anchors hold the H100 only: another GPU's times are no reference for this one)."""
     path = _paths.data("anchors", "h100-originals-and-fla.csv")
     if not os.path.exists(path):
         return {}
     import pandas as pd
     df = pd.read_csv(path)
-    df = df[(df.method == "LA") & (df.status == "ok") & (df.gpu == gpu)]
+    df = df[(df.method == method) & (df.status == "ok") & (df.gpu == gpu)
+            & df.code.str.startswith("original")]
     return {(r.dtype, int(r.batch), bool(r.decay), int(r.N)): float(r.median_s)
             for r in df.itertuples()}
 

@@ -7,9 +7,10 @@ i's ids from seed ``1000 + i``), as wall time does not depend on them. Batch 2 p
 file order (0-1, 2-3, …) and right-pads the shorter with token 0 to the longer's length, as a
 padded batch would be; the padding is computed and timed too.
 
-Protocol: one *run* passes every prompt through the model (``torch.no_grad``, wall clock, a CUDA
-sync at the end); 7 runs; the fastest and slowest dropped; mean and sample standard deviation of
-the rest (``runs`` fewer: all kept; one run has no spread). A method whose first run takes longer
+Protocol: :func:`warm_up` compiles every kernel the set needs; one *run* passes every prompt
+through the model (``torch.no_grad``, wall clock, a CUDA sync at the end); 7 runs; the fastest and
+slowest dropped; mean and sample standard deviation of the rest (``runs`` fewer: all kept; one run
+has no spread). A method whose first run takes longer
 than ``time_limit`` is not run again (its cell says ``1 run``). Peak GPU memory is over all its runs.
 Out of memory: ``OOM``.
 
@@ -34,6 +35,8 @@ import torch
 from .. import _paths
 from .._inputs import parse_dtype
 from ..models import build
+from ..models.attention import linear_attention
+from ..registry import get
 from .harness import is_oom, provenance, runs_of
 
 PROMPTS = _paths.data("prompts", "lengths.csv")
@@ -90,6 +93,57 @@ def one_run(model, method: str, inputs, device) -> float:
     return time.perf_counter() - t0
 
 
+def _compiles(method: str) -> bool:
+    """Whether ``method`` launches kernels compiled on first use per shape class (Triton, or
+    ``auto``, which may choose one); PyTorch methods and the models' own ``original`` do not."""
+    if method == "original":
+        return False
+    try:
+        return get(method).language != "torch"
+    except ValueError:
+        return True
+
+
+def _like(x: torch.Tensor, batch: int, n: int) -> torch.Tensor:
+    """Random values in the layout (stride order) of ``x`` ``(batch, heads, N, ·)``, with its batch
+    and N replaced."""
+    size = list(x.shape)
+    size[0], size[2] = batch, n
+    order = sorted(range(x.dim()), key=lambda i: -x.stride(i))  # outermost first
+    y = torch.randn([size[i] for i in order], device=x.device, dtype=x.dtype).mul_(0.1)
+    return y.permute([order.index(i) for i in range(x.dim())])
+
+
+@torch.no_grad()
+def warm_up(model, method: str, inputs, device) -> int:
+    """Before a method is timed, compile every kernel its runs will launch. The first prompt batch
+    goes through the model; for a method that compiles kernels (:func:`_compiles`), each of that
+    pass's attention calls is then repeated at every other ``(batch, length)`` of the set with
+    random inputs of the same layout. Why: Triton specialises integer arguments (N among them) on
+    divisibility by 16 and a launch plan may depend on N, so one prompt does not compile what 100
+    lengths need, and a single timed run (``runs=1``) would time the compiler. The attention alone
+    costs about a millisecond per shape; a model pass per prompt would cost a whole run.
+    Returns the number of attention calls repeated."""
+    method = _method(method)
+    if not _compiles(method):
+        one_run(model, method, inputs[:1], device)
+        return 0
+    calls = []
+
+    def recording(B, C, V, gamma):
+        calls.append((B, C, V, gamma))
+        return linear_attention(B, C, V, gamma, method)
+
+    model(inputs[0], recording)
+    shapes = sorted({tuple(ids.shape) for ids in inputs} - {tuple(inputs[0].shape)})
+    for batch, n in shapes:
+        for B, C, V, gamma in calls:
+            linear_attention(*(_like(x, batch, n) for x in (B, C, V)), gamma, method)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    return len(shapes) * len(calls)
+
+
 def measure(model_name: str, methods=PAPER_METHODS, batch_sizes=(1, 2), n_prompts: int = 100,
             runs: int = 7, device: str = "cuda", dtype: str = "float32", tiny: bool = False,
             max_len: int | None = None, time_limit: float = 120.0, set_limit: float | None = None,
@@ -113,7 +167,7 @@ def measure(model_name: str, methods=PAPER_METHODS, batch_sizes=(1, 2), n_prompt
                 if cuda:
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats(device)
-                one_run(model, m, inputs[:1], device)  # warm-up: compiles kernels
+                warm_up(model, m, inputs, device)
                 timed = _timed_batches(one_run(model, m, inputs[:1], device), len(inputs),
                                        None if m in QUADRATIC else set_limit)
                 for _ in range(runs):
