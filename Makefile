@@ -152,7 +152,7 @@ bench-serve: $(INSTALLED)
 
 # sequence parallelism over the GPUs of this host (GPUS of them), one torchrun job -> data/<gpu>x<GPUS>/sp.csv
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
-SP_ARGS ?= --ns 1048576 2097152 4194304 --longest 4194304 3670016 3145728
+SP_ARGS ?=
 bench-sp: $(INSTALLED)
 	$(PY) -m torch.distributed.run --nproc-per-node=$(GPUS) -m leetrepro.bench.sp $(SP_ARGS) \
 	  --out $(RESULTS)/data/$(GPU)x$(GPUS)

@@ -200,3 +200,84 @@ display(Markdown(f"Measured host sizes: {', '.join(f'{g} GPUs' for g in sizes.GP
                  + ("; the larger sizes need their own runs (`make bench-sp` on a host with more GPUs)."
                     if sizes.GPUs.max() < gpus_per_host else ".")))
 
+
+# %% [markdown]
+# ## Weak and strong scaling across host sizes
+# **Weak scaling**: the step at the same tokens per GPU (1 Mi) on P GPUs against two; the exchange is a few MiB per GPU whatever N is, so the step should grow by at most 5 % from 2 to 4 GPUs and 10 % from 2 to 8. The flat all-gather model above predicts the growth from its exchange alone. **Strong scaling**: forward + backward at N = 1 Mi against the single-GPU kernel on the whole sequence: at least 2.6× on 4 GPUs and 5× on 8 (from the passes alone, 11 on one GPU against 15 on each of P, the ideal is 11·P/15: 2.9× and 5.9×). Every sentence below is computed from the runs present; a host size not run says so.
+
+# %%
+WEAK_TARGET = {4: 0.05, 8: 0.10}      # largest growth of the step from 2 GPUs
+STRONG_TARGET = {4: 2.6, 8: 5.0}      # smallest speed-up over one GPU at N = 1 Mi
+
+
+def cell(d, pas, **where):
+    x = d[(d["pass"] == pas) & (d.gpus > 1)]
+    for k, v in where.items():
+        x = x[x[k] == v]
+    return x.iloc[0] if len(x) else None
+
+
+rows = []
+for t, d in sorted(runs.items(), key=lambda kv: kv[1].gpus.max()):
+    p = int(d.gpus.max())
+    row = dict(GPUs=p, tag=t, commit=d.commit.iloc[0])
+    for pas in ("fwd", "fwd_bwd"):
+        c = cell(d, pas, n_per_gpu=2 ** 20)
+        row[f"{pas} ms, 1 Mi/GPU"] = c.ms if c is not None else np.nan
+        row[f"{pas} ÷ floor"] = c.floor_ratio if c is not None else np.nan
+    s = cell(d, "fwd_bwd", N=2 ** 20)
+    row["speed-up at N = 1 Mi"] = s.speedup_vs_single if s is not None else np.nan
+    row["ideal 11·P/15"] = 11 * p / 15
+    lo = cell(d, "fwd_bwd_longest")
+    row["longest N trained"] = int(lo.N) if lo is not None else np.nan
+    row["its ms"] = lo.ms if lo is not None else np.nan
+    rows.append(row)
+scaling = pd.DataFrame(rows).set_index("GPUs")
+two_ms = scaling["fwd_bwd ms, 1 Mi/GPU"].get(2, np.nan)
+scaling["growth from 2 GPUs"] = scaling["fwd_bwd ms, 1 Mi/GPU"] / two_ms - 1
+scaling["model growth"] = [(local_ms + 2 * allgather_ms(p)) / (local_ms + 2 * allgather_ms(2)) - 1
+                           for p in scaling.index]
+display(scaling.round(3))
+
+lines = []
+for p in (4, 8):
+    if p not in scaling.index:
+        lines.append(f"* **{p} GPUs**: not run (`make bench-sp` on a host with {p} GPUs); "
+                     f"the targets (weak ≤ {100 * WEAK_TARGET[p]:.0f} % growth, strong ≥ {STRONG_TARGET[p]}×) are not judged.")
+        continue
+    r = scaling.loc[p]
+    g, sp_up = r["growth from 2 GPUs"], r["speed-up at N = 1 Mi"]
+    lines.append(
+        f"* **{p} GPUs**: weak scaling, forward + backward at 1 Mi tokens per GPU {r['fwd_bwd ms, 1 Mi/GPU']:.1f} ms, "
+        f"{100 * g:+.1f} % from two GPUs (target ≤ {100 * WEAK_TARGET[p]:.0f} %: "
+        f"{'met' if g <= WEAK_TARGET[p] else 'missed'}; the model predicts {100 * r['model growth']:+.1f} %"
+        + (", so the model misses something the run has" if abs(g - r["model growth"]) > 0.02 else "") + "); "
+        f"strong scaling at N = 1 Mi **{sp_up:.2f}×** (target ≥ {STRONG_TARGET[p]}×: "
+        f"{'met' if sp_up >= STRONG_TARGET[p] else 'missed'}; ideal {r['ideal 11·P/15']:.1f}×)"
+        + (f"; longest sequence trained N = {r['longest N trained']:,.0f} in {r['its ms']:.0f} ms"
+           if not np.isnan(r["longest N trained"]) else "") + ".")
+display(Markdown("\n".join(lines)))
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+axes[0].plot(scaling.index, scaling["fwd_bwd ms, 1 Mi/GPU"], "-o", label="measured, fwd + bwd")
+axes[0].plot(scaling.index, scaling["fwd ms, 1 Mi/GPU"], "-s", label="measured, fwd")
+if not np.isnan(two_ms):
+    model_ps = [2, 4, 8]
+    axes[0].plot(model_ps, [two_ms * (local_ms + 2 * allgather_ms(p)) / (local_ms + 2 * allgather_ms(2))
+                            for p in model_ps], ":", color="k", label="model (fwd + bwd)")
+    for p, lim in WEAK_TARGET.items():
+        axes[0].plot([p], [two_ms * (1 + lim)], "v", color="gray")
+    axes[0].plot([], [], "v", color="gray", label="target: the most it may take")
+axes[0].set(xlabel="GPUs", ylabel="ms per step", title="weak scaling: 1 Mi tokens per GPU", ylim=(0, None))
+ps_s = np.array([2, 4, 8])
+axes[1].plot(ps_s, 11 * ps_s / 15, ":", color="k", label="ideal from passes, 11·P/15")
+axes[1].plot(scaling.index, scaling["speed-up at N = 1 Mi"], "-o", label="measured, fwd + bwd")
+axes[1].plot(list(STRONG_TARGET), list(STRONG_TARGET.values()), "^", color="gray", label="target: the least")
+axes[1].set(xlabel="GPUs", ylabel="speed-up over one GPU", title="strong scaling: N = 1 Mi")
+for ax in axes:
+    ax.set_xticks([2, 4, 8])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+fig.suptitle(f"{meta.gpu}, bf16, batch 1, 32 heads, r = d = 128, decay (medians of the slowest rank)")
+fig.tight_layout()
+fig.savefig(os.path.join(fig_dir, "scaling_sizes_weak_strong.png"), dpi=120)

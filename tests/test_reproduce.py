@@ -273,3 +273,34 @@ def test_every_row_under_data_names_its_run():
                           "now names its run: take it off PROVENANCE_PENDING"))
         checked += 1
     assert checked > 30
+
+
+@pytest.mark.slow
+def test_scaling_notebook_judges_a_larger_host(tmp_path):
+    """A run on four GPUs beside the committed two-GPU run: the weak- and strong-scaling targets
+    are judged from it (here from a four-GPU run made up of the two-GPU one: 3 % slower per step,
+    2.7× over one GPU), and eight GPUs, not run, say so."""
+    pytest.importorskip("papermill")
+    jupytext = pytest.importorskip("jupytext")
+    two = pd.read_csv(os.path.join(paper.ROOT, "data", "h200x2", "sp.csv"))
+    four = two.copy()
+    many = four.gpus > 1
+    four.loc[many, "gpus"] = 4
+    four.loc[many, "ms"] *= 1.03
+    four.loc[many, "speedup_vs_single"] = 2.7
+    four.loc[many & (four["pass"] == "fwd_bwd_longest"), "N"] *= 2
+    (tmp_path / "data" / "h200x4").mkdir(parents=True)
+    four.to_csv(tmp_path / "data" / "h200x4" / "sp.csv", index=False)
+    source = tmp_path / "scaling.source.ipynb"
+    jupytext.write(jupytext.read(os.path.join(NOTEBOOKS, "scaling.py")), str(source))
+    out = tmp_path / "scaling.ipynb"
+    env = dict(os.environ, PYTHONPATH=paper.ROOT, MPLBACKEND="Agg")
+    res = subprocess.run([sys.executable, "-m", "leetrepro.reproduce.execute", "-k", "python3",
+                          "--log-level", "WARNING", str(source), str(out), "-p", "out_root",
+                          str(tmp_path), "-p", "tag", "h200x4"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = out.read_text()
+    assert "**4 GPUs**: weak scaling" in text and "+3.0 % from two GPUs (target ≤ 5 %: met" in text
+    assert "**2.70×** (target ≥ 2.6×: met" in text
+    assert "**8 GPUs**: not run" in text

@@ -107,16 +107,18 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for sp.csv (default data/<gpu>x<G>)")
-    p.add_argument("--ns", type=int, nargs="*", default=[2 ** 20, 2 ** 21],
-                   help="total sequence lengths")
+    p.add_argument("--ns", type=int, nargs="*", default=None,
+                   help="total sequence lengths (default: 1 Mi for strong scaling, then 1 Mi and 2 Mi "
+                        "per GPU for weak scaling)")
     p.add_argument("--single-max-n", type=int, default=2 ** 20,
                    help="the single-GPU kernel runs the whole N up to this length")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--method", default="Chunk", help="the method that runs each slice")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--check-n", type=int, default=65536)
-    p.add_argument("--longest", type=int, nargs="*", default=[],
-                   help="candidate total N for the longest sequence that trains (largest first)")
+    p.add_argument("--longest", type=int, nargs="*", default=None,
+                   help="candidate total N for the longest sequence that trains, largest first "
+                        "(default on GPUs: 2, 1.75 and 1.5 Mi per GPU; none on the CPU)")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         print("run it under torchrun: torchrun --nproc-per-node=G -m leetrepro.bench.sp", file=sys.stderr)
@@ -130,6 +132,11 @@ def main(argv=None) -> int:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    mi = 2 ** 20
+    if args.ns is None:  # the same per-GPU lengths at every host size: weak scaling compares them
+        args.ns = sorted({mi, world * mi, 2 * world * mi})
+    if args.longest is None:
+        args.longest = [world * mi * k // 4 for k in (8, 7, 6)] if device.type == "cuda" else []
     meta = provenance(device)
     bw = copy_bandwidth(device, nbytes=2 ** 30 if device.type == "cuda" else 2 ** 24)
     out_dir = args.out or os.path.join("data", f"{gpu_tag(device)}x{world}")
