@@ -182,11 +182,20 @@ runs = {}
 for path in sorted(glob.glob(os.path.join(_paths.resource("data"), f"{base}x*", "sp.csv"))):
     runs[os.path.basename(os.path.dirname(path))] = pd.read_csv(path)
 runs.setdefault(tag, sp)  # a fresh run into out_root
+
+
+def cell(d, pas, **where):
+    """The row of a run's multi-GPU ``pas`` step where ``where`` holds, or None."""
+    x = d[(d["pass"] == pas) & (d.gpus > 1)]
+    for k, v in where.items():
+        x = x[x[k] == v]
+    return x.iloc[0] if len(x) else None
+
+
 rows = []
 for t, d in sorted(runs.items(), key=lambda kv: kv[1].gpus.max()):
-    fb = d[(d["pass"] == "fwd_bwd") & (d.gpus > 1) & (d.n_per_gpu == 2 ** 20)]
-    if len(fb):
-        r = fb.iloc[0]
+    r = cell(d, "fwd_bwd", n_per_gpu=2 ** 20)
+    if r is not None:
         rows.append(dict(tag=t, GPUs=int(r.gpus), commit=r.commit, ms=r.ms, exchange_ms=r.exchange_ms,
                          exchange_share=r.exchange_ms / r.ms, floor_ratio=r.floor_ratio,
                          model_share=share(int(r.gpus))))
@@ -208,13 +217,6 @@ display(Markdown(f"Measured host sizes: {', '.join(f'{g} GPUs' for g in sizes.GP
 # %%
 WEAK_TARGET = {4: 0.05, 8: 0.10}      # largest growth of the step from 2 GPUs
 STRONG_TARGET = {4: 2.6, 8: 5.0}      # smallest speed-up over one GPU at N = 1 Mi
-
-
-def cell(d, pas, **where):
-    x = d[(d["pass"] == pas) & (d.gpus > 1)]
-    for k, v in where.items():
-        x = x[x[k] == v]
-    return x.iloc[0] if len(x) else None
 
 
 rows = []

@@ -109,22 +109,28 @@ def test_every_notebook_source_is_exercised():
     assert {f[:-3] for f in os.listdir(NOTEBOOKS) if f.endswith(".py")} == set(TINY)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_notebook_runs_on_tiny_parameters(name, tmp_path):
+def _execute(name: str, tmp_path, params) -> tuple[Path, subprocess.CompletedProcess]:
+    """Notebook ``name`` made from its source as `make notebooks` does, run as `make` runs it
+    (output folders under ``tmp_path``, papermill ``params``); asserts that it ran."""
     pytest.importorskip("papermill")
     jupytext = pytest.importorskip("jupytext")
-    source = tmp_path / f"{name}.source.ipynb"  # what `make notebooks` makes from the .py source
+    source = tmp_path / f"{name}.source.ipynb"
     jupytext.write(jupytext.read(os.path.join(NOTEBOOKS, f"{name}.py")), str(source))
     out = tmp_path / f"{name}.ipynb"
     env = dict(os.environ, PYTHONPATH=paper.ROOT, MPLBACKEND="Agg")
     res = subprocess.run([sys.executable, "-m", "leetrepro.reproduce.execute", "-k", "python3",
-                          "--log-level", "WARNING",
-                          str(source), str(out),
-                          "-p", "out_root", str(tmp_path), *TINY[name]],
+                          "--log-level", "WARNING", str(source), str(out),
+                          "-p", "out_root", str(tmp_path), *params],
                          capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert out.exists()
+    return out, res
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_notebook_runs_on_tiny_parameters(name, tmp_path):
+    out, res = _execute(name, tmp_path, TINY[name])
     # a clean run prints progress and results only (papermill warnings, the kernel's TCP warning)
     for noise in ("Unable to parse", "without encryption", "WARNING"):
         assert noise not in res.stderr, res.stderr[-3000:]
@@ -280,8 +286,6 @@ def test_scaling_notebook_judges_a_larger_host(tmp_path):
     """A run on four GPUs beside the committed two-GPU run: the weak- and strong-scaling targets
     are judged from it (here from a four-GPU run made up of the two-GPU one: 3 % slower per step,
     2.7× over one GPU), and eight GPUs, not run, say so."""
-    pytest.importorskip("papermill")
-    jupytext = pytest.importorskip("jupytext")
     two = pd.read_csv(os.path.join(paper.ROOT, "data", "h200x2", "sp.csv"))
     four = two.copy()
     many = four.gpus > 1
@@ -291,15 +295,7 @@ def test_scaling_notebook_judges_a_larger_host(tmp_path):
     four.loc[many & (four["pass"] == "fwd_bwd_longest"), "N"] *= 2
     (tmp_path / "data" / "h200x4").mkdir(parents=True)
     four.to_csv(tmp_path / "data" / "h200x4" / "sp.csv", index=False)
-    source = tmp_path / "scaling.source.ipynb"
-    jupytext.write(jupytext.read(os.path.join(NOTEBOOKS, "scaling.py")), str(source))
-    out = tmp_path / "scaling.ipynb"
-    env = dict(os.environ, PYTHONPATH=paper.ROOT, MPLBACKEND="Agg")
-    res = subprocess.run([sys.executable, "-m", "leetrepro.reproduce.execute", "-k", "python3",
-                          "--log-level", "WARNING", str(source), str(out), "-p", "out_root",
-                          str(tmp_path), "-p", "tag", "h200x4"],
-                         capture_output=True, text=True, timeout=600, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out, _ = _execute("scaling", tmp_path, ["-p", "tag", "h200x4"])
     text = out.read_text()
     assert "**4 GPUs**: weak scaling" in text and "+3.0 % from two GPUs (target ≤ 5 %: met" in text
     assert "**2.70×** (target ≥ 2.6×: met" in text

@@ -37,7 +37,7 @@ from .._inputs import parse_dtype
 from ..models import build
 from ..models.attention import linear_attention
 from ..registry import get
-from .harness import is_oom, provenance, runs_of
+from .harness import is_oom, provenance, runs_of, sync
 
 PROMPTS = _paths.data("prompts", "lengths.csv")
 #: methods whose attention costs O(N²): their time is not proportional to tokens
@@ -84,12 +84,11 @@ def _method(name: str) -> str:
 
 @torch.no_grad()
 def one_run(model, method: str, inputs, device) -> float:
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    sync()
+    sync(device)
     t0 = time.perf_counter()
     for ids in inputs:
         model(ids, _method(method))
-    sync()
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -139,8 +138,7 @@ def warm_up(model, method: str, inputs, device) -> int:
     for batch, n in shapes:
         for B, C, V, gamma in calls:
             linear_attention(*(_like(x, batch, n) for x in (B, C, V)), gamma, method)
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    sync(device)
     return len(shapes) * len(calls)
 
 

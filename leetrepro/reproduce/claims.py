@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._inputs import SHORT_NAMES, parse_dtype
 from ..bench.harness import runs_of
 
 TWINS = (("LA", "LA_torch"), ("FA", "FA_torch"), ("Cdotp", "Cdotp_torch"))
@@ -130,9 +131,6 @@ def claim_vanilla_short(tables):
     return _row("N ≤ 128: Vanilla fastest", "Sec. 5.1, Tables 3-4", _verdict(flags), "; ".join(ev))
 
 
-_DTYPE_ABBR = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
 def original_times(df, method: str) -> dict:
     """{N: (ours, original)} median seconds of ``method`` in the cells of ``df`` that the original
     code was measured in too (same GPU, dtype, batch, mask and N; ``data/anchors``)."""
@@ -143,7 +141,7 @@ def original_times(df, method: str) -> dict:
     out, cache = {}, {}
     for r in d[d.method == method].itertuples():
         orig = cache.setdefault(r.gpu, anchored(r.gpu, method))
-        key = (_DTYPE_ABBR.get(r.dtype, r.dtype), int(r.batch), bool(r.decay), int(r.N))
+        key = (SHORT_NAMES[parse_dtype(r.dtype)], int(r.batch), bool(r.decay), int(r.N))
         if key in orig:
             out[r.N] = (getattr(r, "median_s", r.mean_s), orig[key])
     return out
@@ -168,8 +166,9 @@ def _would_win(tables, table_ids, method: str):
     """Columns where ``method`` is not fastest here: (how many, how many of them the original
     code's time for it would win), over the columns the original was measured in."""
     lost = won = 0
+    anchored = {t: original_times(tables.get(t), method) for t in table_ids}
     for t, n, order, times in _columns(tables, table_ids):
-        orig = original_times(tables.get(t), method).get(n)
+        orig = anchored[t].get(n)
         if orig is not None and order[0] != method:
             lost += 1
             won += orig[1] < times.drop(method).min()
