@@ -21,7 +21,6 @@ out_root = "."
 
 # %%
 import os
-import torch
 import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
@@ -65,6 +64,7 @@ facts
 # Each cell: the paper's mean, then each GPU's (milliseconds, in the order of the header), `–` where a method did not run (out of memory, over the time limit, or not in the paper). The last row is each GPU's memory floor for the cell (B, C, V read and O written once at its measured copy bandwidth; the A6000's at its data-sheet rate): how far every paper method is from what the memory allows.
 
 # %%
+from leetrepro._inputs import parse_dtype
 from leetrepro.complexity import memory_floor_seconds
 
 frames = []
@@ -82,7 +82,7 @@ for t in (3, 4, 5, 6):
     frames.append(p)
     if shape is None:
         continue
-    item = torch.empty((), dtype=getattr(torch, shape["dtype"])).element_size()
+    item = parse_dtype(shape["dtype"]).itemsize
     bws = {"A6000 (paper)": paper.A6000_BANDWIDTH, **{g: facts.loc[g, "copy TB/s"] * 1e12 for g in gpus
                                         if pd.notna(facts.loc[g].get("copy TB/s"))}}
     floor = {c: {n: memory_floor_seconds(int(n), int(shape["rank"]), int(shape["dim"]),
@@ -127,8 +127,8 @@ fig.savefig(os.path.join(fig_dir, "cross_gpu.png"), dpi=110)
 # %%
 if len(gpus) > 1:
     ref = gpus[0]
-    rows = []
     for g in gpus[1:]:
+        rows = []
         bw_ratio = facts.loc[ref, "copy TB/s"] / facts.loc[g, "copy TB/s"]
         both = side.dropna(subset=[ref, g])
         for m, d in both.groupby("method"):
@@ -148,14 +148,14 @@ if len(gpus) > 1:
             display(Markdown(f"Ran on {g} and not on {ref} (out of memory or over the time limit "
                              f"there): " + ", ".join(f"T{r.table} {r.method} N={r.N:,}"
                                                      for r in only.itertuples()) + "."))
-    by_method = pd.DataFrame(rows)
-    display(Markdown(f"Copy bandwidth ratio {ref}/{g}: {bw_ratio:.2f} (a memory-bound method's "
-                     f"expected time ratio)."))
-    display(by_method)
-    slower = by_method[by_method.reading.str.startswith("SLOWER")]
-    display(Markdown(f"Slower on {g} than on {ref}, explained neither by bandwidth nor by compute: "
-                     + (", ".join(f"{r.method} ({r.median}×, {r.low}-{r.high}× over {r.cells} cells)"
-                                  for r in slower.itertuples()) or "none") + "."))
+        by_method = pd.DataFrame(rows)
+        display(Markdown(f"Copy bandwidth ratio {ref}/{g}: {bw_ratio:.2f} (a memory-bound method's "
+                         f"expected time ratio)."))
+        display(by_method)
+        slower = by_method[by_method.reading.str.startswith("SLOWER")]
+        display(Markdown(f"Slower on {g} than on {ref}, explained neither by bandwidth nor by compute: "
+                         + (", ".join(f"{r.method} ({r.median}×, {r.low}-{r.high}× over {r.cells} cells)"
+                                      for r in slower.itertuples()) or "none") + "."))
 
 # %% [markdown]
 # ## Table 9: FA_modify's time over FA's, the paper beside each GPU
