@@ -13,7 +13,7 @@
 
 # %% [markdown]
 # # Tables 7-8: the methods inside a linear-attention LLM
-# The first two layers of TransNormerLLM-7B (Table 7) or toy-retnet-1.3B (Table 8) with **seeded random weights of the published shapes** (wall time does not depend on the values; `leetrepro.models.configs` cites the shapes), each attention method swapped in, over the stored prompt set (`data/prompts/lengths.csv`: 100 lengths in 6000-8192, seeded token ids). Protocol of Appendix A.1: 7 runs over the set (after a warm-up that compiles every kernel the set needs: `leetrepro.bench.llm.warm_up`), fastest and slowest dropped, mean ± sample std (`runs` fewer: all kept). `set_limit` (seconds) caps one run of a slow linear-time method: it runs on the first prompts only and its total is scaled to the set by tokens (`prompts_timed`, `extrapolated` say so per row). The paper's totals are over 100 prompts; the comparison is per prompt. Then the equivalence table: each method's final hidden states against the float64 reference path.
+# The first two layers of TransNormerLLM-7B (Table 7) or toy-retnet-1.3B (Table 8) with **seeded random weights of the published shapes** (wall time does not depend on the values; `leetrepro.models.configs` cites the shapes), each attention method swapped in, over the stored prompt set (`data/prompts/lengths.csv`: 100 lengths in 6000-8192, seeded token ids). Protocol of Appendix A.1: 7 runs over the set (after a warm-up that compiles every kernel the set needs: `leetrepro.bench.llm.warm_up`), fastest and slowest dropped, mean ± sample std (`runs` fewer: all kept). `set_limit` (seconds) caps one run of any linear-time method (set it above the fast methods' run time): a method whose run would exceed it runs on the first prompts only and its total is scaled to the set by tokens (`prompts_timed`, `extrapolated` say so per row). The paper's totals are over 100 prompts; the comparison is per prompt. Then the equivalence table: each method's final hidden states against the float64 reference path.
 
 # %% tags=["parameters"]
 table = 7           # 7: TransNormerLLM-7B, 8: toy-retnet-1.3B
@@ -26,7 +26,7 @@ device = "cuda"
 tiny = False        # True: toy shapes for a CPU (CI)
 max_len = None      # cut every prompt to this length (tiny runs)
 time_limit = 120.0  # a method whose first run exceeds this is not run again
-set_limit = None    # seconds: a slow linear-time method runs on the first prompts, total scaled by tokens
+set_limit = None    # seconds: a linear-time method whose run exceeds it runs on the first prompts, total scaled by tokens
 equiv_prompts = 2
 gpu = None
 out_root = "."

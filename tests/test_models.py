@@ -73,6 +73,15 @@ def test_slow_methods_timed_on_a_prefix_scaled_by_tokens(monkeypatch):
     assert ("LA_torch", 2) in seen and ("Vanilla", 6) in seen
 
 
+def test_progress_line_prints_a_spread_only_where_there_is_one():
+    """One run has no standard deviation: its progress line says "1 run", never "± nan"."""
+    from leetrepro.bench.llm import _progress
+    one = _progress(dict(mean_s=13.25, std_s=float("nan"), runs=1, prompts_timed=70, extrapolated=True))
+    assert one == "   13.250 s (1 run, 70 prompts timed, total scaled by tokens)"
+    seven = _progress(dict(mean_s=13.25, std_s=0.012, runs=7, prompts_timed=100, extrapolated=False))
+    assert seven == "   13.250 s ± 0.012 (7 runs)"
+
+
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_warm_up_compiles_every_shape_of_the_set(monkeypatch, batch_size):
     """A Triton method's attention runs at every (batch, length) of the set before timing, with

@@ -188,11 +188,8 @@ def measure(model_name: str, methods=PAPER_METHODS, batch_sizes=(1, 2), n_prompt
                     torch.cuda.empty_cache()
             rows.append(row)
             if progress:
-                print(f"{model_name} b{bs} {m:12s} " + (f"{row['mean_s']:9.3f} s ± {row['std_s']:.3f} "
-                      f"({row['runs']} runs" + (f", {row['prompts_timed']} prompts timed, total "
-                                                f"scaled by tokens" if row["extrapolated"] else "")
-                      + ")" if row["status"] == "ok" else row["status"]),
-                      file=sys.stderr, flush=True)
+                print(f"{model_name} b{bs} {m:12s} " + (_progress(row) if row["status"] == "ok"
+                                                         else row["status"]), file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     for k, v in provenance(device).items():
         df[k] = v
@@ -236,6 +233,14 @@ def equivalence(model_name: str, methods=PAPER_METHODS, n_prompts: int = 2, devi
 
 #: methods whose fp32 products are tf32 by default (error ~1e-3); the rest compute exactly in fp32
 TF32_METHODS = {"LA", "Chunk"}
+
+
+def _progress(row) -> str:
+    """One timed cell as the progress line prints it: the mean, its spread where there is one."""
+    spread = f" ± {row['std_s']:.3f}" if row["std_s"] == row["std_s"] else ""
+    runs = f"{row['runs']} run" + ("s" if row["runs"] != 1 else "")
+    cut = f", {row['prompts_timed']} prompts timed, total scaled by tokens" if row["extrapolated"] else ""
+    return f"{row['mean_s']:9.3f} s{spread} ({runs}{cut})"
 
 
 def judge_equivalence(equiv):
