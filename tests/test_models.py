@@ -112,3 +112,32 @@ def test_warm_up_compiles_every_shape_of_the_set(monkeypatch, batch_size):
     assert llm.warm_up(model, "LA_torch", inputs, "cpu") == 0
     assert llm.warm_up(model, "Original", inputs, "cpu") == 0
     assert seen == []
+
+
+@pytest.mark.parametrize("name", ["retnet", "transnormer"])
+def test_equivalence_holds_each_method_to_its_own_formulation(name):
+    """Original is judged against the model's own computation in float64, the operator methods
+    against the reference path; the gap between the two formulations is a float64 row of its own,
+    reported and not judged (RetNet's differs by design: the score normalisation and the norm's eps)."""
+    from leetrepro.bench import llm
+    e = llm.equivalence(name, ["Original", "LA_torch", "Vanilla"], n_prompts=2, device="cpu",
+                        tiny=True, max_len=300).set_index(["method", "dtype"])
+    gap = e.loc[("Original", "float64")]
+    assert gap.against == "reference path, float64" and gap.within_tol == "not judged"
+    assert 0 <= gap.rel_diff < 1e-3
+    assert e.loc[("Original", "float32")].against == "original path, float64"
+    assert e.loc[("LA_torch", "float32")].against == "reference path, float64"
+    judged = e[e.within_tol != "not judged"]
+    assert len(judged) == 3 and (judged.within_tol == "yes").all()
+    assert (judged.rel_diff > 0).all() and (judged.rel_diff <= judged.tol).all()
+
+
+def test_judge_equivalence_fails_a_method_beyond_its_tolerance():
+    """A tolerance that can fail: fp32 beyond 1e-4 is NO, tf32 kernels get 5e-3, half 1e-2."""
+    import pandas as pd
+    from leetrepro.bench.llm import judge_equivalence
+    e = judge_equivalence(pd.DataFrame(dict(
+        method=["Bb", "LA", "LA", "FA_modify", "Original"],
+        dtype=["float32", "float32", "float16", "float32", "float64"],
+        rel_diff=[2e-4, 2e-4, 2e-2, 0.5, 3e-4], status="ok")))
+    assert e.within_tol.tolist() == ["NO", "yes", "NO", "not judged", "not judged"]
