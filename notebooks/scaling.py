@@ -219,6 +219,11 @@ WEAK_TARGET = {4: 0.05, 8: 0.10}      # largest growth of the step from 2 GPUs
 STRONG_TARGET = {4: 2.6, 8: 5.0}      # smallest speed-up over one GPU at N = 1 Mi
 
 
+def model_growth(p):
+    """The model's growth of a forward + backward step from 2 to p GPUs at the same tokens per GPU."""
+    return (local_ms + 2 * allgather_ms(p)) / (local_ms + 2 * allgather_ms(2)) - 1
+
+
 rows = []
 for t, d in sorted(runs.items(), key=lambda kv: kv[1].gpus.max()):
     p = int(d.gpus.max())
@@ -237,8 +242,7 @@ for t, d in sorted(runs.items(), key=lambda kv: kv[1].gpus.max()):
 scaling = pd.DataFrame(rows).set_index("GPUs")
 two_ms = scaling["fwd_bwd ms, 1 Mi/GPU"].get(2, np.nan)
 scaling["growth from 2 GPUs"] = scaling["fwd_bwd ms, 1 Mi/GPU"] / two_ms - 1
-scaling["model growth"] = [(local_ms + 2 * allgather_ms(p)) / (local_ms + 2 * allgather_ms(2)) - 1
-                           for p in scaling.index]
+scaling["model growth"] = [model_growth(p) for p in scaling.index]
 display(scaling.round(3))
 
 lines = []
@@ -265,8 +269,8 @@ axes[0].plot(scaling.index, scaling["fwd_bwd ms, 1 Mi/GPU"], "-o", label="measur
 axes[0].plot(scaling.index, scaling["fwd ms, 1 Mi/GPU"], "-s", label="measured, fwd")
 if not np.isnan(two_ms):
     model_ps = [2, 4, 8]
-    axes[0].plot(model_ps, [two_ms * (local_ms + 2 * allgather_ms(p)) / (local_ms + 2 * allgather_ms(2))
-                            for p in model_ps], ":", color="k", label="model (fwd + bwd)")
+    axes[0].plot(model_ps, [two_ms * (1 + model_growth(p)) for p in model_ps], ":", color="k",
+                 label="model (fwd + bwd)")
     for p, lim in WEAK_TARGET.items():
         axes[0].plot([p], [two_ms * (1 + lim)], "v", color="gray")
     axes[0].plot([], [], "v", color="gray", label="target: the most it may take")

@@ -195,3 +195,16 @@ def test_tune_resume_keeps_measured_cells_and_their_provenance(tmp_path, monkeyp
     timed.clear()
     assert tune.main(argv) == 0
     assert len(timed) == 6 and set(pd.read_csv(path).commit) == {"new"}
+
+
+def test_a_failed_cell_says_why_in_its_status():
+    """One status text for a cell whose call raised: OOM, or the error's type and its message cut
+    to the caller's width; the correctness matrix's FAIL keeps the message's first line."""
+    from leetrepro.bench.gpu_check import _failed
+    from leetrepro.bench.harness import failed_status
+    assert failed_status(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")) == "OOM"
+    assert failed_status(MemoryError()) == "OOM"
+    assert failed_status(ValueError("x" * 300)) == "error: ValueError: " + "x" * 100
+    assert failed_status(ValueError("x" * 300), 160) == "error: ValueError: " + "x" * 160
+    assert _failed(ValueError("first\nsecond")) == "FAIL ValueError: first"
+    assert _failed(ValueError()) == "FAIL ValueError: "

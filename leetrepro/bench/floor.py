@@ -29,7 +29,7 @@ from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..complexity import io_bytes
 from ..reference import reference, rel_error
-from .harness import (fla_chunk_simple_gla, gpu_main, graph_seconds, host_seconds, is_oom,
+from .harness import (failed_status, fla_chunk_simple_gla, gpu_main, graph_seconds, host_seconds,
                       random_inputs, time_calls)
 
 GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
@@ -136,7 +136,7 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
                     row["graph_note"] = f"{type(err).__name__}: {str(err)[:80]}"
                     torch.cuda.synchronize(device)
         except Exception as err:  # one failing cell never aborts the run
-            row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:120]}"
+            row["status"] = failed_status(err, 120)
             torch.cuda.empty_cache()
         rows.append(row)
     del inputs, fla_in, ref

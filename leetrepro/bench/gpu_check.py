@@ -64,6 +64,11 @@ def variants(m, dtype, n):
     return [("", {}, TOLERANCE[dtype])]
 
 
+def _failed(exc: BaseException) -> str:
+    """A case's status when its call raised: FAIL, the error's type and its message's first line."""
+    return f"FAIL {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+
+
 def check_case(m, shape, dtype, decay, device, seed, rows, meta):
     B, C, V = inputs(shape, dtype, seed, device)
     g = gammas(shape[1], seed).to(device) if decay else None
@@ -91,7 +96,7 @@ def check_case(m, shape, dtype, decay, device, seed, rows, meta):
             else:
                 row["status"] = "pass" if ok and row["deterministic"] is not False else "FAIL"
         except Exception as exc:  # a failing case is recorded, the matrix goes on
-            row["status"] = f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            row["status"] = _failed(exc)
         rows.append(row)
         print(f"{row['status'][:30]:30s} {m.abbr:12s} {row['dtype']:9s} {label:6s} "
               f"decay={decay!s:5s} {shape} err={row['rel_err']:.2e}", flush=True)
@@ -137,7 +142,7 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta):
                              status="pass" if err <= tol else "FAIL"))
     except Exception as exc:
         rows.append(dict(base, quantity="grads", rel_err=math.nan,
-                         status=f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"))
+                         status=_failed(exc)))
     print(f"{'grads':30s} {m.abbr:12s} {DTYPE_NAMES[dtype]:9s} decay={decay!s:5s} {shape} "
           + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}"
                      for r in rows[-len(names):]), flush=True)
@@ -180,7 +185,7 @@ def check_serving(dtype, decay, device, rows, meta):
                              status="pass" if e <= tol else "FAIL"))
     except Exception as exc:
         rows.append(dict(base, quantity="varlen", rel_err=math.nan,
-                         status=f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"))
+                         status=_failed(exc)))
     try:  # decode: batch 8, prefill 1000 rows, then 16 steps of one token
         n, k = 1000, 16
         B, C, V = inputs((8, heads, n + k, r, d), dtype, 950 + decay, device)
@@ -203,7 +208,7 @@ def check_serving(dtype, decay, device, rows, meta):
                              status="pass" if err <= t else "FAIL"))
     except Exception as exc:
         rows.append(dict(base, quantity="decode", rel_err=math.nan,
-                         status=f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"))
+                         status=_failed(exc)))
     print(f"{'serving':30s} {DTYPE_NAMES[dtype]:9s} decay={decay!s:5s} "
           + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}" for r in rows[-4:]),
           flush=True)
@@ -229,7 +234,7 @@ def check_huge(m, dtype, device, rows, meta):
             errs.append(rel_error(out[sl], ref))
         row.update(rel_err=max(errs), status="pass" if max(errs) <= TOLERANCE[dtype] else "FAIL")
     except Exception as exc:
-        row["status"] = f"FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        row["status"] = _failed(exc)
     rows.append(row)
     print(f"{row['status'][:30]:30s} {m.abbr:12s} {row['dtype']:9s} huge {HUGE} err={row['rel_err']:.2e}",
           flush=True)

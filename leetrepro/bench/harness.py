@@ -200,6 +200,12 @@ def is_oom(err: BaseException) -> bool:
         or isinstance(err, MemoryError)
 
 
+def failed_status(err: BaseException, width: int = 100) -> str:
+    """A cell's ``status`` when its call raised: ``OOM``, or the error's type and the first
+    ``width`` characters of its message (one failing cell is a row, never an abort)."""
+    return "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:width]}"
+
+
 def sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)

@@ -37,7 +37,7 @@ from .._inputs import parse_dtype
 from ..models import build
 from ..models.attention import linear_attention
 from ..registry import get
-from .harness import is_oom, provenance, runs_of, sync
+from .harness import failed_status, provenance, runs_of, sync
 
 PROMPTS = _paths.data("prompts", "lengths.csv")
 #: methods whose attention costs O(N²): their time is not proportional to tokens
@@ -183,7 +183,7 @@ def measure(model_name: str, methods=PAPER_METHODS, batch_sizes=(1, 2), n_prompt
                 if cuda:
                     row["peak_mem_GB"] = torch.cuda.max_memory_allocated(device) / 1e9
             except Exception as err:  # one failing cell never stops the table
-                row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:100]}"
+                row["status"] = failed_status(err)
                 if cuda:
                     torch.cuda.empty_cache()
             rows.append(row)
@@ -229,7 +229,7 @@ def equivalence(model_name: str, methods=PAPER_METHODS, n_prompts: int = 2, devi
             refs["original"] = [model(ids, "original") for ids in inputs]
             gap.update(_differences(refs["original"], refs["reference"]), status="ok")
         except Exception as err:  # Original is then held to the reference path, as `against` says
-            gap["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:100]}"
+            gap["status"] = failed_status(err)
         rows.append(gap)
     model = model.to(parse_dtype(dtype))
     for m in methods:
@@ -238,7 +238,7 @@ def equivalence(model_name: str, methods=PAPER_METHODS, n_prompts: int = 2, devi
         try:
             row.update(_differences([model(ids, _method(m)) for ids in inputs], refs[path]), status="ok")
         except Exception as err:
-            row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:100]}"
+            row["status"] = failed_status(err)
         rows.append(row)
     return judge_equivalence(pd.DataFrame(rows).assign(**provenance(device)))
 

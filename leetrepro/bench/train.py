@@ -27,7 +27,7 @@ import torch
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
-from .harness import fla_chunk_simple_gla, gpu_main, interleaved_medians, is_oom, random_inputs
+from .harness import failed_status, fla_chunk_simple_gla, gpu_main, interleaved_medians, random_inputs
 
 #: (dtype, batch, N): the training cells, decay mask
 CELLS = [("bfloat16", 16, 25600), ("bfloat16", 1, 100000), ("bfloat16", 8, 8192),
@@ -124,7 +124,7 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[d
             calls[name] = (fwd, both)
             row["status"] = "ok"
         except Exception as err:  # an entry that cannot take the cell is a row, not an abort
-            row["status"] = "OOM" if is_oom(err) else f"error: {type(err).__name__}: {str(err)[:160]}"
+            row["status"] = failed_status(err, 160)
             torch.cuda.empty_cache()
         rows[name] = row
     times = interleaved_medians({(name, k): f for name, fs in calls.items()
