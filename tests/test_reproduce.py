@@ -242,16 +242,6 @@ def test_section_52_claims_hold_on_the_papers_own_numbers(table):
     assert c["LA_torch significantly outperforms Original in almost all settings"] == "no"
 
 
-#: committed files written before their rows were stamped; each is replaced by its next run on
-#: that GPU (the test fails once one is, so this list only shrinks)
-PROVENANCE_PENDING = {
-    "h100/table7_equivalence.csv": "written before equivalence rows carried their run",
-    "h100/table8_equivalence.csv": "written before equivalence rows carried their run",
-    "h100/table7_claims.csv": "written before claims rows named their run",
-    "h100/table8_claims.csv": "written before claims rows named their run",
-}
-
-
 def _names_its_run(df, name: str) -> bool:
     if name.endswith("claims.csv"):  # judged from measured tables: the runs it read
         return "commits" in df and df.commits.notna().all()
@@ -274,9 +264,7 @@ def test_every_row_under_data_names_its_run():
             ok = all(c in df and df[c].notna().all() for c in ("gpu", "code", "date", "origin"))
         else:
             ok = _names_its_run(df, name)
-        assert ok != (key in PROVENANCE_PENDING), (
-            f"{key}: " + ("rows without GPU/commit/date" if not ok else
-                          "now names its run: take it off PROVENANCE_PENDING"))
+        assert ok, f"{key}: rows without GPU/commit/date"
         checked += 1
     assert checked > 30
 
