@@ -103,11 +103,8 @@ claims.drop(columns=["gpus", "commits", "dates", "one_run"])
 equiv = L.judge_equivalence(equiv)
 judged = equiv[equiv.within_tol != "not judged"]
 gap = equiv[(equiv.dtype == "float64") & (equiv.status == "ok")]
-held_to = ("the float64 run of the same formulation (`against`)" if "against" in equiv else
-           "the float64 reference path (a run from before `against`: Original too, so its difference "
-           "includes the gap between the model's own formulation and the operator's)")
 display(Markdown("**Equivalence** (in place of the MMLU tables, which need the real weights): "
-                 f"final hidden states against {held_to}, "
+                 "final hidden states against the float64 run of the same formulation (`against`), "
                  "each method held to a stated tolerance (`tol`; `leetrepro.bench.llm.judge_equivalence` "
                  f"says why): **{(judged.within_tol == 'yes').sum()} of {len(judged)}** judged methods "
                  "within it" + (f", {len(equiv) - len(judged)} row(s) not judged (FA_modify: wrong by "
