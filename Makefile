@@ -7,7 +7,11 @@ PIP    := $(PY) -m pip
 # elsewhere torch 2.13.0, whose CPU build is what CI and the dev machines install, plus the
 # Triton release of the GPU image (3.6.0) for the interpreter tests (its interpreter needs numpy < 2.3).
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
-TORCH  ?= $(if $(HAS_GPU),torch,torch==2.13.0 triton==3.6.0 "numpy<2.3")
+# TRITON: the release the CPU tests pin (the GPU image's); TRITON_NEXT: the newest release, whose
+# interpreter `make test-triton-next` runs the tests under in a virtualenv of its own
+TRITON ?= 3.6.0
+TRITON_NEXT ?= 3.9.0
+TORCH  ?= $(if $(HAS_GPU),torch,torch==2.13.0 triton==$(TRITON) "numpy<2.3")
 PYTEST_ARGS ?=
 NOTEBOOKS := $(patsubst %.py,%.ipynb,$(wildcard notebooks/*.py))
 
@@ -37,7 +41,7 @@ LEMMA_CPU := -y "ks: [8, 9, 10, 11, 12, 13]" -p heads 4 -p reps 3
 LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
-.PHONY: help install test test-fast clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
+.PHONY: help install test test-fast test-triton-next clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
         bench-sp scaling bench-serve cross-gpu
 
@@ -45,6 +49,7 @@ help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
 	@echo "make test      the test suite (CPU; Triton kernels under TRITON_INTERPRET=1)"
 	@echo "make test-fast the quick lane: everything not marked slow (under a minute)"
+	@echo "make test-triton-next  the tests under the newest Triton ($(TRITON_NEXT)) in .venv-triton-next"
 	@echo "make notebooks the .ipynb files papermill runs, from their sources notebooks/*.py"
 	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> $(DATA)/correctness.csv"
 	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> $(DATA)/kernels.csv"
@@ -76,6 +81,13 @@ test: $(VENV)/.installed
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# the tests under the newest Triton's interpreter (CI runs its quick lane: NEXT_ARGS='-m "not slow"')
+NEXT_ARGS ?=
+test-triton-next:
+	$(MAKE) --no-print-directory install VENV=.venv-triton-next TRITON=$(TRITON_NEXT)
+	.venv-triton-next/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_NEXT)', triton.__version__"
+	.venv-triton-next/bin/python -m pytest -q -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
 
 # notebooks are kept as readable py:percent sources; papermill runs the .ipynb made from them
 notebooks: $(NOTEBOOKS)

@@ -35,6 +35,13 @@ def row_positions(s, N, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
+def and_flag(ok, flag):
+    """``ok & flag`` for a tile mask ``ok`` and a scalar boolean ``flag``, the flag broadcast as an
+    integer: Triton 3.9's interpreter refuses a mask that a scalar boolean was combined into."""
+    return ok & ((ok.to(tl.int32) * 0 + flag.to(tl.int32)) != 0)
+
+
+@triton.jit
 def load_rows(ptr, base, phys, ok, cols, col_ok, stride):
     """The (BLOCK_N, len(cols)) tile of rows ``phys`` of a row-major (…, N, stride) tensor; 0 outside."""
     return tl.load(ptr + base + phys[:, None] * stride + cols[None, :],

@@ -39,9 +39,9 @@ non-finite entries of C and V zeroed, every row from the first non-finite one on
 import triton
 import triton.language as tl
 
-from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
-                                      intra_mask, load_chunk, load_rows, row_positions,
-                                      segment_state, state_operand, store_rows)
+from leetrepro.kernels._tiles import (accumulate_state, and_flag, chunk_output, chunk_weights,
+                                      has_nonfinite, intra_mask, load_chunk, load_rows,
+                                      row_positions, segment_state, state_operand, store_rows)
 
 
 @triton.jit
@@ -153,4 +153,4 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
             tl.store(FLAGS + lane, 1)
     if STORE_SN:
         if last:
-            tl.store(SN + state_off, state, mask=state_ok & go)
+            tl.store(SN + state_off, state, mask=and_flag(state_ok, go))

@@ -7,16 +7,23 @@ then writes S back to its slot. The state read and write are the whole memory tr
 tokens are a few hundred bytes): the floor is 2·|state| per sequence. λ enters as the pair
 (λ rounded to fp32, λ/that − 1) so that the per-token product does not drift over many steps
 (λ near 1 rounded to fp32 is off by up to 3e-8 a token). No host synchronisation: the slot ids
-are read on the device, so a step can be captured in a CUDA graph.
+are read on the device, so a step can be captured in a CUDA graph. They are checked there too, at
+the cost of one read of the batch's slot ids per program (L2-resident; BATCH·4 bytes): a slot
+outside ``[0, NUM_SLOTS)`` is neither read nor written, a slot another sequence of the step also
+names has its row poisoned (the update one of them would lose), and the outputs of both kinds of
+bad sequence are NaN.
 """
 import triton
 import triton.language as tl
 
+from leetrepro.kernels._tiles import and_flag
+
 
 @triton.jit
-def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, K, R, D, H, SCALE,
+def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, K, R, D, H, SCALE, BATCH, NUM_SLOTS,
                        SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
-                       HAS_DECAY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                       HAS_DECAY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_S: tl.constexpr):
     pid = tl.program_id(0)
     seq = (pid // H).to(tl.int64)
     head = (pid % H).to(tl.int64)
@@ -25,8 +32,14 @@ def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, K, R, D, H, SCALE,
     r_ok = cols_r < R
     d_ok = cols_d < D
     slot = tl.load(SLOTS + seq).to(tl.int64)
+    shared = 0
+    for first in range(0, BATCH, BLOCK_S):
+        other = first + tl.arange(0, BLOCK_S)
+        named = tl.load(SLOTS + other, mask=other < BATCH, other=-1).to(tl.int64)
+        shared += tl.sum(((named == slot) & (other != seq)).to(tl.int32), axis=0)
+    in_pool = (slot >= 0) & (slot < NUM_SLOTS)
+    state_ok = and_flag(r_ok[:, None] & d_ok[None, :], in_pool)
     state_ptr = POOL + ((slot * H + head) * R + cols_r[:, None]) * D + cols_d[None, :]
-    state_ok = r_ok[:, None] & d_ok[None, :]
     state = tl.load(state_ptr, mask=state_ok, other=0.0)
     if HAS_DECAY:
         lam = tl.load(GAMMA + head)
@@ -40,6 +53,8 @@ def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, K, R, D, H, SCALE,
             state = state + state * lam_err
         state += c.to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
         o = tl.sum(b.to(tl.float32)[:, None] * state, axis=0) * SCALE
+        o = tl.where((shared > 0) | (slot < 0) | (slot >= NUM_SLOTS), float("nan"), o)
         tl.store(O + seq * SO_B + head * SO_H + t * SO_T + cols_d, o.to(O.dtype.element_ty),
                  mask=d_ok)
+    state = tl.where(shared > 0, float("nan"), state)
     tl.store(state_ptr, state, mask=state_ok)

@@ -16,7 +16,8 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
                           method: str = "auto", is_mask_weight: bool | None = None,
                           attn_method: str | None = None, initial_state: torch.Tensor | None = None,
                           output_final_state: bool = False,
-                          cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
+                          cu_seqlens: torch.Tensor | None = None,
+                          cu_seqlens_cpu: torch.Tensor | None = None, scale: float = 1.0,
                           **options):
     """Exponentially decaying causal linear attention, ``O = (B Cᵀ ⊙ M) V``, differentiable.
 
@@ -43,6 +44,8 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             then ``(sequences, heads, r, d)``) and returns its own final state; nothing crosses
             from one sequence to the next and no padding is read or written. Chunk runs them in
             one launch; other methods one call per sequence.
+        cu_seqlens_cpu: the same offsets as a CPU tensor (flash-linear-attention's name): they
+            are checked from it, so a packed call on a GPU reads nothing back from the device.
         scale: a nonzero number multiplying O (flash-linear-attention's query scale): free in
             Chunk, which applies it as it writes O; the final state is not scaled.
         **options: method options, e.g. ``block_size`` for Bb and LA_torch, ``base`` for Recur,
@@ -77,7 +80,7 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
                           stacklevel=2)
             gamma = None
     g = normalize_gamma(gamma, B.shape[1], B.device)
-    check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B))
+    check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B, cu_seqlens_cpu))
     scale = _check_scale(scale)
     if not compiling:
         # checked here, in eager mode, so errors name the call; a compiled graph defers them to

@@ -23,7 +23,8 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      g: torch.Tensor | None = None, g_gamma: torch.Tensor | None = None,
                      scale: float | None = None, initial_state: torch.Tensor | None = None,
                      output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
-                     head_first: bool = False, **options):
+                     head_first: bool = False, *, cu_seqlens_cpu: torch.Tensor | None = None,
+                     chunk_size: int | None = None, state_v_first: bool = False, **options):
     """flash-linear-attention's ``chunk_simple_gla``, computed by this project.
 
     Args:
@@ -32,18 +33,31 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         g: per-token log gates: not supported (a different operator); must be None.
         g_gamma: ``(heads,)`` log decay per head (λ = exp(g_gamma) in (0, 1]); None: no decay.
         scale: multiplies q·kᵀ; default ``K ** -0.5``. Applied as O is written (free).
-        initial_state: ``(N, heads, K, V)``, N the batch or the number of packed sequences.
-        output_final_state: also return the final state ``(N, heads, K, V)`` (float32).
+        initial_state: ``(N, heads, K, V)`` (``state_v_first=True``: ``(N, heads, V, K)``), N the
+            batch or the number of packed sequences.
+        output_final_state: also return the final state (float32), in initial_state's layout.
         cu_seqlens: int32 offsets of sequences packed along T of a batch of one.
+        cu_seqlens_cpu: the same offsets on the host: their checks read these instead of copying
+            ``cu_seqlens`` from the GPU (no host synchronisation).
+        chunk_size: flash-linear-attention's tile length. The result does not depend on it, and
+            Chunk takes its tile length from its tuned launch table, so it is checked (a positive
+            integer) and otherwise not used.
+        state_v_first: the states are ``(…, V, K)``, the transpose of this project's ``(…, K, V)``.
         **options: passed to :func:`leetrepro.causal_linear_decoder` (``method=``, …).
 
     Returns:
         ``(o, final_state)``: o in q's layout and v's dtype, final_state None unless asked for.
+
+    Errors name flash-linear-attention's arguments (q, k, v, g_gamma, T, K, V).
     """
     if g is not None:
         raise NotImplementedError(
             "chunk_simple_gla with per-token gates g is a different operator (gated linear "
             "attention); leetrepro computes the per-head decay g_gamma only")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                   or chunk_size <= 0):
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    _check_fla(q, k, v, g_gamma, initial_state, head_first, state_v_first)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     gamma = None if g_gamma is None else _decay(g_gamma)
@@ -51,11 +65,57 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         B, C, V = q, k, v
     else:
         B, C, V = (x.transpose(1, 2) for x in (q, k, v))
+    if state_v_first and initial_state is not None:
+        initial_state = initial_state.transpose(-1, -2)
     res = causal_linear_decoder(B, C, V, gamma, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                scale=scale, **options)
+                                cu_seqlens_cpu=cu_seqlens_cpu, scale=scale, **options)
     o, final = res if output_final_state else (res, None)
+    if state_v_first and final is not None:
+        final = final.transpose(-1, -2).contiguous()
     return (o if head_first else o.transpose(1, 2)), final
+
+
+def _check_fla(q, k, v, g_gamma, initial_state, head_first: bool, state_v_first: bool) -> None:
+    """The drop-in's inputs checked in flash-linear-attention's terms (q, k, v, T, K, V), with the
+    layout named where a shape says the data is in the other one."""
+    layout = "(batch, heads, T, K)" if head_first else "(batch, T, heads, K)"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {layout.replace('K', 'V') if name == 'v' else layout}"
+                             f", got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.shape != k.shape or q.shape[:3] != v.shape[:3]:
+        raise ValueError(f"q and k must have one shape {layout} and v the same but its last dim "
+                         f"(V); got {shapes}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    heads_dim, time_dim = (1, 2) if head_first else (2, 1)
+    heads = q.shape[heads_dim]
+    other = "head_first=False (batch, T, heads, K)" if head_first else \
+        "head_first=True (batch, heads, T, K)"
+    if isinstance(g_gamma, torch.Tensor) and g_gamma.numel() != heads:
+        hint = (f"; it matches dim {time_dim} ({q.shape[time_dim]}), so the inputs look laid out "
+                f"as {other}: pass that" if g_gamma.numel() == q.shape[time_dim] else "")
+        raise ValueError(f"g_gamma has {g_gamma.numel()} entries but q {tuple(q.shape)} read as "
+                         f"{layout} has {heads} heads{hint}")
+    if isinstance(initial_state, torch.Tensor):
+        K, Vd = q.shape[-1], v.shape[-1]
+        want = (heads, Vd, K) if state_v_first else (heads, K, Vd)
+        if initial_state.dim() != 4 or tuple(initial_state.shape[1:]) != want:
+            names = "(N, heads, V, K)" if state_v_first else "(N, heads, K, V)"
+            hint = "" if initial_state.dim() != 4 or initial_state.shape[1] == heads else \
+                (f"; its heads ({initial_state.shape[1]}) match dim {time_dim} of q, so the inputs "
+                 f"look laid out as {other}: pass that"
+                 if initial_state.shape[1] == q.shape[time_dim] else "")
+            raise ValueError(f"initial_state must be {names} = (N, {', '.join(map(str, want))}), "
+                             f"got {tuple(initial_state.shape)}{hint}")
 
 
 def _decay(g_gamma: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,13 @@ once per step (the tokens are a few hundred bytes): the floor is ``2 · batch·h
 On a GPU a Triton kernel (``kernels/decode_step.py``) with no host synchronisation: a step can be
 captured in a CUDA graph (fixed shapes, slot ids on the device). Elsewhere PyTorch. Inference
 only: no gradient.
+
+Slots are checked without a host synchronisation where the step may be captured in a graph: a
+slot outside the pool (negative, or past its last row) or a slot named twice in one step is a
+ValueError naming it whenever the slot ids can be read for free (on the CPU) or when
+``check_slots=True`` asks for it (one synchronisation); otherwise the GPU kernel checks them
+itself: it never reads or writes outside the pool, and it poisons (NaN) the outputs of every
+sequence whose slot is bad, and the pool row that two sequences named.
 """
 from __future__ import annotations
 
@@ -26,19 +33,29 @@ from .registry import GPU_DTYPES
 
 
 def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_pool: torch.Tensor,
-                slots: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:
+                slots: torch.Tensor, *, scale: float = 1.0,
+                check_slots: bool | None = None) -> torch.Tensor:
     """Advance ``state_pool[slots]`` by the new tokens and return their outputs.
 
     Args:
         B, C: ``(batch, heads, k, r)``; V: ``(batch, heads, k, d)``: k new tokens (usually 1) of
-            each of ``batch`` sequences; fp16, bf16, fp32 (fp64 on the CPU); last dim contiguous
-            (flash-linear-attention's ``(batch, k, heads, r)`` transposed is read in place).
+            each of ``batch`` sequences, one floating dtype: fp16, bf16, fp32 (the GPU kernel) or
+            fp64 (PyTorch); last dim contiguous (flash-linear-attention's ``(batch, k, heads, r)``
+            transposed is read in place). Integer tokens are refused.
         gamma: per-head decay in (0, 1] as in :func:`leetrepro.causal_linear_decoder`; None: 0-1.
-        state_pool: ``(slots, heads, r, d)`` float32 (float64 allowed on the CPU), contiguous;
-            rows ``slots`` are read and overwritten in place.
+        state_pool: ``(slots, heads, r, d)``, contiguous, float32 or float64 on any device (the
+            state accumulates a whole sequence, so it is never kept in half precision; a float64
+            pool runs the PyTorch path, for references); rows ``slots`` are read and overwritten
+            in place.
         slots: ``(batch,)`` int32/int64 on the pool's device: sequence i's state is
-            ``state_pool[slots[i]]``. Slots must be distinct within a step.
+            ``state_pool[slots[i]]``. Each in ``[0, slots)``, distinct within a step.
         scale: multiplies the outputs (flash-linear-attention's query scale).
+        check_slots: read the slot ids on the host and raise a ValueError naming a slot outside
+            the pool or named twice. None (default): where that costs no synchronisation (slots
+            on the CPU) and on the PyTorch path; True: also on the GPU (one synchronisation, not
+            allowed while a CUDA graph is captured); False: never on the host. Unchecked on the
+            host, the GPU kernel checks on the device: a bad slot is never read or written, and
+            the outputs of its sequences are NaN (a slot named twice: its pool row too).
 
     Returns:
         O ``(batch, heads, k, d)`` in V's dtype.
@@ -46,6 +63,8 @@ def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_
     Cost: O(batch·heads·k·r·d) time; memory traffic 2·batch·heads·r·d·4 bytes (the states).
     """
     _check(B, C, V, state_pool, slots)
+    if check_slots or (check_slots is None and slots.device.type == "cpu"):
+        check_slot_values(slots, state_pool.shape[0])
     g = normalize_gamma(gamma, B.shape[1], B.device)
     if torch.compiler.is_compiling():
         return torch.ops.leetrepro.decode_step(B, C, V, g, state_pool, slots, float(scale))
@@ -64,12 +83,18 @@ def _check(B, C, V, pool, slots):
     if pool.dim() != 4 or tuple(pool.shape[1:]) != (heads, r, V.shape[-1]):
         raise ValueError(f"state_pool must be (slots, heads, r, d) = (…, {heads}, {r}, "
                          f"{V.shape[-1]}), got {tuple(pool.shape)}")
-    if not pool.is_contiguous() or pool.dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"state_pool must be a contiguous float32 tensor, got {pool.dtype}, "
-                         f"contiguous={pool.is_contiguous()}")
+    if pool.dtype not in POOL_DTYPES:
+        raise ValueError(f"state_pool must be float32 or float64 (the state accumulates the whole "
+                         f"sequence; it is never kept in half precision), got {pool.dtype}")
+    if not pool.is_contiguous():
+        raise ValueError("state_pool must be contiguous (its rows are updated in place)")
     if slots.shape != (batch,) or slots.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"slots must be an int32/int64 tensor of shape (batch,) = ({batch},), "
                          f"got {slots.dtype} {tuple(slots.shape)}")
+    for name, t in (("B", B), ("C", C), ("V", V)):
+        if t.dtype not in TOKEN_DTYPES:
+            raise ValueError(f"{name} must be a floating tensor (float16, bfloat16, float32 or "
+                             f"float64), got {t.dtype}: integer tokens would be truncated")
     if not B.dtype == C.dtype == V.dtype:
         raise TypeError(f"B, C and V must share one dtype, got {B.dtype}, {C.dtype}, {V.dtype}")
     devices = {t.device for t in (B, C, V, pool, slots)}
@@ -77,9 +102,35 @@ def _check(B, C, V, pool, slots):
         raise ValueError(f"B, C, V, state_pool and slots must be on one device, got {devices}")
 
 
+#: the dtypes a step takes: tokens of any floating dtype, states in float32 or float64
+TOKEN_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+POOL_DTYPES = frozenset({torch.float32, torch.float64})
+
+
+def check_slot_values(slots: torch.Tensor, pool_slots: int) -> None:
+    """A ValueError naming the first slot outside ``[0, pool_slots)`` or named twice. Reads the
+    slot ids on the host: a synchronisation if they are on a GPU (refused during graph capture)."""
+    if slots.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError("check_slots=True reads the slot ids on the host, which a CUDA graph "
+                         "cannot capture: capture with check_slots=False (the kernel then checks "
+                         "them on the device and poisons bad sequences' outputs with NaN)")
+    seen: dict[int, int] = {}
+    for i, s in enumerate(slots.tolist()):
+        if not 0 <= s < pool_slots:
+            raise ValueError(f"slots[{i}] = {s} is outside the state pool, whose slots are "
+                             f"0 … {pool_slots - 1}")
+        if s in seen:
+            raise ValueError(f"slots[{seen[s]}] and slots[{i}] both name slot {s}: each sequence "
+                             f"of a step needs its own slot (one of the two updates would be lost)")
+        seen[s] = i
+
+
 def _decode_step_impl(B, C, V, gamma, state_pool, slots, scale):
     if B.is_cuda and V.dtype in GPU_DTYPES and state_pool.dtype == torch.float32:
         return _triton_step(B, C, V, gamma, state_pool, slots, scale)
+    # PyTorch indexing would wrap a negative slot and drop a repeated one's update: the slots are
+    # checked here, whatever check_slots said (this path is not the one a graph captures)
+    check_slot_values(slots, state_pool.shape[0])
     return _torch_step(B, C, V, gamma, state_pool, slots, scale)
 
 
@@ -122,7 +173,7 @@ def _gamma_pair(gamma: torch.Tensor) -> torch.Tensor:
 
 
 def _triton_step(B, C, V, gamma, pool, slots, scale):
-    from .methods._gpu import launch, same_rows, triton_kernels
+    from .methods._gpu import launch, next_pow2, same_rows, triton_kernels
 
     batch, heads, k, r = B.shape
     d = V.shape[-1]
@@ -134,8 +185,10 @@ def _triton_step(B, C, V, gamma, pool, slots, scale):
     block_r, block_d, warps = _tiles(batch * heads, r, d, V.device)
     launch(triton_kernels("decode_step").decode_step_kernel, (batch * heads, -(-d // block_d)),
            (B, C, V, out, pool, slots, None if gamma is None else _gamma_pair(gamma), k, r, d,
-            heads, scale, *B.stride()[:3], *V.stride()[:3], *out.stride()[:3]),
-           dict(HAS_DECAY=gamma is not None, BLOCK_R=block_r, BLOCK_D=block_d), num_warps=warps)
+            heads, scale, batch, pool.shape[0], *B.stride()[:3], *V.stride()[:3],
+            *out.stride()[:3]),
+           dict(HAS_DECAY=gamma is not None, BLOCK_R=block_r, BLOCK_D=block_d,
+                BLOCK_S=min(256, next_pow2(batch))), num_warps=warps)
     return out
 
 

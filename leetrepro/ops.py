@@ -17,7 +17,9 @@ reverse mode (``Method.reverse``: the Triton kernel walks the rows backwards, no
 flipped copies. dV's state is Σ_s λ^(s-t) b_sᵀ dO_s and dC's is its transpose, so a method that
 takes ``dual=`` (Chunk) computes both in one reverse sweep: the backward reads B, C, V, dO and
 writes dC, dV, then reads dO, V, C and writes dB (10 tensor passes; forward + backward 14, against
-the 11 that a single fused sweep could reach). Nothing is saved but the inputs: no per-chunk
+the 11 that a single fused sweep could reach). Only the gradients asked for are computed (a frozen
+input costs nothing): dB alone is one forward sweep, dV alone or dC alone one reverse sweep, and
+dS0 comes from the final state of whichever reverse sweep runs. Nothing is saved but the inputs: no per-chunk
 states (O(N·r·d) memory in the public kernels) are kept; the backward recomputes. The backward
 is one custom op too (``leetrepro::causal_linear_backward``), first-order only.
 
@@ -256,30 +258,35 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
                       initial_state is not None or dS is not None)
-    empty = V.new_empty(0)
-    dB = dC = dV = dS0 = empty
+    dB = dC = dV = dS0 = R = None
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
-    if need_v or need_c or need_s0:
-        if m.dual and m.reverse and _dual_fits(B, V):
-            (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                              cu_seqlens=cu_seqlens, scale=scale)
-        else:
+    xt = None if X is None else X.transpose(-1, -2)
+    # one sweep per gradient asked for, and none for the rest: dV's and dC's reverse sweeps share
+    # their state (transposed), so a method with a dual mode does both in one sweep only when
+    # both are wanted (dS0 comes from either sweep's final state, R or Rᵀ)
+    if need_c and (need_v or need_s0) and m.dual and m.reverse and _dual_fits(B, V):
+        (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
+                          cu_seqlens=cu_seqlens, scale=scale)
+    else:
+        if need_v or (need_s0 and not need_c):
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, cu_seqlens=cu_seqlens,
                         scale=scale)
-            if need_c:
-                xt = None if X is None else X.transpose(-1, -2)
-                dC, _ = run(m, opts, V, dO, B, gamma, xt, not reverse, False,
-                            cu_seqlens=cu_seqlens, scale=scale)
-        if need_s0:
-            dS0 = (_per_head(R, gamma, 1) * scale).to(initial_state.dtype)
+        if need_c:
+            dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
+                         cu_seqlens=cu_seqlens, scale=scale)
+            R = Rt.transpose(-1, -2) if need_s0 and R is None else R
+    if need_s0:
+        dS0 = (_per_head(R, gamma, 1) * scale).to(initial_state.dtype)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
         dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, cu_seqlens=cu_seqlens,
                     scale=scale)
-    keep = (need_b, need_c, need_v, need_s0)
-    return tuple(g.contiguous() if k else empty for g, k in zip((dB, dC, dV, dS0), keep))
+    # a gradient not asked for is an empty tensor of its own: outputs of a custom op may not alias
+    # one another (one shared empty tensor made every partial backward raise)
+    return tuple(g.contiguous() if k else V.new_empty(0)
+                 for g, k in zip((dB, dC, dV, dS0), (need_b, need_c, need_v, need_s0)))
 
 
 def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
@@ -291,10 +298,9 @@ def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
 @causal_linear_backward.register_fake
 def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, need_c, need_v,
       need_s0, cu_seqlens=None, scale=1.0):
-    empty = V.new_empty(0)
-    return (B.new_empty(B.shape) if need_b else empty, C.new_empty(C.shape) if need_c else empty,
-            V.new_empty(V.shape) if need_v else empty,
-            initial_state.new_empty(initial_state.shape) if need_s0 else empty)
+    def grad(x, need):
+        return x.new_empty(x.shape) if need else V.new_empty(0)
+    return grad(B, need_b), grad(C, need_c), grad(V, need_v), grad(initial_state, need_s0)
 
 
 def _setup_context(ctx, inputs, output):

@@ -67,7 +67,7 @@ here = claims.holds.value_counts().to_dict()
 own = claims["on the paper's numbers"].value_counts().to_dict()
 n_yes, n_no, n_none = here.get("yes", 0), here.get("no", 0), here.get("not measured", 0)
 display(Markdown(
-    f"On this GPU {n_yes} of {len(claims)} claims {'holds' if n_yes == 1 else 'hold'}, {n_no} "
+    f"On {T.gpu_words(gpu, live)} {n_yes} of {len(claims)} claims {'holds' if n_yes == 1 else 'hold'}, {n_no} "
     f"{'does' if n_no == 1 else 'do'} not"
     + (f", {n_none} {'is' if n_none == 1 else 'are'} not measured" if n_none else "")
     + f"; on the paper's own numbers {own.get('yes', 0)} hold under the same thresholds. Holding here: "

@@ -115,7 +115,7 @@ for ax, t in zip(axes, (3, 4, 5, 6)):
     ax.set(yscale="log", title=f"Table {t}: median over N of time / paper's")
     ax.tick_params(axis="x", rotation=60, labelsize=7)
     ax.grid(alpha=0.3)
-axes[0].set_ylabel("time on this GPU ÷ paper's A6000 time")
+axes[0].set_ylabel("time on each GPU ÷ paper's A6000 time")
 axes[0].legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(os.path.join(fig_dir, "cross_gpu.png"), dpi=110)

@@ -16,7 +16,9 @@
 # FleetAttention's identity and Eq. (5), the λ-cumsum of Appendix C.1, the complexity table, and the companion paper's Theorem 4.1.
 
 # %% tags=["parameters"]
-n, r, d = 96, 8, 16
+n = 96
+r = 8
+d = 16
 gamma = 0.9
 table_N = 8192
 sizes = [16, 32, 64, 128, 256, 512, 1024]   # for the triangular-truncation norm

@@ -51,6 +51,8 @@ for ax, (dt, b, dec) in zip(axes.flat, cells):
     ax.grid(alpha=0.3)
 for row in axes:
     row[0].legend(fontsize=8)
+fig.suptitle(f"Time over the memory floor on the {p.gpu} (copy {p.copy_TBps:.2f} TB/s), "
+             f"commit {p.commit}")
 fig.tight_layout()
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"floor.{ext}"), dpi=110)
@@ -63,8 +65,20 @@ t
 
 # %%
 cols = ["dtype", "batch", "decay", "N", "method", "median_s", "floor_ratio", "vs_fla",
-        "vs_original", "host_us", "graph_us", "rel_error", "workspace_MB"]
+        "vs_original", "host_us", "graph_us", "first_call_s", "rel_error", "workspace_MB"]
 ok[[c for c in cols if c in ok]].round(4)
+
+# %% [markdown]
+# The first call of a new shape: each entry's wall time for its first call in a cell (kernel
+# compilation for a configuration new to the process, or flash-linear-attention's autotuning).
+
+# %%
+if "first_call_s" in ok:
+    first = ok.groupby("method").first_call_s.agg(["max", "median"]).round(2)
+    display(first.rename(columns={"max": "first call, worst cell (s)",
+                                  "median": "first call, median cell (s)"}))
+else:
+    display(Markdown("This floor.csv predates `first_call_s`: run `make floor` again to measure it."))
 
 # %%
 disp = T.load_measured(gpu, "dispatch.csv")

@@ -26,7 +26,9 @@ reps = 15
 device = "cuda"
 gpu = None          # folder tag under data/ and figures/ (default: this GPU's, or h100 to re-render)
 time_limit = 60.0   # seconds one call may take before the cell reads >limit
-heads, rank, dim = 32, 128, 128
+heads = 32
+rank = 128
+dim = 128
 out_root = "."
 
 # %%
@@ -59,14 +61,14 @@ display(Markdown(f"Source: {source}; GPU {prov.gpu}, dtype {prov['dtype']}, batc
 
 # %%
 both = T.side_by_side(measured, paper.load(table))
-display(Markdown("**This GPU** (mean ± std, s; fastest per N in bold)"))
+display(Markdown(f"**{T.gpu_words(gpu, live).capitalize()}** (mean ± std, s; fastest per N in bold)"))
 display(T.styled(both))
-display(Markdown("**Paper (A6000) | this GPU | ours/paper**"))
+display(Markdown(f"**Paper (A6000) | {T.gpu_name(gpu)} | ours/paper**"))
 display(T.triple(both))
 
 # %%
 fig = T.plot_latency(measured, f"Table {table}: batch {batch_size}, {'decay' if decay else '0-1 mask'}, {prov['dtype']} ({prov.gpu})",
-                     os.path.join(fig_dir, name), paper.load(table))
+                     os.path.join(fig_dir, name), paper.load(table), gpu_label=T.gpu_name(gpu))
 
 # %% [markdown]
 # ## Conclusions (written from the data above)

@@ -18,7 +18,9 @@
 # %% tags=["parameters"]
 device = "cuda"       # "cpu" works too: timings are then labelled CPU
 ks = [10, 11, 12, 13, 14, 15, 16, 17]   # the sequence lengths are 2^k
-heads, rank, dim = 32, 128, 128
+heads = 32
+rank = 128
+dim = 128
 base = 32
 linear_method = "LA_torch"
 reps = 5

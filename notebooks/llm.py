@@ -73,7 +73,7 @@ order = sorted(set(pp.method))
 for i, (batch, g) in enumerate(pp.groupby("batch")):
     g = g.set_index("method").reindex(order)
     xs = [j + 0.25 * i for j in range(len(order))]
-    axes[0].plot(xs, g.per_prompt_s, "o", color=f"C{i}", label=f"this GPU, batch {batch}")
+    axes[0].plot(xs, g.per_prompt_s, "o", color=f"C{i}", label=f"{T.gpu_name(gpu)}, batch {batch}")
     axes[0].plot(xs, g.paper_per_prompt_s, "s", mfc="none", color=f"C{i}", label=f"paper, batch {batch}")
 axes[0].set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8)
 axes[0].set(yscale="log", ylabel="seconds per prompt (mean over the runs)",
@@ -81,7 +81,7 @@ axes[0].set(yscale="log", ylabel="seconds per prompt (mean over the runs)",
 axes[0].legend(fontsize=7)
 if "peak_mem_GB" in ok and ok.peak_mem_GB.notna().any():
     ok.pivot(index="method", columns="batch", values="peak_mem_GB").plot.bar(ax=axes[1])
-axes[1].set(ylabel="peak memory (GB)", title="peak memory, this GPU")
+axes[1].set(ylabel="peak memory (GB)", title=f"peak memory, {T.gpu_name(gpu)}")
 for ax in axes:
     ax.grid(alpha=0.3, axis="y")
 fig.tight_layout()

@@ -23,7 +23,9 @@ reps = 8
 device = "cuda"
 gpu = None
 time_limit = 30.0
-heads, rank, dim = 32, 128, 128
+heads = 32
+rank = 128
+dim = 128
 out_root = "."
 
 # %%

@@ -171,7 +171,7 @@ finish_share_plot(fig, ax, f"Model: {tokens_per_gpu / 2**20:.0f} Mi tokens per G
 
 # %% [markdown]
 # ## Every measured host size beside the model
-# All runs of `make bench-sp` on this GPU model (`data/<gpu>x<P>/sp.csv`, one per host size P): per size, the forward + backward step at 1 Mi tokens per GPU, its exchange and the exchange's share of the step (measured), next to the flat all-gather model above.
+# All runs of `make bench-sp` on one GPU model (`data/<gpu>x<P>/sp.csv`, one per host size P): per size, the forward + backward step at 1 Mi tokens per GPU, its exchange and the exchange's share of the step (measured), next to the flat all-gather model above.
 
 # %%
 import glob

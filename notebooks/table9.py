@@ -24,7 +24,9 @@ reps = 15
 device = "cuda"
 gpu = None
 time_limit = 60.0
-heads, rank, dim = 32, 128, 128
+heads = 32
+rank = 128
+dim = 128
 error_shape = [1, 32, 4097, 128, 128]   # (batch, heads, N, r, d) of the accuracy check
 out_root = "."
 
@@ -82,7 +84,7 @@ import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(7, 4))
 for i, ((b, dec), g) in enumerate(ratio.reset_index().groupby(["batch", "decay"])):
     label = f"bz {b}, {'decay' if dec else '0-1'}"
-    ax.plot(g.N, g["FA_modify / FA"], "o-", color=f"C{i}", label=f"{label} (this GPU)")
+    ax.plot(g.N, g["FA_modify / FA"], "o-", color=f"C{i}", label=f"{label} ({T.gpu_name(gpu)})")
     ax.plot(g.N, g["paper: FA_modify / FA"], "s--", mfc="none", color=f"C{i}",
             label=f"{label} (paper)")
 ax.axhspan(0.35, 0.65, color="gray", alpha=0.15, label="'about half' (0.35-0.65)")

@@ -1,5 +1,7 @@
 """Training: gradients of every method against float64 autograd through the oracle, the custom op
 (opcheck), gradcheck, and torch.compile(fullgraph=True) of a model that calls the operator."""
+import itertools
+
 import pytest
 import torch
 
@@ -24,14 +26,14 @@ def _tol(m, dtype):
     return TOLERANCE[dtype]
 
 
-def _grads(fn, inputs, cotangents):
+def _grads(fn, inputs, cotangents, wrt=None):
     outs = fn(*inputs)
     outs = outs if isinstance(outs, tuple) else (outs,)
     loss = sum((o.double() * c).sum() for o, c in zip(outs, cotangents))
-    return torch.autograd.grad(loss, inputs)
+    return torch.autograd.grad(loss, inputs if wrt is None else wrt)
 
 
-def _check_gradients(m, dtype, decay, state, shape=SHAPE, opts=None):
+def _check_gradients(m, dtype, decay, state, shape=SHAPE, opts=None, wanted="BCVS"):
     b, h, n, r, d = shape
     B, C, V = make_inputs(*shape, dtype=dtype, device=DEVICE, seed=n + r)
     g = random_gammas(h, seed=3, low=0.7).to(DEVICE) if decay else None
@@ -41,16 +43,22 @@ def _check_gradients(m, dtype, decay, state, shape=SHAPE, opts=None):
     dO = torch.randn(b, h, n, d, device=DEVICE, generator=gen, dtype=torch.float64)
     cots = [dO] + ([torch.randn(b, h, r, d, device=DEVICE, generator=gen, dtype=torch.float64)]
                    if state else [])
-    leaves = [t.detach().requires_grad_() for t in (B, C, V)] + \
-        ([S0.detach().requires_grad_()] if state else [])
+    leaves = [t.detach().requires_grad_(name in wanted)
+              for name, t in zip("BCVS", (B, C, V) + ((S0,) if state else ()))]
+    asked = [t for t in leaves if t.requires_grad]
     ours = _grads(lambda *x: causal_linear_decoder(
         *x[:3], g, method=m.name, initial_state=x[3] if state else None,
-        output_final_state=state, **opts), leaves, cots)
+        output_final_state=state, **opts), leaves, cots, asked)
     exact = [t.detach().double().requires_grad_() for t in leaves]
     want = _grads(lambda *x: reference(*x[:3], g, initial_state=x[3] if state else None,
                                        output_final_state=state), exact, cots)
-    for name, a, w in zip("BCVS", ours, want):
-        assert a.dtype == leaves["BCVS".index(name)].dtype and a.shape == w.shape
+    assert len(ours) == len(asked) > 0
+    ours = iter(ours)
+    for name, leaf, w in zip("BCVS", leaves, want):
+        if not leaf.requires_grad:
+            continue
+        a = next(ours)
+        assert a.dtype == leaf.dtype and a.shape == w.shape
         err = rel_error(a, w)
         assert err <= _tol(m, dtype), f"d{name}: relative error {err:.2e}"
 
@@ -73,6 +81,58 @@ def test_gradients_in_bfloat16(method):
 @pytest.mark.parametrize("decay", [False, True], ids=["mask01", "decay"])
 def test_gradients_through_the_states(method, decay):
     _check_gradients(method, torch.float32, decay, state=True)
+
+
+def _subsets(names):
+    """Every non-empty proper subset of the inputs (the whole set is tested above)."""
+    return ["".join(s) for k in range(1, len(names)) for s in itertools.combinations(names, k)]
+
+
+# a frozen embedding, LoRA, a probe: some inputs need no gradient. Every method, every subset of
+# {B, C, V} (and of {B, C, V, S0} where the method takes a state); the fast lane keeps one method
+# of each backward path (Chunk's fused dual sweep, a PyTorch method's three calls)
+SUBSET_CASES = [pytest.param(m, w, id=f"{m.abbr}-{w}",
+                             marks=() if m.abbr in ("Chunk", "LA_torch") else pytest.mark.slow)
+                for m in METHODS for w in _subsets("BCVS" if m.state else "BCV")]
+
+
+@pytest.mark.parametrize("method, wanted", SUBSET_CASES)
+def test_gradients_when_only_some_inputs_require_grad(method, wanted):
+    _check_gradients(method, torch.float32, True, state=method.state, wanted=wanted,
+                     shape=(2, 3, 21, 4, 3))
+
+
+@pytest.mark.parametrize("abbr", ["Chunk", "LA_torch"])
+@pytest.mark.parametrize("wanted", _subsets("BCVS") + ["BCVS"])
+def test_backward_sweeps_only_for_the_gradients_asked_for(abbr, wanted, monkeypatch):
+    """dB alone is one forward sweep, dV alone or dC alone one reverse sweep; dV with dC one
+    sweep where the method has the fused (dual) reverse sweep, else two; dS0 rides on either."""
+    from leetrepro import ops
+    method = next(m for m in METHODS if m.abbr == abbr)
+    sweeps = []
+    real_run = ops.run
+
+    def counting_run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state, dual=None,
+                     **kw):
+        sweeps.append("dual" if dual is not None else "rev" if reverse else "fwd")
+        return real_run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
+                        dual, **kw)
+
+    B, C, V = make_inputs(1, 2, 9, 4, 3, seed=4)
+    S0 = torch.randn(1, 2, 4, 3)
+    leaves = [t.requires_grad_(n in wanted) for n, t in zip("BCVS", (B, C, V, S0))]
+    out, s = causal_linear_decoder(*leaves[:3], 0.9, method=abbr, initial_state=leaves[3],
+                                   output_final_state=True)
+    monkeypatch.setattr(ops, "run", counting_run)
+    (out.sum() + s.sum()).backward()
+    reverse = {"C", "V", "S"} & set(wanted)
+    fused = method.dual and "C" in reverse and len(reverse) > 1
+    want = ["dual"] if fused else sorted(["rev"] * (("V" in wanted or wanted in ("S", "BS"))
+                                                    + ("C" in wanted)))
+    want = want + (["fwd"] if "B" in wanted else [])
+    assert sorted(sweeps) == sorted(want)
+    for name, t in zip("BCVS", leaves):
+        assert (t.grad is not None) == (name in wanted), name
 
 
 @pytest.mark.slow

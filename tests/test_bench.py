@@ -208,3 +208,18 @@ def test_a_failed_cell_says_why_in_its_status():
     assert failed_status(ValueError("x" * 300), 160) == "error: ValueError: " + "x" * 160
     assert _failed(ValueError("first\nsecond")) == "FAIL ValueError: first"
     assert _failed(ValueError()) == "FAIL ValueError: "
+
+
+def test_gpu_check_gradient_rows_for_frozen_inputs():
+    """The GPU matrix's gradient rows with only some inputs requiring grad, run here on the CPU
+    through a PyTorch method: one row per gradient asked for, each within its tolerance."""
+    from leetrepro.bench.gpu_check import check_grads, frozen_subsets
+    from leetrepro.methods import get
+    m = get("LA_torch")
+    assert len(frozen_subsets(m)) == 14 and "BCVS" not in frozen_subsets(m)
+    rows = []
+    for wanted in ("V", "BS", "C"):
+        check_grads(m, (2, 3, 37, 8, 5), torch.float32, True, torch.device("cpu"), 9, rows, {},
+                    wanted)
+    assert [r["quantity"] for r in rows] == ["dV", "dB", "dS0", "dC"]
+    assert all(r["status"] == "pass" for r in rows), rows

@@ -20,9 +20,13 @@ def test_a_checkout_uses_its_own_kernels_and_data():
 @pytest.mark.slow
 def test_the_wheel_ships_kernels_and_dispatch_tables_and_finds_them_installed(tmp_path):
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", ROOT, "--no-deps",
-                          "--no-build-isolation", "-q", "-w", str(tmp_path)],
+                          "--no-build-isolation", "-v", "-w", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+    # a clean build: no deprecated license table, no data folder missing from the packages list
+    log = res.stdout + res.stderr
+    assert "BuildBackendWarning" not in log and "SetuptoolsDeprecationWarning" not in log, \
+        [line for line in log.splitlines() if "Warning" in line][:5]
     wheel = next(tmp_path.glob("leetrepro-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"leetrepro/kernels/chunk_scan.py", "leetrepro/kernels/_tiles.py",

@@ -159,6 +159,65 @@ def test_decode_step_is_checked():
         decode_step(B, C, V, 0.9, pool[:, :, :2], torch.tensor([0, 1]))
 
 
+def test_decode_step_refuses_what_it_cannot_compute():
+    """Integer tokens (they were truncated), half-precision pools (float32 and float64 are the
+    rule), and slot ids outside the pool or named twice (they wrapped around, or lost an update),
+    each a ValueError naming the dtype or the slot."""
+    B, C, V = make_inputs(3, 2, 1, 4, 4)
+    pool = torch.randn(5, 2, 4, 4)
+    before = pool.clone()
+    with pytest.raises(ValueError, match="V must be a floating tensor.*int64"):
+        decode_step(B, C, (V * 3).long(), 0.9, pool, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="B must be a floating tensor.*int32"):
+        decode_step(B.int(), C.int(), V.int(), 0.9, pool, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="float32 or float64.*torch.float16"):
+        decode_step(B, C, V, 0.9, pool.half(), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"slots\[1\] = -1 is outside the state pool.*0 … 4"):
+        decode_step(B, C, V, 0.9, pool, torch.tensor([0, -1, 2]))
+    with pytest.raises(ValueError, match=r"slots\[2\] = 5 is outside"):
+        decode_step(B, C, V, 0.9, pool, torch.tensor([0, 1, 5], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"slots\[0\] and slots\[1\] both name slot 2"):
+        decode_step(B, C, V, 0.9, pool, torch.tensor([2, 2, 0]))
+    # the PyTorch path checks whatever check_slots says (its indexing would wrap or drop)
+    with pytest.raises(ValueError, match="both name slot 2"):
+        decode_step(B, C, V, 0.9, pool, torch.tensor([2, 2, 0]), check_slots=False)
+    assert torch.equal(pool, before)
+    # one rule for the pool on every device: float32 and float64 are taken
+    out = decode_step(B.double(), C.double(), V.double(), 0.9, pool.double(),
+                      torch.tensor([2, 4, 0]))
+    assert out.dtype == torch.float64 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("slots, bad, poisoned", [([0, -1, 2], [1], []), ([0, 1, 5], [2], []),
+                                                  ([2, 2, 0], [0, 1], [2])],
+                         ids=["negative", "past-the-pool", "repeated"])
+def test_decode_kernel_checks_slots_on_the_device(slots, bad, poisoned):
+    """The graph path (no host check): a bad slot is never read or written, its sequences'
+    outputs are NaN, a row two sequences named is poisoned, and the good sequences are exact."""
+    B, C, V = make_inputs(3, 2, 1, 4, 4, device=DEVICE)
+    pool = torch.randn(5, 2, 4, 4, device=DEVICE)
+    guard = torch.randn(2, 5, 2, 4, 4, device=DEVICE)       # rows either side of the pool
+    guard[0, :], guard[1, :] = pool, pool
+    arena = torch.cat([guard[0], pool, guard[1]])             # pool = arena[5:10]
+    view = arena[5:10]
+    before = arena.clone()
+    ids = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    out = _steps(True)(B, C, V, 0.9, view, ids) if DEVICE == "cpu" else \
+        decode_step(B, C, V, 0.9, view, ids, check_slots=False)
+    good = [i for i in range(3) if i not in bad]
+    assert torch.isnan(out[bad]).all() and torch.isfinite(out[good]).all()
+    want = decode_step(B[good], C[good], V[good], 0.9, before[5:10].clone(),
+                       ids[good].cpu().to(DEVICE))
+    assert torch.allclose(out[good], want, atol=1e-5)
+    assert torch.equal(arena[:5], before[:5]) and torch.equal(arena[10:], before[10:])
+    touched = {s for i, s in enumerate(slots) if i in good} | set(poisoned)
+    for s in range(5):
+        if s in poisoned:
+            assert torch.isnan(view[s]).all()
+        elif s not in touched:
+            assert torch.equal(view[s], before[5 + s])
+
+
 # ---- the flash-linear-attention drop-in ----------------------------------------------------
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -190,6 +249,62 @@ def test_chunk_simple_gla_is_the_operator_in_fla_conventions(packed):
     assert none is None and torch.allclose(o2, o)
     with pytest.raises(NotImplementedError, match="g_gamma"):
         chunk_simple_gla(q, k, v, g=torch.zeros(batch, n, heads, device=DEVICE))
+
+
+def test_chunk_simple_gla_takes_flash_linear_attentions_other_arguments(monkeypatch):
+    """cu_seqlens_cpu (its values are checked instead of the device copy's), chunk_size (checked,
+    not needed), state_v_first (states (N, heads, V, K)): each the same operator."""
+    heads, K, Vd = 2, 8, 6
+    gen = torch.Generator().manual_seed(12)
+    q, k = (torch.randn(1, 20, heads, K, generator=gen).to(DEVICE) for _ in range(2))
+    v = torch.randn(1, 20, heads, Vd, generator=gen).to(DEVICE)
+    g_gamma = torch.log(random_gammas(heads, 12)).to(DEVICE)
+    cu_cpu = torch.tensor([0, 7, 20], dtype=torch.int32)
+    cu = cu_cpu.clone().to(DEVICE)   # another tensor on the CPU too
+    h0 = torch.randn(2, heads, K, Vd, generator=gen).to(DEVICE)
+    want, want_s = chunk_simple_gla(q, k, v, g_gamma=g_gamma, initial_state=h0,
+                                    output_final_state=True, cu_seqlens=cu, method="Chunk")
+    # Chunk (packed in one launch) never reads the device offsets back when their host copy is given
+    real_tolist, read_back = torch.Tensor.tolist, []
+
+    def tolist(t):
+        read_back.append(t is cu)
+        return real_tolist(t)
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    got, got_s = chunk_simple_gla(q, k, v, g_gamma=g_gamma, initial_state=h0.transpose(-1, -2),
+                                  output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
+                                  chunk_size=32, state_v_first=True, method="Chunk")
+    monkeypatch.undo()
+    assert read_back and not any(read_back)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert got_s.shape == (2, heads, Vd, K) and torch.allclose(got_s.transpose(-1, -2), want_s)
+    with pytest.raises(ValueError, match="cu_seqlens must start at 0.*ending at 19"):
+        chunk_simple_gla(q, k, v, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 7, 19]))
+    with pytest.raises(ValueError, match="cu_seqlens_cpu must be"):
+        chunk_simple_gla(q, k, v, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 20]))
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        chunk_simple_gla(q, k, v, chunk_size=0)
+    with pytest.raises(ValueError, match=r"initial_state must be \(N, heads, V, K\)"):
+        chunk_simple_gla(q, k, v, cu_seqlens=cu, initial_state=h0, state_v_first=True)
+
+
+def test_chunk_simple_gla_errors_speak_fla_names_and_layouts():
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(2, 21, 3, 8, generator=gen) for _ in range(3))   # (batch, T, heads, K)
+    g_gamma = torch.log(torch.full((3,), 0.9))
+    with pytest.raises(ValueError, match=r"g_gamma has 3 entries.*21 heads.*look laid out as "
+                                         r"head_first=False"):
+        chunk_simple_gla(q, k, v, g_gamma=g_gamma, head_first=True)
+    with pytest.raises(ValueError, match=r"look laid out as head_first=False"):
+        chunk_simple_gla(q, k, v, initial_state=torch.zeros(2, 3, 8, 8), head_first=True)
+    with pytest.raises(ValueError, match=r"g_gamma has 21 entries.*3 heads.*head_first=True"):
+        chunk_simple_gla(q, k, v, g_gamma=torch.zeros(21))
+    with pytest.raises(ValueError, match=r"q and k must have one shape \(batch, T, heads, K\)"):
+        chunk_simple_gla(q, k[:, :5], v)
+    with pytest.raises(TypeError, match="q, k and v must share one dtype"):
+        chunk_simple_gla(q, k, v.double())
+    with pytest.raises(TypeError, match="k must be floating point"):
+        chunk_simple_gla(q, k.long(), v)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="flash-linear-attention runs on a GPU only")

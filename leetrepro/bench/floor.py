@@ -11,7 +11,10 @@ not launch on an H100), the error against the
 float64 oracle (first sequence of the batch, N ≤ 25600) and the workspace: peak memory beyond
 inputs and output. ``host_us``: the median host time of one call with the GPU idle before it (what
 launching costs the CPU); ``graph_us`` (N ≤ 2048): the median time per replay of the call captured
-in a CUDA graph (``graph_note`` where it cannot be captured).
+in a CUDA graph (``graph_note`` where it cannot be captured). ``first_call_s``: the wall time of the
+entry's first call in the cell (compilation of a kernel configuration new to the process, or
+flash-linear-attention's autotuning of a new shape, included): what a user's first call of that
+shape costs.
 
 Entries: ``Chunk`` (fp32: tf32 dots), ``Chunk/tf32x3`` (fp32 only: meets the 1e-5 contract),
 ``LA``, and ``fla`` = ``fla.ops.simple_gla.chunk_simple_gla`` (the optional ``bench`` dependency
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 
@@ -111,7 +115,11 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
     for name, fn in fns.items():
         row = dict(dtype=SHORT_NAMES[dtype], batch=batch, decay=decay, N=n, method=name, floor_s=floor_s)
         try:
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
             out = fn(*inputs[0], g, fla_in[0])  # warm-up (compiles)
+            torch.cuda.synchronize(device)
+            row["first_call_s"] = time.perf_counter() - t0
             if ref is not None:
                 o = out[:1] if name != "fla" else out[:1].transpose(1, 2)
                 row["rel_error"] = rel_error(o, ref)

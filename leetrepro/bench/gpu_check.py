@@ -4,13 +4,15 @@ float64 oracle, plus run-to-run determinism. ``make gpu-check`` (or ``python -m 
 
 Shapes cover N = 1, odd N, r ≠ d, tiny r and d, r = d = 256, batch 16 × 32 heads, and N = 100000.
 Gradients get rows of their own (``quantity`` dB, dC, dV, and dS0 for the methods with a state):
-the backward of each method against float64 autograd through the oracle, on ``GRAD_SHAPES``.
+the backward of each method against float64 autograd through the oracle, on ``GRAD_SHAPES``, and
+with every proper subset of the inputs requiring grad (``note`` names the gradients asked for).
 ``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
 first and last (batch, head) against the oracle. The output buffer is poisoned with NaN before
 every call, so a kernel that leaves elements unwritten fails.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -64,6 +66,13 @@ def variants(m, dtype, n):
     return [("", {}, TOLERANCE[dtype])]
 
 
+def frozen_subsets(m) -> list[str]:
+    """Every non-empty proper subset of the inputs that can require grad (B, C, V, and S0 for a
+    method with a state): a frozen embedding, LoRA, a probe that wants only dV."""
+    names = "BCVS" if m.state else "BCV"
+    return ["".join(s) for k in range(1, len(names)) for s in itertools.combinations(names, k)]
+
+
 def _failed(exc: BaseException) -> str:
     """A case's status when its call raised: FAIL, the error's type and its message's first line."""
     return f"FAIL {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
@@ -104,8 +113,9 @@ def check_case(m, shape, dtype, decay, device, seed, rows, meta):
     torch.cuda.empty_cache()
 
 
-def check_grads(m, shape, dtype, decay, device, seed, rows, meta):
-    """Rows dB, dC, dV (and dS0 with a state) of one case against float64 autograd."""
+def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS"):
+    """Rows dB, dC, dV (and dS0 with a state) of one case against float64 autograd; ``wanted``:
+    the inputs that require grad (the others are frozen: no gradient may come back for them)."""
     b, h, n, r, d = shape
     B, C, V = inputs(shape, dtype, seed, device)
     g = gammas(h, seed).to(device) if decay else None
@@ -114,9 +124,11 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta):
     S0 = torch.randn(b, h, r, d, device=device, generator=gen) if state else None
     dO = torch.randn(b, h, n, d, device=device, generator=gen, dtype=torch.float64)
     dS = torch.randn(b, h, r, d, device=device, generator=gen, dtype=torch.float64) if state else None
-    leaves = [t.detach().requires_grad_() for t in (B, C, V)] + ([S0.requires_grad_()] if state else [])
-    exact = [t.detach().double().requires_grad_() for t in leaves]
-    names = ["dB", "dC", "dV"] + (["dS0"] if state else [])
+    leaves = [t.detach().requires_grad_(n in wanted)
+              for n, t in zip("BCVS", (B, C, V) + ((S0,) if state else ()))]
+    exact = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
+    names = [q for q, t in zip(["dB", "dC", "dV", "dS0"], leaves) if t.requires_grad]
+    asked = [t for t in leaves if t.requires_grad]
     tol = TF32_TOLERANCE if "fp32_precision" in m.options and dtype == torch.float32 else TOLERANCE[dtype]
 
     def loss(x, fn):
@@ -127,12 +139,13 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta):
     base = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
                 precision="", decay=decay, batch=b, heads=h, N=n, r=r, d=d, tol=tol,
                 deterministic="", note="vs float64 autograd through the oracle"
-                + (", with initial and final state" if state else ""))
+                + (", with initial and final state" if state else "")
+                + ("" if len(asked) == len(leaves) else f"; only {', '.join(names)} asked for"))
     try:
-        want = torch.autograd.grad(loss(exact, reference), exact)
+        want = torch.autograd.grad(loss(exact, reference), [t for t in exact if t.requires_grad])
         t0 = time.perf_counter()
         got = torch.autograd.grad(loss(leaves, lambda *a, **k: causal_linear_decoder(
-            *a, method=m.name, **k)), leaves)
+            *a, method=m.name, **k)), asked)
         sync(device)
         seconds = time.perf_counter() - t0
         for q, a, w in zip(names, got, want):
@@ -209,10 +222,37 @@ def check_serving(dtype, decay, device, rows, meta):
     except Exception as exc:
         rows.append(dict(base, quantity="decode", rel_err=math.nan,
                          status=_failed(exc)))
+    rows.append(dict(base, method="decode_step", abbr="decode_step", batch=4, N=1, tol=0.0,
+                     rel_err=math.nan, quantity="bad_slots", status=_bad_slots(dtype, g, device),
+                     note="slots [0, -1, 20, 0] of a pool of 20 rows inside a larger buffer, no "
+                          "host check: rows outside untouched, bad outputs NaN"))
     print(f"{'serving':30s} {DTYPE_NAMES[dtype]:9s} decay={decay!s:5s} "
-          + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}" for r in rows[-4:]),
+          + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}" for r in rows[-5:]),
           flush=True)
     torch.cuda.empty_cache()
+
+
+def _bad_slots(dtype, g, device) -> str:
+    """The decode kernel's device-side slot check (the graph path): 'pass' if a negative slot and
+    one past the pool touch nothing outside it, a slot named twice has its row poisoned, and
+    exactly the bad sequences' outputs are NaN."""
+    from ..decode import decode_step
+    try:
+        heads, r, d = (1 if g is None else g.numel()), 128, 128
+        B, C, V = inputs((4, heads, 1, r, d), dtype, 990, device)
+        arena = torch.randn(40, heads, r, d, device=device)
+        before = arena.clone()
+        pool = arena[10:30]
+        out = decode_step(B, C, V, g, pool, torch.tensor([0, -1, 20, 0], dtype=torch.int32,
+                                                         device=device), check_slots=False)
+        sync(device)
+        outside = torch.equal(arena[:10], before[:10]) and torch.equal(arena[30:], before[30:])
+        others = torch.equal(pool[1:], before[11:30])
+        ok = outside and others and bool(torch.isnan(out).all()) and bool(torch.isnan(pool[0]).all())
+        return "pass" if ok else (f"FAIL outside pool untouched={outside}, other rows untouched="
+                                  f"{others}, outputs NaN={bool(torch.isnan(out).all())}")
+    except Exception as exc:
+        return _failed(exc)
 
 
 def check_huge(m, dtype, device, rows, meta):
@@ -280,6 +320,8 @@ def main(argv=None) -> int:
                         continue  # one Python step per token, three times: minutes per case
                     for decay in (False, True):
                         check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta)
+                for wanted in frozen_subsets(m):
+                    check_grads(m, GRAD_SHAPES[1], dtype, True, device, 900, rows, meta, wanted)
             pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
     if args.serving:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):

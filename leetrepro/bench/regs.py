@@ -66,11 +66,16 @@ def ptxas_usage(ptx: str, arch: int = 90) -> str:
 
 
 def _ptxas(arch: int) -> str:
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    from triton.backends.nvidia import compiler  # the ptxas Triton ships with
-    return compiler.get_ptxas(arch).path
+    """The ptxas Triton ships with (it reads the PTX version that Triton writes; a system ptxas
+    older than the Triton release refuses it), else the one on PATH."""
+    try:
+        from triton.backends.nvidia import compiler
+        return compiler.get_ptxas(arch).path
+    except Exception:  # a Triton build without its own ptxas
+        found = shutil.which("ptxas")
+        if found:
+            return found
+        raise
 
 
 def main(argv=None) -> int:

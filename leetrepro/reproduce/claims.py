@@ -154,11 +154,12 @@ def against_original(df, method: str) -> str:
     if d is None or not len(d[d.method == method]):
         return ""
     pairs = original_times(df, method)
+    where = f"the {d.gpu.iloc[0]}" if "gpu" in d and len(d) else "the measured GPU"
     if not pairs:
-        return f"the original code's {method} was not measured on this GPU in these cells (data/anchors)"
+        return f"the original code's {method} was not measured on {where} in these cells (data/anchors)"
     ratios = [ours / orig for ours, orig in pairs.values()]
     span = f"{min(ratios):.2f}" + (f"-{max(ratios):.2f}" if max(ratios) - min(ratios) >= 0.005 else "")
-    return (f"this project's {method} takes {span}× the original code's time on this GPU "
+    return (f"this project's {method} takes {span}× the original code's time on {where} "
             f"(data/anchors, N = {min(pairs)}-{max(pairs)})")
 
 

@@ -102,9 +102,9 @@ def triple(both):
 
 
 def plot_latency(measured, title: str, path_stem: str | None = None, paper_table=None,
-                 baseline: str = "Bb"):
+                 baseline: str = "Bb", gpu_label: str = "measured"):
     """One small panel per method: its speed-up over ``baseline`` (block-based, plain PyTorch,
-    runs at every N) against N, this GPU solid, the paper's A6000 dashed (each over its own
+    runs at every N) against N, the measured GPU (``gpu_label``) solid, the paper's A6000 dashed (each over its own
     baseline), from means as the tables report them. Without the baseline, latency. Saves PNG
     and SVG."""
     import matplotlib.pyplot as plt
@@ -128,7 +128,7 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
 
     for ax, method in zip(axes.flat, methods):
         ours = curve(ok, method)
-        ax.plot(ours.index, ours.values, "o-", color="C0", label="this GPU")
+        ax.plot(ours.index, ours.values, "o-", color="C0", label=gpu_label)
         if theirs_all is not None and method in set(theirs_all.method) and \
                 (not speedup or baseline in set(theirs_all.method)):
             theirs = curve(theirs_all, method)
@@ -152,6 +152,19 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
         for ext in ("png", "svg"):
             fig.savefig(f"{path_stem}.{ext}", dpi=110)
     return fig
+
+
+def gpu_name(gpu: str) -> str:
+    """A GPU folder tag as people write the GPU: ``h100`` → ``H100``, ``h200x2`` → ``2×H200``."""
+    base, _, count = gpu.partition("x")
+    return f"{count}×{base.upper()}" if count.isdigit() else gpu.upper()
+
+
+def gpu_words(gpu: str, live: bool) -> str:
+    """How a notebook's text names the GPU whose numbers it shows: measured here, or re-rendered
+    from the committed data on a machine without it (never "this GPU" there)."""
+    return f"this GPU ({gpu_name(gpu)})" if live else \
+        f"the {gpu_name(gpu)} (re-rendered from data/{gpu}/)"
 
 
 def notebook_setup(device: str, gpu: str | None, out_root: str, *, default: str = "h100"):
