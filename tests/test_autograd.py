@@ -118,8 +118,8 @@ def test_backward_sweeps_only_for_the_gradients_asked_for(abbr, wanted, monkeypa
         return real_run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
                         dual, **kw)
 
-    B, C, V = make_inputs(1, 2, 9, 4, 3, seed=4)
-    S0 = torch.randn(1, 2, 4, 3)
+    B, C, V = make_inputs(1, 2, 9, 4, 3, seed=4, device=DEVICE)
+    S0 = torch.randn(1, 2, 4, 3, device=DEVICE)
     leaves = [t.requires_grad_(n in wanted) for n, t in zip("BCVS", (B, C, V, S0))]
     out, s = causal_linear_decoder(*leaves[:3], 0.9, method=abbr, initial_state=leaves[3],
                                    output_final_state=True)
