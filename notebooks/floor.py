@@ -73,12 +73,16 @@ ok[[c for c in cols if c in ok]].round(4)
 # compilation for a configuration new to the process, or flash-linear-attention's autotuning).
 
 # %%
-if "first_call_s" in ok:
-    first = ok.groupby("method").first_call_s.agg(["max", "median"]).round(2)
-    display(first.rename(columns={"max": "first call, worst cell (s)",
-                                  "median": "first call, median cell (s)"}))
+# (a floor.csv from before first_call_s was measured: the first-call run of its own, if any)
+first_calls = ok if "first_call_s" in ok else T.load_measured(gpu, "floor_first_call.csv")
+if first_calls is None:
+    display(Markdown("No first-call times for this GPU: `make floor` measures them."))
 else:
-    display(Markdown("This floor.csv predates `first_call_s`: run `make floor` again to measure it."))
+    q = first_calls.iloc[0]
+    display(Markdown(f"First calls measured on the {q.gpu}, commit {q.commit}, {q.date}, each "
+                     f"entry's first call in each cell of that run:"))
+    display(first_calls.pivot_table(index="method", columns=["dtype", "batch", "N"],
+                                    values="first_call_s").round(3))
 
 # %%
 disp = T.load_measured(gpu, "dispatch.csv")
