@@ -82,8 +82,13 @@ def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
     L2-resident ones the design first aimed at, NOTES.md)."""
     if lanes >= 2 * sms:
         return n
-    pieces = cdiv(3 * sms, lanes)
-    return max(block_n, cdiv(cdiv(n, pieces), block_n) * block_n)
+    return rows_for_pieces(n, cdiv(3 * sms, lanes), block_n)
+
+
+def rows_for_pieces(n: int, pieces: int, block_n: int) -> int:
+    """Rows per segment that cut N rows into about ``pieces`` segments (1: N whole), a multiple
+    of the row block."""
+    return n if pieces <= 1 else max(block_n, cdiv(cdiv(n, pieces), block_n) * block_n)
 
 
 def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
