@@ -4,7 +4,7 @@ At batch·heads too small to fill the GPU, Chunk cuts N into segments chained th
 (:func:`leetrepro.methods.chunk.segment_rows`: about three programs per SM in all). Each segment
 waits for its predecessor's state, so the chain is the critical path at small N, while at large N
 more programs hide latency. This times Chunk with ``pieces`` segments per lane (1 = no split) at
-batch 1, heads 32, r = d = 128, per dtype, mask and N: the median time per replay of the call
+batch 1, heads 32 (``--heads``: the lanes), r = d = 128, per dtype, mask and N: the median time per replay of the call
 captured in a CUDA graph (the GPU's time, without the eager call's host cost), the candidates
 interleaved. Writes ``segments.csv`` (one row per candidate, ``default`` marking the
 heuristic's choice) and prints the best per cell.
@@ -56,6 +56,8 @@ def measure(dtype, n: int, decay: bool, device, reps: int, heads: int = 32) -> l
 def _arguments(p) -> None:
     p.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
     p.add_argument("--seqlens", nargs="*", type=int, default=[512, 2048, 8192, 32768, 100000])
+    p.add_argument("--heads", nargs="*", type=int, default=[32],
+                   help="heads (= lanes at batch 1, r = d = 128) to measure")
     p.add_argument("--reps", type=int, default=25)
     p.add_argument("--csv", default="segments.csv")
 
@@ -69,13 +71,13 @@ def main(argv=None) -> int:
     device, meta, out = setup
     rows = []
     for dtype in map(parse_dtype, args.dtypes):
-        for n in args.seqlens:
+        for heads, n in ((h, n) for h in args.heads for n in args.seqlens):
             for decay in (False, True):
-                cell = measure(dtype, n, decay, device, args.reps)
+                cell = measure(dtype, n, decay, device, args.reps, heads)
                 rows += cell
                 best = min(cell, key=lambda r: r["median_s"])
                 dflt = next(r for r in cell if r["default"])
-                print(f"{SHORT_NAMES[dtype]} N={n:6d} {'decay' if decay else '0-1  '} default "
+                print(f"{SHORT_NAMES[dtype]} H={heads} N={n:6d} {'decay' if decay else '0-1  '} default "
                       f"{dflt['pieces']:2d} pieces {dflt['median_s'] * 1e6:8.1f} us | best "
                       f"{best['pieces']:2d} pieces {best['median_s'] * 1e6:8.1f} us "
                       f"({best['median_s'] / dflt['median_s']:.2f}x)", flush=True)
