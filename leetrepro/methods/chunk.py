@@ -7,7 +7,7 @@ For chunks of L rows with state H (r × d, fp32) entering chunk [s, s+L):
 At batch·heads too small to fill the GPU, each head's N rows are split into segments whose states
 are chained through a two-slot ring buffer (``kernels/chunk_scan.py``): B, V, O once and C, V twice
 (segments short enough for the second read to hit L2 measured slower on the H100: their
-pipelines are too short; NOTES.md). At batch·heads ≥ 2 × SMs: one pass, exactly the four tensors.
+pipelines are too short; NOTES.md). At batch·heads ≥ SMs: one pass, exactly the four tensors.
 Time O(N·(L·(r+d) + r·d)); extra memory O(batch·heads·r·d) (the ring, two states per lane).
 
 State in and out (for prompts processed in pieces and for generation): ``initial_state`` S0
@@ -77,12 +77,14 @@ def _config(r, d, dtype, precision, decay, dual, device) -> tuple:
 
 
 def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
-    """Rows per segment: N whole when the lanes alone fill the GPU (two programs per SM), else cut
-    so that about three programs per SM run in all (measured: larger segments beat the smaller,
-    L2-resident ones the design first aimed at, NOTES.md)."""
-    if lanes >= 2 * sms:
+    """Rows per segment: as many segments per lane as one wave of programs holds (the kernel runs
+    one program per SM: 255 registers a thread), N whole once the lanes alone fill the GPU.
+    Measured (``bench.segments``, NOTES.md): a partial last wave costs more than a longer chain of
+    segments, so 4 segments a lane at 32 lanes on 132 SMs beat the 13 of three programs per SM by
+    15-30 %, and 128 lanes run fastest unsplit."""
+    if lanes >= sms:
         return n
-    return rows_for_pieces(n, cdiv(3 * sms, lanes), block_n)
+    return rows_for_pieces(n, sms // lanes, block_n)
 
 
 def rows_for_pieces(n: int, pieces: int, block_n: int) -> int:
