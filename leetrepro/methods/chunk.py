@@ -7,7 +7,7 @@ For chunks of L rows with state H (r × d, fp32) entering chunk [s, s+L):
 At batch·heads too small to fill the GPU, each head's N rows are split into segments whose states
 are chained through a two-slot ring buffer (``kernels/chunk_scan.py``): B, V, O once and C, V twice
 (segments short enough for the second read to hit L2 measured slower on the H100: their
-pipelines are too short; NOTES.md). At batch·heads ≥ SMs: one pass, exactly the four tensors.
+pipelines are too short; NOTES.md). At batch·heads ≥ 2 × SMs: one pass, exactly the four tensors.
 Time O(N·(L·(r+d) + r·d)); extra memory O(batch·heads·r·d) (the ring, two states per lane).
 
 State in and out (for prompts processed in pieces and for generation): ``initial_state`` S0
@@ -77,14 +77,24 @@ def _config(r, d, dtype, precision, decay, dual, device) -> tuple:
 
 
 def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
-    """Rows per segment: as many segments per lane as one wave of programs holds (the kernel runs
-    one program per SM: 255 registers a thread), N whole once the lanes alone fill the GPU.
-    Measured (``bench.segments``, NOTES.md): a partial last wave costs more than a longer chain of
-    segments, so 4 segments a lane at 32 lanes on 132 SMs beat the 13 of three programs per SM by
-    15-30 %, and 128 lanes run fastest unsplit."""
-    if lanes >= sms:
+    """Rows per segment: N whole once the lanes alone fill the GPU twice over; below that, the
+    fewest segments per lane whose programs fill their last wave to 90 % (:func:`wave_pieces`:
+    the kernel runs one program per SM, 255 registers a thread). Measured (``bench.segments``,
+    NOTES.md): a partial last wave costs more than a longer chain of segments, so at 32 lanes on
+    132 SMs 4 segments a lane beat the 13 of the earlier three-programs-per-SM rule by 15-30 %."""
+    if lanes >= 2 * sms:
         return n
-    return rows_for_pieces(n, sms // lanes, block_n)
+    return rows_for_pieces(n, wave_pieces(lanes, sms), block_n)
+
+
+def wave_pieces(lanes: int, sms: int, fill: float = 0.9) -> int:
+    """The fewest pieces p per lane for which lanes·p programs fill their last wave of ``sms``
+    programs to ``fill`` (16 lanes on 132 SMs: 8; 32: 4; 128: 1; 192: 2)."""
+    for p in range(1, 4 * sms + 1):
+        programs = lanes * p
+        if programs >= fill * sms * cdiv(programs, sms):
+            return p
+    return 1
 
 
 def rows_for_pieces(n: int, pieces: int, block_n: int) -> int:
