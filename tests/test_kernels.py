@@ -80,7 +80,7 @@ def test_chunk_state_triton(shape, segment, reverse, dtype):
 
 def test_segments_fill_the_last_wave_of_programs():
     """Chunk's default split at small batch·heads (one program per SM): the fewest segments per
-    lane that fill the last wave to 90 %, as measured best on 132 SMs (bench.segments); N whole
+    lane whose programs use 90 % of their waves' slots, as measured best on 132 SMs; N whole
     from twice as many lanes as SMs; segments a multiple of the row block."""
     from leetrepro.methods.chunk import segment_rows, wave_pieces
     assert [wave_pieces(lanes, 132) for lanes in (16, 32, 64, 128, 192)] == [8, 4, 2, 1, 2]

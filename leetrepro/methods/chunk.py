@@ -78,9 +78,9 @@ def _config(r, d, dtype, precision, decay, dual, device) -> tuple:
 
 def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
     """Rows per segment: N whole once the lanes alone fill the GPU twice over; below that, the
-    fewest segments per lane whose programs fill their last wave to 90 % (:func:`wave_pieces`:
-    the kernel runs one program per SM, 255 registers a thread). Measured (``bench.segments``,
-    NOTES.md): a partial last wave costs more than a longer chain of segments, so at 32 lanes on
+    fewest segments per lane whose programs fill the waves they need (:func:`wave_pieces`: the
+    kernel runs one program per SM, 255 registers a thread). Measured (``bench.segments``,
+    NOTES.md): a partly empty wave costs more than a longer chain of segments, so at 32 lanes on
     132 SMs 4 segments a lane beat the 13 of the earlier three-programs-per-SM rule by 15-30 %."""
     if lanes >= 2 * sms:
         return n
@@ -88,8 +88,9 @@ def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
 
 
 def wave_pieces(lanes: int, sms: int, fill: float = 0.9) -> int:
-    """The fewest pieces p per lane for which lanes·p programs fill their last wave of ``sms``
-    programs to ``fill`` (16 lanes on 132 SMs: 8; 32: 4; 128: 1; 192: 2)."""
+    """The fewest pieces p per lane for which the lanes·p programs use at least ``fill`` of the
+    program slots of the waves of ``sms`` programs they need (16 lanes on 132 SMs: 8; 32: 4;
+    128: 1; 192: 2)."""
     for p in range(1, 4 * sms + 1):
         programs = lanes * p
         if programs >= fill * sms * cdiv(programs, sms):
