@@ -89,10 +89,10 @@ def _subsets(names):
 
 
 # a frozen embedding, LoRA, a probe: some inputs need no gradient. Every method, every subset of
-# {B, C, V} (and of {B, C, V, S0} where the method takes a state); the fast lane keeps one method
-# of each backward path (Chunk's fused dual sweep, a PyTorch method's three calls)
+# {B, C, V} (and of {B, C, V, S0} where the method takes a state); the fast lane keeps Chunk's
+# (the fused dual sweep; the sweep-count test below runs a PyTorch method's separate sweeps too)
 SUBSET_CASES = [pytest.param(m, w, id=f"{m.abbr}-{w}",
-                             marks=() if m.abbr in ("Chunk", "LA_torch") else pytest.mark.slow)
+                             marks=() if m.abbr == "Chunk" else pytest.mark.slow)
                 for m in METHODS for w in _subsets("BCVS" if m.state else "BCV")]
 
 

@@ -296,6 +296,7 @@ def test_scaling_notebook_judges_a_larger_host(tmp_path):
     assert "**8 GPUs**: not run" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_every_parameter_a_notebook_assigns_is_one_papermill_sees(name):
     """papermill takes only plain `name = value` lines as parameters (a tuple line such as
