@@ -28,7 +28,7 @@ import functools
 import torch
 
 from ._device import sm_count
-from ._inputs import memo_by_tensor, normalize_gamma
+from ._inputs import FLOAT_DTYPES, memo_by_tensor, normalize_gamma
 from .registry import GPU_DTYPES
 
 
@@ -63,7 +63,7 @@ def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_
     Cost: O(batch·heads·k·r·d) time; memory traffic 2·batch·heads·r·d·4 bytes (the states).
     """
     _check(B, C, V, state_pool, slots)
-    if check_slots or (check_slots is None and slots.device.type == "cpu"):
+    if check_slots and _on_kernel(B, V, state_pool):  # the PyTorch path checks them in any case
         check_slot_values(slots, state_pool.shape[0])
     g = normalize_gamma(gamma, B.shape[1], B.device)
     if torch.compiler.is_compiling():
@@ -92,7 +92,7 @@ def _check(B, C, V, pool, slots):
         raise ValueError(f"slots must be an int32/int64 tensor of shape (batch,) = ({batch},), "
                          f"got {slots.dtype} {tuple(slots.shape)}")
     for name, t in (("B", B), ("C", C), ("V", V)):
-        if t.dtype not in TOKEN_DTYPES:
+        if t.dtype not in FLOAT_DTYPES:
             raise ValueError(f"{name} must be a floating tensor (float16, bfloat16, float32 or "
                              f"float64), got {t.dtype}: integer tokens would be truncated")
     if not B.dtype == C.dtype == V.dtype:
@@ -102,8 +102,7 @@ def _check(B, C, V, pool, slots):
         raise ValueError(f"B, C, V, state_pool and slots must be on one device, got {devices}")
 
 
-#: the dtypes a step takes: tokens of any floating dtype, states in float32 or float64
-TOKEN_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+#: the pool's dtypes: the state accumulates a whole sequence (tokens take any of FLOAT_DTYPES)
 POOL_DTYPES = frozenset({torch.float32, torch.float64})
 
 
@@ -125,8 +124,13 @@ def check_slot_values(slots: torch.Tensor, pool_slots: int) -> None:
         seen[s] = i
 
 
+def _on_kernel(B, V, state_pool) -> bool:
+    """Whether the step runs the Triton kernel (else PyTorch)."""
+    return B.is_cuda and V.dtype in GPU_DTYPES and state_pool.dtype == torch.float32
+
+
 def _decode_step_impl(B, C, V, gamma, state_pool, slots, scale):
-    if B.is_cuda and V.dtype in GPU_DTYPES and state_pool.dtype == torch.float32:
+    if _on_kernel(B, V, state_pool):
         return _triton_step(B, C, V, gamma, state_pool, slots, scale)
     # PyTorch indexing would wrap a negative slot and drop a repeated one's update: the slots are
     # checked here, whatever check_slots said (this path is not the one a graph captures)

@@ -19,8 +19,8 @@ takes ``dual=`` (Chunk) computes both in one reverse sweep: the backward reads B
 writes dC, dV, then reads dO, V, C and writes dB (10 tensor passes; forward + backward 14, against
 the 11 that a single fused sweep could reach). Only the gradients asked for are computed (a frozen
 input costs nothing): dB alone is one forward sweep, dV alone or dC alone one reverse sweep, and
-dS0 comes from the final state of whichever reverse sweep runs. Nothing is saved but the inputs: no per-chunk
-states (O(N·r·d) memory in the public kernels) are kept; the backward recomputes. The backward
+dS0 comes from the final state of whichever reverse sweep runs. Nothing is saved but the inputs:
+no per-chunk states (O(N·r·d) memory in the public kernels) are kept; the backward recomputes. The backward
 is one custom op too (``leetrepro::causal_linear_backward``), first-order only.
 
 With a state (``initial_state`` S0, final state S_N, gradient dS_N), using X = dS_N / λ:
@@ -262,7 +262,6 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
-    xt = None if X is None else X.transpose(-1, -2)
     # one sweep per gradient asked for, and none for the rest: dV's and dC's reverse sweeps share
     # their state (transposed), so a method with a dual mode does both in one sweep only when
     # both are wanted (dS0 comes from either sweep's final state, R or Rᵀ)
@@ -274,6 +273,7 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, cu_seqlens=cu_seqlens,
                         scale=scale)
         if need_c:
+            xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
                          cu_seqlens=cu_seqlens, scale=scale)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R

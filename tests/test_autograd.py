@@ -1,11 +1,10 @@
 """Training: gradients of every method against float64 autograd through the oracle, the custom op
 (opcheck), gradcheck, and torch.compile(fullgraph=True) of a model that calls the operator."""
-import itertools
-
 import pytest
 import torch
 
-from leetrepro import causal_linear_decoder, reference, rel_error
+from leetrepro import causal_linear_decoder, reference, registry, rel_error
+from leetrepro.bench.gpu_check import frozen_subsets
 from leetrepro.methods import methods
 from leetrepro.reference import TOLERANCE
 
@@ -83,17 +82,12 @@ def test_gradients_through_the_states(method, decay):
     _check_gradients(method, torch.float32, decay, state=True)
 
 
-def _subsets(names):
-    """Every non-empty proper subset of the inputs (the whole set is tested above)."""
-    return ["".join(s) for k in range(1, len(names)) for s in itertools.combinations(names, k)]
-
-
 # a frozen embedding, LoRA, a probe: some inputs need no gradient. Every method, every subset of
 # {B, C, V} (and of {B, C, V, S0} where the method takes a state); the fast lane keeps Chunk's
 # (the fused dual sweep; the sweep-count test below runs a PyTorch method's separate sweeps too)
 SUBSET_CASES = [pytest.param(m, w, id=f"{m.abbr}-{w}",
                              marks=() if m.abbr == "Chunk" else pytest.mark.slow)
-                for m in METHODS for w in _subsets("BCVS" if m.state else "BCV")]
+                for m in METHODS for w in frozen_subsets(m)]
 
 
 @pytest.mark.parametrize("method, wanted", SUBSET_CASES)
@@ -103,7 +97,7 @@ def test_gradients_when_only_some_inputs_require_grad(method, wanted):
 
 
 @pytest.mark.parametrize("abbr", ["Chunk", "LA_torch"])
-@pytest.mark.parametrize("wanted", _subsets("BCVS") + ["BCVS"])
+@pytest.mark.parametrize("wanted", frozen_subsets(registry.get("Chunk")) + ["BCVS"])
 def test_backward_sweeps_only_for_the_gradients_asked_for(abbr, wanted, monkeypatch):
     """dB alone is one forward sweep, dV alone or dC alone one reverse sweep; dV with dC one
     sweep where the method has the fused (dual) reverse sweep, else two; dS0 rides on either."""

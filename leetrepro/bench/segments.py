@@ -1,12 +1,12 @@
 """Chunk at batch 1: how many segments each lane's N rows should be cut into, measured.
 
 At batch·heads too small to fill the GPU, Chunk cuts N into segments chained through a ring
-(:func:`leetrepro.methods.chunk.segment_rows`: about three programs per SM in all). Each segment
-waits for its predecessor's state, so the chain is the critical path at small N, while at large N
-more programs hide latency. This times Chunk with ``pieces`` segments per lane (1 = no split) at
-batch 1, heads 32 (``--heads``: the lanes), r = d = 128, per dtype, mask and N: the median time per replay of the call
-captured in a CUDA graph (the GPU's time, without the eager call's host cost), the candidates
-interleaved. Writes ``segments.csv`` (one row per candidate, ``default`` marking the
+(:func:`leetrepro.methods.chunk.segment_rows` picks how many). Each segment waits for its
+predecessor's state, and the programs run in waves of one per SM, so both the chain and how well
+the programs fill their waves set the time. This times Chunk with ``pieces`` segments per lane
+(1 = no split) at batch 1, heads 32 (``--heads``: the lanes), r = d = 128, per dtype, mask and N:
+the median time per replay of the call captured in a CUDA graph (the GPU's time, without the
+eager call's host cost), the candidates interleaved. Writes ``segments.csv`` (one row per candidate, ``default`` marking the
 heuristic's choice) and prints the best per cell.
 
     python -m leetrepro.bench.segments --out data/<gpu> [--seqlens 512 2048 ...]

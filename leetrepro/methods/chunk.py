@@ -91,11 +91,10 @@ def wave_pieces(lanes: int, sms: int, fill: float = 0.9) -> int:
     """The fewest pieces p per lane for which the lanes·p programs use at least ``fill`` of the
     program slots of the waves of ``sms`` programs they need (16 lanes on 132 SMs: 8; 32: 4;
     128: 1; 192: 2)."""
-    for p in range(1, 4 * sms + 1):
-        programs = lanes * p
-        if programs >= fill * sms * cdiv(programs, sms):
-            return p
-    return 1
+    p = 1  # p = sms at the latest: then the programs fill whole waves
+    while lanes * p < fill * sms * cdiv(lanes * p, sms):
+        p += 1
+    return p
 
 
 def rows_for_pieces(n: int, pieces: int, block_n: int) -> int:
