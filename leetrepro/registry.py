@@ -32,6 +32,7 @@ OPTION_RULES = {
     "segment": ("None or a positive integer (a multiple of the kernel's row block)",
                 lambda v: v is None or _positive_int(v)),
     "fp32_precision": (f"None or one of {FP32_PRECISIONS}", lambda v: v is None or v in FP32_PRECISIONS),
+    "kernel": ("one of 'auto', 'portable', 'hopper'", lambda v: v in ("auto", "portable", "hopper")),
 }
 #: options every method accepts: ``fp32_precision`` asks for at least that fp32 accuracy, which the
 #: PyTorch methods (plain fp32 arithmetic) always give; so ``method="auto"`` may take it too

@@ -122,11 +122,11 @@ def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
           scale=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
-          options={"fp32_precision": "tf32", "segment": None})
+          options={"fp32_precision": "tf32", "segment": None, "kernel": "auto"})
 def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                reverse: bool = False, dual: torch.Tensor | None = None,
-               cu_seqlens: torch.Tensor | None = None, scale: float = 1.0):
+               cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto"):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -141,6 +141,11 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     Any layout whose last dimension is contiguous is read in place (flash-linear-attention's
     time-major ``(batch, N, heads, r)`` transposed to ``(batch, heads, N, r)`` included); O comes
     out in V's layout. ``scale`` multiplies O (and the dual output) as it is stored.
+
+    ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
+    forward, ``kernels/chunk_hopper.py``: fp16/bf16, r = d = 128, one pass; a ValueError naming
+    what rules it out elsewhere) or ``"auto"`` (the Hopper kernel where :func:`hopper_wins` says
+    it was measured faster on this GPU, else the portable one).
     """
     kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
@@ -159,6 +164,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                  initial_state is not None, output_final_state, reverse)
     plan = _plan(*signature)
     lanes = plan.lanes
+    hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, reverse=reverse,
+                         cu_seqlens=cu_seqlens)
     if dual is not None:
         out2 = torch.empty_like(B)
         if out2.stride() != B.stride():
@@ -188,9 +195,12 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
             ptrs |= t.data_ptr()
     key = (signature, strides, B.dtype, C.dtype, None if gamma is None else gamma.dtype,
            None if cu_seqlens is None else cu_seqlens.dtype, ptrs % 16 == 0)
-    launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,),
-           (*head, ws, sync, *tail, plan.segment, scale, *strides), plan.main, key + (False,),
-           **plan.main_options)
+    if hopper:
+        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale)
+    else:
+        launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,),
+               (*head, ws, sync, *tail, plan.segment, scale, *strides), plan.main, key + (False,),
+               **plan.main_options)
     # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's
     # NaN/Inf (the kernel's docstring); a few microseconds when no lane is flagged
     launch(kern.chunk_scan_kernel, (lanes,), (*head, None, None, *tail, n, scale, *strides),
@@ -198,6 +208,79 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
+
+
+#: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 197 KB of
+#: shared memory with the state copies and O's staging; 168 registers a thread at launch, moved
+#: by ``setmaxnreg`` to the consumers (256 and 232) from the loader (24)
+HOPPER = dict(BLOCK_N=64, STAGES=3, num_warps=4, maxnreg=168)
+
+
+def hopper_unfit(B, C, V, gamma, *, dual=None, reverse=False, cu_seqlens=None) -> str | None:
+    """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
+    fp16/bf16, r = d = 128, no packed sequences, reverse time or dual output, the rows' strides
+    16-byte aligned (TMA)."""
+    if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "it needs a CUDA GPU (not the interpreter)"
+    if torch.cuda.get_device_capability(V.device) != (9, 0):
+        return "it needs an sm_90 GPU (H100, H200)"
+    if V.dtype not in (torch.float16, torch.bfloat16):
+        return f"it takes float16/bfloat16, got {V.dtype}"
+    if B.shape[-1] != 128 or V.shape[-1] != 128:
+        return f"it needs r = d = 128, got r = {B.shape[-1]}, d = {V.shape[-1]}"
+    if dual is not None or reverse or cu_seqlens is not None:
+        return "dual output, reverse time and cu_seqlens are the portable kernel's"
+    for name, t in (("B", B), ("C", C), ("V", V)):
+        if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]):
+            return f"{name}'s base and strides must be 16-byte aligned"
+    return None
+
+
+def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool) -> bool:
+    """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
+    for this cell (``data/<gpu>/chunk_kernel.csv``); False where nothing was measured. The Hopper
+    kernel runs one program per lane, so a call the portable kernel splits (fewer lanes than
+    twice the SMs) stays portable."""
+    if split:
+        return False
+    table = measured_table(device, "chunk_kernel.csv", ("kernel", "speedup"))
+    kind = "half" if dtype != torch.float32 else "tf32"
+    return table.get((kind, decay), ("portable",))[0] == "hopper"
+
+
+def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
+    if kernel == "portable":
+        return False
+    unfit = hopper_unfit(B, C, V, gamma, **call)
+    if kernel == "hopper":
+        if unfit:
+            raise ValueError(f"kernel='hopper' cannot run this call: {unfit}")
+        return True
+    if kernel != "auto":
+        raise ValueError(f"option kernel={kernel!r} is invalid; use 'auto', 'portable' or 'hopper'")
+    return unfit is None and hopper_wins(V.device, V.dtype, gamma is not None, plan.split)
+
+
+def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale):
+    """The warp-specialised forward (``kernels/chunk_hopper.py``), one program per lane."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    batch, _, n, r = B.shape
+    d = V.shape[-1]
+    gdt = gl.float16 if V.dtype == torch.float16 else gl.bfloat16
+    bn = HOPPER["BLOCK_N"]
+
+    def desc(t, cols):
+        block = [1, 1, bn, cols]
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                                gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    triton_kernels("chunk_hopper").chunk_hopper_kernel[(batch * heads,)](
+        desc(B, r), desc(C, r), desc(V, d // 2), desc(out, d // 2), s0, sn, flags, gamma, n,
+        heads, scale, BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"], HAS_DECAY=gamma is not None,
+        HAS_S0=s0 is not None, STORE_SN=sn is not None, HALF_RANGE=V.dtype == torch.float16,
+        num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
 
 
 class _Plan(typing.NamedTuple):

@@ -1,0 +1,213 @@
+"""Chunk's forward for Hopper (sm_90) in Gluon: warp-specialised, the state split over two warp groups.
+
+The portable kernel (``chunk_scan.py``) holds the whole 128 × 128 fp32 state in one 8-warp program
+with every tile besides it, at 255 registers and spilling (NOTES.md): its time is its own issue
+rate. Here a program (one lane: one batch·head) has three partitions:
+
+* a **loader** (one warp, few registers) streams the chunks' B, C, V tiles into a ring of
+  ``STAGES`` shared-memory slots with the tensor-memory accelerator (TMA), each slot guarded by a
+  *ready* and an *empty* mbarrier;
+* two **consumer** warp groups, consumer h holding columns [h·DH, (h+1)·DH) of the state
+  (R × DH fp32: 64 registers a thread at 128 × 64), each computing its half of every chunk's O
+  with warp-group MMA (wgmma) and storing it with TMA.
+
+Per chunk of BLOCK_N rows s..s+L-1, consumer h, with H its half of the state entering the chunk:
+
+    S = b cᵀ                                  (BLOCK_N × BLOCK_N, both consumers: cheaper than sharing it)
+    O = λ^(i+1) · (b H)  +  (S ⊙ M) v[:, h]    (M[i, j] = λ^(i-j), i ≥ j)
+    H ← λ^L H + (diag(λ^(L-1-j)) c)ᵀ v[:, h]
+
+H enters the MMA as a B operand, so it is copied to shared memory in the input dtype once a chunk;
+(S ⊙ M) stays in registers as the A operand. fp16 operands made from fp32 values (H and S ⊙ M) are
+scaled by a power of two so that their largest entry is near 2^14 (``HALF_RANGE``, as in
+``_tiles.half_operand``); bf16 has fp32's range and skips it.
+
+Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
+descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
+in place). A lane whose final state is non-finite raises its flag in ``FLAGS``; the launcher
+recomputes those lanes with the portable kernel's repair launch, as for the portable kernel.
+
+Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
+register check by ``leetrepro.bench.regs``.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                             warpgroup_mma, warpgroup_mma_wait)
+
+
+@gluon.jit
+def _tile(bufs, i):
+    """Slot i of a ring of 4-D TMA tiles (slot, 1, 1, rows, cols) as the 2-D (rows, cols) operand."""
+    shape: gl.constexpr = bufs.type.shape
+    return bufs.index(i).reshape([shape[3], shape[4]])
+
+
+@gluon.jit
+def _half_scale(x, HALF_RANGE: gl.constexpr):
+    """(2^-e, 2^e): the power of two that puts the largest |x| near 2^14 (fp16 operands), else 1."""
+    if HALF_RANGE:
+        m = gl.maximum(gl.max(gl.max(gl.abs(x), axis=1), axis=0), 1e-30)
+        e = gl.minimum(gl.ceil(gl.log2(m)) - 14.0, 100.0)
+        return gl.exp2(-e), gl.exp2(e)
+    else:
+        return 1.0, 1.0
+
+
+@gluon.jit
+def _loader(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
+            BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
+            HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
+            HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
+    b_desc, c_desc, v_desc, o_desc = descs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs = bufs
+    ready, empty = bars
+    nbytes: gl.constexpr = b_desc.block_type.nbytes + c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+    for i in range(gl.cdiv(n, BLOCK_N)):
+        s = i % STAGES
+        # a fresh mbarrier counts as having completed the phase before 0: the first STAGES waits pass
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), nbytes)
+        row = i * BLOCK_N
+        tma.async_copy_global_to_shared(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
+        tma.async_copy_global_to_shared(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
+        tma.async_copy_global_to_shared(v_desc, [bb, hh, row, 0], ready.index(s), v_bufs.index(2 * s))
+        tma.async_copy_global_to_shared(v_desc, [bb, hh, row, DH], ready.index(s),
+                                        v_bufs.index(2 * s + 1))
+
+
+@gluon.jit
+def _consumer(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
+              BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
+              HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
+              HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
+    b_desc, c_desc, v_desc, o_desc = descs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs = bufs
+    ready, empty = bars
+    dtype: gl.constexpr = b_desc.dtype
+    # one wgmma layout serves every accumulator: S and O (BLOCK_N × DH), the state (R × DH)
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, DH, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    rows_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)
+    h_s = h_bufs.index(H_IDX)
+    o_s = o_bufs.index(H_IDX)
+
+    # the state's half: rows 0..R-1, columns H_IDX·DH ..
+    st_r = gl.arange(0, R, layout=rows_l)
+    st_c = H_IDX * DH + gl.arange(0, DH, layout=cols_l)
+    st_off = (lane.to(gl.int64) * R + st_r[:, None]) * (2 * DH) + st_c[None, :]
+    if HAS_S0:
+        state = gl.load(S0 + st_off)
+    else:
+        state = gl.zeros([R, DH], gl.float32, acc_l)
+
+    ri = gl.arange(0, BLOCK_N, layout=rows_l)
+    cj = gl.arange(0, BLOCK_N, layout=cols_l)
+    if HAS_DECAY:
+        w_in = gl.exp((ri + 1).to(gl.float32) * lg)
+    # the K index of cᵀ as the state update's A operand (rows of c)
+    kj = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, a_l))
+
+    for i in range(gl.cdiv(n, BLOCK_N)):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        b_t = _tile(b_bufs, s)
+        c_t = _tile(c_bufs, s)
+        v_t = _tile(v_bufs, 2 * s + H_IDX)
+
+        # the state entering the chunk as an operand in shared memory, then the state's own
+        # decay and the weighted cᵀ: every register the MMAs below write is settled before the
+        # first is issued, so none of them waits on another
+        h_down, h_up = _half_scale(state, HALF_RANGE)
+        h_s.store((state * h_down).to(dtype))
+        if HAS_DECAY:
+            length = gl.minimum(n - i * BLOCK_N, BLOCK_N)
+            state = state * gl.exp(length.to(gl.float32) * lg)
+            w_out = gl.exp(gl.maximum(length - 1 - kj, 0).to(gl.float32) * lg)
+            ct = c_t.permute((1, 0)).load(a_l)
+            ct = (ct.to(gl.float32) * w_out[None, :]).to(dtype)
+        fence_async_shared()
+        sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
+                           use_acc=False, is_async=True)
+        o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
+                          is_async=True)
+        if HAS_DECAY:
+            state = warpgroup_mma(ct, v_t, state, is_async=True)
+        else:
+            state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)
+
+        sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+        # the chunk's own mask λ^(i-j) (i ≥ j), recomputed per chunk: 32 exponentials a thread
+        # cost less than the 32 registers that keeping it would take from the state's group
+        diff = ri[:, None] - cj[None, :]
+        if HAS_DECAY:
+            p = gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
+        else:
+            p = gl.where(diff >= 0, sc, 0.0)
+        p_down, p_up = _half_scale(p, HALF_RANGE)
+        o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
+        if HAS_DECAY:
+            o = o * (w_in * (h_up / p_up))[:, None]
+        elif HALF_RANGE:
+            o = o * (h_up / p_up)
+        pa = gl.convert_layout((p * p_down).to(dtype), a_l)
+        o = warpgroup_mma(pa, v_t, o, is_async=True)
+        o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+        mbarrier.arrive(empty.index(s), count=1)
+
+        # O's half of the chunk: the previous chunk's store has left o_s before it is rewritten
+        tma.store_wait(pendings=0)
+        o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [bb, hh, i * BLOCK_N, H_IDX * DH], o_s)
+    tma.store_wait(pendings=0)
+
+    # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
+    bad = (state * 0.0) != 0.0
+    gl.store(FLAGS + lane + gl.zeros([R, DH], gl.int32, acc_l), 1, mask=bad)
+    if STORE_SN:
+        gl.store(SN + st_off, state)
+
+
+@gluon.jit
+def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N, H, scale,
+                        BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
+                        STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
+                        STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr):
+    """One program per lane (batch·head); 4 warps launched (the first consumer), a second consumer
+    warp group and a loader warp added by ``warp_specialize``. Descriptors: B, C blocks
+    (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, D/2). S0, SN: float32 (lanes, R, D)."""
+    DH: gl.constexpr = D // 2
+    dtype: gl.constexpr = b_desc.dtype
+    lane = gl.program_id(0)
+    bb = lane // H
+    hh = lane % H
+    if HAS_DECAY:
+        lg = gl.log(gl.load(GAMMA + hh)).to(gl.float32)  # float64 λ in, log taken in float64
+    else:
+        lg = 0.0
+
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [STAGES] + c_desc.block_type.shape, c_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + v_desc.block_type.shape, v_desc.layout)
+    h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DH], dtype)
+    h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
+    o_bufs = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # both consumers release a slot
+
+    descs = (b_desc, c_desc, v_desc, o_desc)
+    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs)
+    bars = (ready, empty)
+    gl.warp_specialize([
+        (_consumer, (descs, bufs, bars, bb, hh, N, lane, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
+                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 0)),
+        (_consumer, (descs, bufs, bars, bb, hh, N, lane, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
+                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1)),
+        (_loader, (descs, bufs, bars, bb, hh, N, lane, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
+                   STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1))], [4, 1], [232, 24])
