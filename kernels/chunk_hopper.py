@@ -55,12 +55,12 @@ def _half_scale(x, HALF_RANGE: gl.constexpr):
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
+def _loader(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale,
             BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
             HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
             HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
     b_desc, c_desc, v_desc, o_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs = bufs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
     ready, empty = bars
     nbytes: gl.constexpr = b_desc.block_type.nbytes + c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
     for i in range(gl.cdiv(n, BLOCK_N)):
@@ -68,7 +68,7 @@ def _loader(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
         # a fresh mbarrier counts as having completed the phase before 0: the first STAGES waits pass
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
-        row = i * BLOCK_N
+        row = start + i * BLOCK_N
         tma.async_copy_global_to_shared(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
         tma.async_copy_global_to_shared(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
         tma.async_copy_global_to_shared(v_desc, [bb, hh, row, 0], ready.index(s), v_bufs.index(2 * s))
@@ -77,12 +77,12 @@ def _loader(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
 
 
 @gluon.jit
-def _consumer(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
+def _consumer(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale,
               BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
               HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
               HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
     b_desc, c_desc, v_desc, o_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs = bufs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
     ready, empty = bars
     dtype: gl.constexpr = b_desc.dtype
     # one wgmma layout serves every accumulator: S and O (BLOCK_N × DH), the state (R × DH)
@@ -92,14 +92,15 @@ def _consumer(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
     rows_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)
     h_s = h_bufs.index(H_IDX)
+    vw_s = vw_bufs.index(H_IDX)
     o_s = o_bufs.index(H_IDX)
 
     # the state's half: rows 0..R-1, columns H_IDX·DH ..
     st_r = gl.arange(0, R, layout=rows_l)
     st_c = H_IDX * DH + gl.arange(0, DH, layout=cols_l)
-    st_off = (lane.to(gl.int64) * R + st_r[:, None]) * (2 * DH) + st_c[None, :]
+    st_tile = st_r[:, None] * (2 * DH) + st_c[None, :]
     if HAS_S0:
-        state = gl.load(S0 + st_off)
+        state = gl.load(S0 + prog.to(gl.int64) * R * 2 * DH + st_tile)
     else:
         state = gl.zeros([R, DH], gl.float32, acc_l)
 
@@ -107,8 +108,7 @@ def _consumer(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
     cj = gl.arange(0, BLOCK_N, layout=cols_l)
     if HAS_DECAY:
         w_in = gl.exp((ri + 1).to(gl.float32) * lg)
-    # the K index of cᵀ as the state update's A operand (rows of c)
-    kj = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, a_l))
+    kr = gl.arange(0, BLOCK_N, layout=rows_l)
 
     for i in range(gl.cdiv(n, BLOCK_N)):
         s = i % STAGES
@@ -125,16 +125,17 @@ def _consumer(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
         if HAS_DECAY:
             length = gl.minimum(n - i * BLOCK_N, BLOCK_N)
             state = state * gl.exp(length.to(gl.float32) * lg)
-            w_out = gl.exp(gl.maximum(length - 1 - kj, 0).to(gl.float32) * lg)
-            ct = c_t.permute((1, 0)).load(a_l)
-            ct = (ct.to(gl.float32) * w_out[None, :]).to(dtype)
+            # the rows of v weighted by λ^(L-1-j), through shared memory: as a B operand they
+            # hold no registers while the MMA runs (a weighted cᵀ as the A operand would hold 32)
+            w_out = gl.exp(gl.maximum(length - 1 - kr, 0).to(gl.float32) * lg)
+            vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
         fence_async_shared()
         sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
                            use_acc=False, is_async=True)
         o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
                           is_async=True)
         if HAS_DECAY:
-            state = warpgroup_mma(ct, v_t, state, is_async=True)
+            state = warpgroup_mma(c_t.permute((1, 0)), vw_s, state, is_async=True)
         else:
             state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)
 
@@ -161,18 +162,19 @@ def _consumer(descs, bufs, bars, bb, hh, n, lane, lg, S0, SN, FLAGS, scale,
         tma.store_wait(pendings=0)
         o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [bb, hh, i * BLOCK_N, H_IDX * DH], o_s)
+        tma.async_copy_shared_to_global(o_desc, [bb, hh, start + i * BLOCK_N, H_IDX * DH], o_s)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
     bad = (state * 0.0) != 0.0
     gl.store(FLAGS + lane + gl.zeros([R, DH], gl.int32, acc_l), 1, mask=bad)
     if STORE_SN:
-        gl.store(SN + st_off, state)
+        if last:
+            gl.store(SN + lane.to(gl.int64) * R * 2 * DH + st_tile, state)
 
 
 @gluon.jit
-def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N, H, scale,
+def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N, H, SEG, NSEG, scale,
                         BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
                         STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
                         STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr):
@@ -181,7 +183,11 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N,
     (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, D/2). S0, SN: float32 (lanes, R, D)."""
     DH: gl.constexpr = D // 2
     dtype: gl.constexpr = b_desc.dtype
-    lane = gl.program_id(0)
+    prog = gl.program_id(0)
+    lane = prog // NSEG
+    start = (prog % NSEG) * SEG
+    n = gl.minimum(N - start, SEG)
+    last = start + SEG >= N
     bb = lane // H
     hh = lane % H
     if HAS_DECAY:
@@ -202,12 +208,14 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N,
         mbarrier.init(empty.index(s), count=2)  # both consumers release a slot
 
     descs = (b_desc, c_desc, v_desc, o_desc)
-    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs)
+    vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
+    vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
+    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs)
     bars = (ready, empty)
     gl.warp_specialize([
-        (_consumer, (descs, bufs, bars, bb, hh, N, lane, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
+        (_loader, (descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
+                   STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1)),
+        (_consumer, (descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
                      STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 0)),
-        (_consumer, (descs, bufs, bars, bb, hh, N, lane, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
-                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1)),
-        (_loader, (descs, bufs, bars, bb, hh, N, lane, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
-                   STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1))], [4, 1], [232, 24])
+        (_consumer, (descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
+                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1))], [4, 4], [240, 240])

@@ -196,7 +196,12 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     key = (signature, strides, B.dtype, C.dtype, None if gamma is None else gamma.dtype,
            None if cu_seqlens is None else cu_seqlens.dtype, ptrs % 16 == 0)
     if hopper:
-        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale)
+        # one program per SM, as the portable kernel (197-213 KB of shared memory): its split,
+        # in multiples of the Hopper kernel's row block
+        segment = plan.segment
+        if segment < n and segment % HOPPER["BLOCK_N"]:
+            segment = rows_for_pieces(n, plan.n_seg, HOPPER["BLOCK_N"])
+        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment)
     else:
         launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,),
                (*head, ws, sync, *tail, plan.segment, scale, *strides), plan.main, key + (False,),
@@ -261,8 +266,10 @@ def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
     return unfit is None and hopper_wins(V.device, V.dtype, gamma is not None, plan.split)
 
 
-def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale):
-    """The warp-specialised forward (``kernels/chunk_hopper.py``), one program per lane."""
+def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment):
+    """The warp-specialised forward (``kernels/chunk_hopper.py``): one program per lane and segment
+    of ``segment`` rows. With more than one segment a lane's states at the segments' starts come
+    first, from :func:`segment_states` (a read of C and V) and one weighted sum."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -270,17 +277,41 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale):
     d = V.shape[-1]
     gdt = gl.float16 if V.dtype == torch.float16 else gl.bfloat16
     bn = HOPPER["BLOCK_N"]
+    n_seg = cdiv(n, segment)
+    if n_seg > 1:
+        s0 = entering_states(segment_states(C, V, gamma, segment=segment)[0], gamma, segment, s0)
 
     def desc(t, cols):
         block = [1, 1, bn, cols]
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, gdt))
 
-    triton_kernels("chunk_hopper").chunk_hopper_kernel[(batch * heads,)](
+    triton_kernels("chunk_hopper").chunk_hopper_kernel[(batch * heads * n_seg,)](
         desc(B, r), desc(C, r), desc(V, d // 2), desc(out, d // 2), s0, sn, flags, gamma, n,
-        heads, scale, BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"], HAS_DECAY=gamma is not None,
-        HAS_S0=s0 is not None, STORE_SN=sn is not None, HALF_RANGE=V.dtype == torch.float16,
-        num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
+        heads, segment, n_seg, scale, BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"],
+        HAS_DECAY=gamma is not None, HAS_S0=s0 is not None, STORE_SN=sn is not None,
+        HALF_RANGE=V.dtype == torch.float16, num_warps=HOPPER["num_warps"],
+        maxnreg=HOPPER["maxnreg"])
+
+
+def entering_states(local: torch.Tensor, gamma, segment: int, s0=None) -> torch.Tensor:
+    """The state entering each segment, float32 ``(batch, heads, segments, r, d)``, from the
+    segments' own states ``local`` (:func:`segment_states`, every segment but the last
+    ``segment`` rows long) and the initial state ``s0`` (None: zeros):
+        P_k = λ^(k·L) S0 + Σ_{m<k} λ^((k-1-m)·L) S_m,   L = ``segment``,
+    one weighted sum (only non-negative powers of λ)."""
+    n_seg = local.shape[2]
+    k = torch.arange(n_seg, device=local.device, dtype=torch.float64)
+    if gamma is None:
+        lg = torch.zeros(local.shape[1], 1, 1, dtype=torch.float64, device=local.device)
+    else:
+        lg = torch.log(gamma.to(torch.float64))[:, None, None]
+    steps = k[:, None] - 1 - k[None, :]  # (k, m)
+    w = torch.where(steps >= 0, torch.exp(steps.clamp(min=0) * segment * lg), 0.0)
+    p = torch.einsum("hkm,bhmrd->bhkrd", w.to(torch.float32), local)
+    if s0 is not None:
+        p += torch.exp(k * segment * lg[:, :, 0]).to(torch.float32)[None, :, :, None, None] * s0[:, :, None]
+    return p
 
 
 class _Plan(typing.NamedTuple):
@@ -330,11 +361,29 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     the segments' sums are weighted by λ^(N - end) and added in a fixed order (``segment``: rows
     per segment, a multiple of the row block; default as Chunk's). O(N·r·d) time,
     O(segments·batch·heads·r·d) workspace."""
-    refuse_interpreted_bf16(V.dtype, "chunk_state")
     batch, heads, n, r = C.shape
     d = V.shape[-1]
     if n == 0 or C.numel() == 0 or V.numel() == 0:
         return V.new_zeros(batch, heads, r, d, dtype=torch.float32)
+    ws, segment = segment_states(C, V, gamma, reverse=reverse, fp32_precision=fp32_precision,
+                                 segment=segment)
+    n_seg = ws.shape[2]
+    if gamma is None:
+        return ws.sum(2)
+    ends = torch.clamp(torch.arange(1, n_seg + 1, device=V.device) * segment, max=n)
+    w = torch.exp((n - ends).to(torch.float64)[None, :] * torch.log(gamma.to(torch.float64))[:, None])
+    return torch.einsum("bhsrd,hs->bhrd", ws, w.to(torch.float32))
+
+
+def segment_states(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
+                   reverse: bool = False, fp32_precision: str | None = None,
+                   segment: int | None = None) -> torch.Tensor:
+    """(each segment's own state ``Σ_{a≤j<e} λ^(e-1-j) c_jᵀ v_j`` over its rows [a, e), float32
+    ``(batch, heads, segments, r, d)``; the rows per segment): the parts :func:`chunk_state` adds
+    (``segment`` rows each, the last one shorter; default as Chunk's split)."""
+    refuse_interpreted_bf16(V.dtype, "chunk_state")
+    batch, heads, n, r = C.shape
+    d = V.shape[-1]
     C, V = C.contiguous(), V.contiguous()
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, device=V.device)
@@ -348,11 +397,6 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
         C, V, ws, gamma, n, r, d, heads, segment, HAS_DECAY=gamma is not None, REVERSE=reverse,
         PRECISION=precision, **cfg)
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
-    if gamma is None:
-        s = ws.sum(3)
-    else:
-        ends = torch.clamp(torch.arange(1, n_seg + 1, device=V.device) * segment, max=n)
-        w = torch.exp((n - ends).to(torch.float64)[None, :] * torch.log(gamma.to(torch.float64))[:, None])
-        s = torch.einsum("bhksrd,hs->bhkrd", ws, w.to(torch.float32))
-    # (batch, heads, d blocks, BLOCK_R, BLOCK_D) -> (batch, heads, r, d)
-    return s.permute(0, 1, 3, 2, 4).reshape(batch, heads, cfg["BLOCK_R"], -1)[:, :, :r, :d].contiguous()
+    # (batch, heads, d blocks, segments, BLOCK_R, BLOCK_D) -> (batch, heads, segments, r, d)
+    return ws.permute(0, 1, 3, 4, 2, 5).reshape(batch, heads, n_seg, cfg["BLOCK_R"], -1)[
+        :, :, :, :r, :d].contiguous(), segment
