@@ -1,34 +1,41 @@
-"""Chunk's forward for Hopper (sm_90) in Gluon: warp-specialised, the state split over two warp groups.
+"""Chunk's forward for Hopper (sm_90) in Gluon: warp-specialised, the state split over two warp
+groups.
 
 The portable kernel (``chunk_scan.py``) holds the whole 128 × 128 fp32 state in one 8-warp program
 with every tile besides it, at 255 registers and spilling (NOTES.md): its time is its own issue
-rate. Here a program (one lane: one batch·head) has three partitions:
+rate. Here a program (one lane, a batch·head, or one segment of a lane's rows) has three
+partitions:
 
-* a **loader** (one warp, few registers) streams the chunks' B, C, V tiles into a ring of
-  ``STAGES`` shared-memory slots with the tensor-memory accelerator (TMA), each slot guarded by a
-  *ready* and an *empty* mbarrier;
-* two **consumer** warp groups, consumer h holding columns [h·DH, (h+1)·DH) of the state
-  (R × DH fp32: 64 registers a thread at 128 × 64), each computing its half of every chunk's O
-  with warp-group MMA (wgmma) and storing it with TMA.
+* a **loader** (the launch's 4 warps, cut to 24 registers a thread) streams the chunks' B, C, V
+  tiles into a ring of ``STAGES`` shared-memory slots with the tensor-memory accelerator (TMA),
+  each slot guarded by a *ready* and an *empty* mbarrier;
+* two **consumer** warp groups (240 registers a thread each), consumer h holding columns
+  [h·DH, (h+1)·DH) of the state (R × DH fp32: 64 registers a thread at 128 × 64), each computing
+  its half of every chunk's O with warp-group MMA (wgmma) and storing it with TMA.
 
-Per chunk of BLOCK_N rows s..s+L-1, consumer h, with H its half of the state entering the chunk:
+Per chunk of L ≤ BLOCK_N rows, consumer h, with H its half of the state entering the chunk:
 
-    S = b cᵀ                                  (BLOCK_N × BLOCK_N, both consumers: cheaper than sharing it)
-    O = λ^(i+1) · (b H)  +  (S ⊙ M) v[:, h]    (M[i, j] = λ^(i-j), i ≥ j)
-    H ← λ^L H + (diag(λ^(L-1-j)) c)ᵀ v[:, h]
+    S = b cᵀ                                 (BLOCK_N × BLOCK_N; both consumers compute it)
+    O = λ^(i+1) · (b H)  +  (S ⊙ M) v[:, h]   (M[i, j] = λ^(i-j) for i ≥ j, else 0)
+    H ← λ^L H + cᵀ (diag(λ^(L-1-j)) v[:, h])
 
 H enters the MMA as a B operand, so it is copied to shared memory in the input dtype once a chunk;
-(S ⊙ M) stays in registers as the A operand. fp16 operands made from fp32 values (H and S ⊙ M) are
+S ⊙ M stays in registers as the A operand. fp16 operands made from fp32 values (H and S ⊙ M) are
 scaled by a power of two so that their largest entry is near 2^14 (``HALF_RANGE``, as in
 ``_tiles.half_operand``); bf16 has fp32's range and skips it.
 
+Segments (batch 1: too few lanes to fill the GPU): program ``lane·NSEG + k`` sweeps rows
+[k·SEG, min((k+1)·SEG, N)) from the state entering them, which the launcher computed first
+(``chunk.segment_states``, ``chunk.entering_states``); ``S0`` is then per program, and only the
+last segment writes the final state. With NSEG = 1, S0 is the caller's initial state.
+
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
-in place). A lane whose final state is non-finite raises its flag in ``FLAGS``; the launcher
+in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
 recomputes those lanes with the portable kernel's repair launch, as for the portable kernel.
 
 Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
-register check by ``leetrepro.bench.regs``.
+register check by ``leetrepro.bench.regs --hopper``.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -55,17 +62,21 @@ def _half_scale(x, HALF_RANGE: gl.constexpr):
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale,
+def _loader(descs, bufs, bars, where, ptrs, lg, scale,
             BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
             HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
             HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
+    bb, hh, start, n, lane, prog, last = where
+    S0, SN, FLAGS = ptrs
     b_desc, c_desc, v_desc, o_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
     ready, empty = bars
-    nbytes: gl.constexpr = b_desc.block_type.nbytes + c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+    nbytes: gl.constexpr = (b_desc.block_type.nbytes + c_desc.block_type.nbytes
+                            + 2 * v_desc.block_type.nbytes)
     for i in range(gl.cdiv(n, BLOCK_N)):
         s = i % STAGES
-        # a fresh mbarrier counts as having completed the phase before 0: the first STAGES waits pass
+        # a fresh mbarrier counts as having completed the phase before 0: the first STAGES
+        # waits pass
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
         row = start + i * BLOCK_N
@@ -77,10 +88,12 @@ def _loader(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, F
 
 
 @gluon.jit
-def _consumer(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale,
+def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
               BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
               HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
               HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
+    bb, hh, start, n, lane, prog, last = where
+    S0, SN, FLAGS = ptrs
     b_desc, c_desc, v_desc, o_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
     ready, empty = bars
@@ -93,7 +106,6 @@ def _consumer(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN,
     cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)
     h_s = h_bufs.index(H_IDX)
     vw_s = vw_bufs.index(H_IDX)
-    o_s = o_bufs.index(H_IDX)
 
     # the state's half: rows 0..R-1, columns H_IDX·DH ..
     st_r = gl.arange(0, R, layout=rows_l)
@@ -118,8 +130,8 @@ def _consumer(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN,
         v_t = _tile(v_bufs, 2 * s + H_IDX)
 
         # the state entering the chunk as an operand in shared memory, then the state's own
-        # decay and the weighted cᵀ: every register the MMAs below write is settled before the
-        # first is issued, so none of them waits on another
+        # decay: every register the MMAs below write is settled before the first is issued, so
+        # ptxas need not serialise them
         h_down, h_up = _half_scale(state, HALF_RANGE)
         h_s.store((state * h_down).to(dtype))
         if HAS_DECAY:
@@ -130,8 +142,9 @@ def _consumer(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN,
             w_out = gl.exp(gl.maximum(length - 1 - kr, 0).to(gl.float32) * lg)
             vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
         fence_async_shared()
-        sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
-                           use_acc=False, is_async=True)
+        sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
+                           gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                           is_async=True)
         o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
                           is_async=True)
         if HAS_DECAY:
@@ -158,8 +171,10 @@ def _consumer(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN,
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
         mbarrier.arrive(empty.index(s), count=1)
 
-        # O's half of the chunk: the previous chunk's store has left o_s before it is rewritten
-        tma.store_wait(pendings=0)
+        # O's half of the chunk through two staging buffers: the store of two chunks ago has
+        # left this one before it is rewritten, the last chunk's may still be in flight
+        o_s = o_bufs.index(2 * H_IDX + i % 2)
+        tma.store_wait(pendings=1)
         o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [bb, hh, start + i * BLOCK_N, H_IDX * DH], o_s)
@@ -174,13 +189,15 @@ def _consumer(descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN,
 
 
 @gluon.jit
-def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N, H, SEG, NSEG, scale,
+def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N, H, SEG, NSEG,
+                        scale,
                         BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
                         STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
                         STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr):
-    """One program per lane (batch·head); 4 warps launched (the first consumer), a second consumer
-    warp group and a loader warp added by ``warp_specialize``. Descriptors: B, C blocks
-    (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, D/2). S0, SN: float32 (lanes, R, D)."""
+    """One program per lane and segment (``NSEG`` segments of ``SEG`` rows a lane); 4 warps launched
+    (the loader), the two consumer warp groups added by ``warp_specialize``. Descriptors over
+    (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, D/2).
+    S0: float32 (programs, R, D); SN: float32 (lanes, R, D); GAMMA: float64 (H,)."""
     DH: gl.constexpr = D // 2
     dtype: gl.constexpr = b_desc.dtype
     prog = gl.program_id(0)
@@ -200,7 +217,7 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N,
     v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + v_desc.block_type.shape, v_desc.layout)
     h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DH], dtype)
     h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
-    o_bufs = gl.allocate_shared_memory(dtype, [2] + o_desc.block_type.shape, o_desc.layout)
+    o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -212,10 +229,14 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N,
     vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs)
     bars = (ready, empty)
+    # the partitions share one signature: where (this program's rows), the state pointers,
+    # the constants, and which half of the state a consumer holds (the loader ignores it)
+    where = (bb, hh, start, n, lane, prog, last)
+    ptrs = (S0, SN, FLAGS)
     gl.warp_specialize([
-        (_loader, (descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
-                   STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1)),
-        (_consumer, (descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
-                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 0)),
-        (_consumer, (descs, bufs, bars, bb, hh, start, n, lane, prog, last, lg, S0, SN, FLAGS, scale, BLOCK_N, R, DH,
-                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, 1))], [4, 4], [240, 240])
+        (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
+                   HAS_S0, STORE_SN, HALF_RANGE, 0)),
+        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
+                     HAS_S0, STORE_SN, HALF_RANGE, 0)),
+        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
+                     HAS_S0, STORE_SN, HALF_RANGE, 1))], [4, 4], [240, 240])

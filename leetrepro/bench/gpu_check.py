@@ -290,6 +290,9 @@ def _arguments(p) -> None:
     p.add_argument("--serving", action="store_true",
                    help="also packed prompts (cu_seqlens) and the decode step (Chunk, decode_step)")
     p.add_argument("--csv", default="correctness.csv")
+    p.add_argument("--chunk-kernel", choices=("auto", "portable", "hopper"), default="auto",
+                   help="Chunk's forward kernel where both can run (hopper: the warp-specialised "
+                        "sm_90 kernel for every call it takes; the rows say which)")
 
 
 def main(argv=None) -> int:
@@ -299,6 +302,9 @@ def main(argv=None) -> int:
     if setup is None:
         return 2
     device, meta, out = setup
+    if args.chunk_kernel != "auto":
+        os.environ["LEETREPRO_CHUNK_KERNEL"] = args.chunk_kernel  # chunk._use_hopper reads it
+    meta = dict(meta, chunk_kernel=args.chunk_kernel)
     chosen = [m for m in methods() if args.methods is None or m.abbr in args.methods]
     shapes = SHAPES[:3] if args.quick else SHAPES
     rows = []

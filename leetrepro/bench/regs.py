@@ -1,6 +1,10 @@
 """Registers and spills of Chunk's scan kernel per launch configuration, compiled for a GPU
 architecture without one (Triton's compiler and ``ptxas`` on the host; no device needed).
 
+``--hopper`` compiles the warp-specialised Hopper forward instead (``kernels/chunk_hopper.py``,
+:func:`compile_hopper_ptx`), whose partitions hold their own register budgets (``setmaxnreg``):
+``ptxas`` then reports the launch budget (168) and the spills of the partition that has them.
+
 ``python -m leetrepro.bench.regs [--arch 90] [--configs fp16:decay:64:3 ...]`` compiles the kernel
 as :mod:`leetrepro.methods.chunk` launches it (r = d = 128, 8 warps, batch 1's split form unless a
 config ends in ``:one``) and prints ``ptxas -v``'s registers, stack frame and spill bytes per
@@ -52,6 +56,47 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     return compiled.asm["ptx"]
 
 
+def compile_hopper_ptx(dtype: str, decay: bool, arch: int = 90) -> str:
+    """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (r = d = 128,
+    state in and out, the launch options of ``chunk.HOPPER``), fp16 or bf16."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from ..methods._gpu import triton_kernels
+    from ..methods.chunk import HOPPER
+    kern = triton_kernels("chunk_hopper").chunk_hopper_kernel
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    bn = HOPPER["BLOCK_N"]
+
+    def desc(cols):
+        block = [1, 1, bn, cols]
+        layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
+        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+
+    sig = dict(b_desc=desc(128), c_desc=desc(128), v_desc=desc(64), o_desc=desc(64), S0="*fp32",
+               SN="*fp32", FLAGS="*i32", GAMMA="*fp64", N="i32", H="i32", SEG="i32", NSEG="i32",
+               scale="fp32")
+    const = dict(BLOCK_N=bn, R=128, D=128, STAGES=HOPPER["STAGES"], HAS_DECAY=decay, HAS_S0=True,
+                 STORE_SN=True, HALF_RANGE=dtype == "fp16")
+    if not decay:
+        const["GAMMA"] = None
+    sig.update({k: "constexpr" for k in const})
+    src = GluonASTSource(fn=kern, signature=sig,
+                         constexprs={(kern.arg_names.index(k),): v for k, v in const.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"]))
+    return compiled.asm["ptx"]
+
+
+def spill_bytes(usage: str) -> int:
+    """The spill stores per thread in a :func:`ptxas_usage` line."""
+    import re
+    found = re.search(r"(\d+) bytes spill stores", usage)
+    return int(found.group(1)) if found else 0
+
+
 def ptxas_usage(ptx: str, arch: int = 90) -> str:
     """``ptxas -v``'s resource lines for a PTX text: registers, stack frame, spill stores/loads."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,7 +128,15 @@ def main(argv=None) -> int:
     p.add_argument("--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)")
     p.add_argument("--configs", nargs="*", default=DEFAULT,
                    help="dtype:mask:BLOCK_N:stages[:one] (mask 0-1 or decay; :one = batch 16's one pass)")
+    p.add_argument("--hopper", action="store_true",
+                   help="the Hopper kernel, fp16/bf16 × both masks (--configs ignored)")
     args = p.parse_args(argv)
+    if args.hopper:
+        for dtype in ("fp16", "bf16"):
+            for mask in ("0-1", "decay"):
+                ptx = compile_hopper_ptx(dtype, mask == "decay", arch=args.arch)
+                print(f"hopper {dtype}:{mask:6s} {ptxas_usage(ptx, args.arch)}", flush=True)
+        return 0
     for cfg in args.configs:
         dtype, mask, block_n, stages, *rest = cfg.split(":")
         ptx = compile_ptx(dtype, mask == "decay", int(block_n), int(stages), split=rest != ["one"],

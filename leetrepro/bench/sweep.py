@@ -7,7 +7,14 @@ geometric mean of the two medians is written to ``data/<gpu>/chunk_config.csv`` 
 read on that GPU (:func:`leetrepro.methods._gpu.measured_table`; ``make tune``). Candidates that
 do not fit the GPU's shared memory are skipped.
 
-    python -m leetrepro.bench.sweep --out data/h200 [--methods Chunk LA]
+On an sm_90 GPU, ``kernel`` then times Chunk's two forward kernels against each other (the
+portable Triton kernel and the warp-specialised Hopper one, :func:`kernel_rows`), interleaved, at
+the shapes of each regime: one pass per lane (batch 16, N = 25600) and N cut into segments
+(batch 1, N = 100000 and 8192), fp16 and bf16, both masks. ``chunk_kernel.csv`` names, per
+operand kind, mask and regime, the Hopper kernel where it was faster at every shape and dtype of
+the regime, else the portable one; ``method="Chunk"`` follows it (``kernel="auto"``).
+
+    python -m leetrepro.bench.sweep --out data/h200 [--methods Chunk LA kernel]
 """
 from __future__ import annotations
 
@@ -65,6 +72,50 @@ def sweep(method: str, device, meta: dict, reps: int) -> list[dict]:
     return rows
 
 
+#: the shapes that decide Chunk's kernel, per regime (split: N cut into segments)
+KERNEL_SHAPES = {False: ((16, 25600),), True: ((1, 100000), (1, 8192))}
+
+
+def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
+    """Chunk's portable and Hopper kernels at every regime's shapes, fp16/bf16, both masks: one row
+    per cell with both medians (calls interleaved in one process)."""
+    from .harness import interleaved_medians
+    rows = []
+    for split, shapes in KERNEL_SHAPES.items():
+        for batch, n in shapes:
+            for dtype in (torch.float16, torch.bfloat16):
+                B, C, V = random_inputs(batch, 32, n, 128, 128, dtype=dtype, device=device)
+                for decay in (False, True):
+                    g = alibi_gammas(32).to(device) if decay else None
+                    fns = {k: (lambda k=k: causal_linear_decoder(B, C, V, g, method="Chunk",
+                                                                 kernel=k))
+                           for k in ("portable", "hopper")}
+                    med = interleaved_medians(fns, [()], reps, device, warmup=2)
+                    rows.append(dict(meta, kind="half", dtype=str(dtype).split(".")[-1],
+                                     decay=decay, split=split, batch=batch, N=n,
+                                     portable_ms=med["portable"] * 1e3,
+                                     hopper_ms=med["hopper"] * 1e3))
+                    print(f"kernel {dtype} b{batch} N={n} decay={decay!s:5s} portable "
+                          f"{med['portable'] * 1e3:8.3f} ms  hopper {med['hopper'] * 1e3:8.3f} ms",
+                          flush=True)
+                del B, C, V
+                torch.cuda.empty_cache()
+    return rows
+
+
+def kernel_table(df, meta: dict):
+    """Per (kind, decay, split): ``hopper`` where it beat the portable kernel at every shape and
+    dtype of the regime, else ``portable``; ``speedup``: the geometric mean of portable ÷ hopper."""
+    import pandas as pd
+    out = []
+    for (kind, decay, split), g in df.groupby(["kind", "decay", "split"]):
+        ratio = g.portable_ms / g.hopper_ms
+        out.append(dict(kind=kind, decay=decay, split=split,
+                        kernel="hopper" if (ratio > 1).all() else "portable",
+                        speedup=math.exp(ratio.map(math.log).mean()), **meta))
+    return pd.DataFrame(out)
+
+
 def best_table(df, params: tuple[str, str], meta: dict):
     """Per (kind, decay): the candidate with the least geometric mean over the shapes, among those
     that ran at every shape."""
@@ -82,7 +133,9 @@ def best_table(df, params: tuple[str, str], meta: dict):
 
 
 def _arguments(p) -> None:
-    p.add_argument("--methods", nargs="*", default=list(SWEEPS), choices=list(SWEEPS))
+    p.add_argument("--methods", nargs="*", default=[*SWEEPS, "kernel"],
+                   choices=[*SWEEPS, "kernel"],
+                   help="the launch tables to measure (kernel: Chunk's forward kernel, sm_90 only)")
     p.add_argument("--reps", type=int, default=7)
 
 
@@ -94,6 +147,17 @@ def main(argv=None) -> int:
         return 2
     device, meta, out = setup
     for method in args.methods:
+        if method == "kernel":
+            if torch.cuda.get_device_capability(device) != (9, 0):
+                print("kernel: Chunk's Hopper kernel needs an sm_90 GPU; not measured", flush=True)
+                continue
+            df = pd.DataFrame(kernel_rows(device, meta, args.reps))
+            df.to_csv(os.path.join(out, "chunk_kernel_sweep.csv"), index=False)
+            table = kernel_table(df, meta)
+            table.to_csv(os.path.join(out, "chunk_kernel.csv"), index=False)
+            print(table.to_string(index=False))
+            print(f"-> {out}/chunk_kernel.csv", flush=True)
+            continue
         df = pd.DataFrame(sweep(method, device, meta, args.reps))
         name = method.lower()
         df.to_csv(os.path.join(out, f"{name}_sweep.csv"), index=False)

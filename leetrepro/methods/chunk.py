@@ -25,8 +25,10 @@ import typing
 import torch
 
 from ..registry import GPU_DTYPES, register
-from ._gpu import (cdiv, config_override, dot_precision, launch, measured_table, next_pow2,
-                   refuse_interpreted_bf16, same_rows, sm_count, staged_state, triton_kernels)
+from .._paths import data
+from ._gpu import (cdiv, config_override, dot_precision, gpu_tag, launch, measured_table,
+                   next_pow2, refuse_interpreted_bf16, same_rows, sm_count, staged_state,
+                   triton_kernels)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
 #: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
@@ -243,17 +245,28 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, reverse=False, cu_seqlens=None) -
 
 def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool) -> bool:
     """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
-    for this cell (``data/<gpu>/chunk_kernel.csv``); False where nothing was measured. The Hopper
-    kernel runs one program per lane, so a call the portable kernel splits (fewer lanes than
-    twice the SMs) stays portable."""
-    if split:
-        return False
-    table = measured_table(device, "chunk_kernel.csv", ("kernel", "speedup"))
+    for this operand kind, mask and regime (``split``: N cut into segments, fewer lanes than
+    twice the SMs; else one pass per lane), from ``data/<gpu>/chunk_kernel.csv``
+    (:func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured."""
     kind = "half" if dtype != torch.float32 else "tf32"
-    return table.get((kind, decay), ("portable",))[0] == "hopper"
+    return _kernel_table(gpu_tag(device)).get((kind, decay, split)) == "hopper"
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_table(tag: str) -> dict:
+    path = data(tag, "chunk_kernel.csv")
+    if not os.path.exists(path):
+        return {}
+    import csv
+    with open(path, newline="") as f:
+        return {(r["kind"], r["decay"] == "True", r["split"] == "True"): r["kernel"]
+                for r in csv.DictReader(f)}
 
 
 def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
+    """Whether this call runs the Hopper kernel: ``kernel`` as :func:`chunk_scan` says, and for
+    ``"auto"`` where it can, ``LEETREPRO_CHUNK_KERNEL`` (``hopper``/``portable``, for the
+    correctness matrix) if set, else :func:`hopper_wins`."""
     if kernel == "portable":
         return False
     unfit = hopper_unfit(B, C, V, gamma, **call)
@@ -263,7 +276,13 @@ def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
         return True
     if kernel != "auto":
         raise ValueError(f"option kernel={kernel!r} is invalid; use 'auto', 'portable' or 'hopper'")
-    return unfit is None and hopper_wins(V.device, V.dtype, gamma is not None, plan.split)
+    if unfit is not None:
+        return False
+    # the correctness matrix's switch (gpu_check): every call the Hopper kernel can take
+    forced = os.environ.get("LEETREPRO_CHUNK_KERNEL")
+    if forced in ("hopper", "portable"):
+        return forced == "hopper"
+    return hopper_wins(V.device, V.dtype, gamma is not None, plan.split)
 
 
 def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment):
@@ -286,12 +305,17 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment):
         return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, gdt))
 
-    triton_kernels("chunk_hopper").chunk_hopper_kernel[(batch * heads * n_seg,)](
-        desc(B, r), desc(C, r), desc(V, d // 2), desc(out, d // 2), s0, sn, flags, gamma, n,
-        heads, segment, n_seg, scale, BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"],
-        HAS_DECAY=gamma is not None, HAS_S0=s0 is not None, STORE_SN=sn is not None,
-        HALF_RANGE=V.dtype == torch.float16, num_warps=HOPPER["num_warps"],
-        maxnreg=HOPPER["maxnreg"])
+    consts = dict(BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"], HAS_DECAY=gamma is not None,
+                  HAS_S0=s0 is not None, STORE_SN=sn is not None,
+                  HALF_RANGE=V.dtype == torch.float16)
+    # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
+    # divisible by 16) and the pointers' 16-byte alignment
+    ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
+    key = (V.dtype, n, heads, segment, n_seg, ptrs, V.device, tuple(consts.items()))
+    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (batch * heads * n_seg,),
+           (desc(B, r), desc(C, r), desc(V, d // 2), desc(out, d // 2), s0, sn, flags, gamma, n,
+            heads, segment, n_seg, float(scale)), consts, key,
+           num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
 
 
 def entering_states(local: torch.Tensor, gamma, segment: int, s0=None) -> torch.Tensor:
@@ -311,7 +335,7 @@ def entering_states(local: torch.Tensor, gamma, segment: int, s0=None) -> torch.
     p = torch.einsum("hkm,bhmrd->bhkrd", w.to(torch.float32), local)
     if s0 is not None:
         p += torch.exp(k * segment * lg[:, :, 0]).to(torch.float32)[None, :, :, None, None] * s0[:, :, None]
-    return p
+    return p.contiguous()  # the kernel indexes it as (lane, segment): einsum may return a view
 
 
 class _Plan(typing.NamedTuple):
