@@ -20,10 +20,9 @@ Per chunk of L ≤ BLOCK_N rows, consumer h, with H its half of the state enteri
     H ← λ^L H + cᵀ (diag(λ^(L-1-j)) v[:, h])
 
 H enters the MMA as a B operand, so it is copied to shared memory in the input dtype once a chunk;
-S ⊙ M stays in registers as the A operand. fp16 operands made from fp32 values are scaled by a
-power of two so that their largest entry is near 2^14 (``HALF_RANGE``, as ``_tiles.half_operand``
-does): H as a whole, S ⊙ M row by row (a row's maximum is a reduction within one warp); bf16 has
-fp32's range and skips it.
+S ⊙ M stays in registers as the A operand. fp16 operands made from fp32 values (H and S ⊙ M) are
+scaled by a power of two so that their largest entry is near 2^14 (``HALF_RANGE``, as in
+``_tiles.half_operand``); bf16 has fp32's range and skips it.
 
 Segments (batch 1: too few lanes to fill the GPU): program ``lane·NSEG + k`` sweeps rows
 [k·SEG, min((k+1)·SEG, N)) from the state entering them, which the launcher computed first
@@ -55,26 +54,11 @@ def _tile(bufs, i):
 def _half_scale(x, HALF_RANGE: gl.constexpr):
     """(2^-e, 2^e): the power of two that puts the largest |x| near 2^14 (fp16 operands), else 1."""
     if HALF_RANGE:
-        return _pow2_scale(gl.max(gl.max(gl.abs(x), axis=1), axis=0))
+        m = gl.maximum(gl.max(gl.max(gl.abs(x), axis=1), axis=0), 1e-30)
+        e = gl.minimum(gl.ceil(gl.log2(m)) - 14.0, 100.0)
+        return gl.exp2(-e), gl.exp2(e)
     else:
         return 1.0, 1.0
-
-
-@gluon.jit
-def _row_half_scale(x, HALF_RANGE: gl.constexpr):
-    """As :func:`_half_scale` per row of x (rows of a wgmma accumulator sit in one warp: shuffles,
-    no shared memory, no barrier), as row vectors."""
-    if HALF_RANGE:
-        return _pow2_scale(gl.max(gl.abs(x), axis=1))
-    else:
-        return 1.0, 1.0
-
-
-@gluon.jit
-def _pow2_scale(m):
-    m = gl.maximum(m, 1e-30)  # an all-zero tile: any power
-    e = gl.minimum(gl.ceil(gl.log2(m)) - 14.0, 100.0)  # NaN falls through: the product is NaN
-    return gl.exp2(-e), gl.exp2(e)
 
 
 @gluon.jit
@@ -176,16 +160,13 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             p = gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
         else:
             p = gl.where(diff >= 0, sc, 0.0)
-        p_down, p_up = _row_half_scale(p, HALF_RANGE)
+        p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
         if HAS_DECAY:
             o = o * (w_in * (h_up / p_up))[:, None]
         elif HALF_RANGE:
-            o = o * (h_up / p_up)[:, None]
-        if HALF_RANGE:
-            pa = gl.convert_layout((p * p_down[:, None]).to(dtype), a_l)
-        else:
-            pa = gl.convert_layout(p.to(dtype), a_l)
+            o = o * (h_up / p_up)
+        pa = gl.convert_layout((p * p_down).to(dtype), a_l)
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
         mbarrier.arrive(empty.index(s), count=1)
@@ -194,11 +175,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         # left this one before it is rewritten, the last chunk's may still be in flight
         o_s = o_bufs.index(2 * H_IDX + i % 2)
         tma.store_wait(pendings=1)
-        if HALF_RANGE:
-            o = o * (p_up * scale)[:, None]
-        else:
-            o = o * scale
-        o_s.reshape([BLOCK_N, DH]).store(o.to(dtype))
+        o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(o_desc, [bb, hh, start + i * BLOCK_N, H_IDX * DH], o_s)
     tma.store_wait(pendings=0)
