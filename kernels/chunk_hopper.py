@@ -42,6 +42,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                              warpgroup_mma, warpgroup_mma_wait)
 
+# Gluon is experimental and renames as it goes: Triton 3.6 has the TMA copies as
+# async_copy_global_to_shared / async_copy_shared_to_global, later releases (3.9) as async_load /
+# async_store (the old names raise). The same arguments either way.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
 
 @gluon.jit
 def _tile(bufs, i):
@@ -80,10 +86,10 @@ def _loader(descs, bufs, bars, where, ptrs, lg, scale,
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
         row = start + i * BLOCK_N
-        tma.async_copy_global_to_shared(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
-        tma.async_copy_global_to_shared(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
-        tma.async_copy_global_to_shared(v_desc, [bb, hh, row, 0], ready.index(s), v_bufs.index(2 * s))
-        tma.async_copy_global_to_shared(v_desc, [bb, hh, row, DH], ready.index(s),
+        _tma_load(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
+        _tma_load(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
+        _tma_load(v_desc, [bb, hh, row, 0], ready.index(s), v_bufs.index(2 * s))
+        _tma_load(v_desc, [bb, hh, row, DH], ready.index(s),
                                         v_bufs.index(2 * s + 1))
 
 
@@ -177,7 +183,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         tma.store_wait(pendings=1)
         o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [bb, hh, start + i * BLOCK_N, H_IDX * DH], o_s)
+        _tma_store(o_desc, [bb, hh, start + i * BLOCK_N, H_IDX * DH], o_s)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
