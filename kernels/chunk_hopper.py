@@ -24,10 +24,13 @@ S ⊙ M stays in registers as the A operand. fp16 operands made from fp32 values
 scaled by a power of two so that their largest entry is near 2^14 (``HALF_RANGE``, as in
 ``_tiles.half_operand``); bf16 has fp32's range and skips it.
 
-Segments (batch 1: too few lanes to fill the GPU): program ``lane·NSEG + k`` sweeps rows
-[k·SEG, min((k+1)·SEG, N)) from the state entering them, which the launcher computed first
-(``chunk.segment_states``, ``chunk.entering_states``); ``S0`` is then per program, and only the
-last segment writes the final state. With NSEG = 1, S0 is the caller's initial state.
+Segments (``SPLIT``; batch 1: too few lanes to fill the GPU), as the portable kernel chains them:
+programs take tickets in the order they start (an atomic counter), ticket t = segment t // LANES of
+lane t % LANES. A segment's consumers first sum its own state from its C and V (a first pass, the
+loader streaming C and V only), wait for the previous segment's flag, publish
+P_k = λ^len P_(k-1) + S_k to a two-slot ring per lane and raise their flag, then sweep from
+P_(k-1). Each half of the state has its own flag, so the two consumers never wait on each other;
+a program only waits on programs already running, so nothing deadlocks.
 
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
@@ -71,35 +74,73 @@ def _half_scale(x, HALF_RANGE: gl.constexpr):
 def _loader(descs, bufs, bars, where, ptrs, lg, scale,
             BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
             HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
-            HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, start, n, lane, prog, last = where
-    S0, SN, FLAGS = ptrs
+            HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, H_IDX: gl.constexpr):
+    bb, hh, start, n, lane, seg, last = where
     b_desc, c_desc, v_desc, o_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
     ready, empty = bars
-    nbytes: gl.constexpr = (b_desc.block_type.nbytes + c_desc.block_type.nbytes
-                            + 2 * v_desc.block_type.nbytes)
-    for i in range(gl.cdiv(n, BLOCK_N)):
+    cv_bytes: gl.constexpr = c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+    first = _first_pass_chunks(n, last, BLOCK_N, SPLIT)
+    for i in range(first + gl.cdiv(n, BLOCK_N)):
         s = i % STAGES
         # a fresh mbarrier counts as having completed the phase before 0: the first STAGES
         # waits pass
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), nbytes)
-        row = start + i * BLOCK_N
-        _tma_load(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
+        if i < first:  # the segment's own state: C and V only
+            row = start + i * BLOCK_N
+            mbarrier.expect(ready.index(s), cv_bytes)
+        else:
+            row = start + (i - first) * BLOCK_N
+            mbarrier.expect(ready.index(s), cv_bytes + b_desc.block_type.nbytes)
+            _tma_load(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
         _tma_load(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
         _tma_load(v_desc, [bb, hh, row, 0], ready.index(s), v_bufs.index(2 * s))
-        _tma_load(v_desc, [bb, hh, row, DH], ready.index(s),
-                                        v_bufs.index(2 * s + 1))
+        _tma_load(v_desc, [bb, hh, row, DH], ready.index(s), v_bufs.index(2 * s + 1))
+
+
+@gluon.jit
+def _first_pass_chunks(n, last, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr):
+    """Chunks of the first pass (the segment's own state) before the sweep: a segment's rows unless
+    it is its lane's last (whose state nobody waits for) or the lane is whole."""
+    if SPLIT:
+        return gl.where(last, 0, gl.cdiv(n, BLOCK_N))
+    else:
+        return 0
+
+
+@gluon.jit
+def _state_operands(state, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr, dtype: gl.constexpr,
+                    HAS_DECAY: gl.constexpr):
+    """For state ← λ^L state + cᵀ (diag(λ^(L-1-j)) v) over a chunk of L rows: (λ^L state, the
+    B operand (the weighted v in shared memory; v itself for the 0-1 mask)). Done before any MMA
+    of the chunk is issued, so that ptxas need not serialise them. Through shared memory the
+    weighted v holds no registers while the MMA runs (a weighted cᵀ as the A operand holds 32)."""
+    if HAS_DECAY:
+        w_out = gl.exp(gl.maximum(length - 1 - kr, 0).to(gl.float32) * lg)
+        vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
+        return state * gl.exp(length.to(gl.float32) * lg), vw_s
+    else:
+        return state, v_t
+
+
+@gluon.jit
+def _initial_state(S0, lane, seg, st_tile, R: gl.constexpr, DH: gl.constexpr, acc_l: gl.constexpr,
+                   HAS_S0: gl.constexpr):
+    """The caller's initial state (its half) for a lane's first segment, else zeros."""
+    state = gl.zeros([R, DH], gl.float32, acc_l)
+    if HAS_S0:
+        if seg == 0:
+            state = gl.load(S0 + lane.to(gl.int64) * R * 2 * DH + st_tile)
+    return state
 
 
 @gluon.jit
 def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
               BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
               HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
-              HALF_RANGE: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, start, n, lane, prog, last = where
-    S0, SN, FLAGS = ptrs
+              HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, H_IDX: gl.constexpr):
+    bb, hh, start, n, lane, seg, last = where
+    S0, SN, FLAGS, WS, SYNC = ptrs
     b_desc, c_desc, v_desc, o_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
     ready, empty = bars
@@ -112,23 +153,57 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
     cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)
     h_s = h_bufs.index(H_IDX)
     vw_s = vw_bufs.index(H_IDX)
+    kr = gl.arange(0, BLOCK_N, layout=rows_l)
 
     # the state's half: rows 0..R-1, columns H_IDX·DH ..
     st_r = gl.arange(0, R, layout=rows_l)
     st_c = H_IDX * DH + gl.arange(0, DH, layout=cols_l)
     st_tile = st_r[:, None] * (2 * DH) + st_c[None, :]
-    if HAS_S0:
-        state = gl.load(S0 + prog.to(gl.int64) * R * 2 * DH + st_tile)
+    first = _first_pass_chunks(n, last, BLOCK_N, SPLIT)
+    if SPLIT:
+        # 1. the segment's own state from its C and V (none for a lane's last segment)
+        local = gl.zeros([R, DH], gl.float32, acc_l)
+        for i in range(first):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            local, v_op = _state_operands(local, _tile(v_bufs, 2 * s + H_IDX), vw_s,
+                                          gl.minimum(n - i * BLOCK_N, BLOCK_N), lg, kr, acc_l,
+                                          dtype, HAS_DECAY)
+            fence_async_shared()
+            local = warpgroup_mma(_tile(c_bufs, s).permute((1, 0)), v_op, local)
+            mbarrier.arrive(empty.index(s), count=1)
+        # 2. the state entering the segment (loaded only now: the first pass holds one state),
+        # published by the previous segment's program (each half of the state has its own
+        # flag: the consumers never wait on each other)
+        state = _initial_state(S0, lane, seg, st_tile, R, DH, acc_l, HAS_S0)
+        flag_ptr = SYNC + 2 * lane + H_IDX
+        ring = WS + lane.to(gl.int64) * 2 * R * 2 * DH  # the lane's two slots (scalar pointer:
+        # a tile of 64-bit pointers kept alive would take 128 registers)
+        if seg > 0:
+            flag = gl.atomic_add(flag_ptr, 0, sem="acquire")
+            while flag < seg:
+                flag = gl.atomic_add(flag_ptr, 0, sem="acquire")
+            # .cg: from L2, never a stale L1 line of an earlier use of the ring slot
+            state = gl.load(ring + ((seg - 1) % 2) * R * 2 * DH + st_tile, cache_modifier=".cg")
+        # 3. publish the state leaving it, P_k = λ^len P_(k-1) + S_k, then raise flag k+1
+        if not last:
+            if HAS_DECAY:
+                local += state * gl.exp(n.to(gl.float32) * lg)
+            else:
+                local += state
+            gl.store(ring + (seg % 2) * R * 2 * DH + st_tile, local)
+            gl.thread_barrier()  # every thread's part is written before the flag rises
+            gl.atomic_xchg(flag_ptr, seg + 1, sem="release")
     else:
-        state = gl.zeros([R, DH], gl.float32, acc_l)
+        state = _initial_state(S0, lane, seg, st_tile, R, DH, acc_l, HAS_S0)
 
     ri = gl.arange(0, BLOCK_N, layout=rows_l)
     cj = gl.arange(0, BLOCK_N, layout=cols_l)
     if HAS_DECAY:
         w_in = gl.exp((ri + 1).to(gl.float32) * lg)
-    kr = gl.arange(0, BLOCK_N, layout=rows_l)
 
-    for i in range(gl.cdiv(n, BLOCK_N)):
+    for j in range(gl.cdiv(n, BLOCK_N)):
+        i = first + j  # the ring's chunk counter runs on from the first pass
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         b_t = _tile(b_bufs, s)
@@ -140,23 +215,15 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         # ptxas need not serialise them
         h_down, h_up = _half_scale(state, HALF_RANGE)
         h_s.store((state * h_down).to(dtype))
-        if HAS_DECAY:
-            length = gl.minimum(n - i * BLOCK_N, BLOCK_N)
-            state = state * gl.exp(length.to(gl.float32) * lg)
-            # the rows of v weighted by λ^(L-1-j), through shared memory: as a B operand they
-            # hold no registers while the MMA runs (a weighted cᵀ as the A operand would hold 32)
-            w_out = gl.exp(gl.maximum(length - 1 - kr, 0).to(gl.float32) * lg)
-            vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
+        state, v_op = _state_operands(state, v_t, vw_s, gl.minimum(n - j * BLOCK_N, BLOCK_N), lg,
+                                      kr, acc_l, dtype, HAS_DECAY)
         fence_async_shared()
         sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
                            gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
                            is_async=True)
         o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
                           is_async=True)
-        if HAS_DECAY:
-            state = warpgroup_mma(c_t.permute((1, 0)), vw_s, state, is_async=True)
-        else:
-            state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)
+        state = warpgroup_mma(c_t.permute((1, 0)), v_op, state, is_async=True)
 
         sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
         # the chunk's own mask λ^(i-j) (i ≥ j), recomputed per chunk: 32 exponentials a thread
@@ -179,11 +246,11 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
 
         # O's half of the chunk through two staging buffers: the store of two chunks ago has
         # left this one before it is rewritten, the last chunk's may still be in flight
-        o_s = o_bufs.index(2 * H_IDX + i % 2)
+        o_s = o_bufs.index(2 * H_IDX + j % 2)
         tma.store_wait(pendings=1)
         o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
         fence_async_shared()
-        _tma_store(o_desc, [bb, hh, start + i * BLOCK_N, H_IDX * DH], o_s)
+        _tma_store(o_desc, [bb, hh, start + j * BLOCK_N, H_IDX * DH], o_s)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
@@ -195,20 +262,26 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
 
 
 @gluon.jit
-def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N, H, SEG, NSEG,
-                        scale,
+def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, WS, SYNC, GAMMA, N, H,
+                        LANES, SEG, scale,
                         BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
                         STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
-                        STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr):
-    """One program per lane and segment (``NSEG`` segments of ``SEG`` rows a lane); 4 warps launched
-    (the loader), the two consumer warp groups added by ``warp_specialize``. Descriptors over
-    (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, D/2).
-    S0: float32 (programs, R, D); SN: float32 (lanes, R, D); GAMMA: float64 (H,)."""
+                        STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr):
+    """One program per lane (batch·head), or with ``SPLIT`` per lane and segment of ``SEG`` rows,
+    taken in ticket order; 4 warps launched (the loader), the two consumer warp groups added by
+    ``warp_specialize``. Descriptors over (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R),
+    V and O blocks (1, 1, BLOCK_N, D/2). S0, SN: float32 (lanes, R, D); WS: float32
+    (lanes, 2, R, D), the ring of published states; SYNC: int32, two flags per lane (one per
+    consumer) and the ticket counter; GAMMA: float64 (H,)."""
     DH: gl.constexpr = D // 2
     dtype: gl.constexpr = b_desc.dtype
-    prog = gl.program_id(0)
-    lane = prog // NSEG
-    start = (prog % NSEG) * SEG
+    if SPLIT:
+        t = gl.atomic_add(SYNC + 2 * LANES, 1)  # ticket, in the order programs actually start
+    else:
+        t = gl.program_id(0)
+    lane = t % LANES
+    seg = t // LANES
+    start = seg * SEG
     n = gl.minimum(N - start, SEG)
     last = start + SEG >= N
     bb = lane // H
@@ -224,6 +297,8 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N,
     h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DH], dtype)
     h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
     o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
+    vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
+    vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -231,18 +306,16 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, GAMMA, N,
         mbarrier.init(empty.index(s), count=2)  # both consumers release a slot
 
     descs = (b_desc, c_desc, v_desc, o_desc)
-    vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
-    vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs)
     bars = (ready, empty)
-    # the partitions share one signature: where (this program's rows), the state pointers,
-    # the constants, and which half of the state a consumer holds (the loader ignores it)
-    where = (bb, hh, start, n, lane, prog, last)
-    ptrs = (S0, SN, FLAGS)
+    # the partitions share one signature: where (this program's rows), the pointers, the
+    # constants, and which half of the state a consumer holds (the loader ignores it)
+    where = (bb, hh, start, n, lane, seg, last)
+    ptrs = (S0, SN, FLAGS, WS, SYNC)
     gl.warp_specialize([
         (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                   HAS_S0, STORE_SN, HALF_RANGE, 0)),
+                   HAS_S0, STORE_SN, HALF_RANGE, SPLIT, 0)),
         (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, 0)),
+                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, 0)),
         (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, 1))], [4, 4], [240, 240])
+                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, 1))], [4, 4], [240, 240])

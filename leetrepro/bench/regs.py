@@ -56,9 +56,10 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     return compiled.asm["ptx"]
 
 
-def compile_hopper_ptx(dtype: str, decay: bool, arch: int = 90) -> str:
+def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (r = d = 128,
-    state in and out, the launch options of ``chunk.HOPPER``), fp16 or bf16."""
+    state in and out, the launch options of ``chunk.HOPPER``), fp16 or bf16, with segments chained
+    (``split``, batch 1) or one program per lane."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -76,10 +77,10 @@ def compile_hopper_ptx(dtype: str, decay: bool, arch: int = 90) -> str:
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
     sig = dict(b_desc=desc(128), c_desc=desc(128), v_desc=desc(64), o_desc=desc(64), S0="*fp32",
-               SN="*fp32", FLAGS="*i32", GAMMA="*fp64", N="i32", H="i32", SEG="i32", NSEG="i32",
-               scale="fp32")
+               SN="*fp32", FLAGS="*i32", WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32",
+               LANES="i32", SEG="i32", scale="fp32")
     const = dict(BLOCK_N=bn, R=128, D=128, STAGES=HOPPER["STAGES"], HAS_DECAY=decay, HAS_S0=True,
-                 STORE_SN=True, HALF_RANGE=dtype == "fp16")
+                 STORE_SN=True, HALF_RANGE=dtype == "fp16", SPLIT=split)
     if not decay:
         const["GAMMA"] = None
     sig.update({k: "constexpr" for k in const})
@@ -132,10 +133,12 @@ def main(argv=None) -> int:
                    help="the Hopper kernel, fp16/bf16 × both masks (--configs ignored)")
     args = p.parse_args(argv)
     if args.hopper:
-        for dtype in ("fp16", "bf16"):
-            for mask in ("0-1", "decay"):
-                ptx = compile_hopper_ptx(dtype, mask == "decay", arch=args.arch)
-                print(f"hopper {dtype}:{mask:6s} {ptxas_usage(ptx, args.arch)}", flush=True)
+        for split in (False, True):
+            for dtype in ("fp16", "bf16"):
+                for mask in ("0-1", "decay"):
+                    ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch)
+                    print(f"hopper {dtype}:{mask}:{'split' if split else 'one'} "
+                          f"{ptxas_usage(ptx, args.arch)}", flush=True)
         return 0
     for cfg in args.configs:
         dtype, mask, block_n, stages, *rest = cfg.split(":")

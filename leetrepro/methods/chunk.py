@@ -178,7 +178,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         if output_final_state else None
     # the lanes' repair flags and, split, the ring's counters and ticket: one zeroed buffer (each
     # zeroing is a launch of its own, ~10 µs of host time)
-    counters = torch.zeros(2 * lanes + 1 if plan.split else lanes, dtype=torch.int32,
+    # (the Hopper kernel keeps a flag per half of each lane's state: 2·lanes + 1 for its ring)
+    counters = torch.zeros((2 + hopper) * lanes + 1 if plan.split else lanes, dtype=torch.int32,
                            device=V.device)
     flags, sync, ws = counters[:lanes], None, None
     if plan.split:
@@ -203,7 +204,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         segment = plan.segment
         if segment < n and segment % HOPPER["BLOCK_N"]:
             segment = rows_for_pieces(n, plan.n_seg, HOPPER["BLOCK_N"])
-        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment)
+        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment)
     else:
         launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,),
                (*head, ws, sync, *tail, plan.segment, scale, *strides), plan.main, key + (False,),
@@ -285,10 +286,10 @@ def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
     return hopper_wins(V.device, V.dtype, gamma is not None, plan.split)
 
 
-def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment):
-    """The warp-specialised forward (``kernels/chunk_hopper.py``): one program per lane and segment
-    of ``segment`` rows. With more than one segment a lane's states at the segments' starts come
-    first, from :func:`segment_states` (a read of C and V) and one weighted sum."""
+def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment):
+    """The warp-specialised forward (``kernels/chunk_hopper.py``): one program per lane, or with
+    more than one segment of ``segment`` rows per lane, one per segment, their states chained
+    through the ring ``ws`` with the flags and ticket of ``sync`` (as the portable kernel's)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -297,8 +298,7 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment):
     gdt = gl.float16 if V.dtype == torch.float16 else gl.bfloat16
     bn = HOPPER["BLOCK_N"]
     n_seg = cdiv(n, segment)
-    if n_seg > 1:
-        s0 = entering_states(segment_states(C, V, gamma, segment=segment)[0], gamma, segment, s0)
+    lanes = batch * heads
 
     def desc(t, cols):
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bn, cols],
@@ -306,14 +306,14 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, heads, scale, segment):
 
     consts = dict(BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"], HAS_DECAY=gamma is not None,
                   HAS_S0=s0 is not None, STORE_SN=sn is not None,
-                  HALF_RANGE=V.dtype == torch.float16)
+                  HALF_RANGE=V.dtype == torch.float16, SPLIT=n_seg > 1)
     # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
     # divisible by 16) and the pointers' 16-byte alignment
     ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
-    key = (V.dtype, n, heads, segment, n_seg, ptrs, V.device, tuple(consts.items()))
-    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (batch * heads * n_seg,),
-           (desc(B, r), desc(C, r), desc(V, d // 2), desc(out, d // 2), s0, sn, flags, gamma, n,
-            heads, segment, n_seg, float(scale)), consts, key,
+    key = (V.dtype, n, heads, lanes, segment, ptrs, V.device, tuple(consts.items()))
+    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (lanes * n_seg,),
+           (desc(B, r), desc(C, r), desc(V, d // 2), desc(out, d // 2), s0, sn, flags, ws, sync,
+            gamma, n, heads, lanes, segment, float(scale)), consts, key,
            num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
 
 
@@ -323,26 +323,6 @@ def _tma_layout(rows: int, cols: int, gdt):
     time a call otherwise)."""
     from triton.experimental.gluon import language as gl
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], gdt)
-
-
-def entering_states(local: torch.Tensor, gamma, segment: int, s0=None) -> torch.Tensor:
-    """The state entering each segment, float32 ``(batch, heads, segments, r, d)``, from the
-    segments' own states ``local`` (:func:`segment_states`, every segment but the last
-    ``segment`` rows long) and the initial state ``s0`` (None: zeros):
-        P_k = λ^(k·L) S0 + Σ_{m<k} λ^((k-1-m)·L) S_m,   L = ``segment``,
-    one weighted sum (only non-negative powers of λ)."""
-    n_seg = local.shape[2]
-    k = torch.arange(n_seg, device=local.device, dtype=torch.float64)
-    if gamma is None:
-        lg = torch.zeros(local.shape[1], 1, 1, dtype=torch.float64, device=local.device)
-    else:
-        lg = torch.log(gamma.to(torch.float64))[:, None, None]
-    steps = k[:, None] - 1 - k[None, :]  # (k, m)
-    w = torch.where(steps >= 0, torch.exp(steps.clamp(min=0) * segment * lg), 0.0)
-    p = torch.einsum("hkm,bhmrd->bhkrd", w.to(torch.float32), local)
-    if s0 is not None:
-        p += torch.exp(k * segment * lg[:, :, 0]).to(torch.float32)[None, :, :, None, None] * s0[:, :, None]
-    return p.contiguous()  # the kernel indexes it as (lane, segment): einsum may return a view
 
 
 class _Plan(typing.NamedTuple):
