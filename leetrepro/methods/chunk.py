@@ -230,7 +230,8 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, reverse=False, cu_seqlens=None) -
     16-byte aligned (TMA)."""
     if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU (not the interpreter)"
-    if torch.cuda.get_device_capability(V.device) != (9, 0):
+    if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
+            != (9, 0):
         return "it needs an sm_90 GPU (H100, H200)"
     if V.dtype not in (torch.float16, torch.bfloat16):
         return f"it takes float16/bfloat16, got {V.dtype}"
@@ -242,6 +243,11 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, reverse=False, cu_seqlens=None) -
         if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]):
             return f"{name}'s base and strides must be 16-byte aligned"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    return torch.cuda.get_device_capability(index)
 
 
 def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool) -> bool:
