@@ -95,21 +95,27 @@ def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():
 
 def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     """``make tune``'s choice of Chunk's kernel per (kind, mask, regime): Hopper only where it was
-    faster at every shape and dtype of the regime; the launcher reads the table back by GPU."""
+    faster at every shape and dtype of the regime (one pass; segments at long N; segments at short
+    N, where host time weighs); the table's provenance is the run's."""
     import pandas as pd
 
     from leetrepro.bench.sweep import kernel_table
-    from leetrepro.methods import chunk
+    from leetrepro.methods.chunk import SHORT_SPLIT_N, regime
 
-    rows = [dict(kind="half", decay=d, split=sp, portable_ms=p, hopper_ms=h)
-            for d, sp, p, h in [(False, False, 5.0, 3.7), (True, False, 5.8, 3.7),
-                                (False, True, 1.6, 1.4), (False, True, 0.22, 0.57),
-                                (True, True, 1.8, 1.5), (True, True, 0.24, 0.2)]]
-    table = kernel_table(pd.DataFrame(rows), {"gpu": "test"})
-    got = {(r.kind, r.decay, r.split): r.kernel for r in table.itertuples()}
-    assert got == {("half", False, False): "hopper", ("half", True, False): "hopper",
-                   ("half", False, True): "portable", ("half", True, True): "hopper"}
-    assert table.speedup.gt(0).all() and (table.gpu == "test").all()
+    rows = [dict(kind="half", decay=d, split=sp, N=n, portable_ms=p, hopper_ms=h, gpu="test",
+                 commit="abc")
+            for d, sp, n, p, h in [(False, False, 25600, 5.0, 3.7), (False, False, 25600, 5.0, 5.1),
+                                   (True, False, 25600, 5.8, 3.7), (False, True, 100000, 1.6, 1.4),
+                                   (False, True, 8192, 0.22, 0.27), (True, True, 100000, 1.8, 1.5),
+                                   (True, True, 8192, 0.24, 0.2)]]
+    table = kernel_table(pd.DataFrame(rows))
+    got = {(r.kind, r.decay, r.regime): r.kernel for r in table.itertuples()}
+    assert got == {("half", False, "one"): "portable", ("half", True, "one"): "hopper",
+                   ("half", False, "split"): "hopper", ("half", False, "split-short"): "portable",
+                   ("half", True, "split"): "hopper", ("half", True, "split-short"): "hopper"}
+    assert table.speedup.gt(0).all() and (table.gpu == "test").all() and (table.commit == "abc").all()
+    assert regime(False, 10) == "one" and regime(True, SHORT_SPLIT_N) == "split"
+    assert regime(True, SHORT_SPLIT_N - 1) == "split-short"
 
 
 def test_segments_fill_the_last_wave_of_programs():

@@ -11,8 +11,10 @@ On an sm_90 GPU, ``kernel`` then times Chunk's two forward kernels against each 
 portable Triton kernel and the warp-specialised Hopper one, :func:`kernel_rows`), interleaved, at
 the shapes of each regime: one pass per lane (batch 16, N = 25600) and N cut into segments
 (batch 1, N = 100000 and 8192), fp16 and bf16, both masks. ``chunk_kernel.csv`` names, per
-operand kind, mask and regime, the Hopper kernel where it was faster at every shape and dtype of
-the regime, else the portable one; ``method="Chunk"`` follows it (``kernel="auto"``).
+operand kind, mask and regime (one pass; split, long or short N), the Hopper kernel where it was
+faster at every shape and dtype of the regime, else the portable one; ``method="Chunk"`` follows
+it (``kernel="auto"``). ``python -m leetrepro.bench.sweep --table-from data/<gpu>`` rewrites the
+table from the timings already there (``chunk_kernel_sweep.csv``), no GPU needed.
 
     python -m leetrepro.bench.sweep --out data/h200 [--methods Chunk LA kernel]
 """
@@ -103,14 +105,23 @@ def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
     return rows
 
 
-def kernel_table(df, meta: dict):
-    """Per (kind, decay, split): ``hopper`` where it beat the portable kernel at every shape and
-    dtype of the regime, else ``portable``; ``speedup``: the geometric mean of portable ÷ hopper."""
+def kernel_table(df, meta: dict | None = None):
+    """Per (kind, decay, regime): ``hopper`` where it beat the portable kernel at every shape and
+    dtype of the regime, else ``portable``; ``speedup``: the geometric mean of portable ÷ hopper.
+    Regimes (:func:`leetrepro.methods.chunk.regime`): one pass per lane; N split into segments,
+    long (N ≥ ``chunk.SHORT_SPLIT_N``) or short, where an eager call's host time weighs.
+    ``meta``: the run's provenance (default: the rows' own)."""
     import pandas as pd
+
+    from ..methods.chunk import regime
+    if meta is None:
+        meta = {k: df[k].iloc[0] for k in ("gpu", "commit", "commit_origin", "source", "date",
+                                            "torch", "triton", "cuda", "python") if k in df}
+    df = df.assign(regime=[regime(sp, n) for sp, n in zip(df.split, df.N)])
     out = []
-    for (kind, decay, split), g in df.groupby(["kind", "decay", "split"]):
+    for (kind, decay, reg), g in df.groupby(["kind", "decay", "regime"]):
         ratio = g.portable_ms / g.hopper_ms
-        out.append(dict(kind=kind, decay=decay, split=split,
+        out.append(dict(kind=kind, decay=decay, regime=reg,
                         kernel="hopper" if (ratio > 1).all() else "portable",
                         speedup=math.exp(ratio.map(math.log).mean()), **meta))
     return pd.DataFrame(out)
@@ -142,6 +153,14 @@ def _arguments(p) -> None:
 def main(argv=None) -> int:
     import pandas as pd
 
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--table-from"]:  # no GPU: the kernel table again from a run's timings
+        folder = argv[1]
+        table = kernel_table(pd.read_csv(os.path.join(folder, "chunk_kernel_sweep.csv")))
+        table.to_csv(os.path.join(folder, "chunk_kernel.csv"), index=False)
+        print(table.to_string(index=False))
+        return 0
     args, setup = gpu_main("sweep", __doc__, argv, _arguments, output="the launch tables")
     if setup is None:
         return 2

@@ -250,13 +250,23 @@ def _capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
 
-def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool) -> bool:
+#: at batch 1, below this N an eager call's host time is a large part of it (the Hopper kernel's
+#: launch costs ~40 µs more of it than the portable one's): its own regime in ``make tune``'s table
+SHORT_SPLIT_N = 32768
+
+
+def regime(split: bool, n: int) -> str:
+    """``"one"`` (one pass per lane), ``"split"`` (N cut into segments) or ``"split-short"``
+    (segments, N < :data:`SHORT_SPLIT_N`): the rows of the kernel table."""
+    return "one" if not split else ("split" if n >= SHORT_SPLIT_N else "split-short")
+
+
+def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int) -> bool:
     """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
-    for this operand kind, mask and regime (``split``: N cut into segments, fewer lanes than
-    twice the SMs; else one pass per lane), from ``data/<gpu>/chunk_kernel.csv``
-    (:func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured."""
+    for this operand kind, mask and :func:`regime` (``data/<gpu>/chunk_kernel.csv``,
+    :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured."""
     kind = "half" if dtype != torch.float32 else "tf32"
-    return _kernel_table(gpu_tag(device)).get((kind, decay, split)) == "hopper"
+    return _kernel_table(gpu_tag(device)).get((kind, decay, regime(split, n))) == "hopper"
 
 
 @functools.lru_cache(maxsize=None)
@@ -266,7 +276,7 @@ def _kernel_table(tag: str) -> dict:
         return {}
     import csv
     with open(path, newline="") as f:
-        return {(r["kind"], r["decay"] == "True", r["split"] == "True"): r["kernel"]
+        return {(r["kind"], r["decay"] == "True", r["regime"]): r["kernel"]
                 for r in csv.DictReader(f)}
 
 
@@ -289,7 +299,7 @@ def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
     forced = os.environ.get("LEETREPRO_CHUNK_KERNEL")
     if forced in ("hopper", "portable"):
         return forced == "hopper"
-    return hopper_wins(V.device, V.dtype, gamma is not None, plan.split)
+    return hopper_wins(V.device, V.dtype, gamma is not None, plan.split, B.shape[2])
 
 
 def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment):
