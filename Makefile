@@ -41,7 +41,7 @@ LEMMA_CPU := -y "ks: [8, 9, 10, 11, 12, 13]" -p heads 4 -p reps 3
 LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
-.PHONY: help install test test-fast test-triton-next clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
+.PHONY: help install test test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
         bench-sp scaling bench-serve cross-gpu
 
@@ -49,6 +49,7 @@ help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
 	@echo "make test      the test suite (CPU; Triton kernels under TRITON_INTERPRET=1)"
 	@echo "make test-fast the quick lane: everything not marked slow (under a minute)"
+	@echo "make lint      ruff over the package, kernels, tests and notebooks (CI runs it)"
 	@echo "make test-triton-next  the tests under the newest Triton ($(TRITON_NEXT)) in .venv-triton-next"
 	@echo "make notebooks the .ipynb files papermill runs, from their sources notebooks/*.py"
 	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> $(DATA)/correctness.csv"
@@ -78,6 +79,10 @@ install: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# pyflakes' and pycodestyle's checks (ruff; its settings in pyproject.toml), a few seconds
+lint: $(VENV)/.installed
+	$(PY) -m ruff check leetrepro kernels tests notebooks
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

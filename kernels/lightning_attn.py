@@ -10,7 +10,8 @@ When batch·heads is too small to fill the GPU, N is cut into segments of SEG ro
 BLOCK_N): ``la_state_kernel`` computes every segment's own end state from C and V, and
 ``la_fwd_kernel`` starts segment k from Σ_{j<k} λ^(SEG·(k-1-j)) S_j. One segment = no split.
 Non-finite rows: flagged lanes recomputed by a second launch (``REPAIR``), as in chunk_scan.py.
-Shared tile code (loads, decay factors, chunk output, state update, precision policy): ``_tiles.py``. Launcher: ``leetrepro.methods.lightning``.
+Shared tile code (loads, decay factors, chunk output, state update, precision policy):
+``_tiles.py``. Launcher: ``leetrepro.methods.lightning``.
 """
 import triton
 import triton.language as tl

@@ -225,8 +225,9 @@ def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torc
     """``O = (B Cᵀ ⊙ M) V`` (``reverse``: on time-reversed rows) by ``method`` (a registered name
     or ``"auto"``), ``options`` a JSON object of method options; ``gamma`` None or a float64
     ``(H,)`` tensor of decays in (0, 1]; ``cu_seqlens`` None or the offsets of sequences packed
-    along N; ``scale`` multiplies O (not S_N). Returns ``(O, S_N)``, S_N an empty tensor unless ``output_final_state``. Use
-    :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
+    along N; ``scale`` multiplies O (not S_N). Returns ``(O, S_N)``, S_N an empty tensor unless
+    ``output_final_state``. Use :func:`leetrepro.causal_linear_decoder`, which checks the
+    inputs."""
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
                       initial_state is not None or output_final_state)

@@ -22,9 +22,8 @@ out_root = "."
 
 # %%
 import os
-import torch
 from IPython.display import Markdown, display
-from leetrepro.reproduce import tables as T, paper
+from leetrepro.reproduce import tables as T
 live, gpu, data_dir, fig_dir = T.notebook_setup(device, gpu, out_root)
 import pandas as pd
 from leetrepro.reproduce.claims import check_claims, paper_tables_as_measured

@@ -26,7 +26,10 @@ seed = 0
 out_root = "."
 
 # %%
-import os, numpy as np, pandas as pd, torch
+import os
+import numpy as np
+import pandas as pd
+import torch
 from IPython.display import Markdown, display
 from leetrepro import reference, complexity
 from leetrepro._decay import causal_mask, discounted_cumsum

@@ -23,9 +23,8 @@ out_root = "."
 
 # %%
 import os
-import torch
 from IPython.display import Markdown, display
-from leetrepro.reproduce import tables as T, paper
+from leetrepro.reproduce import tables as T
 live, gpu, data_dir, fig_dir = T.notebook_setup(device, gpu, out_root)
 import pandas as pd
 import matplotlib.pyplot as plt
@@ -102,7 +101,7 @@ lines = []
 for target, g in t[t.met != "-"].groupby("target", sort=False):
     miss = g[g.met == "no"]
     lines.append(f"* **{target}**: met in {(g.met == 'yes').sum()} of {len(g)} cells"
-                 + (f"; missed: " + ", ".join(f"{r.dtype} b{r.batch} N={r.N} {'decay' if r.decay else '0-1'}"
+                 + ("; missed: " + ", ".join(f"{r.dtype} b{r.batch} N={r.N} {'decay' if r.decay else '0-1'}"
                                               f" {r.value}" for r in miss.head(8).itertuples())
                     + (" …" if len(miss) > 8 else "") if len(miss) else "."))
 short = ok[(ok.N <= F.GRAPH_N) & (ok.batch == 1)]

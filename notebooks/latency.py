@@ -33,7 +33,6 @@ out_root = "."
 
 # %%
 import os
-import torch
 from IPython.display import Markdown, display
 from leetrepro.reproduce import tables as T, paper
 live, gpu, data_dir, fig_dir = T.notebook_setup(device, gpu, out_root)
@@ -77,11 +76,11 @@ fig = T.plot_latency(measured, f"Table {table}: batch {batch_size}, {'decay' if 
 ours_best, paper_best = T.fastest(both, "ours_s"), T.fastest(both, "paper_s")
 same = [n for n in ours_best if paper_best.get(n) == ours_best[n]]
 ratios = both.dropna(subset=["ratio"]).groupby("method").ratio.median().sort_values()
-lines = [f"* Fastest method per N here: " + ", ".join(f"N={n}: **{m}**" for n, m in sorted(ours_best.items()))
+lines = ["* Fastest method per N here: " + ", ".join(f"N={n}: **{m}**" for n, m in sorted(ours_best.items()))
          + f"; the paper's fastest agrees at {len(same)} of {len(ours_best)} N.",
-         f"* Time relative to the paper's A6000 (median over N, per method): "
+         "* Time relative to the paper's A6000 (median over N, per method): "
          + ", ".join(f"{m} {r:.2g}×" for m, r in ratios.items()) + ".",
-         f"* Cells that did not run here: "
+         "* Cells that did not run here: "
          + (", ".join(f"{r.method} N={r.N} ({r.status})" for r in both[both.status.notna() & (both.status != "ok")].itertuples())
             or "none") + "."]
 display(Markdown("\n".join(lines)))

@@ -30,7 +30,11 @@ from_data = None      # a GPU tag: fit and plot its committed data/<tag>/lemma31
 out_root = "."
 
 # %%
-import os, numpy as np, pandas as pd, sympy as sp, torch
+import os
+import numpy as np
+import pandas as pd
+import sympy as sp
+import torch
 from IPython.display import Markdown, display
 from leetrepro import complexity
 from leetrepro.bench import benchmark_method
@@ -114,4 +118,4 @@ display(Markdown("\n".join(f"* {_verdict(m)}." for m in fits.index) + "\n\n" + (
     + ("" if recur_best == "N log N" else
        f": the data favour a·{recur_best} + b (the log factor is small against the fixed cost "
        f"and the constant over this range)") + ". The operation counts above follow the lemma "
-    f"exactly." if recur_best else "Recur was not measured.")))
+    "exactly." if recur_best else "Recur was not measured.")))

@@ -33,7 +33,6 @@ out_root = "."
 
 # %%
 import os
-import torch
 from IPython.display import Markdown, display
 from leetrepro.reproduce import tables as T, paper
 live, gpu, data_dir, fig_dir = T.notebook_setup(device, gpu, out_root)

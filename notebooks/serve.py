@@ -27,7 +27,6 @@ out_root = "."
 # %%
 import os
 import matplotlib.pyplot as plt
-import pandas as pd
 from IPython.display import Markdown, display
 from leetrepro.reproduce.tables import load_measured
 

@@ -32,10 +32,8 @@ out_root = "."
 
 # %%
 import os
-import warnings
 import matplotlib.pyplot as plt
 import pandas as pd
-import torch
 from IPython.display import Markdown, display
 from leetrepro.bench.lm import fla_attention, train
 from leetrepro.reproduce.tables import notebook_setup

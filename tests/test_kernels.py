@@ -287,9 +287,10 @@ def test_launchers_read_the_launch_tables_of_their_gpu(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     """The warp-specialised Hopper forward (Gluon) compiled for sm_90 on the host, as it launches
-    (one pass per lane, and segments chained through the ring): 168 registers a thread at launch (the partitions' own budgets set by setmaxnreg), no spills
-    with the 0-1 mask, at most 128 bytes a thread with the decay (the consumer's scalars; the
-    profile reads them as L1 hits)."""
+    (one pass per lane, and segments chained through the ring): 168 registers a thread at
+    launch (the partitions' own budgets set by setmaxnreg), no spills with the 0-1 mask, at most
+    128 bytes a thread with the decay (the consumer's scalars; the profile reads them as L1
+    hits)."""
     import sys
 
     from leetrepro.bench.regs import spill_bytes

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
 
 from ..complexity import io_bytes
 from .harness import PAPER_SEQLENS, benchmark_method, gpu_main

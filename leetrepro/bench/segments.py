@@ -6,8 +6,8 @@ predecessor's state, and the programs run in waves of one per SM, so both the ch
 the programs fill their waves set the time. This times Chunk with ``pieces`` segments per lane
 (1 = no split) at batch 1, heads 32 (``--heads``: the lanes), r = d = 128, per dtype, mask and N:
 the median time per replay of the call captured in a CUDA graph (the GPU's time, without the
-eager call's host cost), the candidates interleaved. Writes ``segments.csv`` (one row per candidate, ``default`` marking the
-heuristic's choice) and prints the best per cell.
+eager call's host cost), the candidates interleaved. Writes ``segments.csv`` (one row per
+candidate, ``default`` marking the heuristic's choice) and prints the best per cell.
 
     python -m leetrepro.bench.segments --out data/<gpu> [--seqlens 512 2048 ...]
 """
@@ -46,7 +46,7 @@ def measure(dtype, n: int, decay: bool, device, reps: int, heads: int = 32) -> l
             stop.record()
             stop.synchronize()
             times[s].append(start.elapsed_time(stop) * 1e-3)
-    del graphs, B, C, V
+    graphs = B = C = V = None  # the memory freed before the next shape
     torch.cuda.empty_cache()
     return [dict(dtype=SHORT_NAMES[dtype], decay=decay, batch=1, heads=heads, N=n, block_n=block_n,
                  segment=s, pieces=cdiv(n, s), default=s == default,

@@ -70,7 +70,7 @@ def prefill_rows(device, bw, reps, meta):
             entries["fla"] = lambda: fla(q, k, v, g_gamma=g_gamma, scale=1.0, cu_seqlens=cu64)
         times = interleaved_medians(entries, [()], reps, device)
         hosts = {k: wall_per_call(fn, 5, device) * 1e6 for k, fn in entries.items()}
-        del B, C, V
+        B = C = V = None  # the memory freed before the next shape
         # the same prompts right-padded into batches of 16 (what a padded server computes)
         longest = max(lengths)
         Bp = torch.randn(16, HEADS, longest, RANK, device=device, dtype=dtype)
@@ -79,7 +79,7 @@ def prefill_rows(device, bw, reps, meta):
         groups = -(-len(lengths) // 16)
         times["Chunk_padded"] = median(pad) * groups
         hosts["Chunk_padded"] = float("nan")
-        del Bp, q, k, v
+        Bp = q = k = v = None  # the memory freed before the next shape
         torch.cuda.empty_cache()
         floor = 4 * total * HEADS * RANK * dtype.itemsize / bw
         for name, t in times.items():
@@ -200,9 +200,9 @@ def generation_rows(device, meta, group: int, new_tokens: int, batch1_prompts: i
                              tokens_per_s=1 / median(steps1), agree=float("nan")))
             print(f"generate {name} {method:8s} batch 1: TTFT {median(ttft1) * 1e3:.1f} ms, step "
                   f"{median(steps1) * 1e3:.2f} ms, {1 / median(steps1):.0f} tok/s", flush=True)
-            del pools
+            pools = None  # the memory freed before the next shape
             torch.cuda.empty_cache()
-        del model
+        model = None  # the memory freed before the next model
         torch.cuda.empty_cache()
     return rows
 

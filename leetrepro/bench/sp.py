@@ -184,7 +184,7 @@ def main(argv=None) -> int:
                         t = interleaved_medians({0: _fwd_bwd(call_one, B, C, V, dO)}, [()],
                                                 args.reps, device, warmup=2)[0]
                         del dO
-                    del B, C, V
+                    B = C = V = None  # the memory freed before the next shape
                     torch.cuda.empty_cache()
                     single[pas] = t
                     floor = (SINGLE_FWD if pas == "fwd" else SINGLE_FWD_BWD) * tensor_ms * world / 1e3
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
                 t = _timed(_fwd_bwd(call_sp, B, C, V, dO), args.reps, device)
                 del dO
                 passes, packets, kv = FWD_BWD_PASSES, 2, 2
-            del B, C, V
+            B = C = V = None  # the memory freed before the next shape
             torch.cuda.empty_cache()
             floor_ms = passes * tensor_ms
             single_ms = single.get(pas, math.nan) * 1e3
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         torch.cuda.reset_peak_memory_stats(device)
         t = _timed(_fwd_bwd(call_sp, B, C, V, dO), 3, device, warmup=1)
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
-        del B, C, V, dO
+        B = C = V = dO = None  # the memory freed before the next shape
         torch.cuda.empty_cache()
         tensor_ms = n_local * HEADS * RANK * size / bw * 1e3
         row(N=n_total, n_per_gpu=n_local, **{"pass": "fwd_bwd_longest"}, ms=t * 1e3,

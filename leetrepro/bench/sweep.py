@@ -69,7 +69,7 @@ def sweep(method: str, device, meta: dict, reps: int) -> list[dict]:
                     rows.append(row)
                     print(f"{method} {kind} b{batch} N={n} decay={decay!s:5s} {p1}={a:3d} {p2}={b} "
                           f"{row['ms']:8.3f} ms", flush=True)
-            del B, C, V
+            B = C = V = None  # the memory freed before the next shape
             torch.cuda.empty_cache()
     return rows
 
@@ -100,7 +100,7 @@ def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
                     print(f"kernel {dtype} b{batch} N={n} decay={decay!s:5s} portable "
                           f"{med['portable'] * 1e3:8.3f} ms  hopper {med['hopper'] * 1e3:8.3f} ms",
                           flush=True)
-                del B, C, V
+                B = C = V = None  # the memory freed before the next shape
                 torch.cuda.empty_cache()
     return rows
 

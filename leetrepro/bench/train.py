@@ -134,7 +134,7 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[d
         row.update(fwd_ms=times[(name, "fwd")] * 1e3, fwd_bwd_ms=times[(name, "both")] * 1e3,
                    reps=reps)
         row["floor_ratio"] = row["fwd_bwd_ms"] / row["floor_ms"]
-    del x
+    x = None  # the memory freed before the next shape
     torch.cuda.empty_cache()
     return list(rows.values())
 

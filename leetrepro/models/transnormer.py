@@ -96,7 +96,8 @@ def original_blockwise(q, k, v, gamma, block: int = 256):
         m = qb.shape[2]
         o = (qb @ kb.transpose(-1, -2) * causal_mask(m, lg.float(), **kw)) @ vb
         o = o + (qb * powers(lg.float(), m, start=1, **kw)) @ state
-        state = state * torch.exp(lg.float() * m) + (kb * powers(lg.float(), m, reverse=True, **kw)).transpose(-1, -2) @ vb
+        weighted = kb * powers(lg.float(), m, reverse=True, **kw)
+        state = state * torch.exp(lg.float() * m) + weighted.transpose(-1, -2) @ vb
         outs.append(o.to(v.dtype))
     return torch.cat(outs, dim=2)
 

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from .._paths import ROOT, data
+from .._paths import data
 
 PAPER_DIR = data("paper")
 SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
