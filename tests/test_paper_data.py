@@ -6,9 +6,10 @@ import os
 import pandas as pd
 import pytest
 
+from leetrepro._paths import ROOT
 from leetrepro.reproduce import paper
 
-PAPER_TXT = os.path.join(paper.ROOT, os.pardir, "shared", "papers", "leetdecoding.txt")
+PAPER_TXT = os.path.join(ROOT, os.pardir, "shared", "papers", "leetdecoding.txt")
 
 
 @pytest.mark.parametrize("t", [3, 4, 5, 6])

@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 import torch
 
+from leetrepro._paths import ROOT
 from leetrepro.reproduce import claims, tables
 from leetrepro.reproduce import paper
 
-NOTEBOOKS = os.path.join(paper.ROOT, "notebooks")
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
 
 
 def fake_table(times: dict, status=None):
@@ -119,7 +120,7 @@ def _execute(name: str, tmp_path, params) -> tuple[Path, subprocess.CompletedPro
     source = tmp_path / f"{name}.source.ipynb"
     jupytext.write(jupytext.read(os.path.join(NOTEBOOKS, f"{name}.py")), str(source))
     out = tmp_path / f"{name}.ipynb"
-    env = dict(os.environ, PYTHONPATH=paper.ROOT, MPLBACKEND="Agg")
+    env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg")
     res = subprocess.run([sys.executable, "-m", "leetrepro.reproduce.execute", "-k", "python3",
                           "--log-level", "WARNING", str(source), str(out),
                           "-p", "out_root", str(tmp_path), *params],
@@ -280,7 +281,7 @@ def test_scaling_notebook_judges_a_larger_host(tmp_path):
     """A run on four GPUs beside the committed two-GPU run: the weak- and strong-scaling targets
     are judged from it (here from a four-GPU run made up of the two-GPU one: 3 % slower per step,
     2.7× over one GPU), and eight GPUs, not run, say so."""
-    two = pd.read_csv(os.path.join(paper.ROOT, "data", "h200x2", "sp.csv"))
+    two = pd.read_csv(os.path.join(ROOT, "data", "h200x2", "sp.csv"))
     four = two.copy()
     many = four.gpus > 1
     four.loc[many, "gpus"] = 4
