@@ -21,6 +21,18 @@ def make_inputs(batch, heads, n, r, d, dtype=torch.float32, device="cpu", seed=0
     return tuple(t.to(device=device, dtype=dtype) for t in (B, C, V))
 
 
+def shape_id(value):
+    """Readable test ids: a shape (batch, heads, N, r, d) as ``B2-H3-N37-r8-d5``, a segment length
+    as ``seg64`` (None: ``seg-default``), anything else as ``str``."""
+    if isinstance(value, tuple) and len(value) == 5:
+        return "B{}-H{}-N{}-r{}-d{}".format(*value)
+    if value is None:
+        return "seg-default"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"seg{value}"
+    return str(value)
+
+
 def random_gammas(heads, seed=0, low=0.5):
     g = torch.Generator().manual_seed(seed + 1)
     return low + (1 - low) * torch.rand(heads, generator=g, dtype=torch.float64)

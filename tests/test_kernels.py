@@ -12,7 +12,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder
 from leetrepro.methods import get
 
-from conftest import assert_close_to_reference, make_inputs, random_gammas
+from conftest import assert_close_to_reference, make_inputs, random_gammas, shape_id
 from leetrepro.reference import TOLERANCE
 
 triton = pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
@@ -43,7 +43,7 @@ def _check(method, shape, dtype, decay, **opts):
     return B, C, V, g, out
 
 
-@pytest.mark.parametrize("shape", LA_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", LA_SHAPES, ids=shape_id)
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
                                    BF16])
@@ -51,7 +51,7 @@ def test_lightning_attention2_triton(shape, decay, dtype):
     _check("LA", shape, dtype, decay)
 
 
-@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=str)
+@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=shape_id)
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
                                    BF16])
@@ -59,7 +59,7 @@ def test_chunk_scan_triton(shape, segment, decay, dtype):
     _check("Chunk", shape, dtype, decay, segment=segment)
 
 
-@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=str)
+@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=shape_id)
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16])
 def test_chunk_state_triton(shape, segment, reverse, dtype):
@@ -146,7 +146,7 @@ def test_fp32_exact_modes(method, precision):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", FA_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", FA_SHAPES, ids=shape_id)
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_fleet_attention_triton_is_correct_and_deterministic(shape, decay, dtype):

@@ -6,7 +6,7 @@ import torch
 from leetrepro import causal_linear_decoder, reference, rel_error
 from leetrepro.methods import get, methods
 
-from conftest import make_inputs, random_gammas
+from conftest import make_inputs, random_gammas, shape_id
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STATE_METHODS = [m.abbr for m in methods() if m.state]
@@ -37,7 +37,7 @@ def test_state_methods_are_listed():
 
 
 @pytest.mark.parametrize("method", STATE_METHODS)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("decay", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_two_halves_with_the_state_equal_the_whole(method, shape, decay, dtype):

@@ -102,7 +102,7 @@ def _measured_table(tag: str, filename: str, columns: tuple[str, str]) -> tuple:
 
 def config_override(method: str) -> dict:
     """Tile-config entries from ``LEETREPRO_<METHOD>_CONFIG`` (JSON), for sweeps, not users:
-    ``LEETREPRO_CHUNK_CONFIG='{"num_stages": 3}' python -m leetrepro._sweep Chunk``."""
+    ``LEETREPRO_CHUNK_CONFIG='{"num_stages": 3}' python -m leetrepro.bench.sweep --methods Chunk``."""
     return json.loads(os.environ.get(f"LEETREPRO_{method.upper()}_CONFIG", "{}"))
 
 
