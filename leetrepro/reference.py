@@ -6,7 +6,6 @@ import torch
 from ._decay import causal_mask
 from ._inputs import check_qkv, log_gamma, normalize_gamma
 from ._state import add_initial_state, check_state, final_state
-from .methods._common import isolate_nonfinite
 
 
 def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
@@ -28,7 +27,7 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
     g = normalize_gamma(gamma, B.shape[1], B.device)
     lg = log_gamma(g, torch.float64)
     B, C, V = (t.to(torch.float64) for t in (B, C, V))
-    C, V, poison = isolate_nonfinite(C, V)  # exact IEEE rows: no 0 × NaN from later rows
+    C, V, bad_out, bad_state = _nonfinite(C, V)
     n = B.shape[2]
     out = torch.empty(*V.shape, dtype=torch.float64, device=V.device)
     for s in range(0, n, row_block):
@@ -38,7 +37,23 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
         out[:, :, s:e] = ((B[:, :, s:e] @ C[:, :, :e].transpose(-1, -2)) * mask) @ V[:, :, :e]
     S0 = None if initial_state is None else initial_state.to(torch.float64)
     out = add_initial_state(out, B, S0, lg)
-    return poison(out, final_state(C, V, lg, S0)) if output_final_state else poison(out)
+    out = torch.where(bad_out, torch.nan, out)
+    if not output_final_state:
+        return out
+    return out, torch.where(bad_state, torch.nan, final_state(C, V, lg, S0))
+
+
+def _nonfinite(C: torch.Tensor, V: torch.Tensor):
+    """The oracle's own account of NaN/Inf in C and V (written apart from the methods' code, so
+    that their handling is judged, not copied): ``(C, V with those entries 0, where O is
+    non-finite, where S_N is)``. By the formula term by term, a non-finite c_j makes every column
+    of every row i ≥ j non-finite (b_i·c_j reaches all of them), a non-finite v_j[k] column k of
+    the rows i ≥ j, and S_N[r, d] is non-finite wherever a c_j[r] or a v_j[d] is. The masked
+    products (j > i) are zeros, not 0 × NaN: a later row never reaches an earlier one."""
+    c_ok, v_ok = torch.isfinite(C), torch.isfinite(V)
+    first_on = ((~c_ok).any(-1, keepdim=True) | ~v_ok).to(torch.int8).cummax(-2).values.bool()
+    bad_state = (~c_ok).any(-2)[..., :, None] | (~v_ok).any(-2)[..., None, :]
+    return torch.where(c_ok, C, 0.0), torch.where(v_ok, V, 0.0), first_on, bad_state
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -21,6 +21,13 @@ def make_inputs(batch, heads, n, r, d, dtype=torch.float32, device="cpu", seed=0
     return tuple(t.to(device=device, dtype=dtype) for t in (B, C, V))
 
 
+def tolerance(dtype, tf32: bool = False) -> float:
+    """The accuracy contract for ``dtype`` (``reference.TOLERANCE``); ``tf32``: a float32 result
+    of a kernel's tf32 tensor-core products, documented and held to ``reference.TF32_TOLERANCE``."""
+    from leetrepro.reference import TF32_TOLERANCE, TOLERANCE
+    return TF32_TOLERANCE if tf32 and dtype == torch.float32 else TOLERANCE[dtype]
+
+
 def shape_id(value):
     """Readable test ids: a shape (batch, heads, N, r, d) as ``B2-H3-N37-r8-d5``, a segment length
     as ``seg64`` (None: ``seg-default``), anything else as ``str``."""

@@ -8,7 +8,7 @@ from leetrepro.bench.gpu_check import frozen_subsets
 from leetrepro.methods import methods
 from leetrepro.reference import TOLERANCE
 
-from conftest import make_inputs, method_params, random_gammas
+from conftest import make_inputs, method_params, random_gammas, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
@@ -20,9 +20,7 @@ SMALL = {"Bb": {"block_size": 16}, "LA_torch": {"block_size": 16}, "Recur": {"ba
 
 
 def _tol(m, dtype):
-    if dtype == torch.float32 and m.language == "triton" and not INTERPRETED:
-        return 5e-3  # tf32 dots by default (documented)
-    return TOLERANCE[dtype]
+    return tolerance(dtype, tf32=m.language == "triton" and not INTERPRETED)
 
 
 def _grads(fn, inputs, cotangents, wrt=None):

@@ -12,8 +12,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder
 from leetrepro.methods import get
 
-from conftest import assert_close_to_reference, make_inputs, random_gammas, shape_id
-from leetrepro.reference import TOLERANCE
+from conftest import assert_close_to_reference, make_inputs, random_gammas, shape_id, tolerance
 
 triton = pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,7 +37,7 @@ def _check(method, shape, dtype, decay, **opts):
     g = random_gammas(shape[1], seed=shape[2], low=0.9).to(DEVICE) if decay else None
     out = causal_linear_decoder(B, C, V, g, method=method, **opts)
     exact = opts.get("fp32_precision") in ("tf32x3", "ieee")
-    tol = 5e-3 if dtype == torch.float32 and not INTERPRETED and not exact else None
+    tol = tolerance(dtype, tf32=not INTERPRETED and not exact)
     assert_close_to_reference(out, B, C, V, g, tol=tol)
     return B, C, V, g, out
 
@@ -73,7 +72,7 @@ def test_chunk_state_triton(shape, segment, reverse, dtype):
         got = chunk_state(C, V, gamma, reverse=reverse, segment=segment,
                           fp32_precision="ieee" if INTERPRETED else None)
         _, want = leetrepro.reference(B, rows, vals, gamma, output_final_state=True)
-        tol = 5e-3 if dtype == torch.float32 and not INTERPRETED else TOLERANCE[dtype]
+        tol = tolerance(dtype, tf32=not INTERPRETED)
         assert got.dtype == torch.float32 and got.shape == want.shape
         assert leetrepro.rel_error(got, want) <= tol
 

@@ -7,7 +7,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder, chunk_simple_gla, decode_step, reference, rel_error
 from leetrepro.reference import TOLERANCE
 
-from conftest import make_inputs, random_gammas
+from conftest import make_inputs, random_gammas, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
@@ -30,9 +30,7 @@ def _packed(lengths, heads, r, d, dtype, seed=0, time_major=False):
 
 
 def _tol(dtype, method):
-    if dtype == torch.float32 and method == "Chunk" and not INTERPRETED:
-        return 5e-3  # tf32 products by default
-    return TOLERANCE[dtype]
+    return tolerance(dtype, tf32=method == "Chunk" and not INTERPRETED)
 
 
 def _each(B, C, V, g, cu, S0=None, scale=1.0):

@@ -6,7 +6,7 @@ import torch
 from leetrepro import causal_linear_decoder, reference, rel_error
 from leetrepro.methods import get, methods
 
-from conftest import make_inputs, random_gammas, shape_id
+from conftest import make_inputs, random_gammas, shape_id, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 STATE_METHODS = [m.abbr for m in methods() if m.state]
@@ -15,8 +15,7 @@ SHAPES = [(2, 3, 37, 8, 5), (1, 2, 200, 16, 12)]
 
 
 def _tol(dtype):
-    return {torch.float32: 5e-3 if DEVICE == "cuda" else 1e-5, torch.float16: 1e-2,
-            torch.float64: 1e-10}[dtype]
+    return tolerance(dtype, tf32=DEVICE == "cuda")
 
 
 def test_the_oracle_state_is_the_recurrence():
