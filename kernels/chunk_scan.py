@@ -33,7 +33,7 @@ costs 2.5-5× (a reduction and a branch per chunk break the load-to-MMA pipeline
 such a row also makes the carried state non-finite, and nothing makes it finite again, so each
 program checks its state once, at its end, and flags its lane. A second launch (``REPAIR``, one
 program per lane, a few microseconds when nothing is flagged) recomputes only the flagged lanes
-from their start with ``ISOLATE``: the non-finite entries of C and V zeroed, every row from the
+from their start, the non-finite entries of C and V zeroed, every row from the
 first non-finite one on set to NaN. Shared tile code: ``_tiles.py``. Launcher:
 ``leetrepro.methods.chunk``.
 """
@@ -50,8 +50,7 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
                       SCALE,                      SB_B, SB_H, SB_T, SV_B, SV_H, SV_T,
                       HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
                       SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
-                      HALF_RANGE: tl.constexpr, ISOLATE: tl.constexpr,
-                      REPAIR: tl.constexpr,
+                      HALF_RANGE: tl.constexpr, REPAIR: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr):
     if SPLIT:
@@ -131,11 +130,11 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, n, BLOCK_N, REVERSE)
         b, c, v, bad = load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d,
-                                  d_ok, SB_T, SV_T, ISOLATE)
+                                  d_ok, SB_T, SV_T, REPAIR)
         w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
-        if ISOLATE:  # the repair launch: NaN from the first non-finite row on, none before
+        if REPAIR:  # NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, SV_T, out * SCALE)
@@ -143,13 +142,13 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
             e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, SV_T)
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
                                 HALF_RANGE, PRECISION)
-            if ISOLATE:
+            if REPAIR:
                 out2 += poison
             store_rows(O2, bc_base, phys, ok, cols_r, r_ok, SB_T, out2 * SCALE)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        if ISOLATE:
+        if REPAIR:
             state += tl.sum(bad, axis=0)
-    if not ISOLATE:  # a non-finite c or v leaves the state non-finite for good: one check
+    if not REPAIR:  # a non-finite c or v leaves the state non-finite for good: one check
         if has_nonfinite(state):
             tl.store(FLAGS + lane, 1)
     if STORE_SN:

@@ -50,7 +50,7 @@ def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
 @triton.jit
 def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
                   HAS_DECAY: tl.constexpr, SPLIT: tl.constexpr, HALF_RANGE: tl.constexpr,
-                  ISOLATE: tl.constexpr, REPAIR: tl.constexpr,
+                  REPAIR: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                   PRECISION: tl.constexpr):
     bh = tl.program_id(0)
@@ -81,15 +81,15 @@ def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)
         b, c, v, bad = load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d,
-                                  d_ok, R, D, ISOLATE)
+                                  d_ok, R, D, REPAIR)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        if ISOLATE:
+        if REPAIR:
             out += tl.cumsum(bad, axis=0)[:, None]
             state += tl.sum(bad, axis=0)
         store_rows(O, vo_base, phys, ok, cols_d, d_ok, D, out)
-    if not ISOLATE:  # a non-finite c or v leaves the state non-finite for good: one check
+    if not REPAIR:  # a non-finite c or v leaves the state non-finite for good: one check
         if has_nonfinite(state):
             tl.store(FLAGS + lane, 1)

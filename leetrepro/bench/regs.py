@@ -42,7 +42,7 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
                SV_B="i64", SV_H="i64", SV_T="i64")
     const = dict(E=None, O2=None, S0=None, SN=None, CU=None, HAS_DECAY=decay, VARLEN=False,
                  HAS_S0=False, STORE_SN=False, SPLIT=split, REVERSE=False, DUAL=False,
-                 HALF_RANGE=dtype != "fp32", ISOLATE=False, REPAIR=False, BLOCK_N=block_n,
+                 HALF_RANGE=dtype != "fp32", REPAIR=False, BLOCK_N=block_n,
                  BLOCK_R=128, BLOCK_D=128, PRECISION=precision if dtype == "fp32" else "tf32")
     if not split:
         const.update(WS=None, SYNC=None)

@@ -368,7 +368,7 @@ def _plan(n, r, d, batch, heads, dtype, precision, decay, dual, device, segment,
                          f"got r = {r}, d = {d}")
     flags = lambda split, repair: dict(  # noqa: E731
         HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0, STORE_SN=store_sn, SPLIT=split,
-        REVERSE=reverse, DUAL=dual, HALF_RANGE=dtype != torch.float32, ISOLATE=repair,
+        REVERSE=reverse, DUAL=dual, HALF_RANGE=dtype != torch.float32,
         REPAIR=repair, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
         PRECISION=precision)
     return _Plan(lanes, segment, n_seg, n_seg > 1, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"]),

@@ -116,11 +116,11 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
         kern.la_state_kernel[grid](C, V, states, **shape)
     flags = torch.zeros(batch * heads * d_blocks, dtype=torch.int32, device=V.device)
     fwd = dict(HALF_RANGE=V.dtype != torch.float32) | shape
-    kern.la_fwd_kernel[grid](B, C, V, out, states, flags, SPLIT=n_seg > 1, ISOLATE=False,
-                             REPAIR=False, **fwd)
+    kern.la_fwd_kernel[grid](B, C, V, out, states, flags, SPLIT=n_seg > 1, REPAIR=False,
+                             **fwd)
     # lanes whose outputs came out non-finite, recomputed without letting a row reach earlier ones
     kern.la_fwd_kernel[grid[:2] + (1,)](B, C, V, out, None, flags, **(fwd | dict(
-        SEG=n, SPLIT=False, ISOLATE=True, REPAIR=True, num_stages=1)))
+        SEG=n, SPLIT=False, REPAIR=True, num_stages=1)))
     return out
 
 
