@@ -39,14 +39,20 @@ def parse_dtype(dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(aliases)}") from None
 
 
-def check_qkv(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> None:
-    """Raise a ValueError/TypeError naming the problem and the shapes."""
-    for name, t in (("B", B), ("C", C), ("V", V)):
+def check_4d(named) -> None:
+    """Each ``(name, tensor, layout)`` of ``named`` a 4-D torch.Tensor, else a TypeError/ValueError
+    naming the argument and the layout it should have."""
+    for name, t, layout in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, N, {'d' if name == 'V' else 'r'}), "
-                             f"got shape {tuple(t.shape)}")
+            raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(t.shape)}")
+
+
+def check_qkv(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> None:
+    """Raise a ValueError/TypeError naming the problem and the shapes."""
+    check_4d((("B", B, "(batch, heads, N, r)"), ("C", C, "(batch, heads, N, r)"),
+              ("V", V, "(batch, heads, N, d)")))
     shapes = f"B {tuple(B.shape)}, C {tuple(C.shape)}, V {tuple(V.shape)}"
     for axis, label in ((0, "batch"), (1, "heads"), (2, "N (sequence length)")):
         if not B.shape[axis] == C.shape[axis] == V.shape[axis]:

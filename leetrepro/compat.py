@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._inputs import memo_by_tensor
+from ._inputs import check_4d, memo_by_tensor
 from .api import causal_linear_decoder
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
@@ -80,12 +80,8 @@ def _check_fla(q, k, v, g_gamma, initial_state, head_first: bool, state_v_first:
     """The drop-in's inputs checked in flash-linear-attention's terms (q, k, v, T, K, V), with the
     layout named where a shape says the data is in the other one."""
     layout = "(batch, heads, T, K)" if head_first else "(batch, T, heads, K)"
+    check_4d((("q", q, layout), ("k", k, layout), ("v", v, layout.replace("K", "V"))))
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D {layout.replace('K', 'V') if name == 'v' else layout}"
-                             f", got shape {tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be floating point, got {t.dtype}")
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"

@@ -388,29 +388,11 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     the segments' sums are weighted by λ^(N - end) and added in a fixed order (``segment``: rows
     per segment, a multiple of the row block; default as Chunk's). O(N·r·d) time,
     O(segments·batch·heads·r·d) workspace."""
+    refuse_interpreted_bf16(V.dtype, "chunk_state")
     batch, heads, n, r = C.shape
     d = V.shape[-1]
     if n == 0 or C.numel() == 0 or V.numel() == 0:
         return V.new_zeros(batch, heads, r, d, dtype=torch.float32)
-    ws, segment = segment_states(C, V, gamma, reverse=reverse, fp32_precision=fp32_precision,
-                                 segment=segment)
-    n_seg = ws.shape[2]
-    if gamma is None:
-        return ws.sum(2)
-    ends = torch.clamp(torch.arange(1, n_seg + 1, device=V.device) * segment, max=n)
-    w = torch.exp((n - ends).to(torch.float64)[None, :] * torch.log(gamma.to(torch.float64))[:, None])
-    return torch.einsum("bhsrd,hs->bhrd", ws, w.to(torch.float32))
-
-
-def segment_states(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
-                   reverse: bool = False, fp32_precision: str | None = None,
-                   segment: int | None = None) -> torch.Tensor:
-    """(each segment's own state ``Σ_{a≤j<e} λ^(e-1-j) c_jᵀ v_j`` over its rows [a, e), float32
-    ``(batch, heads, segments, r, d)``; the rows per segment): the parts :func:`chunk_state` adds
-    (``segment`` rows each, the last one shorter; default as Chunk's split)."""
-    refuse_interpreted_bf16(V.dtype, "chunk_state")
-    batch, heads, n, r = C.shape
-    d = V.shape[-1]
     C, V = C.contiguous(), V.contiguous()
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, device=V.device)
@@ -424,6 +406,11 @@ def segment_states(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None,
         C, V, ws, gamma, n, r, d, heads, segment, HAS_DECAY=gamma is not None, REVERSE=reverse,
         PRECISION=precision, **cfg)
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
-    # (batch, heads, d blocks, segments, BLOCK_R, BLOCK_D) -> (batch, heads, segments, r, d)
-    return ws.permute(0, 1, 3, 4, 2, 5).reshape(batch, heads, n_seg, cfg["BLOCK_R"], -1)[
-        :, :, :, :r, :d].contiguous(), segment
+    if gamma is None:
+        s = ws.sum(3)
+    else:
+        ends = torch.clamp(torch.arange(1, n_seg + 1, device=V.device) * segment, max=n)
+        w = torch.exp((n - ends).to(torch.float64)[None, :] * torch.log(gamma.to(torch.float64))[:, None])
+        s = torch.einsum("bhksrd,hs->bhkrd", ws, w.to(torch.float32))
+    # (batch, heads, d blocks, BLOCK_R, BLOCK_D) -> (batch, heads, r, d)
+    return s.permute(0, 1, 3, 2, 4).reshape(batch, heads, cfg["BLOCK_R"], -1)[:, :, :r, :d].contiguous()
