@@ -32,6 +32,11 @@ def sm_count(device) -> int:
     return _sm_count(_index(device))
 
 
+#: shared memory one program may use on an sm_90 GPU (H100, H200): 227 KiB, opted into beyond
+#: the default 48 KiB. The launch tables (Chunk, LA) are sized to fit it.
+SM90_SHARED_BYTES = 227 * 1024
+
+
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 

@@ -188,10 +188,13 @@ def _triton_step(B, C, V, gamma, pool, slots, scale):
         return out.zero_()
     block_r, block_d, warps = _tiles(batch * heads, r, d, V.device)
     launch(triton_kernels("decode_step").decode_step_kernel, (batch * heads, -(-d // block_d)),
-           (B, C, V, out, pool, slots, None if gamma is None else _gamma_pair(gamma), k, r, d,
-            heads, scale, batch, pool.shape[0], *B.stride()[:3], *V.stride()[:3],
-            *out.stride()[:3]),
-           dict(HAS_DECAY=gamma is not None, BLOCK_R=block_r, BLOCK_D=block_d,
+           dict(B=B, C=C, V=V, O=out, POOL=pool, SLOTS=slots,
+                GAMMA=None if gamma is None else _gamma_pair(gamma), K=k, R=r, D=d, H=heads,
+                SCALE=scale, BATCH=batch, NUM_SLOTS=pool.shape[0],
+                SB_B=B.stride(0), SB_H=B.stride(1), SB_T=B.stride(2),
+                SV_B=V.stride(0), SV_H=V.stride(1), SV_T=V.stride(2),
+                SO_B=out.stride(0), SO_H=out.stride(1), SO_T=out.stride(2),
+                HAS_DECAY=gamma is not None, BLOCK_R=block_r, BLOCK_D=block_d,
                 BLOCK_S=min(256, next_pow2(batch))), num_warps=warps)
     return out
 

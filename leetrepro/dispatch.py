@@ -4,7 +4,8 @@
 × N × mask, heads 32, r = d = 128) and writes ``data/<gpu>/dispatch.csv``: per cell the fastest
 method (``best``) and every method's median. The tables ship inside the wheel, so an installed
 package follows them too. :func:`choose` looks the inputs up in the table of the GPU they are on
-(``LEETREPRO_DISPATCH=path.csv`` overrides the file): same dtype and mask, the nearest batch, then
+(:func:`use_table` or ``LEETREPRO_DISPATCH=path.csv``, read when the package loads, names
+another file): same dtype and mask, the nearest batch, then
 the nearest N on a log scale. Heads, r and d are not keys: the table is measured at the paper's
 shape.
 
@@ -34,8 +35,19 @@ AUTO_ORDER = ("Chunk", "LA", "LA_torch", "Bb")
 STATE_ORDER = ("Chunk", "LA_torch")
 
 
+#: a dispatch table that replaces every GPU's own (:func:`use_table`); the environment is read once
+_OVERRIDE: list = [os.environ.get("LEETREPRO_DISPATCH") or None]
+
+
+def use_table(path: str | None) -> None:
+    """Make ``method="auto"`` follow the table at ``path`` on every GPU (None: each GPU's own
+    ``data/<gpu>/dispatch.csv`` again); forgets the choices made so far."""
+    _OVERRIDE[0] = path
+    clear_cache()
+
+
 def table_path(tag: str) -> str:
-    return os.environ.get("LEETREPRO_DISPATCH") or data(tag, "dispatch.csv")
+    return _OVERRIDE[0] or data(tag, "dispatch.csv")
 
 
 def auto_method(n: int, dtype: torch.dtype, device, *, batch: int = 1, decay: bool = False,
@@ -101,10 +113,10 @@ def _nearest(rows, n: int, batch: int) -> str:
 
 
 def clear_cache() -> None:
-    """Forget loaded tables and choices (after ``make tune`` rewrote a table)."""
-    _load.cache_clear()
-    _choose.cache_clear()
-    registry.changed()  # _auto and the API's checked signatures listen
+    """Forget every loaded table and every choice made from one (after ``make tune`` rewrote a
+    table): :func:`leetrepro.registry.changed`, which each cache of such choices listens to."""
+    registry.changed()
 
 
-registry.on_change(_auto.cache_clear)
+for _cache in (_auto, _load, _choose):
+    registry.on_change(_cache.cache_clear)

@@ -315,6 +315,46 @@ def test_chunk_kernel_compiles_for_hopper_without_a_gpu():
     assert res.returncode == 0 and "registers" in res.stdout, res.stdout + res.stderr[-2000:]
 
 
+def test_launch_passes_arguments_by_name_and_checks_them(monkeypatch):
+    """``_gpu.launch``: every kernel parameter by name (a TypeError names a missing or unknown
+    one); the compiled kernel replayed positionally only where its signature lists the kernel's
+    parameters in order, else every launch binds by name, with a warning, and still launches."""
+    from leetrepro.methods import _gpu
+
+    calls = []
+
+    def stand_in(signature):
+        class Compiled:
+            class src:
+                pass
+
+            def __getitem__(self, grid):
+                return lambda *args: calls.append(("replay", args))
+        Compiled.src.signature = signature
+
+        class Kernel:
+            arg_names = ("X", "N", "BLOCK")
+
+            def __getitem__(self, grid):
+                return lambda **kw: calls.append(("bind", kw)) or Compiled()
+        return Kernel()
+
+    monkeypatch.setattr(_gpu, "_COMPILED", {})
+    monkeypatch.setattr(_gpu, "_ORDER", {})
+    good = stand_in(dict.fromkeys(("X", "N", "BLOCK")))
+    with pytest.raises(TypeError, match=r"missing \['BLOCK'\], unknown \['Y'\]"):
+        _gpu.launch(good, (1,), dict(X=1, N=2, Y=3))
+    for _ in range(2):
+        _gpu.launch(good, (1,), dict(BLOCK=4, N=2, X=1), key="k")
+    assert calls == [("bind", dict(BLOCK=4, N=2, X=1)), ("replay", (1, 2, 4))]
+    calls.clear()
+    moved = stand_in(dict.fromkeys(("N", "X", "BLOCK")))  # a Triton whose order differs
+    with pytest.warns(RuntimeWarning, match="binds its arguments"):
+        _gpu.launch(moved, (1,), dict(X=1, N=2, BLOCK=4), key="k")
+    _gpu.launch(moved, (1,), dict(X=1, N=2, BLOCK=4), key="k")
+    assert [c[0] for c in calls] == ["bind", "bind"]
+
+
 def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatch):
     """Chunk keeps compiled kernels by a precomputed key (host time): a call that differs in
     anything Triton specialises on (strides, mask, dtype, alignment, state flags) compiles anew; the
@@ -322,20 +362,31 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     from leetrepro.methods import _gpu, chunk
 
     events = []
+    names = _gpu.triton_kernels("chunk_scan").chunk_scan_kernel.arg_names
 
     class Compiled:
+        class src:
+            signature = dict.fromkeys(names)
+
         def __getitem__(self, grid):
             return lambda *args: events.append("launch")
 
     class Kernel:
+        arg_names = names
+
         def __getitem__(self, grid):
-            return lambda *args, **kw: events.append("compile") or Compiled()
+            def compile_(**kw):  # every parameter by name, plus num_warps and num_stages
+                assert set(kw) - set(names) <= {"num_warps", "num_stages"} <= set(kw), kw.keys()
+                events.append("compile")
+                return Compiled()
+            return compile_
 
     class Module:
         chunk_scan_kernel = Kernel()
 
     monkeypatch.setattr(chunk, "triton_kernels", lambda name: Module())
     monkeypatch.setattr(_gpu, "_COMPILED", {})
+    monkeypatch.setattr(_gpu, "_ORDER", {})
     monkeypatch.setattr(chunk, "launch", _gpu.launch)
     B, C, V = (torch.randn(1, 2, 96, 16) for _ in range(3))
 

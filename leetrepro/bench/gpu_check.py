@@ -303,7 +303,8 @@ def main(argv=None) -> int:
         return 2
     device, meta, out = setup
     if args.chunk_kernel != "auto":
-        os.environ["LEETREPRO_CHUNK_KERNEL"] = args.chunk_kernel  # chunk._use_hopper reads it
+        from ..methods import chunk
+        chunk.force_kernel(args.chunk_kernel)
     meta = dict(meta, chunk_kernel=args.chunk_kernel)
     chosen = [m for m in methods() if args.methods is None or m.abbr in args.methods]
     shapes = SHAPES[:3] if args.quick else SHAPES

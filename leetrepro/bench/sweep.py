@@ -20,7 +20,6 @@ table from the timings already there (``chunk_kernel_sweep.csv``), no GPU needed
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -34,7 +33,7 @@ from .harness import gpu_main, median, random_inputs, time_calls
 KINDS = {"half": torch.float16, "tf32": torch.float32}
 SHAPES = ((1, 100000), (16, 25600))
 #: per method: the two swept parameters (the table's columns), their candidates, and the launch
-#: options they set (through ``LEETREPRO_<METHOD>_CONFIG``, :func:`methods._gpu.config_override`)
+#: launch settings they set (the methods' ``config`` option)
 SWEEPS = {
     "Chunk": (("block_n", "stages"), [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)],
               lambda n, s: {"BLOCK_N": n, "num_stages": s}),
@@ -46,7 +45,6 @@ SWEEPS = {
 def sweep(method: str, device, meta: dict, reps: int) -> list[dict]:
     """Every candidate of ``method`` at every kind × shape × mask: one row each (``ms`` or NaN)."""
     (p1, p2), candidates, options = SWEEPS[method]
-    env = f"LEETREPRO_{method.upper()}_CONFIG"
     rows = []
     for kind, dtype in KINDS.items():
         for batch, n in SHAPES:
@@ -54,18 +52,16 @@ def sweep(method: str, device, meta: dict, reps: int) -> list[dict]:
             for decay in (False, True):
                 g = alibi_gammas(32).to(device) if decay else None
                 for a, b in candidates:
-                    os.environ[env] = json.dumps(options(a, b))
                     row = dict(meta, kind=kind, decay=decay, batch=batch, N=n, **{p1: a, p2: b})
                     try:
-                        call = lambda: causal_linear_decoder(B, C, V, g, method=method)  # noqa: E731
+                        call = lambda: causal_linear_decoder(  # noqa: E731
+                            B, C, V, g, method=method, config=options(a, b))
                         call()
                         row["ms"] = median(time_calls(call, [()], reps, device)) * 1e3
                     except Exception as exc:  # too much shared memory for this GPU, say
                         row["ms"] = math.nan
                         row["error"] = f"{type(exc).__name__}: {str(exc)[:80]}"
                         torch.cuda.empty_cache()
-                    finally:
-                        os.environ.pop(env, None)
                     rows.append(row)
                     print(f"{method} {kind} b{batch} N={n} decay={decay!s:5s} {p1}={a:3d} {p2}={b} "
                           f"{row['ms']:8.3f} ms", flush=True)

@@ -127,7 +127,7 @@ def main(argv=None) -> int:
 
     device, meta, out = setup
     path = os.path.join(out, "dispatch.csv")
-    os.environ["LEETREPRO_DISPATCH"] = path  # auto, timed below, reads the table being written
+    dispatch.use_table(path)  # auto, timed below, reads the table being written
     kept, dropped_before = measured_before(path, args.time_limit) if args.resume else ([], {})
     done = {tuple(r[k] for k in CELL) for r in kept}
     rows = []

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
 import sys
 
@@ -22,11 +21,15 @@ import torch
 
 from .._device import gpu_tag, sm_count  # noqa: F401  (the launchers' SM count)
 from .._paths import data, resource
-from ..registry import FP32_PRECISIONS
+from ..registry import FP32_PRECISIONS, on_change
+
+
+#: the default of ``fp32_precision``: the environment, read once when the package loads
+FP32_DEFAULT = os.environ.get("LEETREPRO_FP32_PRECISION", "tf32")
 
 
 def default_fp32_precision() -> str:
-    p = os.environ.get("LEETREPRO_FP32_PRECISION", "tf32")
+    p = FP32_DEFAULT
     if p not in FP32_PRECISIONS:
         raise ValueError(f"LEETREPRO_FP32_PRECISION={p!r}; use one of {FP32_PRECISIONS}")
     return p
@@ -89,7 +92,7 @@ def measured_table(device, filename: str, columns: tuple[str, str]) -> dict:
     return dict(_measured_table(gpu_tag(device), filename, columns))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # cleared with the dispatch caches (registry.changed)
 def _measured_table(tag: str, filename: str, columns: tuple[str, str]) -> tuple:
     path = data(tag, filename)
     if not os.path.exists(path):
@@ -98,12 +101,6 @@ def _measured_table(tag: str, filename: str, columns: tuple[str, str]) -> tuple:
     with open(path, newline="") as f:
         return tuple(((r["kind"], r["decay"] == "True"), (int(r[columns[0]]), int(r[columns[1]])))
                      for r in csv.DictReader(f))
-
-
-def config_override(method: str) -> dict:
-    """Tile-config entries from ``LEETREPRO_<METHOD>_CONFIG`` (JSON), for sweeps, not users:
-    ``LEETREPRO_CHUNK_CONFIG='{"num_stages": 3}' python -m leetrepro.bench.sweep --methods Chunk``."""
-    return json.loads(os.environ.get(f"LEETREPRO_{method.upper()}_CONFIG", "{}"))
 
 
 def cdiv(a: int, b: int) -> int:
@@ -152,30 +149,65 @@ def refuse_interpreted_bf16(dtype: torch.dtype, abbr: str) -> None:
 
 #: compiled kernels by launch key (see :func:`launch`)
 _COMPILED: dict = {}
+#: per kernel: its parameters' names in order, whether Triton's compiled-kernel object still takes
+#: them positionally in that order (checked on its first compilation; see :func:`launch`), the names' set
+_ORDER: dict = {}
 
 
-def launch(kernel, grid: tuple, args: tuple, constexprs: dict, key=None, **options):
-    """``kernel[grid](*args, **constexprs, **options)`` with Triton's per-call argument binding
-    (~10 µs of host time) skipped after the first call of a key: the compiled kernel is kept and
-    launched with the arguments as they are. The key holds everything Triton specialises on: each
-    tensor's dtype and 16-byte alignment, each scalar's value (Triton specialises integers equal
-    to 1 or divisible by 16), the constexprs, the options, the grid's rank and the device.
-    ``constexprs`` must be the kernel's trailing parameters, in order.
+def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
+    """``kernel[grid](**arguments, **options)``: every parameter of the kernel, constexprs included,
+    passed by name (a TypeError names any missing or unknown one), with Triton's per-call argument
+    binding (~10 µs of host time) skipped after the first call of a key: the compiled kernel is
+    kept and launched with the arguments in the kernel's own parameter order.
 
-    ``key``: the caller's hashable stand-in for all of that (its cached launch plan: shapes,
-    dtypes, flags, strides, device, and whether its tensors are 16-byte aligned), which spares
-    building the key argument by argument."""
+    That replay rests on Triton's ``CompiledKernel[grid](*args)`` taking every parameter in
+    declaration order. The first compilation of each kernel checks it (the compiled source's
+    signature must list the kernel's parameter names in that order); where a Triton release no
+    longer offers it, every launch takes the binding path, with one warning, never a wrong call.
+
+    ``key``: the caller's hashable stand-in for everything Triton specialises on (each tensor's
+    dtype and 16-byte alignment, each integer's value where Triton specialises it: equal to 1 or
+    divisible by 16, the constexprs, the options, the device): its cached launch plan. Without
+    one, the key is built argument by argument."""
+    order = _ORDER.get(kernel)
+    if order is None:
+        order = _ORDER[kernel] = [tuple(kernel.arg_names), None, frozenset(kernel.arg_names)]
+    if arguments.keys() != order[2]:
+        missing = [n for n in order[0] if n not in arguments]
+        unknown = [n for n in arguments if n not in order[0]]
+        raise TypeError(f"{getattr(kernel, '__name__', kernel)}: arguments missing {missing}, "
+                        f"unknown {unknown}")
     if key is None:
         key = (tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
-                     for a in args),
-               tuple(constexprs.items()), tuple(sorted(options.items())),
-               next(a.device for a in args if isinstance(a, torch.Tensor)))
+                     for a in arguments.values()), tuple(options.items()),
+               next(a.device for a in arguments.values() if isinstance(a, torch.Tensor)))
     key = (kernel, len(grid), key)
-    compiled = _COMPILED.get(key)
+    compiled = _COMPILED.get(key) if order[1] else None
     if compiled is None:  # (the interpreter returns no compiled kernel: it always comes here)
-        compiled = kernel[grid](*args, **constexprs, **options)
-        if len(_COMPILED) >= 4096:
-            _COMPILED.clear()
-        _COMPILED[key] = compiled
+        compiled = kernel[grid](**arguments, **options)
+        if order[1] is None and compiled is not None:
+            order[1] = _positional(compiled, order[0])
+        if order[1]:
+            if len(_COMPILED) >= 4096:
+                _COMPILED.clear()
+            _COMPILED[key] = compiled
         return
-    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *constexprs.values())
+    compiled[tuple(grid) + (1,) * (3 - len(grid))](*[arguments[n] for n in order[0]])
+
+
+def _positional(compiled, names: tuple) -> bool:
+    """Whether ``compiled[grid](*args)`` takes the kernel's parameters in ``names``' order (the
+    compiled source's signature says so), warning once where it does not."""
+    try:
+        ok = tuple(compiled.src.signature) == names and callable(compiled[(1, 1, 1)])
+    except Exception:  # an API that moved: the binding path, which always works
+        ok = False
+    if not ok:
+        import warnings
+        warnings.warn("this Triton's compiled kernels do not take their parameters positionally as "
+                      "leetrepro's fast launch expects: every launch binds its arguments (slower "
+                      "host path, same results)", RuntimeWarning, stacklevel=3)
+    return ok
+
+
+on_change(_measured_table.cache_clear)

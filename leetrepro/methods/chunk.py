@@ -24,9 +24,9 @@ import typing
 
 import torch
 
-from ..registry import GPU_DTYPES, register
+from ..registry import GPU_DTYPES, on_change, register
 from .._paths import data
-from ._gpu import (cdiv, config_override, dot_precision, gpu_tag, launch, measured_table,
+from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table,
                    next_pow2, refuse_interpreted_bf16, same_rows, sm_count, staged_state,
                    triton_kernels)
 
@@ -38,7 +38,8 @@ CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
                ("tf32", False): (32, 2), ("tf32", True): (64, 2),
                ("exact", False): (32, 1), ("exact", True): (32, 1)}
 #: the dual sweep (the backward's dV and dC) stages a fourth tile per row block: fewer stages,
-#: fp32 in 32-row blocks, so that four tiles per stage fit 227 KB of shared memory
+#: fp32 in 32-row blocks, so that four tiles per stage fit an H100's shared memory
+#: (:data:`leetrepro._device.SM90_SHARED_BYTES`)
 DUAL_TABLE = {"half": (64, 2), "tf32": (32, 2), "exact": (32, 1)}
 
 
@@ -56,13 +57,15 @@ def tuned_table(device) -> dict:
 
 
 def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool,
-                 dual: bool = False, device=None) -> dict:
+                 dual: bool = False, device=None, config: dict | None = None) -> dict:
     """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
     (which re-read B and C once per block); rows and stages from the table measured on this GPU
-    (:func:`tuned_table`), else :data:`CHUNK_TABLE` (:data:`DUAL_TABLE` for the dual sweep)."""
+    (:func:`tuned_table`), else :data:`CHUNK_TABLE` (:data:`DUAL_TABLE` for the dual sweep).
+    ``config``: entries that replace those (``BLOCK_N``, ``num_warps``, ``num_stages``,
+    ``segment``; the sweeps of ``make tune`` pass them as :func:`chunk_scan`'s option)."""
     cfg = dict(_config(r, d, dtype, precision, decay, dual,
                        None if device is None else torch.device(device)))
-    return cfg | config_override("Chunk")
+    return cfg | (config or {})
 
 
 @functools.lru_cache(maxsize=1024)
@@ -124,11 +127,12 @@ def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
           scale=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
-          options={"fp32_precision": "tf32", "segment": None, "kernel": "auto"})
+          options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None})
 def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                reverse: bool = False, dual: torch.Tensor | None = None,
-               cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto"):
+               cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
+               config: dict | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -148,6 +152,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     forward, ``kernels/chunk_hopper.py``: fp16/bf16, r = d = 128, one pass; a ValueError naming
     what rules it out elsewhere) or ``"auto"`` (the Hopper kernel where :func:`hopper_wins` says
     it was measured faster on this GPU, else the portable one).
+
+    ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
     """
     kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
@@ -162,7 +168,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
     signature = (n, r, d, batch, heads, V.dtype, dot_precision(V.dtype, fp32_precision),
                  gamma is not None, dual is not None, V.device, segment,
-                 os.environ.get("LEETREPRO_CHUNK_CONFIG"), cu_seqlens is not None,
+                 None if not config else tuple(sorted(config.items())), cu_seqlens is not None,
                  initial_state is not None, output_final_state, reverse)
     plan = _plan(*signature)
     lanes = plan.lanes
@@ -185,13 +191,15 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if plan.split:
         sync = counters[lanes:]
         ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
-    # the kernel's parameters in order (methods/_gpu.launch): tensors, scalars, then constexprs
-    head = (B, C, V, out, dual, None if dual is None else out2, s0, sn)
-    tail = (flags, gamma, cu_seqlens, n, r, d, heads, lanes)
-    strides = (*B.stride()[:3], *V.stride()[:3])
-    scale = float(scale)
+    # the kernel's parameters by name (methods/_gpu.launch); the constexprs come from the plan
+    args = dict(B=B, C=C, V=V, O=out, E=dual, O2=None if dual is None else out2, S0=s0, SN=sn,
+                WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma, CU=cu_seqlens, N=n, R=r, D=d, H=heads,
+                LANES=lanes, SEG=plan.segment, SCALE=float(scale),
+                SB_B=B.stride(0), SB_H=B.stride(1), SB_T=B.stride(2),
+                SV_B=V.stride(0), SV_H=V.stride(1), SV_T=V.stride(2))
     # everything the launches specialise on (methods/_gpu.launch): the signature fixes the
     # scalars, flags and the fresh buffers' offsets; the inputs' alignment is checked here
+    strides = (*B.stride()[:3], *V.stride()[:3])
     ptrs = B.data_ptr() | C.data_ptr() | V.data_ptr()
     for t in (dual, s0, gamma, cu_seqlens):
         if t is not None:
@@ -204,15 +212,14 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         segment = plan.segment
         if segment < n and segment % HOPPER["BLOCK_N"]:
             segment = rows_for_pieces(n, plan.n_seg, HOPPER["BLOCK_N"])
-        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment)
+        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, args["SCALE"], segment)
     else:
-        launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,),
-               (*head, ws, sync, *tail, plan.segment, scale, *strides), plan.main, key + (False,),
+        launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main, key + (False,),
                **plan.main_options)
     # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's
     # NaN/Inf (the kernel's docstring); a few microseconds when no lane is flagged
-    launch(kern.chunk_scan_kernel, (lanes,), (*head, None, None, *tail, n, scale, *strides),
-           plan.repair, key + (True,), **plan.repair_options)
+    launch(kern.chunk_scan_kernel, (lanes,), args | dict(WS=None, SYNC=None, SEG=n) | plan.repair,
+           key + (True,), **plan.repair_options)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
@@ -282,8 +289,7 @@ def _kernel_table(tag: str) -> dict:
 
 def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
     """Whether this call runs the Hopper kernel: ``kernel`` as :func:`chunk_scan` says, and for
-    ``"auto"`` where it can, ``LEETREPRO_CHUNK_KERNEL`` (``hopper``/``portable``, for the
-    correctness matrix) if set, else :func:`hopper_wins`."""
+    ``"auto"`` where it can, the kernel :func:`force_kernel` names if any, else :func:`hopper_wins`."""
     if kernel == "portable":
         return False
     unfit = hopper_unfit(B, C, V, gamma, **call)
@@ -295,11 +301,22 @@ def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
         raise ValueError(f"option kernel={kernel!r} is invalid; use 'auto', 'portable' or 'hopper'")
     if unfit is not None:
         return False
-    # the correctness matrix's switch (gpu_check): every call the Hopper kernel can take
-    forced = os.environ.get("LEETREPRO_CHUNK_KERNEL")
-    if forced in ("hopper", "portable"):
-        return forced == "hopper"
+    if _FORCED[0] is not None:  # the correctness matrix's switch (force_kernel)
+        return _FORCED[0] == "hopper"
     return hopper_wins(V.device, V.dtype, gamma is not None, plan.split, B.shape[2])
+
+
+#: the kernel ``kernel="auto"`` takes wherever it can run, whatever the table says (None: the table)
+_FORCED: list = [None]
+
+
+def force_kernel(kernel: str | None) -> None:
+    """Make every ``kernel="auto"`` call take ``"hopper"`` wherever that kernel can run, or
+    ``"portable"`` always; None: follow the measured table again. For the correctness matrix
+    (``gpu_check --chunk-kernel``), which reaches Chunk through every path (API, autograd, ops)."""
+    if kernel not in (None, "hopper", "portable"):
+        raise ValueError(f"force_kernel({kernel!r}): use 'hopper', 'portable' or None")
+    _FORCED[0] = kernel
 
 
 def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment):
@@ -326,10 +343,12 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, s
     # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
     # divisible by 16) and the pointers' 16-byte alignment
     ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
-    key = (V.dtype, n, heads, lanes, segment, ptrs, V.device, tuple(consts.items()))
+    key = (V.dtype, n, heads, lanes, segment, ptrs, V.device, tuple(consts.items()),
+           tuple(HOPPER.items()))
     launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (lanes * n_seg,),
-           (desc(B, r), desc(C, r), desc(V, d // 2), desc(out, d // 2), s0, sn, flags, ws, sync,
-            gamma, n, heads, lanes, segment, float(scale)), consts, key,
+           dict(b_desc=desc(B, r), c_desc=desc(C, r), v_desc=desc(V, d // 2),
+                o_desc=desc(out, d // 2), S0=s0, SN=sn, FLAGS=flags, WS=ws, SYNC=sync, GAMMA=gamma,
+                N=n, H=heads, LANES=lanes, SEG=segment, scale=float(scale)) | consts, key,
            num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
 
 
@@ -358,8 +377,8 @@ class _Plan(typing.NamedTuple):
 def _plan(n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
           has_s0, store_sn, reverse) -> _Plan:
     refuse_interpreted_bf16(dtype, "Chunk")
-    # override: LEETREPRO_CHUNK_CONFIG as the key sees it (a sweep changes it between calls)
-    cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device)
+    cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device,
+                       config=None if override is None else dict(override))
     lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
     segment = _segment(segment, cfg, n, lanes, device)
     n_seg = cdiv(n, segment)
@@ -403,7 +422,7 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     ws = torch.empty(lanes, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                      device=V.device)
     triton_kernels("chunk_state").chunk_state_kernel[(lanes, n_seg)](
-        C, V, ws, gamma, n, r, d, heads, segment, HAS_DECAY=gamma is not None, REVERSE=reverse,
+        C=C, V=V, P=ws, GAMMA=gamma, N=n, R=r, D=d, H=heads, SEG=segment, HAS_DECAY=gamma is not None, REVERSE=reverse,
         PRECISION=precision, **cfg)
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
     if gamma is None:
@@ -414,3 +433,8 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
         s = torch.einsum("bhksrd,hs->bhkrd", ws, w.to(torch.float32))
     # (batch, heads, d blocks, BLOCK_R, BLOCK_D) -> (batch, heads, r, d)
     return s.permute(0, 1, 3, 2, 4).reshape(batch, heads, cfg["BLOCK_R"], -1)[:, :, :r, :d].contiguous()
+
+
+# the launch tables and plans that read data/<gpu>/ are forgotten when a table is rewritten
+for _cache in (_config, _kernel_table, _plan):
+    on_change(_cache.cache_clear)

@@ -37,7 +37,7 @@ def _launch(B, C, V, gamma, rank_groups: int):
     block_d = min(64, next_pow2(d))
     per_program = cdiv(r, rank_groups)
     grid = (batch * heads, cdiv(d, block_d), cdiv(r, per_program))
-    kern.fa_fwd_kernel[grid](B, C, V, out, L_WS=prefix, LOG_GAMMA=lg, N=n, R=r, D=d, H=heads,
+    kern.fa_fwd_kernel[grid](B=B, C=C, V=V, O=out, L_WS=prefix, LOG_GAMMA=lg, N=n, R=r, D=d, H=heads,
                              RANKS_PER_PROGRAM=per_program, HAS_DECAY=lg is not None,
                              ACCUMULATE=rank_groups > 1, BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
     return out

@@ -15,7 +15,7 @@ from .._decay import causal_mask, discounted_cumsum, powers
 from .._state import add_initial_state, final_state
 from ..registry import GPU_DTYPES, register
 from ._common import torch_method
-from ._gpu import (cdiv, config_override, dot_precision, measured_table, next_pow2,
+from ._gpu import (cdiv, dot_precision, measured_table, next_pow2,
                    refuse_interpreted_bf16, sm_count, staged, triton_kernels)
 
 
@@ -65,11 +65,13 @@ LA_TABLE = {("half", False): (4, 2), ("half", True): (4, 1), ("tf32", False): (4
 
 
 def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False,
-              device=None) -> dict:
-    """Block sizes for the Triton kernel: sized so that an H100 (232 KB of shared memory per block)
-    launches every dtype and precision up to r = d = 256 (the original's fp16 config needed
-    245760 bytes); warps and stages from the table measured on ``device``'s GPU
-    (``data/<gpu>/la_config.csv``), else :data:`LA_TABLE`."""
+              device=None, config: dict | None = None) -> dict:
+    """Block sizes for the Triton kernel: sized so that an H100
+    (:data:`leetrepro._device.SM90_SHARED_BYTES` of shared memory per program) launches every
+    dtype and precision up to r = d = 256 (the original's fp16 config needed 245760 bytes); warps
+    and stages from the table measured on ``device``'s GPU (``data/<gpu>/la_config.csv``), else
+    :data:`LA_TABLE`. ``config``: entries replacing those (``num_warps``, ``num_stages``, …; the
+    sweeps of ``make tune``)."""
     block_r = next_pow2(r)
     if block_r > 128:
         cfg = dict(BLOCK_N=32, BLOCK_R=block_r, BLOCK_D=min(32, next_pow2(d)), num_warps=8,
@@ -80,19 +82,21 @@ def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = 
             (kind, decay), LA_TABLE[(kind, decay)])
         cfg = dict(BLOCK_N=64, BLOCK_R=block_r, BLOCK_D=min(64, next_pow2(d)), num_warps=warps,
                    num_stages=stages)
-    return cfg | config_override("LA")
+    return cfg | (config or {})
 
 
 @register("lightningAttention-2", "LA", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",),
           summary="Triton: intra-block quadratic + on-chip inter-block state, one sweep over N",
-          options={"fp32_precision": "tf32"})
-def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
+          options={"fp32_precision": "tf32", "config": None})
+def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
+                         config: dict | None = None):
     """Triton lightningAttention-2. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`.
 
     fp32 inputs use tf32 dot products unless ``fp32_precision`` says otherwise (``"tf32x3"``,
     ``"ieee"``; see :mod:`leetrepro.methods._gpu`). Grid: (batch·heads, d / BLOCK_D, segments
     of N), segments only when batch·heads is too small to fill the GPU (:func:`segment_length`).
+    ``config``: launch settings replacing the measured table's (:func:`la_config`), for sweeps.
     """
     refuse_interpreted_bf16(V.dtype, "LA")
     kern = triton_kernels("lightning_attn")
@@ -102,7 +106,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     out = torch.empty_like(V)
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=lg is not None,
-                    device=V.device)
+                    device=V.device, config=config)
     d_blocks = cdiv(d, cfg["BLOCK_D"])
     seg = segment_length(n, batch * heads * d_blocks, cfg["BLOCK_N"], V.device)
     n_seg = cdiv(n, seg)
@@ -113,13 +117,13 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None):
     if n_seg > 1:
         states = torch.empty(batch * heads, n_seg, cfg["BLOCK_R"], d, dtype=torch.float32,
                              device=V.device)
-        kern.la_state_kernel[grid](C, V, states, **shape)
+        kern.la_state_kernel[grid](C=C, V=V, S=states, **shape)
     flags = torch.zeros(batch * heads * d_blocks, dtype=torch.int32, device=V.device)
     fwd = dict(HALF_RANGE=V.dtype != torch.float32) | shape
-    kern.la_fwd_kernel[grid](B, C, V, out, states, flags, SPLIT=n_seg > 1, REPAIR=False,
-                             **fwd)
+    kern.la_fwd_kernel[grid](B=B, C=C, V=V, O=out, S=states, FLAGS=flags, SPLIT=n_seg > 1,
+                             REPAIR=False, **fwd)
     # lanes whose outputs came out non-finite, recomputed without letting a row reach earlier ones
-    kern.la_fwd_kernel[grid[:2] + (1,)](B, C, V, out, None, flags, **(fwd | dict(
+    kern.la_fwd_kernel[grid[:2] + (1,)](B=B, C=C, V=V, O=out, S=None, FLAGS=flags, **(fwd | dict(
         SEG=n, SPLIT=False, REPAIR=True, num_stages=1)))
     return out
 
