@@ -121,7 +121,7 @@ def test_segments_fill_the_last_wave_of_programs():
     """Chunk's default split at small batch·heads (one program per SM): the fewest segments per
     lane whose programs use 90 % of their waves' slots, as measured best on 132 SMs; N whole
     from twice as many lanes as SMs; segments a multiple of the row block."""
-    from leetrepro.methods.chunk import segment_rows, wave_pieces
+    from leetrepro.methods._gpu import segment_rows, wave_pieces
     assert [wave_pieces(lanes, 132) for lanes in (16, 32, 64, 128, 192)] == [8, 4, 2, 1, 2]
     assert segment_rows(100000, 32, 64, 132) == 25024          # 4 segments of 391 blocks
     assert segment_rows(100000, 264, 64, 132) == 100000
@@ -129,6 +129,10 @@ def test_segments_fill_the_last_wave_of_programs():
     for lanes in range(1, 264):
         p = wave_pieces(lanes, 132)
         assert lanes * p >= 0.9 * 132 * -(-lanes * p // 132)
+    # LA's split by the same rule: 4 programs per SM, segments of at least 1024 rows
+    assert segment_rows(100000, 64, 64, 4 * 132, min_rows=1024) == 12544  # 8 segments
+    assert segment_rows(3000, 64, 64, 4 * 132, min_rows=1024) == 1536     # 2, not 8
+    assert segment_rows(1000, 64, 64, 4 * 132, min_rows=1024) == 1000     # N whole
 
 
 def test_chunk_scan_rejects_a_ragged_segment():

@@ -1,7 +1,7 @@
 """Chunk at batch 1: how many segments each lane's N rows should be cut into, measured.
 
 At batch·heads too small to fill the GPU, Chunk cuts N into segments chained through a ring
-(:func:`leetrepro.methods.chunk.segment_rows` picks how many). Each segment waits for its
+(:func:`leetrepro.methods._gpu.segment_rows` picks how many). Each segment waits for its
 predecessor's state, and the programs run in waves of one per SM, so both the chain and how well
 the programs fill their waves set the time. This times Chunk with ``pieces`` segments per lane
 (1 = no split) at batch 1, heads 32 (``--heads``: the lanes), r = d = 128, per dtype, mask and N:
@@ -22,7 +22,8 @@ from .._device import sm_count
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..methods._gpu import cdiv
-from ..methods.chunk import chunk_config, rows_for_pieces, segment_rows
+from ..methods._gpu import rows_for_pieces, segment_rows
+from ..methods.chunk import chunk_config
 from .harness import capture_graph, gpu_main, median, random_inputs
 
 PIECES = (1, 2, 3, 4, 6, 8, 13, 20, 32)

@@ -103,6 +103,37 @@ def _measured_table(tag: str, filename: str, columns: tuple[str, str]) -> tuple:
                      for r in csv.DictReader(f))
 
 
+def segment_rows(n: int, lanes: int, block_n: int, slots: int, min_rows: int = 0) -> int:
+    """Rows per segment when each lane's N rows may be cut into segments chained through their
+    states (Chunk, LA): N whole once the lanes alone fill the GPU's ``slots`` (programs it runs at
+    once: SMs × programs per SM) twice over; below that, the fewest segments per lane whose
+    programs fill the waves they need (:func:`wave_pieces`), no shorter than ``min_rows`` rows.
+    Measured (``bench.segments``, NOTES.md): a partly empty wave costs more than a longer chain,
+    so at 32 lanes on 132 SMs (Chunk, one program per SM) 4 segments a lane beat 13 by 15-30 %."""
+    if lanes >= 2 * slots:
+        return n
+    pieces = wave_pieces(lanes, slots)
+    if min_rows:
+        pieces = max(1, min(pieces, n // min_rows))
+    return rows_for_pieces(n, pieces, block_n)
+
+
+def wave_pieces(lanes: int, slots: int, fill: float = 0.9) -> int:
+    """The fewest pieces p per lane for which the lanes·p programs use at least ``fill`` of the
+    program slots of the waves of ``slots`` programs they need (16 lanes on 132 slots: 8; 32: 4;
+    128: 1; 192: 2)."""
+    p = 1  # p = slots at the latest: then the programs fill whole waves
+    while lanes * p < fill * slots * cdiv(lanes * p, slots):
+        p += 1
+    return p
+
+
+def rows_for_pieces(n: int, pieces: int, block_n: int) -> int:
+    """Rows per segment that cut N rows into about ``pieces`` segments (1: N whole), a multiple
+    of the row block."""
+    return n if pieces <= 1 else max(block_n, cdiv(cdiv(n, pieces), block_n) * block_n)
+
+
 def cdiv(a: int, b: int) -> int:
     """⌈a / b⌉ for positive integers (grid sizes, block counts)."""
     return -(-a // b)

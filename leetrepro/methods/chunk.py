@@ -26,9 +26,9 @@ import torch
 
 from ..registry import GPU_DTYPES, on_change, register
 from .._paths import data
-from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table,
-                   next_pow2, refuse_interpreted_bf16, same_rows, sm_count, staged_state,
-                   triton_kernels)
+from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table, next_pow2,
+                   refuse_interpreted_bf16, rows_for_pieces, same_rows, segment_rows, sm_count,
+                   staged_state, triton_kernels)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
 #: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
@@ -81,33 +81,6 @@ def _config(r, d, dtype, precision, decay, dual, device) -> tuple:
                       num_warps=8 if block_r * block_d >= 8192 else 4, num_stages=stages).items())
 
 
-def segment_rows(n: int, lanes: int, block_n: int, sms: int) -> int:
-    """Rows per segment: N whole once the lanes alone fill the GPU twice over; below that, the
-    fewest segments per lane whose programs fill the waves they need (:func:`wave_pieces`: the
-    kernel runs one program per SM, 255 registers a thread). Measured (``bench.segments``,
-    NOTES.md): a partly empty wave costs more than a longer chain of segments, so at 32 lanes on
-    132 SMs 4 segments a lane beat the 13 of the earlier three-programs-per-SM rule by 15-30 %."""
-    if lanes >= 2 * sms:
-        return n
-    return rows_for_pieces(n, wave_pieces(lanes, sms), block_n)
-
-
-def wave_pieces(lanes: int, sms: int, fill: float = 0.9) -> int:
-    """The fewest pieces p per lane for which the lanes·p programs use at least ``fill`` of the
-    program slots of the waves of ``sms`` programs they need (16 lanes on 132 SMs: 8; 32: 4;
-    128: 1; 192: 2)."""
-    p = 1  # p = sms at the latest: then the programs fill whole waves
-    while lanes * p < fill * sms * cdiv(lanes * p, sms):
-        p += 1
-    return p
-
-
-def rows_for_pieces(n: int, pieces: int, block_n: int) -> int:
-    """Rows per segment that cut N rows into about ``pieces`` segments (1: N whole), a multiple
-    of the row block."""
-    return n if pieces <= 1 else max(block_n, cdiv(cdiv(n, pieces), block_n) * block_n)
-
-
 def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
     """Rows per segment: the caller's, else a ``segment`` entry of ``cfg`` (a sweep's override,
     popped), else :func:`segment_rows`; a ValueError unless a positive multiple of the row block
@@ -115,7 +88,7 @@ def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
     override = cfg.pop("segment", None)
     if segment is None:
         segment = override if override is not None else \
-            segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(device))
+            segment_rows(n, lanes, cfg["BLOCK_N"], sm_count(device))  # one program per SM
     if segment <= 0 or (segment < n and segment % cfg["BLOCK_N"]):
         raise ValueError(f"option segment={segment} is invalid: it must be a positive multiple of "
                          f"{cfg['BLOCK_N']} (this call's row block)")

@@ -15,8 +15,8 @@ from .._decay import causal_mask, discounted_cumsum, powers
 from .._state import add_initial_state, final_state
 from ..registry import GPU_DTYPES, register
 from ._common import torch_method
-from ._gpu import (cdiv, dot_precision, measured_table, next_pow2,
-                   refuse_interpreted_bf16, sm_count, staged, triton_kernels)
+from ._gpu import (cdiv, dot_precision, measured_table, next_pow2, refuse_interpreted_bf16,
+                   segment_rows, sm_count, staged, triton_kernels)
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
@@ -85,6 +85,13 @@ def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = 
     return cfg | (config or {})
 
 
+#: LA's kernel (4 warps, ~50 KB of shared memory at r = d = 128) runs about this many programs per
+#: SM at once; its segment states cost an extra read of C and V, worth it only for segments of at
+#: least LA_MIN_SEGMENT rows (:func:`leetrepro.methods._gpu.segment_rows`)
+LA_PER_SM = 4
+LA_MIN_SEGMENT = 1024
+
+
 @register("lightningAttention-2", "LA", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",),
           summary="Triton: intra-block quadratic + on-chip inter-block state, one sweep over N",
@@ -95,7 +102,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
 
     fp32 inputs use tf32 dot products unless ``fp32_precision`` says otherwise (``"tf32x3"``,
     ``"ieee"``; see :mod:`leetrepro.methods._gpu`). Grid: (batch·heads, d / BLOCK_D, segments
-    of N), segments only when batch·heads is too small to fill the GPU (:func:`segment_length`).
+    of N), segments only when batch·heads is too small to fill the GPU (:func:`segment_rows`).
     ``config``: launch settings replacing the measured table's (:func:`la_config`), for sweeps.
     """
     refuse_interpreted_bf16(V.dtype, "LA")
@@ -108,7 +115,9 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
     cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=lg is not None,
                     device=V.device, config=config)
     d_blocks = cdiv(d, cfg["BLOCK_D"])
-    seg = segment_length(n, batch * heads * d_blocks, cfg["BLOCK_N"], V.device)
+    # up to LA_PER_SM programs share an SM; segments of at least LA_MIN_SEGMENT rows
+    seg = segment_rows(n, batch * heads * d_blocks, cfg["BLOCK_N"], LA_PER_SM * sm_count(V.device),
+                       min_rows=LA_MIN_SEGMENT)
     n_seg = cdiv(n, seg)
     grid = (batch * heads, d_blocks, n_seg)
     shape = dict(LOG_GAMMA=lg, N=n, R=r, D=d, H=heads, SEG=seg, HAS_DECAY=lg is not None,
@@ -126,13 +135,3 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
     kern.la_fwd_kernel[grid[:2] + (1,)](B=B, C=C, V=V, O=out, S=None, FLAGS=flags, **(fwd | dict(
         SEG=n, SPLIT=False, REPAIR=True, num_stages=1)))
     return out
-
-
-def segment_length(n: int, programs: int, block_n: int, device) -> int:
-    """Rows per segment of N. Batch·heads·column-blocks programs alone leave most SMs idle at
-    batch 1 (64 programs for 32 heads on 132 SMs), so N is cut until there are about four
-    programs per SM, never into segments shorter than 1024 rows: the segment states cost an extra
-    read of C and V, worth it only when the sweep itself is long."""
-    sms = sm_count(device)
-    pieces = max(1, min(cdiv(4 * sms, programs), n // 1024))
-    return cdiv(cdiv(n, pieces), block_n) * block_n  # whole blocks per segment
