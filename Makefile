@@ -43,7 +43,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve cross-gpu
+        bench-sp scaling bench-serve cross-gpu results
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -61,6 +61,7 @@ help:
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
 	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> $(DATA)/serve.csv, generation.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
+	@echo "make results   figures/results.md: every measured table, written from data/ alone (no GPU needed)"
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) Chunk's and LA's launch tables -> $(DATA)/chunk_config.csv, la_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
@@ -178,6 +179,10 @@ bench-sp: $(INSTALLED)
 SP_TAG ?= h200x2
 scaling: $(INSTALLED)
 	$(call run_notebook,scaling,scaling,$(SP_TAG),-p tag $(SP_TAG))
+
+# the results page: every measured table with its GPU and commit, from data/ alone (no GPU needed)
+results: $(INSTALLED)
+	$(PY) -m leetrepro.reproduce.results
 
 # a small byte-level language model trained once per method (GPU: measured; else re-rendered)
 train: $(INSTALLED)

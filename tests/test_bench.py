@@ -223,17 +223,3 @@ def test_gpu_check_gradient_rows_for_frozen_inputs():
                     wanted)
     assert [r["quantity"] for r in rows] == ["dV", "dB", "dS0", "dC"]
     assert all(r["status"] == "pass" for r in rows), rows
-
-
-def test_readme_floor_target_cells_are_written_from_the_data():
-    """The README's table of the floor's target cells is :func:`target_cells_markdown` of
-    ``data/<gpu>/floor_targets_*.csv`` as committed (``python -m leetrepro.bench.floor --readme``),
-    not typed: every number in it comes from a row with its GPU and commit."""
-    import pathlib
-
-    from leetrepro.bench.floor import README_MARKS, target_cells_markdown
-    text = (pathlib.Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    begin, end = README_MARKS
-    block = text.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert block == target_cells_markdown().strip()
-    assert "H100 Chunk" in block and "H200 Chunk" in block and "commit" in block

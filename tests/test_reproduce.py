@@ -313,3 +313,27 @@ def test_every_parameter_a_notebook_assigns_is_one_papermill_sees(name):
                 for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
     seen = {p.name for p in inspection._infer_parameters(nb)}
     assert assigned == seen, sorted(assigned - seen)
+
+
+def test_results_page_is_written_from_the_data():
+    """``figures/results.md`` is what ``make results`` writes from the committed ``data/``: no
+    number on it is typed by hand or left behind by an older run."""
+    from leetrepro import _paths
+    from leetrepro.reproduce import results
+    with open(os.path.join(_paths.ROOT, results.PAGE), encoding="utf-8") as f:
+        assert f.read() == results.page(), "figures/results.md is stale: run `make results`"
+    page = results.page()
+    for section in ("Correctness", "memory floor", "Training", "Serving", "claims"):
+        assert section in page
+
+
+def test_results_tables_name_gpu_commit_and_date(tmp_path, monkeypatch):
+    """Each table's caption comes from its rows: GPU, short commits, the span of dates."""
+    import pandas as pd
+
+    from leetrepro.reproduce import results
+    df = pd.DataFrame(dict(gpu=["G", "G"], commit=["abcdef123456", "0123456789ab"],
+                           date=["2026-01-02T03:04Z", "2026-01-05T00:00Z"]))
+    assert results._run(df) == "G; commit 0123456, abcdef1; 2026-01-02 … 2026-01-05"
+    claims = pd.DataFrame(dict(gpus=["G"], commits=["aaaaaaa bbbbbbb"], dates=["2026-01-02T00:00Z"]))
+    assert results._run(claims) == "G; commit aaaaaaa, bbbbbbb; 2026-01-02"

@@ -166,9 +166,6 @@ def _arguments(p) -> None:
 def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if "--readme" in argv:  # no GPU: the README's table of the target cells from the data
-        print("README.md " + ("rewritten" if write_readme_block() else "already up to date"))
-        return 0
     args, setup = gpu_main("floor", __doc__, argv, _arguments, output="floor.csv", bandwidth=True)
     if setup is None:
         return 2
@@ -229,62 +226,6 @@ def targets(df):
                                      entry=r.method, target=f"≤ 0.5× {ref}", value=round(v, 2),
                                      met="yes" if v <= 0.5 else "no"))
     return pd.DataFrame(rows)
-
-
-#: the README's block of the floor's target cells (``python -m leetrepro.bench.floor --readme``)
-README_MARKS = ("<!-- floor-targets:begin -->", "<!-- floor-targets:end -->")
-TARGET_FILES = ("floor_targets_b16.csv", "floor_targets_b1.csv")
-
-
-def target_cells_markdown(gpus=("h100", "h200")) -> str:
-    """The floor's target cells (``data/<gpu>/floor_targets_*.csv``: batch 16 N = 25600, batch 1
-    N = 8192 and 1e5) as a Markdown table: Chunk's and flash-linear-attention's time ÷ floor per
-    GPU, then each GPU's run (commit, date, copy bandwidth). Written from the data alone."""
-    import pandas as pd
-    frames = {}
-    for gpu in gpus:
-        paths = [_paths.data(gpu, f) for f in TARGET_FILES]
-        if all(os.path.exists(p) for p in paths):
-            frames[gpu] = pd.concat([pd.read_csv(p) for p in paths])
-    if not frames:
-        return "(no floor target cells measured yet: `python -m leetrepro.bench.floor`)"
-    both = len(frames) == 2
-    head = "| cell | " + " | ".join(f"{g.upper()} Chunk | {g.upper()} fla" for g in frames) + \
-        (f" | Chunk's time, {' ÷ '.join(g.upper() for g in reversed(list(frames)))} |" if both else " |")
-    lines = [head, "|---" * (1 + 2 * len(frames) + both) + "|"]
-    first = next(iter(frames.values()))
-    cells = first[["dtype", "batch", "N", "decay"]].drop_duplicates()
-    for c in cells.itertuples():
-        out = [f"{c.dtype} b{c.batch} N={c.N} {'decay' if c.decay else '0-1'}"]
-        times = []
-        for df in frames.values():
-            sel = df[(df.dtype == c.dtype) & (df.batch == c.batch) & (df.N == c.N)
-                     & (df.decay == c.decay)].set_index("method")
-            out += [f"{sel.floor_ratio.get(m, float('nan')):.2f}×" for m in ("Chunk", "fla")]
-            times.append(sel.median_s.get("Chunk", float("nan")))
-        if both:
-            out.append(f"{times[1] / times[0]:.2f}")
-        lines.append("| " + " | ".join(out) + " |")
-    runs = "; ".join(f"{gpu.upper()}: {df.gpu.iloc[0]}, {df.copy_TBps.iloc[0]:.2f} TB/s copy, "
-                     f"commit {', '.join(sorted(set(df.commit)))}, {df.date.min()[:10]}"
-                     for gpu, df in frames.items())
-    return "\n".join(lines) + f"\n\nRuns: {runs}."
-
-
-def write_readme_block(path: str | None = None) -> bool:
-    """Replace the README's floor-targets block by :func:`target_cells_markdown`; whether it
-    changed."""
-    path = path or os.path.join(_paths.ROOT, "README.md")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    begin, end = README_MARKS
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    new = f"{head}{begin}\n{target_cells_markdown()}\n{end}{tail}"
-    if new != text:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(new)
-    return new != text
 
 
 if __name__ == "__main__":

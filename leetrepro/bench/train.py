@@ -142,7 +142,7 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[d
 def _arguments(p) -> None:
     p.add_argument("--entries", nargs="*", default=["Chunk", "fla"])
     p.add_argument("--cells", nargs="*", default=None,
-                   help="dtype:batch:N triples (default: the training cells of the README)")
+                   help="dtype:batch:N triples (default: the training cells of the results page)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--check-max-n", type=int, default=8192,
                    help="largest N whose gradients are checked against float64 autograd")

@@ -1,0 +1,276 @@
+"""The results page: every measured table of the project, written from ``data/`` alone.
+
+``make results`` (``python -m leetrepro.reproduce.results``) reads the committed measurements of each
+GPU (``data/<gpu>/*.csv``, every row naming its GPU, commit and date) and writes
+``figures/results.md``: what was measured where and at which commit, the correctness matrices'
+counts, the distance to the memory floor beside flash-linear-attention, training, serving,
+sequence parallelism and the paper's claims per GPU. Nothing on the page is typed by hand; a test
+holds the committed page to what this module writes from the committed data.
+
+    python -m leetrepro.reproduce.results [--out figures/results.md] [--check]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+
+from .. import _paths
+
+#: the page, relative to the repository root
+PAGE = os.path.join("figures", "results.md")
+#: data folders that hold no GPU's own measurements
+NOT_GPUS = ("paper", "anchors", "prompts")
+#: the floor's target cells: (dtype, batch, N), both masks each
+FLOOR_CELLS = (("fp16", 16, 25600), ("bf16", 16, 25600), ("fp16", 1, 100000),
+               ("bf16", 1, 100000), ("fp16", 1, 8192), ("bf16", 1, 8192),
+               ("fp32", 16, 25600), ("fp32", 1, 100000))
+
+
+def gpu_folders(root: str | None = None) -> list[str]:
+    """The tags of ``data/`` that hold a GPU's (or a host's) measurements, sorted."""
+    root = root or _paths.data()
+    return sorted(t for t in os.listdir(root)
+                  if os.path.isdir(os.path.join(root, t)) and t not in NOT_GPUS)
+
+
+def _read(tag: str, name: str):
+    import pandas as pd
+    path = _paths.data(tag, name)
+    return pd.read_csv(path) if os.path.exists(path) else None
+
+
+def _commits(df) -> str:
+    """The short commits of a table's rows (a claims table names its data's in ``commits``)."""
+    if "commit" in df:
+        found = {str(c)[:7] for c in df.commit.dropna()}
+    elif "commits" in df:
+        found = {c[:7] for cs in df.commits.dropna() for c in str(cs).split()}
+    else:
+        return "-"
+    return ", ".join(sorted(found))
+
+
+def _run(df) -> str:
+    """``GPU; commit(s); date(s)`` of a table's rows: the caption every table carries."""
+    gpu_col = "gpu" if "gpu" in df else ("gpus" if "gpus" in df else None)
+    gpu = ", ".join(sorted({g.strip() for gs in df[gpu_col].dropna() for g in str(gs).split(";")})) \
+        if gpu_col else "-"
+    date_col = "date" if "date" in df else ("dates" if "dates" in df else None)
+    dates = sorted({d[:10] for ds in df[date_col].dropna() for d in str(ds).split()}) if date_col else []
+    span = dates[0] if len(dates) == 1 else (f"{dates[0]} … {dates[-1]}" if dates else "-")
+    return f"{gpu}; commit {_commits(df)}; {span}"
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _x(v, digits: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}×"
+
+
+def measured_where(tags: list[str]) -> str:
+    rows = []
+    for tag in tags:
+        for path in sorted(glob.glob(_paths.data(tag, "*.csv"))):
+            df = _read(tag, os.path.basename(path))
+            rows.append([f"`{tag}/{os.path.basename(path)}`", len(df), _run(df)])
+    return _table(["file", "rows", "GPU; commit; date"], rows)
+
+
+def correctness(tags: list[str]) -> str:
+    """Per correctness file: cases, how many passed, failed, and were reported but not judged."""
+    rows = []
+    for tag in tags:
+        for path in sorted(glob.glob(_paths.data(tag, "correctness*.csv"))):
+            df = _read(tag, os.path.basename(path))
+            status = df.status.astype(str)
+            failed = int(status.str.startswith("FAIL").sum())
+            judged = ~status.str.startswith("unsafe")
+            methods = ", ".join(sorted(set(df.abbr.dropna()))) if "abbr" in df else "-"
+            rows.append([f"`{tag}/{os.path.basename(path)}`", methods, int(judged.sum()), failed,
+                         int((~judged).sum()), _commits(df)])
+    return _table(["file", "methods", "judged", "failed", "reported, not judged", "commit"], rows)
+
+
+def floor_cells(tags: list[str]) -> str:
+    """Chunk and flash-linear-attention at the floor's target cells (time ÷ floor), per GPU, and
+    Chunk's time on the second GPU ÷ the first where both were measured."""
+    frames = {t: df for t in tags if (df := _read(t, "floor.csv")) is not None}
+    if not frames:
+        return "(no floor.csv measured yet: `make floor` on a GPU)"
+    header = ["cell"] + [f"{t.upper()} {m}" for t in frames for m in ("Chunk", "fla")]
+    both = len(frames) == 2
+    if both:
+        a, b = list(frames)
+        header.append(f"Chunk's time, {b.upper()} ÷ {a.upper()}")
+    rows = []
+    for dtype, batch, n in FLOOR_CELLS:
+        for decay in (False, True):
+            row, times = [f"{dtype} b{batch} N={n} {'decay' if decay else '0-1'}"], []
+            for df in frames.values():
+                sel = df[(df.dtype == dtype) & (df.batch == batch) & (df.N == n)
+                         & (df.decay == decay) & (df.status == "ok")].set_index("method")
+                row += [_x(sel.floor_ratio.get(m)) for m in ("Chunk", "fla")]
+                times.append(sel.median_s.get("Chunk"))
+            if both:
+                row.append("-" if None in times else f"{times[1] / times[0]:.2f}")
+            rows.append(row)
+    runs = "; ".join(f"{t.upper()}: {_run(df)}, copy {df.copy_TBps.iloc[0]:.2f} TB/s"
+                     for t, df in frames.items())
+    return _table(header, rows) + f"\n\nRuns: {runs}."
+
+
+def dispatch(tags: list[str]) -> str:
+    rows = []
+    for tag in tags:
+        df = _read(tag, "dispatch.csv")
+        if df is None:
+            continue
+        best = df.best.value_counts()
+        regret = df.regret.dropna() * 100
+        rows.append([tag.upper(), len(df), ", ".join(f"{m} {c}" for m, c in best.items()),
+                     f"{regret.median():+.1f} %", f"{regret.max():+.1f} %", _commits(df)])
+    return _table(["GPU", "cells", "fastest method (cells)", "auto's regret, median",
+                   "auto's regret, largest", "commit"], rows)
+
+
+def training(tags: list[str]) -> str:
+    parts = []
+    for tag in tags:
+        df = _read(tag, "train.csv")
+        if df is None:
+            continue
+        ok = df[df.status == "ok"]
+        rows = [[r.method, r.dtype, r.batch, r.N, "decay" if r.decay else "0-1",
+                 f"{r.fwd_bwd_ms:.2f} ms", _x(r.floor_ratio), f"{r.peak_extra_GiB:.2f}",
+                 f"{r.grads_GiB:.2f}"] for r in ok.itertuples()]
+        parts.append(f"{tag.upper()} ({_run(df)}; floor: 11 passes at the measured copy "
+                     f"bandwidth):\n\n" + _table(
+                         ["method", "dtype", "batch", "N", "mask", "forward + backward",
+                          "× floor", "peak beyond inputs, GiB", "gradients, GiB"], rows))
+        lm = _read(tag, "train_lm.csv")
+        if lm is not None:
+            last = lm.sort_values("step").groupby("method").tail(1).set_index("method")
+            speed = lm[lm.step > lm.step.min()].groupby("method").tokens_per_s.median()
+            rows = [[m, f"{last.loss[m]:.3f}", f"{speed[m] / 1e3:.0f}k"] for m in last.index]
+            parts.append(f"A byte-level language model trained once per method "
+                         f"(`make train`; {_run(lm)}; {int(lm.layers.iloc[0])} layers × "
+                         f"{int(lm.dim.iloc[0])}, batch {int(lm.batch.iloc[0])} × "
+                         f"{int(lm.seq_len.iloc[0])} bytes):\n\n"
+                         + _table(["method", "final loss, nats/byte", "tokens/s (median)"], rows))
+    return "\n\n".join(parts) or "(no train.csv measured yet: `make bench-train` on a GPU)"
+
+
+def serving(tags: list[str]) -> str:
+    parts = []
+    for tag in tags:
+        df = _read(tag, "serve.csv")
+        if df is not None:
+            rows = [[r.case, r.method, r.dtype, r.batch, f"{r.ms:.3f} ms",
+                     _x(r.floor_ratio), "-" if r.host_us != r.host_us else f"{r.host_us:.0f}"]
+                    for r in df.itertuples()]
+            parts.append(f"{tag.upper()} ({_run(df)}):\n\n" + _table(
+                ["case", "method", "dtype", "batch", "time", "× floor", "host µs"], rows))
+        gen = _read(tag, "generation.csv")
+        if gen is not None:
+            rows = [[r.model, r.method, r.mode, r.batch, f"{r.ttft_ms:.1f}", f"{r.step_ms:.2f}",
+                     f"{r.tokens_per_s:,.0f}", "-" if r.agree != r.agree else f"{r.agree:.0%}"]
+                    for r in gen.itertuples()]
+            parts.append(f"Generation in Tables 7-8's models, {tag.upper()} ({_run(gen)}):\n\n"
+                         + _table(["model", "method", "mode", "batch", "first token, ms",
+                                   "step, ms", "tokens/s", "tokens agreeing"], rows))
+    return "\n\n".join(parts) or "(no serve.csv measured yet: `make bench-serve` on a GPU)"
+
+
+def sequence_parallel(tags: list[str]) -> str:
+    parts = []
+    for tag in tags:
+        df = _read(tag, "sp.csv")
+        if df is None:
+            continue
+        rows = [[r.gpus, r.N, r.n_per_gpu, r._20, f"{r.ms:.2f} ms", _x(r.floor_ratio),
+                 f"{r.exchange_ms:.3f}", "-" if r.speedup_vs_single != r.speedup_vs_single
+                 else f"{r.speedup_vs_single:.2f}×"] for r in df.itertuples()]
+        parts.append(f"{tag} ({_run(df)}; {df.dtype.iloc[0]}, batch {df.batch.iloc[0]}, "
+                     f"heads {df.heads.iloc[0]}):\n\n" + _table(
+                         ["GPUs", "N", "rows per GPU", "pass", "time", "× floor",
+                          "exchange, ms", "vs one GPU"], rows))
+    return "\n\n".join(parts) or "(no sp.csv measured yet: `make bench-sp` on a host of GPUs)"
+
+
+#: the claims tables of each GPU and where the claims come from when the table does not say
+CLAIMS = (("claims.csv", None), ("table7_claims.csv", "Sec. 5.2, Table 7"),
+          ("table8_claims.csv", "Sec. 5.2, Table 8"))
+
+
+def claims(tags: list[str]) -> str:
+    """Every claim of the paper with its verdict on the paper's own numbers and on each GPU's."""
+    import pandas as pd
+    frames = {}
+    for t in tags:
+        parts = [df.assign(source=df.source if "source" in df else src)
+                 for name, src in CLAIMS if (df := _read(t, name)) is not None]
+        if parts:
+            frames[t] = pd.concat(parts, ignore_index=True)
+    if not frames:
+        return "(no claims.csv yet: `make claims`)"
+    first = next(iter(frames.values()))
+    rows = []
+    for r in first.to_dict("records"):
+        row = [r["claim"], r["source"], r.get("on the paper's numbers", "-")]
+        for df in frames.values():
+            sel = df[(df.claim == r["claim"]) & (df.source == r["source"])]
+            row.append(f"{sel.holds.iloc[0]} ({_commits(sel)})" if len(sel) else "-")
+        rows.append(row)
+    header = ["claim", "source", "on the paper's numbers"] + [t.upper() for t in frames]
+    return _table(header, rows) + "\n\nEach GPU's verdict names the commits of the data it was " \
+        "judged on; `figures/<gpu>/claims.ipynb` (Tables 7-8: `figures/<gpu>/table7.ipynb`, " \
+        "`table8.ipynb`) has the evidence."
+
+
+def page() -> str:
+    tags = gpu_folders()
+    gpus = [t for t in tags if "x" not in t]
+    sections = [
+        ("What was measured where", measured_where(tags)),
+        ("Correctness against the float64 oracle (`make gpu-check`)", correctness(gpus)),
+        ("Distance to the memory floor (`make floor`; heads 32, r = d = 128; time ÷ floor)",
+         floor_cells(gpus)),
+        ("`method=\"auto\"` (`make tune`)", dispatch(gpus)),
+        ("Training (`make bench-train`, `make train`)", training(gpus)),
+        ("Serving (`make bench-serve`)", serving(gpus)),
+        ("Sequence parallelism (`make bench-sp`)", sequence_parallel([t for t in tags if "x" in t])),
+        ("The paper's claims (`make claims`)", claims(gpus)),
+    ]
+    head = ("# Results\n\nWritten by `make results` from `data/` alone; do not edit by hand. Every "
+            "table names the GPU, commit and date of its rows. How each number came about, and "
+            "what it was predicted to be, is in `NOTES.md`.\n")
+    return head + "".join(f"\n## {title}\n\n{body}\n" for title, body in sections)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join(_paths.ROOT, PAGE))
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 if the page on disk differs from what the data give")
+    args = p.parse_args(argv)
+    text = page()
+    if args.check:
+        with open(args.out, encoding="utf-8") as f:
+            same = f.read() == text
+        print(f"{args.out}: " + ("up to date" if same else "differs from data/ (make results)"))
+        return 0 if same else 1
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
