@@ -70,3 +70,25 @@ def method_params(abbrs):
     return [pytest.param(a, id=getattr(a, "abbr", a),
                          marks=pytest.mark.slow if getattr(a, "abbr", a) in SLOW_INTERPRETED else ())
             for a in abbrs]
+
+
+#: where the kernel tests run: a GPU if there is one, else Triton's interpreter on the CPU
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = KERNEL_DEVICE == "cpu"
+# Triton 3.6's interpreter computes bf16 tl.dot wrongly: the dot-based kernels refuse bf16 there
+# (test_kernels.test_interpreted_bf16_is_refused); bf16 is checked on the GPU (gpu_check)
+BF16 = pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    INTERPRETED, reason="bf16 dot kernels are refused under TRITON_INTERPRET=1 (checked on the GPU)"))
+
+
+def check_kernel(method, shape, dtype, decay, **opts):
+    """``method`` on random inputs of ``shape`` against the oracle, per-head decays when ``decay``;
+    tf32's tolerance for fp32 on a GPU unless an exact fp32 mode is asked for."""
+    from leetrepro import causal_linear_decoder
+    B, C, V = make_inputs(*shape, dtype=dtype, device=KERNEL_DEVICE, seed=sum(shape))
+    g = random_gammas(shape[1], seed=shape[2], low=0.9).to(KERNEL_DEVICE) if decay else None
+    out = causal_linear_decoder(B, C, V, g, method=method, **opts)
+    exact = opts.get("fp32_precision") in ("tf32x3", "ieee")
+    assert_close_to_reference(out, B, C, V, g, tol=tolerance(dtype, tf32=not INTERPRETED and not exact))
+    return B, C, V, g, out
+

@@ -1,0 +1,200 @@
+"""Chunk (chunk-scan), as flash-linear-attention keeps one test file per op: the portable Triton
+kernel under TRITON_INTERPRET=1 against the oracle, its state-only kernel, its launch plan
+(segments, the compiled-kernel cache), the choice of the Hopper kernel, and the Hopper kernel
+compiled for sm_90 on the host with its register budget. Gradients: ``test_autograd.py``; packed
+prompts and the decode step: ``test_serving.py``; on a GPU: ``make gpu-check``."""
+import os
+import subprocess
+
+import pytest
+import torch
+
+import leetrepro
+from leetrepro import causal_linear_decoder
+
+from conftest import BF16, INTERPRETED, KERNEL_DEVICE as DEVICE, check_kernel as _check, make_inputs, \
+    random_gammas, shape_id, tolerance
+
+pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
+# a split of 37 rows into one 64-row segment and 37 whole (9 lanes fill the interpreter's 4
+# stand-in SMs: the batch-16 path, ragged N), segments chained through the ring (the batch-1 path,
+# a partial last segment), and r = 200 whose 256-row state splits d = 100 into two column blocks
+CHUNK_CASES = [((2, 3, 37, 8, 5), None), ((3, 3, 37, 8, 5), None), ((1, 2, 300, 20, 33), 64),
+               ((1, 1, 150, 200, 100), 64)]
+
+
+@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=shape_id)
+@pytest.mark.parametrize("decay", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
+                                   BF16])
+def test_chunk_scan_triton(shape, segment, decay, dtype):
+    _check("Chunk", shape, dtype, decay, segment=segment)
+
+
+@pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=shape_id)
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16])
+def test_chunk_state_triton(shape, segment, reverse, dtype):
+    # the state alone (sequence parallelism's extra pass): per-head γ, segments, column blocks
+    from leetrepro.methods.chunk import chunk_state
+
+    B, C, V = make_inputs(*shape, dtype=dtype, device=DEVICE, seed=sum(shape) + 1)
+    g = random_gammas(shape[1], seed=shape[2], low=0.9).to(DEVICE)
+    rows, vals = (C.flip(2), V.flip(2)) if reverse else (C, V)
+    for gamma in (None, g):
+        got = chunk_state(C, V, gamma, reverse=reverse, segment=segment,
+                          fp32_precision="ieee" if INTERPRETED else None)
+        _, want = leetrepro.reference(B, rows, vals, gamma, output_final_state=True)
+        tol = tolerance(dtype, tf32=not INTERPRETED)
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert leetrepro.rel_error(got, want) <= tol
+
+
+def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():
+    """``kernel="hopper"`` where the Hopper kernel cannot run is a ValueError that says why;
+    ``"auto"`` then runs the portable kernel, as ``"portable"`` does; anything else is refused."""
+    from leetrepro.methods.chunk import hopper_unfit
+
+    B, C, V = make_inputs(1, 2, 70, 16, 16, dtype=torch.float16, device=DEVICE, seed=8)
+    with pytest.raises(ValueError, match="kernel='hopper' cannot run this call: it needs a CUDA GPU"):
+        causal_linear_decoder(B, C, V, None, method="Chunk", kernel="hopper")
+    auto = causal_linear_decoder(B, C, V, None, method="Chunk")
+    assert torch.equal(auto, causal_linear_decoder(B, C, V, None, method="Chunk", kernel="portable"))
+    with pytest.raises(ValueError, match="kernel"):
+        causal_linear_decoder(B, C, V, None, method="Chunk", kernel="sm90")
+    assert "CUDA" in hopper_unfit(B, C, V, None)
+
+
+def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
+    """``make tune``'s choice of Chunk's kernel per (kind, mask, regime): Hopper only where it was
+    faster at every shape and dtype of the regime (one pass; segments at long N; segments at short
+    N, where host time weighs); the table's provenance is the run's."""
+    import pandas as pd
+
+    from leetrepro.bench.sweep import kernel_table
+    from leetrepro.methods.chunk import SHORT_SPLIT_N, regime
+
+    rows = [dict(kind="half", decay=d, split=sp, N=n, portable_ms=p, hopper_ms=h, gpu="test",
+                 commit="abc")
+            for d, sp, n, p, h in [(False, False, 25600, 5.0, 3.7), (False, False, 25600, 5.0, 5.1),
+                                   (True, False, 25600, 5.8, 3.7), (False, True, 100000, 1.6, 1.4),
+                                   (False, True, 8192, 0.22, 0.27), (True, True, 100000, 1.8, 1.5),
+                                   (True, True, 8192, 0.24, 0.2)]]
+    table = kernel_table(pd.DataFrame(rows))
+    got = {(r.kind, r.decay, r.regime): r.kernel for r in table.itertuples()}
+    assert got == {("half", False, "one"): "portable", ("half", True, "one"): "hopper",
+                   ("half", False, "split"): "hopper", ("half", False, "split-short"): "portable",
+                   ("half", True, "split"): "hopper", ("half", True, "split-short"): "hopper"}
+    assert table.speedup.gt(0).all() and (table.gpu == "test").all() and (table.commit == "abc").all()
+    assert regime(False, 10) == "one" and regime(True, SHORT_SPLIT_N) == "split"
+    assert regime(True, SHORT_SPLIT_N - 1) == "split-short"
+
+
+def test_segments_fill_the_last_wave_of_programs():
+    """Chunk's default split at small batch·heads (one program per SM): the fewest segments per
+    lane whose programs use 90 % of their waves' slots, as measured best on 132 SMs; N whole
+    from twice as many lanes as SMs; segments a multiple of the row block."""
+    from leetrepro.methods._gpu import segment_rows, wave_pieces
+    assert [wave_pieces(lanes, 132) for lanes in (16, 32, 64, 128, 192)] == [8, 4, 2, 1, 2]
+    assert segment_rows(100000, 32, 64, 132) == 25024          # 4 segments of 391 blocks
+    assert segment_rows(100000, 264, 64, 132) == 100000
+    assert segment_rows(100, 32, 64, 132) == 64                  # never below one row block
+    for lanes in range(1, 264):
+        p = wave_pieces(lanes, 132)
+        assert lanes * p >= 0.9 * 132 * -(-lanes * p // 132)
+    # LA's split by the same rule: 4 programs per SM, segments of at least 1024 rows
+    assert segment_rows(100000, 64, 64, 4 * 132, min_rows=1024) == 12544  # 8 segments
+    assert segment_rows(3000, 64, 64, 4 * 132, min_rows=1024) == 1536     # 2, not 8
+    assert segment_rows(1000, 64, 64, 4 * 132, min_rows=1024) == 1000     # N whole
+
+
+def test_chunk_scan_rejects_a_ragged_segment():
+    with pytest.raises(ValueError, match="multiple of"):
+        _check("Chunk", CHUNK_CASES[2][0], torch.float32, False, segment=100)
+
+
+@pytest.mark.slow
+def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
+    """The warp-specialised Hopper forward (Gluon) compiled for sm_90 on the host, as it launches
+    (one pass per lane, and segments chained through the ring): 168 registers a thread at
+    launch (the partitions' own budgets set by setmaxnreg), no spills with the 0-1 mask, at most
+    128 bytes a thread with the decay (the consumer's scalars; the profile reads them as L1
+    hits)."""
+    import sys
+
+    from leetrepro.bench.regs import spill_bytes
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "leetrepro.bench.regs", "--hopper"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
+    assert len(lines) == 8 and all("Used 168 registers" in line for line in lines), res.stdout
+    for line in lines:
+        assert spill_bytes(line) <= (128 if "decay" in line else 0), line
+
+
+@pytest.mark.slow
+def test_chunk_kernel_compiles_for_hopper_without_a_gpu():
+    """The scan kernel goes through Triton's real code generation for sm_90 and ptxas (not the
+    interpreter): what the GPU will run compiles, and its register use can be read (NOTES.md)."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
+    res = subprocess.run([sys.executable, "-m", "leetrepro.bench.regs", "--configs", "fp16:decay:64:3"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0 and "registers" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatch):
+    """Chunk keeps compiled kernels by a precomputed key (host time): a call that differs in
+    anything Triton specialises on (strides, mask, dtype, alignment, state flags) compiles anew; the
+    same call again only launches. A stand-in kernel records compiles and launches."""
+    from leetrepro.methods import _gpu, chunk
+
+    events = []
+    names = _gpu.triton_kernels("chunk_scan").chunk_scan_kernel.arg_names
+
+    class Compiled:
+        class src:
+            signature = dict.fromkeys(names)
+
+        def __getitem__(self, grid):
+            return lambda *args: events.append("launch")
+
+    class Kernel:
+        arg_names = names
+
+        def __getitem__(self, grid):
+            def compile_(**kw):  # every parameter by name, plus num_warps and num_stages
+                assert set(kw) - set(names) <= {"num_warps", "num_stages"} <= set(kw), kw.keys()
+                events.append("compile")
+                return Compiled()
+            return compile_
+
+    class Module:
+        chunk_scan_kernel = Kernel()
+
+    monkeypatch.setattr(chunk, "triton_kernels", lambda name: Module())
+    monkeypatch.setattr(_gpu, "_COMPILED", {})
+    monkeypatch.setattr(_gpu, "_ORDER", {})
+    monkeypatch.setattr(chunk, "launch", _gpu.launch)
+    B, C, V = (torch.randn(1, 2, 96, 16) for _ in range(3))
+
+    def compiles(*args, **kw):
+        events.clear()
+        chunk.chunk_scan(*args, **kw)
+        return events.count("compile"), events.count("launch")
+
+    assert compiles(B, C, V, None) == (2, 0)           # the scan and the repair launch
+    assert compiles(B, C, V, None) == (0, 2)           # the same signature: launched only
+    g = torch.full((2,), 0.9, dtype=torch.float64)
+    assert compiles(B, C, V, g) == (2, 0)              # the decay mask
+    assert compiles(B, C, V, g) == (0, 2)
+    tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V)]
+    assert compiles(*tm, None) == (2, 0)               # time-major strides
+    assert compiles(B.double().float(), C, V, None) == (0, 2)  # other tensors, same signature
+    wide = [torch.randn(1, 2, 96, 17) for _ in range(3)]
+    assert compiles(*(t[..., :16] for t in wide), None) == (2, 0)  # rows 17 apart (strides)
+    assert compiles(*(t[..., 1:] for t in wide), None) == (2, 0)   # the same, 4 bytes off alignment
+    assert compiles(B.half(), C.half(), V.half(), None) == (2, 0)
+    assert compiles(B, C, V, None, output_final_state=True)[0] == 2
