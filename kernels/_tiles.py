@@ -3,7 +3,8 @@
 Conventions: a chunk is BLOCK_N consecutive *logical* rows s..s+BLOCK_N-1 of one (batch, head);
 in reverse time (``REVERSE``) logical row t is physical row N-1-t, so the same code computes the
 operator on time-reversed rows (the backward's dV and dC) without copying anything. Decays enter
-as log λ (fp32) and only ever as λ^k with k ≥ 0.
+as log λ in fp32 (each kernel takes it, in float64, of the float64 λ every launcher passes) and
+only ever as λ^k with k ≥ 0.
 
 Non-finite inputs (NaN/Inf in rows of C or V, e.g. padding of uninitialised memory): the scores
 are masked with ``where``; a lane whose output came out non-finite is recomputed by a repair

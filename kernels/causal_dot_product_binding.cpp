@@ -7,7 +7,7 @@
 
 namespace leetrepro {
 int cdotp_forward(int dtype, const void* B, const void* C, const void* V, void* O,
-                  const float* gamma, int64_t BH, int64_t N, int R, int D, int H, void* stream);
+                  const double* gamma, int64_t BH, int64_t N, int R, int D, int H, void* stream);
 int cdotp_max_rank();
 }  // namespace leetrepro
 
@@ -24,12 +24,12 @@ static torch::Tensor forward(torch::Tensor B, torch::Tensor C, torch::Tensor V,
   if (V.scalar_type() == torch::kFloat16) dtype = 1;
   if (V.scalar_type() == torch::kBFloat16) dtype = 2;
   TORCH_CHECK(dtype >= 0, "Cdotp: dtype must be float32, float16 or bfloat16");
-  const float* g = nullptr;
+  const double* g = nullptr;
   if (gamma.has_value()) {
-    TORCH_CHECK(gamma->is_cuda() && gamma->scalar_type() == torch::kFloat32 &&
-                    gamma->is_contiguous() && gamma->numel() == 2 * B.size(1),
-                "Cdotp: gamma must be a contiguous float32 CUDA tensor of shape (2, heads)");
-    g = gamma->data_ptr<float>();
+    TORCH_CHECK(gamma->is_cuda() && gamma->scalar_type() == torch::kFloat64 &&
+                    gamma->is_contiguous() && gamma->numel() == B.size(1),
+                "Cdotp: gamma must be a contiguous float64 CUDA tensor of shape (heads,)");
+    g = gamma->data_ptr<double>();
   }
   auto O = torch::empty_like(V);
   const int err = leetrepro::cdotp_forward(

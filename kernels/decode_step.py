@@ -42,8 +42,9 @@ def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, K, R, D, H, SCALE, BATCH,
     state_ptr = POOL + ((slot * H + head) * R + cols_r[:, None]) * D + cols_d[None, :]
     state = tl.load(state_ptr, mask=state_ok, other=0.0)
     if HAS_DECAY:
-        lam = tl.load(GAMMA + head)
-        lam_err = tl.load(GAMMA + H + head)
+        g64 = tl.load(GAMMA + head)  # float64 λ: rounded to fp32, and what the rounding lost
+        lam = g64.to(tl.float32)
+        lam_err = (g64 / lam.to(tl.float64) - 1.0).to(tl.float32)
     for t in range(K):
         b = tl.load(B + seq * SB_B + head * SB_H + t * SB_T + cols_r, mask=r_ok, other=0.0)
         c = tl.load(C + seq * SB_B + head * SB_H + t * SB_T + cols_r, mask=r_ok, other=0.0)

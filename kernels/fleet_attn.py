@@ -21,7 +21,7 @@ def _decayed_scan(x1, a1, x2, a2):
 
 
 @triton.jit
-def fa_fwd_kernel(B, C, V, O, L_WS, LOG_GAMMA, N, R, D, H, RANKS_PER_PROGRAM,
+def fa_fwd_kernel(B, C, V, O, L_WS, GAMMA, N, R, D, H, RANKS_PER_PROGRAM,
                   HAS_DECAY: tl.constexpr, ACCUMULATE: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0)
@@ -35,7 +35,7 @@ def fa_fwd_kernel(B, C, V, O, L_WS, LOG_GAMMA, N, R, D, H, RANKS_PER_PROGRAM,
     cols = d0 + tl.arange(0, BLOCK_D)
     d_ok = cols < D
     if HAS_DECAY:
-        lg = tl.load(LOG_GAMMA + bh % H).to(tl.float32)
+        lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
         w_in = tl.exp((rows + 1).to(tl.float32) * lg)              # weight of l^j at row i
         w_out = tl.exp((BLOCK_N - 1 - rows).to(tl.float32) * lg)   # weight of row i in the next l^j
         block_decay = tl.exp(BLOCK_N * lg)

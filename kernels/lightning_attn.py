@@ -22,7 +22,7 @@ from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weig
 
 
 @triton.jit
-def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
+def la_state_kernel(C, V, S, GAMMA, N, R, D, H, SEG,
                     HAS_DECAY: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """S[bh, k] = Σ_{j in segment k} λ^(end_k - 1 - j) c_jᵀ v_j (fp32, r × d per segment)."""
@@ -33,7 +33,7 @@ def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
     cols_d = d0 + tl.arange(0, BLOCK_D)
     r_ok = cols_r < R
     d_ok = cols_d < D
-    lg = tl.load(LOG_GAMMA + bh % H).to(tl.float32) if HAS_DECAY else 0.0
+    lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32) if HAS_DECAY else 0.0  # float64 λ in
     state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     start = seg * SEG
     for s in range(start, tl.minimum(start + SEG, N), BLOCK_N):
@@ -48,7 +48,7 @@ def la_state_kernel(C, V, S, LOG_GAMMA, N, R, D, H, SEG,
 
 
 @triton.jit
-def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
+def la_fwd_kernel(B, C, V, O, S, FLAGS, GAMMA, N, R, D, H, SEG,
                   HAS_DECAY: tl.constexpr, SPLIT: tl.constexpr, HALF_RANGE: tl.constexpr,
                   REPAIR: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -63,7 +63,7 @@ def la_fwd_kernel(B, C, V, O, S, FLAGS, LOG_GAMMA, N, R, D, H, SEG,
     cols_d = d0 + tl.arange(0, BLOCK_D)
     r_ok = cols_r < R
     d_ok = cols_d < D
-    lg = tl.load(LOG_GAMMA + bh % H).to(tl.float32) if HAS_DECAY else 0.0
+    lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32) if HAS_DECAY else 0.0  # float64 λ in
     intra = intra_mask(lg, BLOCK_N, HAS_DECAY)
     # the state entering this segment: the earlier segments' own states, decayed to its start
     state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)

@@ -28,7 +28,7 @@ import functools
 import torch
 
 from ._device import sm_count
-from ._inputs import FLOAT_DTYPES, memo_by_tensor, normalize_gamma
+from ._inputs import FLOAT_DTYPES, normalize_gamma
 from .registry import GPU_DTYPES
 
 
@@ -166,16 +166,6 @@ def _torch_step(B, C, V, gamma, pool, slots, scale):
     return o.to(V.dtype)
 
 
-#: per normalised gamma tensor: the (2, H) float32 pair the kernel reads (cached: a step would
-#: otherwise spend its host time building it)
-_PAIRS: dict = {}
-
-
-def _gamma_pair(gamma: torch.Tensor) -> torch.Tensor:
-    from .methods._gpu import decay_pair
-    return memo_by_tensor(_PAIRS, gamma, decay_pair)
-
-
 def _triton_step(B, C, V, gamma, pool, slots, scale):
     from .methods._gpu import launch, next_pow2, same_rows, triton_kernels
 
@@ -189,7 +179,7 @@ def _triton_step(B, C, V, gamma, pool, slots, scale):
     block_r, block_d, warps = _tiles(batch * heads, r, d, V.device)
     launch(triton_kernels("decode_step").decode_step_kernel, (batch * heads, -(-d // block_d)),
            dict(B=B, C=C, V=V, O=out, POOL=pool, SLOTS=slots,
-                GAMMA=None if gamma is None else _gamma_pair(gamma), K=k, R=r, D=d, H=heads,
+                GAMMA=gamma, K=k, R=r, D=d, H=heads,
                 SCALE=scale, BATCH=batch, NUM_SLOTS=pool.shape[0],
                 SB_B=B.stride(0), SB_H=B.stride(1), SB_T=B.stride(2),
                 SV_B=V.stride(0), SV_H=V.stride(1), SV_T=V.stride(2),

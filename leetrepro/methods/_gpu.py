@@ -45,23 +45,16 @@ def dot_precision(dtype: torch.dtype, fp32_precision: str | None) -> str:
 
 
 def staged(B, C, V, gamma):
-    """Contiguous inputs and the per-head decay as the kernels read it: float32 ``(H,)`` log λ
-    (Triton) and float32 ``(2, H)`` [λ rounded to fp32, λ/that − 1] (CUDA), or None for the 0-1
-    mask. A kernel that multiplies its state by λ once per token needs the second row: λ near 1
-    rounded to fp32 is off by up to 3e-8, which compounds to 1e-4 over 4096 tokens."""
+    """Contiguous inputs and the per-head decay as every kernel reads it: float64 ``(H,)`` λ on the
+    inputs' device, or None for the 0-1 mask. One encoding for all kernels; each derives what its
+    arithmetic needs in the kernel: log λ in fp32 (Triton kernels, which raise λ to powers), or λ
+    rounded to fp32 with the remainder λ/that − 1 (kernels that multiply a state by λ once per
+    token: λ near 1 rounded to fp32 is off by up to 3e-8, which compounds to 1e-4 over 4096
+    tokens unless the remainder is folded back)."""
     B, C, V = B.contiguous(), C.contiguous(), V.contiguous()
     if gamma is None:
-        return B, C, V, None, None
-    g64 = gamma.to(device=V.device, dtype=torch.float64)
-    return B, C, V, torch.log(g64).to(torch.float32).contiguous(), decay_pair(g64)
-
-
-def decay_pair(gamma: torch.Tensor) -> torch.Tensor:
-    """float32 ``(2, H)``: λ rounded to fp32 and λ/that − 1, for kernels that multiply a state by
-    λ once per token (the second row keeps the product from drifting)."""
-    g64 = gamma.to(torch.float64)
-    g32 = g64.to(torch.float32)
-    return torch.stack([g32, (g64 / g32.double() - 1).to(torch.float32)]).contiguous()
+        return B, C, V, None
+    return B, C, V, gamma.to(device=V.device, dtype=torch.float64).contiguous()
 
 
 def same_rows(x: torch.Tensor, y: torch.Tensor | None):

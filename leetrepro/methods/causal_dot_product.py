@@ -60,5 +60,5 @@ def causal_dot_product(B, C, V, gamma):
     r ≤ 256. fp32 accumulation for every dtype. Grid: (batch·heads, d / 32)."""
     if B.shape[-1] > 256:
         raise ValueError(f"Cdotp supports rank r ≤ 256, got r = {B.shape[-1]}; use LA or Cdotp_torch")
-    B, C, V, _, g = staged(B, C, V, gamma)
+    B, C, V, g = staged(B, C, V, gamma)
     return cuda_extension().forward(B, C, V, g, torch.cuda.current_stream(V.device).cuda_stream)

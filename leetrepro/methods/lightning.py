@@ -109,10 +109,10 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
     kern = triton_kernels("lightning_attn")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
-    B, C, V, lg, _ = staged(B, C, V, gamma)
+    B, C, V, g = staged(B, C, V, gamma)
     out = torch.empty_like(V)
     precision = dot_precision(V.dtype, fp32_precision)
-    cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=lg is not None,
+    cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=g is not None,
                     device=V.device, config=config)
     d_blocks = cdiv(d, cfg["BLOCK_D"])
     # up to LA_PER_SM programs share an SM; segments of at least LA_MIN_SEGMENT rows
@@ -120,7 +120,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
                        min_rows=LA_MIN_SEGMENT)
     n_seg = cdiv(n, seg)
     grid = (batch * heads, d_blocks, n_seg)
-    shape = dict(LOG_GAMMA=lg, N=n, R=r, D=d, H=heads, SEG=seg, HAS_DECAY=lg is not None,
+    shape = dict(GAMMA=g, N=n, R=r, D=d, H=heads, SEG=seg, HAS_DECAY=g is not None,
                  PRECISION=precision, **cfg)
     states = None
     if n_seg > 1:
