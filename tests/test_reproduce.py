@@ -320,9 +320,9 @@ def test_results_page_is_written_from_the_data():
     number on it is typed by hand or left behind by an older run."""
     from leetrepro import _paths
     from leetrepro.reproduce import results
-    with open(os.path.join(_paths.ROOT, results.PAGE), encoding="utf-8") as f:
-        assert f.read() == results.page(), "figures/results.md is stale: run `make results`"
     page = results.page()
+    with open(os.path.join(_paths.ROOT, results.PAGE), encoding="utf-8") as f:
+        assert f.read() == page, "figures/results.md is stale: run `make results`"
     for section in ("Correctness", "memory floor", "Training", "Serving", "claims"):
         assert section in page
 

@@ -187,7 +187,8 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     That replay rests on Triton's ``CompiledKernel[grid](*args)`` taking every parameter in
     declaration order. The first compilation of each kernel checks it (the compiled source's
     signature must list the kernel's parameter names in that order); where a Triton release no
-    longer offers it, every launch takes the binding path, with one warning, never a wrong call.
+    longer offers it, every launch takes the binding path, with one warning per kernel, never a
+    wrong call.
 
     ``key``: the caller's hashable stand-in for everything Triton specialises on (each tensor's
     dtype and 16-byte alignment, each integer's value where Triton specialises it: equal to 1 or

@@ -194,9 +194,10 @@ def sequence_parallel(tags: list[str]) -> str:
         df = _read(tag, "sp.csv")
         if df is None:
             continue
-        rows = [[r.gpus, r.N, r.n_per_gpu, r._20, f"{r.ms:.2f} ms", _x(r.floor_ratio),
-                 f"{r.exchange_ms:.3f}", "-" if r.speedup_vs_single != r.speedup_vs_single
-                 else f"{r.speedup_vs_single:.2f}×"] for r in df.itertuples()]
+        # (by name: the column "pass" is a Python keyword, which itertuples renames by position)
+        rows = [[r["gpus"], r["N"], r["n_per_gpu"], r["pass"], f"{r['ms']:.2f} ms",
+                 _x(r["floor_ratio"]), f"{r['exchange_ms']:.3f}", _x(r["speedup_vs_single"])]
+                for r in df.to_dict("records")]
         parts.append(f"{tag} ({_run(df)}; {df.dtype.iloc[0]}, batch {df.batch.iloc[0]}, "
                      f"heads {df.heads.iloc[0]}):\n\n" + _table(
                          ["GPUs", "N", "rows per GPU", "pass", "time", "× floor",
