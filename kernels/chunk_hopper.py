@@ -32,6 +32,12 @@ P_k = λ^len P_(k-1) + S_k to a two-slot ring per lane and raise their flag, the
 P_(k-1). Each half of the state has its own flag, so the two consumers never wait on each other;
 a program only waits on programs already running, so nothing deadlocks.
 
+``REVERSE`` runs the operator on the rows read backwards (the backward's dV and dC, as the
+portable kernel's ``REVERSE``): the chunks are the same 64-row tiles of physical rows, swept from
+the last to the first, so a tile holding L rows (the last tile of a lane: L = N mod 64 or 64) has
+its logical order reversed inside it: row a of the tile is logical row L-1-a of its chunk. Only
+the powers of λ and the mask's direction change (``_exponents``); no coordinate is ever negative.
+
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
@@ -60,6 +66,30 @@ def _tile(bufs, i):
 
 
 @gluon.jit
+def _chunk(i, N, BLOCK_N: gl.constexpr, REVERSE: gl.constexpr):
+    """The i-th chunk a lane sweeps: (its tile's first physical row, the rows it holds ≤ BLOCK_N).
+    Tiles start at multiples of BLOCK_N in both directions; in reverse the first swept (the
+    lane's last tile) is the one that may be short."""
+    if REVERSE:
+        row = (gl.cdiv(N, BLOCK_N) - 1 - i) * BLOCK_N
+    else:
+        row = i * BLOCK_N
+    return row, gl.minimum(N - row, BLOCK_N)
+
+
+@gluon.jit
+def _exponents(k, length, REVERSE: gl.constexpr):
+    """For rows k of a tile holding ``length`` rows: the powers of λ onto the state entering the
+    chunk (rows of b: logical position + 1) and into the state leaving it (rows of c: rows after
+    it in the chunk). Logical position: k, or length-1-k in reverse. Never negative: the rows a
+    tile holds past N are zeros, and a negative power could overflow to Inf and make 0 × Inf."""
+    if REVERSE:
+        return gl.maximum(length - k, 0), k
+    else:
+        return k + 1, gl.maximum(length - 1 - k, 0)
+
+
+@gluon.jit
 def _half_scale(x, HALF_RANGE: gl.constexpr):
     """(2^-e, 2^e): the power of two that puts the largest |x| near 2^14 (fp16 operands), else 1."""
     if HALF_RANGE:
@@ -74,23 +104,24 @@ def _half_scale(x, HALF_RANGE: gl.constexpr):
 def _loader(descs, bufs, bars, where, ptrs, lg, scale,
             BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
             HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
-            HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, start, n, lane, seg, last = where
+            HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, REVERSE: gl.constexpr,
+            H_IDX: gl.constexpr):
+    bb, hh, N, i0, steps, n, lane, seg, last = where
     b_desc, c_desc, v_desc, o_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
     ready, empty = bars
     cv_bytes: gl.constexpr = c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
-    first = _first_pass_chunks(n, last, BLOCK_N, SPLIT)
-    for i in range(first + gl.cdiv(n, BLOCK_N)):
+    first = _first_pass_chunks(steps, last, SPLIT)
+    for i in range(first + steps):
         s = i % STAGES
         # a fresh mbarrier counts as having completed the phase before 0: the first STAGES
         # waits pass
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if i < first:  # the segment's own state: C and V only
-            row = start + i * BLOCK_N
+            row, _ = _chunk(i0 + i, N, BLOCK_N, REVERSE)
             mbarrier.expect(ready.index(s), cv_bytes)
         else:
-            row = start + (i - first) * BLOCK_N
+            row, _ = _chunk(i0 + i - first, N, BLOCK_N, REVERSE)
             mbarrier.expect(ready.index(s), cv_bytes + b_desc.block_type.nbytes)
             _tma_load(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
         _tma_load(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
@@ -99,24 +130,25 @@ def _loader(descs, bufs, bars, where, ptrs, lg, scale,
 
 
 @gluon.jit
-def _first_pass_chunks(n, last, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr):
-    """Chunks of the first pass (the segment's own state) before the sweep: a segment's rows unless
-    it is its lane's last (whose state nobody waits for) or the lane is whole."""
+def _first_pass_chunks(steps, last, SPLIT: gl.constexpr):
+    """Chunks of the first pass (the segment's own state) before the sweep: a segment's ``steps``
+    chunks unless it is its lane's last (whose state nobody waits for) or the lane is whole."""
     if SPLIT:
-        return gl.where(last, 0, gl.cdiv(n, BLOCK_N))
+        return gl.where(last, 0, steps)
     else:
         return 0
 
 
 @gluon.jit
 def _state_operands(state, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr, dtype: gl.constexpr,
-                    HAS_DECAY: gl.constexpr):
+                    HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
     """For state ← λ^L state + cᵀ (diag(λ^(L-1-j)) v) over a chunk of L rows: (λ^L state, the
     B operand (the weighted v in shared memory; v itself for the 0-1 mask)). Done before any MMA
     of the chunk is issued, so that ptxas need not serialise them. Through shared memory the
     weighted v holds no registers while the MMA runs (a weighted cᵀ as the A operand holds 32)."""
     if HAS_DECAY:
-        w_out = gl.exp(gl.maximum(length - 1 - kr, 0).to(gl.float32) * lg)
+        _, e_out = _exponents(kr, length, REVERSE)
+        w_out = gl.exp(e_out.to(gl.float32) * lg)
         vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
         return state * gl.exp(length.to(gl.float32) * lg), vw_s
     else:
@@ -138,8 +170,9 @@ def _initial_state(S0, lane, seg, st_tile, R: gl.constexpr, DH: gl.constexpr, ac
 def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
               BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
               HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
-              HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, start, n, lane, seg, last = where
+              HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, REVERSE: gl.constexpr,
+              H_IDX: gl.constexpr):
+    bb, hh, N, i0, steps, n, lane, seg, last = where
     S0, SN, FLAGS, WS, SYNC = ptrs
     b_desc, c_desc, v_desc, o_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
@@ -159,16 +192,16 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
     st_r = gl.arange(0, R, layout=rows_l)
     st_c = H_IDX * DH + gl.arange(0, DH, layout=cols_l)
     st_tile = st_r[:, None] * (2 * DH) + st_c[None, :]
-    first = _first_pass_chunks(n, last, BLOCK_N, SPLIT)
+    first = _first_pass_chunks(steps, last, SPLIT)
     if SPLIT:
         # 1. the segment's own state from its C and V (none for a lane's last segment)
         local = gl.zeros([R, DH], gl.float32, acc_l)
         for i in range(first):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            local, v_op = _state_operands(local, _tile(v_bufs, 2 * s + H_IDX), vw_s,
-                                          gl.minimum(n - i * BLOCK_N, BLOCK_N), lg, kr, acc_l,
-                                          dtype, HAS_DECAY)
+            _, length = _chunk(i0 + i, N, BLOCK_N, REVERSE)
+            local, v_op = _state_operands(local, _tile(v_bufs, 2 * s + H_IDX), vw_s, length, lg,
+                                          kr, acc_l, dtype, HAS_DECAY, REVERSE)
             fence_async_shared()
             local = warpgroup_mma(_tile(c_bufs, s).permute((1, 0)), v_op, local)
             mbarrier.arrive(empty.index(s), count=1)
@@ -199,11 +232,18 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
 
     ri = gl.arange(0, BLOCK_N, layout=rows_l)
     cj = gl.arange(0, BLOCK_N, layout=cols_l)
+    # the chunk's own mask λ^(i-j) for logical rows i ≥ j: tile rows ri ≥ cj, or ri ≤ cj in reverse
+    if REVERSE:
+        diff = cj[None, :] - ri[:, None]
+    else:
+        diff = ri[:, None] - cj[None, :]
     if HAS_DECAY:
-        w_in = gl.exp((ri + 1).to(gl.float32) * lg)
+        e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
+        w_in = gl.exp(e_in.to(gl.float32) * lg)
 
-    for j in range(gl.cdiv(n, BLOCK_N)):
+    for j in range(steps):
         i = first + j  # the ring's chunk counter runs on from the first pass
+        row, length = _chunk(i0 + j, N, BLOCK_N, REVERSE)
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         b_t = _tile(b_bufs, s)
@@ -215,8 +255,8 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         # ptxas need not serialise them
         h_down, h_up = _half_scale(state, HALF_RANGE)
         h_s.store((state * h_down).to(dtype))
-        state, v_op = _state_operands(state, v_t, vw_s, gl.minimum(n - j * BLOCK_N, BLOCK_N), lg,
-                                      kr, acc_l, dtype, HAS_DECAY)
+        state, v_op = _state_operands(state, v_t, vw_s, length, lg, kr, acc_l, dtype, HAS_DECAY,
+                                      REVERSE)
         fence_async_shared()
         sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
                            gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
@@ -226,9 +266,8 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         state = warpgroup_mma(c_t.permute((1, 0)), v_op, state, is_async=True)
 
         sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-        # the chunk's own mask λ^(i-j) (i ≥ j), recomputed per chunk: 32 exponentials a thread
-        # cost less than the 32 registers that keeping it would take from the state's group
-        diff = ri[:, None] - cj[None, :]
+        # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32 registers
+        # that keeping it would take from the state's group
         if HAS_DECAY:
             p = gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
         else:
@@ -236,6 +275,9 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
         if HAS_DECAY:
+            if REVERSE:  # a short tile (the first swept) shifts its rows' powers
+                e_in, _ = _exponents(ri, length, REVERSE)
+                w_in = gl.exp(e_in.to(gl.float32) * lg)
             o = o * (w_in * (h_up / p_up))[:, None]
         elif HALF_RANGE:
             o = o * (h_up / p_up)
@@ -250,7 +292,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         tma.store_wait(pendings=1)
         o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
         fence_async_shared()
-        _tma_store(o_desc, [bb, hh, start + j * BLOCK_N, H_IDX * DH], o_s)
+        _tma_store(o_desc, [bb, hh, row, H_IDX * DH], o_s)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
@@ -266,7 +308,8 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, WS, SYNC,
                         LANES, SEG, scale,
                         BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
                         STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
-                        STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr):
+                        STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr,
+                        REVERSE: gl.constexpr):
     """One program per lane (batch·head), or with ``SPLIT`` per lane and segment of ``SEG`` rows,
     taken in ticket order; 4 warps launched (the loader), the two consumer warp groups added by
     ``warp_specialize``. Descriptors over (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R),
@@ -281,9 +324,19 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, WS, SYNC,
         t = gl.program_id(0)
     lane = t % LANES
     seg = t // LANES
-    start = seg * SEG
-    n = gl.minimum(N - start, SEG)
-    last = start + SEG >= N
+    # the segment: chunks i0 .. i0+steps-1 of its lane's sweep, n rows
+    chunks = gl.cdiv(N, BLOCK_N)
+    if SPLIT:
+        i0 = seg * (SEG // BLOCK_N)
+        steps = gl.minimum(chunks - i0, SEG // BLOCK_N)
+    else:
+        i0 = seg * 0
+        steps = chunks
+    last = i0 + steps >= chunks
+    if REVERSE:
+        n = gl.minimum(N, (chunks - i0) * BLOCK_N) - (chunks - i0 - steps) * BLOCK_N
+    else:
+        n = gl.minimum(N, (i0 + steps) * BLOCK_N) - i0 * BLOCK_N
     bb = lane // H
     hh = lane % H
     if HAS_DECAY:
@@ -310,12 +363,12 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, WS, SYNC,
     bars = (ready, empty)
     # the partitions share one signature: where (this program's rows), the pointers, the
     # constants, and which half of the state a consumer holds (the loader ignores it)
-    where = (bb, hh, start, n, lane, seg, last)
+    where = (bb, hh, N, i0, steps, n, lane, seg, last)
     ptrs = (S0, SN, FLAGS, WS, SYNC)
     gl.warp_specialize([
         (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                   HAS_S0, STORE_SN, HALF_RANGE, SPLIT, 0)),
+                   HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, 0)),
         (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, 0)),
+                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, 0)),
         (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, 1))], [4, 4], [240, 240])
+                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, 1))], [4, 4], [240, 240])

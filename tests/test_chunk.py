@@ -88,6 +88,13 @@ def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     assert table.speedup.gt(0).all() and (table.gpu == "test").all() and (table.commit == "abc").all()
     assert regime(False, 10) == "one" and regime(True, SHORT_SPLIT_N) == "split"
     assert regime(True, SHORT_SPLIT_N - 1) == "split-short"
+    # the backward's dual sweep has its own rows, decided apart from the forward's
+    dual = pd.DataFrame([dict(r, dual=False) for r in rows] +
+                        [dict(kind="half", decay=False, split=False, dual=True, N=25600,
+                              portable_ms=9.0, hopper_ms=8.0, gpu="test", commit="abc")])
+    got = {(r.kind, r.decay, r.regime): r.kernel for r in kernel_table(dual).itertuples()}
+    assert got[("half", False, "dual-one")] == "hopper" and got[("half", False, "one")] == "portable"
+    assert regime(True, SHORT_SPLIT_N, dual=True) == "dual-split"
 
 
 def test_segments_fill_the_last_wave_of_programs():
@@ -116,7 +123,8 @@ def test_chunk_scan_rejects_a_ragged_segment():
 @pytest.mark.slow
 def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     """The warp-specialised Hopper forward (Gluon) compiled for sm_90 on the host, as it launches
-    (one pass per lane, and segments chained through the ring): 168 registers a thread at
+    (one pass per lane, and segments chained through the ring; forward and in reverse time, the
+    backward's sweeps): 168 registers a thread at
     launch (the partitions' own budgets set by setmaxnreg), no spills with the 0-1 mask, at most
     128 bytes a thread with the decay (the consumer's scalars; the profile reads them as L1
     hits)."""
@@ -128,7 +136,7 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
-    assert len(lines) == 8 and all("Used 168 registers" in line for line in lines), res.stdout
+    assert len(lines) == 16 and all("Used 168 registers" in line for line in lines), res.stdout
     for line in lines:
         assert spill_bytes(line) <= (128 if "decay" in line else 0), line
 

@@ -56,10 +56,11 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     return compiled.asm["ptx"]
 
 
-def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90) -> str:
+def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
+                       reverse: bool = False) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (r = d = 128,
     state in and out, the launch options of ``chunk.HOPPER``), fp16 or bf16, with segments chained
-    (``split``, batch 1) or one program per lane."""
+    (``split``, batch 1) or one program per lane, forward or in reverse time (the backward)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -80,7 +81,7 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
                SN="*fp32", FLAGS="*i32", WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32",
                LANES="i32", SEG="i32", scale="fp32")
     const = dict(BLOCK_N=bn, R=128, D=128, STAGES=HOPPER["STAGES"], HAS_DECAY=decay, HAS_S0=True,
-                 STORE_SN=True, HALF_RANGE=dtype == "fp16", SPLIT=split)
+                 STORE_SN=True, HALF_RANGE=dtype == "fp16", SPLIT=split, REVERSE=reverse)
     if not decay:
         const["GAMMA"] = None
     sig.update({k: "constexpr" for k in const})
@@ -130,15 +131,19 @@ def main(argv=None) -> int:
     p.add_argument("--configs", nargs="*", default=DEFAULT,
                    help="dtype:mask:BLOCK_N:stages[:one] (mask 0-1 or decay; :one = batch 16's one pass)")
     p.add_argument("--hopper", action="store_true",
-                   help="the Hopper kernel, fp16/bf16 × both masks (--configs ignored)")
+                   help="the Hopper kernel, fp16/bf16 × both masks × one pass/segments × forward/"
+                        "reverse (--configs ignored)")
     args = p.parse_args(argv)
     if args.hopper:
-        for split in (False, True):
-            for dtype in ("fp16", "bf16"):
-                for mask in ("0-1", "decay"):
-                    ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch)
-                    print(f"hopper {dtype}:{mask}:{'split' if split else 'one'} "
-                          f"{ptxas_usage(ptx, args.arch)}", flush=True)
+        for reverse in (False, True):
+            for split in (False, True):
+                for dtype in ("fp16", "bf16"):
+                    for mask in ("0-1", "decay"):
+                        ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch,
+                                                 reverse=reverse)
+                        print(f"hopper {dtype}:{mask}:{'split' if split else 'one'}"
+                              f"{':reverse' if reverse else ''} {ptxas_usage(ptx, args.arch)}",
+                              flush=True)
         return 0
     for cfg in args.configs:
         dtype, mask, block_n, stages, *rest = cfg.split(":")

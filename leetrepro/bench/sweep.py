@@ -10,8 +10,9 @@ do not fit the GPU's shared memory are skipped.
 On an sm_90 GPU, ``kernel`` then times Chunk's two forward kernels against each other (the
 portable Triton kernel and the warp-specialised Hopper one, :func:`kernel_rows`), interleaved, at
 the shapes of each regime: one pass per lane (batch 16, N = 25600) and N cut into segments
-(batch 1, N = 100000 and 8192), fp16 and bf16, both masks. ``chunk_kernel.csv`` names, per
-operand kind, mask and regime (one pass; split, long or short N), the Hopper kernel where it was
+(batch 1, N = 100000 and 8192), fp16 and bf16, both masks, the forward and the backward's dual
+sweep. ``chunk_kernel.csv`` names, per operand kind, mask and regime (one pass; split, long or
+short N; each forward or dual), the Hopper kernel where it was
 faster at every shape and dtype of the regime, else the portable one; ``method="Chunk"`` follows
 it (``kernel="auto"``). ``python -m leetrepro.bench.sweep --table-from data/<gpu>`` rewrites the
 table from the timings already there (``chunk_kernel_sweep.csv``), no GPU needed.
@@ -76,27 +77,37 @@ KERNEL_SHAPES = {False: ((16, 25600),), True: ((1, 100000), (1, 8192))}
 
 def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
     """Chunk's portable and Hopper kernels at every regime's shapes, fp16/bf16, both masks: one row
-    per cell with both medians (calls interleaved in one process)."""
+    per cell with both medians (calls interleaved in one process). Each cell twice: the forward,
+    and the backward's dual sweep (dV and dC in reverse time: the portable kernel's one dual
+    sweep against two Hopper sweeps; ``dual`` column)."""
+    from ..methods.chunk import chunk_scan
     from .harness import interleaved_medians
     rows = []
     for split, shapes in KERNEL_SHAPES.items():
         for batch, n in shapes:
             for dtype in (torch.float16, torch.bfloat16):
                 B, C, V = random_inputs(batch, 32, n, 128, 128, dtype=dtype, device=device)
+                dO = torch.randn_like(V)
                 for decay in (False, True):
                     g = alibi_gammas(32).to(device) if decay else None
-                    fns = {k: (lambda k=k: causal_linear_decoder(B, C, V, g, method="Chunk",
-                                                                 kernel=k))
-                           for k in ("portable", "hopper")}
-                    med = interleaved_medians(fns, [()], reps, device, warmup=2)
-                    rows.append(dict(meta, kind="half", dtype=str(dtype).split(".")[-1],
-                                     decay=decay, split=split, batch=batch, N=n,
-                                     portable_ms=med["portable"] * 1e3,
-                                     hopper_ms=med["hopper"] * 1e3))
-                    print(f"kernel {dtype} b{batch} N={n} decay={decay!s:5s} portable "
-                          f"{med['portable'] * 1e3:8.3f} ms  hopper {med['hopper'] * 1e3:8.3f} ms",
-                          flush=True)
-                B = C = V = None  # the memory freed before the next shape
+                    calls = {
+                        False: {k: (lambda k=k: causal_linear_decoder(B, C, V, g, method="Chunk",
+                                                                      kernel=k))
+                                for k in ("portable", "hopper")},
+                        True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V,
+                                                          kernel=k))
+                               for k in ("portable", "hopper")}}
+                    for dual, fns in calls.items():
+                        med = interleaved_medians(fns, [()], reps, device, warmup=2)
+                        rows.append(dict(meta, kind="half", dtype=str(dtype).split(".")[-1],
+                                         decay=decay, split=split, dual=dual, batch=batch, N=n,
+                                         portable_ms=med["portable"] * 1e3,
+                                         hopper_ms=med["hopper"] * 1e3))
+                        print(f"kernel {dtype} b{batch} N={n} decay={decay!s:5s} "
+                              f"{'dual' if dual else 'fwd '} portable "
+                              f"{med['portable'] * 1e3:8.3f} ms  hopper "
+                              f"{med['hopper'] * 1e3:8.3f} ms", flush=True)
+                B = C = V = dO = None  # the memory freed before the next shape
                 torch.cuda.empty_cache()
     return rows
 
@@ -113,7 +124,8 @@ def kernel_table(df, meta: dict | None = None):
     if meta is None:
         meta = {k: df[k].iloc[0] for k in ("gpu", "commit", "commit_origin", "source", "date",
                                             "torch", "triton", "cuda", "python") if k in df}
-    df = df.assign(regime=[regime(sp, n) for sp, n in zip(df.split, df.N)])
+    dual = df["dual"] if "dual" in df else [False] * len(df)  # tables measured before the dual
+    df = df.assign(regime=[regime(sp, n, bool(du)) for sp, n, du in zip(df.split, df.N, dual)])
     out = []
     for (kind, decay, reg), g in df.groupby(["kind", "decay", "regime"]):
         ratio = g.portable_ms / g.hopper_ms

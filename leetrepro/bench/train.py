@@ -12,8 +12,14 @@ written): ``floor_ms = (6r + 5d)·N·batch·heads·bytes / copy bandwidth`` meas
 against float64 autograd through the oracle (N ≤ ``--check-max-n``, 8192: the float64 graph
 is O(N²)).
 
+``mode``: ``eager`` (each call launched from Python) or ``graph`` (forward + backward captured once
+in a CUDA graph and replayed, as a training loop with CUDA graphs runs it; cells up to
+``--graph-max-tokens`` batch·N, where both entries' graphs and their inputs fit beside each other).
+Entries are compared within one mode only.
+
 Entries: ``Chunk`` (``causal_linear_decoder(..., method="Chunk")``: the custom op, its backward
-a fused reverse sweep for dV and dC plus a forward sweep for dB) and ``fla``
+the reverse sweeps for dV and dC plus a forward sweep for dB, each on the kernel the GPU's
+measured table names) and ``fla``
 (``fla.ops.simple_gla.chunk_simple_gla``, its time-major layout prepared outside the timed call,
 ``scale=1``; the optional ``fla-core``).
 """
@@ -27,11 +33,12 @@ import torch
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
-from .harness import failed_status, fla_chunk_simple_gla, gpu_main, interleaved_medians, random_inputs
+from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main,
+                      interleaved_medians, random_inputs)
 
 #: (dtype, batch, N): the training cells, decay mask
 CELLS = [("bfloat16", 16, 25600), ("bfloat16", 1, 100000), ("bfloat16", 8, 8192),
-         ("float16", 1, 32768)]
+         ("float16", 1, 32768), ("bfloat16", 4, 2048)]
 HEADS, RANK, DIM = 32, 128, 128
 
 
@@ -95,7 +102,8 @@ def gradient_errors(name: str, fn, x: dict) -> dict:
     return {f"rel_error_d{k}": rel_error(a, w) for k, a, w in zip("BCV", got, want)}
 
 
-def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[dict]:
+def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n,
+            graph_max_tokens: int = 0) -> list[dict]:
     x = make_cell(dtype, batch, n, device)
     if "fla" in fns:
         add_fla_layout(x)
@@ -131,12 +139,39 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n) -> list[d
                                  for k, f in zip(("fwd", "both"), fs)}, [()], reps, device, warmup=0)
     for name in calls:
         row = rows[name]
-        row.update(fwd_ms=times[(name, "fwd")] * 1e3, fwd_bwd_ms=times[(name, "both")] * 1e3,
-                   reps=reps)
+        row.update(mode="eager", fwd_ms=times[(name, "fwd")] * 1e3,
+                   fwd_bwd_ms=times[(name, "both")] * 1e3, reps=reps)
         row["floor_ratio"] = row["fwd_bwd_ms"] / row["floor_ms"]
+    out = list(rows.values())
+    if batch * n <= graph_max_tokens and calls:
+        out += _graph_rows(rows, calls, reps, device)
     x = None  # the memory freed before the next shape
     torch.cuda.empty_cache()
-    return list(rows.values())
+    return out
+
+
+def _graph_rows(rows: dict, calls: dict, reps: int, device) -> list[dict]:
+    """The same entries each captured in a CUDA graph (forward alone, forward + backward) and
+    replayed, interleaved: rows with ``mode="graph"``."""
+    graphs, out = {}, []
+    for name, (fwd, both) in calls.items():
+        row = {k: v for k, v in rows[name].items() if not k.startswith("rel_error")}
+        try:
+            graphs[(name, "fwd")] = capture_graph(fwd, (), device)
+            graphs[(name, "both")] = capture_graph(both, (), device)
+            row["status"] = "ok"
+        except Exception as err:  # a call that cannot be captured is a row, not an abort
+            row["status"] = failed_status(err, 160)
+            graphs.pop((name, "fwd"), None)
+        out.append(dict(row, mode="graph"))
+    times = interleaved_medians({k: g.replay for k, g in graphs.items()}, [()], reps, device,
+                                warmup=1)
+    for row in out:
+        if row["status"] == "ok":
+            row.update(fwd_ms=times[(row["method"], "fwd")] * 1e3,
+                       fwd_bwd_ms=times[(row["method"], "both")] * 1e3, reps=reps)
+            row["floor_ratio"] = row["fwd_bwd_ms"] / row["floor_ms"]
+    return out
 
 
 def _arguments(p) -> None:
@@ -147,6 +182,8 @@ def _arguments(p) -> None:
     p.add_argument("--check-max-n", type=int, default=8192,
                    help="largest N whose gradients are checked against float64 autograd")
     p.add_argument("--csv", default="train.csv")
+    p.add_argument("--graph-max-tokens", type=int, default=131072,
+                   help="cells up to this batch·N also timed as CUDA graph replays (0: none)")
 
 
 def main(argv=None) -> int:
@@ -162,10 +199,12 @@ def main(argv=None) -> int:
     rows = []
     for dt, batch, n in cells:
         dtype = parse_dtype(dt)
-        cell = measure(fns, dtype, batch, n, args.reps, bw, device, args.check_max_n)
+        cell = measure(fns, dtype, batch, n, args.reps, bw, device, args.check_max_n,
+                       args.graph_max_tokens)
         rows += cell
         print(f"{SHORT_NAMES[dtype]} b{batch} N={n} decay, floor {cell[0]['floor_ms']:.2f} ms | "
-              + " | ".join(f"{r['method']} fwd {r['fwd_ms']:.2f} fwd+bwd {r['fwd_bwd_ms']:.2f} ms "
+              + " | ".join(f"{r['method']} {r['mode']} fwd {r['fwd_ms']:.2f} "
+                           f"fwd+bwd {r['fwd_bwd_ms']:.2f} ms "
                            f"({r['floor_ratio']:.2f}x) peak+{r['peak_extra_GiB']:.2f} GiB"
                            if r["status"] == "ok" else f"{r['method']} {r['status'][:60]}"
                            for r in cell), flush=True)

@@ -145,8 +145,17 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                  initial_state is not None, output_final_state, reverse)
     plan = _plan(*signature)
     lanes = plan.lanes
-    hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, reverse=reverse,
-                         cu_seqlens=cu_seqlens)
+    hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, cu_seqlens=cu_seqlens)
+    if hopper and dual is not None:
+        # the Hopper kernel has no dual output: op(B, C, V) then op(E, V, C) from the transposed
+        # initial state, two sweeps (8 passes over the tensors where the portable dual makes 6)
+        first = chunk_scan(B, C, V, gamma, fp32_precision, segment, initial_state,
+                           output_final_state, reverse, scale=scale, kernel="hopper",
+                           config=config)
+        s0t = None if initial_state is None else initial_state.transpose(-1, -2)
+        second = chunk_scan(dual, V, C, gamma, fp32_precision, segment, s0t, False, reverse,
+                            scale=scale, kernel="hopper", config=config)
+        return ((first[0], second), first[1]) if output_final_state else (first, second)
     if dual is not None:
         out2 = torch.empty_like(B)
         if out2.stride() != B.stride():
@@ -185,7 +194,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         segment = plan.segment
         if segment < n and segment % HOPPER["BLOCK_N"]:
             segment = rows_for_pieces(n, plan.n_seg, HOPPER["BLOCK_N"])
-        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, args["SCALE"], segment)
+        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, args["SCALE"], segment,
+                       reverse)
     else:
         launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main, key + (False,),
                **plan.main_options)
@@ -204,10 +214,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 HOPPER = dict(BLOCK_N=64, STAGES=3, num_warps=4, maxnreg=168)
 
 
-def hopper_unfit(B, C, V, gamma, *, dual=None, reverse=False, cu_seqlens=None) -> str | None:
+def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None) -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
-    fp16/bf16, r = d = 128, no packed sequences, reverse time or dual output, the rows' strides
-    16-byte aligned (TMA)."""
+    fp16/bf16, r = d = 128, no packed sequences, the rows' strides 16-byte aligned (TMA). Reverse
+    time is its own; a dual output is two of its sweeps."""
     if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU (not the interpreter)"
     if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
@@ -217,9 +227,11 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, reverse=False, cu_seqlens=None) -
         return f"it takes float16/bfloat16, got {V.dtype}"
     if B.shape[-1] != 128 or V.shape[-1] != 128:
         return f"it needs r = d = 128, got r = {B.shape[-1]}, d = {V.shape[-1]}"
-    if dual is not None or reverse or cu_seqlens is not None:
-        return "dual output, reverse time and cu_seqlens are the portable kernel's"
-    for name, t in (("B", B), ("C", C), ("V", V)):
+    if cu_seqlens is not None:
+        return "cu_seqlens is the portable kernel's"
+    for name, t in (("B", B), ("C", C), ("V", V), ("dual", dual)):
+        if t is None:
+            continue
         if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]):
             return f"{name}'s base and strides must be 16-byte aligned"
     return None
@@ -235,18 +247,22 @@ def _capability(index: int) -> tuple:
 SHORT_SPLIT_N = 32768
 
 
-def regime(split: bool, n: int) -> str:
+def regime(split: bool, n: int, dual: bool = False) -> str:
     """``"one"`` (one pass per lane), ``"split"`` (N cut into segments) or ``"split-short"``
-    (segments, N < :data:`SHORT_SPLIT_N`): the rows of the kernel table."""
-    return "one" if not split else ("split" if n >= SHORT_SPLIT_N else "split-short")
+    (segments, N < :data:`SHORT_SPLIT_N`), prefixed ``"dual-"`` for a dual output (the
+    backward's dV and dC: the portable kernel's one sweep against two Hopper sweeps): the rows of
+    the kernel table. Reverse time shares the forward's rows (the same kernel, the same work)."""
+    name = "one" if not split else ("split" if n >= SHORT_SPLIT_N else "split-short")
+    return "dual-" + name if dual else name
 
 
-def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int) -> bool:
+def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int,
+                dual: bool = False) -> bool:
     """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
     for this operand kind, mask and :func:`regime` (``data/<gpu>/chunk_kernel.csv``,
     :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured."""
     kind = "half" if dtype != torch.float32 else "tf32"
-    return _kernel_table(gpu_tag(device)).get((kind, decay, regime(split, n))) == "hopper"
+    return _kernel_table(gpu_tag(device)).get((kind, decay, regime(split, n, dual))) == "hopper"
 
 
 @functools.lru_cache(maxsize=None)
@@ -276,7 +292,8 @@ def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
         return False
     if _FORCED[0] is not None:  # the correctness matrix's switch (force_kernel)
         return _FORCED[0] == "hopper"
-    return hopper_wins(V.device, V.dtype, gamma is not None, plan.split, B.shape[2])
+    return hopper_wins(V.device, V.dtype, gamma is not None, plan.split, B.shape[2],
+                       call.get("dual") is not None)
 
 
 #: the kernel ``kernel="auto"`` takes wherever it can run, whatever the table says (None: the table)
@@ -292,10 +309,11 @@ def force_kernel(kernel: str | None) -> None:
     _FORCED[0] = kernel
 
 
-def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment):
-    """The warp-specialised forward (``kernels/chunk_hopper.py``): one program per lane, or with
-    more than one segment of ``segment`` rows per lane, one per segment, their states chained
-    through the ring ``ws`` with the flags and ticket of ``sync`` (as the portable kernel's)."""
+def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment, reverse):
+    """The warp-specialised sweep (``kernels/chunk_hopper.py``), forward or in ``reverse`` time: one
+    program per lane, or with more than one segment of ``segment`` rows per lane, one per
+    segment, their states chained through the ring ``ws`` with the flags and ticket of ``sync``
+    (as the portable kernel's)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -312,7 +330,7 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, s
 
     consts = dict(BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"], HAS_DECAY=gamma is not None,
                   HAS_S0=s0 is not None, STORE_SN=sn is not None,
-                  HALF_RANGE=V.dtype == torch.float16, SPLIT=n_seg > 1)
+                  HALF_RANGE=V.dtype == torch.float16, SPLIT=n_seg > 1, REVERSE=bool(reverse))
     # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
     # divisible by 16) and the pointers' 16-byte alignment
     ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
