@@ -191,11 +191,16 @@ def _triton_step(B, C, V, gamma, pool, slots, scale):
 
 @functools.lru_cache(maxsize=256)
 def _tiles(lanes: int, r: int, d: int, device) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_D, warps): enough programs to fill the GPU at small batch, wider tiles
-    (fewer, longer rows) otherwise; the whole r per program."""
+    """(BLOCK_R, BLOCK_D, warps): the whole r per program; at 4 (sequence, head) lanes per SM or
+    more, the whole state of a lane too (up to 128 × 128: 512-byte rows, the slot ids checked once
+    per lane), 4 warps, measured fastest from 64 sequences × 32 heads up (NOTES.md); below, column
+    blocks of 16 or 32, enough programs to fill the GPU."""
     from .methods._gpu import next_pow2
 
     block_r = next_pow2(r)
+    if lanes >= 4 * sm_count(device):
+        block_d = min(next_pow2(d), max(16, 16384 // block_r))
+        return block_r, block_d, 4 if block_r * block_d <= 16384 else 8
     block_d = 16 if lanes * max(1, d // 32) < 2 * sm_count(device) else 32
     block_d = min(block_d, next_pow2(d))
     return block_r, block_d, 4 if block_r * block_d <= 4096 else 8

@@ -89,12 +89,17 @@ for dt in sorted(set(pre.dtype)):
                      + (f"; fla {fla.ms:.2f} ms ({fla.floor_ratio:.2f}×), {fla.ms / ours.ms:.1f}× slower"
                         if fla is not None else "") + ".")
 for b in sorted(set(dec.batch)):
-    g, e, f = (cell("decode", m, batch=b) for m in ("decode_step_graph", "decode_step", "fla"))
+    g, e, f, fg = (cell("decode", m, batch=b)
+                   for m in ("decode_step_graph", "decode_step", "fla", "fla_graph"))
     if g is not None:
-        lines.append(f"* Decode step, batch {b}: {g.ms * 1e3:.1f} µs in a CUDA graph "
-                     f"({g.floor_ratio:.2f}× the floor), {e.ms * 1e3:.1f} µs eager "
-                     f"(host {e.host_us:.0f} µs per step)"
-                     + (f"; fla {f.ms * 1e3:.1f} µs" if f is not None else "") + ".")
+        # like with like: graph replay against graph replay, eager call against eager call
+        lines.append(f"* Decode step, batch {b}: in a CUDA graph {g.ms * 1e3:.1f} µs "
+                     f"({g.floor_ratio:.2f}× the floor)"
+                     + (f" against fla's {fg.ms * 1e3:.1f} µs ({fg.floor_ratio:.2f}×)"
+                        if fg is not None else "")
+                     + f"; eager {e.ms * 1e3:.1f} µs (host {e.host_us:.0f} µs per step)"
+                     + (f" against fla's {f.ms * 1e3:.1f} µs (host {f.host_us:.0f} µs)"
+                        if f is not None else "") + ".")
 for (model, mode), g in gen.groupby(["model", "mode"]):
     t = g.set_index("method")
     if {"Chunk", "original"} <= set(t.index):

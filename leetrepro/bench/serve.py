@@ -13,7 +13,10 @@ models, beside flash-linear-attention, in one process.
   head-major call), ``chunk_simple_gla`` (our drop-in, fla's layout), ``Chunk_padded`` (the batch
   right-padded to the longest prompt), ``decode_step`` (eager) and ``decode_step_graph`` (the step
   captured in a CUDA graph, replayed), ``fla`` (flash-linear-attention: ``chunk_simple_gla`` with
-  ``cu_seqlens``; ``fused_recurrent_simple_gla`` for a step).
+  ``cu_seqlens``; ``fused_recurrent_simple_gla`` for a step, its states gathered from the pool
+  before the timed call, as its kernel takes no slot ids) and ``fla_graph`` (fla's step captured
+  and replayed). Compare eager with eager (``decode_step``, ``fla``) and graph with graph
+  (``decode_step_graph``, ``fla_graph``).
 * ``generation.csv``: each model's first two layers (fp16), the prompts prefilled packed in groups
   of ``--group`` then 128 tokens generated per prompt by greedy steps: time to first token
   (``ttft_ms``: the group's prefill, median over groups), per-token latency (``step_ms``, median
@@ -116,6 +119,9 @@ def decode_rows(device, bw, reps, meta):
             h0 = pool[slots.long()]
             entries["fla"] = lambda: fused_recurrent_simple_gla(
                 q, k, v, g_gamma=g_gamma, scale=1.0, initial_state=h0, output_final_state=True)
+            entries["fla"]()  # the same step in a graph: like with like beside decode_step_graph
+            fla_graph = capture_graph(entries["fla"], (), device)
+            entries["fla_graph"] = fla_graph.replay
         times = interleaved_medians(entries, [()], reps, device)
         hosts = {k: wall_per_call(fn, 200, device) * 1e6 for k, fn in entries.items()}
         floor = 2 * batch * HEADS * RANK * DIM * 4 / bw
