@@ -238,8 +238,9 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
     else:
         diff = ri[:, None] - cj[None, :]
     if HAS_DECAY:
-        e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
-        w_in = gl.exp(e_in.to(gl.float32) * lg)
+        if not REVERSE:  # the same powers for every chunk (in reverse they follow its length)
+            e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
+            w_in = gl.exp(e_in.to(gl.float32) * lg)
 
     for j in range(steps):
         i = first + j  # the ring's chunk counter runs on from the first pass
@@ -275,7 +276,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
         if HAS_DECAY:
-            if REVERSE:  # a short tile (the first swept) shifts its rows' powers
+            if REVERSE:  # row k of a tile of `length` rows: λ^(length-k) (the first swept is short)
                 e_in, _ = _exponents(ri, length, REVERSE)
                 w_in = gl.exp(e_in.to(gl.float32) * lg)
             o = o * (w_in * (h_up / p_up))[:, None]

@@ -15,6 +15,7 @@ traffic shows up in a profile as L1/TEX scoreboard stalls (NOTES.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import subprocess
@@ -135,15 +136,12 @@ def main(argv=None) -> int:
                         "reverse (--configs ignored)")
     args = p.parse_args(argv)
     if args.hopper:
-        for reverse in (False, True):
-            for split in (False, True):
-                for dtype in ("fp16", "bf16"):
-                    for mask in ("0-1", "decay"):
-                        ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch,
-                                                 reverse=reverse)
-                        print(f"hopper {dtype}:{mask}:{'split' if split else 'one'}"
-                              f"{':reverse' if reverse else ''} {ptxas_usage(ptx, args.arch)}",
-                              flush=True)
+        for reverse, split, dtype, mask in itertools.product((False, True), (False, True),
+                                                             ("fp16", "bf16"), ("0-1", "decay")):
+            ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch,
+                                     reverse=reverse)
+            print(f"hopper {dtype}:{mask}:{'split' if split else 'one'}"
+                  f"{':reverse' if reverse else ''} {ptxas_usage(ptx, args.arch)}", flush=True)
         return 0
     for cfg in args.configs:
         dtype, mask, block_n, stages, *rest = cfg.split(":")

@@ -149,12 +149,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if hopper and dual is not None:
         # the Hopper kernel has no dual output: op(B, C, V) then op(E, V, C) from the transposed
         # initial state, two sweeps (8 passes over the tensors where the portable dual makes 6)
-        first = chunk_scan(B, C, V, gamma, fp32_precision, segment, initial_state,
-                           output_final_state, reverse, scale=scale, kernel="hopper",
-                           config=config)
+        out = None  # each sweep allocates its own output: none held through both
+        same = dict(fp32_precision=fp32_precision, segment=segment, reverse=reverse, scale=scale,
+                    kernel="hopper", config=config)
+        first = chunk_scan(B, C, V, gamma, initial_state=initial_state,
+                           output_final_state=output_final_state, **same)
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        second = chunk_scan(dual, V, C, gamma, fp32_precision, segment, s0t, False, reverse,
-                            scale=scale, kernel="hopper", config=config)
+        second = chunk_scan(dual, V, C, gamma, initial_state=s0t, **same)
         return ((first[0], second), first[1]) if output_final_state else (first, second)
     if dual is not None:
         out2 = torch.empty_like(B)
