@@ -38,6 +38,17 @@ the last to the first, so a tile holding L rows (the last tile of a lane: L = N 
 its logical order reversed inside it: row a of the tile is logical row L-1-a of its chunk. Only
 the powers of λ and the mask's direction change (``_exponents``); no coordinate is ever negative.
 
+``DUAL`` also writes O2 = op(E, V, C) for a fourth input E shaped like V, from the same sweep (the
+backward's dC beside its dV, as the portable kernel's ``DUAL``): O2's state is the transpose of
+this one, so consumer h computes O2's columns [h·DH, (h+1)·DH) (rows of the state) as
+
+    O2[:, h] = λ^(i+1) · Σ_k e[:, k] (H_k[h rows])ᵀ  +  (E vᵀ ⊙ M) c[:, h],
+
+reading the other consumer's half of the state (H_k: consumer k's copy in shared memory) after an
+mbarrier both consumers arrive on once their copies are written, and releasing it through a second
+one before either is written again. The ring then holds four tiles a slot (``STAGES`` 2), and O's
+and O2's staging one buffer each per consumer.
+
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
@@ -101,16 +112,28 @@ def _half_scale(x, HALF_RANGE: gl.constexpr):
 
 
 @gluon.jit
+def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr):
+    """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask),
+    exactly 0 elsewhere."""
+    if HAS_DECAY:
+        return gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
+    else:
+        return gl.where(diff >= 0, sc, 0.0)
+
+
+@gluon.jit
 def _loader(descs, bufs, bars, where, ptrs, lg, scale,
             BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
             HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
             HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, REVERSE: gl.constexpr,
-            H_IDX: gl.constexpr):
+            DUAL: gl.constexpr, H_IDX: gl.constexpr):
     bb, hh, N, i0, steps, n, lane, seg, last = where
-    b_desc, c_desc, v_desc, o_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
-    ready, empty = bars
+    b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
+    ready, empty, hbar = bars
     cv_bytes: gl.constexpr = c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
+    sweep_bytes: gl.constexpr = cv_bytes + b_desc.block_type.nbytes + \
+        (2 * e_desc.block_type.nbytes if DUAL else 0)
     first = _first_pass_chunks(steps, last, SPLIT)
     for i in range(first + steps):
         s = i % STAGES
@@ -122,8 +145,11 @@ def _loader(descs, bufs, bars, where, ptrs, lg, scale,
             mbarrier.expect(ready.index(s), cv_bytes)
         else:
             row, _ = _chunk(i0 + i - first, N, BLOCK_N, REVERSE)
-            mbarrier.expect(ready.index(s), cv_bytes + b_desc.block_type.nbytes)
+            mbarrier.expect(ready.index(s), sweep_bytes)
             _tma_load(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
+            if DUAL:
+                _tma_load(e_desc, [bb, hh, row, 0], ready.index(s), e_bufs.index(2 * s))
+                _tma_load(e_desc, [bb, hh, row, DH], ready.index(s), e_bufs.index(2 * s + 1))
         _tma_load(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
         _tma_load(v_desc, [bb, hh, row, 0], ready.index(s), v_bufs.index(2 * s))
         _tma_load(v_desc, [bb, hh, row, DH], ready.index(s), v_bufs.index(2 * s + 1))
@@ -171,12 +197,12 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
               BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
               HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
               HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, REVERSE: gl.constexpr,
-              H_IDX: gl.constexpr):
+              DUAL: gl.constexpr, H_IDX: gl.constexpr):
     bb, hh, N, i0, steps, n, lane, seg, last = where
     S0, SN, FLAGS, WS, SYNC = ptrs
-    b_desc, c_desc, v_desc, o_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs = bufs
-    ready, empty = bars
+    b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
+    ready, empty, hbar = bars
     dtype: gl.constexpr = b_desc.dtype
     # one wgmma layout serves every accumulator: S and O (BLOCK_N × DH), the state (R × DH)
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -255,10 +281,16 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         # decay: every register the MMAs below write is settled before the first is issued, so
         # ptxas need not serialise them
         h_down, h_up = _half_scale(state, HALF_RANGE)
+        if DUAL:  # the other consumer has read this copy (and its scale) of the chunk before
+            mbarrier.wait(hbar.index(1), (j & 1) ^ 1)
+            if HALF_RANGE:
+                hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, rows_l) + h_up)
         h_s.store((state * h_down).to(dtype))
         state, v_op = _state_operands(state, v_t, vw_s, length, lg, kr, acc_l, dtype, HAS_DECAY,
                                       REVERSE)
         fence_async_shared()
+        if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
+            mbarrier.arrive(hbar.index(0), count=1)
         sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
                            gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
                            is_async=True)
@@ -269,10 +301,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32 registers
         # that keeping it would take from the state's group
-        if HAS_DECAY:
-            p = gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
-        else:
-            p = gl.where(diff >= 0, sc, 0.0)
+        p = _masked(sc, diff, lg, HAS_DECAY)
         p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
         if HAS_DECAY:
@@ -285,15 +314,62 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-        mbarrier.arrive(empty.index(s), count=1)
+        if not DUAL:
+            mbarrier.arrive(empty.index(s), count=1)
 
-        # O's half of the chunk through two staging buffers: the store of two chunks ago has
-        # left this one before it is rewritten, the last chunk's may still be in flight
-        o_s = o_bufs.index(2 * H_IDX + j % 2)
+        if DUAL:
+            # O's half of the chunk: one staging buffer (O2 takes the second); the store of the
+            # last chunk's O has left it, its O2 may still be in flight
+            o_s = o_bufs.index(H_IDX)
+        else:
+            # O's half of the chunk through two staging buffers: the store of two chunks ago has
+            # left this one before it is rewritten, the last chunk's may still be in flight
+            o_s = o_bufs.index(2 * H_IDX + j % 2)
         tma.store_wait(pendings=1)
         o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
         fence_async_shared()
         _tma_store(o_desc, [bb, hh, row, H_IDX * DH], o_s)
+
+        if DUAL:
+            # O2's columns H_IDX·DH.. = the state's rows there: e times both consumers' copies
+            # (this one's first: the other's may not be written yet), then (E vᵀ ⊙ M) c[:, h]
+            s2 = warpgroup_mma(_tile(e_bufs, 2 * s), _tile(v_bufs, 2 * s).permute((1, 0)),
+                               gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                               is_async=True)
+            s2 = warpgroup_mma(_tile(e_bufs, 2 * s + 1), _tile(v_bufs, 2 * s + 1).permute((1, 0)),
+                               s2, is_async=True)
+            o2 = warpgroup_mma(_tile(e_bufs, 2 * s + H_IDX),
+                               h_s.slice(H_IDX * DH, DH).permute((1, 0)),
+                               gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
+                               is_async=True)
+            mbarrier.wait(hbar.index(0), j & 1)  # the other consumer's copy is written
+            if HALF_RANGE:  # the copies have their own scales: O2 in units of the other's
+                o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+                other_up = gl.max(hs_up.index(1 - H_IDX).load(rows_l), axis=0)
+                o2 = o2 * (h_up / other_up)
+            else:
+                other_up = 1.0
+            o2 = warpgroup_mma(_tile(e_bufs, 2 * s + 1 - H_IDX),
+                               h_bufs.index(1 - H_IDX).slice(H_IDX * DH, DH).permute((1, 0)), o2,
+                               is_async=True)
+            s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
+            p2 = _masked(s2, diff, lg, HAS_DECAY)
+            p2_down, p2_up = _half_scale(p2, HALF_RANGE)
+            o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+            mbarrier.arrive(hbar.index(1), count=1)  # both copies read
+            if HAS_DECAY:
+                o2 = o2 * (w_in * (other_up / p2_up))[:, None]
+            elif HALF_RANGE:
+                o2 = o2 * (other_up / p2_up)
+            pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
+            o2 = warpgroup_mma(pa2, c_t.slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
+            o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+            mbarrier.arrive(empty.index(s), count=1)
+            o2_s = o_bufs.index(2 + H_IDX)
+            tma.store_wait(pendings=1)
+            o2_s.reshape([BLOCK_N, DH]).store((o2 * (p2_up * scale)).to(dtype))
+            fence_async_shared()
+            _tma_store(o2_desc, [bb, hh, row, H_IDX * DH], o2_s)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
@@ -305,18 +381,19 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
 
 
 @gluon.jit
-def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, WS, SYNC, GAMMA, N, H,
-                        LANES, SEG, scale,
+def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
+                        GAMMA, N, H, LANES, SEG, scale,
                         BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
                         STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
                         STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr,
-                        REVERSE: gl.constexpr):
+                        REVERSE: gl.constexpr, DUAL: gl.constexpr):
     """One program per lane (batch·head), or with ``SPLIT`` per lane and segment of ``SEG`` rows,
     taken in ticket order; 4 warps launched (the loader), the two consumer warp groups added by
     ``warp_specialize``. Descriptors over (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R),
     V and O blocks (1, 1, BLOCK_N, D/2). S0, SN: float32 (lanes, R, D); WS: float32
     (lanes, 2, R, D), the ring of published states; SYNC: int32, two flags per lane (one per
-    consumer) and the ticket counter; GAMMA: float64 (H,)."""
+    consumer) and the ticket counter; GAMMA: float64 (H,). ``DUAL``: E blocks (1, 1, BLOCK_N, D/2)
+    and O2 blocks (1, 1, BLOCK_N, R/2) (R = D), else both None."""
     DH: gl.constexpr = D // 2
     dtype: gl.constexpr = b_desc.dtype
     if SPLIT:
@@ -358,18 +435,34 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, S0, SN, FLAGS, WS, SYNC,
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumers release a slot
+    if DUAL:
+        e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
+                                           e_desc.layout)
+        # the state's copies: both written (0), both read (1); each consumer arrives once a chunk
+        hbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(hbar.index(0), count=2)
+        mbarrier.init(hbar.index(1), count=2)
+        if HALF_RANGE:  # the copies' scales (each consumer's, broadcast over a row)
+            hs_up = gl.allocate_shared_memory(gl.float32, [2, R],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            hs_up = vw_bufs
+    else:  # unused: the partitions' common signature
+        e_bufs = v_bufs
+        hbar = ready
+        hs_up = vw_bufs
 
-    descs = (b_desc, c_desc, v_desc, o_desc)
-    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs)
-    bars = (ready, empty)
+    descs = (b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc)
+    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up)
+    bars = (ready, empty, hbar)
     # the partitions share one signature: where (this program's rows), the pointers, the
     # constants, and which half of the state a consumer holds (the loader ignores it)
     where = (bb, hh, N, i0, steps, n, lane, seg, last)
     ptrs = (S0, SN, FLAGS, WS, SYNC)
     gl.warp_specialize([
         (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                   HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, 0)),
+                   HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
         (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, 0)),
+                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
         (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, 1))], [4, 4], [240, 240])
+                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 1))], [4, 4], [240, 240])

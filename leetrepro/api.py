@@ -98,6 +98,9 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             out, s = ops.run(m, opts, B, C, V, g, initial_state, False, output_final_state,
                              cu_seqlens=cu_seqlens, scale=scale)
             return (out, s) if output_final_state else out
+        out, s = ops.Eager.apply(B, C, V, g, initial_state, seen, False, output_final_state,
+                                 cu_seqlens, scale)
+        return (out, s) if output_final_state else out
     out, s = ops.causal_linear(B, C, V, g, initial_state, method, ops.encode_options(options),
                                False, output_final_state, cu_seqlens, scale)
     return (out, s) if output_final_state else out

@@ -259,6 +259,14 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
                       initial_state is not None or dS is not None)
+    return _gradients(m, opts, dO, B, C, V, gamma, initial_state, dS, reverse, need_b, need_c,
+                      need_v, need_s0, cu_seqlens, scale)
+
+
+def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, reverse: bool,
+               need_b: bool, need_c: bool, need_v: bool, need_s0: bool, cu_seqlens,
+               scale: float) -> tuple:
+    """:func:`causal_linear_backward` by a resolved method and its options."""
     dB = dC = dV = dS0 = R = None
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
@@ -319,16 +327,47 @@ def _per_head(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.
 
 
 def _backward(ctx, dO, dS):
+    """The gradients of (B, C, V, gamma, initial_state) and None for every other input of the
+    custom op (``ctx.args``: :func:`_setup_context`) or of :class:`Eager` (``ctx.resolved``)."""
     B, C, V, gamma, S0, cu_seqlens = ctx.saved_tensors
     method, options, reverse, final, scale = ctx.args
     need_b, need_c, need_v, _, need_s0 = ctx.needs_input_grad[:5]
     dO = torch.zeros_like(V) if dO is None else dO.to(V.dtype)
     dS = dS if final and dS is not None and dS.numel() else None
-    dB, dC, dV, dS0 = causal_linear_backward(dO, B, C, V, gamma, S0, dS, method, options, reverse,
-                                             need_b, need_c, need_v, bool(need_s0), cu_seqlens,
-                                             scale)
+    grad = (dO, B, C, V, gamma, S0, dS)
+    flags = (reverse, need_b, need_c, need_v, bool(need_s0), cu_seqlens, scale)
+    resolved = getattr(ctx, "resolved", None)
+    if resolved is None:
+        dB, dC, dV, dS0 = causal_linear_backward(*grad, method, options, *flags)
+    else:
+        dB, dC, dV, dS0 = _gradients(*resolved, *grad, *flags)
+    none = (None,) * (len(ctx.needs_input_grad) - 5)
     return (dB if need_b else None, dC if need_c else None, dV if need_v else None, None,
-            dS0 if need_s0 else None, None, None, None, None, None, None)
+            dS0 if need_s0 else None) + none
 
 
 causal_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+class Eager(torch.autograd.Function):
+    """:func:`causal_linear` in eager mode: the same forward (:func:`run`) and backward
+    (:func:`_gradients`) by a method and options already resolved (:func:`prepare`), without the
+    custom op's dispatch, which costs host time on every call (its schema's defaults,
+    aliasing checks and the method resolved again; NOTES.md). ``torch.compile`` traces the custom
+    op instead (:func:`leetrepro.causal_linear_decoder` chooses). First-order only, as the op."""
+
+    @staticmethod
+    def forward(ctx, B, C, V, gamma, initial_state, resolved, reverse, output_final_state,
+                cu_seqlens, scale):
+        m, opts = resolved
+        out, s = run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
+                     cu_seqlens=cu_seqlens, scale=scale)
+        ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens)
+        ctx.args = (None, None, reverse, output_final_state, scale)
+        ctx.resolved = resolved
+        return out, s
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dO, dS):
+        return _backward(ctx, dO, dS)

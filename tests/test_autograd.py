@@ -164,6 +164,44 @@ def test_opcheck():
         torch.library.opcheck(causal_linear, args)
 
 
+@pytest.mark.parametrize("abbr", ["Chunk", "LA_torch"])
+@pytest.mark.parametrize("wanted", ["BCVS", "CS", "B"])
+def test_custom_op_and_eager_path_give_the_same_gradients(abbr, wanted):
+    """Eager calls with gradients take ``ops.Eager`` (no custom-op dispatch), a compiled graph the
+    custom op's own autograd: the same forward and the same sweeps, so the same numbers."""
+    from leetrepro import ops
+    if not any(m.abbr == abbr for m in METHODS):
+        pytest.skip(f"{abbr} does not run here")
+    B, C, V = make_inputs(2, 3, 21, 4, 5, seed=5, device=DEVICE)
+    S0 = torch.randn(2, 3, 4, 5, device=DEVICE)
+    g = torch.tensor([0.9, 0.7, 1.0], dtype=torch.float64, device=DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    dO, dS = (torch.randn(2, 3, n, 5, device=DEVICE, generator=gen) for n in (21, 4))
+    results = []
+    for path in ("eager", "op"):
+        leaves = [t.detach().clone().requires_grad_(name in wanted)
+                  for name, t in zip("BCVS", (B, C, V, S0))]
+        if path == "eager":
+            out, s = causal_linear_decoder(*leaves[:3], g, method=abbr, initial_state=leaves[3],
+                                           output_final_state=True)
+        else:
+            out, s = ops.causal_linear(*leaves[:3], g, leaves[3], abbr, "", False, True)
+        grads = torch.autograd.grad((out * dO).sum() + (s * dS).sum(),
+                                    [t for t in leaves if t.requires_grad])
+        results.append((out.detach(), s.detach()) + grads)
+    assert len(results[0]) == 2 + len(wanted)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_eager_path_is_first_order_only():
+    B, C, V = (t.requires_grad_() for t in make_inputs(1, 2, 9, 4, 3, seed=6, device=DEVICE))
+    out = causal_linear_decoder(B, C, V, 0.9, method="LA_torch")
+    (dB,) = torch.autograd.grad(out.sum(), B, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not require grad|differentiable"):
+        dB.sum().backward()
+
+
 class TinyLayer(torch.nn.Module):
     """A causal linear-attention layer as a model would hold it."""
 

@@ -123,11 +123,12 @@ def test_chunk_scan_rejects_a_ragged_segment():
 @pytest.mark.slow
 def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     """The warp-specialised Hopper forward (Gluon) compiled for sm_90 on the host, as it launches
-    (one pass per lane, and segments chained through the ring; forward and in reverse time, the
-    backward's sweeps): 168 registers a thread at
-    launch (the partitions' own budgets set by setmaxnreg), no spills with the 0-1 mask, at most
-    128 bytes a thread with the decay (the consumer's scalars; the profile reads them as L1
-    hits)."""
+    (one pass per lane, and segments chained through the ring; forward and in reverse time, and
+    the reverse sweep with the dual output: the backward's sweeps): 168 registers a thread at
+    launch (the partitions' own budgets set by setmaxnreg); spills: none with the 0-1 mask, at
+    most 128 bytes a thread with the decay (the consumer's scalars; the profile reads them as L1
+    hits); the dual sweep holds two more products a chunk: at most 72 bytes (fp16's two scales)
+    with the 0-1 mask, 272 with the decay (NOTES.md: measured at 1.1-1.5× its floor)."""
     import sys
 
     from leetrepro.bench.regs import spill_bytes
@@ -136,9 +137,13 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
-    assert len(lines) == 16 and all("Used 168 registers" in line for line in lines), res.stdout
+    assert len(lines) == 24 and all("Used 168 registers" in line for line in lines), res.stdout
     for line in lines:
-        assert spill_bytes(line) <= (128 if "decay" in line else 0), line
+        if ":dual" in line:
+            budget = 272 if "decay" in line else 72 if "fp16" in line else 0
+        else:
+            budget = 128 if "decay" in line else 0
+        assert spill_bytes(line) <= budget, line
 
 
 @pytest.mark.slow

@@ -58,17 +58,18 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 
 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
-                       reverse: bool = False) -> str:
+                       reverse: bool = False, dual: bool = False) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (r = d = 128,
     state in and out, the launch options of ``chunk.HOPPER``), fp16 or bf16, with segments chained
-    (``split``, batch 1) or one program per lane, forward or in reverse time (the backward)."""
+    (``split``, batch 1) or one program per lane, forward or in reverse time (the backward), with
+    or without the ``dual`` output (the backward's dC beside dV)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from ..methods._gpu import triton_kernels
-    from ..methods.chunk import HOPPER
+    from ..methods.chunk import HOPPER, hopper_stages
     kern = triton_kernels("chunk_hopper").chunk_hopper_kernel
     gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
     bn = HOPPER["BLOCK_N"]
@@ -78,11 +79,15 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
         layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
-    sig = dict(b_desc=desc(128), c_desc=desc(128), v_desc=desc(64), o_desc=desc(64), S0="*fp32",
-               SN="*fp32", FLAGS="*i32", WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32",
-               LANES="i32", SEG="i32", scale="fp32")
-    const = dict(BLOCK_N=bn, R=128, D=128, STAGES=HOPPER["STAGES"], HAS_DECAY=decay, HAS_S0=True,
-                 STORE_SN=True, HALF_RANGE=dtype == "fp16", SPLIT=split, REVERSE=reverse)
+    sig = dict(b_desc=desc(128), c_desc=desc(128), v_desc=desc(64), o_desc=desc(64),
+               e_desc=desc(64), o2_desc=desc(64), S0="*fp32", SN="*fp32", FLAGS="*i32",
+               WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32", LANES="i32", SEG="i32",
+               scale="fp32")
+    const = dict(BLOCK_N=bn, R=128, D=128, STAGES=hopper_stages(dual), HAS_DECAY=decay,
+                 HAS_S0=True, STORE_SN=True, HALF_RANGE=dtype == "fp16", SPLIT=split,
+                 REVERSE=reverse, DUAL=dual)
+    if not dual:
+        const.update(e_desc=None, o2_desc=None)
     if not decay:
         const["GAMMA"] = None
     sig.update({k: "constexpr" for k in const})
@@ -133,15 +138,18 @@ def main(argv=None) -> int:
                    help="dtype:mask:BLOCK_N:stages[:one] (mask 0-1 or decay; :one = batch 16's one pass)")
     p.add_argument("--hopper", action="store_true",
                    help="the Hopper kernel, fp16/bf16 × both masks × one pass/segments × forward/"
-                        "reverse (--configs ignored)")
+                        "reverse/reverse with the dual output (--configs ignored)")
     args = p.parse_args(argv)
     if args.hopper:
-        for reverse, split, dtype, mask in itertools.product((False, True), (False, True),
-                                                             ("fp16", "bf16"), ("0-1", "decay")):
+        # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's)
+        for (reverse, dual), split, dtype, mask in itertools.product(
+                ((False, False), (True, False), (True, True)), (False, True), ("fp16", "bf16"),
+                ("0-1", "decay")):
             ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch,
-                                     reverse=reverse)
+                                     reverse=reverse, dual=dual)
             print(f"hopper {dtype}:{mask}:{'split' if split else 'one'}"
-                  f"{':reverse' if reverse else ''} {ptxas_usage(ptx, args.arch)}", flush=True)
+                  f"{':reverse' if reverse else ''}{':dual' if dual else ''} "
+                  f"{ptxas_usage(ptx, args.arch)}", flush=True)
         return 0
     for cfg in args.configs:
         dtype, mask, block_n, stages, *rest = cfg.split(":")

@@ -78,8 +78,8 @@ KERNEL_SHAPES = {False: ((16, 25600),), True: ((1, 100000), (1, 8192))}
 def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
     """Chunk's portable and Hopper kernels at every regime's shapes, fp16/bf16, both masks: one row
     per cell with both medians (calls interleaved in one process). Each cell twice: the forward,
-    and the backward's dual sweep (dV and dC in reverse time: the portable kernel's one dual
-    sweep against two Hopper sweeps; ``dual`` column)."""
+    and the backward's dual sweep (dV and dC in reverse time, one sweep on either kernel;
+    ``dual`` column)."""
     from ..methods.chunk import chunk_scan
     from .harness import interleaved_medians
     rows = []

@@ -146,17 +146,6 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     plan = _plan(*signature)
     lanes = plan.lanes
     hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, cu_seqlens=cu_seqlens)
-    if hopper and dual is not None:
-        # the Hopper kernel has no dual output: op(B, C, V) then op(E, V, C) from the transposed
-        # initial state, two sweeps (8 passes over the tensors where the portable dual makes 6)
-        out = None  # each sweep allocates its own output: none held through both
-        same = dict(fp32_precision=fp32_precision, segment=segment, reverse=reverse, scale=scale,
-                    kernel="hopper", config=config)
-        first = chunk_scan(B, C, V, gamma, initial_state=initial_state,
-                           output_final_state=output_final_state, **same)
-        s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        second = chunk_scan(dual, V, C, gamma, initial_state=s0t, **same)
-        return ((first[0], second), first[1]) if output_final_state else (first, second)
     if dual is not None:
         out2 = torch.empty_like(B)
         if out2.stride() != B.stride():
@@ -195,8 +184,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         segment = plan.segment
         if segment < n and segment % HOPPER["BLOCK_N"]:
             segment = rows_for_pieces(n, plan.n_seg, HOPPER["BLOCK_N"])
-        _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, args["SCALE"], segment,
-                       reverse)
+        _launch_hopper(B=B, C=C, V=V, out=out, gamma=gamma, s0=s0, sn=sn, flags=flags, sync=sync,
+                       ws=ws, heads=heads, scale=args["SCALE"], segment=segment, reverse=reverse,
+                       dual=dual, out2=None if dual is None else out2)
     else:
         launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main, key + (False,),
                **plan.main_options)
@@ -215,10 +205,15 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 HOPPER = dict(BLOCK_N=64, STAGES=3, num_warps=4, maxnreg=168)
 
 
+def hopper_stages(dual: bool) -> int:
+    """The Hopper kernel's ring slots: a dual sweep's slot holds four tiles (64 KB), so two."""
+    return 2 if dual else HOPPER["STAGES"]
+
+
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None) -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
     fp16/bf16, r = d = 128, no packed sequences, the rows' strides 16-byte aligned (TMA). Reverse
-    time is its own; a dual output is two of its sweeps."""
+    time and the dual output are its own."""
     if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU (not the interpreter)"
     if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
@@ -251,7 +246,7 @@ SHORT_SPLIT_N = 32768
 def regime(split: bool, n: int, dual: bool = False) -> str:
     """``"one"`` (one pass per lane), ``"split"`` (N cut into segments) or ``"split-short"``
     (segments, N < :data:`SHORT_SPLIT_N`), prefixed ``"dual-"`` for a dual output (the
-    backward's dV and dC: the portable kernel's one sweep against two Hopper sweeps): the rows of
+    backward's dV and dC in one sweep, on either kernel): the rows of
     the kernel table. Reverse time shares the forward's rows (the same kernel, the same work)."""
     name = "one" if not split else ("split" if n >= SHORT_SPLIT_N else "split-short")
     return "dual-" + name if dual else name
@@ -310,11 +305,12 @@ def force_kernel(kernel: str | None) -> None:
     _FORCED[0] = kernel
 
 
-def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment, reverse):
-    """The warp-specialised sweep (``kernels/chunk_hopper.py``), forward or in ``reverse`` time: one
-    program per lane, or with more than one segment of ``segment`` rows per lane, one per
-    segment, their states chained through the ring ``ws`` with the flags and ticket of ``sync``
-    (as the portable kernel's)."""
+def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment, reverse,
+                   dual=None, out2=None):
+    """The warp-specialised sweep (``kernels/chunk_hopper.py``), forward or in ``reverse`` time,
+    with ``dual`` (E) also op(E, V, C) into ``out2``: one program per lane, or with more than one
+    segment of ``segment`` rows per lane, one per segment, their states chained through the ring
+    ``ws`` with the flags and ticket of ``sync`` (as the portable kernel's)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -329,9 +325,10 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, s
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bn, cols],
                                 _tma_layout(bn, cols, gdt))
 
-    consts = dict(BLOCK_N=bn, R=r, D=d, STAGES=HOPPER["STAGES"], HAS_DECAY=gamma is not None,
-                  HAS_S0=s0 is not None, STORE_SN=sn is not None,
-                  HALF_RANGE=V.dtype == torch.float16, SPLIT=n_seg > 1, REVERSE=bool(reverse))
+    consts = dict(BLOCK_N=bn, R=r, D=d, STAGES=hopper_stages(dual is not None),
+                  HAS_DECAY=gamma is not None, HAS_S0=s0 is not None, STORE_SN=sn is not None,
+                  HALF_RANGE=V.dtype == torch.float16, SPLIT=n_seg > 1, REVERSE=bool(reverse),
+                  DUAL=dual is not None)
     # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
     # divisible by 16) and the pointers' 16-byte alignment
     ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
@@ -339,8 +336,10 @@ def _launch_hopper(B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, s
            tuple(HOPPER.items()))
     launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (lanes * n_seg,),
            dict(b_desc=desc(B, r), c_desc=desc(C, r), v_desc=desc(V, d // 2),
-                o_desc=desc(out, d // 2), S0=s0, SN=sn, FLAGS=flags, WS=ws, SYNC=sync, GAMMA=gamma,
-                N=n, H=heads, LANES=lanes, SEG=segment, scale=float(scale)) | consts, key,
+                o_desc=desc(out, d // 2), e_desc=None if dual is None else desc(dual, d // 2),
+                o2_desc=None if dual is None else desc(out2, r // 2), S0=s0, SN=sn, FLAGS=flags,
+                WS=ws, SYNC=sync, GAMMA=gamma, N=n, H=heads, LANES=lanes, SEG=segment,
+                scale=float(scale)) | consts, key,
            num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
 
 
