@@ -223,3 +223,17 @@ def test_gpu_check_gradient_rows_for_frozen_inputs():
                     wanted)
     assert [r["quantity"] for r in rows] == ["dV", "dB", "dS0", "dC"]
     assert all(r["status"] == "pass" for r in rows), rows
+
+
+def test_gpu_check_fp16_range_rows():
+    """``--fp16-range``'s rows, run here through a PyTorch method in fp32: O and every gradient,
+    each case's magnitudes putting the named state past fp16's 65504."""
+    from leetrepro.bench.gpu_check import RANGE_CASES, check_grads
+    from leetrepro.methods import get
+    rows = []
+    for case in RANGE_CASES:
+        check_grads(get("LA_torch"), (1, 2, 300, 16, 16), torch.float32, True,
+                    torch.device("cpu"), 7, rows, {}, magnitudes=case)
+    assert [r["quantity"] for r in rows] == ["O", "dB", "dC", "dV"] * 2
+    assert all(r["status"] == "pass" for r in rows), rows
+    assert rows[0]["max_state"] > 65504 and rows[0]["note"].endswith(RANGE_CASES[0][0])

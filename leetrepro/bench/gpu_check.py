@@ -7,8 +7,11 @@ Gradients get rows of their own (``quantity`` dB, dC, dV, and dS0 for the method
 the backward of each method against float64 autograd through the oracle, on ``GRAD_SHAPES``, and
 with every proper subset of the inputs requiring grad (``note`` names the gradients asked for).
 ``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
-first and last (batch, head) against the oracle. The output buffer is poisoned with NaN before
-every call, so a kernel that leaves elements unwritten fails.
+first and last (batch, head) against the oracle. ``--fp16-range`` adds fp16 cases whose states
+pass fp16's largest value (65504) while the outputs and gradients fit (``RANGE_CASES``): the
+forward's and dB's state, or the reverse sweeps' (dV and dC), checked with O and every gradient.
+The output buffer is poisoned with NaN before every call, so a kernel that leaves elements
+unwritten fails.
 """
 from __future__ import annotations
 
@@ -35,6 +38,11 @@ HUGE = (16, 32, 100000, 128, 128)
 GRAD_SHAPES = [(2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (1, 32, 4097, 128, 128),
                (1, 2, 10000, 128, 128)]
 QUADRATIC_MAX_N = 16384          # Vanilla materialises N×N per (batch, head)
+#: fp16 range: (label, factors of B, C, V, dO over the matrix's inputs) that put one state past
+#: 65504 (|S| ~10⁵-10⁶ at N = 4097) while O and the gradients fit in fp16
+RANGE_CASES = [("forward state past fp16", (1e-3, 64.0, 256.0, 1e-3)),
+               ("backward state past fp16", (64.0, 1e-3, 1e-3, 256.0))]
+RANGE_SHAPES = [(1, 32, 4097, 128, 128), (4, 32, 2048, 128, 128)]
 
 
 def gammas(heads: int, seed: int) -> torch.Tensor:
@@ -113,17 +121,23 @@ def check_case(m, shape, dtype, decay, device, seed, rows, meta):
     torch.cuda.empty_cache()
 
 
-def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS"):
+def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS", magnitudes=None):
     """Rows dB, dC, dV (and dS0 with a state) of one case against float64 autograd; ``wanted``:
-    the inputs that require grad (the others are frozen: no gradient may come back for them)."""
+    the inputs that require grad (the others are frozen: no gradient may come back for them).
+    ``magnitudes``: a :data:`RANGE_CASES` entry: B, C, V, dO scaled by its factors, no state, and
+    a row for O too."""
     b, h, n, r, d = shape
     B, C, V = inputs(shape, dtype, seed, device)
     g = gammas(h, seed).to(device) if decay else None
     gen = torch.Generator(device=device).manual_seed(seed + 1)
-    state = m.state
+    state = m.state and magnitudes is None
     S0 = torch.randn(b, h, r, d, device=device, generator=gen) if state else None
     dO = torch.randn(b, h, n, d, device=device, generator=gen, dtype=torch.float64)
     dS = torch.randn(b, h, r, d, device=device, generator=gen, dtype=torch.float64) if state else None
+    if magnitudes is not None:
+        fb, fc, fv, fo = magnitudes[1]
+        B, C, V = ((t.float() * f).to(dtype) for t, f in ((B, fb), (C, fc), (V, fv)))
+        dO = dO * fo
     leaves = [t.detach().requires_grad_(n in wanted)
               for n, t in zip("BCVS", (B, C, V) + ((S0,) if state else ()))]
     exact = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
@@ -140,16 +154,26 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS")
                 precision="", decay=decay, batch=b, heads=h, N=n, r=r, d=d, tol=tol,
                 deterministic="", note="vs float64 autograd through the oracle"
                 + (", with initial and final state" if state else "")
-                + ("" if len(asked) == len(leaves) else f"; only {', '.join(names)} asked for"))
+                + ("" if len(asked) == len(leaves) else f"; only {', '.join(names)} asked for")
+                + ("" if magnitudes is None else f"; {magnitudes[0]}"))
     try:
+        if magnitudes is not None:  # the forward too: its state may be the one past fp16
+            ref, ref_state = reference(*(t.double() for t in (B, C, V)), g,
+                                       output_final_state=True)
+            out = causal_linear_decoder(B, C, V, g, method=m.name)
+            err = rel_error(out, ref) if torch.isfinite(out).all() else math.inf
+            rows.append(dict(base, quantity="O", rel_err=err, max_state=ref_state.abs().max().item(),
+                             max_abs_err=(out.double() - ref).abs().max().item(),
+                             status="pass" if err <= tol else "FAIL"))
+            names = ["O"] + names
         want = torch.autograd.grad(loss(exact, reference), [t for t in exact if t.requires_grad])
         t0 = time.perf_counter()
         got = torch.autograd.grad(loss(leaves, lambda *a, **k: causal_linear_decoder(
             *a, method=m.name, **k)), asked)
         sync(device)
         seconds = time.perf_counter() - t0
-        for q, a, w in zip(names, got, want):
-            err = rel_error(a, w)
+        for q, a, w in zip(names[len(names) - len(got):], got, want):
+            err = rel_error(a, w) if torch.isfinite(a).all() else math.inf
             rows.append(dict(base, quantity=q, rel_err=err, seconds=seconds,
                              max_abs_err=(a.double() - w).abs().max().item(),
                              status="pass" if err <= tol else "FAIL"))
@@ -287,6 +311,8 @@ def _arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="small shapes only")
     p.add_argument("--no-grads", action="store_true", help="forward only (no gradient rows)")
     p.add_argument("--grads-only", action="store_true", help="gradient rows only (no forward rows)")
+    p.add_argument("--fp16-range", action="store_true",
+                   help="also fp16 states past 65504 where O and the gradients fit (RANGE_CASES)")
     p.add_argument("--serving", action="store_true",
                    help="also packed prompts (cu_seqlens) and the decode step (Chunk, decode_step)")
     p.add_argument("--csv", default="correctness.csv")
@@ -329,6 +355,12 @@ def main(argv=None) -> int:
                         check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta)
                 for wanted in frozen_subsets(m):
                     check_grads(m, GRAD_SHAPES[1], dtype, True, device, 900, rows, meta, wanted)
+            if args.fp16_range and dtype == torch.float16 and m.language == "triton" \
+                    and not m.unsafe:
+                for (si, shape), case, decay in itertools.product(
+                        enumerate(RANGE_SHAPES), RANGE_CASES, (False, True)):
+                    check_grads(m, shape, dtype, decay, device, 700 + 10 * si + decay, rows, meta,
+                                magnitudes=case)
             pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
     if args.serving:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):

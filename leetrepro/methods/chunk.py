@@ -199,9 +199,11 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     return (out, sn) if output_final_state else out
 
 
-#: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 197 KB of
-#: shared memory with the state copies and O's staging; 168 registers a thread at launch, moved
-#: by ``setmaxnreg`` to the consumers (256 and 232) from the loader (24)
+#: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 224 KB of
+#: shared memory with the state's copies (32 KB), O's staging (32 KB) and the weighted V (16 KB);
+#: the dual sweep's ring has 2 slots of 64 KB (:func:`hopper_stages`), 208 KB in all; 168
+#: registers a thread at launch, moved by ``setmaxnreg`` to the two consumers (240 each) from the
+#: loader (24)
 HOPPER = dict(BLOCK_N=64, STAGES=3, num_warps=4, maxnreg=168)
 
 
