@@ -41,9 +41,9 @@ serve[["case", "method", "dtype", "batch", "tokens", "ms", "floor_ms", "floor_ra
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 pre = serve[serve.case == "prefill_varlen"]
-order = ["Chunk", "Chunk_padded", "chunk_simple_gla", "fla"]
+order = [m for m in ("Chunk", "Chunk_padded", "chunk_simple_gla", "fla") if m in set(pre.method)]
 for i, (dtype, grp) in enumerate(pre.groupby("dtype")):
-    grp = grp.set_index("method").reindex([m for m in order if m in set(grp.method)])
+    grp = grp.set_index("method").reindex(order)
     xs = [j + 0.4 * i for j in range(len(grp))]
     bars = axes[0].bar(xs, grp.ms, width=0.38, label=dtype)
     axes[0].bar_label(bars, labels=[f"{r:.2f}×" for r in grp.floor_ratio], fontsize=7)
@@ -68,7 +68,11 @@ fig.savefig(os.path.join(fig_dir, "serve.png"), dpi=120)
 # `ttft_ms`: time to first token (the prefill of one packed group of 10 prompts, batched; one prompt, batch 1); `step_ms`: one generated token for every sequence; `agree`: the share of generated tokens equal to those of the Chunk path (greedy decoding with random weights amplifies last-bit differences: one flipped token changes everything after it).
 
 # %%
-gen[["model", "method", "mode", "prompts", "ttft_ms", "step_ms", "tokens_per_s", "agree"]].round(3)
+if gen is None:  # `make bench-serve`'s generation part was not run on this GPU
+    display(Markdown(f"No `generation.csv` under `data/{gpu}/`: generation was not measured here."))
+else:
+    display(gen[["model", "method", "mode", "prompts", "ttft_ms", "step_ms", "tokens_per_s",
+                 "agree"]].round(3))
 
 # %% [markdown]
 # ## Conclusions (written from the data above)
@@ -100,7 +104,7 @@ for b in sorted(set(dec.batch)):
                      + f"; eager {e.ms * 1e3:.1f} µs (host {e.host_us:.0f} µs per step)"
                      + (f" against fla's {f.ms * 1e3:.1f} µs (host {f.host_us:.0f} µs)"
                         if f is not None else "") + ".")
-for (model, mode), g in gen.groupby(["model", "mode"]):
+for (model, mode), g in ([] if gen is None else gen.groupby(["model", "mode"])):
     t = g.set_index("method")
     if {"Chunk", "original"} <= set(t.index):
         lines.append(f"* Generation, {model}, {mode}: {t.loc['Chunk', 'tokens_per_s']:,.0f} tokens/s "
