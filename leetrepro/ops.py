@@ -2,7 +2,9 @@
 
 Every method (Triton, CUDA, PyTorch) runs behind this op, so autograd, ``torch.compile``
 (``fullgraph=True``) and CUDA graphs see one node with a shape-only (fake) implementation,
-whichever method computes it, and every method gets the same backward.
+whichever method computes it, and every method gets the same backward. Eager calls that need
+gradients take :class:`Eager` instead, an ``autograd.Function`` with the same forward and backward
+that skips the op's dispatch (host time on every call).
 
 **Backward** (derived and checked numerically in ``notebooks/derivations.py``). With M the decay
 mask and ``op`` the operator itself, O = (B Cᵀ ⊙ M) V gives
