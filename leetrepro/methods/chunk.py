@@ -122,9 +122,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     out in V's layout. ``scale`` multiplies O (and the dual output) as it is stored.
 
     ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
-    forward, ``kernels/chunk_hopper.py``: fp16/bf16, r = d = 128, one pass; a ValueError naming
-    what rules it out elsewhere) or ``"auto"`` (the Hopper kernel where :func:`hopper_wins` says
-    it was measured faster on this GPU, else the portable one).
+    kernel, ``kernels/chunk_hopper.py``: fp16/bf16, r = d = 128, forward, reverse and dual, one
+    pass per lane or segments; a ValueError naming what rules it out elsewhere) or ``"auto"`` (the
+    Hopper kernel where :func:`hopper_wins` says it was measured faster on this GPU, else the
+    portable one).
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
     """
