@@ -237,3 +237,23 @@ def test_gpu_check_fp16_range_rows():
     assert [r["quantity"] for r in rows] == ["O", "dB", "dC", "dV"] * 2
     assert all(r["status"] == "pass" for r in rows), rows
     assert rows[0]["max_state"] > 65504 and rows[0]["note"].endswith(RANGE_CASES[0][0])
+
+
+def test_gpu_check_time_major_gradient_rows(monkeypatch):
+    """The gradient rows with time-major inputs, run here through a PyTorch method: the inputs
+    really are time-major views, and every gradient is within its tolerance."""
+    from leetrepro.bench import gpu_check
+    from leetrepro.methods import get
+    seen = []
+    real = gpu_check.causal_linear_decoder
+
+    def spy(B, *a, **k):
+        seen.append(B.stride())
+        return real(B, *a, **k)
+    monkeypatch.setattr(gpu_check, "causal_linear_decoder", spy)
+    rows = []
+    gpu_check.check_grads(get("LA_torch"), (2, 3, 37, 8, 5), torch.float32, True,
+                          torch.device("cpu"), 9, rows, {}, time_major=True)
+    assert seen and all(st[1] == 8 and st[2] == 3 * 8 for st in seen), seen
+    assert [r["quantity"] for r in rows] == ["dB", "dC", "dV", "dS0"]
+    assert all(r["status"] == "pass" and r["note"].endswith("time-major inputs") for r in rows)

@@ -5,7 +5,8 @@ float64 oracle, plus run-to-run determinism. ``make gpu-check`` (or ``python -m 
 Shapes cover N = 1, odd N, r ≠ d, tiny r and d, r = d = 256, batch 16 × 32 heads, and N = 100000.
 Gradients get rows of their own (``quantity`` dB, dC, dV, and dS0 for the methods with a state):
 the backward of each method against float64 autograd through the oracle, on ``GRAD_SHAPES``, and
-with every proper subset of the inputs requiring grad (``note`` names the gradients asked for).
+with every proper subset of the inputs requiring grad (``note`` names the gradients asked for),
+and with time-major inputs (``TIME_MAJOR_GRAD_SHAPES``).
 ``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
 first and last (batch, head) against the oracle. ``--fp16-range`` adds fp16 cases whose states
 pass fp16's largest value (65504) while the outputs and gradients fit (``RANGE_CASES``): the
@@ -43,6 +44,9 @@ QUADRATIC_MAX_N = 16384          # Vanilla materialises N×N per (batch, head)
 RANGE_CASES = [("forward state past fp16", (1e-3, 64.0, 256.0, 1e-3)),
                ("backward state past fp16", (64.0, 1e-3, 1e-3, 256.0))]
 RANGE_SHAPES = [(1, 32, 4097, 128, 128), (4, 32, 2048, 128, 128)]
+#: gradients with time-major inputs ((batch, N, heads, ·) storage seen as (batch, heads, N, ·),
+#: flash-linear-attention's layout): segments, and one pass per lane
+TIME_MAJOR_GRAD_SHAPES = [(2, 8, 1000, 128, 128), (16, 32, 512, 128, 128)]
 
 
 def gammas(heads: int, seed: int) -> torch.Tensor:
@@ -121,11 +125,12 @@ def check_case(m, shape, dtype, decay, device, seed, rows, meta):
     torch.cuda.empty_cache()
 
 
-def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS", magnitudes=None):
+def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS", magnitudes=None,
+                time_major=False):
     """Rows dB, dC, dV (and dS0 with a state) of one case against float64 autograd; ``wanted``:
     the inputs that require grad (the others are frozen: no gradient may come back for them).
     ``magnitudes``: a :data:`RANGE_CASES` entry: B, C, V, dO scaled by its factors, no state, and
-    a row for O too."""
+    a row for O too. ``time_major``: B, C, V stored (batch, N, heads, ·), read through strides."""
     b, h, n, r, d = shape
     B, C, V = inputs(shape, dtype, seed, device)
     g = gammas(h, seed).to(device) if decay else None
@@ -138,6 +143,8 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
         fb, fc, fv, fo = magnitudes[1]
         B, C, V = ((t.float() * f).to(dtype) for t, f in ((B, fb), (C, fc), (V, fv)))
         dO = dO * fo
+    if time_major:  # the same values in (batch, N, heads, ·) storage
+        B, C, V = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V))
     leaves = [t.detach().requires_grad_(n in wanted)
               for n, t in zip("BCVS", (B, C, V) + ((S0,) if state else ()))]
     exact = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
@@ -155,7 +162,8 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
                 deterministic="", note="vs float64 autograd through the oracle"
                 + (", with initial and final state" if state else "")
                 + ("" if len(asked) == len(leaves) else f"; only {', '.join(names)} asked for")
-                + ("" if magnitudes is None else f"; {magnitudes[0]}"))
+                + ("" if magnitudes is None else f"; {magnitudes[0]}")
+                + ("; time-major inputs" if time_major else ""))
     try:
         if magnitudes is not None:  # the forward too: its state may be the one past fp16
             ref, ref_state = reference(*(t.double() for t in (B, C, V)), g,
@@ -355,6 +363,9 @@ def main(argv=None) -> int:
                         check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta)
                 for wanted in frozen_subsets(m):
                     check_grads(m, GRAD_SHAPES[1], dtype, True, device, 900, rows, meta, wanted)
+                for si, shape in enumerate([] if args.quick else TIME_MAJOR_GRAD_SHAPES):
+                    check_grads(m, shape, dtype, True, device, 950 + si, rows, meta,
+                                time_major=True)
             if args.fp16_range and dtype == torch.float16 and m.language == "triton" \
                     and not m.unsafe:
                 for (si, shape), case, decay in itertools.product(
