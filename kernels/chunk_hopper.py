@@ -122,6 +122,30 @@ def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr):
 
 
 @gluon.jit
+def _rescaled(acc, w_in, ratio, HAS_DECAY: gl.constexpr, HALF_RANGE: gl.constexpr):
+    """A chunk's state part of O (rows' powers λ^(i+1) in ``w_in``) brought to the units of its
+    masked part: ``ratio`` is the state copy's scale over the scores' (1 unless fp16)."""
+    if HAS_DECAY:
+        return acc * (w_in * ratio)[:, None]
+    elif HALF_RANGE:
+        return acc * ratio
+    else:
+        return acc
+
+
+@gluon.jit
+def _store_half(desc, buf, x, up, scale, bb, hh, row, col, BLOCK_N: gl.constexpr,
+                DH: gl.constexpr, dtype: gl.constexpr):
+    """A (BLOCK_N, DH) half of an output chunk, ``x · up · scale`` (``up``: the scores' fp16
+    scale), written with TMA through the staging buffer ``buf``, once the store before the last
+    one issued from it has left (the last may still be in flight)."""
+    tma.store_wait(pendings=1)
+    buf.reshape([BLOCK_N, DH]).store((x * (up * scale)).to(dtype))
+    fence_async_shared()
+    _tma_store(desc, [bb, hh, row, col], buf)
+
+
+@gluon.jit
 def _loader(descs, bufs, bars, where, ptrs, lg, scale,
             BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
             HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
@@ -308,9 +332,9 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             if REVERSE:  # row k of a tile of `length` rows: λ^(length-k) (the first swept is short)
                 e_in, _ = _exponents(ri, length, REVERSE)
                 w_in = gl.exp(e_in.to(gl.float32) * lg)
-            o = o * (w_in * (h_up / p_up))[:, None]
-        elif HALF_RANGE:
-            o = o * (h_up / p_up)
+        else:
+            w_in = 1.0
+        o = _rescaled(o, w_in, h_up / p_up, HAS_DECAY, HALF_RANGE)
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
@@ -325,10 +349,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             # O's half of the chunk through two staging buffers: the store of two chunks ago has
             # left this one before it is rewritten, the last chunk's may still be in flight
             o_s = o_bufs.index(2 * H_IDX + j % 2)
-        tma.store_wait(pendings=1)
-        o_s.reshape([BLOCK_N, DH]).store((o * (p_up * scale)).to(dtype))
-        fence_async_shared()
-        _tma_store(o_desc, [bb, hh, row, H_IDX * DH], o_s)
+        _store_half(o_desc, o_s, o, p_up, scale, bb, hh, row, H_IDX * DH, BLOCK_N, DH, dtype)
 
         if DUAL:
             # O2's columns H_IDX·DH.. = the state's rows there: e times both consumers' copies
@@ -357,19 +378,13 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             p2_down, p2_up = _half_scale(p2, HALF_RANGE)
             o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
             mbarrier.arrive(hbar.index(1), count=1)  # both copies read
-            if HAS_DECAY:
-                o2 = o2 * (w_in * (other_up / p2_up))[:, None]
-            elif HALF_RANGE:
-                o2 = o2 * (other_up / p2_up)
+            o2 = _rescaled(o2, w_in, other_up / p2_up, HAS_DECAY, HALF_RANGE)
             pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
             o2 = warpgroup_mma(pa2, c_t.slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
             o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
             mbarrier.arrive(empty.index(s), count=1)
-            o2_s = o_bufs.index(2 + H_IDX)
-            tma.store_wait(pendings=1)
-            o2_s.reshape([BLOCK_N, DH]).store((o2 * (p2_up * scale)).to(dtype))
-            fence_async_shared()
-            _tma_store(o2_desc, [bb, hh, row, H_IDX * DH], o2_s)
+            _store_half(o2_desc, o_bufs.index(2 + H_IDX), o2, p2_up, scale, bb, hh, row,
+                        H_IDX * DH, BLOCK_N, DH, dtype)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair

@@ -169,7 +169,7 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
             ref, ref_state = reference(*(t.double() for t in (B, C, V)), g,
                                        output_final_state=True)
             out = causal_linear_decoder(B, C, V, g, method=m.name)
-            err = rel_error(out, ref) if torch.isfinite(out).all() else math.inf
+            err = rel_error(out, ref)
             rows.append(dict(base, quantity="O", rel_err=err, max_state=ref_state.abs().max().item(),
                              max_abs_err=(out.double() - ref).abs().max().item(),
                              status="pass" if err <= tol else "FAIL"))
@@ -181,7 +181,7 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
         sync(device)
         seconds = time.perf_counter() - t0
         for q, a, w in zip(names[len(names) - len(got):], got, want):
-            err = rel_error(a, w) if torch.isfinite(a).all() else math.inf
+            err = rel_error(a, w)
             rows.append(dict(base, quantity=q, rel_err=err, seconds=seconds,
                              max_abs_err=(a.double() - w).abs().max().item(),
                              status="pass" if err <= tol else "FAIL"))

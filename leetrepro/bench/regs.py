@@ -69,23 +69,21 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from ..methods._gpu import triton_kernels
-    from ..methods.chunk import HOPPER, hopper_stages
+    from ..methods.chunk import HOPPER, _tma_layout, hopper_constants
     kern = triton_kernels("chunk_hopper").chunk_hopper_kernel
     gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
     bn = HOPPER["BLOCK_N"]
 
     def desc(cols):
         block = [1, 1, bn, cols]
-        layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
-        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{_tma_layout(bn, cols, gdt)!r}>"
 
     sig = dict(b_desc=desc(128), c_desc=desc(128), v_desc=desc(64), o_desc=desc(64),
                e_desc=desc(64), o2_desc=desc(64), S0="*fp32", SN="*fp32", FLAGS="*i32",
                WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32", LANES="i32", SEG="i32",
                scale="fp32")
-    const = dict(BLOCK_N=bn, R=128, D=128, STAGES=hopper_stages(dual), HAS_DECAY=decay,
-                 HAS_S0=True, STORE_SN=True, HALF_RANGE=dtype == "fp16", SPLIT=split,
-                 REVERSE=reverse, DUAL=dual)
+    const = hopper_constants(r=128, d=128, fp16=dtype == "fp16", decay=decay, has_s0=True,
+                             store_sn=True, split=split, reverse=reverse, dual=dual)
     if not dual:
         const.update(e_desc=None, o2_desc=None)
     if not decay:

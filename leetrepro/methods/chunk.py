@@ -202,15 +202,19 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
 #: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 224 KB of
 #: shared memory with the state's copies (32 KB), O's staging (32 KB) and the weighted V (16 KB);
-#: the dual sweep's ring has 2 slots of 64 KB (:func:`hopper_stages`), 208 KB in all; 168
+#: the dual sweep's ring has 2 slots of 64 KB (:func:`hopper_constants`), 208 KB in all; 168
 #: registers a thread at launch, moved by ``setmaxnreg`` to the two consumers (240 each) from the
 #: loader (24)
 HOPPER = dict(BLOCK_N=64, STAGES=3, num_warps=4, maxnreg=168)
 
 
-def hopper_stages(dual: bool) -> int:
-    """The Hopper kernel's ring slots: a dual sweep's slot holds four tiles (64 KB), so two."""
-    return 2 if dual else HOPPER["STAGES"]
+def hopper_constants(*, r: int, d: int, fp16: bool, decay: bool, has_s0: bool, store_sn: bool,
+                     split: bool, reverse: bool, dual: bool) -> dict:
+    """The Hopper kernel's constexprs for a call (its launch and the register check compile the
+    same kernel): a dual sweep's ring slot holds four tiles (64 KB), so two slots."""
+    return dict(BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, STAGES=2 if dual else HOPPER["STAGES"],
+                HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=fp16, SPLIT=split,
+                REVERSE=reverse, DUAL=dual)
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None) -> str | None:
@@ -328,10 +332,9 @@ def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bn, cols],
                                 _tma_layout(bn, cols, gdt))
 
-    consts = dict(BLOCK_N=bn, R=r, D=d, STAGES=hopper_stages(dual is not None),
-                  HAS_DECAY=gamma is not None, HAS_S0=s0 is not None, STORE_SN=sn is not None,
-                  HALF_RANGE=V.dtype == torch.float16, SPLIT=n_seg > 1, REVERSE=bool(reverse),
-                  DUAL=dual is not None)
+    consts = hopper_constants(r=r, d=d, fp16=V.dtype == torch.float16, decay=gamma is not None,
+                              has_s0=s0 is not None, store_sn=sn is not None, split=n_seg > 1,
+                              reverse=bool(reverse), dual=dual is not None)
     # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
     # divisible by 16) and the pointers' 16-byte alignment
     ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
