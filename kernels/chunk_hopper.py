@@ -190,19 +190,97 @@ def _first_pass_chunks(steps, last, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _state_operands(state, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr, dtype: gl.constexpr,
-                    HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
-    """For state ← λ^L state + cᵀ (diag(λ^(L-1-j)) v) over a chunk of L rows: (λ^L state, the
-    B operand (the weighted v in shared memory; v itself for the 0-1 mask)). Done before any MMA
-    of the chunk is issued, so that ptxas need not serialise them. Through shared memory the
-    weighted v holds no registers while the MMA runs (a weighted cᵀ as the A operand holds 32)."""
-    if HAS_DECAY:
+def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
+                    dtype: gl.constexpr, HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr,
+                    BLOCK_N: gl.constexpr, DH: gl.constexpr):
+    """For state ← λ^L state + cᵀ (diag(λ^(L-1-j)) v) over a chunk of L rows: (λ^L state, the A
+    operand, the B operand). Done before any MMA of the chunk is issued, so that ptxas need not
+    serialise them.
+
+    fp16/bf16: cᵀ from shared memory and the weighted v in shared memory (v itself for the 0-1
+    mask): through shared memory the weighted v holds no registers while the MMA runs (a weighted
+    cᵀ as the A operand holds 32). fp32 (tf32): wgmma reads 32-bit operands from shared memory
+    only K-major, and the chunk's rows (this product's K) are v's and c's outer dimension, so v's
+    half is transposed in place in its ring slot (the B operand, unweighted: the masked part of O
+    reads it too), and the A operand is c's tile itself, which :func:`_ct_part` loads to registers
+    weighted, half the chunk's rows at a time."""
+    if dtype == gl.float32:
+        if HAS_DECAY:
+            state = state * gl.exp(length.to(gl.float32) * lg)
+        return state, c_t, _transposed_in_place(v_t, BLOCK_N, DH)
+    elif HAS_DECAY:
         _, e_out = _exponents(kr, length, REVERSE)
         w_out = gl.exp(e_out.to(gl.float32) * lg)
         vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
-        return state * gl.exp(length.to(gl.float32) * lg), vw_s
+        return state * gl.exp(length.to(gl.float32) * lg), c_t.permute((1, 0)), vw_s
     else:
-        return state, v_t
+        return state, c_t.permute((1, 0)), v_t
+
+
+@gluon.jit
+def _ct_part(c_t, part, length, lg, a_l: gl.constexpr, HAS_DECAY: gl.constexpr,
+             REVERSE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Columns [part·BLOCK_N/2, (part+1)·BLOCK_N/2) of cᵀ (rows j of the chunk), times
+    λ^(L-1-j), as a tf32 A operand in registers (32 a thread: a whole chunk's would be 64)."""
+    KH: gl.constexpr = BLOCK_N // 2
+    x = c_t.slice(part * KH, KH, dim=0).permute((1, 0)).load(a_l)
+    if HAS_DECAY:
+        j = part * KH + gl.arange(0, KH, layout=gl.SliceLayout(0, a_l))
+        _, e_out = _exponents(j, length, REVERSE)
+        x = x * gl.exp(e_out.to(gl.float32) * lg)[None, :]
+    return x
+
+
+@gluon.jit
+def _transposed_in_place(v_t, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """A (ROWS, COLS) fp32 tile rewritten as its transpose in the same shared memory; returned as
+    the (ROWS, COLS) view whose rows are contiguous (a K-major wgmma B operand with K = ROWS).
+    Each thread moves 4 × 4 blocks: 16-byte reads along the columns, 16-byte writes along the
+    rows."""
+    ld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])
+    x = v_t.load(ld_l)
+    gl.thread_barrier()  # every warp of the group has read the tile before any overwrites it
+    t_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([COLS, ROWS], gl.float32)
+    t_s = v_t._reinterpret(gl.float32, [COLS, ROWS], t_layout)
+    t_s.store(gl.permute(x, (1, 0)))
+    return t_s.permute((1, 0))
+
+
+@gluon.jit
+def _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, w_in, length, lg, acc_l: gl.constexpr,
+                a_l: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, BLOCK_N: gl.constexpr,
+                HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
+    """One chunk of a consumer with fp32 operands (tf32 wgmma): its half of O and its half of the
+    state leaving the chunk. As the fp16/bf16 chunk, with what tf32 changes: the state's copy
+    (the B operand of b H, K-major) goes through ``h_s`` in two halves of its rows, the second
+    once the MMA reading the first is done (fp32 copies of the whole state would not fit beside
+    the ring); v is transposed in place (:func:`_state_operands`); the state's update takes cᵀ
+    from registers half the chunk's rows at a time (:func:`_ct_part`), the second half once the
+    first's MMA is done, so that no more than 32 of its registers are held."""
+    KH: gl.constexpr = BLOCK_N // 2
+    h_lo, h_hi = gl.split(gl.permute(gl.reshape(state, [2, R // 2, DH]), (2, 1, 0)))
+    h_s.store(h_lo)
+    fence_async_shared()
+    sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
+                       use_acc=False, is_async=True)
+    o = warpgroup_mma(b_t.slice(0, R // 2, dim=1), h_s.permute((1, 0)),
+                      gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False, is_async=True)
+    sc, o = warpgroup_mma_wait(num_outstanding=0, deps=(sc, o))
+    pa = gl.convert_layout(_masked(sc, diff, lg, HAS_DECAY), a_l)
+    h_s.store(h_hi)
+    state, c_t, v_op = _state_operands(state, c_t, v_t, h_s, length, lg, diff, acc_l,
+                                       gl.float32, HAS_DECAY, REVERSE, BLOCK_N, DH)
+    fence_async_shared()
+    o = warpgroup_mma(b_t.slice(R // 2, R // 2, dim=1), h_s.permute((1, 0)), o, is_async=True)
+    state = warpgroup_mma(_ct_part(c_t, 0, length, lg, a_l, HAS_DECAY, REVERSE, BLOCK_N),
+                          v_op.slice(0, KH), state, is_async=True)
+    o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
+    o = _rescaled(o, w_in, 1.0, HAS_DECAY, False)
+    o = warpgroup_mma(pa, v_op, o, is_async=True)
+    state = warpgroup_mma_wait(num_outstanding=1, deps=(state,))
+    state = warpgroup_mma(_ct_part(c_t, 1, length, lg, a_l, HAS_DECAY, REVERSE, BLOCK_N),
+                          v_op.slice(KH, KH), state, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
 
 
 @gluon.jit
@@ -229,9 +307,12 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
     ready, empty, hbar = bars
     dtype: gl.constexpr = b_desc.dtype
     # one wgmma layout serves every accumulator: S and O (BLOCK_N × DH), the state (R × DH)
+    # (tf32 for fp32 operands: K = 8 an instruction, one element per register of the A operand)
+    TF32: gl.constexpr = dtype == gl.float32
+    K_INSTR: gl.constexpr = 8 if TF32 else 16
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, DH, 16])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+                                                    instr_shape=[16, DH, K_INSTR])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=K_INSTR // 8)
     rows_l: gl.constexpr = gl.SliceLayout(1, acc_l)
     cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)
     h_s = h_bufs.index(H_IDX)
@@ -250,10 +331,17 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             _, length = _chunk(i0 + i, N, BLOCK_N, REVERSE)
-            local, v_op = _state_operands(local, _tile(v_bufs, 2 * s + H_IDX), vw_s, length, lg,
-                                          kr, acc_l, dtype, HAS_DECAY, REVERSE)
+            local, c_op, v_op = _state_operands(local, _tile(c_bufs, s),
+                                                _tile(v_bufs, 2 * s + H_IDX), vw_s, length, lg,
+                                                kr, acc_l, dtype, HAS_DECAY, REVERSE, BLOCK_N, DH)
             fence_async_shared()
-            local = warpgroup_mma(_tile(c_bufs, s).permute((1, 0)), v_op, local)
+            if TF32:
+                for part in gl.static_range(2):
+                    local = warpgroup_mma(_ct_part(c_op, part, length, lg, a_l, HAS_DECAY,
+                                                   REVERSE, BLOCK_N),
+                                          v_op.slice(part * (BLOCK_N // 2), BLOCK_N // 2), local)
+            else:
+                local = warpgroup_mma(c_op, v_op, local)
             mbarrier.arrive(empty.index(s), count=1)
         # 2. the state entering the segment (loaded only now: the first pass holds one state),
         # published by the previous segment's program (each half of the state has its own
@@ -309,39 +397,55 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             mbarrier.wait(hbar.index(1), (j & 1) ^ 1)
             if HALF_RANGE:
                 hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, rows_l) + h_up)
-        h_s.store((state * h_down).to(dtype))
-        state, v_op = _state_operands(state, v_t, vw_s, length, lg, kr, acc_l, dtype, HAS_DECAY,
-                                      REVERSE)
-        fence_async_shared()
-        if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
-            mbarrier.arrive(hbar.index(0), count=1)
-        sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
-                           gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
-                           is_async=True)
-        o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
-                          is_async=True)
-        state = warpgroup_mma(c_t.permute((1, 0)), v_op, state, is_async=True)
-
-        sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-        # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32 registers
-        # that keeping it would take from the state's group
-        p = _masked(sc, diff, lg, HAS_DECAY)
-        p_down, p_up = _half_scale(p, HALF_RANGE)
-        o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
-        if HAS_DECAY:
-            if REVERSE:  # row k of a tile of `length` rows: λ^(length-k) (the first swept is short)
-                e_in, _ = _exponents(ri, length, REVERSE)
-                w_in = gl.exp(e_in.to(gl.float32) * lg)
+        if TF32:
+            if HAS_DECAY:
+                if REVERSE:
+                    e_in, _ = _exponents(ri, length, REVERSE)
+                    w_in = gl.exp(e_in.to(gl.float32) * lg)
+            else:
+                w_in = 1.0
+            o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, w_in, length, lg, acc_l,
+                                   a_l, R, DH, BLOCK_N, HAS_DECAY, REVERSE)
+            p_up = 1.0
         else:
-            w_in = 1.0
-        o = _rescaled(o, w_in, h_up / p_up, HAS_DECAY, HALF_RANGE)
-        pa = gl.convert_layout((p * p_down).to(dtype), a_l)
-        o = warpgroup_mma(pa, v_t, o, is_async=True)
-        o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-        if not DUAL:
+            h_s.store((state * h_down).to(dtype))
+            state, c_op, v_op = _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l,
+                                                dtype, HAS_DECAY, REVERSE, BLOCK_N, DH)
+            fence_async_shared()
+            if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
+                mbarrier.arrive(hbar.index(0), count=1)
+            sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
+                               gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                               is_async=True)
+            o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
+                              use_acc=False, is_async=True)
+            state = warpgroup_mma(c_op, v_op, state, is_async=True)
+
+            sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+            # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
+            # registers that keeping it would take from the state's group
+            p = _masked(sc, diff, lg, HAS_DECAY)
+            p_down, p_up = _half_scale(p, HALF_RANGE)
+            o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
+            if HAS_DECAY:
+                if REVERSE:  # row k of a tile of `length` rows: λ^(length-k) (the first swept is
+                    # short)
+                    e_in, _ = _exponents(ri, length, REVERSE)
+                    w_in = gl.exp(e_in.to(gl.float32) * lg)
+            else:
+                w_in = 1.0
+            o = _rescaled(o, w_in, h_up / p_up, HAS_DECAY, HALF_RANGE)
+            pa = gl.convert_layout((p * p_down).to(dtype), a_l)
+            o = warpgroup_mma(pa, v_t, o, is_async=True)
+            o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+        if not DUAL and not TF32:
             mbarrier.arrive(empty.index(s), count=1)
 
-        if DUAL:
+        if TF32:
+            # O's half staged in the slot's own V tile, which the MMAs are done with; the slot is
+            # released once the store has read it
+            o_s = v_bufs.index(2 * s + H_IDX)
+        elif DUAL:
             # O's half of the chunk: one staging buffer (O2 takes the second); the store of the
             # last chunk's O has left it, its O2 may still be in flight
             o_s = o_bufs.index(H_IDX)
@@ -350,6 +454,9 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             # left this one before it is rewritten, the last chunk's may still be in flight
             o_s = o_bufs.index(2 * H_IDX + j % 2)
         _store_half(o_desc, o_s, o, p_up, scale, bb, hh, row, H_IDX * DH, BLOCK_N, DH, dtype)
+        if TF32:
+            tma.store_wait(pendings=0)
+            mbarrier.arrive(empty.index(s), count=1)
 
         if DUAL:
             # O2's columns H_IDX·DH.. = the state's rows there: e times both consumers' copies
@@ -440,11 +547,19 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [STAGES] + c_desc.block_type.shape, c_desc.layout)
     v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + v_desc.block_type.shape, v_desc.layout)
-    h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DH], dtype)
-    h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
-    o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
-    vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
-    vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
+    if dtype == gl.float32:
+        # the state's copies in halves, K-major (DH × R/2 each); O staged in the ring's V tiles;
+        # the weighted v is not needed (the weights go on cᵀ in registers)
+        h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DH, R // 2], dtype)
+        h_bufs = gl.allocate_shared_memory(dtype, [2, DH, R // 2], h_layout)
+        o_bufs = v_bufs
+        vw_bufs = h_bufs
+    else:
+        h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DH], dtype)
+        h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
+        o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
+        vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
+        vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):

@@ -65,6 +65,26 @@ def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():
     assert "CUDA" in hopper_unfit(B, C, V, None)
 
 
+def test_hopper_kernel_takes_fp32_through_tf32_only_and_without_the_dual_output():
+    """fp32 runs the Hopper kernel through tf32 wgmma (the default ``fp32_precision``); the exact
+    precisions, the dual output in fp32, other ranks and packed sequences stay the portable
+    kernel's, each refusal naming its reason."""
+    from leetrepro.methods.chunk import hopper_operand_unfit
+
+    B, C, V = make_inputs(1, 2, 70, 128, 128, dtype=torch.float32, device=DEVICE, seed=8)
+    assert hopper_operand_unfit(B, C, V) is None
+    assert hopper_operand_unfit(*(t.half() for t in (B, C, V)), dual=V.half()) is None
+    assert "tf32 only, got fp32_precision='tf32x3'" in hopper_operand_unfit(B, C, V,
+                                                                            precision="tf32x3")
+    assert "dual output takes float16/bfloat16" in hopper_operand_unfit(B, C, V, dual=V)
+    assert "r = d = 128, got r = 64" in hopper_operand_unfit(B[..., :64], C[..., :64], V)
+    assert "float64" in hopper_operand_unfit(B.double(), C.double(), V.double())
+    cu = torch.tensor([0, 30, 70], dtype=torch.int32)
+    assert "cu_seqlens" in hopper_operand_unfit(B, C, V, cu_seqlens=cu)
+    shifted = torch.empty(1, 2, 70, 129)[..., 1:]  # a base 4 bytes off a 16-byte boundary
+    assert "V's base and strides" in hopper_operand_unfit(B, C, shifted)
+
+
 def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     """``make tune``'s choice of Chunk's kernel per (kind, mask, regime): Hopper only where it was
     faster at every shape and dtype of the regime (one pass; segments at long N; segments at short
@@ -124,11 +144,13 @@ def test_chunk_scan_rejects_a_ragged_segment():
 def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     """The warp-specialised Hopper forward (Gluon) compiled for sm_90 on the host, as it launches
     (one pass per lane, and segments chained through the ring; forward and in reverse time, and
-    the reverse sweep with the dual output: the backward's sweeps): 168 registers a thread at
-    launch (the partitions' own budgets set by setmaxnreg); spills: none with the 0-1 mask, at
-    most 128 bytes a thread with the decay (the consumer's scalars; the profile reads them as L1
-    hits); the dual sweep holds two more products a chunk: at most 72 bytes (fp16's two scales)
-    with the 0-1 mask, 272 with the decay (NOTES.md: measured at 1.1-1.5× its floor)."""
+    the reverse sweep with the dual output: the backward's sweeps; fp32 through tf32, forward and
+    reverse): 168 registers a thread at launch (the partitions' own budgets set by setmaxnreg);
+    spills: none with the 0-1 mask, at most 128 bytes a thread with the decay (the consumer's
+    scalars; the profile reads them as L1 hits); the dual sweep holds two more products a chunk:
+    at most 72 bytes (fp16's two scales) with the 0-1 mask, 272 with the decay (NOTES.md:
+    measured at 1.1-1.5× its floor); fp32 with segments at most 24 bytes with the 0-1 mask, 200
+    with the decay (the state's weights beside cᵀ in registers)."""
     import sys
 
     from leetrepro.bench.regs import spill_bytes
@@ -137,10 +159,12 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
-    assert len(lines) == 24 and all("Used 168 registers" in line for line in lines), res.stdout
+    assert len(lines) == 32 and all("Used 168 registers" in line for line in lines), res.stdout
     for line in lines:
         if ":dual" in line:
             budget = 272 if "decay" in line else 72 if "fp16" in line else 0
+        elif "fp32" in line:
+            budget = 200 if "decay" in line else 24
         else:
             budget = 128 if "decay" in line else 0
         assert spill_bytes(line) <= budget, line

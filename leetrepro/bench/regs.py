@@ -60,7 +60,7 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        reverse: bool = False, dual: bool = False) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (r = d = 128,
-    state in and out, the launch options of ``chunk.HOPPER``), fp16 or bf16, with segments chained
+    state in and out, the launch options of ``chunk.HOPPER``), fp16, bf16 or fp32, with segments chained
     (``split``, batch 1) or one program per lane, forward or in reverse time (the backward), with
     or without the ``dual`` output (the backward's dC beside dV)."""
     import triton
@@ -71,7 +71,8 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
     from ..methods._gpu import triton_kernels
     from ..methods.chunk import HOPPER, _tma_layout, hopper_constants
     kern = triton_kernels("chunk_hopper").chunk_hopper_kernel
-    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    import torch
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp32": gl.float32}[dtype]
     bn = HOPPER["BLOCK_N"]
 
     def desc(cols):
@@ -82,7 +83,8 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
                e_desc=desc(64), o2_desc=desc(64), S0="*fp32", SN="*fp32", FLAGS="*i32",
                WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32", LANES="i32", SEG="i32",
                scale="fp32")
-    const = hopper_constants(r=128, d=128, fp16=dtype == "fp16", decay=decay, has_s0=True,
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    const = hopper_constants(r=128, d=128, dtype=tdt, decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual)
     if not dual:
         const.update(e_desc=None, o2_desc=None)
@@ -136,13 +138,16 @@ def main(argv=None) -> int:
                    help="dtype:mask:BLOCK_N:stages[:one] (mask 0-1 or decay; :one = batch 16's one pass)")
     p.add_argument("--hopper", action="store_true",
                    help="the Hopper kernel, fp16/bf16 × both masks × one pass/segments × forward/"
-                        "reverse/reverse with the dual output (--configs ignored)")
+                        "reverse/reverse with the dual output, and fp32 (tf32) forward/reverse "
+                        "(--configs ignored)")
     args = p.parse_args(argv)
     if args.hopper:
         # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's)
         for (reverse, dual), split, dtype, mask in itertools.product(
-                ((False, False), (True, False), (True, True)), (False, True), ("fp16", "bf16"),
-                ("0-1", "decay")):
+                ((False, False), (True, False), (True, True)), (False, True),
+                ("fp16", "bf16", "fp32"), ("0-1", "decay")):
+            if dual and dtype == "fp32":  # the dual output is half precision's only
+                continue
             ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch,
                                      reverse=reverse, dual=dual)
             print(f"hopper {dtype}:{mask}:{'split' if split else 'one'}"

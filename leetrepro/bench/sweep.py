@@ -76,16 +76,17 @@ KERNEL_SHAPES = {False: ((16, 25600),), True: ((1, 100000), (1, 8192))}
 
 
 def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
-    """Chunk's portable and Hopper kernels at every regime's shapes, fp16/bf16, both masks: one row
-    per cell with both medians (calls interleaved in one process). Each cell twice: the forward,
-    and the backward's dual sweep (dV and dC in reverse time, one sweep on either kernel;
-    ``dual`` column)."""
-    from ..methods.chunk import chunk_scan
+    """Chunk's portable and Hopper kernels at every regime's shapes, fp16/bf16 and fp32 (tf32),
+    both masks: one row per cell with both medians (calls interleaved in one process). Each
+    fp16/bf16 cell twice: the forward, and the backward's dual sweep (dV and dC in reverse time,
+    one sweep on either kernel; ``dual`` column), which the Hopper kernel takes in half precision
+    only."""
+    from ..methods.chunk import chunk_scan, operand_kind
     from .harness import interleaved_medians
     rows = []
     for split, shapes in KERNEL_SHAPES.items():
         for batch, n in shapes:
-            for dtype in (torch.float16, torch.bfloat16):
+            for dtype in (torch.float16, torch.bfloat16, torch.float32):
                 B, C, V = random_inputs(batch, 32, n, 128, 128, dtype=dtype, device=device)
                 dO = torch.randn_like(V)
                 for decay in (False, True):
@@ -97,9 +98,12 @@ def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
                         True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V,
                                                           kernel=k))
                                for k in ("portable", "hopper")}}
+                    if dtype == torch.float32:
+                        del calls[True]
                     for dual, fns in calls.items():
                         med = interleaved_medians(fns, [()], reps, device, warmup=2)
-                        rows.append(dict(meta, kind="half", dtype=str(dtype).split(".")[-1],
+                        rows.append(dict(meta, kind=operand_kind(dtype, "tf32"),
+                                         dtype=str(dtype).split(".")[-1],
                                          decay=decay, split=split, dual=dual, batch=batch, N=n,
                                          portable_ms=med["portable"] * 1e3,
                                          hopper_ms=med["hopper"] * 1e3))

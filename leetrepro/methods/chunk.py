@@ -146,7 +146,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                  initial_state is not None, output_final_state, reverse)
     plan = _plan(*signature)
     lanes = plan.lanes
-    hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, cu_seqlens=cu_seqlens)
+    hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, cu_seqlens=cu_seqlens,
+                         precision=plan.main["PRECISION"])
     if dual is not None:
         out2 = torch.empty_like(B)
         if out2.stride() != B.stride():
@@ -202,32 +203,47 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
 #: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 224 KB of
 #: shared memory with the state's copies (32 KB), O's staging (32 KB) and the weighted V (16 KB);
-#: the dual sweep's ring has 2 slots of 64 KB (:func:`hopper_constants`), 208 KB in all; 168
-#: registers a thread at launch, moved by ``setmaxnreg`` to the two consumers (240 each) from the
-#: loader (24)
+#: the dual sweep's ring has 2 slots of 64 KB, fp32's 2 slots of 96 KB beside the state's copies
+#: in halves (32 KB), 224 KB (:func:`hopper_constants`); 168 registers a thread at launch, moved
+#: by ``setmaxnreg`` to the two consumers (240 each) from the loader (24)
 HOPPER = dict(BLOCK_N=64, STAGES=3, num_warps=4, maxnreg=168)
 
 
-def hopper_constants(*, r: int, d: int, fp16: bool, decay: bool, has_s0: bool, store_sn: bool,
-                     split: bool, reverse: bool, dual: bool) -> dict:
+def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
+                     store_sn: bool, split: bool, reverse: bool, dual: bool) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
-    same kernel): a dual sweep's ring slot holds four tiles (64 KB), so two slots."""
-    return dict(BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, STAGES=2 if dual else HOPPER["STAGES"],
-                HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=fp16, SPLIT=split,
-                REVERSE=reverse, DUAL=dual)
+    same kernel): a dual sweep's ring slot holds four tiles (64 KB), an fp32 one three of twice
+    the bytes (96 KB), so two slots."""
+    big = dual or dtype == torch.float32
+    return dict(BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, STAGES=2 if big else HOPPER["STAGES"],
+                HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn,
+                HALF_RANGE=dtype == torch.float16, SPLIT=split, REVERSE=reverse, DUAL=dual)
 
 
-def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None) -> str | None:
+def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32") \
+        -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
-    fp16/bf16, r = d = 128, no packed sequences, the rows' strides 16-byte aligned (TMA). Reverse
-    time and the dual output are its own."""
+    and operands it takes (:func:`hopper_operand_unfit`). Reverse time and the dual output are its
+    own."""
     if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU (not the interpreter)"
     if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
             != (9, 0):
         return "it needs an sm_90 GPU (H100, H200)"
-    if V.dtype not in (torch.float16, torch.bfloat16):
-        return f"it takes float16/bfloat16, got {V.dtype}"
+    return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision)
+
+
+def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str = "tf32") \
+        -> str | None:
+    """Why the Hopper kernel cannot take these operands, or None: fp16/bf16, or fp32 through tf32
+    (``precision`` as :func:`leetrepro.methods._gpu.dot_precision` names it) without the dual
+    output, r = d = 128, no packed sequences, the rows' strides 16-byte aligned (TMA)."""
+    if V.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"it takes float16/bfloat16/float32, got {V.dtype}"
+    if V.dtype == torch.float32 and precision != "tf32":
+        return f"it takes float32 through tf32 only, got fp32_precision={precision!r}"
+    if V.dtype == torch.float32 and dual is not None:
+        return "its dual output takes float16/bfloat16 (four fp32 tiles a row block do not fit)"
     if B.shape[-1] != 128 or V.shape[-1] != 128:
         return f"it needs r = d = 128, got r = {B.shape[-1]}, d = {V.shape[-1]}"
     if cu_seqlens is not None:
@@ -323,7 +339,7 @@ def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale
 
     batch, _, n, r = B.shape
     d = V.shape[-1]
-    gdt = gl.float16 if V.dtype == torch.float16 else gl.bfloat16
+    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[V.dtype]
     bn = HOPPER["BLOCK_N"]
     n_seg = cdiv(n, segment)
     lanes = batch * heads
@@ -332,7 +348,7 @@ def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bn, cols],
                                 _tma_layout(bn, cols, gdt))
 
-    consts = hopper_constants(r=r, d=d, fp16=V.dtype == torch.float16, decay=gamma is not None,
+    consts = hopper_constants(r=r, d=d, dtype=V.dtype, decay=gamma is not None,
                               has_s0=s0 is not None, store_sn=sn is not None, split=n_seg > 1,
                               reverse=bool(reverse), dual=dual is not None)
     # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
