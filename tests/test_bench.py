@@ -257,3 +257,17 @@ def test_gpu_check_time_major_gradient_rows(monkeypatch):
     assert seen and all(st[1] == 8 and st[2] == 3 * 8 for st in seen), seen
     assert [r["quantity"] for r in rows] == ["dB", "dC", "dV", "dS0"]
     assert all(r["status"] == "pass" and r["note"].endswith("time-major inputs") for r in rows)
+
+
+def test_gpu_check_dtypes_option_takes_a_subset_in_the_matrix_order():
+    """``--dtypes`` re-runs part of the matrix (a run cut off after some dtypes); a dtype the
+    matrix does not have is refused by name."""
+    import argparse
+
+    from leetrepro.bench import gpu_check
+    p = argparse.ArgumentParser()
+    gpu_check._arguments(p)
+    assert p.parse_args([]).dtypes == ["float32", "float16", "bfloat16"]
+    assert p.parse_args(["--dtypes", "bfloat16"]).dtypes == ["bfloat16"]
+    with pytest.raises(SystemExit):
+        p.parse_args(["--dtypes", "float64"])
