@@ -67,6 +67,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 # async_store (the old names raise). The same arguments either way.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+# (and the barrier of a partition's warps: thread_barrier in 3.6, barrier in 3.9; a shared-memory
+# view of other dtype, shape or layout: _reinterpret in 3.6, reinterpret in 3.9)
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+_PUBLIC_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
 
 @gluon.jit
@@ -239,9 +243,12 @@ def _transposed_in_place(v_t, ROWS: gl.constexpr, COLS: gl.constexpr):
     rows."""
     ld_l: gl.constexpr = gl.BlockedLayout([4, 4], [4, 8], [4, 1], [1, 0])
     x = v_t.load(ld_l)
-    gl.thread_barrier()  # every warp of the group has read the tile before any overwrites it
+    _barrier()  # every warp of the group has read the tile before any overwrites it
     t_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([COLS, ROWS], gl.float32)
-    t_s = v_t._reinterpret(gl.float32, [COLS, ROWS], t_layout)
+    if _PUBLIC_REINTERPRET:
+        t_s = v_t.reinterpret(gl.float32, [COLS, ROWS], t_layout)
+    else:
+        t_s = v_t._reinterpret(gl.float32, [COLS, ROWS], t_layout)
     t_s.store(gl.permute(x, (1, 0)))
     return t_s.permute((1, 0))
 
@@ -363,7 +370,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             else:
                 local += state
             gl.store(ring + (seg % 2) * R * 2 * DH + st_tile, local)
-            gl.thread_barrier()  # every thread's part is written before the flag rises
+            _barrier()  # every thread's part is written before the flag rises
             gl.atomic_xchg(flag_ptr, seg + 1, sem="release")
     else:
         state = _initial_state(S0, lane, seg, st_tile, R, DH, acc_l, HAS_S0)
