@@ -24,6 +24,12 @@ S ⊙ M stays in registers as the A operand. fp16 operands made from fp32 values
 scaled by a power of two so that their largest entry is near 2^14 (``HALF_RANGE``, as in
 ``_tiles.half_operand``); bf16 has fp32's range and skips it.
 
+fp32 inputs run tf32 wgmma (error ~1e-3, as the portable kernel's tf32), whose 32-bit operands in
+shared memory must be K-major: v's half is transposed in place in its ring slot, cᵀ enters the
+state's update from registers, and H goes through shared memory in two halves of its rows; the
+ring holds 2 slots of B, C, V (96 KB each) and O is staged in the slot's V tile
+(:func:`_tf32_chunk`). Not with ``DUAL`` (four fp32 tiles a row block do not fit).
+
 Segments (``SPLIT``; batch 1: too few lanes to fill the GPU), as the portable kernel chains them:
 programs take tickets in the order they start (an atomic counter), ticket t = segment t // LANES of
 lane t % LANES. A segment's consumers first sum its own state from its C and V (a first pass, the

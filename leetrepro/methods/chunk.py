@@ -122,8 +122,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     out in V's layout. ``scale`` multiplies O (and the dual output) as it is stored.
 
     ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
-    kernel, ``kernels/chunk_hopper.py``: fp16/bf16, r = d = 128, forward, reverse and dual, one
-    pass per lane or segments; a ValueError naming what rules it out elsewhere) or ``"auto"`` (the
+    kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32 without ``dual``,
+    r = d = 128, forward, reverse and dual, one pass per lane or segments; a ValueError naming
+    what rules it out elsewhere, :func:`hopper_operand_unfit`) or ``"auto"`` (the
     Hopper kernel where :func:`hopper_wins` says it was measured faster on this GPU, else the
     portable one).
 
