@@ -144,6 +144,21 @@ def _rescaled(acc, w_in, ratio, HAS_DECAY: gl.constexpr, HALF_RANGE: gl.constexp
 
 
 @gluon.jit
+def _row_weights(w_in, ri, length, lg, HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
+    """The powers λ^(i+1) onto the state entering a chunk, per row ``ri`` of its tile (1.0 for
+    the 0-1 mask): forward the same for every chunk (``w_in``, computed once before the sweep);
+    in reverse row k of a tile of ``length`` rows takes λ^(length-k) (the first swept is short)."""
+    if HAS_DECAY:
+        if REVERSE:
+            e_in, _ = _exponents(ri, length, REVERSE)
+            return gl.exp(e_in.to(gl.float32) * lg)
+        else:
+            return w_in
+    else:
+        return 1.0
+
+
+@gluon.jit
 def _store_half(desc, buf, x, up, scale, bb, hh, row, col, BLOCK_N: gl.constexpr,
                 DH: gl.constexpr, dtype: gl.constexpr):
     """A (BLOCK_N, DH) half of an output chunk, ``x · up · scale`` (``up``: the scores' fp16
@@ -260,9 +275,9 @@ def _transposed_in_place(v_t, ROWS: gl.constexpr, COLS: gl.constexpr):
 
 
 @gluon.jit
-def _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, w_in, length, lg, acc_l: gl.constexpr,
-                a_l: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, BLOCK_N: gl.constexpr,
-                HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
+def _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length, lg,
+                acc_l: gl.constexpr, a_l: gl.constexpr, R: gl.constexpr, DH: gl.constexpr,
+                BLOCK_N: gl.constexpr, HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
     """One chunk of a consumer with fp32 operands (tf32 wgmma): its half of O and its half of the
     state leaving the chunk. As the fp16/bf16 chunk, with what tf32 changes: the state's copy
     (the B operand of b H, K-major) goes through ``h_s`` in two halves of its rows, the second
@@ -281,14 +296,14 @@ def _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, w_in, length, lg, acc_l: gl.con
     sc, o = warpgroup_mma_wait(num_outstanding=0, deps=(sc, o))
     pa = gl.convert_layout(_masked(sc, diff, lg, HAS_DECAY), a_l)
     h_s.store(h_hi)
-    state, c_t, v_op = _state_operands(state, c_t, v_t, h_s, length, lg, diff, acc_l,
+    state, c_t, v_op = _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l,
                                        gl.float32, HAS_DECAY, REVERSE, BLOCK_N, DH)
     fence_async_shared()
     o = warpgroup_mma(b_t.slice(R // 2, R // 2, dim=1), h_s.permute((1, 0)), o, is_async=True)
     state = warpgroup_mma(_ct_part(c_t, 0, length, lg, a_l, HAS_DECAY, REVERSE, BLOCK_N),
                           v_op.slice(0, KH), state, is_async=True)
     o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
-    o = _rescaled(o, w_in, 1.0, HAS_DECAY, False)
+    o = _rescaled(o, w_rows, 1.0, HAS_DECAY, False)
     o = warpgroup_mma(pa, v_op, o, is_async=True)
     state = warpgroup_mma_wait(num_outstanding=1, deps=(state,))
     state = warpgroup_mma(_ct_part(c_t, 1, length, lg, a_l, HAS_DECAY, REVERSE, BLOCK_N),
@@ -388,6 +403,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         diff = cj[None, :] - ri[:, None]
     else:
         diff = ri[:, None] - cj[None, :]
+    w_in = 1.0  # the rows' powers onto the entering state, forward (:func:`_row_weights`)
     if HAS_DECAY:
         if not REVERSE:  # the same powers for every chunk (in reverse they follow its length)
             e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
@@ -411,14 +427,9 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             if HALF_RANGE:
                 hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, rows_l) + h_up)
         if TF32:
-            if HAS_DECAY:
-                if REVERSE:
-                    e_in, _ = _exponents(ri, length, REVERSE)
-                    w_in = gl.exp(e_in.to(gl.float32) * lg)
-            else:
-                w_in = 1.0
-            o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, w_in, length, lg, acc_l,
-                                   a_l, R, DH, BLOCK_N, HAS_DECAY, REVERSE)
+            w_rows = _row_weights(w_in, ri, length, lg, HAS_DECAY, REVERSE)
+            o, state = _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length,
+                                   lg, acc_l, a_l, R, DH, BLOCK_N, HAS_DECAY, REVERSE)
             p_up = 1.0
         else:
             h_s.store((state * h_down).to(dtype))
@@ -440,14 +451,8 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             p = _masked(sc, diff, lg, HAS_DECAY)
             p_down, p_up = _half_scale(p, HALF_RANGE)
             o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
-            if HAS_DECAY:
-                if REVERSE:  # row k of a tile of `length` rows: λ^(length-k) (the first swept is
-                    # short)
-                    e_in, _ = _exponents(ri, length, REVERSE)
-                    w_in = gl.exp(e_in.to(gl.float32) * lg)
-            else:
-                w_in = 1.0
-            o = _rescaled(o, w_in, h_up / p_up, HAS_DECAY, HALF_RANGE)
+            w_rows = _row_weights(w_in, ri, length, lg, HAS_DECAY, REVERSE)
+            o = _rescaled(o, w_rows, h_up / p_up, HAS_DECAY, HALF_RANGE)
             pa = gl.convert_layout((p * p_down).to(dtype), a_l)
             o = warpgroup_mma(pa, v_t, o, is_async=True)
             o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
@@ -498,7 +503,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             p2_down, p2_up = _half_scale(p2, HALF_RANGE)
             o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
             mbarrier.arrive(hbar.index(1), count=1)  # both copies read
-            o2 = _rescaled(o2, w_in, other_up / p2_up, HAS_DECAY, HALF_RANGE)
+            o2 = _rescaled(o2, w_rows, other_up / p2_up, HAS_DECAY, HALF_RANGE)
             pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
             o2 = warpgroup_mma(pa2, c_t.slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
             o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))

@@ -25,7 +25,7 @@ import time
 import torch
 
 from .. import causal_linear_decoder, reference, rel_error
-from .._inputs import DTYPE_NAMES
+from .._inputs import DTYPE_NAMES, parse_dtype
 from ..methods import methods
 from ..reference import TF32_TOLERANCE, TOLERANCE
 from .harness import gpu_main, random_inputs, sync
@@ -48,7 +48,7 @@ RANGE_SHAPES = [(1, 32, 4097, 128, 128), (4, 32, 2048, 128, 128)]
 #: flash-linear-attention's layout): segments, and one pass per lane
 TIME_MAJOR_GRAD_SHAPES = [(2, 8, 1000, 128, 128), (16, 32, 512, 128, 128)]
 #: the input dtypes of the matrix, in its order (``--dtypes`` takes a subset)
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def gammas(heads: int, seed: int) -> torch.Tensor:
@@ -325,7 +325,7 @@ def _arguments(p) -> None:
                    help="also fp16 states past 65504 where O and the gradients fit (RANGE_CASES)")
     p.add_argument("--serving", action="store_true",
                    help="also packed prompts (cu_seqlens) and the decode step (Chunk, decode_step)")
-    p.add_argument("--dtypes", nargs="*", choices=list(DTYPES), default=list(DTYPES),
+    p.add_argument("--dtypes", nargs="*", choices=DTYPES, default=list(DTYPES),
                    help="the input dtypes checked (default: all three)")
     p.add_argument("--csv", default="correctness.csv")
     p.add_argument("--chunk-kernel", choices=("auto", "portable", "hopper"), default="auto",
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
     shapes = SHAPES[:3] if args.quick else SHAPES
     rows = []
     for m in chosen:
-        for dtype in (DTYPES[name] for name in args.dtypes):
+        for dtype in map(parse_dtype, args.dtypes):
             if not m.supports(dtype, device):
                 continue
             for si, shape in enumerate([] if args.grads_only else shapes):
@@ -378,7 +378,7 @@ def main(argv=None) -> int:
                                 magnitudes=case)
             pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
     if args.serving:
-        for dtype in (DTYPES[name] for name in args.dtypes):
+        for dtype in map(parse_dtype, args.dtypes):
             for decay in (False, True):
                 check_serving(dtype, decay, device, rows, meta)
     df = pd.DataFrame(rows)

@@ -60,19 +60,18 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        reverse: bool = False, dual: bool = False) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (r = d = 128,
-    state in and out, the launch options of ``chunk.HOPPER``), fp16, bf16 or fp32, with segments chained
-    (``split``, batch 1) or one program per lane, forward or in reverse time (the backward), with
-    or without the ``dual`` output (the backward's dC beside dV)."""
+    state in and out, the launch options of ``chunk.HOPPER``), fp16, bf16 or fp32, with segments
+    chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
+    backward), with or without the ``dual`` output (the backward's dC beside dV)."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from ..methods._gpu import triton_kernels
-    from ..methods.chunk import HOPPER, _tma_layout, hopper_constants
+    from .._inputs import parse_dtype
+    from ..methods.chunk import HOPPER, _tma_layout, gluon_dtype, hopper_constants
     kern = triton_kernels("chunk_hopper").chunk_hopper_kernel
-    import torch
-    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp32": gl.float32}[dtype]
+    gdt = gluon_dtype(parse_dtype(dtype))
     bn = HOPPER["BLOCK_N"]
 
     def desc(cols):
@@ -83,8 +82,7 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
                e_desc=desc(64), o2_desc=desc(64), S0="*fp32", SN="*fp32", FLAGS="*i32",
                WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32", LANES="i32", SEG="i32",
                scale="fp32")
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    const = hopper_constants(r=128, d=128, dtype=tdt, decay=decay, has_s0=True,
+    const = hopper_constants(r=128, d=128, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual)
     if not dual:
         const.update(e_desc=None, o2_desc=None)

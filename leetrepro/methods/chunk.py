@@ -335,12 +335,11 @@ def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale
     with ``dual`` (E) also op(E, V, C) into ``out2``: one program per lane, or with more than one
     segment of ``segment`` rows per lane, one per segment, their states chained through the ring
     ``ws`` with the flags and ticket of ``sync`` (as the portable kernel's)."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     batch, _, n, r = B.shape
     d = V.shape[-1]
-    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[V.dtype]
+    gdt = gluon_dtype(V.dtype)
     bn = HOPPER["BLOCK_N"]
     n_seg = cdiv(n, segment)
     lanes = batch * heads
@@ -364,6 +363,13 @@ def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale
                 WS=ws, SYNC=sync, GAMMA=gamma, N=n, H=heads, LANES=lanes, SEG=segment,
                 scale=float(scale)) | consts, key,
            num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
+
+
+def gluon_dtype(dtype: torch.dtype):
+    """The Gluon dtype of a torch dtype the Hopper kernel takes (fp16, bf16, fp32)."""
+    from triton.experimental.gluon import language as gl
+    return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
+            torch.float32: gl.float32}[dtype]
 
 
 @functools.lru_cache(maxsize=None)
