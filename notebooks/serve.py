@@ -15,7 +15,7 @@
 # # Serving: packed prompts, the decode step, and generation in the paper's models
 # `make bench-serve` (`leetrepro/bench/serve.py`) measures, in one process beside flash-linear-attention:
 # * **packed prefill**: the 100 seeded prompts of Tables 7-8 (716,176 tokens) packed with `cu_seqlens`, heads 32, r = d = 128, per-head decays: our call (`causal_linear_decoder(..., cu_seqlens=cu)`), our drop-in `chunk_simple_gla` in fla's time-major layout, fla's `chunk_simple_gla`, and the same prompts right-padded into batches of 16;
-# * **the decode step**: one token per sequence, fp32 states in a pool, `decode_step` eager and captured in a CUDA graph, fla's `fused_recurrent_simple_gla`;
+# * **the decode step**: one token per sequence, fp32 states in a pool, `decode_step` eager and captured in a CUDA graph (one step a replay, and eight steps over eight layers' pools a replay, as an engine captures a model's whole decode step), fla's `fused_recurrent_simple_gla` the same ways;
 # * **generation**: each model's first two layers, prompts prefilled packed (10 at a time), then 128 greedy tokens each through `decode_step`, against each model's own PyTorch attention and recurrent step.
 #
 # The floor: prefill reads B, C, V and writes O; a decode step reads and writes the states. Medians of CUDA-event timings.
@@ -92,15 +92,21 @@ for dt in sorted(set(pre.dtype)):
         lines.append(f"* Packed prefill, {dt}: **{ours.ms:.2f} ms, {ours.floor_ratio:.2f}× the floor**"
                      + (f"; fla {fla.ms:.2f} ms ({fla.floor_ratio:.2f}×), {fla.ms / ours.ms:.1f}× slower"
                         if fla is not None else "") + ".")
+def versus(ours, theirs):
+    return (f"{ours.ms * 1e3:.1f} µs ({ours.floor_ratio:.2f}× the floor)"
+            + (f" against fla's {theirs.ms * 1e3:.1f} µs ({theirs.floor_ratio:.2f}×)"
+               if theirs is not None else ""))
+
+
 for b in sorted(set(dec.batch)):
-    g, e, f, fg = (cell("decode", m, batch=b)
-                   for m in ("decode_step_graph", "decode_step", "fla", "fla_graph"))
+    g, e, f, fg, g8, f8 = (cell("decode", m, batch=b)
+                           for m in ("decode_step_graph", "decode_step", "fla", "fla_graph",
+                                     "decode_step_graph8", "fla_graph8"))
     if g is not None:
         # like with like: graph replay against graph replay, eager call against eager call
-        lines.append(f"* Decode step, batch {b}: in a CUDA graph {g.ms * 1e3:.1f} µs "
-                     f"({g.floor_ratio:.2f}× the floor)"
-                     + (f" against fla's {fg.ms * 1e3:.1f} µs ({fg.floor_ratio:.2f}×)"
-                        if fg is not None else "")
+        lines.append(f"* Decode step, batch {b}: in a CUDA graph, one step a replay {versus(g, fg)}"
+                     + (f"; eight steps (eight layers' pools) a replay, per step {versus(g8, f8)}"
+                        if g8 is not None else "")
                      + f"; eager {e.ms * 1e3:.1f} µs (host {e.host_us:.0f} µs per step)"
                      + (f" against fla's {f.ms * 1e3:.1f} µs (host {f.host_us:.0f} µs)"
                         if f is not None else "") + ".")

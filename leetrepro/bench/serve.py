@@ -15,8 +15,11 @@ models, beside flash-linear-attention, in one process.
   captured in a CUDA graph, replayed), ``fla`` (flash-linear-attention: ``chunk_simple_gla`` with
   ``cu_seqlens``; ``fused_recurrent_simple_gla`` for a step, its states gathered from the pool
   before the timed call, as its kernel takes no slot ids) and ``fla_graph`` (fla's step captured
-  and replayed). Compare eager with eager (``decode_step``, ``fla``) and graph with graph
-  (``decode_step_graph``, ``fla_graph``).
+  and replayed). ``decode_step_graph8`` and ``fla_graph8``: eight steps, each over its own pool
+  (eight layers' states), captured in one graph, ``ms`` and ``host_us`` per step: how a serving
+  engine runs a step, the whole model's decode in one graph, where a one-step replay's time is
+  mostly the graph's own launch. Compare eager with eager (``decode_step``, ``fla``) and graph
+  with graph (``decode_step_graph``, ``fla_graph``; ``decode_step_graph8``, ``fla_graph8``).
 * ``generation.csv``: each model's first two layers (fp16), the prompts prefilled packed in groups
   of ``--group`` then 128 tokens generated per prompt by greedy steps: time to first token
   (``ttft_ms``: the group's prefill, median over groups), per-token latency (``step_ms``, median
@@ -97,6 +100,10 @@ def prefill_rows(device, bw, reps, meta):
     return rows
 
 
+#: steps (layers, each with its own pool) captured in one graph for the ``*_graph8`` entries
+GRAPH_STEPS = 8
+
+
 def decode_rows(device, bw, reps, meta):
     try:
         from fla.ops.simple_gla import fused_recurrent_simple_gla
@@ -110,31 +117,38 @@ def decode_rows(device, bw, reps, meta):
         gen = torch.Generator(device=device).manual_seed(batch)
         B, C, V = (torch.randn(batch, HEADS, 1, RANK, device=device, dtype=dtype, generator=gen)
                    for _ in range(3))
-        pool = torch.randn(2 * batch, HEADS, RANK, DIM, device=device, generator=gen) * 0.01
+        pools = [torch.randn(2 * batch, HEADS, RANK, DIM, device=device, generator=gen) * 0.01
+                 for _ in range(GRAPH_STEPS)]
         slots = torch.arange(batch, device=device, dtype=torch.int32) * 2
-        entries = {"decode_step": lambda: decode_step(B, C, V, g, pool, slots)}
-        # the same step captured in a CUDA graph (fixed shapes, slots on the device)
-        entries["decode_step"]()
-        graph = capture_graph(decode_step, (B, C, V, g, pool, slots), device)
-        entries["decode_step_graph"] = graph.replay
+        ours = [lambda p=p: decode_step(B, C, V, g, p, slots) for p in pools]
+        entries = {"decode_step": ours[0]}
+        theirs = None
         if fused_recurrent_simple_gla is not None:
             q, k, v = (x.transpose(1, 2) for x in (B, C, V))
-            h0 = pool[slots.long()]
-            entries["fla"] = lambda: fused_recurrent_simple_gla(
-                q, k, v, g_gamma=g_gamma, scale=1.0, initial_state=h0, output_final_state=True)
-            entries["fla"]()  # the same step in a graph: like with like beside decode_step_graph
-            fla_graph = capture_graph(entries["fla"], (), device)
-            entries["fla_graph"] = fla_graph.replay
+            theirs = [lambda h=p[slots.long()]: fused_recurrent_simple_gla(
+                q, k, v, g_gamma=g_gamma, scale=1.0, initial_state=h, output_final_state=True)
+                for p in pools]
+            entries["fla"] = theirs[0]
+        # the same steps in CUDA graphs (fixed shapes, slots on the device): one step a replay,
+        # and GRAPH_STEPS steps over as many pools a replay (like with like: fla's the same way)
+        for name, steps in (("decode_step", ours), ("fla", theirs)):
+            if steps is not None:
+                entries[name + "_graph"] = capture_graph(steps[0], (), device).replay
+                entries[f"{name}_graph{GRAPH_STEPS}"] = capture_graph(
+                    lambda steps=steps: [step() for step in steps], (), device).replay
+        per = {k: GRAPH_STEPS if k.endswith(f"_graph{GRAPH_STEPS}") else 1 for k in entries}
         times = interleaved_medians(entries, [()], reps, device)
-        hosts = {k: wall_per_call(fn, 200, device) * 1e6 for k, fn in entries.items()}
+        hosts = {k: wall_per_call(fn, 200, device) * 1e6 / per[k] for k, fn in entries.items()}
         floor = 2 * batch * HEADS * RANK * DIM * 4 / bw
         for name, t in times.items():
+            t /= per[name]
             rows.append(dict(meta, case="decode", method=name, dtype=SHORT_NAMES[dtype], batch=batch,
                              tokens=batch, ms=t * 1e3, floor_ms=floor * 1e3, floor_ratio=t / floor,
                              host_us=hosts[name]))
             print(f"decode b{batch:<4d} {name:18s} {t * 1e3:8.4f} ms  {t / floor:5.2f}x floor  "
                   f"host {hosts[name]:6.1f} us/step", flush=True)
-        del graph
+        del entries, pools
+        torch.cuda.empty_cache()
     return rows
 
 

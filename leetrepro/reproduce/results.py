@@ -176,7 +176,8 @@ def serving(tags: list[str]) -> str:
     for tag in tags:
         df = _read(tag, "serve.csv")
         if df is not None:
-            rows = [[r.case, r.method, r.dtype, r.batch, f"{r.ms:.3f} ms",
+            rows = [[r.case, r.method, r.dtype, r.batch,
+                     f"{r.ms:.3f} ms" if r.ms >= 0.1 else f"{r.ms * 1e3:.1f} µs",
                      _x(r.floor_ratio), "-" if r.host_us != r.host_us else f"{r.host_us:.0f}"]
                     for r in df.itertuples()]
             parts.append(f"{tag.upper()} ({_run(df)}):\n\n" + _table(
