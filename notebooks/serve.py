@@ -92,6 +92,8 @@ for dt in sorted(set(pre.dtype)):
         lines.append(f"* Packed prefill, {dt}: **{ours.ms:.2f} ms, {ours.floor_ratio:.2f}× the floor**"
                      + (f"; fla {fla.ms:.2f} ms ({fla.floor_ratio:.2f}×), {fla.ms / ours.ms:.1f}× slower"
                         if fla is not None else "") + ".")
+
+
 def versus(ours, theirs):
     return (f"{ours.ms * 1e3:.1f} µs ({ours.floor_ratio:.2f}× the floor)"
             + (f" against fla's {theirs.ms * 1e3:.1f} µs ({theirs.floor_ratio:.2f}×)"
