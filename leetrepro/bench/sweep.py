@@ -81,7 +81,7 @@ def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
     fp16/bf16 cell twice: the forward, and the backward's dual sweep (dV and dC in reverse time,
     one sweep on either kernel; ``dual`` column), which the Hopper kernel takes in half precision
     only."""
-    from ..methods.chunk import chunk_scan, operand_kind
+    from ..methods.chunk import chunk_scan, hopper_operand_unfit, operand_kind
     from .harness import interleaved_medians
     rows = []
     for split, shapes in KERNEL_SHAPES.items():
@@ -98,7 +98,7 @@ def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
                         True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V,
                                                           kernel=k))
                                for k in ("portable", "hopper")}}
-                    if dtype == torch.float32:  # the Hopper kernel's dual is half precision's
+                    if hopper_operand_unfit(C, B, dO, dual=V):  # fp32: its dual is half's only
                         del calls[True]
                     for dual, fns in calls.items():
                         med = interleaved_medians(fns, [()], reps, device, warmup=2)
