@@ -259,6 +259,36 @@ def test_gpu_check_time_major_gradient_rows(monkeypatch):
     assert all(r["status"] == "pass" and r["note"].endswith("time-major inputs") for r in rows)
 
 
+def test_gpu_check_exact_gradient_rows(monkeypatch):
+    """fp32 gradients of a method with an fp32 precision switch are checked twice: through its
+    default tf32 products (5e-3) and through ``tf32x3`` (1e-5, rows labelled so); a method
+    without the switch once. Run here through a PyTorch method standing in for a kernel."""
+    import dataclasses
+
+    from leetrepro.bench import gpu_check
+    from leetrepro.methods import get
+    asked = []
+    real = gpu_check.causal_linear_decoder
+
+    def spy(*a, fp32_precision=None, **k):
+        asked.append(fp32_precision)
+        return real(*a, **k)
+    monkeypatch.setattr(gpu_check, "causal_linear_decoder", spy)
+    plain = get("LA_torch")
+    switched = dataclasses.replace(plain, options={**plain.options, "fp32_precision": "tf32"})
+    assert gpu_check.exact_modes(switched, torch.float32) == (False, True)
+    assert gpu_check.exact_modes(switched, torch.float16) == (False,)
+    assert gpu_check.exact_modes(plain, torch.float32) == (False,)
+    rows = []
+    for exact in gpu_check.exact_modes(switched, torch.float32):
+        gpu_check.check_grads(switched, (2, 3, 37, 8, 5), torch.float32, True, torch.device("cpu"),
+                              9, rows, {}, exact=exact)
+    assert asked == [None, "tf32x3"]
+    assert [(r["precision"], r["tol"]) for r in rows] == \
+        [("", gpu_check.TF32_TOLERANCE)] * 4 + [("tf32x3", 1e-5)] * 4
+    assert all(r["status"] == "pass" for r in rows), rows
+
+
 def test_gpu_check_dtypes_option_takes_a_subset_in_the_matrix_order():
     """``--dtypes`` re-runs part of the matrix (a run cut off after some dtypes); a dtype the
     matrix does not have is refused by name."""

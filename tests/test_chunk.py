@@ -235,3 +235,38 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     assert compiles(*(t[..., 1:] for t in wide), None) == (2, 0)   # the same, 4 bytes off alignment
     assert compiles(B.half(), C.half(), V.half(), None) == (2, 0)
     assert compiles(B, C, V, None, output_final_state=True)[0] == 2
+
+
+def test_config_sweep_times_the_exact_kind_through_tf32x3_and_keeps_other_kinds(monkeypatch,
+                                                                                tmp_path):
+    """``make tune``'s Chunk sweep: the exact kind (fp32, ``fp32_precision="tf32x3"``) is timed
+    with its own candidates (16- and 32-row chunks), every call naming its precision; a run of
+    that kind alone rewrites its rows and keeps the other kinds' as they were measured."""
+    import pandas as pd
+
+    from leetrepro.bench import sweep as sw
+
+    calls = []
+
+    def fake_call(B, C, V, g, *, method, config, **options):
+        calls.append((B.dtype, options.get("fp32_precision"), config["BLOCK_N"]))
+
+    monkeypatch.setattr(sw, "causal_linear_decoder", fake_call)
+    monkeypatch.setattr(sw, "random_inputs", lambda *a, dtype, device: (torch.ones(1, dtype=dtype),) * 3)
+    monkeypatch.setattr(sw, "time_calls", lambda fn, args, reps, device: [fn() or 0.002])
+    rows = sw.sweep("Chunk", "cpu", dict(gpu="test", commit="new"), reps=1, kinds=["exact"])
+    assert {r["kind"] for r in rows} == {"exact"}
+    assert len(rows) == len(sw.SHAPES) * 2 * len(sw.SWEEPS["Chunk"][1]["exact"])
+    assert {c[:2] for c in calls} == {(torch.float32, "tf32x3")}
+    assert {c[2] for c in calls} == {16, 32}
+    assert all(r["ms"] == 2.0 for r in rows)
+
+    path = tmp_path / "chunk_config.csv"
+    pd.DataFrame([dict(kind="half", decay=False, block_n=64, stages=3, commit="old"),
+                  dict(kind="exact", decay=False, block_n=32, stages=1, commit="old")]).to_csv(
+        path, index=False)
+    table = sw.best_table(pd.DataFrame(rows), ("block_n", "stages"), dict(commit="new"))
+    sw.write_rows(table, str(path), ["exact"])
+    got = pd.read_csv(path)
+    assert set(zip(got.kind, got.commit)) == {("half", "old"), ("exact", "new")}
+    assert len(got) == 3  # half's one row, exact's two masks

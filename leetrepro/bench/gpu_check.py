@@ -80,6 +80,13 @@ def variants(m, dtype, n):
     return [("", {}, TOLERANCE[dtype])]
 
 
+def exact_modes(m, dtype) -> tuple:
+    """The gradient matrix's precisions: fp32 through a method's default tf32 products and, where
+    it has them, its fp32-exact ones (``tf32x3``: ``ieee`` is the forward's only, slow to compile
+    and run); any other dtype, as it is."""
+    return (False, True) if "fp32_precision" in m.options and dtype == torch.float32 else (False,)
+
+
 def frozen_subsets(m) -> list[str]:
     """Every non-empty proper subset of the inputs that can require grad (B, C, V, and S0 for a
     method with a state): a frozen embedding, LoRA, a probe that wants only dV."""
@@ -128,9 +135,10 @@ def check_case(m, shape, dtype, decay, device, seed, rows, meta):
 
 
 def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS", magnitudes=None,
-                time_major=False):
+                time_major=False, exact=False):
     """Rows dB, dC, dV (and dS0 with a state) of one case against float64 autograd; ``wanted``:
     the inputs that require grad (the others are frozen: no gradient may come back for them).
+    ``exact``: fp32 through the method's fp32-exact products (``tf32x3``), judged at 1e-5.
     ``magnitudes``: a :data:`RANGE_CASES` entry: B, C, V, dO scaled by its factors, no state, and
     a row for O too. ``time_major``: B, C, V stored (batch, N, heads, ·), read through strides."""
     b, h, n, r, d = shape
@@ -149,10 +157,13 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
         B, C, V = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V))
     leaves = [t.detach().requires_grad_(n in wanted)
               for n, t in zip("BCVS", (B, C, V) + ((S0,) if state else ()))]
-    exact = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
+    wide = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
     names = [q for q, t in zip(["dB", "dC", "dV", "dS0"], leaves) if t.requires_grad]
     asked = [t for t in leaves if t.requires_grad]
     tol = TF32_TOLERANCE if "fp32_precision" in m.options and dtype == torch.float32 else TOLERANCE[dtype]
+    opts = {"fp32_precision": "tf32x3"} if exact else {}
+    if exact:
+        tol = 1e-5
 
     def loss(x, fn):
         res = fn(*x[:3], g, initial_state=x[3] if state else None, output_final_state=state)
@@ -160,8 +171,8 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
         return (o.double() * dO).sum() + ((s.double() * dS).sum() if state else 0)
 
     base = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
-                precision="", decay=decay, batch=b, heads=h, N=n, r=r, d=d, tol=tol,
-                deterministic="", note="vs float64 autograd through the oracle"
+                precision="tf32x3" if exact else "", decay=decay, batch=b, heads=h, N=n, r=r, d=d,
+                tol=tol, deterministic="", note="vs float64 autograd through the oracle"
                 + (", with initial and final state" if state else "")
                 + ("" if len(asked) == len(leaves) else f"; only {', '.join(names)} asked for")
                 + ("" if magnitudes is None else f"; {magnitudes[0]}")
@@ -176,10 +187,10 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
                              max_abs_err=(out.double() - ref).abs().max().item(),
                              status="pass" if err <= tol else "FAIL"))
             names = ["O"] + names
-        want = torch.autograd.grad(loss(exact, reference), [t for t in exact if t.requires_grad])
+        want = torch.autograd.grad(loss(wide, reference), [t for t in wide if t.requires_grad])
         t0 = time.perf_counter()
         got = torch.autograd.grad(loss(leaves, lambda *a, **k: causal_linear_decoder(
-            *a, method=m.name, **k)), asked)
+            *a, method=m.name, **k, **opts)), asked)
         sync(device)
         seconds = time.perf_counter() - t0
         for q, a, w in zip(names[len(names) - len(got):], got, want):
@@ -190,10 +201,11 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
     except Exception as exc:
         rows.append(dict(base, quantity="grads", rel_err=math.nan,
                          status=_failed(exc)))
-    print(f"{'grads':30s} {m.abbr:12s} {DTYPE_NAMES[dtype]:9s} decay={decay!s:5s} {shape} "
+    print(f"{'grads':30s} {m.abbr:12s} {DTYPE_NAMES[dtype]:9s} {base['precision']:6s} "
+          f"decay={decay!s:5s} {shape} "
           + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}"
                      for r in rows[-len(names):]), flush=True)
-    del B, C, V, leaves, exact
+    del B, C, V, leaves, wide
     torch.cuda.empty_cache()
 
 
@@ -363,8 +375,9 @@ def main(argv=None) -> int:
                 for si, shape in enumerate(GRAD_SHAPES[:2] if args.quick else GRAD_SHAPES):
                     if m.abbr == "Cdotp_torch" and shape[2] > 4097:
                         continue  # one Python step per token, three times: minutes per case
-                    for decay in (False, True):
-                        check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta)
+                    for decay, exact in itertools.product((False, True), exact_modes(m, dtype)):
+                        check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta,
+                                    exact=exact)
                 for wanted in frozen_subsets(m):
                     check_grads(m, GRAD_SHAPES[1], dtype, True, device, 900, rows, meta, wanted)
                 for si, shape in enumerate([] if args.quick else TIME_MAJOR_GRAD_SHAPES):

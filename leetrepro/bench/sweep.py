@@ -1,5 +1,6 @@
 """The launch tables of this GPU, measured: Chunk's rows per block (BLOCK_N) × pipeline stages and
-LA's warps × stages, per operand kind (fp16/bf16 "half", fp32 with tf32 products) and mask, chosen
+LA's warps × stages, per operand kind (fp16/bf16 "half", fp32 with tf32 products; for Chunk also
+"exact", fp32 with ``fp32_precision="tf32x3"``) and mask, chosen
 by timing every candidate at the two shapes that bound the designs (batch 1, N = 100000: N cut
 into segments; batch 16, N = 25600: one pass per lane), heads 32, r = d = 128. The best by
 geometric mean of the two medians is written to ``data/<gpu>/chunk_config.csv`` and
@@ -17,7 +18,7 @@ faster at every shape and dtype of the regime, else the portable one; ``method="
 it (``kernel="auto"``). ``python -m leetrepro.bench.sweep --table-from data/<gpu>`` rewrites the
 table from the timings already there (``chunk_kernel_sweep.csv``), no GPU needed.
 
-    python -m leetrepro.bench.sweep --out data/h200 [--methods Chunk LA kernel]
+    python -m leetrepro.bench.sweep --out data/h200 [--methods Chunk LA kernel] [--kinds exact]
 """
 from __future__ import annotations
 
@@ -31,23 +32,36 @@ from .._inputs import alibi_gammas
 from ..api import causal_linear_decoder
 from .harness import gpu_main, median, random_inputs, time_calls
 
-KINDS = {"half": torch.float16, "tf32": torch.float32}
+#: operand kind -> (dtype, fp32_precision): the rows of the launch tables
+KINDS = {"half": (torch.float16, None), "tf32": (torch.float32, "tf32"),
+         "exact": (torch.float32, "tf32x3")}
 SHAPES = ((1, 100000), (16, 25600))
-#: per method: the two swept parameters (the table's columns), their candidates, and the launch
-#: launch settings they set (the methods' ``config`` option)
+#: per method: the two swept parameters (the table's columns), their candidates per operand kind
+#: (the kinds the method's table has), and the launch settings they set (the ``config`` option).
+#: Chunk's exact products split every operand in three tf32 parts: 16-row chunks spill a third of
+#: what 32-row ones do (``bench.regs``), and larger ones do not fit
 SWEEPS = {
-    "Chunk": (("block_n", "stages"), [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)],
+    "Chunk": (("block_n", "stages"),
+              {"half": [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)],
+               "tf32": [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)],
+               "exact": [(n, s) for n in (16, 32) for s in (1, 2, 3)]},
               lambda n, s: {"BLOCK_N": n, "num_stages": s}),
-    "LA": (("warps", "stages"), [(w, s) for w in (4, 8) for s in (1, 2, 3)],
+    "LA": (("warps", "stages"),
+           dict.fromkeys(("half", "tf32"), [(w, s) for w in (4, 8) for s in (1, 2, 3)]),
            lambda w, s: {"num_warps": w, "num_stages": s}),
 }
 
 
-def sweep(method: str, device, meta: dict, reps: int) -> list[dict]:
-    """Every candidate of ``method`` at every kind × shape × mask: one row each (``ms`` or NaN)."""
-    (p1, p2), candidates, options = SWEEPS[method]
+def sweep(method: str, device, meta: dict, reps: int, kinds=None) -> list[dict]:
+    """Every candidate of ``method`` at every kind (of ``kinds``, default all) × shape × mask: one
+    row each (``ms`` or NaN)."""
+    (p1, p2), per_kind, options = SWEEPS[method]
     rows = []
-    for kind, dtype in KINDS.items():
+    for kind, candidates in per_kind.items():
+        if kinds is not None and kind not in kinds:
+            continue
+        dtype, precision = KINDS[kind]
+        extra = {} if precision is None else {"fp32_precision": precision}
         for batch, n in SHAPES:
             B, C, V = random_inputs(batch, 32, n, 128, 128, dtype=dtype, device=device)
             for decay in (False, True):
@@ -56,7 +70,7 @@ def sweep(method: str, device, meta: dict, reps: int) -> list[dict]:
                     row = dict(meta, kind=kind, decay=decay, batch=batch, N=n, **{p1: a, p2: b})
                     try:
                         call = lambda: causal_linear_decoder(  # noqa: E731
-                            B, C, V, g, method=method, config=options(a, b))
+                            B, C, V, g, method=method, config=options(a, b), **extra)
                         call()
                         row["ms"] = median(time_calls(call, [()], reps, device)) * 1e3
                     except Exception as exc:  # too much shared memory for this GPU, say
@@ -155,10 +169,24 @@ def best_table(df, params: tuple[str, str], meta: dict):
     return table
 
 
+def write_rows(frame, path: str, kinds=None) -> None:
+    """``frame`` to ``path``; with ``kinds`` (a run that measured those operand kinds only) the
+    rows of the other kinds already in ``path`` are kept, as they were measured."""
+    import pandas as pd
+
+    if kinds is not None and os.path.exists(path):
+        kept = pd.read_csv(path)
+        frame = pd.concat([kept[~kept.kind.isin(kinds)], frame], ignore_index=True)
+    frame.to_csv(path, index=False)
+
+
 def _arguments(p) -> None:
     p.add_argument("--methods", nargs="*", default=[*SWEEPS, "kernel"],
                    choices=[*SWEEPS, "kernel"],
                    help="the launch tables to measure (kernel: Chunk's forward kernel, sm_90 only)")
+    p.add_argument("--kinds", nargs="*", choices=list(KINDS), default=None,
+                   help="measure these operand kinds only; the other kinds' rows already in the "
+                        "output folder's tables are kept (with their own provenance)")
     p.add_argument("--reps", type=int, default=7)
 
 
@@ -189,11 +217,13 @@ def main(argv=None) -> int:
             print(table.to_string(index=False))
             print(f"-> {out}/chunk_kernel.csv", flush=True)
             continue
-        df = pd.DataFrame(sweep(method, device, meta, args.reps))
+        df = pd.DataFrame(sweep(method, device, meta, args.reps, args.kinds))
+        if df.empty:  # none of --kinds is one of this method's
+            continue
         name = method.lower()
-        df.to_csv(os.path.join(out, f"{name}_sweep.csv"), index=False)
         table = best_table(df, SWEEPS[method][0], meta)
-        table.to_csv(os.path.join(out, f"{name}_config.csv"), index=False)
+        write_rows(df, os.path.join(out, f"{name}_sweep.csv"), args.kinds)
+        write_rows(table, os.path.join(out, f"{name}_config.csv"), args.kinds)
         print(table.to_string(index=False))
         print(f"-> {out}/{name}_config.csv", flush=True)
     return 0

@@ -33,14 +33,15 @@ from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table, next_po
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
 #: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
 #: ``make tune``: :mod:`leetrepro.bench.sweep`) uses that one. fp32 tiles are twice the bytes, so
-#: fp32 gets fewer rows or stages; tf32x3/ieee split or widen the operands and fit one stage only.
+#: fp32 gets fewer rows or stages; tf32x3/ieee split or widen the operands: 16-row chunks, whose
+#: three-part operands spill a third of what 32-row ones do (1.6-1.9× faster on the H200, NOTES.md).
 CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
                ("tf32", False): (32, 2), ("tf32", True): (64, 2),
-               ("exact", False): (32, 1), ("exact", True): (32, 1)}
+               ("exact", False): (16, 1), ("exact", True): (16, 1)}
 #: the dual sweep (the backward's dV and dC) stages a fourth tile per row block: fewer stages,
 #: fp32 in 32-row blocks, so that four tiles per stage fit an H100's shared memory
-#: (:data:`leetrepro._device.SM90_SHARED_BYTES`)
-DUAL_TABLE = {"half": (64, 2), "tf32": (32, 2), "exact": (32, 1)}
+#: (:data:`leetrepro._device.SM90_SHARED_BYTES`); exact products in 16-row ones (half the spills)
+DUAL_TABLE = {"half": (64, 2), "tf32": (32, 2), "exact": (16, 1)}
 
 
 def operand_kind(dtype: torch.dtype, precision: str) -> str:
