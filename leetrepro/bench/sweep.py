@@ -175,7 +175,7 @@ def write_rows(frame, path: str, kinds=None) -> None:
     import pandas as pd
 
     if kinds is not None and os.path.exists(path):
-        kept = pd.read_csv(path)
+        kept = pd.read_csv(path, dtype=str, keep_default_na=False)  # as written, digit for digit
         frame = pd.concat([kept[~kept.kind.isin(kinds)], frame], ignore_index=True)
     frame.to_csv(path, index=False)
 
