@@ -23,10 +23,13 @@ from .. import _paths
 PAGE = os.path.join("figures", "results.md")
 #: data folders that hold no GPU's own measurements
 NOT_GPUS = ("paper", "anchors", "prompts")
-#: the floor's target cells: (dtype, batch, N), both masks each
-FLOOR_CELLS = (("fp16", 16, 25600), ("bf16", 16, 25600), ("fp16", 1, 100000),
-               ("bf16", 1, 100000), ("fp16", 1, 8192), ("bf16", 1, 8192),
-               ("fp32", 16, 25600), ("fp32", 1, 100000))
+#: the floor's target cells: (dtype, batch, N, Chunk's entry), both masks each; fp32 through
+#: tf32 products (``Chunk``) and through the exact ones (``Chunk/tf32x3``, which fla has not)
+FLOOR_CELLS = (("fp16", 16, 25600, "Chunk"), ("bf16", 16, 25600, "Chunk"),
+               ("fp16", 1, 100000, "Chunk"), ("bf16", 1, 100000, "Chunk"),
+               ("fp16", 1, 8192, "Chunk"), ("bf16", 1, 8192, "Chunk"),
+               ("fp32", 16, 25600, "Chunk"), ("fp32", 1, 100000, "Chunk"),
+               ("fp32", 16, 25600, "Chunk/tf32x3"), ("fp32", 1, 100000, "Chunk/tf32x3"))
 
 
 def gpu_folders(root: str | None = None) -> list[str]:
@@ -110,14 +113,16 @@ def floor_cells(tags: list[str]) -> str:
         a, b = list(frames)
         header.append(f"Chunk's time, {b.upper()} ÷ {a.upper()}")
     rows = []
-    for dtype, batch, n in FLOOR_CELLS:
+    for dtype, batch, n, entry in FLOOR_CELLS:
+        exact = entry != "Chunk"
         for decay in (False, True):
-            row, times = [f"{dtype} b{batch} N={n} {'decay' if decay else '0-1'}"], []
+            row, times = [f"{dtype}{' tf32x3' if exact else ''} b{batch} N={n} "
+                          f"{'decay' if decay else '0-1'}"], []
             for df in frames.values():
                 sel = df[(df.dtype == dtype) & (df.batch == batch) & (df.N == n)
                          & (df.decay == decay) & (df.status == "ok")].set_index("method")
-                row += [_x(sel.floor_ratio.get(m)) for m in ("Chunk", "fla")]
-                times.append(sel.median_s.get("Chunk"))
+                row += [_x(sel.floor_ratio.get(entry)), "-" if exact else _x(sel.floor_ratio.get("fla"))]
+                times.append(sel.median_s.get(entry))
             if both:
                 row.append("-" if None in times else f"{times[1] / times[0]:.2f}")
             rows.append(row)
