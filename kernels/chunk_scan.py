@@ -31,10 +31,14 @@ Non-finite rows of C or V: a chunk multiplies whole tiles, so a NaN/Inf in row j
 weights of earlier rows of its chunk (0 × NaN) and would spoil them. Detecting that per chunk
 costs 2.5-5× (a reduction and a branch per chunk break the load-to-MMA pipeline; NOTES.md). But
 such a row also makes the carried state non-finite, and nothing makes it finite again, so each
-program checks its state once, at its end, and flags its lane. A second launch (``REPAIR``, one
-program per lane, a few microseconds when nothing is flagged) recomputes only the flagged lanes
-from their start, the non-finite entries of C and V zeroed, every row from the
-first non-finite one on set to NaN. Shared tile code: ``_tiles.py``. Launcher:
+program checks its state once, at its end. With ``FLAGS`` (long calls, and the Hopper kernel's) it
+flags its lane, and a second launch (``REPAIR``, one program per lane, a few microseconds when
+nothing is flagged) recomputes only the flagged lanes from their start, the non-finite entries of
+C and V zeroed, every row from the first non-finite one on set to NaN. Without (short calls, where
+a launch's host time weighs), the segment whose entering state was finite and leaving state is not
+holds the lane's first non-finite row: it computes its own rows again the same way
+(``_repair``), its entering state from the rows before it; later segments' rows are non-finite
+already, earlier ones' exact. Shared tile code: ``_tiles.py``. Launcher:
 ``leetrepro.methods.chunk``.
 """
 import triton
@@ -57,6 +61,43 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
         t = tl.atomic_add(SYNC + LANES, 1)  # ticket, in the order programs actually start
     else:
         t = tl.program_id(0)
+    fix = _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG,
+                SCALE, SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN,
+                SPLIT, REVERSE, DUAL, HALF_RANGE, REPAIR, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
+    if FLAGS is None:  # (no repair launch follows)
+        if fix:  # the lane's first non-finite row is in this segment: its rows again
+            _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE, SB_B,
+                    SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN, REVERSE,
+                    DUAL, HALF_RANGE, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
+
+
+@triton.jit(noinline=True)
+def _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE, SB_B, SB_H,
+            SB_T, SV_B, SV_H, SV_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
+            HAS_S0: tl.constexpr, STORE_SN: tl.constexpr, REVERSE: tl.constexpr,
+            DUAL: tl.constexpr, HALF_RANGE: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """The rows of segment t // LANES of lane t % LANES again, non-finite rows handled (``_scan``'s
+    ``REPAIR``). A function of its own, not inlined: the rare path keeps its registers apart from
+    the sweep's (inlined, it doubled the kernel's spills)."""
+    _scan(t, B, C, V, O, E, O2, S0, SN, None, None, None, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
+          SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN, False, REVERSE,
+          DUAL, HALF_RANGE, True, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
+
+
+@triton.jit
+def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
+          SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
+          HAS_S0: tl.constexpr, STORE_SN: tl.constexpr, SPLIT: tl.constexpr,
+          REVERSE: tl.constexpr, DUAL: tl.constexpr, HALF_RANGE: tl.constexpr,
+          REPAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Segment t // LANES of lane t % LANES: steps 1-4 of the module docstring. Returns, outside
+    ``REPAIR``, whether the lane's first non-finite row is in this segment (its entering state
+    finite, its leaving state not): then its rows must be computed again. ``REPAIR``: the
+    segment's rows with non-finite rows handled, from its entering state recomputed from the
+    lane's start (C and V read again up to the segment); with ``FLAGS`` (a launch of its own, one
+    program per lane, SEG ≥ N), only the lanes flagged."""
     lane = t % LANES
     seg = t // LANES
     n_db = tl.cdiv(D, BLOCK_D)
@@ -90,9 +131,10 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
     # packed sequences share one grid sized for the longest: segments past a sequence's end
     # neither wait, publish nor store
     go = (start < n) | (seg == 0)
-    if REPAIR:  # only the lanes whose outputs came out non-finite are recomputed
-        go = go & (tl.load(FLAGS + lane) != 0)
-        end = tl.where(go, end, start)
+    if REPAIR:
+        if FLAGS is not None:  # only the lanes whose outputs came out non-finite
+            go = go & (tl.load(FLAGS + lane) != 0)
+            end = tl.where(go, end, start)
     state_off = (bh.to(tl.int64) * R + cols_r[:, None]) * D + cols_d[None, :]
     state_ok = r_ok[:, None] & d_ok[None, :]
     ws_tile = cols_r[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
@@ -110,6 +152,14 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
         state = tl.load(S0 + state_off, mask=state_ok, other=0.0).to(tl.float32)
     else:
         state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    if REPAIR:
+        if FLAGS is None:  # the state entering the segment, from the rows before it
+            if start > 0:
+                if HAS_DECAY:
+                    state = state * tl.exp(start.to(tl.float32) * lg)
+                state += segment_state(C, V, bc_base, vo_base, 0, start, n, lg, cols_r, r_ok,
+                                       cols_d, d_ok, SB_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N,
+                                       HAS_DECAY, REVERSE, PRECISION)
     if SPLIT:
         if (seg > 0) & go:
             flag = tl.atomic_add(SYNC + lane, 0, sem="acquire")
@@ -125,6 +175,12 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
                      state * seg_decay + local)
             tl.debug_barrier()  # every thread's part of P_k is written before the flag rises
             tl.atomic_xchg(SYNC + lane, seg + 1, sem="release")
+
+    entering_ok = True
+    if not REPAIR:
+        if FLAGS is None:
+            if HAS_S0 or SPLIT:
+                entering_ok = has_nonfinite(state) == 0
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
     for s in range(start, end, BLOCK_N):
@@ -148,9 +204,14 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
         if REPAIR:
             state += tl.sum(bad, axis=0)
-    if not REPAIR:  # a non-finite c or v leaves the state non-finite for good: one check
-        if has_nonfinite(state):
+    fix = False
+    if not REPAIR:  # a non-finite c or v leaves the state non-finite for good, and every later
+        # segment's with it: one check
+        if FLAGS is None:  # the segment whose entering state was finite repairs its rows
+            fix = go & entering_ok & has_nonfinite(state)
+        elif has_nonfinite(state):  # the repair launch recomputes the lane
             tl.store(FLAGS + lane, 1)
     if STORE_SN:
         if last:
             tl.store(SN + state_off, state, mask=and_flag(state_ok, go))
+    return fix

@@ -135,6 +135,47 @@ def test_segments_fill_the_last_wave_of_programs():
     assert segment_rows(1000, 64, 64, 4 * 132, min_rows=1024) == 1000     # N whole
 
 
+@pytest.mark.parametrize("self_repair", [True, False], ids=["in-launch", "repair-launch"])
+@pytest.mark.parametrize("segment, row", [(None, 70), (32, 5), (32, 70), (32, 140)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch, self_repair,
+                                                                     segment, row, reverse):
+    """A NaN in one lane's C: short calls repair within their launch (the segment holding the first
+    non-finite row computes its rows again, its entering state from the rows before it), long ones
+    through the flagged lanes' repair launch. Either way: the other lanes exact, the bad lane's
+    rows before the NaN exact, every later row and its final state non-finite, and with the dual
+    output too; the initial state read by both."""
+    from leetrepro.methods import chunk
+    from leetrepro.reference import reference, rel_error
+
+    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 1 << 30 if self_repair else 0)
+    b, h, n, r, d = 2, 2, 150, 8, 8
+    B, C, V, E = (t.to(DEVICE) for t in make_inputs(b, h, n, r, d, seed=5)[:3]
+                  + (torch.randn(b, h, n, d),))
+    s0 = torch.randn(b, h, r, d, device=DEVICE)
+    g = torch.tensor([0.9, 0.97], dtype=torch.float64, device=DEVICE)
+    C[0, 1, row, 2] = float("nan")
+    (o, o2), sn = chunk.chunk_scan(B, C, V, g, segment=segment, reverse=reverse, dual=E,
+                                   initial_state=s0, output_final_state=True, kernel="portable")
+
+    def ref(x, y, z, s):
+        x, y, z = (t.flip(2) if reverse else t for t in (x, y, z))
+        out, state = reference(x.double(), y.double(), z.double(), g, initial_state=s.double(),
+                               output_final_state=True)
+        return (out.flip(2) if reverse else out), state
+    want, want_sn = ref(B, C, V, s0)
+    want2, _ = ref(E, V, C, s0.transpose(-1, -2))
+    tol = tolerance(torch.float32, tf32=not INTERPRETED)
+    rows = torch.arange(n, device=DEVICE)
+    before = rows > row if reverse else rows < row
+    for got, exact in ((o, want), (o2, want2)):
+        for lane in ((0, 0), (1, 0), (1, 1)):
+            assert rel_error(got[lane], exact[lane]) <= tol, lane
+        assert rel_error(got[0, 1][before], exact[0, 1][before]) <= tol
+        assert (~torch.isfinite(got[0, 1][~before])).any(-1).all()
+    assert (~torch.isfinite(sn[0, 1])).any() and torch.isfinite(sn[1]).all()
+
+
 def test_chunk_scan_rejects_a_ragged_segment():
     with pytest.raises(ValueError, match="multiple of"):
         _check("Chunk", CHUNK_CASES[2][0], torch.float32, False, segment=100)
@@ -222,19 +263,19 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
         chunk.chunk_scan(*args, **kw)
         return events.count("compile"), events.count("launch")
 
-    assert compiles(B, C, V, None) == (2, 0)           # the scan and the repair launch
-    assert compiles(B, C, V, None) == (0, 2)           # the same signature: launched only
+    assert compiles(B, C, V, None) == (1, 0)           # one launch: it repairs its own lanes
+    assert compiles(B, C, V, None) == (0, 1)           # the same signature: launched only
     g = torch.full((2,), 0.9, dtype=torch.float64)
-    assert compiles(B, C, V, g) == (2, 0)              # the decay mask
-    assert compiles(B, C, V, g) == (0, 2)
+    assert compiles(B, C, V, g) == (1, 0)              # the decay mask
+    assert compiles(B, C, V, g) == (0, 1)
     tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V)]
-    assert compiles(*tm, None) == (2, 0)               # time-major strides
-    assert compiles(B.double().float(), C, V, None) == (0, 2)  # other tensors, same signature
+    assert compiles(*tm, None) == (1, 0)               # time-major strides
+    assert compiles(B.double().float(), C, V, None) == (0, 1)  # other tensors, same signature
     wide = [torch.randn(1, 2, 96, 17) for _ in range(3)]
-    assert compiles(*(t[..., :16] for t in wide), None) == (2, 0)  # rows 17 apart (strides)
-    assert compiles(*(t[..., 1:] for t in wide), None) == (2, 0)   # the same, 4 bytes off alignment
-    assert compiles(B.half(), C.half(), V.half(), None) == (2, 0)
-    assert compiles(B, C, V, None, output_final_state=True)[0] == 2
+    assert compiles(*(t[..., :16] for t in wide), None) == (1, 0)  # rows 17 apart (strides)
+    assert compiles(*(t[..., 1:] for t in wide), None) == (1, 0)   # the same, 4 bytes off alignment
+    assert compiles(B.half(), C.half(), V.half(), None) == (1, 0)
+    assert compiles(B, C, V, None, output_final_state=True)[0] == 1
 
 
 def test_config_sweep_times_the_exact_kind_through_tf32x3_and_keeps_other_kinds(monkeypatch,

@@ -158,14 +158,24 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     s0 = staged_state(initial_state, B)
     sn = torch.empty(batch, heads, r, d, dtype=torch.float32, device=V.device) \
         if output_final_state else None
-    # the lanes' repair flags and, split, the ring's counters and ticket: one zeroed buffer (each
-    # zeroing is a launch of its own, ~10 µs of host time)
-    # (the Hopper kernel keeps a flag per half of each lane's state: 2·lanes + 1 for its ring)
-    counters = torch.zeros((2 + hopper) * lanes + 1 if plan.split else lanes, dtype=torch.int32,
-                           device=V.device)
-    flags, sync, ws = counters[:lanes], None, None
+    # A short call on the portable kernel repairs its non-finite rows within its launch (the
+    # segment holding a lane's first non-finite row computes its rows again): one launch, where a
+    # repair launch would add ~20 µs of host time; a long one keeps its kernel lean (the in-launch
+    # repair costs its sweep 5-7 %, NOTES.md) and flags the lanes for a repair launch, as the
+    # Hopper kernel does.
+    self_repair = not hopper and B.shape[0] * heads * n <= SELF_REPAIR_ROWS
+    # zeroed counters, one buffer (each zeroing is a launch of its own, ~10 µs of host time): the
+    # lanes' repair flags, unless the launch repairs itself, and, split, the ring's flags (the
+    # Hopper kernel's: one per half of each lane's state) and its ticket
+    # (the flags first: their offset, and so the ring's, is fixed by what the launch keys hold)
+    ring = (2 if hopper else 1) * lanes + 1 if plan.split else 0
+    nflags = 0 if self_repair else lanes
+    flags = sync = ws = None
+    if ring or nflags:
+        counters = torch.zeros(nflags + ring, dtype=torch.int32, device=V.device)
+        flags = counters[:nflags] if nflags else None
+        sync = counters[nflags:] if ring else None
     if plan.split:
-        sync = counters[lanes:]
         ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
     # the kernel's parameters by name (methods/_gpu.launch); the constexprs come from the plan
     args = dict(B=B, C=C, V=V, O=out, E=dual, O2=None if dual is None else out2, S0=s0, SN=sn,
@@ -194,14 +204,20 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     else:
         launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main, key + (False,),
                **plan.main_options)
-    # the lanes whose outputs came out non-finite, recomputed so that no row meets a later row's
-    # NaN/Inf (the kernel's docstring); a few microseconds when no lane is flagged
-    launch(kern.chunk_scan_kernel, (lanes,), args | dict(WS=None, SYNC=None, SEG=n) | plan.repair,
-           key + (True,), **plan.repair_options)
+    if not self_repair:
+        # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
+        # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
+        launch(kern.chunk_scan_kernel, (lanes,), args | dict(WS=None, SYNC=None, SEG=n) | plan.repair,
+               key + (True,), **plan.repair_options)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
 
+
+#: calls of up to this many rows (batch · heads · N) on the portable kernel repair their non-finite
+#: rows within their launch (up to b1 × 32 heads × N = 8192: ≲ 200 µs of GPU time, where the repair
+#: launch's host time weighs, measured in NOTES.md); longer ones flag lanes for a repair launch
+SELF_REPAIR_ROWS = 1 << 18
 
 #: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 224 KB of
 #: shared memory with the state's copies (32 KB), O's staging (32 KB) and the weighted V (16 KB);
