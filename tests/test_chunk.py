@@ -173,7 +173,8 @@ def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch
             assert rel_error(got[lane], exact[lane]) <= tol, lane
         assert rel_error(got[0, 1][before], exact[0, 1][before]) <= tol
         assert (~torch.isfinite(got[0, 1][~before])).any(-1).all()
-    assert (~torch.isfinite(sn[0, 1])).any() and torch.isfinite(sn[1]).all()
+    assert (~torch.isfinite(sn[0, 1])).any()
+    assert rel_error(sn[1], want_sn[1]) <= tol and rel_error(sn[0, 0], want_sn[0, 0]) <= tol
 
 
 def test_chunk_scan_rejects_a_ragged_segment():
