@@ -137,7 +137,7 @@ def test_segments_fill_the_last_wave_of_programs():
 
 @pytest.mark.parametrize("self_repair", [True, False], ids=["in-launch", "repair-launch"])
 @pytest.mark.parametrize("segment, row", [(None, 70), (32, 5), (32, 70), (32, 140)])
-@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("reverse", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch, self_repair,
                                                                      segment, row, reverse):
     """A NaN in one lane's C: short calls repair within their launch (the segment holding the first
