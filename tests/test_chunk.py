@@ -277,6 +277,9 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     assert compiles(*(t[..., 1:] for t in wide), None) == (1, 0)   # the same, 4 bytes off alignment
     assert compiles(B.half(), C.half(), V.half(), None) == (1, 0)
     assert compiles(B, C, V, None, output_final_state=True)[0] == 1
+    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 0)  # a long call: flags, then a repair launch
+    assert compiles(B, C, V, None) == (2, 0)
+    assert compiles(B, C, V, None) == (0, 2)
 
 
 def test_config_sweep_times_the_exact_kind_through_tf32x3_and_keeps_other_kinds(monkeypatch,

@@ -202,8 +202,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                        ws=ws, heads=heads, scale=args["SCALE"], segment=segment, reverse=reverse,
                        dual=dual, out2=None if dual is None else out2)
     else:
-        launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main, key + (False,),
-               **plan.main_options)
+        launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main,
+               key + (False, self_repair), **plan.main_options)
     if not self_repair:
         # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
         # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
