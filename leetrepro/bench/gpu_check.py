@@ -70,13 +70,24 @@ def poison(like: torch.Tensor) -> None:
     torch.full_like(like, float("nan"))
 
 
+#: the fp32-exact products every method with an fp32 precision switch is also checked through,
+#: forward and gradients: (label, options, tolerance), the fp32 contract
+TF32X3 = ("tf32x3", {"fp32_precision": "tf32x3"}, 1e-5)
+
+
+def fp32_switch(m, dtype) -> bool:
+    """Whether ``m`` runs ``dtype`` through products of a chosen precision (fp32 on a kernel
+    with ``fp32_precision``: tf32 by default)."""
+    return "fp32_precision" in m.options and dtype == torch.float32
+
+
 def variants(m, dtype, n):
     """(label, options, tolerance) for one method and dtype: kernels with an fp32 precision switch
     run in fp32 with their default tf32 dots and with the fp32-exact modes (``ieee``, plain FMA
     and slow to compile and run, up to N = 4097 only)."""
-    if "fp32_precision" in m.options and dtype == torch.float32:
-        out = [("tf32", {}, TF32_TOLERANCE), ("tf32x3", {"fp32_precision": "tf32x3"}, 1e-5)]
-        return out + ([("ieee", {"fp32_precision": "ieee"}, 1e-5)] if n <= 4097 else [])
+    if fp32_switch(m, dtype):
+        out = [("tf32", {}, TF32_TOLERANCE), TF32X3]
+        return out + ([("ieee", {"fp32_precision": "ieee"}, TF32X3[2])] if n <= 4097 else [])
     return [("", {}, TOLERANCE[dtype])]
 
 
@@ -84,7 +95,7 @@ def exact_modes(m, dtype) -> tuple:
     """The gradient matrix's precisions: fp32 through a method's default tf32 products and, where
     it has them, its fp32-exact ones (``tf32x3``: ``ieee`` is the forward's only, slow to compile
     and run); any other dtype, as it is."""
-    return (False, True) if "fp32_precision" in m.options and dtype == torch.float32 else (False,)
+    return (False, True) if fp32_switch(m, dtype) else (False,)
 
 
 def frozen_subsets(m) -> list[str]:
@@ -138,7 +149,7 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
                 time_major=False, exact=False):
     """Rows dB, dC, dV (and dS0 with a state) of one case against float64 autograd; ``wanted``:
     the inputs that require grad (the others are frozen: no gradient may come back for them).
-    ``exact``: fp32 through the method's fp32-exact products (``tf32x3``), judged at 1e-5.
+    ``exact``: fp32 through the method's fp32-exact products (:data:`TF32X3`), at its tolerance.
     ``magnitudes``: a :data:`RANGE_CASES` entry: B, C, V, dO scaled by its factors, no state, and
     a row for O too. ``time_major``: B, C, V stored (batch, N, heads, ·), read through strides."""
     b, h, n, r, d = shape
@@ -160,10 +171,8 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
     wide = [t.detach().double().requires_grad_(t.requires_grad) for t in leaves]
     names = [q for q, t in zip(["dB", "dC", "dV", "dS0"], leaves) if t.requires_grad]
     asked = [t for t in leaves if t.requires_grad]
-    tol = TF32_TOLERANCE if "fp32_precision" in m.options and dtype == torch.float32 else TOLERANCE[dtype]
-    opts = {"fp32_precision": "tf32x3"} if exact else {}
-    if exact:
-        tol = 1e-5
+    label, opts, tol = TF32X3 if exact else \
+        ("", {}, TF32_TOLERANCE if fp32_switch(m, dtype) else TOLERANCE[dtype])
 
     def loss(x, fn):
         res = fn(*x[:3], g, initial_state=x[3] if state else None, output_final_state=state)
@@ -171,7 +180,7 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
         return (o.double() * dO).sum() + ((s.double() * dS).sum() if state else 0)
 
     base = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
-                precision="tf32x3" if exact else "", decay=decay, batch=b, heads=h, N=n, r=r, d=d,
+                precision=label, decay=decay, batch=b, heads=h, N=n, r=r, d=d,
                 tol=tol, deterministic="", note="vs float64 autograd through the oracle"
                 + (", with initial and final state" if state else "")
                 + ("" if len(asked) == len(leaves) else f"; only {', '.join(names)} asked for")
@@ -248,7 +257,7 @@ def check_serving(dtype, decay, device, rows, meta):
     try:  # decode: batch 8, prefill 1000 rows, then 16 steps of one token
         n, k = 1000, 16
         B, C, V = inputs((8, heads, n + k, r, d), dtype, 950 + decay, device)
-        exact = {"fp32_precision": "tf32x3"} if dtype == torch.float32 else {}
+        exact = TF32X3[1] if dtype == torch.float32 else {}
         _, state = causal_linear_decoder(B[:, :, :n], C[:, :, :n], V[:, :, :n], g, method="Chunk",
                                          output_final_state=True, **exact)
         pool = torch.randn(20, heads, r, d, device=device)

@@ -42,9 +42,8 @@ SHAPES = ((1, 100000), (16, 25600))
 #: what 32-row ones do (``bench.regs``), and larger ones do not fit
 SWEEPS = {
     "Chunk": (("block_n", "stages"),
-              {"half": [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)],
-               "tf32": [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)],
-               "exact": [(n, s) for n in (16, 32) for s in (1, 2, 3)]},
+              dict.fromkeys(("half", "tf32"), [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)])
+              | {"exact": [(n, s) for n in (16, 32) for s in (1, 2, 3)]},
               lambda n, s: {"BLOCK_N": n, "num_stages": s}),
     "LA": (("warps", "stages"),
            dict.fromkeys(("half", "tf32"), [(w, s) for w in (4, 8) for s in (1, 2, 3)]),
