@@ -115,7 +115,7 @@ endef
 
 NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(RESULTS)/; Lemma 3.1 was timed on this CPU ($(RESULTS)/data/cpu/).
 
-reproduce: derivations lemma31 $(TABLES) table9 long-prompts claims table7 table8 floor
+reproduce: derivations lemma31 $(TABLES) table9 long-prompts table7 table8 claims floor
 	@echo "reproduce: done. Tables, figures and executed notebooks under $(RESULTS)/figures/ and $(RESULTS)/data/."
 	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
 

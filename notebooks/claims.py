@@ -26,7 +26,8 @@ from IPython.display import Markdown, display
 from leetrepro.reproduce import tables as T
 live, gpu, data_dir, fig_dir = T.notebook_setup(device, gpu, out_root)
 import pandas as pd
-from leetrepro.reproduce.claims import check_claims, paper_tables_as_measured
+from leetrepro.reproduce.claims import (check_claims, paper_tables_as_measured, record_verdicts,
+                                        verdict_changes)
 pd.set_option("display.max_colwidth", 200)
 tables, sources = {}, {}
 for t in (3, 4, 5, 6, 9):
@@ -50,6 +51,7 @@ display(Markdown("Sources: " + ", ".join(f"Table {t}: {s}" for t, s in sources.i
 claims = check_claims(tables)
 claims.insert(2, "on the paper's numbers", check_claims(paper_tables_as_measured()).holds)
 claims.to_csv(os.path.join(data_dir, "claims.csv"), index=False)
+history = record_verdicts(claims, "claims", data_dir, gpu)
 every = " ".join(sorted(set(" ".join(claims.commits).split()) - {"none"}))
 display(Markdown(f"Every verdict below concerns {claims.judged.iloc[0]}. Judged on data of commit(s) "
                  f"`{every}`; " + ("each claim on one run (its commit is in the last column)."
@@ -71,3 +73,17 @@ display(Markdown(
     + (f", {n_none} {'is' if n_none == 1 else 'are'} not measured" if n_none else "")
     + f"; on the paper's own numbers {own.get('yes', 0)} hold under the same thresholds. Holding here: "
     + ("; ".join(claims[claims.holds == "yes"].claim) or "none") + "."))
+
+# %% [markdown]
+# ## Verdicts against the earlier runs on this GPU
+# Every judgment of a claim is kept in `data/<gpu>/claims_history.csv` (this notebook's claims and those of Tables 7-8, which their notebook records; `make reproduce` runs this notebook after them). Below: each claim whose verdict now differs from its judgment on the runs before, and why: *within noise* where the comparison that decides it was within the run-to-run margin of flipping both times, else what moved.
+
+# %%
+changes = verdict_changes(history)
+judged_before = history.groupby(["file", "claim"]).commits.nunique().gt(1).sum()
+display(Markdown(
+    f"{len(history.groupby(['file', 'claim']))} claims recorded on {T.gpu_words(gpu, live)}, {judged_before} "
+    "of them judged on earlier runs as well: "
+    + (f"**{len(changes)} verdict(s) changed** against those runs." if len(changes) else
+       "no verdict changed against those runs." if judged_before else "no earlier judgment to compare with.")))
+changes

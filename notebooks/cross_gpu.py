@@ -37,6 +37,11 @@ fig_dir = os.path.join(out_root, "figures", "cross_gpu")
 os.makedirs(fig_dir, exist_ok=True)
 
 
+REPRODUCED = ("lemma31.csv", "table3.csv", "table4.csv", "table5.csv", "table6.csv", "table9.csv",
+              "long_prompts.csv", "table7.csv", "table7_equivalence.csv", "table8.csv",
+              "table8_equivalence.csv", "floor.csv", "train.csv", "serve.csv", "generation.csv")
+
+
 def gpu_facts(tag):
     """Name, measured copy bandwidth (floor.csv or serve.csv of the same GPU) and commits."""
     facts = dict(tag=tag)
@@ -50,7 +55,13 @@ def gpu_facts(tag):
     t3 = T.load_measured(tag, "table3.csv")
     if t3 is not None:
         facts.setdefault("gpu", t3.gpu.iloc[0])
-        facts["tables' commits"] = " ".join(sorted({str(c) for c in t3.commit.dropna().unique()}))
+    # one `make reproduce` plus floor, training and serving at one commit reads as one commit here
+    commits = set()
+    for name in REPRODUCED:
+        d = T.load_measured(tag, name)
+        if d is not None and "commit" in d:
+            commits |= {str(c) for c in d.commit.dropna().unique()}
+    facts["commits (reproduction, floor, training, serving)"] = " ".join(sorted(commits)) or "-"
     return facts
 
 

@@ -35,6 +35,7 @@ out_root = "."
 import os
 from IPython.display import Markdown, display
 from leetrepro.reproduce import tables as T, paper
+from leetrepro.reproduce.claims import record_verdicts
 live, gpu, data_dir, fig_dir = T.notebook_setup(device, gpu, out_root)
 import pandas as pd
 import matplotlib.pyplot as plt
@@ -94,6 +95,7 @@ claims = L.check_claims(measured, table)
 own = L.check_claims(L.paper_as_measured(paper.load(table)), table).set_index("claim").holds
 claims.insert(2, "on the paper's numbers", claims.claim.map(own))
 claims.to_csv(os.path.join(data_dir, f"{name}_claims.csv"), index=False)
+record_verdicts(claims, f"{name}_claims", data_dir, gpu)  # the claims notebook compares runs
 display(Markdown(f"Judged on {claims.gpus.iloc[0]}, commit(s) `{claims.commits.iloc[0]}`"
                  + (": one run." if claims.one_run.iloc[0] else ": **more than one run**.")))
 claims.drop(columns=["gpus", "commits", "dates", "one_run"])

@@ -305,24 +305,29 @@ def side_by_side(measured, paper_table):
 SIGNIFICANT = 0.01
 
 
-def faster(ok, a: str, b: str, batch: int) -> tuple[bool, str] | None:
+def faster(ok, a: str, b: str, batch: int) -> tuple[bool, str, float] | None:
     """Whether method ``a`` is significantly faster than ``b`` at ``batch``: by more than twice the
     larger of their run-to-run standard deviations (:data:`SIGNIFICANT` of b's time where a
-    deviation is missing), and the evidence; None where either did not run."""
+    deviation is missing), the evidence, and the distance to that margin as a share of b's time
+    (positive: faster by more than the margin); None where either did not run."""
     if (a, batch) not in ok.index or (b, batch) not in ok.index:
         return None
     ta, tb = ok.loc[(a, batch), "mean_s"], ok.loc[(b, batch), "mean_s"]
     sd = max(ok.loc[(a, batch), "std_s"], ok.loc[(b, batch), "std_s"])
     margin = 2 * sd if sd == sd else SIGNIFICANT * tb
-    return bool(tb - ta > margin), f"b{batch}: {a}/{b} = {ta / tb:.3f} (margin {margin / tb:.2%})"
+    return (bool(tb - ta > margin), f"b{batch}: {a}/{b} = {ta / tb:.3f} (margin {margin / tb:.2%})",
+            float((tb - ta - margin) / tb))
 
 
 def check_claims(measured, table: int):
     """Section 5.2's claims in the paper's wording, computed from one table's measurements (this
     project's re-implementations of the methods and of the two models' layers, not the paper's
     code). "Almost all settings" and "mostly" hold where more than half of the cases do (the
-    evidence gives the count). Each row names the run it was judged on (``gpus``, ``commits``,
-    ``dates``: :func:`harness.runs_of`)."""
+    evidence gives the count). ``gap``, where a comparison of times decides the verdict: how far
+    that comparison is from flipping it, as a share of the time (positive: the claim's side;
+    :func:`reproduce.claims.verdict_changes` reads it to tell a flip within noise from a move).
+    Each row names the run it was judged on (``gpus``, ``commits``, ``dates``:
+    :func:`harness.runs_of`)."""
     import pandas as pd
     ok = measured[measured.status == "ok"].set_index(["method", "batch"])
     linear = [m for m in measured.method.unique() if m not in QUADRATIC]
@@ -344,8 +349,10 @@ def check_claims(measured, table: int):
                                            "non-negligible)")):
         cases = [c for c in (faster(ok, a, b, bs) for bs in (1, 2)) if c is not None]
         if cases:
+            # a majority of n cases flips when its (n//2 + 1)-th largest gap crosses zero
+            gaps = sorted((c[2] for c in cases), reverse=True)
             rows.append(dict(claim=claim, holds=_majority(sum(c[0] for c in cases), len(cases)),
-                             evidence="; ".join(c[1] for c in cases)))
+                             evidence="; ".join(c[1] for c in cases), gap=gaps[len(gaps) // 2]))
     if table == 7:
         b2 = ok.xs(2, level="batch") if 2 in ok.index.get_level_values("batch") else None
         if b2 is not None and not b2.empty:
@@ -354,11 +361,17 @@ def check_claims(measured, table: int):
             # the paper's methods only: this project's own kernel (Chunk) is not in its table
             paper_b2 = b2[b2.index.isin(PAPER_METHODS)]
             pbest = paper_b2.mean_s.idxmin() if len(paper_b2) else best
+            others = paper_b2.mean_s.drop("Cdotp", errors="ignore")
             rows.append(dict(claim="Cdotp performs the best on TransNormerLLM-7B when the batch size is not 1",
                              holds="yes" if pbest == "Cdotp" else "no",
+                             gap=(float((others.min() - cd) / others.min())
+                                  if cd is not None and len(others) else float("nan")),
                              evidence=f"fastest of the paper's methods: {pbest} ({paper_b2.mean_s.min():.2f} s)"
                                       + (f"; Cdotp {cd:.2f} s ({cd / paper_b2.mean_s.min() - 1:+.1%})"
-                                         if cd is not None else "")
+                                         if cd is not None and pbest != "Cdotp" else "")
+                                      + (f"; next {others.idxmin()} {others.min():.2f} s "
+                                         f"({others.min() / cd - 1:+.1%})"
+                                         if pbest == "Cdotp" and len(others) else "")
                                       + (f"; fastest overall {best} ({b2.mean_s.min():.2f} s)"
                                          if best != pbest else "")))
     return pd.DataFrame(rows).assign(**runs_of([measured]))

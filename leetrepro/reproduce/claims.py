@@ -332,3 +332,69 @@ def paper_tables_as_measured():
     return out
 
 
+
+
+#: every judgment of every claim on one GPU, kept beside its claims files: one row per (claims
+#: file, claim, commits judged on), so that a later run can say which verdicts changed
+HISTORY = "claims_history.csv"
+HISTORY_COLUMNS = ("file", "claim", "holds", "evidence", "gap", "gpus", "commits", "dates")
+
+
+def _latest(dates: str) -> str:
+    return max(str(dates).split()) if isinstance(dates, str) and dates.strip() else ""
+
+
+def record_verdicts(claims, file: str, data_dir: str, gpu: str):
+    """Adds one judgment (``claims``: the rows of a claims table, with ``holds``, ``evidence``,
+    ``commits``, ``dates`` and, where a comparison of times decides, ``gap``) to the GPU's verdict
+    history :data:`HISTORY`, read from ``data_dir`` or else from the committed ``data/<gpu>/``
+    and written to ``data_dir``. ``file``: the claims table's name ("claims", "table7_claims", ...).
+    A claim judged again on the same commits replaces its row (the rules may have changed); the
+    paper's own numbers and claims judged on nothing measured are not recorded. Returns the
+    history."""
+    import os
+
+    import pandas as pd
+
+    from .tables import load_measured
+    path = os.path.join(data_dir, HISTORY)
+    old = pd.read_csv(path) if os.path.exists(path) else load_measured(gpu, HISTORY)
+    new = claims.assign(file=file).reindex(columns=list(HISTORY_COLUMNS))
+    new = new[~new.commits.isin(["none", "paper"])].assign(gap=lambda d: d.gap.round(5))
+    both = new if old is None else pd.concat([old, new], ignore_index=True)
+    both = both.drop_duplicates(["file", "claim", "commits"], keep="last")
+    both = both.assign(_at=both.dates.map(_latest)).sort_values(["file", "_at"], kind="stable")
+    both = both.drop(columns="_at").reset_index(drop=True)
+    both.to_csv(path, index=False)
+    return both
+
+
+def verdict_changes(history, noise: float | None = None):
+    """The claims whose latest verdict differs from the one before it on other runs: one row each
+    with both verdicts, their commits and evidence, and ``why``. A flip is *within noise* where the
+    comparison that decides it (``gap``) was within ``noise`` of flipping in both judgments (default
+    :data:`bench.llm.SIGNIFICANT`, the share of a time no run-to-run difference is taken to reach);
+    otherwise the measurements moved by more than that, or the verdict rests on a count or a fit
+    (no ``gap``), and the evidence says how."""
+    import pandas as pd
+    if noise is None:
+        from ..bench.llm import SIGNIFICANT as noise
+    rows = []
+    hist = history.assign(_at=history.dates.map(_latest)).sort_values("_at", kind="stable")
+    for (file, claim), g in hist.groupby(["file", "claim"], sort=False):
+        if len(g) < 2 or g.holds.iloc[-1] == g.holds.iloc[-2]:
+            continue
+        a, b = g.iloc[-2], g.iloc[-1]
+        if pd.notna(a.gap) and pd.notna(b.gap):
+            within = abs(a.gap) <= noise and abs(b.gap) <= noise
+            why = (f"within noise: decided by a gap of {a.gap:+.1%}, then {b.gap:+.1%}, both "
+                   f"under the {noise:.0%} no run-to-run difference is taken to reach" if within else
+                   f"a move beyond noise: the deciding gap went from {a.gap:+.1%} to {b.gap:+.1%} "
+                   f"(the methods or the software measured changed between these commits)")
+        else:
+            why = "decided by a count or a fit, not one gap: the evidence says what moved"
+        rows.append(dict(file=file, claim=claim, earlier=a.holds, now=b.holds,
+                         earlier_commits=a.commits, now_commits=b.commits,
+                         earlier_evidence=a.evidence, now_evidence=b.evidence, why=why))
+    return pd.DataFrame(rows, columns=["file", "claim", "earlier", "now", "earlier_commits",
+                                       "now_commits", "earlier_evidence", "now_evidence", "why"])
