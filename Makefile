@@ -42,7 +42,7 @@ LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
-        derivations long-prompts claims wheelhouse floor tune table7 table8 notebooks bench-train train \
+        derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
         bench-sp scaling bench-serve cross-gpu results
 
 help:
@@ -59,6 +59,7 @@ help:
 	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) QUICK=$(QUICK) NBFLAGS='-p seqlens ...'"
 	@echo "    QUICK=1: 5 repetitions, 2 s per call, Tables 7-8 in one run (the committed runs' settings)"
 	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
+	@echo "make profile   (GPU, ncu) what limits each floor cell short of its target -> $(DATA)/ncu_limits.txt"
 	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> $(DATA)/serve.csv, generation.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make results   figures/results.md: every measured table, written from data/ alone (no GPU needed)"
@@ -150,6 +151,11 @@ lemma31: $(INSTALLED)
 floor: $(INSTALLED)
 	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.floor --out $(RESULTS)/data/$(GPU))
 	$(call run_notebook,floor,floor,$(GPU),-p gpu $(GPU))
+
+# what limits each floor cell still short of its target: Nsight Compute over one call of Chunk as
+# it ships, per cell (GPU and ncu only) -> data/<gpu>/ncu_limits.txt
+profile: $(INSTALLED)
+	$(PY) -m leetrepro.bench.ncu --out $(DATA)
 
 # the launch tables of Chunk and LA, then the dispatch table of method="auto" for this GPU and
 # auto's regret (GPU only)

@@ -1,4 +1,5 @@
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -301,3 +302,18 @@ def test_gpu_check_dtypes_option_takes_a_subset_in_the_matrix_order():
     assert p.parse_args(["--dtypes", "bfloat16"]).dtypes == ["bfloat16"]
     with pytest.raises(SystemExit):
         p.parse_args(["--dtypes", "float64"])
+
+
+def test_ncu_summary_of_a_real_profile():
+    """``bench.ncu.summarize`` on Nsight Compute's raw page of one call (H200, fp16 b1 N = 8192,
+    trimmed to the columns it reads): the longest kernel, its DRAM bytes against the floor's, the
+    stall reasons largest first; the floor's bytes counted from the cell's shape."""
+    from leetrepro.bench import ncu
+    assert ncu.floor_bytes("f16_b16_01") == (16 * 32 * 25600 * 256 * 2 + 16 * 32 * 25600 * 128 * 2,
+                                             16 * 32 * 25600 * 128 * 2)
+    raw = (Path(__file__).parent / "fixtures" / "ncu_raw_f16_b1_8192_01.csv").read_text()
+    line = ncu.summarize(raw, "f16_b1_8192_01")
+    assert line.split()[1] == "chunk_scan_kernel"  # not the 2 µs elementwise kernel beside it
+    assert "DRAM read 1.500x floor reads" in line and "t=0.194ms" in line
+    stalls = line.split("cycles/issue ")[1]
+    assert stalls.startswith("7.05: barrier 2.74, wait 1.04") and stalls.count(",") == 4

@@ -1,0 +1,153 @@
+"""What limits a cell of the floor grid: Nsight Compute over one call of Chunk as it ships.
+
+``python -m leetrepro.bench.ncu [--cells f16_b16_01 ...] [--out data/<gpu>]`` profiles each cell
+in a process of its own (``ncu --profile-from-start off``, the call between cudaProfilerStart and
+Stop after three warm-ups; the launch table picks the kernel, as ``method="Chunk"`` ships) and
+writes ``ncu_limits.txt``: for the call's longest kernel, its DRAM bytes against the floor's reads
+(B, C, V) and writes (O), the achieved rate, how busy the issue slots are, and the stall reasons in
+cycles per issued instruction. Bytes and stalls do not depend on the clocks Nsight Compute locks
+(the SM clock is shown); the times do. Needs a GPU and ``ncu`` on the PATH.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+#: label: (dtype, batch, N, decay, options); heads 32, r = d = 128
+CELLS = {
+    "f16_b16_01": ("float16", 16, 25600, False, {}),
+    "bf16_b16_dec": ("bfloat16", 16, 25600, True, {}),
+    "f16_b1_1e5_01": ("float16", 1, 100000, False, {}),
+    "bf16_b1_1e5_dec": ("bfloat16", 1, 100000, True, {}),
+    "f32_b1_1e5_01": ("float32", 1, 100000, False, {}),
+    "f16_b1_8192_01": ("float16", 1, 8192, False, {}),
+    "f32x3_b16_8192_01": ("float32", 16, 8192, False, {"fp32_precision": "tf32x3"}),
+}
+HEADS, R, D = 32, 128, 128
+SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "WarpStateStats", "Occupancy", "LaunchStats",
+            "ComputeWorkloadAnalysis", "SchedulerStats")
+METRICS = "dram__bytes_read.sum,dram__bytes_write.sum"
+_STALL = "smsp__average_warps_issue_stalled_"
+
+
+def floor_bytes(label: str) -> tuple[int, int]:
+    """The floor's bytes read (B, C, V) and written (O) for a cell."""
+    import torch
+    dtype, batch, n, _, _ = CELLS[label]
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    rows = batch * HEADS * n
+    return rows * (2 * R + D) * size, rows * D * size
+
+
+def _num(v) -> float:
+    return float(str(v).replace(",", ""))
+
+
+def summarize(raw_csv: str, label: str, top: int = 5) -> str:
+    """One line for a cell from ``ncu --csv --page raw``'s output (its ``==PROF==`` lines and the
+    units row skipped): the longest kernel's name, time, SM clock, DRAM bytes × the floor's, the
+    achieved rate, issue slots busy, warps active, and the ``top`` stall reasons."""
+    import pandas as pd
+    body = "".join(line for line in io.StringIO(raw_csv) if not line.startswith("=="))
+    d = pd.read_csv(io.StringIO(body)).iloc[1:]  # row 0: the units
+    r = d.loc[d["gpu__time_duration.sum"].map(_num).idxmax()]
+    t = _num(r["gpu__time_duration.sum"]) * 1e-9
+    read, write = _num(r["dram__bytes_read.sum"]), _num(r["dram__bytes_write.sum"])
+    want_r, want_w = floor_bytes(label)
+    stalls = {c[len(_STALL):].replace("_per_issue_active.ratio", ""): _num(r[c])
+              for c in d.columns if c.startswith(_STALL) and c.endswith("_per_issue_active.ratio")}
+    worst = sorted(stalls.items(), key=lambda kv: -kv[1])[:top]
+    return (f"{label:18s} {str(r['Kernel Name'])[:20]:20s} t={t * 1e3:.3f}ms  "
+            f"SM {_num(r['gpc__cycles_elapsed.avg.per_second']) / 1e9:.2f} GHz  "
+            f"DRAM read {read / want_r:.3f}x floor reads, write {write / want_w:.3f}x, "
+            f"achieved {(read + write) / t / 1e12:.2f} TB/s; "
+            f"issue active {_num(r['smsp__issue_active.avg.pct_of_peak_sustained_active']):.0f}%, "
+            f"warps {_num(r['sm__warps_active.avg.pct_of_peak_sustained_active']):.1f}%, "
+            f"cycles/issue {sum(stalls.values()):.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in worst))
+
+
+def profiled_call(label: str) -> None:
+    """The child: a cell's inputs, three warm-up calls, then one call inside the profiler range."""
+    import torch
+
+    from .. import causal_linear_decoder
+    from .._inputs import alibi_gammas
+    from .harness import random_inputs
+    dtype, batch, n, decay, options = CELLS[label]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, C, V = random_inputs(batch, HEADS, n, R, D, dtype=getattr(torch, dtype), device="cuda",
+                            generator=gen)
+    g = alibi_gammas(HEADS).to("cuda") if decay else None
+    for _ in range(3):
+        causal_linear_decoder(B, C, V, g, method="Chunk", **options)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    causal_linear_decoder(B, C, V, g, method="Chunk", **options)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def header(meta: dict) -> list[str]:
+    return [f"# Nsight Compute, {meta['gpu']}, {meta['date']}: Chunk as it ships at commit {meta['commit']} "
+            f"(source {meta['source']}),",
+            '# method="Chunk" (f32x3: fp32_precision="tf32x3"), heads 32, r = d = 128, randn inputs, '
+            "ALiBi decays;",
+            "# one call after three warm-ups, the call's longest kernel; clocks locked by ncu (SM "
+            "clock shown).",
+            "# DRAM bytes against the floor's reads (B, C, V) and writes (O); stall reasons in cycles "
+            "per issued",
+            f"# instruction ({_STALL}*_per_issue_active), the five largest.",
+            f"# Command: ncu --profile-from-start off --section {' --section '.join(SECTIONS)}",
+            f"#   --metrics {METRICS} --csv --page raw python -m leetrepro.bench.ncu --call <cell>",
+            "# Cells: f16/bf16/f32 = fp16/bf16/fp32 (tf32 products), f32x3 = fp32 exact; b16 = batch "
+            "16 N = 25600",
+            "#   unless named; b1_1e5 = batch 1 N = 100000; b1_8192 = batch 1 N = 8192; 01 = 0-1 mask, "
+            "dec = decay."]
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
+    p.add_argument("--out", default=None, help="folder for ncu_limits.txt (default data/<gpu>)")
+    p.add_argument("--call", choices=list(CELLS), help=argparse.SUPPRESS)  # the profiled child
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
+    args = p.parse_args(argv)
+    if args.call:
+        profiled_call(args.call)
+        return 0
+    from .harness import gpu_script_setup, provenance
+    setup = gpu_script_setup("ncu", args.out)
+    if setup is None:
+        return 2
+    if shutil.which("ncu") is None:
+        print("ncu (Nsight Compute) is not on the PATH", file=sys.stderr)
+        return 2
+    device, meta, out = setup
+    lines = header(provenance(device))
+    logs = tempfile.mkdtemp(prefix="ncu_")
+    for label in args.cells:
+        log = os.path.join(logs, f"{label}.csv")
+        cmd = ["ncu", "--profile-from-start", "off", *[a for s in SECTIONS for a in ("--section", s)],
+               "--metrics", METRICS, "--csv", "--page", "raw", "--log-file", log,
+               sys.executable, "-m", "leetrepro.bench.ncu", "--call", label]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        if done.returncode or not os.path.exists(log):
+            lines.append(f"{label:18s} not profiled: ncu exited {done.returncode}: "
+                         f"{done.stderr.strip()[-200:]}")
+        else:
+            with open(log) as f:
+                lines.append(summarize(f.read(), label))
+        print(lines[-1], flush=True)
+    with open(os.path.join(out, "ncu_limits.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"-> {out}/ncu_limits.txt (Nsight Compute's raw pages: {logs})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
