@@ -332,8 +332,6 @@ def paper_tables_as_measured():
     return out
 
 
-
-
 #: every judgment of every claim on one GPU, kept beside its claims files: one row per (claims
 #: file, claim, commits judged on), so that a later run can say which verdicts changed
 HISTORY = "claims_history.csv"
