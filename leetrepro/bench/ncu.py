@@ -35,12 +35,13 @@ _STALL = "smsp__average_warps_issue_stalled_"
 
 
 def floor_bytes(label: str) -> tuple[int, int]:
-    """The floor's bytes read (B, C, V) and written (O) for a cell."""
-    import torch
+    """The floor's bytes (:func:`complexity.io_bytes`) as read (B, C, V) and written (O)."""
+    from .._inputs import parse_dtype
+    from ..complexity import io_bytes
     dtype, batch, n, _, _ = CELLS[label]
-    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    rows = batch * HEADS * n
-    return rows * (2 * R + D) * size, rows * D * size
+    size = parse_dtype(dtype).itemsize
+    written = batch * HEADS * n * D * size
+    return io_bytes(n, R, D, batch=batch, heads=HEADS, itemsize=size) - written, written
 
 
 def _num(v) -> float:
@@ -75,11 +76,11 @@ def profiled_call(label: str) -> None:
     import torch
 
     from .. import causal_linear_decoder
-    from .._inputs import alibi_gammas
+    from .._inputs import alibi_gammas, parse_dtype
     from .harness import random_inputs
     dtype, batch, n, decay, options = CELLS[label]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    B, C, V = random_inputs(batch, HEADS, n, R, D, dtype=getattr(torch, dtype), device="cuda",
+    B, C, V = random_inputs(batch, HEADS, n, R, D, dtype=parse_dtype(dtype), device="cuda",
                             generator=gen)
     g = alibi_gammas(HEADS).to("cuda") if decay else None
     for _ in range(3):

@@ -338,8 +338,12 @@ HISTORY = "claims_history.csv"
 HISTORY_COLUMNS = ("file", "claim", "holds", "evidence", "gap", "gpus", "commits", "dates")
 
 
-def _latest(dates: str) -> str:
-    return max(str(dates).split()) if isinstance(dates, str) and dates.strip() else ""
+def _by_date(history, *keys):
+    """The history's rows in the order of their latest date (within ``keys`` first)."""
+    def latest(dates):
+        return max(dates.split()) if isinstance(dates, str) and dates.strip() else ""
+    at = history.assign(_at=history.dates.map(latest))
+    return at.sort_values([*keys, "_at"], kind="stable").drop(columns="_at")
 
 
 def record_verdicts(claims, file: str, data_dir: str, gpu: str):
@@ -361,8 +365,7 @@ def record_verdicts(claims, file: str, data_dir: str, gpu: str):
     new = new[~new.commits.isin(["none", "paper"])].assign(gap=lambda d: d.gap.round(5))
     both = new if old is None else pd.concat([old, new], ignore_index=True)
     both = both.drop_duplicates(["file", "claim", "commits"], keep="last")
-    both = both.assign(_at=both.dates.map(_latest)).sort_values(["file", "_at"], kind="stable")
-    both = both.drop(columns="_at").reset_index(drop=True)
+    both = _by_date(both, "file").reset_index(drop=True)
     both.to_csv(path, index=False)
     return both
 
@@ -378,8 +381,7 @@ def verdict_changes(history, noise: float | None = None):
     if noise is None:
         from ..bench.llm import SIGNIFICANT as noise
     rows = []
-    hist = history.assign(_at=history.dates.map(_latest)).sort_values("_at", kind="stable")
-    for (file, claim), g in hist.groupby(["file", "claim"], sort=False):
+    for (file, claim), g in _by_date(history).groupby(["file", "claim"], sort=False):
         if len(g) < 2 or g.holds.iloc[-1] == g.holds.iloc[-2]:
             continue
         a, b = g.iloc[-2], g.iloc[-1]
