@@ -177,6 +177,61 @@ def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch
     assert rel_error(sn[1], want_sn[1]) <= tol and rel_error(sn[0, 0], want_sn[0, 0]) <= tol
 
 
+def test_chunk_in_launch_repair_refused_for_shared_memory_falls_back_to_a_repair_launch(
+        monkeypatch):
+    """Where the in-launch repair's tiles do not fit the GPU's shared memory (fp32 with the decay
+    in 64-row blocks on sm_90: Triton's loader raises OutOfResources before anything runs), the
+    call flags lanes for a repair launch instead, with the same answer, and that signature keeps
+    the repair launch from then on; any other error, and the same error from a launch without the
+    in-launch repair, reach the caller."""
+    from triton.runtime.errors import OutOfResources
+
+    from leetrepro.methods import chunk
+    from leetrepro.reference import reference, rel_error
+
+    launches = []
+    real = chunk.launch
+
+    def refusing(kernel, grid, arguments, key=None, **options):
+        in_launch = arguments["FLAGS"] is None and not arguments["REPAIR"]
+        launches.append("in-launch" if in_launch else "flags" if not arguments["REPAIR"] else "repair")
+        if in_launch:
+            raise OutOfResources(262400, 232448, "shared memory")
+        return real(kernel, grid, arguments, key, **options)
+
+    monkeypatch.setattr(chunk, "launch", refusing)
+    monkeypatch.setattr(chunk, "_SELF_REPAIR_UNFIT", set())
+    B, C, V = (t.to(DEVICE) for t in make_inputs(2, 3, 77, 8, 5, seed=11)[:3])
+    g = torch.tensor([0.9, 1.0, 0.5], dtype=torch.float64, device=DEVICE)
+    C[1, 2, 40, 3] = float("inf")
+    o, sn = chunk.chunk_scan(B, C, V, g, output_final_state=True, kernel="portable")
+    assert launches == ["in-launch", "flags", "repair"]
+    want, want_sn = reference(B.double(), C.double(), V.double(), g, output_final_state=True)
+    tol = tolerance(torch.float32, tf32=not INTERPRETED)
+    assert rel_error(o[0], want[0]) <= tol and rel_error(sn[0], want_sn[0]) <= tol
+    assert rel_error(o[1, 2, :40], want[1, 2, :40]) <= tol
+    assert (~torch.isfinite(o[1, 2, 40:])).any(-1).all()
+    launches.clear()
+    chunk.chunk_scan(B, C, V, g, kernel="portable")  # another signature (no final state)
+    assert launches == ["in-launch", "flags", "repair"]
+    launches.clear()
+    chunk.chunk_scan(B, C, V, g, output_final_state=True, kernel="portable")
+    assert launches == ["flags", "repair"]  # remembered: no second refusal
+
+    def failing(error):
+        def fail(*args, **kwargs):
+            raise error
+        return fail
+    monkeypatch.setattr(chunk, "launch", failing(OutOfResources(1, 0, "shared memory")))
+    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 0)  # no in-launch repair to give up
+    with pytest.raises(OutOfResources):
+        chunk.chunk_scan(B, C, V, g, kernel="portable")
+    monkeypatch.setattr(chunk, "launch", failing(RuntimeError("other")))
+    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 1 << 30)
+    with pytest.raises(RuntimeError, match="other"):
+        chunk.chunk_scan(B, C, V, None, kernel="portable")
+
+
 def test_chunk_scan_rejects_a_ragged_segment():
     with pytest.raises(ValueError, match="multiple of"):
         _check("Chunk", CHUNK_CASES[2][0], torch.float32, False, segment=100)

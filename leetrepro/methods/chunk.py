@@ -163,7 +163,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # repair launch would add ~20 µs of host time; a long one keeps its kernel lean (the in-launch
     # repair costs its sweep 5-7 %, NOTES.md) and flags the lanes for a repair launch, as the
     # Hopper kernel does.
-    self_repair = not hopper and B.shape[0] * heads * n <= SELF_REPAIR_ROWS
+    self_repair = not hopper and B.shape[0] * heads * n <= SELF_REPAIR_ROWS \
+        and signature not in _SELF_REPAIR_UNFIT
     # zeroed counters, one buffer (each zeroing is a launch of its own, ~10 µs of host time): the
     # lanes' repair flags, unless the launch repairs itself, and, split, the ring's flags (the
     # Hopper kernel's: one per half of each lane's state) and its ticket
@@ -202,8 +203,21 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                        ws=ws, heads=heads, scale=args["SCALE"], segment=segment, reverse=reverse,
                        dual=dual, out2=None if dual is None else out2)
     else:
-        launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main,
-               key + (False, self_repair), **plan.main_options)
+        try:
+            launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main,
+                   key + (False, self_repair), **plan.main_options)
+        except Exception as exc:
+            from triton.runtime.errors import OutOfResources
+            if not (self_repair and isinstance(exc, OutOfResources)):
+                raise
+            # the repair's tiles beside the sweep's do not fit this GPU's shared memory (raised
+            # as the kernel loads, before anything runs): this signature flags lanes for a
+            # repair launch instead, from this call on
+            _SELF_REPAIR_UNFIT.add(signature)
+            return chunk_scan(B, C, V, gamma, fp32_precision=fp32_precision, segment=segment,
+                              initial_state=initial_state, output_final_state=output_final_state,
+                              reverse=reverse, dual=dual, cu_seqlens=cu_seqlens, scale=scale,
+                              kernel=kernel, config=config)
     if not self_repair:
         # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
         # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
@@ -218,6 +232,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 #: rows within their launch (up to b1 × 32 heads × N = 8192: ≲ 200 µs of GPU time, where the repair
 #: launch's host time weighs, measured in NOTES.md); longer ones flag lanes for a repair launch
 SELF_REPAIR_ROWS = 1 << 18
+#: signatures (:func:`chunk_scan`'s plan keys) whose in-launch repair does not fit the GPU's shared
+#: memory: the repair's own tiles come beside the sweep's (fp32 with the decay in 64-row blocks, 2
+#: stages, needs 257 KB where sm_90 gives 227 KB), found on a signature's first call
+_SELF_REPAIR_UNFIT: set = set()
 
 #: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 224 KB of
 #: shared memory with the state's copies (32 KB), O's staging (32 KB) and the weighted V (16 KB);
