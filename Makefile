@@ -66,7 +66,7 @@ help:
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) Chunk's and LA's launch tables -> $(DATA)/chunk_config.csv, la_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
-	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv"
+	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv, train_sweeps.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
 
@@ -167,7 +167,7 @@ tune: $(INSTALLED)
 
 # forward + backward against its floor, flash-linear-attention beside it (GPU only)
 bench-train: $(INSTALLED)
-	$(PY) -m leetrepro.bench.train --out $(DATA)
+	$(PY) -m leetrepro.bench.train --out $(DATA) --sweeps
 
 # packed prefill, the decode step, generation in Tables 7-8's models; fla beside (GPU only)
 bench-serve: $(INSTALLED)

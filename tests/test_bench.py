@@ -317,3 +317,31 @@ def test_ncu_summary_of_a_real_profile():
     assert "DRAM read 1.500x floor reads" in line and "t=0.194ms" in line
     stalls = line.split("cycles/issue ")[1]
     assert stalls.startswith("7.05: barrier 2.74, wait 1.04") and stalls.count(",") == 4
+
+
+def test_train_sweeps_are_the_steps_own_backward(monkeypatch):
+    """``bench.train --sweeps`` times Chunk's step as three sweeps: called as listed there, they
+    give the step's forward output and its gradients (the dual sweep dV and dC, the last dB),
+    each pass count summing to 14 against the step's 11."""
+    from conftest import KERNEL_DEVICE as DEVICE, INTERPRETED, tolerance
+
+    from leetrepro.bench import train
+    from leetrepro.methods.chunk import chunk_scan
+    from leetrepro.reference import rel_error
+
+    monkeypatch.setattr(train, "HEADS", 3)
+    x = train.make_cell(torch.float32, 2, 77, DEVICE)
+    for k in ("B", "C", "V"):  # a small r and d, as the interpreter takes them
+        x[k] = x[k][..., :8].detach().clone().requires_grad_()
+    x["dO"] = x["dO"][..., :8].contiguous()
+    x["g"] = x["g"][:3]
+    out = train.entries(["Chunk"])["Chunk"](x)
+    grads = torch.autograd.grad(out, [x["B"], x["C"], x["V"]], x["dO"])
+    plain = {k: v.detach() for k, v in x.items()}
+    got = {name: call(plain, chunk_scan) for name, _, call in train.SWEEPS}
+    tol = tolerance(torch.float32, tf32=not INTERPRETED)
+    assert rel_error(got["forward"], out) <= tol
+    dV, dC = got["dual"]
+    for mine, want in ((got["dB"], grads[0]), (dC, grads[1]), (dV, grads[2])):
+        assert rel_error(mine, want) <= tol
+    assert sum(p for _, p, _ in train.SWEEPS) == 14

@@ -17,6 +17,14 @@ in a CUDA graph and replayed, as a training loop with CUDA graphs runs it; cells
 ``--graph-max-tokens`` batch·N, where both entries' graphs and their inputs fit beside each other).
 Entries are compared within one mode only.
 
+``--sweeps`` also writes ``train_sweeps.csv``: Chunk's step taken apart into its three sweeps
+(the forward; the backward's dual sweep, dV and dC from one reverse-time state; the forward
+sweep that gives dB), each called as the backward calls it and captured in a CUDA graph, timed
+interleaved with the whole step's graph, each against its own floor at one read of every input
+(4, 6 and 4 passes; the step's floor is 11). The sum of the three sweeps' floors (14 passes) over
+the step's (11), times each sweep's own ratio, is where the step's ratio comes from; with segments
+(batch 1) each sweep also reads two of its inputs a second time.
+
 Entries: ``Chunk`` (``causal_linear_decoder(..., method="Chunk")``: the custom op, its backward
 the reverse sweeps for dV and dC plus a forward sweep for dB, each on the kernel the GPU's
 measured table names) and ``fla``
@@ -174,6 +182,38 @@ def _graph_rows(rows: dict, calls: dict, reps: int, device) -> list[dict]:
     return out
 
 
+#: Chunk's training step as its backward runs it: (sweep, passes at its floor, the call on a cell)
+SWEEPS = [("forward", 4, lambda x, f: f(x["B"], x["C"], x["V"], x["g"])),
+          ("dual", 6, lambda x, f: f(x["C"], x["B"], x["dO"], x["g"], reverse=True, dual=x["V"])),
+          ("dB", 4, lambda x, f: f(x["dO"], x["V"], x["C"], x["g"]))]
+
+
+def sweep_rows(dtype, batch, n, reps, bw, device) -> list[dict]:
+    """Chunk's step and each of its sweeps (:data:`SWEEPS`, through ``chunk_scan`` with the kernel
+    the GPU's table names) captured in CUDA graphs and replayed interleaved: one row each, its
+    time against its own floor (``passes`` tensors of ``batch·heads·N·128`` elements)."""
+    from ..methods.chunk import chunk_scan
+    x = make_cell(dtype, batch, n, device)
+    fwd = entries(["Chunk"])["Chunk"]
+    leaves = _leaves("Chunk", x)
+    calls = {"step": (11, lambda: torch.autograd.grad(fwd(x), leaves, x["dO"]))}
+    plain = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in x.items()}
+    calls |= {name: (passes, lambda c=call: c(plain, chunk_scan)) for name, passes, call in SWEEPS}
+    graphs = {name: capture_graph(fn, (), device) for name, (_, fn) in calls.items()}
+    times = interleaved_medians({k: g.replay for k, g in graphs.items()}, [()], reps, device,
+                                warmup=1)
+    tensor_bytes = batch * HEADS * n * DIM * dtype.itemsize
+    rows = [dict(sweep=name, passes=passes, dtype=SHORT_NAMES[dtype], batch=batch, N=n, decay=True,
+                 heads=HEADS, r=RANK, d=DIM, mode="graph", ms=times[name] * 1e3,
+                 floor_ms=passes * tensor_bytes / bw * 1e3, reps=reps)
+            for name, (passes, _) in calls.items()]
+    for row in rows:
+        row["floor_ratio"] = row["ms"] / row["floor_ms"]
+    graphs = x = plain = None
+    torch.cuda.empty_cache()
+    return rows
+
+
 def _arguments(p) -> None:
     p.add_argument("--entries", nargs="*", default=["Chunk", "fla"])
     p.add_argument("--cells", nargs="*", default=None,
@@ -184,6 +224,9 @@ def _arguments(p) -> None:
     p.add_argument("--csv", default="train.csv")
     p.add_argument("--graph-max-tokens", type=int, default=131072,
                    help="cells up to this batch·N also timed as CUDA graph replays (0: none)")
+    p.add_argument("--sweeps", action="store_true",
+                   help="also Chunk's step taken apart into its sweeps, each against its own floor "
+                        "(train_sweeps.csv)")
 
 
 def main(argv=None) -> int:
@@ -196,12 +239,20 @@ def main(argv=None) -> int:
     cells = CELLS if args.cells is None else [
         (c.split(":")[0], int(c.split(":")[1]), int(c.split(":")[2])) for c in args.cells]
     fns = entries(args.entries)
-    rows = []
+    rows, sweeps = [], []
     for dt, batch, n in cells:
         dtype = parse_dtype(dt)
         cell = measure(fns, dtype, batch, n, args.reps, bw, device, args.check_max_n,
                        args.graph_max_tokens)
         rows += cell
+        if args.sweeps:
+            parts = sweep_rows(dtype, batch, n, args.reps, bw, device)
+            sweeps += parts
+            print("  Chunk's sweeps (graph): " + " | ".join(
+                f"{r['sweep']} {r['ms']:.3f} ms ({r['floor_ratio']:.2f}x its {r['passes']} passes)"
+                for r in parts), flush=True)
+            pd.DataFrame(sweeps).assign(copy_TBps=bw / 1e12, **meta).to_csv(
+                os.path.join(out, "train_sweeps.csv"), index=False)
         print(f"{SHORT_NAMES[dtype]} b{batch} N={n} decay, floor {cell[0]['floor_ms']:.2f} ms | "
               + " | ".join(f"{r['method']} {r['mode']} fwd {r['fwd_ms']:.2f} "
                            f"fwd+bwd {r['fwd_bwd_ms']:.2f} ms "
