@@ -163,6 +163,17 @@ def training(tags: list[str]) -> str:
                      f"replays):\n\n" + _table(
                          ["mode", "method", "dtype", "batch", "N", "mask", "forward + backward",
                           "× floor", "peak beyond inputs, GiB", "gradients, GiB"], rows))
+        sweeps = _read(tag, "train_sweeps.csv")
+        if sweeps is not None:
+            cells = sweeps.pivot_table(index=["dtype", "batch", "N"], columns="sweep",
+                                       values="floor_ratio", sort=False)
+            rows = [[f"{dt} b{b} N={n}"] + [_x(cells.loc[(dt, b, n)].get(s))
+                                            for s in ("step", "forward", "dual", "dB")]
+                    for dt, b, n in cells.index]
+            parts.append(f"Chunk's step taken apart (`train_sweeps.csv`; {_run(sweeps)}; each in "
+                         f"a CUDA graph, × its own floor: the step 11 passes, forward 4, dual "
+                         f"(dV, dC) 6, dB 4):\n\n"
+                         + _table(["cell", "step", "forward", "dual", "dB"], rows))
         lm = _read(tag, "train_lm.csv")
         if lm is not None:
             last = lm.sort_values("step").groupby("method").tail(1).set_index("method")
