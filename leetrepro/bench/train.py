@@ -209,7 +209,7 @@ def sweep_rows(dtype, batch, n, reps, bw, device) -> list[dict]:
             for name, (passes, _) in calls.items()]
     for row in rows:
         row["floor_ratio"] = row["ms"] / row["floor_ms"]
-    graphs = x = plain = None
+    graphs = calls = x = plain = leaves = None  # the cell's tensors freed before the next
     torch.cuda.empty_cache()
     return rows
 
