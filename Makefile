@@ -43,7 +43,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve cross-gpu results
+        bench-sp scaling bench-serve cross-gpu results layouts bench-layer
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -66,7 +66,9 @@ help:
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) Chunk's and LA's launch tables -> $(DATA)/chunk_config.csv, la_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
-	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv, train_sweeps.csv"
+	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv, train_sweeps.csv, layouts.csv"
+	@echo "make layouts   (GPU) the layouts models produce vs head-major and fla -> $(DATA)/layouts.csv"
+	@echo "make bench-layer (GPU) one attention layer, forward + backward, vs fla's op -> $(DATA)/layer.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
 
@@ -165,9 +167,21 @@ tune: $(INSTALLED)
 	$(PY) -m leetrepro.bench.sweep --out $(RESULTS)/data/$(GPU)
 	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU) $(TUNE_ARGS)
 
-# forward + backward against its floor, flash-linear-attention beside it (GPU only)
+# forward + backward against its floor, flash-linear-attention beside it (GPU only); then the
+# layouts models hand the operator
 bench-train: $(INSTALLED)
 	$(PY) -m leetrepro.bench.train --out $(DATA) --sweeps
+	$(PY) -m leetrepro.bench.layouts --out $(DATA)
+
+# the operator in the layouts models produce (time-major views, a fused projection, the drop-in)
+# beside head-major and fla, forward and forward + backward (GPU only) -> $(DATA)/layouts.csv
+layouts: $(INSTALLED)
+	$(PY) -m leetrepro.bench.layouts --out $(DATA)
+
+# one attention layer (projections, the operator, forward + backward) against the same layer with
+# fla's op, tokens/s (GPU only) -> $(DATA)/layer.csv
+bench-layer: $(INSTALLED)
+	$(PY) -m leetrepro.bench.layer --out $(DATA)
 
 # packed prefill, the decode step, generation in Tables 7-8's models; fla beside (GPU only)
 bench-serve: $(INSTALLED)

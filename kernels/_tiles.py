@@ -56,13 +56,14 @@ def store_rows(ptr, base, phys, ok, cols, col_ok, stride, x):
 
 
 @triton.jit
-def load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d, d_ok, R, D,
-               ISOLATE: tl.constexpr):
-    """One chunk's b, c, v tiles and, with ISOLATE (the repair launch), c and v with their
-    non-finite entries zeroed and the per-row 0/NaN that poisons rows from a bad one on."""
-    b = load_rows(B, bc_base, phys, ok, cols_r, r_ok, R)
-    c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
-    v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
+def load_chunk(B, C, V, b_base, c_base, v_base, phys, ok, cols_r, r_ok, cols_d, d_ok, SB, SC,
+               SV, ISOLATE: tl.constexpr):
+    """One chunk's b, c, v tiles (each tensor at its lane's offset and row stride) and, with
+    ISOLATE (the repair launch), c and v with their non-finite entries zeroed and the per-row
+    0/NaN that poisons rows from a bad one on."""
+    b = load_rows(B, b_base, phys, ok, cols_r, r_ok, SB)
+    c = load_rows(C, c_base, phys, ok, cols_r, r_ok, SC)
+    v = load_rows(V, v_base, phys, ok, cols_d, d_ok, SV)
     if ISOLATE:
         c, c_bad = isolate_nonfinite(c)
         v, v_bad = isolate_nonfinite(v)
@@ -131,7 +132,7 @@ def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISI
 
 
 @triton.jit
-def segment_state(C, V, bc_base, vo_base, start, end, N, lg, cols_r, r_ok, cols_d, d_ok, R, D,
+def segment_state(C, V, c_base, v_base, start, end, N, lg, cols_r, r_ok, cols_d, d_ok, SC, SV,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr, PRECISION: tl.constexpr):
     """Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32, BLOCK_R × BLOCK_D): the state
@@ -139,8 +140,8 @@ def segment_state(C, V, bc_base, vo_base, start, end, N, lg, cols_r, r_ok, cols_
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
-        c = load_rows(C, bc_base, phys, ok, cols_r, r_ok, R)
-        v = load_rows(V, vo_base, phys, ok, cols_d, d_ok, D)
+        c = load_rows(C, c_base, phys, ok, cols_r, r_ok, SC)
+        v = load_rows(V, v_base, phys, ok, cols_d, d_ok, SV)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
     return local

@@ -25,7 +25,8 @@ backwards (logical row t = physical row N-1-t): the backward pass's dV and dC.
 
 ``SCALE`` multiplies the outputs as they are stored (flash-linear-attention's query scale, free).
 Packed sequences (``VARLEN``): lane (sequence, head) reads rows CU[seq]..CU[seq+1]-1 of a batch of
-one; rows are addressed through strides, so time-major inputs are read in place.
+one. Every tensor is addressed through its own strides, so time-major views and the slices of a
+fused projection are read and written in place.
 
 Non-finite rows of C or V: a chunk multiplies whole tiles, so a NaN/Inf in row j meets the zero
 weights of earlier rows of its chunk (0 × NaN) and would spoil them. Detecting that per chunk
@@ -51,29 +52,36 @@ from leetrepro.kernels._tiles import (accumulate_state, and_flag, chunk_output, 
 
 @triton.jit
 def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG,
-                      SCALE,                      SB_B, SB_H, SB_T, SV_B, SV_H, SV_T,
-                      HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr, HAS_S0: tl.constexpr, STORE_SN: tl.constexpr,
-                      SPLIT: tl.constexpr, REVERSE: tl.constexpr, DUAL: tl.constexpr,
-                      HALF_RANGE: tl.constexpr, REPAIR: tl.constexpr,
+                      SCALE, SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T,
+                      SO_B, SO_H, SO_T, SE_B, SE_H, SE_T, SP_B, SP_H, SP_T,
+                      HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr, HAS_S0: tl.constexpr,
+                      STORE_SN: tl.constexpr, SPLIT: tl.constexpr, REVERSE: tl.constexpr,
+                      DUAL: tl.constexpr, HALF_RANGE: tl.constexpr, REPAIR: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr):
+    """Strides: ``S<X>_B, S<X>_H, S<X>_T`` (batch, head, row; elements) of each tensor X of B, C,
+    V, O, E and O2 (``SP_*``), each its own: any layout whose last dimension is contiguous is read
+    and written in place (time-major views, slices of one fused projection)."""
     if SPLIT:
         t = tl.atomic_add(SYNC + LANES, 1)  # ticket, in the order programs actually start
     else:
         t = tl.program_id(0)
     fix = _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG,
-                SCALE, SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN,
+                SCALE, SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
+                SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN,
                 SPLIT, REVERSE, DUAL, HALF_RANGE, REPAIR, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
     if FLAGS is None:  # (no repair launch follows)
         if fix:  # the lane's first non-finite row is in this segment: its rows again
-            _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE, SB_B,
-                    SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN, REVERSE,
-                    DUAL, HALF_RANGE, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
+            _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
+                    SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
+                    SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN,
+                    REVERSE, DUAL, HALF_RANGE, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
 
 
 @triton.jit(noinline=True)
-def _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE, SB_B, SB_H,
-            SB_T, SV_B, SV_H, SV_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
+def _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
+            SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
+            SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
             HAS_S0: tl.constexpr, STORE_SN: tl.constexpr, REVERSE: tl.constexpr,
             DUAL: tl.constexpr, HALF_RANGE: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
@@ -81,13 +89,26 @@ def _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCA
     ``REPAIR``). A function of its own, not inlined: the rare path keeps its registers apart from
     the sweep's (inlined, it doubled the kernel's spills)."""
     _scan(t, B, C, V, O, E, O2, S0, SN, None, None, None, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
-          SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN, False, REVERSE,
+          SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
+          SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN, False, REVERSE,
           DUAL, HALF_RANGE, True, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
 
 
 @triton.jit
+def _lane_base(seq, head, bos, S_B, S_H, S_T, VARLEN: tl.constexpr):
+    """Element offset of a lane's row 0 in a tensor of strides (S_B, S_H, S_T): batch ``seq``, or
+    with ``VARLEN`` the packed batch of one from row ``bos``. int64: batch 16 × 32 heads × N
+    100000 × 128 overflows int32."""
+    if VARLEN:
+        return head * S_H + bos * S_T
+    else:
+        return seq.to(tl.int64) * S_B + head * S_H
+
+
+@triton.jit
 def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
-          SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
+          SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
+          SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
           HAS_S0: tl.constexpr, STORE_SN: tl.constexpr, SPLIT: tl.constexpr,
           REVERSE: tl.constexpr, DUAL: tl.constexpr, HALF_RANGE: tl.constexpr,
           REPAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -103,19 +124,20 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
     d0 = (lane % n_db) * BLOCK_D
-    # rows addressed through strides (head-major or time-major layouts, no copies); int64
-    # offsets: batch 16 × 32 heads × N 100000 × 128 overflows int32
+    # rows addressed through each tensor's own strides (head-major, time-major, slices of a
+    # fused projection: no copies)
     seq = bh // H
     head = (bh % H).to(tl.int64)
     if VARLEN:  # sequence `seq` is rows cu[seq]..cu[seq+1]-1 of the packed batch of one
         bos = tl.load(CU + seq).to(tl.int64)
         n = (tl.load(CU + seq + 1) - bos).to(tl.int32)
-        bc_base = head * SB_H + bos * SB_T
-        vo_base = head * SV_H + bos * SV_T
     else:
+        bos = 0
         n = N
-        bc_base = seq.to(tl.int64) * SB_B + head * SB_H
-        vo_base = seq.to(tl.int64) * SV_B + head * SV_H
+    b_base = _lane_base(seq, head, bos, SB_B, SB_H, SB_T, VARLEN)
+    c_base = _lane_base(seq, head, bos, SC_B, SC_H, SC_T, VARLEN)
+    v_base = _lane_base(seq, head, bos, SV_B, SV_H, SV_T, VARLEN)
+    o_base = _lane_base(seq, head, bos, SO_B, SO_H, SO_T, VARLEN)
     cols_r = tl.arange(0, BLOCK_R)
     cols_d = d0 + tl.arange(0, BLOCK_D)
     r_ok = cols_r < R
@@ -143,8 +165,8 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     if SPLIT:
         if not last:
-            local = segment_state(C, V, bc_base, vo_base, start, end, n, lg, cols_r, r_ok, cols_d,
-                                  d_ok, SB_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
+            local = segment_state(C, V, c_base, v_base, start, end, n, lg, cols_r, r_ok, cols_d,
+                                  d_ok, SC_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
                                   PRECISION)
 
     # 2. the state entering the segment
@@ -157,8 +179,8 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
             if start > 0:
                 if HAS_DECAY:
                     state = state * tl.exp(start.to(tl.float32) * lg)
-                state += segment_state(C, V, bc_base, vo_base, 0, start, n, lg, cols_r, r_ok,
-                                       cols_d, d_ok, SB_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N,
+                state += segment_state(C, V, c_base, v_base, 0, start, n, lg, cols_r, r_ok,
+                                       cols_d, d_ok, SC_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N,
                                        HAS_DECAY, REVERSE, PRECISION)
     if SPLIT:
         if (seg > 0) & go:
@@ -185,22 +207,24 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
     # 4. the outputs, chunk by chunk, carrying the state on chip
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, n, BLOCK_N, REVERSE)
-        b, c, v, bad = load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d,
-                                  d_ok, SB_T, SV_T, REPAIR)
+        b, c, v, bad = load_chunk(B, C, V, b_base, c_base, v_base, phys, ok, cols_r, r_ok,
+                                  cols_d, d_ok, SB_T, SC_T, SV_T, REPAIR)
         w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
         if REPAIR:  # NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
-        store_rows(O, vo_base, phys, ok, cols_d, d_ok, SV_T, out * SCALE)
+        store_rows(O, o_base, phys, ok, cols_d, d_ok, SO_T, out * SCALE)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
-            e = load_rows(E, vo_base, phys, ok, cols_d, d_ok, SV_T)
+            e = load_rows(E, _lane_base(seq, head, bos, SE_B, SE_H, SE_T, VARLEN), phys, ok,
+                          cols_d, d_ok, SE_T)
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
                                 HALF_RANGE, PRECISION)
             if REPAIR:
                 out2 += poison
-            store_rows(O2, bc_base, phys, ok, cols_r, r_ok, SB_T, out2 * SCALE)
+            store_rows(O2, _lane_base(seq, head, bos, SP_B, SP_H, SP_T, VARLEN), phys, ok,
+                       cols_r, r_ok, SP_T, out2 * SCALE)
         state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
         if REPAIR:
             state += tl.sum(bad, axis=0)

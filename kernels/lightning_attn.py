@@ -80,8 +80,8 @@ def la_fwd_kernel(B, C, V, O, S, FLAGS, GAMMA, N, R, D, H, SEG,
         end = tl.where(tl.load(FLAGS + lane) != 0, end, start)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, False)
-        b, c, v, bad = load_chunk(B, C, V, bc_base, vo_base, phys, ok, cols_r, r_ok, cols_d,
-                                  d_ok, R, D, REPAIR)
+        b, c, v, bad = load_chunk(B, C, V, bc_base, bc_base, vo_base, phys, ok, cols_r, r_ok,
+                                  cols_d, d_ok, R, R, D, REPAIR)
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
         out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)

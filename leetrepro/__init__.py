@@ -19,10 +19,12 @@ from .compat import chunk_simple_gla
 from .decode import decode_step
 from .dispatch import auto_method
 from .distributed import causal_linear_decoder_sp
+from .projection import split_projection
 from .reference import reference, rel_error
 from .registry import available, register
 
 __version__ = "0.2.0"
 __all__ = ["causal_linear_decoder", "causal_linear_decoder_sp", "chunk_simple_gla", "decode_step",
+           "split_projection",
            "reference", "rel_error", "available", "register", "methods",
            "complexity", "auto_method"]

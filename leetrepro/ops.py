@@ -124,7 +124,7 @@ def _accepted_options(fn) -> frozenset | None:
     return frozenset(p.name for p in params[4:]
                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
                      and p.name not in ("initial_state", "output_final_state", "reverse", "dual",
-                                        "cu_seqlens", "scale"))
+                                        "cu_seqlens", "scale", "out", "out2"))
 
 
 def encode_options(options: dict) -> str:
@@ -146,14 +146,21 @@ def _decode(options: str) -> tuple:
 
 def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         output_final_state: bool, dual: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None, scale: float = 1.0):
+        cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
+        out: torch.Tensor | None = None, out2: torch.Tensor | None = None):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
     with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
     ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
-    ``Method.varlen`` runs them one by one. ``scale`` multiplies O (not S_N)."""
+    ``Method.varlen`` runs them one by one. ``scale`` multiplies O (not S_N).
+
+    Layout: O is dense in V's dimension order (:func:`output_like`: a time-major V gives a
+    time-major O, whose ``transpose(1, 2).reshape(b, N, h·d)`` is a view), the dual output in
+    B's, or written into ``out``/``out2`` (any strides) when given: a method with ``Method.out``
+    writes there itself, others' results are copied in."""
     if cu_seqlens is not None and not m.varlen:
-        return _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-                         dual, cu_seqlens, scale)
+        res = _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
+                        dual, cu_seqlens, scale)
+        return _placed(res, B, V, dual, out, out2)
     batch, heads, n, r = B.shape
     d = V.shape[-1]
     sdtype = state_dtype(V.dtype)
@@ -161,7 +168,9 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     if n == 0 or batch == 0 or heads == 0 or d == 0 or r == 0:
         # N = 0 passes the initial state through; r = 0 leaves it empty
         count = batch if cu_seqlens is None else cu_seqlens.numel() - 1
-        return _empty_sequences(V, r, initial_state, output_final_state, count)
+        o, s = _empty_sequences(V, r, initial_state, output_final_state, count)
+        return _placed((o if dual is None else (o, torch.zeros_like(B)), s), B, V, dual, out,
+                       out2)
     kw = dict(opts)
     if initial_state is not None or output_final_state:
         kw.update(initial_state=initial_state, output_final_state=output_final_state)
@@ -174,21 +183,58 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         kw["cu_seqlens"] = cu_seqlens
     if scale != 1.0 and m.scale:
         kw["scale"] = scale
+    if m.out and not flip:
+        kw.update(out=out, out2=out2)
     if flip:
         B, C, V = B.flip(2), C.flip(2), V.flip(2)
+        dual = None if dual is None else dual.flip(2)
     res = m.fn(B, C, V, gamma, **kw)
-    out, s = res if output_final_state else (res, no_state)
+    o, s = res if output_final_state else (res, no_state)
     if scale != 1.0 and not m.scale:
-        out = tuple(o * scale for o in out) if dual is not None else out * scale
+        o = tuple(x * scale for x in o) if dual is not None else o * scale
     if flip:
-        out = tuple(o.flip(2) for o in out) if dual is not None else out.flip(2)
-    return (out if dual is not None else out.contiguous()), s
+        o = tuple(x.flip(2) for x in o) if dual is not None else o.flip(2)
+    return _placed((o, s), B, V, dual, out, out2)
+
+
+def output_like(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised output shaped like x, dense in x's dimension order: the layout every
+    method's O (like V) and gradient (like its input) comes in. The same rule for real and fake
+    tensors, so a compiled graph's strides are the kernels' (``torch.empty_like`` of a view keeps
+    its order: a time-major view of ``(b, N, h, d)`` gives a time-major O)."""
+    return torch.empty_like(x)
+
+
+def _placed(res, B, V, dual, out, out2):
+    """``(O, S)`` with O (and the dual output) in the documented layouts: written into
+    ``out``/``out2`` where given, else dense in V's (B's) dimension order; a copy only where the
+    method returned another layout (methods without ``Method.out``)."""
+    o, s = res
+    if dual is not None:
+        return (_into(o[0], V, out), _into(o[1], B, out2)), s
+    return _into(o, V, out), s
+
+
+def _into(x: torch.Tensor, like: torch.Tensor, dest: torch.Tensor | None) -> torch.Tensor:
+    if dest is not None:
+        if x.data_ptr() != dest.data_ptr() or x.stride() != dest.stride():
+            dest.copy_(x)
+        return dest
+    if x.stride() == _dense_strides(like.shape, like.stride()):
+        return x
+    return output_like(like).copy_(x)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_strides(shape, stride) -> tuple:
+    """The strides of :func:`output_like` for a tensor of this shape and these strides."""
+    return torch.empty_like(torch.empty_strided(shape, stride, device="meta")).stride()
 
 
 def _empty_sequences(V, r, initial_state, output_final_state, count):
     """Zero outputs shaped like V and ``count`` final states: zeros, or the initial states."""
     sdtype = state_dtype(V.dtype)
-    out = V.new_zeros(V.shape)
+    out = torch.zeros_like(V)
     if not output_final_state:
         return out, V.new_empty(0, dtype=sdtype)
     s = V.new_zeros(count, V.shape[1], r, V.shape[-1], dtype=sdtype)
@@ -244,7 +290,7 @@ def _(B, C, V, gamma, initial_state, method, options, reverse, output_final_stat
     batch = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     sdtype = state_dtype(V.dtype)
     s = V.new_empty((batch, heads, r, V.shape[-1]) if output_final_state else (0,), dtype=sdtype)
-    return V.new_empty(V.shape), s
+    return output_like(V), s
 
 
 @torch.library.custom_op("leetrepro::causal_linear_backward", mutates_args=())
@@ -267,9 +313,13 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
 
 def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, reverse: bool,
                need_b: bool, need_c: bool, need_v: bool, need_s0: bool, cu_seqlens,
-               scale: float) -> tuple:
-    """:func:`causal_linear_backward` by a resolved method and its options."""
-    dB = dC = dV = dS0 = R = None
+               scale: float, shared: bool = False) -> tuple:
+    """:func:`causal_linear_backward` by a resolved method and its options. Each gradient comes
+    in its input's layout (:func:`gradient_buffers`; ``shared``: as views of one buffer where
+    B, C, V are the slices of one projection), written there by the kernel itself (Chunk), so
+    that neither autograd nor the projection's backward copies it."""
+    dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
+    dS0 = R = None
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -277,27 +327,71 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     # their state (transposed), so a method with a dual mode does both in one sweep only when
     # both are wanted (dS0 comes from either sweep's final state, R or Rᵀ)
     if need_c and (need_v or need_s0) and m.dual and m.reverse and _dual_fits(B, V):
+        # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
+        dv_out = dV if dV is not None else output_like(V)
         (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                          cu_seqlens=cu_seqlens, scale=scale)
+                          cu_seqlens=cu_seqlens, scale=scale, out=dv_out, out2=dC)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, cu_seqlens=cu_seqlens,
-                        scale=scale)
+                        scale=scale, out=dV)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                         cu_seqlens=cu_seqlens, scale=scale)
+                         cu_seqlens=cu_seqlens, scale=scale, out=dC)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:
         dS0 = (_per_head(R, gamma, 1) * scale).to(initial_state.dtype)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
         dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, cu_seqlens=cu_seqlens,
-                    scale=scale)
+                    scale=scale, out=dB)
     # a gradient not asked for is an empty tensor of its own: outputs of a custom op may not alias
     # one another (one shared empty tensor made every partial backward raise)
-    return tuple(g.contiguous() if k else V.new_empty(0)
+    return tuple(g if k else V.new_empty(0)
                  for g, k in zip((dB, dC, dV, dS0), (need_b, need_c, need_v, need_s0)))
+
+
+def gradient_buffers(B, C, V, need_b: bool, need_c: bool, need_v: bool, shared: bool = False):
+    """Uninitialised dB, dC, dV (None where not asked for), each in its input's layout
+    (:func:`output_like`). ``shared`` and all three asked for, with B, C, V disjoint views of one
+    storage (the slices of one fused projection, :func:`leetrepro.split_projection`): views of one
+    buffer laid out as that storage, at the inputs' own offsets and strides, so that the
+    projection's gradient is that buffer itself, with no concatenation."""
+    if shared and need_b and need_c and need_v and _one_storage(B, C, V) and \
+            B.untyped_storage().nbytes() == (B.numel() + C.numel() + V.numel()) * B.element_size():
+        # (the three cover their storage exactly: every element of the buffer is written)
+        flat = torch.empty(B.numel() + C.numel() + V.numel(), dtype=B.dtype, device=B.device)
+        return tuple(flat.as_strided(t.shape, t.stride(), t.storage_offset()) for t in (B, C, V))
+    return tuple(output_like(t) if need else None
+                 for t, need in ((B, need_b), (C, need_c), (V, need_v)))
+
+
+def _one_storage(B, C, V) -> bool:
+    """Whether B, C, V are views of one storage that interleave within its rows without sharing
+    an element: one dtype, device and storage, the same batch and row strides, and the columns
+    each takes of a row (heads × its last dimension, from its offset) disjoint from the others'
+    and from themselves, all within one row stride; rows, and batches, apart."""
+    if B.device.type == "meta" or not (B.dtype == C.dtype == V.dtype):
+        return False
+    ptr = B.untyped_storage().data_ptr()
+    if C.untyped_storage().data_ptr() != ptr or V.untyped_storage().data_ptr() != ptr:
+        return False
+    return _interleaved_rows(*((tuple(t.shape), t.stride(), t.storage_offset()) for t in (B, C, V)))
+
+
+@functools.lru_cache(maxsize=256)
+def _interleaved_rows(*views) -> bool:
+    """:func:`_one_storage` on ``(shape, strides, offset)`` of each view (4-D, last stride 1)."""
+    (batch, heads, n, _), (sb, _, st, _), _ = views[0]
+    if any(v[1][0] != sb and batch > 1 or v[1][2] != st or v[1][3] != 1 or
+           v[0][:3] != (batch, heads, n) for v in views):
+        return False
+    spans = sorted((off + h * stride[1], off + h * stride[1] + shape[3])
+                   for shape, stride, off in views for h in range(heads))
+    first, last = spans[0][0], max(e for _, e in spans)
+    apart = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    return apart and (n <= 1 or last - first <= st) and (batch <= 1 or sb >= n * st)
 
 
 def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
@@ -310,7 +404,7 @@ def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
 def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, need_c, need_v,
       need_s0, cu_seqlens=None, scale=1.0):
     def grad(x, need):
-        return x.new_empty(x.shape) if need else V.new_empty(0)
+        return output_like(x) if need else V.new_empty(0)
     return grad(B, need_b), grad(C, need_c), grad(V, need_v), grad(initial_state, need_s0)
 
 
@@ -341,8 +435,8 @@ def _backward(ctx, dO, dS):
     resolved = getattr(ctx, "resolved", None)
     if resolved is None:
         dB, dC, dV, dS0 = causal_linear_backward(*grad, method, options, *flags)
-    else:
-        dB, dC, dV, dS0 = _gradients(*resolved, *grad, *flags)
+    else:  # (eager: the gradients may share one buffer; a custom op's outputs may not alias)
+        dB, dC, dV, dS0 = _gradients(*resolved, *grad, *flags, shared=True)
     none = (None,) * (len(ctx.needs_input_grad) - 5)
     return (dB if need_b else None, dC if need_c else None, dV if need_v else None, None,
             dS0 if need_s0 else None) + none

@@ -56,6 +56,8 @@ class Method:
     dual: bool = False             # takes dual=E: also op(E, V, C) from the same sweep (dV with dC)
     varlen: bool = False           # takes cu_seqlens= (packed sequences); others run them one by one
     scale: bool = False            # takes scale= (multiplies O as it is stored); others multiply after
+    out: bool = False              # takes out=/out2= (writes O, the dual output into them, any
+    #                                strides): the backward's gradients land in their inputs' layouts
     summary: str = ""
     options: dict = field(default_factory=dict)  # tunable keyword arguments and their defaults
 
@@ -75,7 +77,7 @@ _REGISTRY: dict[str, Method] = {}
 def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
              unsafe: bool = False, state: bool = False, reverse: bool = False, dual: bool = False,
-             varlen: bool = False, scale: bool = False, summary: str = "",
+             varlen: bool = False, scale: bool = False, out: bool = False, summary: str = "",
              options: dict | None = None, replace: bool = False):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
 
@@ -89,7 +91,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
         m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
                    dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
                    unsafe=unsafe, state=state, reverse=reverse, dual=dual, varlen=varlen,
-                   scale=scale,
+                   scale=scale, out=out,
                    summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
                    options=dict(options or {}))
         keys = {name.lower(), m.abbr.lower()}

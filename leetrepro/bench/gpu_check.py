@@ -6,7 +6,8 @@ Shapes cover N = 1, odd N, r ≠ d, tiny r and d, r = d = 256, batch 16 × 32 he
 Gradients get rows of their own (``quantity`` dB, dC, dV, and dS0 for the methods with a state):
 the backward of each method against float64 autograd through the oracle, on ``GRAD_SHAPES``, and
 with every proper subset of the inputs requiring grad (``note`` names the gradients asked for),
-and with time-major inputs (``TIME_MAJOR_GRAD_SHAPES``).
+and with time-major inputs (``TIME_MAJOR_GRAD_SHAPES``); O and every gradient in the layouts models
+hand the operator (``LAYOUT_SHAPES``, :func:`check_layouts`).
 ``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
 first and last (batch, head) against the oracle. ``--fp16-range`` adds fp16 cases whose states
 pass fp16's largest value (65504) while the outputs and gradients fit (``RANGE_CASES``): the
@@ -47,6 +48,10 @@ RANGE_SHAPES = [(1, 32, 4097, 128, 128), (4, 32, 2048, 128, 128)]
 #: gradients with time-major inputs ((batch, N, heads, ·) storage seen as (batch, heads, N, ·),
 #: flash-linear-attention's layout): segments, and one pass per lane
 TIME_MAJOR_GRAD_SHAPES = [(2, 8, 1000, 128, 128), (16, 32, 512, 128, 128)]
+#: the layouts of a model (:func:`check_layouts`): odd N, r ≠ d, batch > 1, segments; r = d = 128
+#: (the Hopper kernel's) one pass per lane and in segments; 64/64 and 128/256 (the heads models use)
+LAYOUT_SHAPES = [(2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (2, 8, 1000, 128, 128),
+                 (8, 32, 1024, 128, 128), (2, 16, 777, 64, 64), (2, 8, 600, 128, 256)]
 #: the input dtypes of the matrix, in its order (``--dtypes`` takes a subset)
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -218,6 +223,48 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
     torch.cuda.empty_cache()
 
 
+def check_layouts(m, shape, dtype, device, seed, rows, meta):
+    """Rows O, dB, dC, dV of one case in each layout a model hands the operator
+    (:data:`leetrepro.bench.layouts.LAYOUTS` but head-major: time-major views of separate
+    projections, the drop-in's time-major leaves, one fused projection), per-head decays, against
+    float64 autograd through the oracle on the same views; each gradient is taken to the
+    layout's own leaves (the fused projection's compared slice by slice)."""
+    from ..projection import split_projection
+    from .layouts import LAYOUTS, entry, make_layout
+    b, h, n, r, d = shape
+    g = gammas(h, seed).to(device)
+    for layout in LAYOUTS[1:]:
+        x, bcv, dO = make_layout(layout, b, h, n, r, d, dtype=dtype, device=device, seed=seed)
+        wide = [t.detach().double().requires_grad_() for t in x]
+        fn = entry(layout, g, method=m.name)
+        tol = TF32_TOLERANCE if fp32_switch(m, dtype) else TOLERANCE[dtype]
+        base = dict(meta, method=m.name, abbr=m.abbr, language=m.language,
+                    dtype=DTYPE_NAMES[dtype], precision="", decay=True, batch=b, heads=h, N=n,
+                    r=r, d=d, tol=tol, deterministic="",
+                    note=f"vs float64 autograd through the oracle; {layout} layout")
+        try:
+            ref = reference(*bcv(*wide), g)
+            if layout == "drop-in":  # O (b, N, h, d), scale 1
+                ref = ref.transpose(1, 2)
+            want = torch.autograd.grad(ref, wide, dO.double())
+            out = fn(x, bcv)
+            got = torch.autograd.grad(out, x, dO)
+            if layout == "fused":  # dy's slices, as dB, dC, dV
+                got, want = split_projection(got[0], h, r, d), split_projection(want[0], h, r, d)
+            for q, a, w in zip(("O", "dB", "dC", "dV"), (out,) + tuple(got), (ref,) + tuple(want)):
+                err = rel_error(a, w)
+                rows.append(dict(base, quantity=q, rel_err=err,
+                                 max_abs_err=(a.double() - w).abs().max().item(),
+                                 status="pass" if err <= tol else "FAIL"))
+        except Exception as exc:
+            rows.append(dict(base, quantity="layout", rel_err=math.nan, status=_failed(exc)))
+        print(f"{layout:30s} {m.abbr:12s} {DTYPE_NAMES[dtype]:9s} {shape} " + " ".join(
+            f"{r_['quantity']}={r_['rel_err']:.1e}:{r_['status'][:4]}" for r_ in rows[-4:]),
+            flush=True)
+        del x, wide
+    torch.cuda.empty_cache()
+
+
 def check_serving(dtype, decay, device, rows, meta):
     """Rows for packed prompts (``cu_seqlens``: O and the final states, each sequence against the
     oracle alone) and for the decode step (prefill N, then k steps over a state pool, against the
@@ -342,6 +389,8 @@ def _arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="small shapes only")
     p.add_argument("--no-grads", action="store_true", help="forward only (no gradient rows)")
     p.add_argument("--grads-only", action="store_true", help="gradient rows only (no forward rows)")
+    p.add_argument("--layouts-only", action="store_true",
+                   help="the layout rows only (O and gradients in a model's layouts)")
     p.add_argument("--fp16-range", action="store_true",
                    help="also fp16 states past 65504 where O and the gradients fit (RANGE_CASES)")
     p.add_argument("--serving", action="store_true",
@@ -372,6 +421,11 @@ def main(argv=None) -> int:
         for dtype in map(parse_dtype, args.dtypes):
             if not m.supports(dtype, device):
                 continue
+            if args.layouts_only:
+                if not m.unsafe:
+                    for si, shape in enumerate(LAYOUT_SHAPES):
+                        check_layouts(m, shape, dtype, device, 970 + si, rows, meta)
+                continue
             for si, shape in enumerate([] if args.grads_only else shapes):
                 if m.name == "vanilla" and shape[2] > QUADRATIC_MAX_N:
                     continue  # O(N²) memory: not part of the matrix for this method
@@ -392,6 +446,8 @@ def main(argv=None) -> int:
                 for si, shape in enumerate([] if args.quick else TIME_MAJOR_GRAD_SHAPES):
                     check_grads(m, shape, dtype, True, device, 950 + si, rows, meta,
                                 time_major=True)
+                for si, shape in enumerate(LAYOUT_SHAPES[:1] if args.quick else LAYOUT_SHAPES):
+                    check_layouts(m, shape, dtype, device, 970 + si, rows, meta)
             if args.fp16_range and dtype == torch.float16 and m.language == "triton" \
                     and not m.unsafe:
                 for (si, shape), case, decay in itertools.product(

@@ -39,8 +39,8 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     p = POINTER[dtype]
     sig = dict(B=p, C=p, V=p, O=p, E=p, O2=p, S0="*fp32", SN="*fp32", WS="*fp32", SYNC="*i32",
                FLAGS="*i32", GAMMA="*fp64", CU="*i32", N="i32", R="i32", D="i32", H="i32",
-               LANES="i32", SEG="i32", SCALE="fp32", SB_B="i64", SB_H="i64", SB_T="i64",
-               SV_B="i64", SV_H="i64", SV_T="i64")
+               LANES="i32", SEG="i32", SCALE="fp32")
+    sig.update({f"S{x}_{k}": "i64" for x in "BCVOEP" for k in "BHT"})
     const = dict(E=None, O2=None, S0=None, SN=None, CU=None, HAS_DECAY=decay, VARLEN=False,
                  HAS_S0=False, STORE_SN=False, SPLIT=split, REVERSE=False, DUAL=False,
                  HALF_RANGE=dtype != "fp32", REPAIR=False, BLOCK_N=block_n,

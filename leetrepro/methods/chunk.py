@@ -27,7 +27,7 @@ import torch
 from ..registry import GPU_DTYPES, on_change, register
 from .._paths import data
 from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table, next_pow2,
-                   refuse_interpreted_bf16, rows_for_pieces, same_rows, segment_rows, sm_count,
+                   refuse_interpreted_bf16, rows_for_pieces, segment_rows, sm_count,
                    staged_state, triton_kernels)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
@@ -98,7 +98,7 @@ def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
-          scale=True,
+          scale=True, out=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None})
@@ -106,7 +106,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                reverse: bool = False, dual: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
-               config: dict | None = None):
+               config: dict | None = None, out: torch.Tensor | None = None,
+               out2: torch.Tensor | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -118,9 +119,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     one lane (r·d ≤ 128·128). ``cu_seqlens``: int32/int64 offsets of sequences packed along N of a
     batch of one, each with its own state (``initial_state``/final state ``(sequences, heads, r, d)``).
 
-    Any layout whose last dimension is contiguous is read in place (flash-linear-attention's
-    time-major ``(batch, N, heads, r)`` transposed to ``(batch, heads, N, r)`` included); O comes
-    out in V's layout. ``scale`` multiplies O (and the dual output) as it is stored.
+    Layouts: each of B, C, V (and ``dual``) is read in place in its own layout, any whose last
+    dimension is contiguous (flash-linear-attention's time-major ``(batch, N, heads, r)``
+    transposed to ``(batch, heads, N, r)``, the slices of one fused projection); no input is
+    copied. O comes out dense in V's dimension order (``torch.empty_like(V)``: time-major for a
+    time-major V), the dual output in B's; ``out``/``out2``: tensors to write them into instead,
+    any such layout (the backward writes each gradient in its input's layout).
+    ``scale`` multiplies O (and the dual output) as it is stored.
 
     ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
     kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32 without ``dual``,
@@ -134,12 +139,16 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
-    B, C = same_rows(B, C)
-    V, dual = same_rows(V, dual)
-    out = torch.empty_like(V)
-    if out.stride() != V.stride():  # V not dense: O in the head-major layout, V copied to it
-        V, dual = V.contiguous(), None if dual is None else dual.contiguous()
-        out = torch.empty_like(V)
+    # every tensor is read and written in its own layout (its own strides): only a last dimension
+    # that is not contiguous is copied
+    B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
+    # O in V's dimension order, dense (time-major V: time-major O, so that the caller's
+    # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's
+    out = torch.empty_like(V) if out is None else out
+    if dual is not None:
+        out2 = torch.empty_like(B) if out2 is None else out2
+    else:
+        out2 = None
     if cu_seqlens is not None:
         batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
     signature = (n, r, d, batch, heads, V.dtype, dot_precision(V.dtype, fp32_precision),
@@ -149,12 +158,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     plan = _plan(*signature)
     lanes = plan.lanes
     hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, cu_seqlens=cu_seqlens,
-                         precision=plan.main["PRECISION"])
-    if dual is not None:
-        out2 = torch.empty_like(B)
-        if out2.stride() != B.stride():
-            B, C = B.contiguous(), C.contiguous()
-            out2 = torch.empty_like(B)
+                         precision=plan.main["PRECISION"], outputs=(out, out2))
     s0 = staged_state(initial_state, B)
     sn = torch.empty(batch, heads, r, d, dtype=torch.float32, device=V.device) \
         if output_final_state else None
@@ -179,16 +183,18 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if plan.split:
         ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
     # the kernel's parameters by name (methods/_gpu.launch); the constexprs come from the plan
-    args = dict(B=B, C=C, V=V, O=out, E=dual, O2=None if dual is None else out2, S0=s0, SN=sn,
-                WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma, CU=cu_seqlens, N=n, R=r, D=d, H=heads,
-                LANES=lanes, SEG=plan.segment, SCALE=float(scale),
-                SB_B=B.stride(0), SB_H=B.stride(1), SB_T=B.stride(2),
-                SV_B=V.stride(0), SV_H=V.stride(1), SV_T=V.stride(2))
+    tensors = dict(B=B, C=C, V=V, O=out, E=dual, O2=out2)
+    args = dict(tensors, S0=s0, SN=sn, WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma, CU=cu_seqlens,
+                N=n, R=r, D=d, H=heads, LANES=lanes, SEG=plan.segment, SCALE=float(scale))
+    for name, t in tensors.items():  # each tensor's (batch, head, row) strides
+        st = (0, 0, 0) if t is None else t.stride()[:3]
+        args.update(zip((f"S{STRIDE_NAMES[name]}_B", f"S{STRIDE_NAMES[name]}_H",
+                         f"S{STRIDE_NAMES[name]}_T"), st))
     # everything the launches specialise on (methods/_gpu.launch): the signature fixes the
-    # scalars, flags and the fresh buffers' offsets; the inputs' alignment is checked here
-    strides = (*B.stride()[:3], *V.stride()[:3])
-    ptrs = B.data_ptr() | C.data_ptr() | V.data_ptr()
-    for t in (dual, s0, gamma, cu_seqlens):
+    # scalars, flags and the fresh buffers' offsets; the tensors' strides and alignment here
+    strides = tuple(None if t is None else t.stride()[:3] for t in tensors.values())
+    ptrs = 0
+    for t in (B, C, V, out, dual, out2, s0, gamma, cu_seqlens):
         if t is not None:
             ptrs |= t.data_ptr()
     key = (signature, strides, B.dtype, C.dtype, None if gamma is None else gamma.dtype,
@@ -217,7 +223,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
             return chunk_scan(B, C, V, gamma, fp32_precision=fp32_precision, segment=segment,
                               initial_state=initial_state, output_final_state=output_final_state,
                               reverse=reverse, dual=dual, cu_seqlens=cu_seqlens, scale=scale,
-                              kernel=kernel, config=config)
+                              kernel=kernel, config=config, out=out, out2=out2)
     if not self_repair:
         # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
         # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
@@ -226,6 +232,18 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
+
+
+#: the kernel's stride parameters of each tensor: S<name>_B, S<name>_H, S<name>_T
+STRIDE_NAMES = dict(B="B", C="C", V="V", O="O", E="E", O2="P")
+
+
+def rows_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t as the kernels address it (rows through strides, each row's entries adjacent): t itself
+    unless its last dimension is strided, then a copy."""
+    if t is None or t.stride(-1) == 1 or t.numel() == 0:
+        return t
+    return t.contiguous()
 
 
 #: calls of up to this many rows (batch · heads · N) on the portable kernel repair their non-finite
@@ -256,8 +274,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
                 HALF_RANGE=dtype == torch.float16, SPLIT=split, REVERSE=reverse, DUAL=dual)
 
 
-def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32") \
-        -> str | None:
+def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
+                 outputs: tuple = ()) -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
     and operands it takes (:func:`hopper_operand_unfit`). Reverse time and the dual output are its
     own."""
@@ -266,14 +284,16 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
     if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
             != (9, 0):
         return "it needs an sm_90 GPU (H100, H200)"
-    return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision)
+    return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
+                                outputs=outputs)
 
 
-def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str = "tf32") \
-        -> str | None:
+def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str = "tf32",
+                         outputs: tuple = ()) -> str | None:
     """Why the Hopper kernel cannot take these operands, or None: fp16/bf16, or fp32 through tf32
     (``precision`` as :func:`leetrepro.methods._gpu.dot_precision` names it) without the dual
-    output, r = d = 128, no packed sequences, the rows' strides 16-byte aligned (TMA)."""
+    output, r = d = 128, no packed sequences, each tensor's base and strides 16-byte aligned
+    (TMA), the ``outputs`` it would write (O, the dual output) too."""
     if V.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"it takes float16/bfloat16/float32, got {V.dtype}"
     if V.dtype == torch.float32 and precision != "tf32":
@@ -284,7 +304,9 @@ def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str 
         return f"it needs r = d = 128, got r = {B.shape[-1]}, d = {V.shape[-1]}"
     if cu_seqlens is not None:
         return "cu_seqlens is the portable kernel's"
-    for name, t in (("B", B), ("C", C), ("V", V), ("dual", dual)):
+    named = (("B", B), ("C", C), ("V", V), ("dual", dual))
+    named += tuple(zip(("O", "the dual output"), outputs))
+    for name, t in named:
         if t is None:
             continue
         if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]):

@@ -1,0 +1,180 @@
+"""The operator in the layouts models hand it, beside head-major and flash-linear-attention.
+
+``make layouts`` (or ``python -m leetrepro.bench.layouts --out data/<gpu>``; ``make floor`` and
+``make bench-train`` run it too) times per cell (r/d and heads × batch × N, bf16, per-head
+decays 0.8…0.999) the forward (``fwd``) and the forward + backward to every input (``fwd_bwd``)
+of each layout below, eager calls with CUDA events, medians of ``--reps`` rounds in which every
+entry of the cell is called in turn (one process, interleaved), and writes ``layouts.csv``:
+``ms``, ``floor_ms`` (forward 2(r + d), forward + backward 6r + 5d bytes per row and head at
+the copy bandwidth measured in the same run), ``floor_ratio``, ``vs_head_major`` (time over the
+head-major entry's in the same cell and pass) and ``vs_fla`` (over fla's in the same layout).
+
+Layouts (:func:`make_layout`; the leaves are what gradients are taken to):
+
+* ``head-major``: B, C, V contiguous ``(b, h, N, ·)``: the project's headline numbers;
+* ``model``: separate projections, q, k, v contiguous ``(b, N, h, ·)`` transposed to
+  ``(b, h, N, ·)``; dO as autograd hands it back through ``O.transpose(1, 2).reshape(b, N, h·d)``;
+* ``drop-in``: :func:`leetrepro.chunk_simple_gla` on q, k, v ``(b, N, h, ·)``, ``scale=1``;
+* ``fused``: one projection ``(b, N, h·(2r + d))`` cut by :func:`leetrepro.split_projection`;
+* ``fla``: flash-linear-attention's ``chunk_simple_gla`` on the ``model`` leaves (its own layout),
+  ``scale=1`` (the optional ``fla-core``; it autotunes on its first call of each shape).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from .._inputs import SHORT_NAMES, parse_dtype
+from .harness import failed_status, fla_chunk_simple_gla, gpu_main, interleaved_medians
+
+LAYOUTS = ("head-major", "model", "drop-in", "fused")
+#: (r, d, heads): the head shapes of the cells (h·d = 4096 for the square ones)
+HEAD_SHAPES = ((128, 128, 32), (64, 64, 64), (128, 256, 16))
+#: (batch, N)
+SIZES = ((8, 8192), (16, 8192))
+
+
+def decays(heads: int) -> torch.Tensor:
+    """Per-head λ from 0.8 to 0.999 (float64)."""
+    return torch.linspace(0.8, 0.999, heads, dtype=torch.float64)
+
+
+def make_layout(layout: str, batch: int, heads: int, n: int, r: int, d: int, *, dtype, device,
+                seed: int = 0, generator: torch.Generator | None = None):
+    """``(leaves, bcv, dO)`` for one of :data:`LAYOUTS` (or ``fla``, whose leaves are the model
+    layout's): random leaves requiring grad, ``bcv(*leaves) -> (B, C, V)`` as ``(b, h, N, ·)``
+    views (the drop-in and fla take the leaves themselves), and an output gradient in the layout
+    autograd hands back for that entry's O. B and C scaled by 1/sqrt(r) (sums O(1) in half
+    precision)."""
+    gen = generator or torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        t = torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+        return (t.mul_(scale) if scale != 1.0 else t).requires_grad_()
+
+    s = r ** -0.5
+    dO = torch.randn(batch, n, heads, d, generator=gen, device=device, dtype=dtype)
+    if layout == "head-major":
+        leaves = [rand(batch, heads, n, r, scale=s), rand(batch, heads, n, r, scale=s),
+                  rand(batch, heads, n, d)]
+        return leaves, lambda B, C, V: (B, C, V), dO.transpose(1, 2).contiguous()
+    if layout in ("model", "drop-in", "fla"):
+        leaves = [rand(batch, n, heads, r, scale=s), rand(batch, n, heads, r, scale=s),
+                  rand(batch, n, heads, d)]
+        bcv = lambda q, k, v: tuple(t.transpose(1, 2) for t in (q, k, v))  # noqa: E731
+        return leaves, bcv, dO if layout != "model" else dO.transpose(1, 2)
+    if layout == "fused":
+        from ..projection import split_projection
+        y = torch.randn(batch, n, heads * (2 * r + d), generator=gen, device=device, dtype=dtype)
+        with torch.no_grad():
+            y[..., :2 * heads * r] *= s
+        return [y.requires_grad_()], lambda y: split_projection(y, heads, r, d), dO.transpose(1, 2)
+    raise ValueError(f"layout {layout!r}; use one of {LAYOUTS + ('fla',)}")
+
+
+def entry(layout: str, gamma: torch.Tensor, method: str = "Chunk"):
+    """``fn(leaves, bcv) -> O`` of one layout (O as that entry returns it), or None where fla is
+    not installed."""
+    from .. import causal_linear_decoder, chunk_simple_gla
+    if layout == "fla":
+        fla = fla_chunk_simple_gla()
+        if fla is None:
+            return None
+        lg = torch.log(gamma).float()
+        return lambda x, bcv: fla(*x, g_gamma=lg, scale=1.0)[0]
+    if layout == "drop-in":
+        lg = torch.log(gamma)
+        return lambda x, bcv: chunk_simple_gla(*x, g_gamma=lg, scale=1.0, method=method)[0]
+    return lambda x, bcv: causal_linear_decoder(*bcv(*x), gamma, method=method)
+
+
+def floor_bytes(pass_: str, batch: int, heads: int, n: int, r: int, d: int, itemsize: int) -> int:
+    """The fewest bytes a pass moves: forward B, C, V read and O written, 2(r + d) per row and
+    head; forward + backward 6r + 5d (the 11-pass floor at r = d)."""
+    per = 2 * (r + d) if pass_ == "fwd" else 6 * r + 5 * d
+    return batch * heads * n * per * itemsize
+
+
+def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device) -> list[dict]:
+    """Every layout's forward and forward + backward in one cell, interleaved: rows of
+    ``layouts.csv`` (without provenance)."""
+    gamma = decays(heads).to(device)
+    calls, rows = {}, []
+    for layout in layouts:
+        fn = entry(layout, gamma)
+        if fn is None:
+            continue
+        base = dict(dtype=SHORT_NAMES[dtype], batch=batch, N=n, heads=heads, r=r, d=d,
+                    layout=layout if layout != "fla" else "model",
+                    method="fla" if layout == "fla" else "Chunk")
+        try:
+            x, bcv, dO = make_layout(layout, batch, heads, n, r, d, dtype=dtype, device=device,
+                                     seed=n + r + d)
+            fwd = (lambda f=fn, x=x, bcv=bcv: f(x, bcv))
+            both = (lambda f=fn, x=x, bcv=bcv, g=dO: torch.autograd.grad(f(x, bcv), x, g))
+            both()  # warm-up: compiles (fla: autotunes)
+            calls[(layout, "fwd")], calls[(layout, "fwd_bwd")] = fwd, both
+            status = "ok"
+        except Exception as err:  # an entry that cannot take the cell is a row, not an abort
+            status = failed_status(err, 160)
+        for p in ("fwd", "fwd_bwd"):
+            rows.append(dict(base, entry=layout, **{"pass": p}, status=status,
+                             floor_ms=floor_bytes(p, batch, heads, n, r, d, dtype.itemsize)
+                             / bw * 1e3))
+    times = interleaved_medians(calls, [()], reps, device, warmup=1)
+    for row in rows:
+        t = times.get((row["entry"], row["pass"]))
+        row.update(ms=None if t is None else t * 1e3, reps=reps)
+        row["floor_ratio"] = None if t is None else row["ms"] / row["floor_ms"]
+    for row in rows:
+        ref = {o["entry"]: o["ms"] for o in rows if o["pass"] == row["pass"] and o["ms"]}
+        row["vs_head_major"] = row["ms"] / ref["head-major"] if row["ms"] and \
+            "head-major" in ref else None
+        row["vs_fla"] = row["ms"] / ref["fla"] if row["ms"] and "fla" in ref else None
+    calls = x = None  # the cell's tensors freed before the next
+    torch.cuda.empty_cache()
+    return rows
+
+
+def _arguments(p) -> None:
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--layouts", nargs="*", default=list(LAYOUTS) + ["fla"])
+    p.add_argument("--shapes", nargs="*", default=None,
+                   help="r:d:heads triples (default: 128:128:32 64:64:64 128:256:16)")
+    p.add_argument("--sizes", nargs="*", default=None, help="batch:N pairs (default 8:8192 16:8192)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--csv", default="layouts.csv")
+
+
+def main(argv=None) -> int:
+    args, setup = gpu_main("bench.layouts", __doc__, argv, _arguments, output="layouts.csv",
+                           bandwidth=True)
+    if setup is None:
+        return 2
+    import pandas as pd
+
+    device, meta, out, bw = setup
+    dtype = parse_dtype(args.dtype)
+    shapes = HEAD_SHAPES if args.shapes is None else \
+        [tuple(map(int, s.split(":"))) for s in args.shapes]
+    sizes = SIZES if args.sizes is None else [tuple(map(int, s.split(":"))) for s in args.sizes]
+    rows = []
+    for (r, d, heads) in shapes:
+        for batch, n in sizes:
+            cell = measure_cell(dtype, batch, n, r, d, heads, args.layouts, args.reps, bw, device)
+            rows += cell
+            print(f"{SHORT_NAMES[dtype]} b{batch} N={n} h{heads} r={r} d={d} | " + " | ".join(
+                f"{c['entry']} {c['pass']} {c['floor_ratio']:.2f}x"
+                + (f" ({c['vs_head_major']:.2f} hm)" if c['vs_head_major'] else "")
+                if c["status"] == "ok" else f"{c['entry']} {c['status'][:50]}" for c in cell),
+                flush=True)
+            pd.DataFrame(rows).assign(copy_TBps=bw / 1e12, **meta).to_csv(
+                os.path.join(out, args.csv), index=False)  # rewritten per cell: a cut run keeps rows
+    print(f"wrote {os.path.join(out, args.csv)} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The layouts models hand the operator: time-major views of separate projections, the slices of
+one fused projection, flash-linear-attention's layout, against head-major. Every method's forward
+and gradients against float64, the layouts of what comes back (O time-major for a time-major V;
+each gradient in its input's layout), and on the kernel path (Chunk) no copy of any input,
+output or gradient: the kernels read and write every layout in place."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from leetrepro import causal_linear_decoder, reference, rel_error, split_projection
+from leetrepro.bench.gpu_check import check_layouts
+from leetrepro.bench.layouts import make_layout
+from leetrepro.methods import methods
+from leetrepro.ops import gradient_buffers, output_like
+
+from conftest import random_gammas, tolerance
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = DEVICE == "cpu"
+METHODS = [m for m in methods() if not m.unsafe and m.supports(torch.float32, torch.device(DEVICE))
+           and m.abbr not in ("FA",)]  # (the interpreted FleetAttention takes seconds a case)
+SMALL = {"Bb": {"block_size": 16}, "LA_torch": {"block_size": 16}, "Recur": {"base": 4}}
+LAYOUTS = ["head-major", "model", "fused", "fused-interleaved"]
+
+
+def leaves_in(layout: str, b, h, n, r, d, dtype=torch.float32, seed=0):
+    """(the leaves gradients go to, a function of them giving B, C, V in ``layout``): those of
+    :func:`leetrepro.bench.layouts.make_layout` (``model``: q, k, v ``(b, N, h, ·)`` transposed;
+    ``fused``: :func:`split_projection`), and ``fused-interleaved``, the README's module's slices
+    (per head [B_h C_h], then V) through autograd's own split and chunk."""
+    if layout != "fused-interleaved":
+        x, bcv, _ = make_layout(layout, b, h, n, r, d, dtype=dtype, device=DEVICE, seed=seed)
+        return x, bcv
+    y = torch.randn(b, n, h * (2 * r + d), generator=torch.Generator().manual_seed(seed))
+    y = y.to(DEVICE, dtype).requires_grad_()
+
+    def interleaved(y):
+        bc, v = y.split([h * 2 * r, h * d], dim=-1)
+        B, C = bc.view(b, n, h, 2 * r).transpose(1, 2).chunk(2, dim=-1)
+        return B, C, v.view(b, n, h, d).transpose(1, 2)
+    return [y], interleaved
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.abbr)
+def test_every_method_in_every_layout(method, layout):
+    """Forward and all gradients against float64 autograd (odd N, r ≠ d, batch 2, per-head decays),
+    O in V's dimension order."""
+    b, h, n, r, d = 2, 3, 37, 8, 5
+    x, bcv = leaves_in(layout, b, h, n, r, d, seed=n)
+    gam = random_gammas(h, seed=2, low=0.7).to(DEVICE)
+    B, C, V = bcv(*x)
+    out = causal_linear_decoder(B, C, V, gam, method=method.name, **SMALL.get(method.abbr, {}))
+    assert out.stride() == output_like(V).stride()
+    dO = torch.randn(b, n, h, d, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    dO = dO.transpose(1, 2)  # as autograd hands it back through O.transpose(1, 2).reshape(…)
+    ours = torch.autograd.grad(out, x, dO)
+    exact = [t.detach().double().requires_grad_() for t in x]
+    ref = reference(*bcv(*exact), gam)
+    want = torch.autograd.grad(ref, exact, dO.double())
+    tol = tolerance(torch.float32, tf32=method.language == "triton" and not INTERPRETED)
+    assert rel_error(out, ref) <= tol
+    for a, w, leaf in zip(ours, want, x):
+        assert torch.isfinite(a).all()
+        assert rel_error(a, w) <= tol
+        assert a.shape == leaf.shape
+
+
+@pytest.mark.parametrize("layout", ["model", "fused"])
+def test_time_major_outputs_and_gradients_come_back_in_place(layout):
+    """Through a time-major V, O is time-major dense (the model's ``reshape(b, N, h·d)`` is a
+    view); the leaves' gradients are contiguous in their own layout (no copy at AccumulateGrad)."""
+    x, bcv = leaves_in(layout, 2, 3, 20, 8, 8)
+    out = causal_linear_decoder(*bcv(*x), 0.9, method="LA_torch", block_size=16)
+    assert out.transpose(1, 2).is_contiguous()
+    out.transpose(1, 2).reshape(2, 20, -1).square().sum().backward()
+    assert all(t.grad.is_contiguous() for t in x)
+
+
+def test_gradient_buffers_share_one_buffer_only_for_disjoint_slices():
+    y = torch.randn(2, 9, 3 * (2 * 4 + 6))
+    B, C, V = split_projection(y, 3, 4, 6)
+    dB, dC, dV = gradient_buffers(B, C, V, True, True, True, shared=True)
+    assert dB.untyped_storage().data_ptr() == dV.untyped_storage().data_ptr()
+    assert (dB.stride(), dC.storage_offset(), dV.storage_offset()) == \
+        (B.stride(), C.storage_offset(), V.storage_offset())
+    # a frozen part, overlapping views, a larger storage: separate dense buffers
+    for args in ((B, C, V, True, False, True), (B, B, V, True, True, True),
+                 (*split_projection(torch.randn(2, 9, 3 * 14 + 1)[..., :42], 3, 4, 6), True, True,
+                  True)):
+        grads = gradient_buffers(*args, shared=True)
+        ptrs = {g.untyped_storage().data_ptr() for g in grads if g is not None}
+        assert len(ptrs) == sum(g is not None for g in grads)
+
+
+def test_split_projection_checks_its_shape():
+    with pytest.raises(ValueError, match=r"heads·\(2r \+ d\)"):
+        split_projection(torch.randn(2, 5, 30), 3, 4, 6)
+
+
+class _Copies(TorchDispatchMode):
+    """The copies made under it: aten ops that write one tensor's values into another's memory."""
+    COPY = ("copy_", "clone", "_to_copy", "cat", "contiguous", "index_put", "stack")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        # (the interpreter stages each kernel argument's storage as bytes: uint8, not a copy of
+        # a tensor on the GPU path)
+        if name in self.COPY and any(t.dtype != torch.uint8 for t in tensors):
+            self.seen.append((name, max((t.numel() for t in tensors), default=0)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the interpreter's own copies are told apart here")
+@pytest.mark.parametrize("layout", ["model", "fused", "fused-interleaved"])
+def test_no_copy_on_the_kernel_path(layout):
+    """Chunk's forward and backward in a model's layouts copy no input, output or gradient
+    (copies of at least one row block's worth of elements; under the interpreter the kernels'
+    own reads are numpy views, not aten ops). The README's interleaved slices pass through
+    autograd's own split and chunk backward: their concatenation is autograd's, so that layout
+    is checked for the forward alone; :func:`split_projection` avoids it."""
+    b, h, n, r, d = 2, 2, 40, 16, 16
+    x, bcv = leaves_in(layout, b, h, n, r, d)
+    B, C, V = bcv(*x)
+    dO = torch.randn(b, n, h, d).transpose(1, 2)
+    with _Copies() as fwd:
+        out = causal_linear_decoder(B, C, V, 0.9, method="Chunk")
+    with _Copies() as bwd:
+        grads = torch.autograd.grad(out, x, dO)
+    small = b * h * n * min(r, d) // 4  # any copy of a tensor this large is a copy of an input
+    assert [c for c in fwd.seen if c[1] >= small] == []
+    if layout != "fused-interleaved":
+        assert [c for c in bwd.seen if c[1] >= small] == []
+    assert all(g.shape == t.shape for g, t in zip(grads, x))
+    if layout == "fused":  # the projection's gradient is the buffer the kernel wrote
+        assert grads[0].is_contiguous()
+
+
+@pytest.mark.parametrize("method", ["LA_torch", "Chunk"])
+def test_the_correctness_matrix_checks_every_layout(method):
+    """``gpu_check``'s layout rows, run here: O and dB, dC, dV in each model layout, all passing,
+    each naming its layout."""
+    from leetrepro import registry
+    rows = []
+    check_layouts(registry.get(method), (2, 3, 37, 8, 5), torch.float32, DEVICE, 1, rows, {})
+    assert len(rows) == 12 and all(r["status"] == "pass" for r in rows), rows
+    assert {r["note"].split("; ")[1] for r in rows} == \
+        {"model layout", "drop-in layout", "fused layout"}
