@@ -3,7 +3,8 @@
 ``make layouts`` (or ``python -m leetrepro.bench.layouts --out data/<gpu>``; ``make floor`` and
 ``make bench-train`` run it too) times per cell (r/d and heads × batch × N, bf16, per-head
 decays 0.8…0.999) the forward (``fwd``) and the forward + backward to every input (``fwd_bwd``)
-of each layout below, eager calls with CUDA events, medians of ``--reps`` rounds in which every
+of each layout below, eager calls with CUDA events (``--graph``: CUDA-graph replays, the same
+comparison without host time), medians of ``--reps`` rounds in which every
 entry of the cell is called in turn (one process, interleaved), and writes ``layouts.csv``:
 ``ms``, ``floor_ms`` (forward 2(r + d), forward + backward 6r + 5d bytes per row and head at
 the copy bandwidth measured in the same run), ``floor_ratio``, ``vs_head_major`` (time over the
@@ -27,7 +28,8 @@ import sys
 import torch
 
 from .._inputs import SHORT_NAMES, parse_dtype
-from .harness import failed_status, fla_chunk_simple_gla, gpu_main, interleaved_medians
+from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main,
+                      interleaved_medians)
 
 LAYOUTS = ("head-major", "model", "drop-in", "fused")
 #: (r, d, heads): the head shapes of the cells (h·d = 4096 for the square ones)
@@ -97,9 +99,11 @@ def floor_bytes(pass_: str, batch: int, heads: int, n: int, r: int, d: int, item
     return batch * heads * n * per * itemsize
 
 
-def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device) -> list[dict]:
+def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
+                 graph: bool = False) -> list[dict]:
     """Every layout's forward and forward + backward in one cell, interleaved: rows of
-    ``layouts.csv`` (without provenance)."""
+    ``layouts.csv`` (without provenance). ``graph``: each call captured once in a CUDA graph and
+    replayed (``mode="graph"``: what a step captured by a training loop pays, no host time)."""
     gamma = decays(heads).to(device)
     calls, rows = {}, []
     for layout in layouts:
@@ -115,12 +119,15 @@ def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device) -> lis
             fwd = (lambda f=fn, x=x, bcv=bcv: f(x, bcv))
             both = (lambda f=fn, x=x, bcv=bcv, g=dO: torch.autograd.grad(f(x, bcv), x, g))
             both()  # warm-up: compiles (fla: autotunes)
+            if graph:
+                fwd, both = (capture_graph(f, (), device).replay for f in (fwd, both))
             calls[(layout, "fwd")], calls[(layout, "fwd_bwd")] = fwd, both
             status = "ok"
         except Exception as err:  # an entry that cannot take the cell is a row, not an abort
             status = failed_status(err, 160)
         for p in ("fwd", "fwd_bwd"):
             rows.append(dict(base, entry=layout, **{"pass": p}, status=status,
+                             mode="graph" if graph else "eager",
                              floor_ms=floor_bytes(p, batch, heads, n, r, d, dtype.itemsize)
                              / bw * 1e3))
     times = interleaved_medians(calls, [()], reps, device, warmup=1)
@@ -145,6 +152,8 @@ def _arguments(p) -> None:
                    help="r:d:heads triples (default: 128:128:32 64:64:64 128:256:16)")
     p.add_argument("--sizes", nargs="*", default=None, help="batch:N pairs (default 8:8192 16:8192)")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--graph", action="store_true",
+                   help="CUDA-graph replays instead of eager calls (rows with mode=graph)")
     p.add_argument("--csv", default="layouts.csv")
 
 
@@ -163,7 +172,8 @@ def main(argv=None) -> int:
     rows = []
     for (r, d, heads) in shapes:
         for batch, n in sizes:
-            cell = measure_cell(dtype, batch, n, r, d, heads, args.layouts, args.reps, bw, device)
+            cell = measure_cell(dtype, batch, n, r, d, heads, args.layouts, args.reps, bw, device,
+                                graph=args.graph)
             rows += cell
             print(f"{SHORT_NAMES[dtype]} b{batch} N={n} h{heads} r={r} d={d} | " + " | ".join(
                 f"{c['entry']} {c['pass']} {c['floor_ratio']:.2f}x"
