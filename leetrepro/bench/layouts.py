@@ -105,7 +105,7 @@ def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
     ``layouts.csv`` (without provenance). ``graph``: each call captured once in a CUDA graph and
     replayed (``mode="graph"``: what a step captured by a training loop pays, no host time)."""
     gamma = decays(heads).to(device)
-    calls, rows = {}, []
+    calls, rows, keep = {}, [], []
     for layout in layouts:
         fn = entry(layout, gamma)
         if fn is None:
@@ -119,7 +119,8 @@ def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
             fwd = (lambda f=fn, x=x, bcv=bcv: f(x, bcv))
             both = (lambda f=fn, x=x, bcv=bcv, g=dO: torch.autograd.grad(f(x, bcv), x, g))
             both()  # warm-up: compiles (fla: autotunes)
-            if graph:
+            if graph:  # (a graph holds no reference to its inputs: kept alive here)
+                keep.append((x, dO, fwd, both))
                 fwd, both = (capture_graph(f, (), device).replay for f in (fwd, both))
             calls[(layout, "fwd")], calls[(layout, "fwd_bwd")] = fwd, both
             status = "ok"
@@ -140,7 +141,7 @@ def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
         row["vs_head_major"] = row["ms"] / ref["head-major"] if row["ms"] and \
             "head-major" in ref else None
         row["vs_fla"] = row["ms"] / ref["fla"] if row["ms"] and "fla" in ref else None
-    calls = x = None  # the cell's tensors freed before the next
+    calls = x = keep = None  # the cell's tensors freed before the next
     torch.cuda.empty_cache()
     return rows
 
