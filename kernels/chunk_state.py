@@ -15,7 +15,7 @@ from leetrepro.kernels._tiles import segment_state
 
 
 @triton.jit
-def chunk_state_kernel(C, V, P, GAMMA, N, R, D, H, SEG,
+def chunk_state_kernel(C, V, P, GAMMA, N, R, D, H, SEG, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T,
                        HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                        PRECISION: tl.constexpr):
@@ -24,8 +24,9 @@ def chunk_state_kernel(C, V, P, GAMMA, N, R, D, H, SEG,
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
     d0 = (lane % n_db) * BLOCK_D
-    bc_base = bh.to(tl.int64) * N * R
-    vo_base = bh.to(tl.int64) * N * D
+    # each tensor through its own (batch, head, row) strides: time-major slices read in place
+    c_base = (bh // H).to(tl.int64) * SC_B + (bh % H).to(tl.int64) * SC_H
+    v_base = (bh // H).to(tl.int64) * SV_B + (bh % H).to(tl.int64) * SV_H
     cols_r = tl.arange(0, BLOCK_R)
     cols_d = d0 + tl.arange(0, BLOCK_D)
     if HAS_DECAY:
@@ -34,8 +35,8 @@ def chunk_state_kernel(C, V, P, GAMMA, N, R, D, H, SEG,
         lg = 0.0
     start = seg * SEG
     end = tl.minimum(start + SEG, N)
-    local = segment_state(C, V, bc_base, vo_base, start, end, N, lg, cols_r, cols_r < R, cols_d,
-                          cols_d < D, R, D, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
+    local = segment_state(C, V, c_base, v_base, start, end, N, lg, cols_r, cols_r < R, cols_d,
+                          cols_d < D, SC_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
                           PRECISION)
     tile = cols_r[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     tl.store(P + (lane * tl.num_programs(1) + seg).to(tl.int64) * BLOCK_R * BLOCK_D + tile, local)

@@ -48,6 +48,11 @@ def test_chunk_state_triton(shape, segment, reverse, dtype):
         tol = tolerance(dtype, tf32=not INTERPRETED)
         assert got.dtype == torch.float32 and got.shape == want.shape
         assert leetrepro.rel_error(got, want) <= tol
+        # time-major views (a sequence-parallel rank's slices as a model gives them): read in
+        # place, the same arithmetic
+        tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (C, V)]
+        assert torch.equal(chunk_state(*tm, gamma, reverse=reverse, segment=segment,
+                                       fp32_precision="ieee" if INTERPRETED else None), got)
 
 
 def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():

@@ -137,3 +137,51 @@ def test_local_state_is_the_final_state(reverse, decay):
     vals = V.flip(2) if reverse else V
     _, want = reference(B, rows, vals, g, output_final_state=True)
     assert rel_error(local_state(C, V, g, reverse=reverse), want) < 1e-13
+
+
+def _bench_worker(rank, world, init, argv, failures):
+    try:
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+        host, port = init.replace("tcp://", "").split(":")
+        os.environ.update(MASTER_ADDR=host, MASTER_PORT=port)
+        from leetrepro.bench import sp
+        assert sp.main(argv) == 0
+    except Exception:
+        failures.put(f"rank {rank}: {traceback.format_exc()}")
+
+
+def _run_bench(argv, world=2):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    failures = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_bench_worker, args=(world, f"tcp://127.0.0.1:{port}", argv, failures), nprocs=world)
+    assert failures.empty(), failures.get()
+
+
+@pytest.mark.slow
+def test_the_sp_benchmark_runs_to_the_end_on_any_memory_and_resumes():
+    """``bench.sp`` on two gloo ranks (its CPU smoke mode): cells that do not fit the memory cap
+    are rows with ``status=oom`` (no crash), every row is on disk, time-major slices; ``--resume``
+    at the same commit keeps them and measures only what is missing."""
+    import pandas as pd
+    from leetrepro.bench.sp import cell_bytes
+    with tempfile.TemporaryDirectory() as out:
+        n = 256
+        # a cap between the forward's estimate and the backward's on one rank's 128 rows: the
+        # distributed forward runs, its backward and both single-GPU cells (256 rows) do not
+        cap = (cell_bytes("fwd", n // 2, 4) + cell_bytes("fwd_bwd", n // 2, 4)) / 2 / 2 ** 30
+        base = ["--out", out, "--ns", str(n), "--single-max-n", str(n), "--check-n", "64",
+                "--reps", "1", "--dtype", "float32", "--method", "LA_torch", "--longest"]
+        _run_bench(base + ["--max-gib", str(cap)])
+        df = pd.read_csv(os.path.join(out, "sp.csv"))
+        status = {(r.gpus, r["pass"]): r.status for _, r in df.iterrows()}
+        assert status == {(1, "fwd"): "oom", (1, "fwd_bwd"): "oom", (2, "fwd"): "ok",
+                          (2, "fwd_bwd"): "oom"}
+        assert set(df.layout) == {"time-major"} and df[df.status == "ok"].ms.notna().all()
+        _run_bench(base + ["--resume"])  # no cap: the cells that did not fit, again
+        again = pd.read_csv(os.path.join(out, "sp.csv"))
+        assert (again.status == "ok").all() and len(again) == 4
+        # the measured row kept as it was, not measured again
+        assert again[again.gpus == 2].iloc[0].ms == df[(df.gpus == 2) & (df.status == "ok")].ms.iloc[0]

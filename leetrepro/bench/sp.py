@@ -21,6 +21,15 @@ call, all ranks released together by a barrier). Columns:
   tf32x3 products: O and dB, dC, dV of the distributed run against the single-GPU run on rank 0.
 * ``longest``: ``--longest`` adds a row for the longest N that trains (forward + backward) on
   the G GPUs, from a list of candidates whose memory estimate fits.
+* ``layout``: the slices as a model hands them (``time-major``, the default: views
+  ``(1, L, heads, ·).transpose(1, 2)`` of contiguous leaves, read in place) or ``head-major``.
+* ``status``: ``ok``, or ``oom`` for a cell whose memory estimate (:func:`cell_bytes`) exceeds
+  what the GPUs have free (on every rank, checked before the cell runs: a cell sized for a larger
+  GPU is a row, never a crash), its time empty.
+
+Rows are written to ``sp.csv`` as each cell completes (a run cut short keeps them); ``--resume``
+keeps the measured rows already there that name this commit and runs only the cells they lack
+(those that did not fit before are tried again).
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ import torch.distributed as dist
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..distributed import _all_gather, causal_linear_decoder_sp
+from ..ops import output_like as ops_output_like
 from ..reference import rel_error
 from .._device import gpu_tag
 from .harness import (copy_bandwidth, interleaved_medians, median, provenance, random_inputs,
@@ -59,19 +69,45 @@ def _timed(fn, reps, device, warmup=2):
     return median([_step(fn, device) for _ in range(reps)])
 
 
-def _make(n_local, dtype, device, seed, grad):
+#: the memory a cell takes, in tensors of one rank's slice (batch · heads · L · 128 elements):
+#: forward B, C, V, O and the workspace; forward + backward also dO, dB, dC, dV and the sweeps'
+CELL_TENSORS = {"fwd": 4.3, "fwd_bwd": 8.3}
+
+
+def cell_bytes(pass_: str, n: int, itemsize: int) -> int:
+    """The memory estimate of a cell of ``n`` rows on one GPU (:data:`CELL_TENSORS`)."""
+    return int(CELL_TENSORS[pass_] * n * HEADS * RANK * itemsize)
+
+
+def free_bytes(device, group_min: bool, cap: float = math.inf) -> float:
+    """Bytes free on this GPU after the cache is emptied, at most ``cap`` (``group_min``: the
+    least over the ranks, a collective call); on the CPU, ``cap``."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        cap = min(cap, float(torch.cuda.mem_get_info(device)[0]))
+    free = torch.tensor(cap, device=device, dtype=torch.float64)
+    if group_min:
+        dist.all_reduce(free, op=dist.ReduceOp.MIN)
+    return free.item()
+
+
+def _make(n_local, dtype, device, seed, grad, layout="head-major"):
+    """(the leaves, B, C, V as ``(1, heads, L, ·)``): time-major leaves ``(1, L, heads, ·)`` seen
+    through ``transpose(1, 2)``, or head-major ones."""
     B, C, V = random_inputs(1, HEADS, n_local, RANK, DIM, dtype=dtype, device=device, seed=seed,
                             scale_bc=True)
-    if grad:
-        B, C, V = (t.requires_grad_() for t in (B, C, V))
-    return B, C, V
+    if layout == "time-major":
+        B, C, V = (t.transpose(1, 2).contiguous() for t in (B, C, V))
+    leaves = [t.requires_grad_(grad) for t in (B, C, V)]
+    views = [t.transpose(1, 2) for t in leaves] if layout == "time-major" else leaves
+    return leaves, views
 
 
-def _fwd_bwd(call, B, C, V, dO):
+def _fwd_bwd(call, leaves, views, dO):
     def step():
-        for t in (B, C, V):
+        for t in leaves:
             t.grad = None
-        call(B, C, V).backward(dO)
+        call(*views).backward(dO)
     return step
 
 
@@ -80,7 +116,7 @@ def check(n_total, device, rank, world, method):
     every rank draws the whole input from the same seed and keeps its slice."""
     opts = dict(method=method, fp32_precision="tf32x3")
     g = alibi_gammas(HEADS).to(device)
-    B, C, V = _make(n_total, torch.float32, device, 11, grad=True)
+    (B, C, V), _ = _make(n_total, torch.float32, device, 11, grad=True)
     dO = torch.randn(V.shape, device=device, generator=torch.Generator(device).manual_seed(12))
     per = n_total // world
     sl = slice(rank * per, (rank + 1) * per)
@@ -102,6 +138,15 @@ def check(n_total, device, rank, world, method):
     return err.item()
 
 
+def _measured(rows: list, gpus: int, n: int, pass_: str) -> float:
+    """Seconds of a kept row (``--resume``), NaN where it was not run."""
+    for r in rows:
+        if (int(r["gpus"]), int(r["N"]), r["pass"]) == (gpus, n, pass_):
+            ms = r.get("ms")
+            return math.nan if ms is None or ms != ms else ms / 1e3
+    return math.nan
+
+
 def main(argv=None) -> int:
     import pandas as pd
 
@@ -116,6 +161,12 @@ def main(argv=None) -> int:
     p.add_argument("--method", default="Chunk", help="the method that runs each slice")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--check-n", type=int, default=65536)
+    p.add_argument("--layout", choices=("time-major", "head-major"), default="time-major",
+                   help="the slices as a model hands them (time-major views) or head-major")
+    p.add_argument("--max-gib", type=float, default=math.inf,
+                   help="memory a cell may take per GPU, GiB (default: what the GPU has free)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep sp.csv's rows of this commit and measure only the cells they lack")
     p.add_argument("--longest", type=int, nargs="*", default=None,
                    help="candidate total N for the longest sequence that trains, largest first "
                         "(default on GPUs: 2, 1.75 and 1.5 Mi per GPU; none on the CPU)")
@@ -155,14 +206,39 @@ def main(argv=None) -> int:
     packet = torch.zeros(state_bytes // 4 + 2, device=device)
     exchange = _timed(lambda: _all_gather(packet, None), 20, device)
 
-    rows = []
+    path = os.path.join(out_dir, "sp.csv")
+    cap = args.max_gib * 2 ** 30
+    rows, done = [], set()
+    if args.resume and os.path.exists(path):
+        kept = pd.read_csv(path)
+        # (cells that did not fit are judged again: the memory free may differ now)
+        kept = kept[(kept.commit.astype(str) == str(meta["commit"])) & (kept.status == "ok")]
+        rows = kept.to_dict("records")
+        done = {(int(r["gpus"]), int(r["N"]), r["pass"]) for r in rows}
+        if rank == 0:
+            print(f"resume: {len(rows)} rows of commit {meta['commit']} kept", flush=True)
 
     def row(**kw):
         base = dict(meta, gpus=world, dtype=SHORT_NAMES[dtype], batch=1, heads=HEADS, r=RANK, d=DIM,
-                    decay=True, method=args.method, check_rel_err=err, copy_TBps=bw / 1e12)
+                    decay=True, method=args.method, layout=args.layout, check_rel_err=err,
+                    copy_TBps=bw / 1e12, status="ok")
         rows.append(base | kw)
         if rank == 0:
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in kw.items()}, flush=True)
+            # written as each cell completes: a run cut short keeps what it measured
+            pd.DataFrame(rows).to_csv(path, index=False)
+
+    def fits(pass_, n, gpus, group_min=True):
+        """Whether the cell's estimate fits the free memory (a collective unless
+        ``group_min`` is False); if not, its row says so (``status=oom``)."""
+        need, free = cell_bytes(pass_, n, size), free_bytes(device, group_min, cap)
+        if need <= 0.95 * free:
+            return True
+        if rank == 0:
+            row(gpus=gpus, N=n * (world if gpus > 1 else 1), n_per_gpu=n, **{"pass": pass_},
+                status="oom", note=f"needs ~{need / 2 ** 30:.1f} GiB per GPU, "
+                                   f"{free / 2 ** 30:.1f} GiB free: not run")
+        return False
 
     call_sp = lambda B, C, V: causal_linear_decoder_sp(B, C, V, g, method=args.method)  # noqa: E731
     call_one = lambda B, C, V: causal_linear_decoder(B, C, V, g, method=args.method)  # noqa: E731
@@ -173,37 +249,42 @@ def main(argv=None) -> int:
         single = {}
         if n_total <= args.single_max_n:
             for pas in ("fwd", "fwd_bwd"):
-                if rank == 0:
-                    B, C, V = _make(n_total, dtype, device, 1, grad=pas == "fwd_bwd")
+                if rank == 0 and (1, n_total, pas) not in done and \
+                        fits(pas, n_total, 1, group_min=False):
+                    leaves, views = _make(n_total, dtype, device, 1, pas == "fwd_bwd", args.layout)
                     if pas == "fwd":
                         with torch.no_grad():
-                            t = interleaved_medians({0: lambda: call_one(B, C, V)}, [()],
+                            t = interleaved_medians({0: lambda: call_one(*views)}, [()],
                                                     args.reps, device, warmup=2)[0]
                     else:
-                        dO = torch.randn_like(V)
-                        t = interleaved_medians({0: _fwd_bwd(call_one, B, C, V, dO)}, [()],
+                        dO = ops_output_like(views[2])
+                        t = interleaved_medians({0: _fwd_bwd(call_one, leaves, views, dO)}, [()],
                                                 args.reps, device, warmup=2)[0]
                         del dO
-                    B = C = V = None  # the memory freed before the next shape
+                    leaves = views = None  # the memory freed before the next shape
                     torch.cuda.empty_cache()
                     single[pas] = t
                     floor = (SINGLE_FWD if pas == "fwd" else SINGLE_FWD_BWD) * tensor_ms * world / 1e3
                     row(gpus=1, N=n_total, n_per_gpu=n_total, **{"pass": pas}, ms=t * 1e3,
                         floor_ms=floor * 1e3, floor_ratio=t / floor, exchange_ms=0.0,
                         bytes_exchanged=0, kv_bytes=0, single_gpu_ms=t * 1e3)
+                elif rank == 0 and (1, n_total, pas) in done:
+                    single[pas] = _measured(rows, 1, n_total, pas)
                 dist.barrier()
         for pas in ("fwd", "fwd_bwd"):
-            B, C, V = _make(n_local, dtype, device, 2 + rank, grad=pas == "fwd_bwd")
+            if (world, n_total, pas) in done or not fits(pas, n_local, world):
+                continue
+            leaves, views = _make(n_local, dtype, device, 2 + rank, pas == "fwd_bwd", args.layout)
             if pas == "fwd":
                 with torch.no_grad():
-                    t = _timed(lambda: call_sp(B, C, V), args.reps, device)
+                    t = _timed(lambda: call_sp(*views), args.reps, device)
                 passes, packets, kv = FWD_PASSES, 1, 1
             else:
-                dO = torch.randn_like(V)
-                t = _timed(_fwd_bwd(call_sp, B, C, V, dO), args.reps, device)
+                dO = ops_output_like(views[2])
+                t = _timed(_fwd_bwd(call_sp, leaves, views, dO), args.reps, device)
                 del dO
                 passes, packets, kv = FWD_BWD_PASSES, 2, 2
-            B = C = V = None  # the memory freed before the next shape
+            leaves = views = None  # the memory freed before the next shape
             torch.cuda.empty_cache()
             floor_ms = passes * tensor_ms
             single_ms = single.get(pas, math.nan) * 1e3
@@ -214,21 +295,20 @@ def main(argv=None) -> int:
                 single_gpu_ms=single_ms, speedup_vs_single=single_ms / (t * 1e3))
     for n_total in args.longest:
         n_local = n_total // world
-        need = 8.3 * n_local * HEADS * RANK * size  # B, C, V, O, dO, dB, dC, dV + workspace
-        free = torch.tensor(torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0,
-                            device=device, dtype=torch.float64)
-        dist.all_reduce(free, op=dist.ReduceOp.MIN)
-        if need > free.item():
+        if (world, n_total, "fwd_bwd_longest") in done:
+            break
+        need, free = cell_bytes("fwd_bwd", n_local, size), free_bytes(device, True, cap)
+        if need > 0.95 * free:
             if rank == 0:
                 print(f"longest: N={n_total} needs ~{need / 2**30:.0f} GiB per GPU, "
-                      f"{free.item() / 2**30:.0f} free: skipped", flush=True)
+                      f"{free / 2**30:.0f} free: skipped", flush=True)
             continue
-        B, C, V = _make(n_local, dtype, device, 3 + rank, grad=True)
-        dO = torch.randn_like(V)
+        leaves, views = _make(n_local, dtype, device, 3 + rank, True, args.layout)
+        dO = ops_output_like(views[2])
         torch.cuda.reset_peak_memory_stats(device)
-        t = _timed(_fwd_bwd(call_sp, B, C, V, dO), 3, device, warmup=1)
+        t = _timed(_fwd_bwd(call_sp, leaves, views, dO), 3, device, warmup=1)
         peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
-        B = C = V = dO = None  # the memory freed before the next shape
+        leaves = views = dO = None  # the memory freed before the next shape
         torch.cuda.empty_cache()
         tensor_ms = n_local * HEADS * RANK * size / bw * 1e3
         row(N=n_total, n_per_gpu=n_local, **{"pass": "fwd_bwd_longest"}, ms=t * 1e3,
@@ -238,8 +318,8 @@ def main(argv=None) -> int:
             single_gpu_ms=math.nan, peak_GiB=peak)
         break
     if rank == 0:
-        pd.DataFrame(rows).to_csv(os.path.join(out_dir, "sp.csv"), index=False)
-        print(f"-> {out_dir}/sp.csv", flush=True)
+        pd.DataFrame(rows).to_csv(path, index=False)
+        print(f"-> {path}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -480,7 +480,8 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     read backwards, ``Σ_j λ^j c_jᵀ v_j``), float32 ``(batch, heads, r, d)``; C ``(batch, heads, N, r)``,
     V ``(batch, heads, N, d)``, fp16/bf16/fp32 on a GPU, gamma None or float64 ``(H,)``.
 
-    Reads C and V once (``kernels/chunk_state.py``); N is cut into segments as Chunk cuts it, and
+    Reads C and V once, in place in any layout whose last dimension is contiguous
+    (``kernels/chunk_state.py``); N is cut into segments as Chunk cuts it, and
     the segments' sums are weighted by λ^(N - end) and added in a fixed order (``segment``: rows
     per segment, a multiple of the row block; default as Chunk's). O(N·r·d) time,
     O(segments·batch·heads·r·d) workspace."""
@@ -489,7 +490,7 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     d = V.shape[-1]
     if n == 0 or C.numel() == 0 or V.numel() == 0:
         return V.new_zeros(batch, heads, r, d, dtype=torch.float32)
-    C, V = C.contiguous(), V.contiguous()
+    C, V = rows_contiguous(C), rows_contiguous(V)  # any other layout read in place
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, device=V.device)
     n_db = cdiv(d, cfg["BLOCK_D"])
@@ -499,8 +500,10 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     ws = torch.empty(lanes, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                      device=V.device)
     triton_kernels("chunk_state").chunk_state_kernel[(lanes, n_seg)](
-        C=C, V=V, P=ws, GAMMA=gamma, N=n, R=r, D=d, H=heads, SEG=segment, HAS_DECAY=gamma is not None, REVERSE=reverse,
-        PRECISION=precision, **cfg)
+        C=C, V=V, P=ws, GAMMA=gamma, N=n, R=r, D=d, H=heads, SEG=segment,
+        SC_B=C.stride(0), SC_H=C.stride(1), SC_T=C.stride(2),
+        SV_B=V.stride(0), SV_H=V.stride(1), SV_T=V.stride(2),
+        HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision, **cfg)
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
     if gamma is None:
         s = ws.sum(3)

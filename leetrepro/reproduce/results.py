@@ -187,6 +187,55 @@ def training(tags: list[str]) -> str:
     return "\n\n".join(parts) or "(no train.csv measured yet: `make bench-train` on a GPU)"
 
 
+#: the layouts tables of a GPU (``make layouts``, ``make bench-layer``): file, how it was timed
+LAYOUT_FILES = (("layouts.csv", "eager"), ("layouts_graph.csv", "CUDA graph"),
+                ("layouts_fla.csv", "eager"), ("layouts_fla_graph.csv", "CUDA graph"))
+
+
+def layouts(tags: list[str]) -> str:
+    """Per GPU and layouts file: each cell's entries, forward and forward + backward, × floor,
+    ÷ head-major's time and ÷ fla's in the same process; then one attention layer's step."""
+    parts = []
+    for tag in tags:
+        for name, mode in LAYOUT_FILES:
+            df = _read(tag, name)
+            if df is None:
+                continue
+            ok = df[df.status == "ok"].to_dict("records")
+            cells = sorted({(r["dtype"], r["r"], r["d"], r["heads"], r["batch"], r["N"])
+                            for r in ok}, key=lambda c: (c[1], c[2], c[4]))
+            rows = []
+            for cell in cells:
+                for r in ok:
+                    if (r["dtype"], r["r"], r["d"], r["heads"], r["batch"], r["N"]) != cell:
+                        continue
+                    rows.append([f"{cell[0]} r={cell[1]} d={cell[2]} h{cell[3]} b{cell[4]} "
+                                 f"N={cell[5]}", r["entry"], r["pass"], f"{r['ms']:.3f} ms",
+                                 _x(r["floor_ratio"]), _x(r["vs_head_major"]), _x(r["vs_fla"])])
+            parts.append(f"{tag.upper()}, `{name}` ({mode}; {_run(df)}; floor: forward "
+                         f"2(r + d), forward + backward 6r + 5d bytes per row and head; entries "
+                         f"of a cell interleaved in one process):\n\n" + _table(
+                             ["cell", "layout", "pass", "time", "× floor", "÷ head-major",
+                              "÷ fla"], rows))
+        packed = _read(tag, "prefill_layouts.csv")
+        if packed is not None:
+            rows = [[r["method"], r["dtype"], r["batch"], f"{r['ms']:.3f} ms", _x(r["floor_ratio"])]
+                    for r in packed.to_dict("records")]
+            parts.append(f"Packed prompts (`cu_seqlens`), head-major `Chunk` against the drop-in "
+                         f"`chunk_simple_gla` on time-major q, k, v (`prefill_layouts.csv`, "
+                         f"`bench.serve --parts prefill`; {_run(packed)}):\n\n" + _table(
+                             ["entry", "dtype", "prompts", "time", "× floor"], rows))
+        layer = _read(tag, "layer.csv")
+        if layer is not None:
+            rows = [[r["entry"], f"{r['dtype']} h{r['heads']} r=d={r['r']} b{r['batch']} "
+                     f"N={r['N']}", f"{r['ms']:.2f} ms", f"{r['tokens_per_s'] / 1e6:.2f}M",
+                     _x(r.get("vs_fla"))] for r in layer.to_dict("records") if r["status"] == "ok"]
+            parts.append(f"One attention layer, forward + backward (`make bench-layer`; "
+                         f"{_run(layer)}; eager):\n\n" + _table(
+                             ["entry", "cell", "step", "tokens/s", "÷ fla"], rows))
+    return "\n\n".join(parts) or "(no layouts.csv measured yet: `make layouts` on a GPU)"
+
+
 def serving(tags: list[str]) -> str:
     parts = []
     for tag in tags:
@@ -266,6 +315,8 @@ def page() -> str:
          floor_cells(gpus)),
         ("`method=\"auto\"` (`make tune`)", dispatch(gpus)),
         ("Training (`make bench-train`, `make train`)", training(gpus)),
+        ("The layouts models hand the operator (`make layouts`, `make bench-layer`)",
+         layouts(gpus)),
         ("Serving (`make bench-serve`)", serving(gpus)),
         ("Sequence parallelism (`make bench-sp`)", sequence_parallel([t for t in tags if "x" in t])),
         ("The paper's claims (`make claims`)", claims(gpus)),
