@@ -205,7 +205,7 @@ def test_chunk_in_launch_repair_refused_for_shared_memory_falls_back_to_a_repair
         return real(kernel, grid, arguments, key, **options)
 
     monkeypatch.setattr(chunk, "launch", refusing)
-    monkeypatch.setattr(chunk, "_SELF_REPAIR_UNFIT", set())
+    monkeypatch.setattr(chunk, "_PLANS", {})  # (no plan of this signature from other tests)
     B, C, V = (t.to(DEVICE) for t in make_inputs(2, 3, 77, 8, 5, seed=11)[:3])
     g = torch.tensor([0.9, 1.0, 0.5], dtype=torch.float64, device=DEVICE)
     C[1, 2, 40, 3] = float("inf")

@@ -136,7 +136,6 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
     """
-    kern = triton_kernels("chunk_scan")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
     # every tensor is read and written in its own layout (its own strides): only a last dimension
@@ -145,90 +144,54 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # O in V's dimension order, dense (time-major V: time-major O, so that the caller's
     # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's
     out = torch.empty_like(V) if out is None else out
-    if dual is not None:
-        out2 = torch.empty_like(B) if out2 is None else out2
-    else:
-        out2 = None
-    if cu_seqlens is not None:
-        batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
-    signature = (n, r, d, batch, heads, V.dtype, dot_precision(V.dtype, fp32_precision),
-                 gamma is not None, dual is not None, V.device, segment,
-                 None if not config else tuple(sorted(config.items())), cu_seqlens is not None,
-                 initial_state is not None, output_final_state, reverse)
-    plan = _plan(*signature)
-    lanes = plan.lanes
-    hopper = _use_hopper(kernel, B, C, V, gamma, plan, dual=dual, cu_seqlens=cu_seqlens,
-                         precision=plan.main["PRECISION"], outputs=(out, out2))
+    out2 = None if dual is None else (torch.empty_like(B) if out2 is None else out2)
     s0 = staged_state(initial_state, B)
-    sn = torch.empty(batch, heads, r, d, dtype=torch.float32, device=V.device) \
-        if output_final_state else None
-    # A short call on the portable kernel repairs its non-finite rows within its launch (the
-    # segment holding a lane's first non-finite row computes its rows again): one launch, where a
-    # repair launch would add ~20 µs of host time; a long one keeps its kernel lean (the in-launch
-    # repair costs its sweep 5-7 %, NOTES.md) and flags the lanes for a repair launch, as the
-    # Hopper kernel does.
-    self_repair = not hopper and B.shape[0] * heads * n <= SELF_REPAIR_ROWS \
-        and signature not in _SELF_REPAIR_UNFIT
-    # zeroed counters, one buffer (each zeroing is a launch of its own, ~10 µs of host time): the
-    # lanes' repair flags, unless the launch repairs itself, and, split, the ring's flags (the
-    # Hopper kernel's: one per half of each lane's state) and its ticket
-    # (the flags first: their offset, and so the ring's, is fixed by what the launch keys hold)
-    ring = (2 if hopper else 1) * lanes + 1 if plan.split else 0
-    nflags = 0 if self_repair else lanes
-    flags = sync = ws = None
-    if ring or nflags:
-        counters = torch.zeros(nflags + ring, dtype=torch.int32, device=V.device)
-        flags = counters[:nflags] if nflags else None
-        sync = counters[nflags:] if ring else None
-    if plan.split:
-        ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
-    # the kernel's parameters by name (methods/_gpu.launch); the constexprs come from the plan
     tensors = dict(B=B, C=C, V=V, O=out, E=dual, O2=out2)
-    args = dict(tensors, S0=s0, SN=sn, WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma, CU=cu_seqlens,
-                N=n, R=r, D=d, H=heads, LANES=lanes, SEG=plan.segment, SCALE=float(scale))
-    for name, t in tensors.items():  # each tensor's (batch, head, row) strides
-        st = (0, 0, 0) if t is None else t.stride()[:3]
-        args.update(zip((f"S{STRIDE_NAMES[name]}_B", f"S{STRIDE_NAMES[name]}_H",
-                         f"S{STRIDE_NAMES[name]}_T"), st))
-    # everything the launches specialise on (methods/_gpu.launch): the signature fixes the
-    # scalars, flags and the fresh buffers' offsets; the tensors' strides and alignment here
-    strides = tuple(None if t is None else t.stride()[:3] for t in tensors.values())
-    ptrs = 0
-    for t in (B, C, V, out, dual, out2, s0, gamma, cu_seqlens):
-        if t is not None:
-            ptrs |= t.data_ptr()
-    key = (signature, strides, B.dtype, C.dtype, None if gamma is None else gamma.dtype,
-           None if cu_seqlens is None else cu_seqlens.dtype, ptrs % 16 == 0)
-    if hopper:
-        # one program per SM, as the portable kernel (197-213 KB of shared memory): its split,
-        # in multiples of the Hopper kernel's row block
-        segment = plan.segment
-        if segment < n and segment % HOPPER["BLOCK_N"]:
-            segment = rows_for_pieces(n, plan.n_seg, HOPPER["BLOCK_N"])
+    plan = launch_plan(tensors, gamma, s0=s0, cu_seqlens=cu_seqlens, fp32_precision=fp32_precision,
+                       segment=segment, config=config, output_final_state=output_final_state,
+                       reverse=reverse, kernel=kernel)
+    sn = torch.empty(plan.lanes_batch, heads, r, d, dtype=torch.float32, device=V.device) \
+        if output_final_state else None
+    # zeroed counters, one buffer (each zeroing is a launch of its own, ~10 µs of host time): the
+    # lanes' repair flags, unless the launch repairs itself, and, split, the ring's flags and
+    # ticket (the flags first: their offset, and so the ring's, is fixed by the launch key)
+    flags = sync = ws = None
+    if plan.nflags or plan.ring:
+        counters = torch.zeros(plan.nflags + plan.ring, dtype=torch.int32, device=V.device)
+        flags = counters[:plan.nflags] if plan.nflags else None
+        sync = counters[plan.nflags:] if plan.ring else None
+    if plan.ws_shape is not None:
+        ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
+    # the portable kernel's parameters by name (methods/_gpu.launch): the plan holds the scalars,
+    # strides and constexprs, the call its tensors
+    args = plan.static | tensors | dict(S0=s0, SN=sn, WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma,
+                                        CU=cu_seqlens, SCALE=float(scale))
+    kern = triton_kernels("chunk_scan")
+    if plan.kernel == "hopper":
         _launch_hopper(B=B, C=C, V=V, out=out, gamma=gamma, s0=s0, sn=sn, flags=flags, sync=sync,
-                       ws=ws, heads=heads, scale=args["SCALE"], segment=segment, reverse=reverse,
-                       dual=dual, out2=None if dual is None else out2)
+                       ws=ws, heads=heads, scale=args["SCALE"], segment=plan.hopper_segment,
+                       reverse=reverse, dual=dual, out2=out2)
     else:
         try:
-            launch(kern.chunk_scan_kernel, (lanes * plan.n_seg,), args | plan.main,
-                   key + (False, self_repair), **plan.main_options)
+            launch(kern.chunk_scan_kernel, plan.grid, args | plan.main,
+                   plan.key + (False, plan.self_repair), **plan.main_options)
         except Exception as exc:
             from triton.runtime.errors import OutOfResources
-            if not (self_repair and isinstance(exc, OutOfResources)):
+            if not (plan.self_repair and isinstance(exc, OutOfResources)):
                 raise
             # the repair's tiles beside the sweep's do not fit this GPU's shared memory (raised
             # as the kernel loads, before anything runs): this signature flags lanes for a
             # repair launch instead, from this call on
-            _SELF_REPAIR_UNFIT.add(signature)
+            _PLANS[plan.cache_key] = plan._replace(self_repair=False, nflags=plan.lanes)
             return chunk_scan(B, C, V, gamma, fp32_precision=fp32_precision, segment=segment,
                               initial_state=initial_state, output_final_state=output_final_state,
                               reverse=reverse, dual=dual, cu_seqlens=cu_seqlens, scale=scale,
                               kernel=kernel, config=config, out=out, out2=out2)
-    if not self_repair:
+    if not plan.self_repair:
         # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
         # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
-        launch(kern.chunk_scan_kernel, (lanes,), args | dict(WS=None, SYNC=None, SEG=n) | plan.repair,
-               key + (True,), **plan.repair_options)
+        launch(kern.chunk_scan_kernel, (plan.lanes,), args | dict(WS=None, SYNC=None, SEG=n)
+               | plan.repair, plan.key + (True,), **plan.repair_options)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
@@ -250,11 +213,6 @@ def rows_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
 #: rows within their launch (up to b1 × 32 heads × N = 8192: ≲ 200 µs of GPU time, where the repair
 #: launch's host time weighs, measured in NOTES.md); longer ones flag lanes for a repair launch
 SELF_REPAIR_ROWS = 1 << 18
-#: signatures (:func:`chunk_scan`'s plan keys) whose in-launch repair does not fit the GPU's shared
-#: memory: the repair's own tiles come beside the sweep's (fp32 with the decay in 64-row blocks, 2
-#: stages, needs 257 KB where sm_90 gives 227 KB), found on a signature's first call
-_SELF_REPAIR_UNFIT: set = set()
-
 #: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 224 KB of
 #: shared memory with the state's copies (32 KB), O's staging (32 KB) and the weighted V (16 KB);
 #: the dual sweep's ring has 2 slots of 64 KB, fp32's 2 slots of 96 KB beside the state's copies
@@ -353,7 +311,7 @@ def _kernel_table(tag: str) -> dict:
                 for r in csv.DictReader(f)}
 
 
-def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
+def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
     """Whether this call runs the Hopper kernel: ``kernel`` as :func:`chunk_scan` says, and for
     ``"auto"`` where it can, the kernel :func:`force_kernel` names if any, else :func:`hopper_wins`."""
     if kernel == "portable":
@@ -369,7 +327,7 @@ def _use_hopper(kernel, B, C, V, gamma, plan, **call) -> bool:
         return False
     if _FORCED[0] is not None:  # the correctness matrix's switch (force_kernel)
         return _FORCED[0] == "hopper"
-    return hopper_wins(V.device, V.dtype, gamma is not None, plan.split, B.shape[2],
+    return hopper_wins(V.device, V.dtype, gamma is not None, split, B.shape[2],
                        call.get("dual") is not None)
 
 
@@ -437,40 +395,119 @@ def _tma_layout(rows: int, cols: int, gdt):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], gdt)
 
 
-class _Plan(typing.NamedTuple):
-    """What a call of :func:`chunk_scan` launches, a function of shapes and flags only."""
-    lanes: int
-    segment: int
-    n_seg: int
-    split: bool
-    ws_shape: tuple
-    main: dict          # the constexprs of the scan launch
-    repair: dict        # and of the repair launch
-    main_options: dict  # num_warps, num_stages
+class LaunchPlan(typing.NamedTuple):
+    """What :func:`chunk_scan` launches for one call signature, decided on its first call and held
+    in :data:`_PLANS`: the kernel, the tiles and segments, whether the launch repairs its own
+    non-finite lanes, the counters and ring it needs, and every parameter of the portable kernel
+    but the tensors (the Hopper kernel's descriptors are built per call: they hold the
+    addresses). A function of what :func:`launch_plan` keys on only."""
+    kernel: str           # "hopper" or "portable"
+    lanes: int            # (batch·heads or sequences·heads) × value-column blocks
+    lanes_batch: int      # the batch, or the number of packed sequences
+    grid: tuple           # the portable launch's
+    segment: int          # rows per segment (N: one pass per lane)
+    hopper_segment: int   # the same in multiples of the Hopper kernel's row block
+    self_repair: bool     # the portable launch repairs its non-finite lanes itself
+    nflags: int           # zeroed counters: the lanes' repair flags (0 with self_repair),
+    ring: int             # then the ring's flags and ticket (0 without segments)
+    ws_shape: tuple | None  # the ring of published states (segments)
+    static: dict          # the portable kernel's scalars and strides
+    main: dict            # its constexprs, and its options
+    main_options: dict
+    repair: dict          # the repair launch's constexprs and options
     repair_options: dict
+    key: tuple            # what the compiled kernels specialise on (methods/_gpu.launch)
+    cache_key: tuple      # this plan's key in _PLANS
 
 
-@functools.lru_cache(maxsize=1024)  # the host time of a short call: computed once per signature
-def _plan(n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
-          has_s0, store_sn, reverse) -> _Plan:
+#: launch plans by call signature (:func:`launch_plan`): a model calls one signature per layer,
+#: and at short N deciding it again would cost more host time than the kernel
+_PLANS: dict = {}
+
+
+def launch_plan(tensors: dict, gamma, *, s0, cu_seqlens, fp32_precision, segment, config,
+                output_final_state: bool, reverse: bool, kernel: str) -> LaunchPlan:
+    """The plan of a call of :func:`chunk_scan` with ``tensors`` (B, C, V, O, E, O2 as the kernel
+    names them, E and O2 None without the dual output): looked up by everything it depends on
+    (shapes, dtypes, flags, options, each tensor's strides and the pointers' 16-byte alignment,
+    the kernel option, :func:`force_kernel`, whether the call is short enough to repair itself),
+    made on the first call of that key."""
+    B, V, dual = tensors["B"], tensors["V"], tensors["E"]
+    batch, heads, n, r = B.shape
+    d = V.shape[-1]
+    if cu_seqlens is not None:
+        batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
+    signature = (n, r, d, batch, heads, V.dtype, dot_precision(V.dtype, fp32_precision),
+                 gamma is not None, dual is not None, V.device, segment,
+                 None if not config else tuple(sorted(config.items())), cu_seqlens is not None,
+                 s0 is not None, output_final_state, reverse)
+    strides = tuple(None if t is None else t.stride()[:3] for t in tensors.values())
+    ptrs = 0
+    for t in (*tensors.values(), s0, gamma, cu_seqlens):
+        if t is not None:
+            ptrs |= t.data_ptr()
+    key = (signature, strides, B.dtype, tensors["C"].dtype,
+           None if gamma is None else gamma.dtype,
+           None if cu_seqlens is None else cu_seqlens.dtype, ptrs % 16 == 0)
+    short = B.shape[0] * heads * n <= SELF_REPAIR_ROWS
+    cache_key = (key, kernel, _FORCED[0], short)
+    plan = _PLANS.get(cache_key)
+    if plan is None:
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        plan = _PLANS[cache_key] = _new_plan(signature, key, cache_key, tensors, gamma,
+                                             cu_seqlens, kernel, short)
+    return plan
+
+
+def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, short) -> LaunchPlan:
+    (n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
+     has_s0, store_sn, reverse) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
     cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device,
                        config=None if override is None else dict(override))
     lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
     segment = _segment(segment, cfg, n, lanes, device)
     n_seg = cdiv(n, segment)
+    split = n_seg > 1
     if dual and (lanes != batch * heads or cfg["BLOCK_R"] < r):
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
-    flags = lambda split, repair: dict(  # noqa: E731
+    B, C, V = tensors["B"], tensors["C"], tensors["V"]
+    hopper = _use_hopper(kernel, B, C, V, gamma, split, dual=tensors["E"], cu_seqlens=cu_seqlens,
+                         precision=precision, outputs=(tensors["O"], tensors["O2"]))
+    # one program per SM on the Hopper kernel too (197-213 KB of shared memory): the portable
+    # kernel's split, in multiples of the Hopper kernel's row block
+    hopper_segment = segment
+    if segment < n and segment % HOPPER["BLOCK_N"]:
+        hopper_segment = rows_for_pieces(n, n_seg, HOPPER["BLOCK_N"])
+    # A short call on the portable kernel repairs its non-finite rows within its launch (the
+    # segment holding a lane's first non-finite row computes its rows again): one launch, where a
+    # repair launch would add ~20 µs of host time; a long one keeps its kernel lean (the in-launch
+    # repair costs its sweep 5-7 %, NOTES.md) and flags the lanes for a repair launch, as the
+    # Hopper kernel does.
+    self_repair = not hopper and short
+    constexprs = lambda split, repair: dict(  # noqa: E731
         HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0, STORE_SN=store_sn, SPLIT=split,
         REVERSE=reverse, DUAL=dual, HALF_RANGE=dtype != torch.float32,
         REPAIR=repair, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
         PRECISION=precision)
-    return _Plan(lanes, segment, n_seg, n_seg > 1, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"]),
-                 flags(n_seg > 1, False), flags(False, True),
-                 dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-                 dict(num_warps=cfg["num_warps"], num_stages=1))
+    static = dict(N=n, R=r, D=d, H=heads, LANES=lanes, SEG=segment)
+    for name, t in tensors.items():  # each tensor's (batch, head, row) strides
+        st = (0, 0, 0) if t is None else t.stride()[:3]
+        static.update(zip((f"S{STRIDE_NAMES[name]}_B", f"S{STRIDE_NAMES[name]}_H",
+                           f"S{STRIDE_NAMES[name]}_T"), st))
+    return LaunchPlan(
+        kernel="hopper" if hopper else "portable", lanes=lanes, lanes_batch=batch,
+        grid=(lanes * n_seg,), segment=segment, hopper_segment=hopper_segment,
+        self_repair=self_repair, nflags=0 if self_repair else lanes,
+        ring=(2 if hopper else 1) * lanes + 1 if split else 0,
+        ws_shape=(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"]) if split else None,
+        static=static, main=constexprs(split, False),
+        main_options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
+        repair=constexprs(False, True),
+        repair_options=dict(num_warps=cfg["num_warps"], num_stages=1),
+        key=key, cache_key=cache_key)
 
 
 def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
@@ -516,5 +553,6 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
 
 
 # the launch tables and plans that read data/<gpu>/ are forgotten when a table is rewritten
-for _cache in (_config, _kernel_table, _plan):
+for _cache in (_config, _kernel_table):
     on_change(_cache.cache_clear)
+on_change(_PLANS.clear)
