@@ -340,8 +340,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
                          cu_seqlens=cu_seqlens, scale=scale, out=dC)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
-    if need_s0:
-        dS0 = (_per_head(R, gamma, 1) * scale).to(initial_state.dtype)
+    if need_s0:  # (in initial_state's layout: R may be a transposed state)
+        dS0 = _into((_per_head(R, gamma, 1) * scale).to(initial_state.dtype), initial_state, None)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
         dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, cu_seqlens=cu_seqlens,

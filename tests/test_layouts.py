@@ -151,3 +151,24 @@ def test_the_correctness_matrix_checks_every_layout(method):
     assert len(rows) == 12 and all(r["status"] == "pass" for r in rows), rows
     assert {r["note"].split("; ")[1] for r in rows} == \
         {"model layout", "drop-in layout", "fused layout"}
+
+
+@pytest.mark.parametrize("wanted", ["BCVS", "CS", "VS", "S", "B"])
+def test_gradients_come_in_the_layouts_the_fake_implementation_promises(wanted):
+    """What the backward returns has the strides of its fake (shape-only) implementation, which
+    a compiled graph trusts: each gradient dense in its input's dimension order, dS0 too (a
+    reverse sweep's state may come out transposed)."""
+    from leetrepro import registry
+    from leetrepro.ops import _gradients
+    x, bcv = leaves_in("model", 2, 3, 20, 4, 6)
+    B, C, V = (t.detach() for t in bcv(*x))
+    S0 = torch.randn(2, 3, 4, 6, device=DEVICE)
+    dO = torch.randn(2, 20, 3, 6, device=DEVICE).transpose(1, 2)
+    dS = torch.randn(2, 3, 4, 6, device=DEVICE)
+    g = torch.tensor([0.9, 0.8, 1.0], dtype=torch.float64, device=DEVICE)
+    need = [k in wanted for k in "BCVS"]
+    grads = _gradients(registry.get("LA_torch"), {"block_size": 16}, dO, B, C, V, g, S0, dS,
+                       False, *need, None, 1.0)
+    for grad, like, asked in zip(grads, (B, C, V, S0), need):
+        if asked:
+            assert grad.stride() == output_like(like).stride()
