@@ -152,6 +152,7 @@ lemma31: $(INSTALLED)
 # our kernels vs flash-linear-attention and the floor (GPU: measured; else re-rendered)
 floor: $(INSTALLED)
 	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.floor --out $(RESULTS)/data/$(GPU))
+	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.layouts --out $(RESULTS)/data/$(GPU))
 	$(call run_notebook,floor,floor,$(GPU),-p gpu $(GPU))
 
 # what limits each floor cell still short of its target: Nsight Compute over one call of Chunk as
@@ -168,15 +169,17 @@ tune: $(INSTALLED)
 	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU) $(TUNE_ARGS)
 
 # forward + backward against its floor, flash-linear-attention beside it (GPU only); then the
-# layouts models hand the operator
+# layouts models hand the operator, eager and in CUDA graphs
 bench-train: $(INSTALLED)
 	$(PY) -m leetrepro.bench.train --out $(DATA) --sweeps
 	$(PY) -m leetrepro.bench.layouts --out $(DATA)
+	$(PY) -m leetrepro.bench.layouts --out $(DATA) --graph --csv layouts_graph.csv
 
 # the operator in the layouts models produce (time-major views, a fused projection, the drop-in)
 # beside head-major and fla, forward and forward + backward (GPU only) -> $(DATA)/layouts.csv
 layouts: $(INSTALLED)
 	$(PY) -m leetrepro.bench.layouts --out $(DATA)
+	$(PY) -m leetrepro.bench.layouts --out $(DATA) --graph --csv layouts_graph.csv
 
 # one attention layer (projections, the operator, forward + backward) against the same layer with
 # fla's op, tokens/s (GPU only) -> $(DATA)/layer.csv

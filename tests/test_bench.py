@@ -344,3 +344,46 @@ def test_train_sweeps_are_the_steps_own_backward(monkeypatch):
     for mine, want in ((got["dB"], grads[0]), (dC, grads[1]), (dV, grads[2])):
         assert rel_error(mine, want) <= tol
     assert sum(p for _, p, _ in train.SWEEPS) == 14
+
+
+@pytest.mark.slow
+def test_layouts_cell_times_every_layout_against_its_floor():
+    """``bench.layouts``' cell on the CPU (Chunk under the interpreter): a forward and a forward +
+    backward row per layout, each against its own floor and head-major's time in the cell."""
+    from leetrepro.bench.layouts import LAYOUTS, floor_bytes, measure_cell
+    rows = measure_cell(torch.float32, 2, 40, 8, 16, 2, LAYOUTS, 2, 1e9, torch.device("cpu"))
+    assert len(rows) == 2 * len(LAYOUTS) and all(r["status"] == "ok" for r in rows)
+    assert {(r["entry"], r["pass"]) for r in rows} == {(x, p) for x in LAYOUTS
+                                                        for p in ("fwd", "fwd_bwd")}
+    for r in rows:
+        floor = floor_bytes(r["pass"], 2, 2, 40, 8, 16, 4) / 1e9 * 1e3
+        assert r["floor_ms"] == pytest.approx(floor) and r["floor_ratio"] == r["ms"] / floor
+        assert r["mode"] == "eager" and r["vs_fla"] is None
+        if r["entry"] == "head-major":
+            assert r["vs_head_major"] == 1.0
+    assert floor_bytes("fwd", 1, 1, 1, 128, 128, 2) == 2 * 256 * 2
+    assert floor_bytes("fwd_bwd", 1, 1, 1, 128, 128, 2) == 11 * 128 * 2
+
+
+def test_layer_with_one_fused_projection_computes_the_same_layer():
+    """``bench.layer``: the layer with one projection cut by ``split_projection`` is the layer
+    with three (their weights stacked), forward and gradients; its cell rows on the CPU."""
+    from leetrepro.bench.layer import Layer, make_op, measure_cell
+    from leetrepro.bench.layouts import decays
+    op = make_op("Chunk", decays(2))
+    torch.manual_seed(0)
+    sep, fused = Layer(2, 8, op), Layer(2, 8, op, fused=True)
+    with torch.no_grad():
+        fused.bcv.weight.copy_(torch.cat([sep.q.weight, sep.k.weight, sep.v.weight]))
+        fused.o.weight.copy_(sep.o.weight)
+    x = torch.randn(2, 33, 16)
+    y1, y2 = sep(x), fused(x)
+    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
+    g1 = torch.autograd.grad(y1.square().sum(), [sep.q.weight, sep.o.weight])
+    g2 = torch.autograd.grad(y2.square().sum(), [fused.bcv.weight, fused.o.weight])
+    torch.testing.assert_close(g2[0][:16], g1[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(g2[1], g1[1], rtol=1e-4, atol=1e-5)
+    rows = measure_cell(torch.float32, 2, 8, 1, 24, ["Chunk", "Chunk-fused", "identity"], 2,
+                        torch.device("cpu"))
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in rows)
+    assert all("op_share" in r for r in rows if r["entry"] != "identity")
