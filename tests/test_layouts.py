@@ -40,14 +40,17 @@ def leaves_in(layout: str, b, h, n, r, d, dtype=torch.float32, seed=0):
     return [y], interleaved
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("method", method_params(METHODS))  # (interpreted FA: slow lane)
+#: (method, layout): every method in every layout, the interpreted FleetAttention (seconds a case,
+#: slow lane) in the model's two (its head-major case is the other files')
+CASES = [pytest.param(p.values[0], layout, id=f"{p.id}-{layout}", marks=p.marks)
+         for p in method_params(METHODS) for layout in LAYOUTS
+         if p.values[0].abbr != "FA" or layout in ("model", "fused")]
+
+
+@pytest.mark.parametrize("method, layout", CASES)
 def test_every_method_in_every_layout(method, layout):
     """Forward and all gradients against float64 autograd (odd N, r ≠ d, batch 2, per-head decays),
-    O in V's dimension order. (The interpreted FleetAttention, seconds a case, in the model's two
-    layouts only; its head-major case is the other files'.)"""
-    if method.abbr == "FA" and layout not in ("model", "fused"):
-        pytest.skip("FA interpreted: the model's two layouts only")
+    O in V's dimension order."""
     b, h, n, r, d = 2, 3, 37, 8, 5
     x, bcv = leaves_in(layout, b, h, n, r, d, seed=n)
     gam = random_gammas(h, seed=2, low=0.7).to(DEVICE)
