@@ -59,8 +59,7 @@ class _SplitProjection(torch.autograd.Function):
                 # the operator wrote the three into one buffer laid out as y: it is y's gradient
                 return dB.as_strided(shape, stride, offset), None, None, None
         heads, r, d = ctx.dims
-        dy = dB.new_zeros(shape) if dB is not None else \
-            (dC if dC is not None else dV).new_zeros(shape)
+        dy = next(g for g in grads if g is not None).new_zeros(shape)
         for part, g in zip(_views(dy, heads, r, d), grads):
             if g is not None:
                 part.copy_(g)

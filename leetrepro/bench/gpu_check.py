@@ -86,6 +86,12 @@ def fp32_switch(m, dtype) -> bool:
     return "fp32_precision" in m.options and dtype == torch.float32
 
 
+def default_tolerance(m, dtype) -> float:
+    """The tolerance of ``m`` on ``dtype`` with its default products (tf32's where it has the
+    switch, :func:`fp32_switch`)."""
+    return TF32_TOLERANCE if fp32_switch(m, dtype) else TOLERANCE[dtype]
+
+
 def variants(m, dtype, n):
     """(label, options, tolerance) for one method and dtype: kernels with an fp32 precision switch
     run in fp32 with their default tf32 dots and with the fp32-exact modes (``ieee``, plain FMA
@@ -177,7 +183,7 @@ def check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted="BCVS",
     names = [q for q, t in zip(["dB", "dC", "dV", "dS0"], leaves) if t.requires_grad]
     asked = [t for t in leaves if t.requires_grad]
     label, opts, tol = TF32X3 if exact else \
-        ("", {}, TF32_TOLERANCE if fp32_switch(m, dtype) else TOLERANCE[dtype])
+        ("", {}, default_tolerance(m, dtype))
 
     def loss(x, fn):
         res = fn(*x[:3], g, initial_state=x[3] if state else None, output_final_state=state)
@@ -233,11 +239,11 @@ def check_layouts(m, shape, dtype, device, seed, rows, meta):
     from .layouts import LAYOUTS, entry, make_layout
     b, h, n, r, d = shape
     g = gammas(h, seed).to(device)
+    tol = default_tolerance(m, dtype)
     for layout in LAYOUTS[1:]:
         x, bcv, dO = make_layout(layout, b, h, n, r, d, dtype=dtype, device=device, seed=seed)
         wide = [t.detach().double().requires_grad_() for t in x]
         fn = entry(layout, g, method=m.name)
-        tol = TF32_TOLERANCE if fp32_switch(m, dtype) else TOLERANCE[dtype]
         base = dict(meta, method=m.name, abbr=m.abbr, language=m.language,
                     dtype=DTYPE_NAMES[dtype], precision="", decay=True, batch=b, heads=h, N=n,
                     r=r, d=d, tol=tol, deterministic="",

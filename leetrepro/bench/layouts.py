@@ -28,8 +28,10 @@ import sys
 import torch
 
 from .._inputs import SHORT_NAMES, parse_dtype
+from ..complexity import io_bytes
 from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main,
                       interleaved_medians)
+from .train import train_floor_bytes
 
 LAYOUTS = ("head-major", "model", "drop-in", "fused")
 #: (r, d, heads): the head shapes of the cells (h·d = 4096 for the square ones)
@@ -93,10 +95,12 @@ def entry(layout: str, gamma: torch.Tensor, method: str = "Chunk"):
 
 
 def floor_bytes(pass_: str, batch: int, heads: int, n: int, r: int, d: int, itemsize: int) -> int:
-    """The fewest bytes a pass moves: forward B, C, V read and O written, 2(r + d) per row and
-    head; forward + backward 6r + 5d (the 11-pass floor at r = d)."""
-    per = 2 * (r + d) if pass_ == "fwd" else 6 * r + 5 * d
-    return batch * heads * n * per * itemsize
+    """The fewest bytes a pass moves: forward B, C, V read and O written
+    (:func:`leetrepro.complexity.io_bytes`, 2(r + d) per row and head); forward + backward
+    6r + 5d (:func:`leetrepro.bench.train.train_floor_bytes`, the 11-pass floor at r = d)."""
+    if pass_ == "fwd":
+        return io_bytes(n, r, d, batch=batch, heads=heads, itemsize=itemsize)
+    return train_floor_bytes(n, r, d, batch, heads, itemsize)
 
 
 def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
@@ -136,11 +140,11 @@ def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
         t = times.get((row["entry"], row["pass"]))
         row.update(ms=None if t is None else t * 1e3, reps=reps)
         row["floor_ratio"] = None if t is None else row["ms"] / row["floor_ms"]
+    ms = {(row["entry"], row["pass"]): row["ms"] for row in rows if row["ms"]}
     for row in rows:
-        ref = {o["entry"]: o["ms"] for o in rows if o["pass"] == row["pass"] and o["ms"]}
-        row["vs_head_major"] = row["ms"] / ref["head-major"] if row["ms"] and \
-            "head-major" in ref else None
-        row["vs_fla"] = row["ms"] / ref["fla"] if row["ms"] and "fla" in ref else None
+        for col, ref in (("vs_head_major", "head-major"), ("vs_fla", "fla")):
+            base = ms.get((ref, row["pass"]))
+            row[col] = row["ms"] / base if row["ms"] and base else None
     calls = x = keep = None  # the cell's tensors freed before the next
     torch.cuda.empty_cache()
     return rows

@@ -212,7 +212,9 @@ def main(argv=None) -> int:
     if args.resume and os.path.exists(path):
         kept = pd.read_csv(path)
         # (cells that did not fit are judged again: the memory free may differ now)
-        kept = kept[(kept.commit.astype(str) == str(meta["commit"])) & (kept.status == "ok")]
+        # (a file from before the status column: every row was measured)
+        status = kept["status"] if "status" in kept else "ok"
+        kept = kept[(kept.commit.astype(str) == str(meta["commit"])) & (status == "ok")]
         rows = kept.to_dict("records")
         done = {(int(r["gpus"]), int(r["N"]), r["pass"]) for r in rows}
         if rank == 0:

@@ -57,11 +57,18 @@ def staged(B, C, V, gamma):
     return B, C, V, gamma.to(device=V.device, dtype=torch.float64).contiguous()
 
 
+def rows_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t as the kernels address it (rows through strides, each row's entries adjacent): t itself
+    unless its last dimension is strided, then a copy."""
+    if t is None or t.stride(-1) == 1 or t.numel() == 0:
+        return t
+    return t.contiguous()
+
+
 def same_rows(x: torch.Tensor, y: torch.Tensor | None):
     """x and y (None or shaped like x) in one layout the kernel addresses by strides: the last
     dimension contiguous, y's strides x's; copies only where that does not already hold."""
-    if x.stride(-1) != 1 and x.numel() > 0:
-        x = x.contiguous()
+    x = rows_contiguous(x)
     if y is None:
         return x, y
     if y.stride() != x.stride():

@@ -27,8 +27,8 @@ import torch
 from ..registry import GPU_DTYPES, on_change, register
 from .._paths import data
 from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table, next_pow2,
-                   refuse_interpreted_bf16, rows_for_pieces, segment_rows, sm_count,
-                   staged_state, triton_kernels)
+                   refuse_interpreted_bf16, rows_contiguous, rows_for_pieces, segment_rows,
+                   sm_count, staged_state, triton_kernels)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
 #: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
@@ -199,14 +199,6 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
 #: the kernel's stride parameters of each tensor: S<name>_B, S<name>_H, S<name>_T
 STRIDE_NAMES = dict(B="B", C="C", V="V", O="O", E="E", O2="P")
-
-
-def rows_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
-    """t as the kernels address it (rows through strides, each row's entries adjacent): t itself
-    unless its last dimension is strided, then a copy."""
-    if t is None or t.stride(-1) == 1 or t.numel() == 0:
-        return t
-    return t.contiguous()
 
 
 #: calls of up to this many rows (batch · heads · N) on the portable kernel repair their non-finite
@@ -405,8 +397,8 @@ class LaunchPlan(typing.NamedTuple):
     lanes: int            # (batch·heads or sequences·heads) × value-column blocks
     lanes_batch: int      # the batch, or the number of packed sequences
     grid: tuple           # the portable launch's
-    segment: int          # rows per segment (N: one pass per lane)
-    hopper_segment: int   # the same in multiples of the Hopper kernel's row block
+    hopper_segment: int   # rows per segment (N: one pass per lane; the portable launch's are
+    #                       static["SEG"]) in multiples of the Hopper kernel's row block
     self_repair: bool     # the portable launch repairs its non-finite lanes itself
     nflags: int           # zeroed counters: the lanes' repair flags (0 with self_repair),
     ring: int             # then the ring's flags and ticket (0 without segments)
@@ -499,7 +491,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
                            f"S{STRIDE_NAMES[name]}_T"), st))
     return LaunchPlan(
         kernel="hopper" if hopper else "portable", lanes=lanes, lanes_batch=batch,
-        grid=(lanes * n_seg,), segment=segment, hopper_segment=hopper_segment,
+        grid=(lanes * n_seg,), hopper_segment=hopper_segment,
         self_repair=self_repair, nflags=0 if self_repair else lanes,
         ring=(2 if hopper else 1) * lanes + 1 if split else 0,
         ws_shape=(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"]) if split else None,
