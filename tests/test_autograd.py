@@ -158,6 +158,10 @@ def test_opcheck():
         (B, C, V, g, S0, "LA_torch", "", False, True),
         (B, C, V, g, S0, "auto", "", True, True),
     ]
+    # time-major views (a model's layout): the fake's O and gradients take V's and the inputs'
+    # dimension order, as the kernels write them
+    tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V)]
+    cases += [(*tm, g, None, "LA_torch", "", False, False), (*tm, g, S0, "Chunk", "", False, True)]
     for args in cases:
         args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.dtype != torch.float64
                      else a for a in args)
