@@ -3,15 +3,22 @@ groups.
 
 The portable kernel (``chunk_scan.py``) holds the whole 128 × 128 fp32 state in one 8-warp program
 with every tile besides it, at 255 registers and spilling (NOTES.md): its time is its own issue
-rate. Here a program (one lane, a batch·head, or one segment of a lane's rows) has three
-partitions:
+rate. Here a program (a *unit*: one lane, a batch·head, and a block of DC of its D value columns;
+or one segment of a unit's rows) has three partitions:
 
-* a **loader** (the launch's 4 warps, cut to 24 registers a thread) streams the chunks' B, C, V
-  tiles into a ring of ``STAGES`` shared-memory slots with the tensor-memory accelerator (TMA),
-  each slot guarded by a *ready* and an *empty* mbarrier;
+* a **loader** (the launch's 4 warps, cut to 24 registers a thread) streams the chunks' B, C tiles
+  and its DC columns of V into a ring of ``STAGES`` shared-memory slots with the tensor-memory
+  accelerator (TMA), each slot guarded by a *ready* and an *empty* mbarrier;
 * two **consumer** warp groups (240 registers a thread each), consumer h holding columns
-  [h·DH, (h+1)·DH) of the state (R × DH fp32: 64 registers a thread at 128 × 64), each computing
-  its half of every chunk's O with warp-group MMA (wgmma) and storing it with TMA.
+  [h·DH, (h+1)·DH) of the unit's block (DH = DC/2; R × DH fp32, at most 64 registers a thread:
+  128 × 64 or 256 × 32), each computing its columns of every chunk's O with warp-group MMA
+  (wgmma) and storing them with TMA.
+
+Head dimensions r, d ∈ {64, 128, 256} (the launcher's ``hopper_tiles``): DC = 128 up to r = 128
+(64 for d = 64), 64 at r = 256, so a state wider than one program holds (128 × 256, 256 × 256) is
+split by value columns over D/DC programs. They take consecutive program ids (tickets), so they
+run at the same time and all but the first read the lane's B and C tiles from L2: the second axis
+of parallelism, besides segments, that a short batch lacks.
 
 Per chunk of L ≤ BLOCK_N rows, consumer h, with H its half of the state entering the chunk:
 
@@ -31,11 +38,12 @@ ring holds 2 slots of B, C, V (96 KB each) and O is staged in the slot's V tile
 (:func:`_tf32_chunk`). Not with ``DUAL`` (four fp32 tiles a row block do not fit).
 
 Segments (``SPLIT``; batch 1: too few lanes to fill the GPU), as the portable kernel chains them:
-programs take tickets in the order they start (an atomic counter), ticket t = segment t // LANES of
-lane t % LANES. A segment's consumers first sum its own state from its C and V (a first pass, the
-loader streaming C and V only), wait for the previous segment's flag, publish
-P_k = λ^len P_(k-1) + S_k to a two-slot ring per lane and raise their flag, then sweep from
-P_(k-1). Each half of the state has its own flag, so the two consumers never wait on each other;
+programs take tickets in the order they start (an atomic counter), ticket t = segment t // UNITS of
+unit t % UNITS. A segment's consumers first sum their columns of its own state from its C and V (a
+first pass, the loader streaming C and V only), wait for the previous segment's flag, publish
+P_k = λ^len P_(k-1) + S_k to a two-slot ring per lane (each unit its own columns) and raise their
+flag, then sweep from P_(k-1). Each consumer of each unit has its own flag, so no two wait on each
+other;
 a program only waits on programs already running, so nothing deadlocks.
 
 ``REVERSE`` runs the operator on the rows read backwards (the backward's dV and dC, as the
@@ -44,9 +52,10 @@ the last to the first, so a tile holding L rows (the last tile of a lane: L = N 
 its logical order reversed inside it: row a of the tile is logical row L-1-a of its chunk. Only
 the powers of λ and the mask's direction change (``_exponents``); no coordinate is ever negative.
 
-``DUAL`` also writes O2 = op(E, V, C) for a fourth input E shaped like V, from the same sweep (the
-backward's dC beside its dV, as the portable kernel's ``DUAL``): O2's state is the transpose of
-this one, so consumer h computes O2's columns [h·DH, (h+1)·DH) (rows of the state) as
+``DUAL`` (R = D = DC ≤ 128: one program holds the whole state) also writes O2 = op(E, V, C) for a
+fourth input E shaped like V, from the same sweep (the backward's dC beside its dV, as the
+portable kernel's ``DUAL``): O2's state is the transpose of this one, so consumer h computes O2's
+columns [h·DH, (h+1)·DH) (rows of the state) as
 
     O2[:, h] = λ^(i+1) · Σ_k e[:, k] (H_k[h rows])ᵀ  +  (E vᵀ ⊙ M) c[:, h],
 
@@ -172,11 +181,11 @@ def _store_half(desc, buf, x, up, scale, bb, hh, row, col, BLOCK_N: gl.constexpr
 
 @gluon.jit
 def _loader(descs, bufs, bars, where, ptrs, lg, scale,
-            BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
-            HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
-            HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, REVERSE: gl.constexpr,
-            DUAL: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, N, i0, steps, n, lane, seg, last = where
+            BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
+            FLAG_COLS: gl.constexpr, STAGES: gl.constexpr, HAS_DECAY: gl.constexpr,
+            HAS_S0: gl.constexpr, STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr,
+            SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr, H_IDX: gl.constexpr):
+    bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
     b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
     ready, empty, hbar = bars
@@ -200,8 +209,8 @@ def _loader(descs, bufs, bars, where, ptrs, lg, scale,
                 _tma_load(e_desc, [bb, hh, row, 0], ready.index(s), e_bufs.index(2 * s))
                 _tma_load(e_desc, [bb, hh, row, DH], ready.index(s), e_bufs.index(2 * s + 1))
         _tma_load(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
-        _tma_load(v_desc, [bb, hh, row, 0], ready.index(s), v_bufs.index(2 * s))
-        _tma_load(v_desc, [bb, hh, row, DH], ready.index(s), v_bufs.index(2 * s + 1))
+        _tma_load(v_desc, [bb, hh, row, col0], ready.index(s), v_bufs.index(2 * s))
+        _tma_load(v_desc, [bb, hh, row, col0 + DH], ready.index(s), v_bufs.index(2 * s + 1))
 
 
 @gluon.jit
@@ -284,22 +293,32 @@ def _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length, lg,
     once the MMA reading the first is done (fp32 copies of the whole state would not fit beside
     the ring); v is transposed in place (:func:`_state_operands`); the state's update takes cᵀ
     from registers half the chunk's rows at a time (:func:`_ct_part`), the second half once the
-    first's MMA is done, so that no more than 32 of its registers are held."""
+    first's MMA is done, so that no more than 32 of its registers are held. At r = 64 the whole
+    copy is 8 KB and goes in one piece (the state's rows are then one per thread's row group:
+    nothing to split)."""
     KH: gl.constexpr = BLOCK_N // 2
-    h_lo, h_hi = gl.split(gl.permute(gl.reshape(state, [2, R // 2, DH]), (2, 1, 0)))
-    h_s.store(h_lo)
+    HALVES: gl.constexpr = R > 64
+    RH: gl.constexpr = R // 2 if HALVES else R
+    if HALVES:
+        h_lo, h_hi = gl.split(gl.permute(gl.reshape(state, [2, R // 2, DH]), (2, 1, 0)))
+        h_s.store(h_lo)
+    else:
+        h_s.store(gl.permute(state, (1, 0)))
     fence_async_shared()
     sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
                        use_acc=False, is_async=True)
-    o = warpgroup_mma(b_t.slice(0, R // 2, dim=1), h_s.permute((1, 0)),
+    o = warpgroup_mma(b_t.slice(0, RH, dim=1), h_s.permute((1, 0)),
                       gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False, is_async=True)
     sc, o = warpgroup_mma_wait(num_outstanding=0, deps=(sc, o))
     pa = gl.convert_layout(_masked(sc, diff, lg, HAS_DECAY), a_l)
-    h_s.store(h_hi)
+    if HALVES:
+        h_s.store(h_hi)
     state, c_t, v_op = _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l,
                                        gl.float32, HAS_DECAY, REVERSE, BLOCK_N, DH)
     fence_async_shared()
-    o = warpgroup_mma(b_t.slice(R // 2, R // 2, dim=1), h_s.permute((1, 0)), o, is_async=True)
+    if HALVES:
+        o = warpgroup_mma(b_t.slice(R // 2, R // 2, dim=1), h_s.permute((1, 0)), o,
+                          is_async=True)
     state = warpgroup_mma(_ct_part(c_t, 0, length, lg, a_l, HAS_DECAY, REVERSE, BLOCK_N),
                           v_op.slice(0, KH), state, is_async=True)
     o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
@@ -312,23 +331,32 @@ def _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length, lg,
 
 
 @gluon.jit
-def _initial_state(S0, lane, seg, st_tile, R: gl.constexpr, DH: gl.constexpr, acc_l: gl.constexpr,
-                   HAS_S0: gl.constexpr):
-    """The caller's initial state (its half) for a lane's first segment, else zeros."""
+def _state_tile(R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr, acc_l: gl.constexpr):
+    """Offsets of R × DH of an (R, D) state from its first column."""
+    st_r = gl.arange(0, R, layout=gl.SliceLayout(1, acc_l))
+    st_c = gl.arange(0, DH, layout=gl.SliceLayout(0, acc_l))
+    return st_r[:, None] * D + st_c[None, :]
+
+
+@gluon.jit
+def _initial_state(S0, lane, seg, col, st_tile, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
+                   acc_l: gl.constexpr, HAS_S0: gl.constexpr):
+    """The caller's initial state (this consumer's columns) for a lane's first segment, else
+    zeros."""
     state = gl.zeros([R, DH], gl.float32, acc_l)
     if HAS_S0:
         if seg == 0:
-            state = gl.load(S0 + lane.to(gl.int64) * R * 2 * DH + st_tile)
+            state = gl.load(S0 + lane.to(gl.int64) * R * D + col + st_tile)
     return state
 
 
 @gluon.jit
 def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
-              BLOCK_N: gl.constexpr, R: gl.constexpr, DH: gl.constexpr, STAGES: gl.constexpr,
-              HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr, STORE_SN: gl.constexpr,
-              HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr, REVERSE: gl.constexpr,
-              DUAL: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, N, i0, steps, n, lane, seg, last = where
+              BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
+              FLAG_COLS: gl.constexpr, STAGES: gl.constexpr, HAS_DECAY: gl.constexpr,
+              HAS_S0: gl.constexpr, STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr,
+              SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr, H_IDX: gl.constexpr):
+    bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
     S0, SN, FLAGS, WS, SYNC = ptrs
     b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
     b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
@@ -347,10 +375,11 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
     vw_s = vw_bufs.index(H_IDX)
     kr = gl.arange(0, BLOCK_N, layout=rows_l)
 
-    # the state's half: rows 0..R-1, columns H_IDX·DH ..
-    st_r = gl.arange(0, R, layout=rows_l)
-    st_c = H_IDX * DH + gl.arange(0, DH, layout=cols_l)
-    st_tile = st_r[:, None] * (2 * DH) + st_c[None, :]
+    # this consumer's columns of a (R, D) state: from element ``col`` of a row, offsets within
+    # (the column added to scalar pointers: offsets that depend on nothing but the thread are
+    # made again where they are used, not held through the sweep)
+    col = col0 + H_IDX * DH
+    st_tile = _state_tile(R, D, DH, acc_l)
     first = _first_pass_chunks(steps, last, SPLIT)
     if SPLIT:
         # 1. the segment's own state from its C and V (none for a lane's last segment)
@@ -374,27 +403,27 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         # 2. the state entering the segment (loaded only now: the first pass holds one state),
         # published by the previous segment's program (each half of the state has its own
         # flag: the consumers never wait on each other)
-        state = _initial_state(S0, lane, seg, st_tile, R, DH, acc_l, HAS_S0)
-        flag_ptr = SYNC + 2 * lane + H_IDX
-        ring = WS + lane.to(gl.int64) * 2 * R * 2 * DH  # the lane's two slots (scalar pointer:
+        state = _initial_state(S0, lane, seg, col, st_tile, R, D, DH, acc_l, HAS_S0)
+        flag_ptr = SYNC + 2 * unit + H_IDX
+        ring = WS + lane.to(gl.int64) * 2 * R * D + col  # the lane's two slots (scalar pointer:
         # a tile of 64-bit pointers kept alive would take 128 registers)
         if seg > 0:
             flag = gl.atomic_add(flag_ptr, 0, sem="acquire")
             while flag < seg:
                 flag = gl.atomic_add(flag_ptr, 0, sem="acquire")
             # .cg: from L2, never a stale L1 line of an earlier use of the ring slot
-            state = gl.load(ring + ((seg - 1) % 2) * R * 2 * DH + st_tile, cache_modifier=".cg")
+            state = gl.load(ring + ((seg - 1) % 2) * R * D + st_tile, cache_modifier=".cg")
         # 3. publish the state leaving it, P_k = λ^len P_(k-1) + S_k, then raise flag k+1
         if not last:
             if HAS_DECAY:
                 local += state * gl.exp(n.to(gl.float32) * lg)
             else:
                 local += state
-            gl.store(ring + (seg % 2) * R * 2 * DH + st_tile, local)
+            gl.store(ring + (seg % 2) * R * D + st_tile, local)
             _barrier()  # every thread's part is written before the flag rises
             gl.atomic_xchg(flag_ptr, seg + 1, sem="release")
     else:
-        state = _initial_state(S0, lane, seg, st_tile, R, DH, acc_l, HAS_S0)
+        state = _initial_state(S0, lane, seg, col, st_tile, R, D, DH, acc_l, HAS_S0)
 
     ri = gl.arange(0, BLOCK_N, layout=rows_l)
     cj = gl.arange(0, BLOCK_N, layout=cols_l)
@@ -471,7 +500,7 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             # O's half of the chunk through two staging buffers: the store of two chunks ago has
             # left this one before it is rewritten, the last chunk's may still be in flight
             o_s = o_bufs.index(2 * H_IDX + j % 2)
-        _store_half(o_desc, o_s, o, p_up, scale, bb, hh, row, H_IDX * DH, BLOCK_N, DH, dtype)
+        _store_half(o_desc, o_s, o, p_up, scale, bb, hh, row, col0 + H_IDX * DH, BLOCK_N, DH, dtype)
         if TF32:
             tma.store_wait(pendings=0)
             mbarrier.arrive(empty.index(s), count=1)
@@ -514,34 +543,48 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
     bad = (state * 0.0) != 0.0
-    gl.store(FLAGS + lane + gl.zeros([R, DH], gl.int32, acc_l), 1, mask=bad)
+    # (the repair launch's lanes are the portable kernel's: FLAG_COLS value columns each)
+    flag = FLAGS + lane * (D // FLAG_COLS) + col // FLAG_COLS
+    gl.store(flag + gl.zeros([R, DH], gl.int32, acc_l), 1, mask=bad)
     if STORE_SN:
-        if last:
-            gl.store(SN + lane.to(gl.int64) * R * 2 * DH + st_tile, state)
+        if last:  # (the offsets made again: kept through the sweep they would take registers)
+            gl.store(SN + lane.to(gl.int64) * R * D + col + _state_tile(R, D, DH, acc_l), state)
 
 
 @gluon.jit
 def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
                         GAMMA, N, H, LANES, SEG, scale,
                         BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
+                        DC: gl.constexpr, FLAG_COLS: gl.constexpr,
                         STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
                         STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr,
                         REVERSE: gl.constexpr, DUAL: gl.constexpr):
-    """One program per lane (batch·head), or with ``SPLIT`` per lane and segment of ``SEG`` rows,
+    """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
+    (the units of a lane next to each other in launch order, so that they run together and read
+    B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
     taken in ticket order; 4 warps launched (the loader), the two consumer warp groups added by
-    ``warp_specialize``. Descriptors over (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R),
-    V and O blocks (1, 1, BLOCK_N, D/2). S0, SN: float32 (lanes, R, D); WS: float32
-    (lanes, 2, R, D), the ring of published states; SYNC: int32, two flags per lane (one per
-    consumer) and the ticket counter; GAMMA: float64 (H,). ``DUAL``: E blocks (1, 1, BLOCK_N, D/2)
-    and O2 blocks (1, 1, BLOCK_N, R/2) (R = D), else both None."""
-    DH: gl.constexpr = D // 2
+    ``warp_specialize``, each holding R × DC/2 of the state. Descriptors over
+    (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, DC/2).
+    S0, SN: float32 (lanes, R, D); WS: float32 (lanes, 2, R, D), the ring of published states
+    (each unit its own columns); SYNC: int32, two flags per unit (one per consumer) and the
+    ticket counter; FLAGS: the repair launch's lanes, FLAG_COLS value columns each; GAMMA:
+    float64 (H,). ``DUAL``: E blocks (1, 1, BLOCK_N, D/2) and O2 blocks (1, 1, BLOCK_N, R/2)
+    (R = D = DC), else both None."""
+    DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = b_desc.dtype
+    units = LANES * (D // DC)
     if SPLIT:
-        t = gl.atomic_add(SYNC + 2 * LANES, 1)  # ticket, in the order programs actually start
+        t = gl.atomic_add(SYNC + 2 * units, 1)  # ticket, in the order programs actually start
     else:
         t = gl.program_id(0)
-    lane = t % LANES
-    seg = t // LANES
+    unit = t % units
+    seg = t // units
+    if D == DC:  # (a constant where one program holds every column: fewer registers)
+        lane = unit
+        col0 = 0
+    else:
+        lane = unit // (D // DC)
+        col0 = (unit % (D // DC)) * DC
     # the segment: chunks i0 .. i0+steps-1 of its lane's sweep, n rows
     chunks = gl.cdiv(N, BLOCK_N)
     if SPLIT:
@@ -568,8 +611,9 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     if dtype == gl.float32:
         # the state's copies in halves, K-major (DH × R/2 each); O staged in the ring's V tiles;
         # the weighted v is not needed (the weights go on cᵀ in registers)
-        h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DH, R // 2], dtype)
-        h_bufs = gl.allocate_shared_memory(dtype, [2, DH, R // 2], h_layout)
+        RH: gl.constexpr = R // 2 if R > 64 else R  # (:func:`_tf32_chunk`)
+        h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DH, RH], dtype)
+        h_bufs = gl.allocate_shared_memory(dtype, [2, DH, RH], h_layout)
         o_bufs = v_bufs
         vw_bufs = h_bufs
     else:
@@ -605,12 +649,13 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     bars = (ready, empty, hbar)
     # the partitions share one signature: where (this program's rows), the pointers, the
     # constants, and which half of the state a consumer holds (the loader ignores it)
-    where = (bb, hh, N, i0, steps, n, lane, seg, last)
+    where = (bb, hh, N, i0, steps, n, lane, seg, last, unit, col0)
     ptrs = (S0, SN, FLAGS, WS, SYNC)
     gl.warp_specialize([
-        (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                   HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
-        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
-        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, DH, STAGES, HAS_DECAY,
-                     HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 1))], [4, 4], [240, 240])
+        (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
+                   STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
+        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
+                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
+        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
+                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 1))],
+        [4, 4], [240, 240])

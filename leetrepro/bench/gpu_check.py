@@ -52,6 +52,12 @@ TIME_MAJOR_GRAD_SHAPES = [(2, 8, 1000, 128, 128), (16, 32, 512, 128, 128)]
 #: (the Hopper kernel's) one pass per lane and in segments; 64/64 and 128/256 (the heads models use)
 LAYOUT_SHAPES = [(2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (2, 8, 1000, 128, 128),
                  (8, 32, 1024, 128, 128), (2, 16, 777, 64, 64), (2, 8, 600, 128, 256)]
+#: the head shapes models use (r, d ∈ {64, 128, 256}, d ≠ r among them; ``--heads-only``): N cut
+#: into segments at batch 1-2 (odd N: a short last chunk), one pass per lane at b8 × h32
+HEAD_SHAPES = [(2, 4, 1000, 64, 64), (2, 4, 1000, 128, 64), (2, 4, 1000, 64, 128),
+               (2, 3, 777, 128, 256), (2, 3, 777, 256, 128), (1, 2, 1500, 256, 256),
+               (1, 2, 10000, 64, 64), (1, 2, 6001, 128, 256), (8, 32, 1024, 64, 64),
+               (8, 16, 515, 128, 256)]
 #: the input dtypes of the matrix, in its order (``--dtypes`` takes a subset)
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -397,6 +403,9 @@ def _arguments(p) -> None:
     p.add_argument("--grads-only", action="store_true", help="gradient rows only (no forward rows)")
     p.add_argument("--layouts-only", action="store_true",
                    help="the layout rows only (O and gradients in a model's layouts)")
+    p.add_argument("--heads-only", action="store_true",
+                   help="only the head shapes models use (HEAD_SHAPES): O with both masks, the "
+                        "gradients with states in and out, time-major inputs")
     p.add_argument("--fp16-range", action="store_true",
                    help="also fp16 states past 65504 where O and the gradients fit (RANGE_CASES)")
     p.add_argument("--serving", action="store_true",
@@ -426,6 +435,16 @@ def main(argv=None) -> int:
     for m in chosen:
         for dtype in map(parse_dtype, args.dtypes):
             if not m.supports(dtype, device):
+                continue
+            if args.heads_only:
+                if not m.unsafe:
+                    for si, shape in enumerate(HEAD_SHAPES):
+                        for decay in (False, True):
+                            check_case(m, shape, dtype, decay, device, 1100 + 10 * si + decay,
+                                       rows, meta)
+                        check_grads(m, shape, dtype, True, device, 1200 + si, rows, meta)
+                        check_grads(m, shape, dtype, True, device, 1300 + si, rows, meta,
+                                    time_major=True)
                 continue
             if args.layouts_only:
                 if not m.unsafe:

@@ -35,7 +35,7 @@ from .train import train_floor_bytes
 
 LAYOUTS = ("head-major", "model", "drop-in", "fused")
 #: (r, d, heads): the head shapes of the cells (h·d = 4096 for the square ones)
-HEAD_SHAPES = ((128, 128, 32), (64, 64, 64), (128, 256, 16))
+HEAD_SHAPES = ((128, 128, 32), (64, 64, 64), (128, 64, 32), (128, 256, 16), (256, 256, 16))
 #: (batch, N)
 SIZES = ((8, 8192), (16, 8192))
 
@@ -154,7 +154,7 @@ def _arguments(p) -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--layouts", nargs="*", default=list(LAYOUTS) + ["fla"])
     p.add_argument("--shapes", nargs="*", default=None,
-                   help="r:d:heads triples (default: 128:128:32 64:64:64 128:256:16)")
+                   help="r:d:heads triples (default: 128:128:32 64:64:64 128:64:32 128:256:16 256:256:16)")
     p.add_argument("--sizes", nargs="*", default=None, help="batch:N pairs (default 8:8192 16:8192)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--graph", action="store_true",

@@ -58,9 +58,11 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 
 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
-                       reverse: bool = False, dual: bool = False) -> str:
-    """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (r = d = 128,
-    state in and out, the launch options of ``chunk.HOPPER``), fp16, bf16 or fp32, with segments
+                       reverse: bool = False, dual: bool = False, r: int = 128,
+                       d: int = 128) -> str:
+    """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (head
+    dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
+    ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
     chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
     backward), with or without the ``dual`` output (the backward's dC beside dV)."""
     import triton
@@ -78,12 +80,13 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
         block = [1, 1, bn, cols]
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{_tma_layout(bn, cols, gdt)!r}>"
 
-    sig = dict(b_desc=desc(128), c_desc=desc(128), v_desc=desc(64), o_desc=desc(64),
-               e_desc=desc(64), o2_desc=desc(64), S0="*fp32", SN="*fp32", FLAGS="*i32",
-               WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32", LANES="i32", SEG="i32",
-               scale="fp32")
-    const = hopper_constants(r=128, d=128, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
+    const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual)
+    dh = const["DC"] // 2
+    sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
+               e_desc=desc(d // 2), o2_desc=desc(r // 2), S0="*fp32", SN="*fp32",
+               FLAGS="*i32", WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32",
+               LANES="i32", SEG="i32", scale="fp32")
     if not dual:
         const.update(e_desc=None, o2_desc=None)
     if not decay:
@@ -129,15 +132,26 @@ def _ptxas(arch: int) -> str:
         raise
 
 
-def dual_unfit(dtype: str) -> str | None:
-    """Why the Hopper kernel takes no dual output in ``dtype`` (its launcher's own rule, asked of
-    stand-in tensors of the launch's shape), or None."""
+def hopper_unfit_for(dtype: str, r: int = 128, d: int = 128, dual: bool = False) -> str | None:
+    """Why the Hopper kernel cannot take a call of ``dtype`` at head dimensions r, d (with the
+    ``dual`` output): its launcher's own rule, asked of stand-in tensors; None where it can."""
     import torch
 
     from .._inputs import parse_dtype
     from ..methods.chunk import hopper_operand_unfit
-    t = torch.empty(1, 1, 64, 128, dtype=parse_dtype(dtype))
-    return hopper_operand_unfit(t, t, t, dual=t)
+    b, v = (torch.empty(1, 1, 64, k, dtype=parse_dtype(dtype)) for k in (r, d))
+    return hopper_operand_unfit(b, b, v, dual=v if dual else None)
+
+
+#: the other head shapes the Hopper kernel takes, compiled for the register check in its sweeps
+#: with the decay and segments (the largest variant of each): forward, and reverse with the dual
+#: output where it takes one (else plain reverse), bf16 and fp32
+HOPPER_SHAPES = ((64, 64), (128, 64), (64, 128), (128, 256), (256, 128), (256, 256))
+
+
+def _hopper_usage(kw: dict) -> str:
+    """ptxas's usage line of one Hopper variant (a process pool's job)."""
+    return ptxas_usage(compile_hopper_ptx(**kw), kw["arch"])
 
 
 def main(argv=None) -> int:
@@ -151,17 +165,33 @@ def main(argv=None) -> int:
                         "(--configs ignored)")
     args = p.parse_args(argv)
     if args.hopper:
-        # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's)
+        # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's),
+        # at r = d = 128 in every variant; the other head shapes in their largest
+        jobs = []
         for (reverse, dual), split, dtype, mask in itertools.product(
                 ((False, False), (True, False), (True, True)), (False, True),
                 ("fp16", "bf16", "fp32"), ("0-1", "decay")):
-            if dual and dual_unfit(dtype):  # the kernel's own rule (half precision only)
+            if dual and hopper_unfit_for(dtype, dual=True):  # (half precision only)
                 continue
-            ptx = compile_hopper_ptx(dtype, mask == "decay", split, arch=args.arch,
-                                     reverse=reverse, dual=dual)
-            print(f"hopper {dtype}:{mask}:{'split' if split else 'one'}"
-                  f"{':reverse' if reverse else ''}{':dual' if dual else ''} "
-                  f"{ptxas_usage(ptx, args.arch)}", flush=True)
+            jobs.append((f"{dtype}:{mask}:{'split' if split else 'one'}"
+                         f"{':reverse' if reverse else ''}{':dual' if dual else ''}",
+                         dict(dtype=dtype, decay=mask == "decay", split=split, reverse=reverse,
+                              dual=dual)))
+        for (r, d), dtype, reverse in itertools.product(HOPPER_SHAPES, ("bf16", "fp32"),
+                                                        (False, True)):
+            if hopper_unfit_for(dtype, r, d):
+                continue
+            dual = reverse and not hopper_unfit_for(dtype, r, d, dual=True)
+            jobs.append((f"{r}x{d} {dtype}:decay:split{':reverse' if reverse else ''}"
+                         f"{':dual' if dual else ''}",
+                         dict(dtype=dtype, decay=True, split=True, reverse=reverse, dual=dual,
+                              r=r, d=d)))
+        # compiling is one core's work per variant: as many at once as there are cores
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            usages = pool.map(_hopper_usage, [dict(kw, arch=args.arch) for _, kw in jobs])
+            for (label, _), usage in zip(jobs, usages):
+                print(f"hopper {label} {usage}", flush=True)
         return 0
     for cfg in args.configs:
         dtype, mask, block_n, stages, *rest = cfg.split(":")

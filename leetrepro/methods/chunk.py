@@ -69,17 +69,22 @@ def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool
     return cfg | (config or {})
 
 
+def block_d(r: int, d: int) -> int:
+    """The portable kernel's value columns per lane: all of d while the r × d state fits one
+    program (r·d ≤ 128·128), else blocks of 16384 / r (its lanes are (batch·head, block))."""
+    return min(next_pow2(d), max(16, 16384 // next_pow2(r)))
+
+
 @functools.lru_cache(maxsize=1024)
 def _config(r, d, dtype, precision, decay, dual, device) -> tuple:
-    block_r = next_pow2(r)
-    block_d = min(next_pow2(d), max(16, 16384 // block_r))
+    block_r, cols = next_pow2(r), block_d(r, d)
     kind = operand_kind(dtype, precision)
     tuned = {} if dual else tuned_table(device)
     block_n, stages = DUAL_TABLE[kind] if dual else tuned.get((kind, decay), CHUNK_TABLE[(kind, decay)])
     if block_r > 128:  # a 256-row state leaves shared memory for 32-row tiles only
         block_n = 32
-    return tuple(dict(BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=block_d,
-                      num_warps=8 if block_r * block_d >= 8192 else 4, num_stages=stages).items())
+    return tuple(dict(BLOCK_N=block_n, BLOCK_R=block_r, BLOCK_D=cols,
+                      num_warps=8 if block_r * cols >= 8192 else 4, num_stages=stages).items())
 
 
 def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
@@ -128,9 +133,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``scale`` multiplies O (and the dual output) as it is stored.
 
     ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
-    kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32 without ``dual``,
-    r = d = 128, forward, reverse and dual, one pass per lane or segments; a ValueError naming
-    what rules it out elsewhere, :func:`hopper_operand_unfit`) or ``"auto"`` (the
+    kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32, r and d each 64, 128
+    or 256, forward, reverse and dual (r = d ≤ 128; elsewhere ``dual`` runs as two of its
+    sweeps), one pass per lane or segments; a ValueError naming what rules it out elsewhere,
+    :func:`hopper_operand_unfit`) or ``"auto"`` (the
     Hopper kernel where :func:`hopper_wins` says it was measured faster on this GPU, else the
     portable one).
 
@@ -141,6 +147,18 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # every tensor is read and written in its own layout (its own strides): only a last dimension
     # that is not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
+    if dual is not None and _dual_apart(B, C, V, dual, gamma, kernel, fp32_precision):
+        # two Hopper sweeps, O's then the dual output's (its state is O's transposed, and so is
+        # its initial state), where the Hopper kernel takes both but not the dual output
+        common = dict(fp32_precision=fp32_precision, segment=segment, reverse=reverse,
+                      scale=scale, kernel=kernel, config=config)
+        res = chunk_scan(B, C, V, gamma, initial_state=initial_state,
+                         output_final_state=output_final_state, out=out, **common)
+        o, sn = res if output_final_state else (res, None)
+        o2 = chunk_scan(dual, V, C, gamma, out=out2, **common,
+                        initial_state=None if initial_state is None
+                        else initial_state.transpose(-1, -2))
+        return ((o, o2), sn) if output_final_state else (o, o2)
     # O in V's dimension order, dense (time-major V: time-major O, so that the caller's
     # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's
     out = torch.empty_like(V) if out is None else out
@@ -205,22 +223,46 @@ STRIDE_NAMES = dict(B="B", C="C", V="V", O="O", E="E", O2="P")
 #: rows within their launch (up to b1 × 32 heads × N = 8192: ≲ 200 µs of GPU time, where the repair
 #: launch's host time weighs, measured in NOTES.md); longer ones flag lanes for a repair launch
 SELF_REPAIR_ROWS = 1 << 18
-#: the Hopper kernel's tiles: 64-row chunks in a ring of 3 slots (B, C, V: 48 KB a slot), 224 KB of
-#: shared memory with the state's copies (32 KB), O's staging (32 KB) and the weighted V (16 KB);
-#: the dual sweep's ring has 2 slots of 64 KB, fp32's 2 slots of 96 KB beside the state's copies
-#: in halves (32 KB), 224 KB (:func:`hopper_constants`); 168 registers a thread at launch, moved
-#: by ``setmaxnreg`` to the two consumers (240 each) from the loader (24)
-HOPPER = dict(BLOCK_N=64, STAGES=3, num_warps=4, maxnreg=168)
+#: the Hopper kernel's launch: 64-row chunks, 4 warps launched (the loader) and 168 registers a
+#: thread, moved by ``setmaxnreg`` to the two consumer warp groups (240 each) from the loader (24);
+#: the ring's depth follows the tiles (:func:`hopper_tiles`), at most MAX_STAGES slots
+HOPPER = dict(BLOCK_N=64, MAX_STAGES=4, num_warps=4, maxnreg=168)
+#: the head dimensions (r and d) the Hopper kernel takes
+HOPPER_DIMS = (64, 128, 256)
+
+
+def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool) -> tuple[int, int] | None:
+    """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
+    ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
+
+    A consumer's R × DC/2 fp32 state stays at ≤ 64 registers a thread (128 × 64 or 256 × 32):
+    DC = 128 up to r = 128, 64 at r = 256 (and for d = 64); d/DC programs share a lane's B and C.
+    Shared memory (:data:`leetrepro._device.SM90_SHARED_BYTES`): a ring slot holds the chunk's B,
+    C (BLOCK_N × r each) and V (BLOCK_N × DC), and with ``dual`` E (BLOCK_N × d); beside the ring,
+    fp16/bf16 keep the state's two copies (r × DC/2 each), O's staging (4 × BLOCK_N × DC/2) and
+    the weighted V (2 × BLOCK_N × DC/2); fp32 the state's copies in halves and O staged in the
+    ring. At r = d = 128: 3 slots of 48 KB in fp16/bf16 (224 KB), 2 with the dual output or fp32."""
+    from .._device import SM90_SHARED_BYTES
+    bn, size = HOPPER["BLOCK_N"], torch.empty((), dtype=dtype).element_size()
+    dc = 128 if r <= 128 and d >= 128 else 64
+    dh = dc // 2
+    slot = bn * (2 * r + dc + (d if dual else 0)) * size
+    if dtype == torch.float32:
+        fixed = 2 * dh * (r // 2 if r > 64 else r) * size
+    else:
+        fixed = (2 * r * dh + 4 * bn * dh + 2 * bn * dh) * size
+    stages = min(HOPPER["MAX_STAGES"], (SM90_SHARED_BYTES - 1024 - fixed) // slot)
+    return (dc, stages) if stages >= 2 else None
 
 
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
                      store_sn: bool, split: bool, reverse: bool, dual: bool) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
-    same kernel): a dual sweep's ring slot holds four tiles (64 KB), an fp32 one three of twice
-    the bytes (96 KB), so two slots."""
-    big = dual or dtype == torch.float32
-    return dict(BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, STAGES=2 if big else HOPPER["STAGES"],
-                HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn,
+    same kernel): the tiles of :func:`hopper_tiles`, and the repair launch's value columns per
+    lane (the portable kernel's, :func:`block_d`)."""
+    dc, stages = hopper_tiles(r, d, dtype, dual)
+    return dict(BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d),
+                STAGES=stages, HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn,
                 HALF_RANGE=dtype == torch.float16, SPLIT=split, REVERSE=reverse, DUAL=dual)
 
 
@@ -238,20 +280,40 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
                                 outputs=outputs)
 
 
+def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision) -> bool:
+    """Whether a call with the dual output runs as two sweeps of the Hopper kernel rather than
+    one dual sweep of the portable kernel: where the Hopper kernel takes both plain sweeps
+    (op(B, C, V) and op(E, V, C)) but not the dual output (r ≠ d, r = d = 256, fp32), unless the
+    portable kernel is asked for. Two Hopper sweeps read C and V twice, and still beat the
+    portable dual sweep (NOTES.md)."""
+    if kernel == "portable" or _FORCED[0] == "portable":
+        return False
+    precision = dot_precision(V.dtype, fp32_precision)
+    return hopper_unfit(B, C, V, gamma, dual=E, precision=precision) is not None \
+        and hopper_unfit(B, C, V, gamma, precision=precision) is None \
+        and hopper_unfit(E, V, C, gamma, precision=precision) is None
+
+
 def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str = "tf32",
                          outputs: tuple = ()) -> str | None:
     """Why the Hopper kernel cannot take these operands, or None: fp16/bf16, or fp32 through tf32
     (``precision`` as :func:`leetrepro.methods._gpu.dot_precision` names it) without the dual
-    output, r = d = 128, no packed sequences, each tensor's base and strides 16-byte aligned
-    (TMA), the ``outputs`` it would write (O, the dual output) too."""
+    output, r and d each 64, 128 or 256 (fp32: r ≤ 128), the dual output at r = d ≤ 128 only,
+    no packed sequences, each tensor's base and strides 16-byte aligned (TMA), the ``outputs``
+    it would write (O, the dual output) too."""
     if V.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"it takes float16/bfloat16/float32, got {V.dtype}"
     if V.dtype == torch.float32 and precision != "tf32":
         return f"it takes float32 through tf32 only, got fp32_precision={precision!r}"
     if V.dtype == torch.float32 and dual is not None:
         return "its dual output takes float16/bfloat16 (four fp32 tiles a row block do not fit)"
-    if B.shape[-1] != 128 or V.shape[-1] != 128:
-        return f"it needs r = d = 128, got r = {B.shape[-1]}, d = {V.shape[-1]}"
+    r, d = B.shape[-1], V.shape[-1]
+    if r not in HOPPER_DIMS or d not in HOPPER_DIMS:
+        return f"it needs r and d each 64, 128 or 256, got r = {r}, d = {d}"
+    if dual is not None and not (r == d <= 128):
+        return f"its dual output needs r = d ≤ 128 (the whole state in one program), got r = {r}, d = {d}"
+    if hopper_tiles(r, d, V.dtype, dual is not None) is None:
+        return f"its tiles at r = {r} do not fit shared memory in {V.dtype} (two ring slots)"
     if cu_seqlens is not None:
         return "cu_seqlens is the portable kernel's"
     named = (("B", B), ("C", C), ("V", V), ("dual", dual))
@@ -358,14 +420,16 @@ def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale
     consts = hopper_constants(r=r, d=d, dtype=V.dtype, decay=gamma is not None,
                               has_s0=s0 is not None, store_sn=sn is not None, split=n_seg > 1,
                               reverse=bool(reverse), dual=dual is not None)
+    dh = consts["DC"] // 2
+    units = lanes * (d // consts["DC"])
     # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
     # divisible by 16) and the pointers' 16-byte alignment
     ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
     key = (V.dtype, n, heads, lanes, segment, ptrs, V.device, tuple(consts.items()),
            tuple(HOPPER.items()))
-    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (lanes * n_seg,),
-           dict(b_desc=desc(B, r), c_desc=desc(C, r), v_desc=desc(V, d // 2),
-                o_desc=desc(out, d // 2), e_desc=None if dual is None else desc(dual, d // 2),
+    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (units * n_seg,),
+           dict(b_desc=desc(B, r), c_desc=desc(C, r), v_desc=desc(V, dh),
+                o_desc=desc(out, dh), e_desc=None if dual is None else desc(dual, d // 2),
                 o2_desc=None if dual is None else desc(out2, r // 2), S0=s0, SN=sn, FLAGS=flags,
                 WS=ws, SYNC=sync, GAMMA=gamma, N=n, H=heads, LANES=lanes, SEG=segment,
                 scale=float(scale)) | consts, key,
@@ -479,6 +543,13 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     # repair costs its sweep 5-7 %, NOTES.md) and flags the lanes for a repair launch, as the
     # Hopper kernel does.
     self_repair = not hopper and short
+    # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
+    # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
+    if hopper:
+        ring = 2 * batch * heads * (d // hopper_tiles(r, d, dtype, dual)[0])
+        ws_shape = (batch * heads, 2, r, d)
+    else:
+        ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
     constexprs = lambda split, repair: dict(  # noqa: E731
         HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0, STORE_SN=store_sn, SPLIT=split,
         REVERSE=reverse, DUAL=dual, HALF_RANGE=dtype != torch.float32,
@@ -493,8 +564,8 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
         kernel="hopper" if hopper else "portable", lanes=lanes, lanes_batch=batch,
         grid=(lanes * n_seg,), hopper_segment=hopper_segment,
         self_repair=self_repair, nflags=0 if self_repair else lanes,
-        ring=(2 if hopper else 1) * lanes + 1 if split else 0,
-        ws_shape=(lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"]) if split else None,
+        ring=ring + 1 if split else 0,
+        ws_shape=ws_shape if split else None,
         static=static, main=constexprs(split, False),
         main_options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         repair=constexprs(False, True),
