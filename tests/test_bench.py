@@ -311,6 +311,9 @@ def test_ncu_summary_of_a_real_profile():
     from leetrepro.bench import ncu
     assert ncu.floor_bytes("f16_b16_01") == (16 * 32 * 25600 * 256 * 2 + 16 * 32 * 25600 * 128 * 2,
                                              16 * 32 * 25600 * 128 * 2)
+    # a cell at another head shape: B, C (r = 128), V read (d = 256), O written, 16 heads
+    assert ncu.floor_bytes("bf16_b8_8192_128x256") == (8 * 16 * 8192 * 512 * 2,
+                                                       8 * 16 * 8192 * 256 * 2)
     raw = (Path(__file__).parent / "fixtures" / "ncu_raw_f16_b1_8192_01.csv").read_text()
     line = ncu.summarize(raw, "f16_b1_8192_01")
     assert line.split()[1] == "chunk_scan_kernel"  # not the 2 µs elementwise kernel beside it

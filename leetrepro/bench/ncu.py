@@ -28,6 +28,15 @@ CELLS = {
     "f32x3_b16_8192_01": ("float32", 16, 8192, False, {"fp32_precision": "tf32x3"}),
 }
 HEADS, R, D = 32, 128, 128
+#: cells at other head shapes models use (label: r, d, heads; b8 N = 8192, bf16, decay)
+SHAPED = {"bf16_b8_8192_64x64": (64, 64, 64), "bf16_b8_8192_128x256": (128, 256, 16),
+          "bf16_b8_8192_256x256": (256, 256, 16)}
+CELLS.update({label: ("bfloat16", 8, 8192, True, {}) for label in SHAPED})
+
+
+def cell_shape(label: str) -> tuple[int, int, int]:
+    """(r, d, heads) of a cell: r = d = 128 with 32 heads unless :data:`SHAPED` names others."""
+    return SHAPED.get(label, (R, D, HEADS))
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "WarpStateStats", "Occupancy", "LaunchStats",
             "ComputeWorkloadAnalysis", "SchedulerStats")
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum"
@@ -39,9 +48,10 @@ def floor_bytes(label: str) -> tuple[int, int]:
     from .._inputs import parse_dtype
     from ..complexity import io_bytes
     dtype, batch, n, _, _ = CELLS[label]
+    r, d, heads = cell_shape(label)
     size = parse_dtype(dtype).itemsize
-    written = batch * HEADS * n * D * size
-    return io_bytes(n, R, D, batch=batch, heads=HEADS, itemsize=size) - written, written
+    written = batch * heads * n * d * size
+    return io_bytes(n, r, d, batch=batch, heads=heads, itemsize=size) - written, written
 
 
 def _num(v) -> float:
@@ -62,12 +72,16 @@ def summarize(raw_csv: str, label: str, top: int = 5) -> str:
     stalls = {c[len(_STALL):].replace("_per_issue_active.ratio", ""): _num(r[c])
               for c in d.columns if c.startswith(_STALL) and c.endswith("_per_issue_active.ratio")}
     worst = sorted(stalls.items(), key=lambda kv: -kv[1])[:top]
+    # the busiest tensor-core pipe (Hopper's wgmma: gmma), % of its peak while the SMs are active
+    tensor = [_num(r[c]) for c in d.columns
+              if "pipe_tensor" in c and c.endswith("pct_of_peak_sustained_active")]
     return (f"{label:18s} {str(r['Kernel Name'])[:20]:20s} t={t * 1e3:.3f}ms  "
             f"SM {_num(r['gpc__cycles_elapsed.avg.per_second']) / 1e9:.2f} GHz  "
             f"DRAM read {read / want_r:.3f}x floor reads, write {write / want_w:.3f}x, "
             f"achieved {(read + write) / t / 1e12:.2f} TB/s; "
             f"issue active {_num(r['smsp__issue_active.avg.pct_of_peak_sustained_active']):.0f}%, "
             f"warps {_num(r['sm__warps_active.avg.pct_of_peak_sustained_active']):.1f}%, "
+            + (f"tensor pipe {max(tensor):.0f}%, " if tensor else "") +
             f"cycles/issue {sum(stalls.values()):.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in worst))
 
 
@@ -79,10 +93,11 @@ def profiled_call(label: str) -> None:
     from .._inputs import alibi_gammas, parse_dtype
     from .harness import random_inputs
     dtype, batch, n, decay, options = CELLS[label]
+    r, d, heads = cell_shape(label)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    B, C, V = random_inputs(batch, HEADS, n, R, D, dtype=parse_dtype(dtype), device="cuda",
+    B, C, V = random_inputs(batch, heads, n, r, d, dtype=parse_dtype(dtype), device="cuda",
                             generator=gen)
-    g = alibi_gammas(HEADS).to("cuda") if decay else None
+    g = alibi_gammas(heads).to("cuda") if decay else None
     for _ in range(3):
         causal_linear_decoder(B, C, V, g, method="Chunk", **options)
     torch.cuda.synchronize()
@@ -95,7 +110,8 @@ def profiled_call(label: str) -> None:
 def header(meta: dict) -> list[str]:
     return [f"# Nsight Compute, {meta['gpu']}, {meta['date']}: Chunk as it ships at commit {meta['commit']} "
             f"(source {meta['source']}),",
-            '# method="Chunk" (f32x3: fp32_precision="tf32x3"), heads 32, r = d = 128, randn inputs, '
+            '# method="Chunk" (f32x3: fp32_precision="tf32x3"), heads 32, r = d = 128 (a cell ending rxd: '
+            "those, b8 N = 8192), randn inputs, "
             "ALiBi decays;",
             "# one call after three warm-ups, the call's longest kernel; clocks locked by ncu (SM "
             "clock shown).",
