@@ -349,7 +349,9 @@ def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int,
                 dual: bool = False) -> bool:
     """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
     for this operand kind, mask and :func:`regime` (``data/<gpu>/chunk_kernel.csv``,
-    :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured."""
+    :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured. The table is
+    measured at r = d = 128 and read for every head shape the Hopper kernel takes (at the others
+    it was measured faster than the portable kernel in every cell timed, NOTES.md)."""
     kind = "half" if dtype != torch.float32 else "tf32"
     return _kernel_table(gpu_tag(device)).get((kind, decay, regime(split, n, dual))) == "hopper"
 
