@@ -147,11 +147,11 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # every tensor is read and written in its own layout (its own strides): only a last dimension
     # that is not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
-    if dual is not None and _dual_apart(B, C, V, dual, gamma, kernel, fp32_precision):
+    if dual is not None and _dual_apart(B, C, V, dual, gamma, kernel, fp32_precision, cu_seqlens):
         # two Hopper sweeps, O's then the dual output's (its state is O's transposed, and so is
         # its initial state), where the Hopper kernel takes both but not the dual output
         common = dict(fp32_precision=fp32_precision, segment=segment, reverse=reverse,
-                      scale=scale, kernel=kernel, config=config)
+                      scale=scale, kernel=kernel, config=config, cu_seqlens=cu_seqlens)
         res = chunk_scan(B, C, V, gamma, initial_state=initial_state,
                          output_final_state=output_final_state, out=out, **common)
         o, sn = res if output_final_state else (res, None)
@@ -280,7 +280,7 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
                                 outputs=outputs)
 
 
-def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision) -> bool:
+def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None) -> bool:
     """Whether a call with the dual output runs as two sweeps of the Hopper kernel rather than
     one dual sweep of the portable kernel: where the Hopper kernel takes both plain sweeps
     (op(B, C, V) and op(E, V, C)) but not the dual output (r ≠ d, r = d = 256, fp32), unless the
@@ -288,10 +288,10 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision) -> bool:
     portable dual sweep (NOTES.md)."""
     if kernel == "portable" or _FORCED[0] == "portable":
         return False
-    precision = dot_precision(V.dtype, fp32_precision)
-    return hopper_unfit(B, C, V, gamma, dual=E, precision=precision) is not None \
-        and hopper_unfit(B, C, V, gamma, precision=precision) is None \
-        and hopper_unfit(E, V, C, gamma, precision=precision) is None
+    call = dict(precision=dot_precision(V.dtype, fp32_precision), cu_seqlens=cu_seqlens)
+    return hopper_unfit(B, C, V, gamma, dual=E, **call) is not None \
+        and hopper_unfit(B, C, V, gamma, **call) is None \
+        and hopper_unfit(E, V, C, gamma, **call) is None
 
 
 def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str = "tf32",
