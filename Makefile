@@ -105,6 +105,7 @@ notebooks/%.ipynb: notebooks/%.py
 
 gpu-check: $(INSTALLED)
 	$(PY) -m leetrepro.bench.gpu_check --out $(DATA) --huge --serving
+	$(PY) -m leetrepro.bench.gpu_check --out $(DATA) --methods Chunk --heads-only --chunk-kernel hopper --csv correctness_hopper_heads.csv
 
 bench-kernels: $(INSTALLED)
 	$(PY) -m leetrepro.bench.kernels --out $(DATA)

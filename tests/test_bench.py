@@ -304,6 +304,21 @@ def test_gpu_check_dtypes_option_takes_a_subset_in_the_matrix_order():
         p.parse_args(["--dtypes", "float64"])
 
 
+def test_gpu_check_head_shapes_cover_the_shapes_models_use():
+    """``--heads-only``'s shapes: every r, d pair the Hopper kernel's targets name (64/64, 128/64,
+    64/128, 128/256, 256/128, 256/256), N cut into segments and one pass per lane, odd N."""
+    import argparse
+
+    from leetrepro.bench import gpu_check
+    p = argparse.ArgumentParser()
+    gpu_check._arguments(p)
+    assert p.parse_args(["--heads-only"]).heads_only and not p.parse_args([]).heads_only
+    pairs = {(r, d) for _, _, _, r, d in gpu_check.HEAD_SHAPES}
+    assert {(64, 64), (128, 64), (64, 128), (128, 256), (256, 128), (256, 256)} <= pairs
+    assert any(b * h >= 256 for b, h, _, _, _ in gpu_check.HEAD_SHAPES)  # one pass per lane
+    assert any(n % 64 for _, _, n, _, _ in gpu_check.HEAD_SHAPES)
+
+
 def test_ncu_summary_of_a_real_profile():
     """``bench.ncu.summarize`` on Nsight Compute's raw page of one call (H200, fp16 b1 N = 8192,
     trimmed to the columns it reads): the longest kernel, its DRAM bytes against the floor's, the

@@ -7,7 +7,9 @@ Gradients get rows of their own (``quantity`` dB, dC, dV, and dS0 for the method
 the backward of each method against float64 autograd through the oracle, on ``GRAD_SHAPES``, and
 with every proper subset of the inputs requiring grad (``note`` names the gradients asked for),
 and with time-major inputs (``TIME_MAJOR_GRAD_SHAPES``); O and every gradient in the layouts models
-hand the operator (``LAYOUT_SHAPES``, :func:`check_layouts`).
+hand the operator (``LAYOUT_SHAPES``, :func:`check_layouts`). ``--heads-only`` checks only the head
+shapes models use (``HEAD_SHAPES``: r, d ∈ {64, 128, 256}; with ``--chunk-kernel hopper`` the
+Hopper kernel at each): O with both masks, the gradients with states in and out, time-major.
 ``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
 first and last (batch, head) against the oracle. ``--fp16-range`` adds fp16 cases whose states
 pass fp16's largest value (65504) while the outputs and gradients fit (``RANGE_CASES``): the
