@@ -190,7 +190,9 @@ def training(tags: list[str]) -> str:
 #: the layouts tables of a GPU (``make layouts``, ``make bench-layer``): file, how it was timed
 LAYOUT_FILES = (("layouts.csv", "eager"), ("layouts_graph.csv", "CUDA graph"),
                 ("layouts_fla.csv", "eager"), ("layouts_fla_graph.csv", "CUDA graph"),
-                ("layouts_fla_heads.csv", "eager"), ("layouts_fla_heads_graph.csv", "CUDA graph"))
+                ("layouts_fla_heads.csv", "eager"), ("layouts_fla_heads_graph.csv", "CUDA graph"),
+                ("layouts_float16_graph.csv", "CUDA graph"),
+                ("layouts_float32_graph.csv", "CUDA graph"))
 
 
 def layouts(tags: list[str]) -> str:
