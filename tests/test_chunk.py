@@ -118,6 +118,32 @@ def test_dual_output_as_two_sweeps_equals_the_dual_sweep(monkeypatch):
     assert p2.shape == B.shape and not torch.equal(p2, torch.zeros_like(p2))
 
 
+def test_dual_output_runs_apart_only_where_the_hopper_kernel_would_run_both_sweeps(monkeypatch):
+    """The dual call splits into two sweeps only where the Hopper kernel takes the plain sweeps but
+    not the dual output, and would run them: asked for (``kernel="hopper"``, ``force_kernel``),
+    or for ``"auto"`` where the measured table picks it in the call's regime; never when the
+    portable kernel is asked for (two portable sweeps lose to its one dual sweep)."""
+    from leetrepro.methods import chunk
+
+    B, C, V = make_inputs(1, 2, 70, 16, 8, dtype=torch.float32, device=DEVICE, seed=5)
+    unfit = {"dual": "its dual output needs r = d", "plain": None}
+    monkeypatch.setattr(chunk, "hopper_unfit",
+                        lambda *a, dual=None, **k: unfit["dual"] if dual is not None else unfit["plain"])
+    wins = {"value": False}
+    monkeypatch.setattr(chunk, "hopper_wins", lambda *a, **k: wins["value"])
+    apart = lambda kernel: chunk._dual_apart(B, C, V, V, None, kernel, None)  # noqa: E731
+    assert not apart("auto") and apart("hopper") and not apart("portable")
+    wins["value"] = True
+    assert apart("auto") and not apart("portable")
+    chunk.force_kernel("portable")
+    try:
+        assert not apart("auto")
+    finally:
+        chunk.force_kernel(None)
+    unfit["plain"] = "it needs r and d each 64, 128 or 256"  # the plain sweeps unfit too
+    assert not apart("hopper")
+
+
 def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     """``make tune``'s choice of Chunk's kernel per (kind, mask, regime): Hopper only where it was
     faster at every shape and dtype of the regime (one pass; segments at long N; segments at short

@@ -147,7 +147,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # every tensor is read and written in its own layout (its own strides): only a last dimension
     # that is not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
-    if dual is not None and _dual_apart(B, C, V, dual, gamma, kernel, fp32_precision, cu_seqlens):
+    if dual is not None and _dual_apart(B, C, V, dual, gamma, kernel, fp32_precision, cu_seqlens,
+                                        segment):
         # two Hopper sweeps, O's then the dual output's (its state is O's transposed, and so is
         # its initial state), where the Hopper kernel takes both but not the dual output
         common = dict(fp32_precision=fp32_precision, segment=segment, reverse=reverse,
@@ -280,18 +281,29 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
                                 outputs=outputs)
 
 
-def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None) -> bool:
+def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
+                segment: int | None = None) -> bool:
     """Whether a call with the dual output runs as two sweeps of the Hopper kernel rather than
     one dual sweep of the portable kernel: where the Hopper kernel takes both plain sweeps
-    (op(B, C, V) and op(E, V, C)) but not the dual output (r ≠ d, r = d = 256, fp32), unless the
-    portable kernel is asked for. Two Hopper sweeps read C and V twice, and still beat the
-    portable dual sweep (NOTES.md)."""
+    (op(B, C, V) and op(E, V, C)) but not the dual output (r ≠ d, r = d = 256, fp32) and would
+    run them (``kernel="hopper"``, :func:`force_kernel`, or for ``"auto"`` the measured table in
+    this call's regime). Two Hopper sweeps read C and V twice, and still beat the portable dual
+    sweep (NOTES.md); two portable sweeps would not."""
     if kernel == "portable" or _FORCED[0] == "portable":
         return False
-    call = dict(precision=dot_precision(V.dtype, fp32_precision), cu_seqlens=cu_seqlens)
-    return hopper_unfit(B, C, V, gamma, dual=E, **call) is not None \
-        and hopper_unfit(B, C, V, gamma, **call) is None \
-        and hopper_unfit(E, V, C, gamma, **call) is None
+    precision = dot_precision(V.dtype, fp32_precision)
+    call = dict(precision=precision, cu_seqlens=cu_seqlens)
+    if not (hopper_unfit(B, C, V, gamma, dual=E, **call) is not None
+            and hopper_unfit(B, C, V, gamma, **call) is None
+            and hopper_unfit(E, V, C, gamma, **call) is None):
+        return False
+    if kernel == "hopper" or _FORCED[0] == "hopper":
+        return True
+    batch, heads, n, r = B.shape
+    cfg = chunk_config(r, V.shape[-1], V.dtype, precision, gamma is not None, device=V.device)
+    lanes = batch * heads * cdiv(V.shape[-1], cfg["BLOCK_D"])
+    split = _segment(segment, cfg, n, lanes, V.device) < n
+    return hopper_wins(V.device, V.dtype, gamma is not None, split, n)
 
 
 def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str = "tf32",
