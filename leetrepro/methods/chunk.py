@@ -101,6 +101,14 @@ def _segment(segment: int | None, cfg: dict, n: int, lanes: int, device) -> int:
     return segment
 
 
+def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segment: int | None,
+                       device) -> tuple[int, int]:
+    """The portable kernel's lanes (batch·heads × value-column blocks of ``cfg``) and rows per
+    segment (:func:`_segment`)."""
+    lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
+    return lanes, _segment(segment, cfg, n, lanes, device)
+
+
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
           scale=True, out=True,
@@ -148,7 +156,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # that is not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
     if dual is not None and _dual_apart(B, C, V, dual, gamma, kernel, fp32_precision, cu_seqlens,
-                                        segment):
+                                        segment, config):
         # two Hopper sweeps, O's then the dual output's (its state is O's transposed, and so is
         # its initial state), where the Hopper kernel takes both but not the dual output
         common = dict(fp32_precision=fp32_precision, segment=segment, reverse=reverse,
@@ -232,6 +240,7 @@ HOPPER = dict(BLOCK_N=64, MAX_STAGES=4, num_warps=4, maxnreg=168)
 HOPPER_DIMS = (64, 128, 256)
 
 
+@functools.lru_cache(maxsize=None)
 def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool) -> tuple[int, int] | None:
     """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
     ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
@@ -244,7 +253,7 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool) -> tuple[int, i
     the weighted V (2 × BLOCK_N × DC/2); fp32 the state's copies in halves and O staged in the
     ring. At r = d = 128: 3 slots of 48 KB in fp16/bf16 (224 KB), 2 with the dual output or fp32."""
     from .._device import SM90_SHARED_BYTES
-    bn, size = HOPPER["BLOCK_N"], torch.empty((), dtype=dtype).element_size()
+    bn, size = HOPPER["BLOCK_N"], dtype.itemsize
     dc = 128 if r <= 128 and d >= 128 else 64
     dh = dc // 2
     slot = bn * (2 * r + dc + (d if dual else 0)) * size
@@ -282,7 +291,7 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
 
 
 def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
-                segment: int | None = None) -> bool:
+                segment: int | None = None, config: dict | None = None) -> bool:
     """Whether a call with the dual output runs as two sweeps of the Hopper kernel rather than
     one dual sweep of the portable kernel: where the Hopper kernel takes both plain sweeps
     (op(B, C, V) and op(E, V, C)) but not the dual output (r ≠ d, r = d = 256, fp32) and would
@@ -297,13 +306,12 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
             and hopper_unfit(B, C, V, gamma, **call) is None
             and hopper_unfit(E, V, C, gamma, **call) is None):
         return False
-    if kernel == "hopper" or _FORCED[0] == "hopper":
-        return True
+    # the plain sweep's own plan: its segments decide the regime of the measured table
     batch, heads, n, r = B.shape
-    cfg = chunk_config(r, V.shape[-1], V.dtype, precision, gamma is not None, device=V.device)
-    lanes = batch * heads * cdiv(V.shape[-1], cfg["BLOCK_D"])
-    split = _segment(segment, cfg, n, lanes, V.device) < n
-    return hopper_wins(V.device, V.dtype, gamma is not None, split, n)
+    cfg = chunk_config(r, V.shape[-1], V.dtype, precision, gamma is not None, device=V.device,
+                       config=config)
+    split = _lanes_and_segment(cfg, batch, heads, n, V.shape[-1], segment, V.device)[1] < n
+    return _use_hopper(kernel, B, C, V, gamma, split, **call)
 
 
 def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str = "tf32",
@@ -536,8 +544,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     refuse_interpreted_bf16(dtype, "Chunk")
     cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device,
                        config=None if override is None else dict(override))
-    lanes = batch * heads * cdiv(d, cfg["BLOCK_D"])
-    segment = _segment(segment, cfg, n, lanes, device)
+    lanes, segment = _lanes_and_segment(cfg, batch, heads, n, d, segment, device)
     n_seg = cdiv(n, segment)
     split = n_seg > 1
     if dual and (lanes != batch * heads or cfg["BLOCK_R"] < r):
@@ -607,9 +614,8 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     C, V = rows_contiguous(C), rows_contiguous(V)  # any other layout read in place
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, device=V.device)
+    lanes, segment = _lanes_and_segment(cfg, batch, heads, n, d, segment, V.device)
     n_db = cdiv(d, cfg["BLOCK_D"])
-    lanes = batch * heads * n_db
-    segment = _segment(segment, cfg, n, lanes, V.device)
     n_seg = cdiv(n, segment)
     ws = torch.empty(lanes, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                      device=V.device)
