@@ -44,7 +44,9 @@ first pass, the loader streaming C and V only), wait for the previous segment's 
 P_k = λ^len P_(k-1) + S_k to a two-slot ring per lane (each unit its own columns) and raise their
 flag, then sweep from P_(k-1). Each consumer of each unit has its own flag, so no two wait on each
 other;
-a program only waits on programs already running, so nothing deadlocks.
+a program only waits on programs already running, so nothing deadlocks. The last ticket taken
+zeroes the ticket, and a unit's last segment its consumers' flags as their waits read them: every launch
+leaves the counters zero (the launcher keeps them from call to call without zeroing them).
 
 ``REVERSE`` runs the operator on the rows read backwards (the backward's dV and dC, as the
 portable kernel's ``REVERSE``): the chunks are the same 64-row tiles of physical rows, swept from
@@ -408,9 +410,13 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         ring = WS + lane.to(gl.int64) * 2 * R * D + col  # the lane's two slots (scalar pointer:
         # a tile of 64-bit pointers kept alive would take 128 registers)
         if seg > 0:
-            flag = gl.atomic_add(flag_ptr, 0, sem="acquire")
-            while flag < seg:
-                flag = gl.atomic_add(flag_ptr, 0, sem="acquire")
+            # the flag reads seg once the previous segment has published; the unit's last
+            # segment swaps it back to zero as it reads it (every earlier segment is past its own
+            # wait then), so the launch leaves its flags zero
+            after = seg - seg * last.to(gl.int32)
+            flag = gl.atomic_cas(flag_ptr, seg, after, sem="acquire")
+            while flag != seg:
+                flag = gl.atomic_cas(flag_ptr, seg, after, sem="acquire")
             # .cg: from L2, never a stale L1 line of an earlier use of the ring slot
             state = gl.load(ring + ((seg - 1) % 2) * R * D + st_tile, cache_modifier=".cg")
         # 3. publish the state leaving it, P_k = λ^len P_(k-1) + S_k, then raise flag k+1
@@ -575,6 +581,8 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     units = LANES * (D // DC)
     if SPLIT:
         t = gl.atomic_add(SYNC + 2 * units, 1)  # ticket, in the order programs actually start
+        if t == gl.num_programs(0) - 1:  # every ticket taken: the counter zero for the next launch
+            gl.atomic_xchg(SYNC + 2 * units, 0)
     else:
         t = gl.program_id(0)
     unit = t % units

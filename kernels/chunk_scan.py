@@ -18,6 +18,9 @@ Per segment k of a lane (rows [a, e)):
 Step 4 re-reads the C and V rows of step 1 (from L2 if the segments in flight fit there; the
 launcher's measured choice of SEG is longer, see NOTES.md). Two ring slots per lane suffice: P_{k+1} overwrites P_{k-1}
 only after segment k+1 has read P_k, which segment k published after reading P_{k-1}.
+The counters (SYNC: ring flags and ticket; FLAGS) are left zero by every launch that uses them
+(the last ticket resets the ticket, a lane's last segment its flag as its wait reads it, the
+repair launch the flags it reads), so the launcher keeps them from call to call without zeroing them.
 Only non-negative powers of λ appear. ``DUAL`` also writes O2 = op(E, V, C) for a fourth input E
 shaped like V: its state Σ v_jᵀ c_j is the transpose of this one, so one sweep gives both (the
 backward's dV and dC). ``REVERSE`` runs the same recurrence over the rows read
@@ -64,6 +67,8 @@ def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, 
     and written in place (time-major views, slices of one fused projection)."""
     if SPLIT:
         t = tl.atomic_add(SYNC + LANES, 1)  # ticket, in the order programs actually start
+        if t == tl.num_programs(0) - 1:  # every ticket taken: the counter zero for the next launch
+            tl.atomic_xchg(SYNC + LANES, 0)
     else:
         t = tl.program_id(0)
     fix = _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG,
@@ -157,6 +162,7 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
         if FLAGS is not None:  # only the lanes whose outputs came out non-finite
             go = go & (tl.load(FLAGS + lane) != 0)
             end = tl.where(go, end, start)
+            tl.store(FLAGS + lane, 0)  # (zero again for the next launch)
     state_off = (bh.to(tl.int64) * R + cols_r[:, None]) * D + cols_d[None, :]
     state_ok = r_ok[:, None] & d_ok[None, :]
     ws_tile = cols_r[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
@@ -184,9 +190,13 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
                                        HAS_DECAY, REVERSE, PRECISION)
     if SPLIT:
         if (seg > 0) & go:
-            flag = tl.atomic_add(SYNC + lane, 0, sem="acquire")
-            while flag < seg:
-                flag = tl.atomic_add(SYNC + lane, 0, sem="acquire")
+            # the flag reads seg once the previous segment has published; the lane's last
+            # segment swaps it back to zero as it reads it (every earlier segment is past its own
+            # wait then), so the launch leaves its flags zero
+            after = seg - seg * last.to(tl.int32)
+            flag = tl.atomic_cas(SYNC + lane, seg, after, sem="acquire")
+            while flag != seg:
+                flag = tl.atomic_cas(SYNC + lane, seg, after, sem="acquire")
             # .cg: read L2, never a stale L1 line of an earlier use of this ring slot
             state = tl.load(WS + (lane * 2 + (seg - 1) % 2).to(tl.int64) * BLOCK_R * BLOCK_D + ws_tile,
                             cache_modifier=".cg")

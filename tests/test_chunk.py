@@ -176,6 +176,49 @@ def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     assert regime(True, SHORT_SPLIT_N, dual=True) == "dual-split"
 
 
+def test_kernel_table_has_rows_per_head_shape_and_the_kernel_choice_reads_them(tmp_path,
+                                                                              monkeypatch):
+    """Each head shape has its own rows in the kernel table (the state split over programs and the
+    dual call's two sweeps change the balance); the choice reads the call's shape, falls back to
+    r = d = 128's rows for a shape not measured (and for tables measured before the shapes were),
+    and a dual call without its own row reads the plain sweep's."""
+    import pandas as pd
+
+    from leetrepro.bench.sweep import head_shapes, kernel_table
+    from leetrepro.methods import chunk
+
+    rows = [dict(kind="half", decay=True, split=False, dual=du, r=r, d=d, N=25600, portable_ms=p,
+                 hopper_ms=h, gpu="test", commit="abc")
+            for r, d, du, p, h in [(128, 128, False, 5.0, 4.0), (64, 64, False, 2.0, 2.5),
+                                   (128, 64, True, 3.0, 2.0)]]
+    table = kernel_table(pd.DataFrame(rows))
+    got = {(t.regime, t.r, t.d): t.kernel for t in table.itertuples()}
+    assert got == {("one", 128, 128): "hopper", ("one", 64, 64): "portable",
+                   ("dual-one", 128, 64): "hopper"}
+    path = tmp_path / "chunk_kernel.csv"
+    table.to_csv(path, index=False)
+    monkeypatch.setattr(chunk, "gpu_tag", lambda device: "test-gpu")
+    monkeypatch.setattr(chunk, "data", lambda tag, name: str(path))
+    chunk._kernel_table.cache_clear()
+    try:
+        wins = lambda r, d, dual=False: chunk.hopper_wins(  # noqa: E731
+            None, torch.bfloat16, True, False, 25600, dual, r, d)
+        assert wins(128, 128) and not wins(64, 64)     # each shape its own row
+        assert wins(256, 256)                          # not measured: 128/128's row
+        assert wins(128, 64, dual=True)                # the dual row
+        assert not wins(64, 64, dual=True)             # no dual row: the plain sweep's
+        # a table from before the shapes: no r, d columns, every row 128/128's
+        old = table[(table.r == 128) & (table.d == 128)].drop(columns=["r", "d"])
+        old.to_csv(path, index=False)
+        chunk._kernel_table.cache_clear()
+        assert wins(64, 64) and wins(128, 128)
+    finally:
+        chunk._kernel_table.cache_clear()
+    assert [s[:2] for s in head_shapes(["64x64", "128x256"])] == [(64, 64), (128, 256)]
+    with pytest.raises(ValueError, match="--heads 96x96"):
+        head_shapes(["96x96"])
+
+
 def test_segments_fill_the_last_wave_of_programs():
     """Chunk's default split at small batch·heads (one program per SM): the fewest segments per
     lane whose programs use 90 % of their waves' slots, as measured best on 132 SMs; N whole
@@ -203,7 +246,7 @@ def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch
     non-finite row computes its rows again, its entering state from the rows before it), long ones
     through the flagged lanes' repair launch. Either way: the other lanes exact, the bad lane's
     rows before the NaN exact, every later row and its final state non-finite, and with the dual
-    output too; the initial state read by both."""
+    output too; the initial state read by both. The counters are left zero for the next call."""
     from leetrepro.methods import chunk
     from leetrepro.reference import reference, rel_error
 
@@ -234,6 +277,14 @@ def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch
         assert (~torch.isfinite(got[0, 1][~before])).any(-1).all()
     assert (~torch.isfinite(sn[0, 1])).any()
     assert rel_error(sn[1], want_sn[1]) <= tol and rel_error(sn[0, 0], want_sn[0, 0]) <= tol
+    # the launches leave the ring's flags, the ticket and the repair flags zero, so the next call
+    # takes the same counters as they are, and answers the same
+    assert chunk._COUNTERS or (segment is None and self_repair)  # (one launch, no counters)
+    assert all(not buf.any() for buf, _ in chunk._COUNTERS.values())
+    (p, p2), tn = chunk.chunk_scan(B, C, V, g, segment=segment, reverse=reverse, dual=E,
+                                   initial_state=s0, output_final_state=True, kernel="portable")
+    for got, first in ((p, o), (p2, o2), (tn, sn)):
+        torch.testing.assert_close(got, first, rtol=0, atol=0, equal_nan=True)
 
 
 def test_chunk_in_launch_repair_refused_for_shared_memory_falls_back_to_a_repair_launch(

@@ -11,14 +11,18 @@ do not fit the GPU's shared memory are skipped.
 On an sm_90 GPU, ``kernel`` then times Chunk's two forward kernels against each other (the
 portable Triton kernel and the warp-specialised Hopper one, :func:`kernel_rows`), interleaved, at
 the shapes of each regime: one pass per lane (batch 16, N = 25600) and N cut into segments
-(batch 1, N = 100000 and 8192), fp16 and bf16, both masks, the forward and the backward's dual
-sweep. ``chunk_kernel.csv`` names, per operand kind, mask and regime (one pass; split, long or
-short N; each forward or dual), the Hopper kernel where it was
-faster at every shape and dtype of the regime, else the portable one; ``method="Chunk"`` follows
-it (``kernel="auto"``). ``python -m leetrepro.bench.sweep --table-from data/<gpu>`` rewrites the
-table from the timings already there (``chunk_kernel_sweep.csv``), no GPU needed.
+(batch 1, N = 100000 and 8192), fp16, bf16 and fp32 (tf32), both masks, the forward and the
+backward's dual sweep, at each head shape models use (:func:`head_shapes`: the state split over
+programs at r or d = 256 and two plain sweeps for a dual call at r ≠ d change the balance).
+``chunk_kernel.csv`` names, per operand kind, mask, regime (one pass; split, long or short N;
+each forward or dual) and head shape, the Hopper kernel where it was faster at every shape and
+dtype of the regime, else the portable one; ``method="Chunk"`` follows it (``kernel="auto"``).
+``--heads 64x64 …`` measures some head shapes and keeps the others' rows;
+``python -m leetrepro.bench.sweep --table-from data/<gpu>`` rewrites the table from the timings
+already there (``chunk_kernel_sweep.csv``), no GPU needed.
 
     python -m leetrepro.bench.sweep --out data/h200 [--methods Chunk LA kernel] [--kinds exact]
+        [--heads 64x64 128x256]
 """
 from __future__ import annotations
 
@@ -88,53 +92,78 @@ def sweep(method: str, device, meta: dict, reps: int, kinds=None) -> list[dict]:
 KERNEL_SHAPES = {False: ((16, 25600),), True: ((1, 100000), (1, 8192))}
 
 
-def kernel_rows(device, meta: dict, reps: int) -> list[dict]:
-    """Chunk's portable and Hopper kernels at every regime's shapes, fp16/bf16 and fp32 (tf32),
-    both masks: one row per cell with both medians (calls interleaved in one process). Each
-    fp16/bf16 cell twice: the forward, and the backward's dual sweep (dV and dC in reverse time,
-    one sweep on either kernel; ``dual`` column), which the Hopper kernel takes in half precision
-    only."""
-    from ..methods.chunk import chunk_scan, hopper_operand_unfit, operand_kind
+def head_shapes(names=None) -> tuple:
+    """The head shapes ``(r, d, heads)`` the kernel table is measured at (those of
+    :data:`leetrepro.bench.layouts.HEAD_SHAPES`, which models use), or those of them named
+    ``"RxD"`` in ``names``."""
+    from .layouts import HEAD_SHAPES
+    if not names:
+        return HEAD_SHAPES
+    known = {f"{r}x{d}": (r, d, h) for r, d, h in HEAD_SHAPES}
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        raise ValueError(f"--heads {' '.join(unknown)}: the table's head shapes are "
+                         f"{' '.join(known)}")
+    return tuple(known[x] for x in names)
+
+
+def kernel_rows(device, meta: dict, reps: int, heads=None) -> list[dict]:
+    """Chunk's portable and Hopper kernels at every regime's shapes, each head shape of
+    :func:`head_shapes` (``heads``), fp16/bf16 and fp32 (tf32), both masks: one row per cell with
+    both medians (calls interleaved in one process). Each cell twice: the forward, and the
+    backward's dual sweep (dV and dC in reverse time: what ``kernel="hopper"`` runs for it, its own
+    dual sweep at r = d ≤ 128 in fp16/bf16, elsewhere two of its plain sweeps, against the
+    portable kernel's one dual sweep; ``dual`` column; only where the backward runs a dual sweep,
+    r and d ≤ 128). A cell the Hopper kernel cannot take
+    (fp32 at r = 256) is left out: the table has no row for it, and the portable kernel runs it."""
+    from ..methods.chunk import chunk_scan, operand_kind
+    from ..ops import _dual_fits
     from .harness import interleaved_medians
     rows = []
-    for split, shapes in KERNEL_SHAPES.items():
-        for batch, n in shapes:
-            for dtype in (torch.float16, torch.bfloat16, torch.float32):
-                B, C, V = random_inputs(batch, 32, n, 128, 128, dtype=dtype, device=device)
-                dO = torch.randn_like(V)
-                for decay in (False, True):
-                    g = alibi_gammas(32).to(device) if decay else None
-                    calls = {
-                        False: {k: (lambda k=k: causal_linear_decoder(B, C, V, g, method="Chunk",
-                                                                      kernel=k))
-                                for k in ("portable", "hopper")},
-                        True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V,
-                                                          kernel=k))
-                               for k in ("portable", "hopper")}}
-                    if hopper_operand_unfit(C, B, dO, dual=V):  # fp32: its dual is half's only
-                        del calls[True]
-                    for dual, fns in calls.items():
-                        med = interleaved_medians(fns, [()], reps, device, warmup=2)
-                        rows.append(dict(meta, kind=operand_kind(dtype, "tf32"),
-                                         dtype=str(dtype).split(".")[-1],
-                                         decay=decay, split=split, dual=dual, batch=batch, N=n,
-                                         portable_ms=med["portable"] * 1e3,
-                                         hopper_ms=med["hopper"] * 1e3))
-                        print(f"kernel {dtype} b{batch} N={n} decay={decay!s:5s} "
-                              f"{'dual' if dual else 'fwd '} portable "
-                              f"{med['portable'] * 1e3:8.3f} ms  hopper "
-                              f"{med['hopper'] * 1e3:8.3f} ms", flush=True)
-                B = C = V = dO = None  # the memory freed before the next shape
-                torch.cuda.empty_cache()
+    for r, d, h in head_shapes(heads):
+        for split, shapes in KERNEL_SHAPES.items():
+            for batch, n in shapes:
+                for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                    B, C, V = random_inputs(batch, h, n, r, d, dtype=dtype, device=device)
+                    dO = torch.randn_like(V)
+                    for decay in (False, True):
+                        g = alibi_gammas(h).to(device) if decay else None
+                        calls = {
+                            False: {k: (lambda k=k: causal_linear_decoder(
+                                B, C, V, g, method="Chunk", kernel=k)) for k in ("portable", "hopper")},
+                            True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V,
+                                                              kernel=k))
+                                   for k in ("portable", "hopper")}}
+                        if not _dual_fits(B, V):  # the backward runs its sweeps apart there
+                            del calls[True]
+                        for dual, fns in calls.items():
+                            try:
+                                fns["hopper"]()
+                            except ValueError:  # the Hopper kernel cannot take this cell
+                                continue
+                            med = interleaved_medians(fns, [()], reps, device, warmup=2)
+                            rows.append(dict(meta, kind=operand_kind(dtype, "tf32"),
+                                             dtype=str(dtype).split(".")[-1], r=r, d=d, heads=h,
+                                             decay=decay, split=split, dual=dual, batch=batch,
+                                             N=n, portable_ms=med["portable"] * 1e3,
+                                             hopper_ms=med["hopper"] * 1e3))
+                            print(f"kernel {r}x{d} h{h} {dtype} b{batch} N={n} "
+                                  f"decay={decay!s:5s} {'dual' if dual else 'fwd '} portable "
+                                  f"{med['portable'] * 1e3:8.3f} ms  hopper "
+                                  f"{med['hopper'] * 1e3:8.3f} ms", flush=True)
+                    B = C = V = dO = None  # the memory freed before the next shape
+                    torch.cuda.empty_cache()
     return rows
 
 
 def kernel_table(df, meta: dict | None = None):
-    """Per (kind, decay, regime): ``hopper`` where it beat the portable kernel at every shape and
-    dtype of the regime, else ``portable``; ``speedup``: the geometric mean of portable ÷ hopper.
-    Regimes (:func:`leetrepro.methods.chunk.regime`): one pass per lane; N split into segments,
-    long (N ≥ ``chunk.SHORT_SPLIT_N``) or short, where an eager call's host time weighs.
-    ``meta``: the run's provenance (default: the rows' own)."""
+    """Per (kind, decay, regime, head shape r × d): ``hopper`` where it beat the portable kernel
+    at every shape and dtype of the regime, else ``portable``; ``speedup``: the geometric mean of
+    portable ÷ hopper. Regimes (:func:`leetrepro.methods.chunk.regime`): one pass per lane; N
+    split into segments, long (N ≥ ``chunk.SHORT_SPLIT_N``) or short, where an eager call's host
+    time weighs; each for the forward and the dual sweep. Timings without r and d columns (made
+    before the head shapes were swept) are r = d = 128's. ``meta``: the run's provenance
+    (default: the rows' own)."""
     import pandas as pd
 
     from ..methods.chunk import regime
@@ -142,11 +171,12 @@ def kernel_table(df, meta: dict | None = None):
         meta = {k: df[k].iloc[0] for k in ("gpu", "commit", "commit_origin", "source", "date",
                                             "torch", "triton", "cuda", "python") if k in df}
     dual = df["dual"] if "dual" in df else [False] * len(df)  # tables measured before the dual
-    df = df.assign(regime=[regime(sp, n, bool(du)) for sp, n, du in zip(df.split, df.N, dual)])
+    df = df.assign(regime=[regime(sp, n, bool(du)) for sp, n, du in zip(df.split, df.N, dual)],
+                   r=df["r"] if "r" in df else 128, d=df["d"] if "d" in df else 128)
     out = []
-    for (kind, decay, reg), g in df.groupby(["kind", "decay", "regime"]):
+    for (kind, decay, reg, r, d), g in df.groupby(["kind", "decay", "regime", "r", "d"]):
         ratio = g.portable_ms / g.hopper_ms
-        out.append(dict(kind=kind, decay=decay, regime=reg,
+        out.append(dict(kind=kind, decay=decay, regime=reg, r=r, d=d,
                         kernel="hopper" if (ratio > 1).all() else "portable",
                         speedup=math.exp(ratio.map(math.log).mean()), **meta))
     return pd.DataFrame(out)
@@ -168,14 +198,23 @@ def best_table(df, params: tuple[str, str], meta: dict):
     return table
 
 
-def write_rows(frame, path: str, kinds=None) -> None:
-    """``frame`` to ``path``; with ``kinds`` (a run that measured those operand kinds only) the
-    rows of the other kinds already in ``path`` are kept, as they were measured."""
+def write_rows(frame, path: str, kinds=None, shapes=None) -> None:
+    """``frame`` to ``path``; with ``kinds`` (a run that measured those operand kinds only) or
+    ``shapes`` (those head shapes ``(r, d)`` only) the other rows already in ``path`` are kept, as
+    they were measured (rows without r and d columns are r = d = 128's)."""
     import pandas as pd
 
-    if kinds is not None and os.path.exists(path):
+    if (kinds is not None or shapes is not None) and os.path.exists(path):
         kept = pd.read_csv(path, dtype=str, keep_default_na=False)  # as written, digit for digit
-        frame = pd.concat([kept[~kept.kind.isin(kinds)], frame], ignore_index=True)
+        if kinds is not None:
+            kept = kept[~kept.kind.isin(kinds)]
+        if shapes is not None:
+            for col in ("r", "d"):
+                if col not in kept:
+                    kept[col] = "128"
+            own = [(int(r), int(d)) in shapes for r, d in zip(kept.r, kept.d)]
+            kept = kept[[not x for x in own]]
+        frame = pd.concat([kept, frame.astype(str)], ignore_index=True)
     frame.to_csv(path, index=False)
 
 
@@ -186,6 +225,9 @@ def _arguments(p) -> None:
     p.add_argument("--kinds", nargs="*", choices=list(KINDS), default=None,
                    help="measure these operand kinds only; the other kinds' rows already in the "
                         "output folder's tables are kept (with their own provenance)")
+    p.add_argument("--heads", nargs="*", default=None, metavar="RxD",
+                   help="kernel: measure these head shapes only (default: every one of "
+                        "bench.layouts.HEAD_SHAPES); the table's rows of the others are kept")
     p.add_argument("--reps", type=int, default=7)
 
 
@@ -209,10 +251,11 @@ def main(argv=None) -> int:
             if torch.cuda.get_device_capability(device) != (9, 0):
                 print("kernel: Chunk's Hopper kernel needs an sm_90 GPU; not measured", flush=True)
                 continue
-            df = pd.DataFrame(kernel_rows(device, meta, args.reps))
-            df.to_csv(os.path.join(out, "chunk_kernel_sweep.csv"), index=False)
+            df = pd.DataFrame(kernel_rows(device, meta, args.reps, args.heads))
             table = kernel_table(df, meta)
-            table.to_csv(os.path.join(out, "chunk_kernel.csv"), index=False)
+            shapes = set(zip(table.r, table.d)) if args.heads else None
+            write_rows(df, os.path.join(out, "chunk_kernel_sweep.csv"), shapes=shapes)
+            write_rows(table, os.path.join(out, "chunk_kernel.csv"), shapes=shapes)
             print(table.to_string(index=False))
             print(f"-> {out}/chunk_kernel.csv", flush=True)
             continue

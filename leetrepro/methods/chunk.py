@@ -179,14 +179,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                        reverse=reverse, kernel=kernel)
     sn = torch.empty(plan.lanes_batch, heads, r, d, dtype=torch.float32, device=V.device) \
         if output_final_state else None
-    # zeroed counters, one buffer (each zeroing is a launch of its own, ~10 µs of host time): the
-    # lanes' repair flags, unless the launch repairs itself, and, split, the ring's flags and
-    # ticket (the flags first: their offset, and so the ring's, is fixed by the launch key)
-    flags = sync = ws = None
-    if plan.nflags or plan.ring:
-        counters = torch.zeros(plan.nflags + plan.ring, dtype=torch.int32, device=V.device)
-        flags = counters[:plan.nflags] if plan.nflags else None
-        sync = counters[plan.nflags:] if plan.ring else None
+    # the lanes' repair flags, unless the launch repairs itself, and, split, the ring's flags and
+    # ticket: zero, and left zero by the launches
+    flags, sync = zeroed_counters(V.device, plan.nflags, plan.ring)
+    ws = None
     if plan.ws_shape is not None:
         ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
     # the portable kernel's parameters by name (methods/_gpu.launch): the plan holds the scalars,
@@ -222,6 +218,40 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
+
+
+#: int32 counters by (device, stream): the buffer and its views by (flags, ring) counts
+_COUNTERS: dict = {}
+
+
+def zeroed_counters(device: torch.device, nflags: int, ring: int) -> tuple:
+    """``(flags, sync)``: ``nflags`` zero int32 counters (the lanes' repair flags) and ``ring``
+    more (the ring's flags and ticket), None where a count is 0: views of one buffer per device
+    and stream that every launch of the kernels leaves zero (``kernels/chunk_scan.py``,
+    ``kernels/chunk_hopper.py``), so that a call spends no zeroing launch of its own (~10-20 µs of
+    host time; calls on one stream run in order, so none sees another's counters). While a CUDA
+    graph is captured, a buffer of the call's own (its zeroing captured with it)."""
+    if not (nflags or ring):
+        return None, None
+    count = nflags + ring
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            buf = torch.zeros(count, dtype=torch.int32, device=device)
+            return (buf[:nflags] if nflags else None), (buf[nflags:] if ring else None)
+        where = (device, torch._C._cuda_getCurrentRawStream(
+            device.index if device.index is not None else torch.cuda.current_device()))
+    else:
+        where = (device, 0)
+    entry = _COUNTERS.get(where)
+    if entry is None or entry[0].numel() < count:
+        grown = max(count, 2 * entry[0].numel() if entry else 4096)
+        entry = _COUNTERS[where] = (torch.zeros(grown, dtype=torch.int32, device=device), {})
+    views = entry[1].get((nflags, ring))
+    if views is None:
+        buf = entry[0]
+        views = entry[1][(nflags, ring)] = ((buf[:nflags] if nflags else None),
+                                            (buf[nflags:count] if ring else None))
+    return views
 
 
 #: the kernel's stride parameters of each tensor: S<name>_B, S<name>_H, S<name>_T
@@ -295,8 +325,8 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
     """Whether a call with the dual output runs as two sweeps of the Hopper kernel rather than
     one dual sweep of the portable kernel: where the Hopper kernel takes both plain sweeps
     (op(B, C, V) and op(E, V, C)) but not the dual output (r ≠ d, r = d = 256, fp32) and would
-    run them (``kernel="hopper"``, :func:`force_kernel`, or for ``"auto"`` the measured table in
-    this call's regime). Two Hopper sweeps read C and V twice, and still beat the portable dual
+    run them (``kernel="hopper"``, :func:`force_kernel`, or for ``"auto"`` the measured table's
+    dual row of this call's regime and head shape). Two Hopper sweeps read C and V twice, and still beat the portable dual
     sweep (NOTES.md); two portable sweeps would not."""
     if kernel == "portable" or _FORCED[0] == "portable":
         return False
@@ -311,6 +341,8 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
     cfg = chunk_config(r, V.shape[-1], V.dtype, precision, gamma is not None, device=V.device,
                        config=config)
     split = _lanes_and_segment(cfg, batch, heads, n, V.shape[-1], segment, V.device)[1] < n
+    if kernel == "auto" and _FORCED[0] is None:  # the table's dual row: two sweeps against one
+        return hopper_wins(V.device, V.dtype, gamma is not None, split, n, True, r, V.shape[-1])
     return _use_hopper(kernel, B, C, V, gamma, split, **call)
 
 
@@ -366,25 +398,36 @@ def regime(split: bool, n: int, dual: bool = False) -> str:
 
 
 def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int,
-                dual: bool = False) -> bool:
+                dual: bool = False, r: int = 128, d: int = 128) -> bool:
     """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
-    for this operand kind, mask and :func:`regime` (``data/<gpu>/chunk_kernel.csv``,
-    :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured. The table is
-    measured at r = d = 128 and read for every head shape the Hopper kernel takes (at the others
-    it was measured faster than the portable kernel in every cell timed, NOTES.md)."""
+    for this operand kind, mask, :func:`regime` and head shape r × d (``data/<gpu>/chunk_kernel.csv``,
+    :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured. A dual row
+    compares what ``kernel="hopper"`` runs for a dual call (its dual sweep at r = d ≤ 128, else
+    two of its plain sweeps) with the portable dual sweep. A head shape the table has no rows
+    for reads r = d = 128's (tables measured before the shapes were swept hold only those); a
+    dual call without its own row reads the plain sweep's."""
     kind = "half" if dtype != torch.float32 else "tf32"
-    return _kernel_table(gpu_tag(device)).get((kind, decay, regime(split, n, dual))) == "hopper"
+    table = _kernel_table(gpu_tag(device))
+    shape = (r, d) if (r, d) in table["shapes"] else (128, 128)
+    rows = table["rows"]
+    key = (kind, decay, regime(split, n, dual), *shape)
+    if key not in rows and dual:
+        key = (kind, decay, regime(split, n), *shape)
+    return rows.get(key) == "hopper"
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel_table(tag: str) -> dict:
+    """``{"rows": {(kind, decay, regime, r, d): kernel}, "shapes": {(r, d), ...}}`` of this GPU's
+    ``chunk_kernel.csv`` (rows without r and d columns are r = d = 128's)."""
     path = data(tag, "chunk_kernel.csv")
-    if not os.path.exists(path):
-        return {}
-    import csv
-    with open(path, newline="") as f:
-        return {(r["kind"], r["decay"] == "True", r["regime"]): r["kernel"]
-                for r in csv.DictReader(f)}
+    rows = {}
+    if os.path.exists(path):
+        import csv
+        with open(path, newline="") as f:
+            rows = {(r["kind"], r["decay"] == "True", r["regime"], int(r.get("r") or 128),
+                     int(r.get("d") or 128)): r["kernel"] for r in csv.DictReader(f)}
+    return dict(rows=rows, shapes={k[3:] for k in rows})
 
 
 def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
@@ -404,7 +447,7 @@ def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
     if _FORCED[0] is not None:  # the correctness matrix's switch (force_kernel)
         return _FORCED[0] == "hopper"
     return hopper_wins(V.device, V.dtype, gamma is not None, split, B.shape[2],
-                       call.get("dual") is not None)
+                       call.get("dual") is not None, B.shape[-1], V.shape[-1])
 
 
 #: the kernel ``kernel="auto"`` takes wherever it can run, whatever the table says (None: the table)
