@@ -326,8 +326,8 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
     one dual sweep of the portable kernel: where the Hopper kernel takes both plain sweeps
     (op(B, C, V) and op(E, V, C)) but not the dual output (r ≠ d, r = d = 256, fp32) and would
     run them (``kernel="hopper"``, :func:`force_kernel`, or for ``"auto"`` the measured table's
-    dual row of this call's regime and head shape). Two Hopper sweeps read C and V twice, and still beat the portable dual
-    sweep (NOTES.md); two portable sweeps would not."""
+    dual row of this call's regime and head shape). Two Hopper sweeps read C and V twice, and
+    still beat the portable dual sweep (NOTES.md); two portable sweeps would not."""
     if kernel == "portable" or _FORCED[0] == "portable":
         return False
     precision = dot_precision(V.dtype, fp32_precision)
