@@ -97,17 +97,27 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
             if not 0 < gamma <= 1:  # NaN fails this too
                 raise ValueError(f"gamma must lie in (0, 1]; got {gamma}")
             return torch.full((heads,), float(gamma), dtype=torch.float64, device=device)
+    # a tensor is looked up first as itself (id and version, confirmed by a weak reference: the
+    # same tensor every layer), then a host one by its values
+    ident = ("id", id(gamma), gamma._version, heads, device) \
+        if isinstance(gamma, torch.Tensor) else None
+    hit = _GAMMA_CACHE.get(ident) if ident is not None else None
+    if hit is not None and hit[0]() is gamma:
+        return hit[1]
     key = _gamma_key(gamma, heads, device)
     hit = _GAMMA_CACHE.get(key) if key is not None else None
     # a device gamma is keyed by id(): the entry holds a weak reference to be sure it is the same
     if hit is not None and (hit[0] is None or hit[0]() is gamma):
-        return hit[1]
-    g = _checked_gamma(gamma, heads, device)
-    _mark_checked(g)  # the op, which checks what it is given, need not read it again
+        g = hit[1]
+    else:
+        g = _checked_gamma(gamma, heads, device)
+        _mark_checked(g)  # the op, which checks what it is given, need not read it again
+    if len(_GAMMA_CACHE) >= 256:
+        _GAMMA_CACHE.clear()
     if key is not None:
-        if len(_GAMMA_CACHE) >= 256:
-            _GAMMA_CACHE.clear()
         _GAMMA_CACHE[key] = (weakref.ref(gamma) if key[0] == "device" else None, g)
+    if ident is not None:
+        _GAMMA_CACHE[ident] = (weakref.ref(gamma), g)
     return g
 
 
@@ -126,7 +136,7 @@ def memo_by_tensor(cache: dict, t: torch.Tensor, make):
 
 
 def _gamma_key(gamma, heads: int, device) -> tuple | None:
-    dev = str(torch.device(device))
+    dev = device if isinstance(device, torch.device) else torch.device(device)
     if isinstance(gamma, float) or (isinstance(gamma, int) and not isinstance(gamma, bool)):
         return ("value", float(gamma), heads, dev)
     if isinstance(gamma, torch.Tensor) and gamma.is_floating_point() and gamma.numel() <= 4096:

@@ -485,3 +485,45 @@ def test_config_sweep_times_the_exact_kind_through_tf32x3_and_keeps_other_kinds(
     got = pd.read_csv(path)
     assert set(zip(got.kind, got.commit)) == {("half", "old"), ("exact", "new")}
     assert len(got) == 3  # half's one row, exact's two masks
+
+
+@pytest.mark.parametrize("kernel", ["portable", "hopper"])
+def test_a_repeated_eager_call_spends_a_bounded_host_path(monkeypatch, kernel):
+    """The host path of an eager forward repeating its signature (as a model's layers do): the
+    checks, the launch plan and the Hopper kernel's descriptors looked up, not made again. The
+    Python functions and builtins one call through ``causal_linear_decoder`` runs, its launches
+    stubbed, are counted against a budget (~1.2× what they were when it was set), so the host
+    path cannot grow unnoticed; the launches: one (the portable kernel repairs a short call in
+    its launch) or two (the Hopper kernel and the repair launch). The Hopper plan is forced on
+    the CPU: its descriptors are Gluon's host objects, built without a GPU."""
+    import sys
+
+    from leetrepro.methods import chunk
+
+    launches = []
+    monkeypatch.setattr(chunk, "launch", lambda kernel, grid, args, key=None, **o: launches.append(grid))
+    r = 16 if kernel == "portable" else 64
+    if kernel == "hopper":
+        monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
+        monkeypatch.setattr(chunk, "_FORCED", ["hopper"])
+        monkeypatch.setattr(chunk, "_PLANS", {})
+    b, h, n, d = 2, 4, 100, 64
+    x = torch.randn(b, n, h * (2 * r + d))  # a fused projection's time-major views
+    B, C, V = (t.transpose(1, 2) for t in x.view(b, n, h, 2 * r + d).split([r, r, d], -1))
+    g = torch.linspace(0.9, 1.0, h, dtype=torch.float64)
+    call = lambda: causal_linear_decoder(B, C, V, g, method="Chunk")  # noqa: E731
+    call()
+    counts = {"call": 0, "c_call": 0}
+
+    def count(frame, event, arg):
+        if event in counts:
+            counts[event] += 1
+    launches.clear()
+    sys.setprofile(count)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    budget = {"portable": (50, 56, 1), "hopper": (60, 84, 2)}[kernel]
+    assert counts["call"] <= budget[0] and counts["c_call"] <= budget[1], counts
+    assert len(launches) == budget[2]

@@ -19,6 +19,7 @@ o_t = b_t S_t), so running two halves with the state passed on equals running th
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import typing
 
@@ -191,13 +192,12 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                                         CU=cu_seqlens, SCALE=float(scale))
     kern = triton_kernels("chunk_scan")
     if plan.kernel == "hopper":
-        _launch_hopper(B=B, C=C, V=V, out=out, gamma=gamma, s0=s0, sn=sn, flags=flags, sync=sync,
-                       ws=ws, heads=heads, scale=args["SCALE"], segment=plan.hopper_segment,
-                       reverse=reverse, dual=dual, out2=out2)
+        _launch_hopper(plan.hopper, B=B, C=C, V=V, out=out, gamma=gamma, s0=s0, sn=sn,
+                       flags=flags, sync=sync, ws=ws, scale=args["SCALE"], dual=dual, out2=out2)
     else:
         try:
             launch(kern.chunk_scan_kernel, plan.grid, args | plan.main,
-                   plan.key + (False, plan.self_repair), **plan.main_options)
+                   (plan.serial, False, plan.self_repair), **plan.main_options)
         except Exception as exc:
             from triton.runtime.errors import OutOfResources
             if not (plan.self_repair and isinstance(exc, OutOfResources)):
@@ -214,7 +214,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
         # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
         launch(kern.chunk_scan_kernel, (plan.lanes,), args | dict(WS=None, SYNC=None, SEG=n)
-               | plan.repair, plan.key + (True,), **plan.repair_options)
+               | plan.repair, (plan.serial, True), **plan.repair_options)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
@@ -463,42 +463,74 @@ def force_kernel(kernel: str | None) -> None:
     _FORCED[0] = kernel
 
 
-def _launch_hopper(*, B, C, V, out, gamma, s0, sn, flags, sync, ws, heads, scale, segment, reverse,
-                   dual=None, out2=None):
-    """The warp-specialised sweep (``kernels/chunk_hopper.py``), forward or in ``reverse`` time,
-    with ``dual`` (E) also op(E, V, C) into ``out2``: one program per lane, or with more than one
-    segment of ``segment`` rows per lane, one per segment, their states chained through the ring
-    ``ws`` with the flags and ticket of ``sync`` (as the portable kernel's)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+class HopperLaunch(typing.NamedTuple):
+    """The Hopper kernel's launch for one call signature (part of its :class:`LaunchPlan`):
+    everything but the tensors."""
+    grid: tuple           # one program per unit, or per unit and segment
+    scalars: dict         # N, H, LANES, SEG and the constexprs (:func:`hopper_constants`)
+    blocks: tuple         # the TMA block's columns of B, C, V, O, E, O2 (None: no such operand)
+    layouts: tuple        # their shared-memory layouts
+    key: tuple            # the compiled kernel's key for :func:`launch` (the plan's serial)
 
-    batch, _, n, r = B.shape
-    d = V.shape[-1]
-    gdt = gluon_dtype(V.dtype)
-    bn = HOPPER["BLOCK_N"]
+
+def _hopper_launch(*, n, r, d, heads, lanes, segment, dtype, decay, has_s0, store_sn, reverse,
+                   dual, serial: int) -> HopperLaunch:
+    """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
+    ``segment`` rows (N: one pass per lane)."""
     n_seg = cdiv(n, segment)
-    lanes = batch * heads
-
-    def desc(t, cols):
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, bn, cols],
-                                _tma_layout(bn, cols, gdt))
-
-    consts = hopper_constants(r=r, d=d, dtype=V.dtype, decay=gamma is not None,
-                              has_s0=s0 is not None, store_sn=sn is not None, split=n_seg > 1,
-                              reverse=bool(reverse), dual=dual is not None)
+    consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
+                              store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual)
     dh = consts["DC"] // 2
     units = lanes * (d // consts["DC"])
-    # what the compiled kernel specialises on besides the constants: the integers (equal to 1,
-    # divisible by 16) and the pointers' 16-byte alignment
-    ptrs = tuple(None if t is None else t.data_ptr() % 16 == 0 for t in (s0, sn, gamma))
-    key = (V.dtype, n, heads, lanes, segment, ptrs, V.device, tuple(consts.items()),
-           tuple(HOPPER.items()))
-    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, (units * n_seg,),
-           dict(b_desc=desc(B, r), c_desc=desc(C, r), v_desc=desc(V, dh),
-                o_desc=desc(out, dh), e_desc=None if dual is None else desc(dual, d // 2),
-                o2_desc=None if dual is None else desc(out2, r // 2), S0=s0, SN=sn, FLAGS=flags,
-                WS=ws, SYNC=sync, GAMMA=gamma, N=n, H=heads, LANES=lanes, SEG=segment,
-                scale=float(scale)) | consts, key,
+    blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
+    gdt = gluon_dtype(dtype)
+    return HopperLaunch(
+        grid=(units * n_seg,), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
+        blocks=blocks,
+        layouts=tuple(None if c is None else _tma_layout(HOPPER["BLOCK_N"], c, gdt) for c in blocks),
+        key=("hopper", serial))
+
+
+def _launch_hopper(h: HopperLaunch, *, B, C, V, out, gamma, s0, sn, flags, sync, ws, scale,
+                   dual=None, out2=None):
+    """The warp-specialised sweep (``kernels/chunk_hopper.py``) as ``h`` plans it, forward or in
+    reverse time, with ``dual`` (E) also op(E, V, C) into ``out2``: one program per unit, or with
+    segments one per unit and segment, their states chained through the ring ``ws`` with the
+    flags and ticket of ``sync`` (as the portable kernel's)."""
+    descs = [None if t is None else _descriptor(t, cols, layout)
+             for t, cols, layout in zip((B, C, V, out, dual, out2), h.blocks, h.layouts)]
+    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, h.grid,
+           dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
+                e_desc=descs[4], o2_desc=descs[5], S0=s0, SN=sn, FLAGS=flags, WS=ws, SYNC=sync,
+                GAMMA=gamma, scale=float(scale)) | h.scalars, h.key,
            num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
+
+
+#: TMA descriptors by (shape, strides, block columns, dtype): the fields of one checked by Gluon
+_DESCRIPTORS: dict = {}
+
+
+def _descriptor(t: torch.Tensor, cols: int, layout):
+    """Gluon's host TensorDescriptor of t (4-D) in (1, 1, BLOCK_N, cols) blocks. Its checks (rank,
+    16-byte alignment of base and strides, the block's shape, a contiguous last dimension) run
+    once per shape, strides and dtype: later ones are the first one rebased onto t. That is
+    safe because the plan that launches it was made for tensors of that 16-byte alignment
+    (:func:`launch_plan` keys on it) and checked there (:func:`hopper_operand_unfit`)."""
+    key = (t.shape, t.stride(), cols, t.dtype)
+    entry = _DESCRIPTORS.get(key)
+    if entry is None:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        made = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, HOPPER["BLOCK_N"], cols],
+                                layout)
+        if len(_DESCRIPTORS) >= 1024:
+            _DESCRIPTORS.clear()
+        # (not the base: the cache must not keep a caller's tensor alive)
+        _DESCRIPTORS[key] = (TensorDescriptor, {k: v for k, v in vars(made).items() if k != "base"})
+        return made
+    desc = object.__new__(entry[0])
+    vars(desc).update(entry[1])
+    desc.base = t
+    return desc
 
 
 def gluon_dtype(dtype: torch.dtype):
@@ -520,14 +552,13 @@ class LaunchPlan(typing.NamedTuple):
     """What :func:`chunk_scan` launches for one call signature, decided on its first call and held
     in :data:`_PLANS`: the kernel, the tiles and segments, whether the launch repairs its own
     non-finite lanes, the counters and ring it needs, and every parameter of the portable kernel
-    but the tensors (the Hopper kernel's descriptors are built per call: they hold the
-    addresses). A function of what :func:`launch_plan` keys on only."""
+    but the tensors (the Hopper kernel's descriptors hold the addresses: rebased per call,
+    :func:`_descriptor`). A function of what :func:`launch_plan` keys on only."""
     kernel: str           # "hopper" or "portable"
     lanes: int            # (batch·heads or sequences·heads) × value-column blocks
     lanes_batch: int      # the batch, or the number of packed sequences
     grid: tuple           # the portable launch's
-    hopper_segment: int   # rows per segment (N: one pass per lane; the portable launch's are
-    #                       static["SEG"]) in multiples of the Hopper kernel's row block
+    hopper: HopperLaunch | None  # the Hopper kernel's launch (None: the portable kernel's)
     self_repair: bool     # the portable launch repairs its non-finite lanes itself
     nflags: int           # zeroed counters: the lanes' repair flags (0 with self_repair),
     ring: int             # then the ring's flags and ticket (0 without segments)
@@ -537,10 +568,14 @@ class LaunchPlan(typing.NamedTuple):
     main_options: dict
     repair: dict          # the repair launch's constexprs and options
     repair_options: dict
-    key: tuple            # what the compiled kernels specialise on (methods/_gpu.launch)
+    key: tuple            # what the compiled kernels specialise on
+    serial: int           # this plan's number: its launches' key (methods/_gpu.launch)
     cache_key: tuple      # this plan's key in _PLANS
 
 
+#: the plans' numbers: a plan's launches are keyed by it (everything they specialise on is a
+#: function of the plan's key), a small key to hash where the plan's own is ~40 entries
+_SERIALS = itertools.count()
 #: launch plans by call signature (:func:`launch_plan`): a model calls one signature per layer,
 #: and at short N deciding it again would cost more host time than the kernel
 _PLANS: dict = {}
@@ -562,14 +597,21 @@ def launch_plan(tensors: dict, gamma, *, s0, cu_seqlens, fp32_precision, segment
                  gamma is not None, dual is not None, V.device, segment,
                  None if not config else tuple(sorted(config.items())), cu_seqlens is not None,
                  s0 is not None, output_final_state, reverse)
-    strides = tuple(None if t is None else t.stride()[:3] for t in tensors.values())
-    ptrs = 0
+    strides = []
+    aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
+    bit = 1
     for t in (*tensors.values(), s0, gamma, cu_seqlens):
         if t is not None:
-            ptrs |= t.data_ptr()
+            strides.append(t.stride())
+            if t.data_ptr() % 16 == 0:
+                aligned |= bit
+        else:
+            strides.append(None)
+        bit <<= 1
+    strides = tuple(strides)
     key = (signature, strides, B.dtype, tensors["C"].dtype,
            None if gamma is None else gamma.dtype,
-           None if cu_seqlens is None else cu_seqlens.dtype, ptrs % 16 == 0)
+           None if cu_seqlens is None else cu_seqlens.dtype, aligned)
     short = B.shape[0] * heads * n <= SELF_REPAIR_ROWS
     cache_key = (key, kernel, _FORCED[0], short)
     plan = _PLANS.get(cache_key)
@@ -585,6 +627,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     (n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
      has_s0, store_sn, reverse) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
+    serial = next(_SERIALS)
     cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device,
                        config=None if override is None else dict(override))
     lanes, segment = _lanes_and_segment(cfg, batch, heads, n, d, segment, device)
@@ -626,7 +669,11 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
                            f"S{STRIDE_NAMES[name]}_T"), st))
     return LaunchPlan(
         kernel="hopper" if hopper else "portable", lanes=lanes, lanes_batch=batch,
-        grid=(lanes * n_seg,), hopper_segment=hopper_segment,
+        grid=(lanes * n_seg,),
+        hopper=None if not hopper else _hopper_launch(
+            n=n, r=r, d=d, heads=heads, lanes=batch * heads, segment=hopper_segment, dtype=dtype,
+            decay=decay, has_s0=has_s0, store_sn=store_sn, reverse=reverse, dual=dual,
+            serial=serial),
         self_repair=self_repair, nflags=0 if self_repair else lanes,
         ring=ring + 1 if split else 0,
         ws_shape=ws_shape if split else None,
@@ -634,7 +681,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
         main_options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         repair=constexprs(False, True),
         repair_options=dict(num_warps=cfg["num_warps"], num_stages=1),
-        key=key, cache_key=cache_key)
+        key=key, serial=serial, cache_key=cache_key)
 
 
 def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
