@@ -65,7 +65,7 @@ help:
 	@echo "make results   figures/results.md: every measured table, written from data/ alone (no GPU needed)"
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
-	@echo "make tune      (GPU) Chunk's and LA's launch tables -> $(DATA)/chunk_config.csv, la_config.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
+	@echo "make tune      (GPU) Chunk's and LA's launch tables -> $(DATA)/chunk_config.csv, la_config.csv, Chunk's kernel per head shape -> chunk_kernel.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv, train_sweeps.csv, layouts.csv"
 	@echo "make layouts   (GPU) the layouts models produce vs head-major and fla -> $(DATA)/layouts.csv"
 	@echo "make bench-layer (GPU) one attention layer, forward + backward, vs fla's op -> $(DATA)/layer.csv"
