@@ -8,7 +8,9 @@ after a warm-up, the entries interleaved call by call. The floor of forward + ba
 tensors at r = d (forward: B, C, V read, O written; backward: B, C, V, dO read, dB, dC, dV
 written): ``floor_ms = (6r + 5d)·N·batch·heads·bytes / copy bandwidth`` measured in the same run.
 ``peak_extra_GiB``: the peak memory of forward + backward beyond the inputs, dO and O;
-``grads_GiB``: |dB| + |dC| + |dV|. ``rel_error_d*``: each gradient of the first (batch, head)
+``grads_GiB``: |dB| + |dC| + |dV|. ``step_host_us`` (eager): the median host time of one forward +
+backward, the GPU idle before it (what the host spends launching a training step's operator).
+``rel_error_d*``: each gradient of the first (batch, head)
 against float64 autograd through the oracle (N ≤ ``--check-max-n``, 8192: the float64 graph
 is O(N²)).
 
@@ -41,7 +43,7 @@ import torch
 from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
-from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main,
+from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main, host_seconds,
                       interleaved_medians, random_inputs)
 
 #: (dtype, batch, N): the training cells, decay mask
@@ -150,6 +152,7 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n,
         row.update(mode="eager", fwd_ms=times[(name, "fwd")] * 1e3,
                    fwd_bwd_ms=times[(name, "both")] * 1e3, reps=reps)
         row["floor_ratio"] = row["fwd_bwd_ms"] / row["floor_ms"]
+        row["step_host_us"] = host_seconds(calls[name][1], (), reps, device) * 1e6
     out = list(rows.values())
     if batch * n <= graph_max_tokens and calls:
         out += _graph_rows(rows, calls, reps, device)
@@ -163,7 +166,8 @@ def _graph_rows(rows: dict, calls: dict, reps: int, device) -> list[dict]:
     replayed, interleaved: rows with ``mode="graph"``."""
     graphs, out = {}, []
     for name, (fwd, both) in calls.items():
-        row = {k: v for k, v in rows[name].items() if not k.startswith("rel_error")}
+        row = {k: v for k, v in rows[name].items()
+               if not k.startswith(("rel_error", "step_host"))}
         try:
             graphs[(name, "fwd")] = capture_graph(fwd, (), device)
             graphs[(name, "both")] = capture_graph(both, (), device)
