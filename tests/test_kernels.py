@@ -219,3 +219,60 @@ def test_launch_passes_arguments_by_name_and_checks_them(monkeypatch):
     assert [c[0] for c in calls] == ["bind", "bind"]
 
 
+def test_launch_replays_through_the_launcher_as_tritons_runner_calls_it(monkeypatch):
+    """On the Triton release whose runner was read (``DIRECT_TRITON``), a replayed launch calls the
+    compiled kernel's launcher with the runner's layout (grid, stream, function, packed metadata,
+    launch metadata and the two hooks None, then the arguments in order); elsewhere through the
+    runner itself, and through the runner too while a launch hook is registered (a profiler's)."""
+    import triton
+    from triton import knobs
+
+    from leetrepro.methods import _gpu
+
+    calls = []
+
+    class Compiled:
+        class src:
+            signature = dict.fromkeys(("X", "N"))
+        function, packed_metadata = "fn", "packed"
+
+        def _init_handles(self):
+            pass
+
+        @property
+        def run(self):
+            return lambda *args: calls.append(("direct", args))
+
+        def __getitem__(self, grid):
+            return lambda *args: calls.append(("runner", args))
+
+    class Kernel:
+        arg_names = ("X", "N")
+
+        def __getitem__(self, grid):
+            return lambda **kw: calls.append(("bind", kw)) or Compiled()
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 77, raising=False)
+    for version, path in ((triton.__version__, "direct"), ("0.0.0", "runner")):
+        monkeypatch.setattr(_gpu, "DIRECT_TRITON", (version,))
+        monkeypatch.setattr(_gpu, "_COMPILED", {})
+        monkeypatch.setattr(_gpu, "_ORDER", {})
+        calls.clear()
+        kernel = Kernel()
+        for _ in range(2):
+            _gpu.launch(kernel, (5,), dict(N=2, X=1), key="k")
+        assert calls[0][0] == "bind" and calls[1][0] == path
+        want = (5, 1, 1, 77, "fn", "packed", None, None, None, 1, 2) if path == "direct" else (1, 2)
+        assert calls[1][1] == want
+    monkeypatch.setattr(_gpu, "DIRECT_TRITON", (triton.__version__,))
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        calls.clear()
+        _gpu.launch(kernel, (5,), dict(N=2, X=1), key="k")
+        assert calls == [("runner", (1, 2))]
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+
+
