@@ -189,7 +189,7 @@ def _loader(descs, bufs, bars, where, ptrs, lg, scale,
             SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr, H_IDX: gl.constexpr):
     bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
     b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up, sx_bufs = bufs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
     ready, empty, hbar = bars
     cv_bytes: gl.constexpr = c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
     sweep_bytes: gl.constexpr = cv_bytes + b_desc.block_type.nbytes + \
@@ -361,14 +361,12 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
     bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
     S0, SN, FLAGS, WS, SYNC = ptrs
     b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up, sx_bufs = bufs
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
     ready, empty, hbar = bars
     dtype: gl.constexpr = b_desc.dtype
     # one wgmma layout serves every accumulator: S and O (BLOCK_N × DH), the state (R × DH)
     # (tf32 for fp32 operands: K = 8 an instruction, one element per register of the A operand)
     TF32: gl.constexpr = dtype == gl.float32
-    # r = 256: each consumer computes S over half of r (:func:`chunk_hopper_kernel`)
-    SPLIT_K: gl.constexpr = R > 128
     K_INSTR: gl.constexpr = 8 if TF32 else 16
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, DH, K_INSTR])
@@ -475,29 +473,14 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
             fence_async_shared()
             if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
                 mbarrier.arrive(hbar.index(0), count=1)
-            if SPLIT_K:  # this consumer's half of S = b cᵀ (K = R/2), the other's added below
-                sc = warpgroup_mma(b_t.slice(H_IDX * (R // 2), R // 2, dim=1),
-                                   c_t.slice(H_IDX * (R // 2), R // 2, dim=1).permute((1, 0)),
-                                   gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
-                                   use_acc=False, is_async=True)
-            else:
-                sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
-                                   gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
-                                   use_acc=False, is_async=True)
+            sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
+                               gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                               is_async=True)
             o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
                               use_acc=False, is_async=True)
             state = warpgroup_mma(c_op, v_op, state, is_async=True)
 
             sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-            if SPLIT_K:
-                # the halves meet in shared memory: written once the other consumer has read
-                # this one's of the chunk before (bars 1), read once both are written (bars 0)
-                mbarrier.wait(hbar.index(1), (j & 1) ^ 1)
-                sx_bufs.index(H_IDX).store(sc)
-                mbarrier.arrive(hbar.index(0), count=1)
-                mbarrier.wait(hbar.index(0), j & 1)
-                sc = sc + sx_bufs.index(1 - H_IDX).load(acc_l)
-                mbarrier.arrive(hbar.index(1), count=1)
             # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
             # registers that keeping it would take from the state's group
             p = _masked(sc, diff, lg, HAS_DECAY)
@@ -518,11 +501,6 @@ def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
         elif DUAL:
             # O's half of the chunk: one staging buffer (O2 takes the second); the store of the
             # last chunk's O has left it, its O2 may still be in flight
-            o_s = o_bufs.index(H_IDX)
-        elif SPLIT_K:
-            # one staging buffer a consumer (S's halves take the shared memory of the second):
-            # the last chunk's store has left it
-            tma.store_wait(pendings=0)
             o_s = o_bufs.index(H_IDX)
         else:
             # O's half of the chunk through two staging buffers: the store of two chunks ago has
@@ -600,9 +578,6 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     (R = D = DC), else both None."""
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = b_desc.dtype
-    # r = 256: S = b cᵀ (K = 256) would be computed by both consumers of every unit; each
-    # computes half of its K and the halves are summed through shared memory
-    SPLIT_K: gl.constexpr = R > 128
     units = LANES * (D // DC)
     if SPLIT:
         t = gl.atomic_add(SYNC + 2 * units, 1)  # ticket, in the order programs actually start
@@ -652,8 +627,7 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     else:
         h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DH], dtype)
         h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
-        o_bufs = gl.allocate_shared_memory(dtype, [2 if SPLIT_K else 4] + o_desc.block_type.shape,
-                                           o_desc.layout)
+        o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
         vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
         vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -661,13 +635,6 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumers release a slot
-    if SPLIT_K:
-        # S's halves, one a consumer; written (0) and read (1), each consumer arriving once a chunk
-        sx_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_N],
-                                                                       gl.float32)
-        sx_bufs = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N, BLOCK_N], sx_layout)
-    else:
-        sx_bufs = vw_bufs
     if DUAL:
         e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
                                            e_desc.layout)
@@ -682,16 +649,11 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
             hs_up = vw_bufs
     else:  # unused: the partitions' common signature
         e_bufs = v_bufs
+        hbar = ready
         hs_up = vw_bufs
-        if SPLIT_K:
-            hbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            mbarrier.init(hbar.index(0), count=2)
-            mbarrier.init(hbar.index(1), count=2)
-        else:
-            hbar = ready
 
     descs = (b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc)
-    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up, sx_bufs)
+    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up)
     bars = (ready, empty, hbar)
     # the partitions share one signature: where (this program's rows), the pointers, the
     # constants, and which half of the state a consumer holds (the loader ignores it)

@@ -289,8 +289,6 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool) -> tuple[int, i
     slot = bn * (2 * r + dc + (d if dual else 0)) * size
     if dtype == torch.float32:
         fixed = 2 * dh * (r // 2 if r > 64 else r) * size
-    elif r > 128:  # S's fp32 halves (one a consumer) and one O staging buffer a consumer
-        fixed = (2 * r * dh + 2 * bn * dh + 2 * bn * dh) * size + 2 * bn * bn * 4
     else:
         fixed = (2 * r * dh + 4 * bn * dh + 2 * bn * dh) * size
     stages = min(HOPPER["MAX_STAGES"], (SM90_SHARED_BYTES - 1024 - fixed) // slot)
