@@ -187,7 +187,8 @@ _ORDER: dict = {}
 
 def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     """``kernel[grid](**arguments, **options)``: every parameter of the kernel, constexprs included,
-    passed by name (a TypeError names any missing or unknown one), with Triton's per-call argument
+    passed by name (a TypeError names any missing or unknown one: on a key's first launch, and on
+    any launch whose count of arguments is wrong), with Triton's per-call argument
     binding (~10 µs of host time) skipped after the first call of a key: the compiled kernel is
     kept and launched with the arguments in the kernel's own parameter order.
 
@@ -206,11 +207,8 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     order = _ORDER.get(kernel)
     if order is None:
         order = _ORDER[kernel] = [tuple(kernel.arg_names), None, frozenset(kernel.arg_names)]
-    if arguments.keys() != order[2]:
-        missing = [n for n in order[0] if n not in arguments]
-        unknown = [n for n in arguments if n not in order[0]]
-        raise TypeError(f"{getattr(kernel, '__name__', kernel)}: arguments missing {missing}, "
-                        f"unknown {unknown}")
+    if key is None or len(arguments) != len(order[0]):
+        _check_names(kernel, arguments, order)
     if key is None:
         key = (tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
                      for a in arguments.values()), tuple(options.items()),
@@ -218,6 +216,7 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     key = (kernel, len(grid), key)
     entry = _COMPILED.get(key) if order[1] else None
     if entry is None:  # (the interpreter returns no compiled kernel: it always comes here)
+        _check_names(kernel, arguments, order)
         compiled = kernel[grid](**arguments, **options)
         if order[1] is None and compiled is not None:
             order[1] = _positional(compiled, order[0])
@@ -236,6 +235,17 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
                   direct[1], direct[2], None, None, None, *args)
         return
     compiled[grid](*args)
+
+
+def _check_names(kernel, arguments: dict, order) -> None:
+    """A TypeError naming the parameters of ``kernel`` missing from ``arguments`` and the names
+    it does not have. (A replayed launch checks only their count: its key's first launch checked
+    the names, and its arguments come from the same code.)"""
+    if arguments.keys() != order[2]:
+        missing = [n for n in order[0] if n not in arguments]
+        unknown = [n for n in arguments if n not in order[0]]
+        raise TypeError(f"{getattr(kernel, '__name__', kernel)}: arguments missing {missing}, "
+                        f"unknown {unknown}")
 
 
 #: the Triton releases whose compiled kernels :func:`_direct` launches as their runner does

@@ -186,17 +186,18 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ws = None
     if plan.ws_shape is not None:
         ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
-    # the portable kernel's parameters by name (methods/_gpu.launch): the plan holds the scalars,
-    # strides and constexprs, the call its tensors
-    args = plan.static | tensors | dict(S0=s0, SN=sn, WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma,
-                                        CU=cu_seqlens, SCALE=float(scale))
+    # the portable kernel's parameters by name (methods/_gpu.launch): the call's tensors, and the
+    # plan's scalars, strides and constexprs of each launch (the repair's WS and SYNC None)
+    scale = float(scale)
+    call = tensors | dict(S0=s0, SN=sn, WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma, CU=cu_seqlens,
+                          SCALE=scale)
     kern = triton_kernels("chunk_scan")
     if plan.kernel == "hopper":
         _launch_hopper(plan.hopper, B=B, C=C, V=V, out=out, gamma=gamma, s0=s0, sn=sn,
-                       flags=flags, sync=sync, ws=ws, scale=args["SCALE"], dual=dual, out2=out2)
+                       flags=flags, sync=sync, ws=ws, scale=scale, dual=dual, out2=out2)
     else:
         try:
-            launch(kern.chunk_scan_kernel, plan.grid, args | plan.main,
+            launch(kern.chunk_scan_kernel, plan.grid, call | plan.main,
                    (plan.serial, False, plan.self_repair), **plan.main_options)
         except Exception as exc:
             from triton.runtime.errors import OutOfResources
@@ -213,8 +214,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if not plan.self_repair:
         # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
         # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
-        launch(kern.chunk_scan_kernel, (plan.lanes,), args | dict(WS=None, SYNC=None, SEG=n)
-               | plan.repair, (plan.serial, True), **plan.repair_options)
+        launch(kern.chunk_scan_kernel, (plan.lanes,), call | plan.repair, (plan.serial, True),
+               **plan.repair_options)
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
@@ -563,10 +564,9 @@ class LaunchPlan(typing.NamedTuple):
     nflags: int           # zeroed counters: the lanes' repair flags (0 with self_repair),
     ring: int             # then the ring's flags and ticket (0 without segments)
     ws_shape: tuple | None  # the ring of published states (segments)
-    static: dict          # the portable kernel's scalars and strides
-    main: dict            # its constexprs, and its options
+    main: dict            # the portable launch's scalars, strides and constexprs, and its options
     main_options: dict
-    repair: dict          # the repair launch's constexprs and options
+    repair: dict          # the repair launch's (one segment a lane, no ring), and its options
     repair_options: dict
     key: tuple            # what the compiled kernels specialise on
     serial: int           # this plan's number: its launches' key (methods/_gpu.launch)
@@ -677,9 +677,9 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
         self_repair=self_repair, nflags=0 if self_repair else lanes,
         ring=ring + 1 if split else 0,
         ws_shape=ws_shape if split else None,
-        static=static, main=constexprs(split, False),
+        main=static | constexprs(split, False),
         main_options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-        repair=constexprs(False, True),
+        repair=static | dict(SEG=n, WS=None, SYNC=None) | constexprs(False, True),
         repair_options=dict(num_warps=cfg["num_warps"], num_stages=1),
         key=key, serial=serial, cache_key=cache_key)
 
