@@ -212,8 +212,7 @@ def write_rows(frame, path: str, kinds=None, shapes=None) -> None:
             for col in ("r", "d"):
                 if col not in kept:
                     kept[col] = "128"
-            own = [(int(r), int(d)) in shapes for r, d in zip(kept.r, kept.d)]
-            kept = kept[[not x for x in own]]
+            kept = kept[[(int(r), int(d)) not in shapes for r, d in zip(kept.r, kept.d)]]
         frame = pd.concat([kept, frame.astype(str)], ignore_index=True)
     frame.to_csv(path, index=False)
 

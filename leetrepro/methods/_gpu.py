@@ -207,16 +207,20 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     order = _ORDER.get(kernel)
     if order is None:
         order = _ORDER[kernel] = [tuple(kernel.arg_names), None, frozenset(kernel.arg_names)]
-    if key is None or len(arguments) != len(order[0]):
+    # the names checked on every launch without a key and on a key's first; a replay, whose
+    # arguments come from the code that made its key, by their count
+    given = key is not None
+    if not given or len(arguments) != len(order[0]):
         _check_names(kernel, arguments, order)
-    if key is None:
+    if not given:
         key = (tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
                      for a in arguments.values()), tuple(options.items()),
                next(a.device for a in arguments.values() if isinstance(a, torch.Tensor)))
     key = (kernel, len(grid), key)
     entry = _COMPILED.get(key) if order[1] else None
     if entry is None:  # (the interpreter returns no compiled kernel: it always comes here)
-        _check_names(kernel, arguments, order)
+        if given:
+            _check_names(kernel, arguments, order)
         compiled = kernel[grid](**arguments, **options)
         if order[1] is None and compiled is not None:
             order[1] = _positional(compiled, order[0])

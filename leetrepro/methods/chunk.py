@@ -467,6 +467,7 @@ def force_kernel(kernel: str | None) -> None:
 class HopperLaunch(typing.NamedTuple):
     """The Hopper kernel's launch for one call signature (part of its :class:`LaunchPlan`):
     everything but the tensors."""
+    units: int            # programs a pass: lanes × blocks of DC value columns
     grid: tuple           # one program per unit, or per unit and segment
     scalars: dict         # N, H, LANES, SEG and the constexprs (:func:`hopper_constants`)
     blocks: tuple         # the TMA block's columns of B, C, V, O, E, O2 (None: no such operand)
@@ -486,7 +487,7 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dtype, decay, has_s0, stor
     blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
     gdt = gluon_dtype(dtype)
     return HopperLaunch(
-        grid=(units * n_seg,), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
+        units=units, grid=(units * n_seg,), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
         blocks=blocks,
         layouts=tuple(None if c is None else _tma_layout(HOPPER["BLOCK_N"], c, gdt) for c in blocks),
         key=("hopper", serial))
@@ -652,9 +653,11 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     self_repair = not hopper and short
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
+    h = None if not hopper else _hopper_launch(
+        n=n, r=r, d=d, heads=heads, lanes=batch * heads, segment=hopper_segment, dtype=dtype,
+        decay=decay, has_s0=has_s0, store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
     if hopper:
-        ring = 2 * batch * heads * (d // hopper_tiles(r, d, dtype, dual)[0])
-        ws_shape = (batch * heads, 2, r, d)
+        ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
     else:
         ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
     constexprs = lambda split, repair: dict(  # noqa: E731
@@ -669,11 +672,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
                            f"S{STRIDE_NAMES[name]}_T"), st))
     return LaunchPlan(
         kernel="hopper" if hopper else "portable", lanes=lanes, lanes_batch=batch,
-        grid=(lanes * n_seg,),
-        hopper=None if not hopper else _hopper_launch(
-            n=n, r=r, d=d, heads=heads, lanes=batch * heads, segment=hopper_segment, dtype=dtype,
-            decay=decay, has_s0=has_s0, store_sn=store_sn, reverse=reverse, dual=dual,
-            serial=serial),
+        grid=(lanes * n_seg,), hopper=h,
         self_repair=self_repair, nflags=0 if self_repair else lanes,
         ring=ring + 1 if split else 0,
         ws_shape=ws_shape if split else None,
