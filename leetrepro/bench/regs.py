@@ -59,7 +59,7 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        reverse: bool = False, dual: bool = False, r: int = 128,
-                       d: int = 128) -> str:
+                       d: int = 128, dc: int | None = None) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -81,7 +81,7 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{_tma_layout(bn, cols, gdt)!r}>"
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
-                             store_sn=True, split=split, reverse=reverse, dual=dual)
+                             store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc)
     dh = const["DC"] // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), S0="*fp32", SN="*fp32",

@@ -29,7 +29,7 @@ from ..registry import GPU_DTYPES, on_change, register
 from .._paths import data
 from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table, next_pow2,
                    refuse_interpreted_bf16, rows_contiguous, rows_for_pieces, segment_rows,
-                   sm_count, staged_state, triton_kernels)
+                   sm_count, staged_state, triton_kernels, wave_pieces)
 
 #: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
 #: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
@@ -272,12 +272,15 @@ HOPPER_DIMS = (64, 128, 256)
 
 
 @functools.lru_cache(maxsize=None)
-def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool) -> tuple[int, int] | None:
+def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
+                 dc: int | None = None) -> tuple[int, int] | None:
     """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
     ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
 
     A consumer's R × DC/2 fp32 state stays at ≤ 64 registers a thread (128 × 64 or 256 × 32):
     DC = 128 up to r = 128, 64 at r = 256 (and for d = 64); d/DC programs share a lane's B and C.
+    ``dc``: fewer columns than that (a power of two ≥ 32, :func:`hopper_columns`), so that more
+    programs share each lane's B and C where the lanes alone leave SMs idle.
     Shared memory (:data:`leetrepro._device.SM90_SHARED_BYTES`): a ring slot holds the chunk's B,
     C (BLOCK_N × r each) and V (BLOCK_N × DC), and with ``dual`` E (BLOCK_N × d); beside the ring,
     fp16/bf16 keep the state's two copies (r × DC/2 each), O's staging (4 × BLOCK_N × DC/2) and
@@ -285,7 +288,12 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool) -> tuple[int, i
     ring. At r = d = 128: 3 slots of 48 KB in fp16/bf16 (224 KB), 2 with the dual output or fp32."""
     from .._device import SM90_SHARED_BYTES
     bn, size = HOPPER["BLOCK_N"], dtype.itemsize
-    dc = 128 if r <= 128 and d >= 128 else 64
+    widest = 128 if r <= 128 and d >= 128 else 64
+    if dc is None:
+        dc = widest
+    elif dc not in (32, 64, 128) or dc > widest or (dual and dc != d):
+        raise ValueError(f"DC={dc} is invalid at r = {r}, d = {d}: a power of two from 32 to "
+                         f"{widest}{' equal to d (the dual output)' if dual else ''}")
     dh = dc // 2
     slot = bn * (2 * r + dc + (d if dual else 0)) * size
     if dtype == torch.float32:
@@ -297,14 +305,46 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool) -> tuple[int, i
 
 
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
-                     store_sn: bool, split: bool, reverse: bool, dual: bool) -> dict:
+                     store_sn: bool, split: bool, reverse: bool, dual: bool,
+                     dc: int | None = None) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
-    same kernel): the tiles of :func:`hopper_tiles`, and the repair launch's value columns per
-    lane (the portable kernel's, :func:`block_d`)."""
-    dc, stages = hopper_tiles(r, d, dtype, dual)
+    same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
+    the widest), and the repair launch's value columns per lane (the portable kernel's,
+    :func:`block_d`)."""
+    dc, stages = hopper_tiles(r, d, dtype, dual, dc)
     return dict(BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d),
                 STAGES=stages, HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn,
                 HALF_RANGE=dtype == torch.float16, SPLIT=split, REVERSE=reverse, DUAL=dual)
+
+
+def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
+                 slots: int, dc: int | None = None, segment: int | None = None) -> tuple[int, int]:
+    """``(DC, rows per segment)``: how the Hopper kernel spreads ``lanes`` (batch·heads) of N rows
+    over the GPU's ``slots`` (SMs: one 197-224 KB program each).
+
+    Columns first: each halving of DC (down to 32) doubles the programs, and a lane's d/DC
+    programs take consecutive ids, so they run at once and read its B and C from L2 after the
+    first: C and V still leave memory once. Segments (N cut, states chained through the ring:
+    C and V read twice) only where DC = 32 still leaves the SMs idle, as many as
+    :func:`wave_pieces` says for those programs. The caller's ``dc`` or ``segment`` (an option,
+    ``make tune``'s sweep) is taken as given; with a caller's segment and no ``dc`` the widest DC.
+    fp32 and the dual output keep the widest DC (their tiles are the widest that fit)."""
+    widest = hopper_tiles(r, d, dtype, dual)[0]
+    if dual:  # (a sweep's DC applies to the plain sweeps; the dual one holds the whole state)
+        dc = None
+    if dc is None:
+        dc = widest
+        if segment is None and not dual and dtype != torch.float32:
+            while dc > 32 and lanes * (d // dc) < 2 * slots and \
+                    wave_pieces(lanes * (d // dc), slots) > 1:
+                dc //= 2
+    if segment is None:
+        units = lanes * (d // dc)
+        pieces = 1 if units >= 2 * slots else wave_pieces(units, slots)
+        segment = rows_for_pieces(n, pieces, HOPPER["BLOCK_N"])
+    elif segment < n and segment % HOPPER["BLOCK_N"]:  # the portable kernel's, in 64-row blocks
+        segment = rows_for_pieces(n, cdiv(n, segment), HOPPER["BLOCK_N"])
+    return dc, segment
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
@@ -475,13 +515,15 @@ class HopperLaunch(typing.NamedTuple):
     key: tuple            # the compiled kernel's key for :func:`launch` (the plan's serial)
 
 
-def _hopper_launch(*, n, r, d, heads, lanes, segment, dtype, decay, has_s0, store_sn, reverse,
-                   dual, serial: int) -> HopperLaunch:
+def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
+                   reverse, dual, serial: int) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
-    ``segment`` rows (N: one pass per lane)."""
+    ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
+    (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
-                              store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual)
+                              store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
+                              dc=dc)
     dh = consts["DC"] // 2
     units = lanes * (d // consts["DC"])
     blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
@@ -631,6 +673,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     serial = next(_SERIALS)
     cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device,
                        config=None if override is None else dict(override))
+    asked = segment if segment is not None else cfg.get("segment")  # (popped just below)
     lanes, segment = _lanes_and_segment(cfg, batch, heads, n, d, segment, device)
     n_seg = cdiv(n, segment)
     split = n_seg > 1
@@ -640,11 +683,6 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     B, C, V = tensors["B"], tensors["C"], tensors["V"]
     hopper = _use_hopper(kernel, B, C, V, gamma, split, dual=tensors["E"], cu_seqlens=cu_seqlens,
                          precision=precision, outputs=(tensors["O"], tensors["O2"]))
-    # one program per SM on the Hopper kernel too (197-213 KB of shared memory): the portable
-    # kernel's split, in multiples of the Hopper kernel's row block
-    hopper_segment = segment
-    if segment < n and segment % HOPPER["BLOCK_N"]:
-        hopper_segment = rows_for_pieces(n, n_seg, HOPPER["BLOCK_N"])
     # A short call on the portable kernel repairs its non-finite rows within its launch (the
     # segment holding a lane's first non-finite row computes its rows again): one launch, where a
     # repair launch would add ~20 µs of host time; a long one keeps its kernel lean (the in-launch
@@ -653,10 +691,14 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     self_repair = not hopper and short
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
-    h = None if not hopper else _hopper_launch(
-        n=n, r=r, d=d, heads=heads, lanes=batch * heads, segment=hopper_segment, dtype=dtype,
-        decay=decay, has_s0=has_s0, store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
+    h = None
     if hopper:
+        dc, hopper_segment = hopper_split(r=r, d=d, dtype=dtype, dual=dual, lanes=batch * heads,
+                                          n=n, slots=sm_count(device), dc=cfg.get("DC"),
+                                          segment=asked)
+        h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
+                           segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
+                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
     else:
         ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
