@@ -322,22 +322,15 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
     """``(DC, rows per segment)``: how the Hopper kernel spreads ``lanes`` (batch·heads) of N rows
     over the GPU's ``slots`` (SMs: one 197-224 KB program each).
 
-    Columns first: each halving of DC (down to 32) doubles the programs, and a lane's d/DC
-    programs take consecutive ids, so they run at once and read its B and C from L2 after the
-    first: C and V still leave memory once. Segments (N cut, states chained through the ring:
-    C and V read twice) only where DC = 32 still leaves the SMs idle, as many as
-    :func:`wave_pieces` says for those programs. The caller's ``dc`` or ``segment`` (an option,
-    ``make tune``'s sweep) is taken as given; with a caller's segment and no ``dc`` the widest DC.
-    fp32 and the dual output keep the widest DC (their tiles are the widest that fit)."""
+    DC: the widest that fits (:func:`hopper_tiles`) unless the caller's ``dc`` (``config``'s
+    ``DC``; not for the dual output, which holds the whole state) asks for fewer: a lane's d/DC
+    programs take consecutive tickets, so they run at once and read its B and C from L2 after
+    the first. More programs that way do not pay at batch 1 (NOTES.md: each recomputes the scores
+    for fewer columns, and the sweep's chain of MMAs binds). Segments: N cut so that the units
+    fill the SMs (:func:`wave_pieces`), or the caller's ``segment`` in 64-row blocks."""
     widest = hopper_tiles(r, d, dtype, dual)[0]
-    if dual:  # (a sweep's DC applies to the plain sweeps; the dual one holds the whole state)
-        dc = None
-    if dc is None:
+    if dc is None or dual:
         dc = widest
-        if segment is None and not dual and dtype != torch.float32:
-            while dc > 32 and lanes * (d // dc) < 2 * slots and \
-                    wave_pieces(lanes * (d // dc), slots) > 1:
-                dc //= 2
     if segment is None:
         units = lanes * (d // dc)
         pieces = 1 if units >= 2 * slots else wave_pieces(units, slots)
@@ -516,10 +509,11 @@ class HopperLaunch(typing.NamedTuple):
 
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
-                   reverse, dual, serial: int) -> HopperLaunch:
+                   reverse, dual, serial: int, slots: int) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
-    (:func:`hopper_split`)."""
+    (:func:`hopper_split`); with segments at most ``slots`` programs (SMs), each taking
+    segments in turn until none is left."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
@@ -529,7 +523,7 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, 
     blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
     gdt = gluon_dtype(dtype)
     return HopperLaunch(
-        units=units, grid=(units * n_seg,), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
+        units=units, grid=(units if n_seg == 1 else min(units * n_seg, slots),), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
         blocks=blocks,
         layouts=tuple(None if c is None else _tma_layout(HOPPER["BLOCK_N"], c, gdt) for c in blocks),
         key=("hopper", serial))
@@ -693,12 +687,13 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
     if hopper:
+        slots = sm_count(device)
         dc, hopper_segment = hopper_split(r=r, d=d, dtype=dtype, dual=dual, lanes=batch * heads,
-                                          n=n, slots=sm_count(device), dc=cfg.get("DC"),
-                                          segment=asked)
+                                          n=n, slots=slots, dc=cfg.get("DC"), segment=asked)
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
-                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
+                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
+                           slots=slots)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
     else:
         ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
