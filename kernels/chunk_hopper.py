@@ -182,57 +182,24 @@ def _store_half(desc, buf, x, up, scale, bb, hh, row, col, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, where, ptrs, scale,
-            BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DC: gl.constexpr,
+def _loader(descs, bufs, bars, where, ptrs, lg, scale,
+            BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
             FLAG_COLS: gl.constexpr, STAGES: gl.constexpr, HAS_DECAY: gl.constexpr,
             HAS_S0: gl.constexpr, STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr,
             SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr, H_IDX: gl.constexpr):
-    t, units, N, SEG, H = where
-    if SPLIT:
-        # persistent: take tickets in the order programs reach for them and hand each to the
-        # consumers through shared memory; the first ticket past the last ends the program
-        SYNC = ptrs[4]
-        ticket = SYNC + 2 * units
-        total = units * gl.cdiv(N, SEG)
-        k = 0
-        base = 0
-        t = gl.atomic_add(ticket, 1)
-        _give_ticket(bars, bufs, t, k)
-        while t < total:
-            base = _load_segment(descs, bufs, bars, _segment(t, units, N, SEG, H, BLOCK_N, D, DC,
-                                                             SPLIT, REVERSE),
-                                 base, BLOCK_N, DC // 2, STAGES, SPLIT, REVERSE, DUAL)
-            k += 1
-            t = gl.atomic_add(ticket, 1)
-            _give_ticket(bars, bufs, t, k)
-        if t == total + gl.num_programs(0) - 1:  # the last to finish: zero for the next launch
-            gl.atomic_xchg(ticket, 0)
-    else:
-        _load_segment(descs, bufs, bars, _segment(t, units, N, SEG, H, BLOCK_N, D, DC, SPLIT,
-                                                  REVERSE),
-                      0, BLOCK_N, DC // 2, STAGES, SPLIT, REVERSE, DUAL)
-
-
-@gluon.jit
-def _load_segment(descs, bufs, bars, where, base, BLOCK_N: gl.constexpr, DH: gl.constexpr,
-                  STAGES: gl.constexpr, SPLIT: gl.constexpr, REVERSE: gl.constexpr,
-                  DUAL: gl.constexpr):
-    """A segment's tiles into the ring: its C and V for its own state (:func:`_first_pass_chunks`),
-    then B, C, V (and E) for the sweep; ``base``: the ring's chunk counter so far, returned
-    advanced."""
     bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
     b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up, tk = bufs
-    ready, empty, hbar, tk_bars = bars
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
+    ready, empty, hbar = bars
     cv_bytes: gl.constexpr = c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
     sweep_bytes: gl.constexpr = cv_bytes + b_desc.block_type.nbytes + \
         (2 * e_desc.block_type.nbytes if DUAL else 0)
     first = _first_pass_chunks(steps, last, SPLIT)
     for i in range(first + steps):
-        s = (base + i) % STAGES
+        s = i % STAGES
         # a fresh mbarrier counts as having completed the phase before 0: the first STAGES
         # waits pass
-        mbarrier.wait(empty.index(s), (((base + i) // STAGES) & 1) ^ 1)
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         if i < first:  # the segment's own state: C and V only
             row, _ = _chunk(i0 + i, N, BLOCK_N, REVERSE)
             mbarrier.expect(ready.index(s), cv_bytes)
@@ -246,74 +213,6 @@ def _load_segment(descs, bufs, bars, where, base, BLOCK_N: gl.constexpr, DH: gl.
         _tma_load(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
         _tma_load(v_desc, [bb, hh, row, col0], ready.index(s), v_bufs.index(2 * s))
         _tma_load(v_desc, [bb, hh, row, col0 + DH], ready.index(s), v_bufs.index(2 * s + 1))
-    return base + first + steps
-
-
-#: a ticket in shared memory as a partition's 4 warps read and write it (one element a thread)
-_TICKET_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
-
-
-@gluon.jit
-def _give_ticket(bars, bufs, t, k):
-    """The loader hands ticket ``t``, its k-th, to both consumers (two slots, each freed once
-    both have read it)."""
-    tk = bufs[8]
-    tk_bars = bars[3]
-    slot = k % 2
-    mbarrier.wait(tk_bars.index(2 + slot), ((k // 2) & 1) ^ 1)
-    tk.index(slot).store(gl.zeros([128], gl.int32, _TICKET_LAYOUT) + t)
-    mbarrier.arrive(tk_bars.index(slot), count=1)
-
-
-@gluon.jit
-def _take_ticket(bars, bufs, k):
-    """A consumer's k-th ticket (:func:`_give_ticket`)."""
-    tk = bufs[8]
-    tk_bars = bars[3]
-    slot = k % 2
-    mbarrier.wait(tk_bars.index(slot), (k // 2) & 1)
-    t = gl.max(tk.index(slot).load(_TICKET_LAYOUT), axis=0)
-    mbarrier.arrive(tk_bars.index(2 + slot), count=1)
-    return t
-
-
-@gluon.jit
-def _segment(t, units, N, SEG, H, BLOCK_N: gl.constexpr, D: gl.constexpr, DC: gl.constexpr,
-             SPLIT: gl.constexpr, REVERSE: gl.constexpr):
-    """Where ticket t works: (batch, head, N, its first chunk, its chunks, its rows, lane,
-    segment, whether the lane's last, unit, first value column). Ticket t = segment t // units
-    of unit t % units (the units of a lane next to each other)."""
-    unit = t % units
-    seg = t // units
-    if D == DC:  # (a constant where one program holds every column: fewer registers)
-        lane = unit
-        col0 = 0
-    else:
-        lane = unit // (D // DC)
-        col0 = (unit % (D // DC)) * DC
-    # the segment: chunks i0 .. i0+steps-1 of its lane's sweep, n rows
-    chunks = gl.cdiv(N, BLOCK_N)
-    if SPLIT:
-        i0 = seg * (SEG // BLOCK_N)
-        steps = gl.minimum(chunks - i0, SEG // BLOCK_N)
-    else:
-        i0 = seg * 0
-        steps = chunks
-    last = i0 + steps >= chunks
-    if REVERSE:
-        n = gl.minimum(N, (chunks - i0) * BLOCK_N) - (chunks - i0 - steps) * BLOCK_N
-    else:
-        n = gl.minimum(N, (i0 + steps) * BLOCK_N) - i0 * BLOCK_N
-    return lane // H, lane % H, N, i0, steps, n, lane, seg, last, unit, col0
-
-
-@gluon.jit
-def _log_gamma(GAMMA, hh, HAS_DECAY: gl.constexpr):
-    """log λ of head hh (float64 λ in, the log taken in float64), 0 for the 0-1 mask."""
-    if HAS_DECAY:
-        return gl.log(gl.load(GAMMA + hh)).to(gl.float32)
-    else:
-        return 0.0
 
 
 @gluon.jit
@@ -454,49 +353,16 @@ def _initial_state(S0, lane, seg, col, st_tile, R: gl.constexpr, D: gl.constexpr
 
 
 @gluon.jit
-def _consumer(descs, bufs, bars, where, ptrs, scale,
-              BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DC: gl.constexpr,
+def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
+              BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
               FLAG_COLS: gl.constexpr, STAGES: gl.constexpr, HAS_DECAY: gl.constexpr,
               HAS_S0: gl.constexpr, STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr,
               SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr, H_IDX: gl.constexpr):
-    t, units, N, SEG, H = where
-    if SPLIT:  # persistent: the loader's tickets in turn (:func:`_give_ticket`)
-        total = units * gl.cdiv(N, SEG)
-        k = 0
-        base = 0  # the ring's chunks so far
-        swept = 0  # chunks swept so far (the phases of the dual output's barriers)
-        t = _take_ticket(bars, bufs, k)
-        while t < total:
-            base, swept = _consume_segment(
-                descs, bufs, bars, _segment(t, units, N, SEG, H, BLOCK_N, D, DC, SPLIT, REVERSE),
-                ptrs, scale, base, swept, BLOCK_N, R, D, DC // 2, FLAG_COLS, STAGES, HAS_DECAY,
-                HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, H_IDX)
-            k += 1
-            t = _take_ticket(bars, bufs, k)
-    else:
-        _consume_segment(descs, bufs, bars,
-                         _segment(t, units, N, SEG, H, BLOCK_N, D, DC, SPLIT, REVERSE), ptrs,
-                         scale, 0, 0, BLOCK_N, R, D, DC // 2, FLAG_COLS, STAGES, HAS_DECAY,
-                         HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, H_IDX)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
-                     BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
-                     FLAG_COLS: gl.constexpr, STAGES: gl.constexpr, HAS_DECAY: gl.constexpr,
-                     HAS_S0: gl.constexpr, STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr,
-                     SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr,
-                     H_IDX: gl.constexpr):
-    """One segment of a consumer's columns (``where``: :func:`_segment`): its own state first
-    (segments), the entering one from the ring, then the sweep; ``base``, ``swept``: the ring's
-    chunks and the swept chunks so far, returned advanced."""
     bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
-    S0, SN, FLAGS, WS, SYNC, GAMMA = ptrs
-    lg = _log_gamma(GAMMA, hh, HAS_DECAY)
+    S0, SN, FLAGS, WS, SYNC = ptrs
     b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up, tk = bufs
-    ready, empty, hbar, tk_bars = bars
+    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
+    ready, empty, hbar = bars
     dtype: gl.constexpr = b_desc.dtype
     # one wgmma layout serves every accumulator: S and O (BLOCK_N × DH), the state (R × DH)
     # (tf32 for fp32 operands: K = 8 an instruction, one element per register of the A operand)
@@ -521,8 +387,8 @@ def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
         # 1. the segment's own state from its C and V (none for a lane's last segment)
         local = gl.zeros([R, DH], gl.float32, acc_l)
         for i in range(first):
-            s = (base + i) % STAGES
-            mbarrier.wait(ready.index(s), ((base + i) // STAGES) & 1)
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             _, length = _chunk(i0 + i, N, BLOCK_N, REVERSE)
             local, c_op, v_op = _state_operands(local, _tile(c_bufs, s),
                                                 _tile(v_bufs, 2 * s + H_IDX), vw_s, length, lg,
@@ -579,7 +445,7 @@ def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
             w_in = gl.exp(e_in.to(gl.float32) * lg)
 
     for j in range(steps):
-        i = base + first + j  # the ring's chunk counter runs on from the first pass
+        i = first + j  # the ring's chunk counter runs on from the first pass
         row, length = _chunk(i0 + j, N, BLOCK_N, REVERSE)
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -592,7 +458,7 @@ def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
         # ptxas need not serialise them
         h_down, h_up = _half_scale(state, HALF_RANGE)
         if DUAL:  # the other consumer has read this copy (and its scale) of the chunk before
-            mbarrier.wait(hbar.index(1), ((swept + j) & 1) ^ 1)
+            mbarrier.wait(hbar.index(1), (j & 1) ^ 1)
             if HALF_RANGE:
                 hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, rows_l) + h_up)
         if TF32:
@@ -639,7 +505,7 @@ def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
         else:
             # O's half of the chunk through two staging buffers: the store of two chunks ago has
             # left this one before it is rewritten, the last chunk's may still be in flight
-            o_s = o_bufs.index(2 * H_IDX + (swept + j) % 2)
+            o_s = o_bufs.index(2 * H_IDX + j % 2)
         _store_half(o_desc, o_s, o, p_up, scale, bb, hh, row, col0 + H_IDX * DH, BLOCK_N, DH, dtype)
         if TF32:
             tma.store_wait(pendings=0)
@@ -657,7 +523,7 @@ def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
                                h_s.slice(H_IDX * DH, DH).permute((1, 0)),
                                gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
                                is_async=True)
-            mbarrier.wait(hbar.index(0), (swept + j) & 1)  # the other consumer's copy is written
+            mbarrier.wait(hbar.index(0), j & 1)  # the other consumer's copy is written
             if HALF_RANGE:  # the copies have their own scales: O2 in units of the other's
                 o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
                 other_up = gl.max(hs_up.index(1 - H_IDX).load(rows_l), axis=0)
@@ -679,6 +545,7 @@ def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
             mbarrier.arrive(empty.index(s), count=1)
             _store_half(o2_desc, o_bufs.index(2 + H_IDX), o2, p2_up, scale, bb, hh, row,
                         H_IDX * DH, BLOCK_N, DH, dtype)
+    tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
     bad = (state * 0.0) != 0.0
@@ -688,7 +555,6 @@ def _consume_segment(descs, bufs, bars, where, ptrs, scale, base, swept,
     if STORE_SN:
         if last:  # (the offsets made again: kept through the sweep they would take registers)
             gl.store(SN + lane.to(gl.int64) * R * D + col + _state_tile(R, D, DH, acc_l), state)
-    return base + first + steps, swept + steps
 
 
 @gluon.jit
@@ -713,6 +579,39 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = b_desc.dtype
     units = LANES * (D // DC)
+    if SPLIT:
+        t = gl.atomic_add(SYNC + 2 * units, 1)  # ticket, in the order programs actually start
+        if t == gl.num_programs(0) - 1:  # every ticket taken: the counter zero for the next launch
+            gl.atomic_xchg(SYNC + 2 * units, 0)
+    else:
+        t = gl.program_id(0)
+    unit = t % units
+    seg = t // units
+    if D == DC:  # (a constant where one program holds every column: fewer registers)
+        lane = unit
+        col0 = 0
+    else:
+        lane = unit // (D // DC)
+        col0 = (unit % (D // DC)) * DC
+    # the segment: chunks i0 .. i0+steps-1 of its lane's sweep, n rows
+    chunks = gl.cdiv(N, BLOCK_N)
+    if SPLIT:
+        i0 = seg * (SEG // BLOCK_N)
+        steps = gl.minimum(chunks - i0, SEG // BLOCK_N)
+    else:
+        i0 = seg * 0
+        steps = chunks
+    last = i0 + steps >= chunks
+    if REVERSE:
+        n = gl.minimum(N, (chunks - i0) * BLOCK_N) - (chunks - i0 - steps) * BLOCK_N
+    else:
+        n = gl.minimum(N, (i0 + steps) * BLOCK_N) - i0 * BLOCK_N
+    bb = lane // H
+    hh = lane % H
+    if HAS_DECAY:
+        lg = gl.log(gl.load(GAMMA + hh)).to(gl.float32)  # float64 λ in, log taken in float64
+    else:
+        lg = 0.0
 
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [STAGES] + c_desc.block_type.shape, c_desc.layout)
@@ -752,32 +651,19 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
         e_bufs = v_bufs
         hbar = ready
         hs_up = vw_bufs
-    if SPLIT:
-        # the loader's tickets to the consumers: two slots, each with a barrier the loader
-        # arrives on once it is written (0, 1) and one both consumers arrive on once read (2, 3)
-        tk = gl.allocate_shared_memory(gl.int32, [2, 128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        tk_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(tk_bars.index(0), count=1)
-        mbarrier.init(tk_bars.index(1), count=1)
-        mbarrier.init(tk_bars.index(2), count=2)
-        mbarrier.init(tk_bars.index(3), count=2)
-    else:
-        tk = vw_bufs
-        tk_bars = ready
 
     descs = (b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc)
-    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up, tk)
-    bars = (ready, empty, hbar, tk_bars)
-    # the partitions share one signature: where (the unit, or with segments the tickets, and
-    # the launch's sizes), the pointers, the constants, and which half of the state a consumer
-    # holds (the loader ignores it)
-    where = (gl.program_id(0), units, N, SEG, H)
-    ptrs = (S0, SN, FLAGS, WS, SYNC, GAMMA)
+    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up)
+    bars = (ready, empty, hbar)
+    # the partitions share one signature: where (this program's rows), the pointers, the
+    # constants, and which half of the state a consumer holds (the loader ignores it)
+    where = (bb, hh, N, i0, steps, n, lane, seg, last, unit, col0)
+    ptrs = (S0, SN, FLAGS, WS, SYNC)
     gl.warp_specialize([
-        (_loader, (descs, bufs, bars, where, ptrs, scale, BLOCK_N, R, D, DC, FLAG_COLS,
+        (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
                    STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
-        (_consumer, (descs, bufs, bars, where, ptrs, scale, BLOCK_N, R, D, DC, FLAG_COLS,
+        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
                      STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
-        (_consumer, (descs, bufs, bars, where, ptrs, scale, BLOCK_N, R, D, DC, FLAG_COLS,
+        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
                      STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 1))],
         [4, 4], [240, 240])

@@ -405,3 +405,18 @@ def test_layer_with_one_fused_projection_computes_the_same_layer():
                         torch.device("cpu"))
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in rows)
     assert all("op_share" in r for r in rows if r["entry"] != "identity")
+
+
+def test_segments_candidates_cover_each_hopper_width_and_mark_the_heuristic(monkeypatch):
+    """``bench.segments``' candidates: every piece count's segment at each value-column width
+    asked of the Hopper kernel (None: the widest), the heuristic's (segment, DC) among them; the
+    portable kernel's without widths."""
+    from leetrepro.bench import segments
+    monkeypatch.setattr(segments, "sm_count", lambda device: 132)
+    cands, default = segments.candidates(100000, 32, torch.bfloat16, True, "cpu", "hopper",
+                                         (None, 64, 32))
+    assert default == (25024, 128) and default in cands
+    assert {dc for _, dc in cands} == {128, 64, 32}
+    assert (100000, 32) in cands and all(s % 64 == 0 or s == 100000 for s, _ in cands)
+    cands, default = segments.candidates(8192, 32, torch.bfloat16, False, "cpu", "portable")
+    assert default in cands and {dc for _, dc in cands} == {None}

@@ -70,6 +70,28 @@ def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():
     assert "CUDA" in hopper_unfit(B, C, V, None)
 
 
+def test_hopper_split_cuts_segments_to_fill_the_sms_and_takes_fewer_columns_only_when_asked():
+    """The Hopper kernel's split of a call (DC value columns a program, rows per segment): the
+    widest DC, N cut so that the units fill their waves of SMs (none once they fill two), the
+    caller's segment in 64-row blocks; ``config``'s DC where the tiles allow it, never for the
+    dual output (one program holds the whole state); a DC it cannot take is a ValueError."""
+    from leetrepro.methods.chunk import hopper_split
+    split = lambda **kw: hopper_split(**dict(dict(r=128, d=128, dtype=torch.bfloat16, dual=False,  # noqa: E731
+                                                   lanes=32, n=100000, slots=132), **kw))
+    assert split() == (128, 25024)  # 32 units: 4 segments a lane fill one wave
+    assert split(lanes=512) == (128, 100000)  # the lanes alone fill the GPU
+    assert split(dc=32) == (32, 100000)  # 128 units: one pass
+    assert split(dc=64) == (64, 50048)
+    assert split(dc=32, dual=True) == (128, 25024)
+    assert split(segment=1000) == (128, 1024) and split(segment=4096, dc=64) == (64, 4096)
+    assert split(r=256, d=256) == (64, 100000)  # 4 units a lane: 128 programs
+    for dc in (48, 256):
+        with pytest.raises(ValueError, match=f"DC={dc} is invalid"):
+            split(dc=dc)
+    with pytest.raises(ValueError, match="DC=128 is invalid at r = 256"):
+        split(r=256, d=256, dc=128)
+
+
 def test_hopper_kernel_takes_fp32_through_tf32_only_and_without_the_dual_output():
     """fp32 runs the Hopper kernel through tf32 wgmma (the default ``fp32_precision``); the exact
     precisions, the dual output in fp32, other ranks and packed sequences stay the portable
@@ -355,7 +377,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     reverse), at r = d = 128 in every variant and at the other head shapes it takes (64, 128, 256;
     d ≠ r) in their largest (decay, segments): 168 registers a thread at launch (the partitions'
     own budgets set by setmaxnreg); spills: none with the 0-1 mask, at most 128 bytes a thread
-    with the decay (the consumer's scalars; the profile reads them as L1 hits); the dual sweep
+    with the decay (the consumer's scalars; the profile reads them as L1 hits), also with fewer
+    value columns a program (``config``'s DC: 32 in bf16, 64 in fp32); the dual sweep
     holds two more products a chunk: at most 80 bytes (fp16's two scales) with the 0-1 mask, 272
     with the decay (NOTES.md: measured at 1.1-1.5× its floor); fp32 at most 24 bytes with the 0-1
     mask, 224 with the decay (the state's weights beside cᵀ in registers)."""
@@ -368,7 +391,9 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
     shaped = [line for line in lines if line.split()[1][0].isdigit()]
-    assert len(lines) - len(shaped) == 32 and all("Used 168 registers" in line for line in lines)
+    narrow = [line for line in lines if line.split()[1].startswith("dc")]
+    assert len(lines) - len(shaped) - len(narrow) == 32 and len(narrow) == 2
+    assert all("Used 168 registers" in line for line in lines)
     # each other head shape forward and reverse, bf16 and (r < 256) fp32
     assert {line.split()[1] for line in shaped} == {f"{r}x{d}" for r, d in HOPPER_SHAPES}
     assert len(shaped) == 4 * len(HOPPER_SHAPES) - 2 * sum(r == 256 for r, _ in HOPPER_SHAPES)

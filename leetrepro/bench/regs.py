@@ -186,6 +186,10 @@ def main(argv=None) -> int:
                          f"{':dual' if dual else ''}",
                          dict(dtype=dtype, decay=True, split=True, reverse=reverse, dual=dual,
                               r=r, d=d)))
+        # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
+        for dtype, dc in (("bf16", 32), ("fp32", 64)):
+            jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
+                         dict(dtype=dtype, decay=True, split=True, reverse=True, dc=dc)))
         # compiling is one core's work per variant: as many at once as there are cores
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:

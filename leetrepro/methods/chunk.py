@@ -64,7 +64,8 @@ def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool
     (which re-read B and C once per block); rows and stages from the table measured on this GPU
     (:func:`tuned_table`), else :data:`CHUNK_TABLE` (:data:`DUAL_TABLE` for the dual sweep).
     ``config``: entries that replace those (``BLOCK_N``, ``num_warps``, ``num_stages``,
-    ``segment``; the sweeps of ``make tune`` pass them as :func:`chunk_scan`'s option)."""
+    ``segment``; the sweeps of ``make tune`` pass them as :func:`chunk_scan`'s option), and the
+    Hopper kernel's ``DC`` (:func:`hopper_split`)."""
     cfg = dict(_config(r, d, dtype, precision, decay, dual,
                        None if device is None else torch.device(device)))
     return cfg | (config or {})
@@ -328,9 +329,10 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
     the first. More programs that way do not pay at batch 1 (NOTES.md: each recomputes the scores
     for fewer columns, and the sweep's chain of MMAs binds). Segments: N cut so that the units
     fill the SMs (:func:`wave_pieces`), or the caller's ``segment`` in 64-row blocks."""
-    widest = hopper_tiles(r, d, dtype, dual)[0]
     if dc is None or dual:
-        dc = widest
+        dc = hopper_tiles(r, d, dtype, dual)[0]
+    else:
+        hopper_tiles(r, d, dtype, dual, dc)  # (a ValueError for a DC it cannot take)
     if segment is None:
         units = lanes * (d // dc)
         pieces = 1 if units >= 2 * slots else wave_pieces(units, slots)
@@ -509,11 +511,10 @@ class HopperLaunch(typing.NamedTuple):
 
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
-                   reverse, dual, serial: int, slots: int) -> HopperLaunch:
+                   reverse, dual, serial: int) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
-    (:func:`hopper_split`); with segments at most ``slots`` programs (SMs), each taking
-    segments in turn until none is left."""
+    (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
@@ -523,7 +524,7 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, 
     blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
     gdt = gluon_dtype(dtype)
     return HopperLaunch(
-        units=units, grid=(units if n_seg == 1 else min(units * n_seg, slots),), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
+        units=units, grid=(units * n_seg,), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
         blocks=blocks,
         layouts=tuple(None if c is None else _tma_layout(HOPPER["BLOCK_N"], c, gdt) for c in blocks),
         key=("hopper", serial))
@@ -692,8 +693,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
                                           n=n, slots=slots, dc=cfg.get("DC"), segment=asked)
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
-                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           slots=slots)
+                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
     else:
         ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
