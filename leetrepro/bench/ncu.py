@@ -26,6 +26,11 @@ CELLS = {
     "f32_b1_1e5_01": ("float32", 1, 100000, False, {}),
     "f16_b1_8192_01": ("float16", 1, 8192, False, {}),
     "f32x3_b16_8192_01": ("float32", 16, 8192, False, {"fp32_precision": "tf32x3"}),
+    # batch 1 on the Hopper kernel two ways: segments chained through the ring (C and V read
+    # twice), and one pass with a lane's value columns split over four programs (DC = 32)
+    "bf16_b1_1e5_dec_ring": ("bfloat16", 1, 100000, True, {"kernel": "hopper"}),
+    "bf16_b1_1e5_dec_dc32": ("bfloat16", 1, 100000, True, {"kernel": "hopper",
+                                                            "config": {"DC": 32}}),
 }
 HEADS, R, D = 32, 128, 128
 #: cells at other head shapes models use (label: r, d, heads; b8 N = 8192, bf16, decay)
@@ -123,7 +128,9 @@ def header(meta: dict) -> list[str]:
             "# Cells: f16/bf16/f32 = fp16/bf16/fp32 (tf32 products), f32x3 = fp32 exact; b16 = batch "
             "16 N = 25600",
             "#   unless named; b1_1e5 = batch 1 N = 100000; b1_8192 = batch 1 N = 8192; 01 = 0-1 mask, "
-            "dec = decay."]
+            "dec = decay;",
+            '#   _ring: kernel="hopper" (segments); _dc32: kernel="hopper", config={"DC": 32} (one pass, '
+            "four programs a lane)."]
 
 
 def main(argv=None) -> int:
