@@ -420,3 +420,19 @@ def test_segments_candidates_cover_each_hopper_width_and_mark_the_heuristic(monk
     assert (100000, 32) in cands and all(s % 64 == 0 or s == 100000 for s, _ in cands)
     cands, default = segments.candidates(8192, 32, torch.bfloat16, False, "cpu", "portable")
     assert default in cands and {dc for _, dc in cands} == {None}
+
+
+def test_gpu_check_runs_the_hopper_kernel_with_its_fewest_columns_where_it_can(monkeypatch):
+    """The heads matrix's extra rows: Chunk's Hopper kernel with ``config``'s fewest value columns
+    (32 in half precision, 64 in fp32) where that is fewer than its widest and the kernel can run
+    (never here on the CPU)."""
+    from leetrepro.bench import gpu_check
+    from leetrepro.methods import chunk, get
+    narrow = gpu_check.narrow_hopper_columns
+    cpu = torch.device("cpu")
+    assert narrow(get("Chunk"), (1, 2, 64, 128, 128), torch.bfloat16, cpu) is None
+    monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
+    assert narrow(get("Chunk"), (1, 2, 64, 128, 128), torch.bfloat16, cpu) == 32
+    assert narrow(get("Chunk"), (1, 2, 64, 128, 128), torch.float32, cpu) == 64
+    assert narrow(get("Chunk"), (1, 2, 64, 64, 64), torch.float32, cpu) is None
+    assert narrow(get("LA_torch"), (1, 2, 64, 128, 128), torch.bfloat16, cpu) is None

@@ -8,7 +8,8 @@ the backward of each method against float64 autograd through the oracle, on ``GR
 with every proper subset of the inputs requiring grad (``note`` names the gradients asked for),
 and with time-major inputs (``TIME_MAJOR_GRAD_SHAPES``); O and every gradient in the layouts models
 hand the operator (``LAYOUT_SHAPES``, :func:`check_layouts`). ``--heads-only`` checks only the head
-shapes models use (``HEAD_SHAPES``: r, d ∈ {64, 128, 256}; with ``--chunk-kernel hopper`` the
+shapes models use (``HEAD_SHAPES``: r, d ∈ {64, 128, 256}; Chunk's Hopper kernel also with its
+fewest value columns a program, ``config``'s DC; with ``--chunk-kernel hopper`` the
 Hopper kernel at each): O with both masks, the gradients with states in and out, time-major.
 ``--huge`` adds batch 16 × 32 heads × N = 100000 (int32 offsets overflow there), checked on its
 first and last (batch, head) against the oracle. ``--fp16-range`` adds fp16 cases whose states
@@ -124,16 +125,37 @@ def frozen_subsets(m) -> list[str]:
     return ["".join(s) for k in range(1, len(names)) for s in itertools.combinations(names, k)]
 
 
+def narrow_hopper_columns(m, shape, dtype, device) -> int | None:
+    """The fewest value columns a program the Hopper kernel takes for a case (``config``'s DC:
+    32 in half precision, 64 in fp32) where that is fewer than its widest and it can run the
+    case (Chunk on an sm_90 GPU); else None."""
+    if m.name != "chunk-scan":
+        return None
+    from ..methods.chunk import hopper_tiles, hopper_unfit
+    b, h, n, r, d = shape
+    probe = torch.empty(1, 1, 64, r, dtype=dtype, device=device)
+    if hopper_unfit(probe, probe, torch.empty(1, 1, 64, d, dtype=dtype, device=device), None):
+        return None
+    narrow = 64 if dtype == torch.float32 else 32
+    return narrow if narrow < hopper_tiles(r, d, dtype, False)[0] else None
+
+
 def _failed(exc: BaseException) -> str:
     """A case's status when its call raised: FAIL, the error's type and its message's first line."""
     return f"FAIL {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
 
 
-def check_case(m, shape, dtype, decay, device, seed, rows, meta):
+def check_case(m, shape, dtype, decay, device, seed, rows, meta, extra=None):
+    """Rows O of one case against float64, in each of the method's :func:`variants`; ``extra``:
+    ``(label, options)`` run instead of them (a setting of one kernel)."""
     B, C, V = inputs(shape, dtype, seed, device)
     g = gammas(shape[1], seed).to(device) if decay else None
     ref = reference(B, C, V, g)
-    for label, opts, tol in variants(m, dtype, shape[2]):
+    cases = variants(m, dtype, shape[2])
+    if extra is not None:
+        cases = [(f"{label}{'+' if label else ''}{extra[0]}", dict(opts, **extra[1]), tol)
+                 for label, opts, tol in cases[:1]]
+    for label, opts, tol in cases:
         row = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
                    precision=label, quantity="O", decay=decay, batch=shape[0], heads=shape[1],
                    N=shape[2], r=shape[3], d=shape[4], tol=tol, rel_err=math.nan,
@@ -447,6 +469,11 @@ def main(argv=None) -> int:
                         check_grads(m, shape, dtype, True, device, 1200 + si, rows, meta)
                         check_grads(m, shape, dtype, True, device, 1300 + si, rows, meta,
                                     time_major=True)
+                        narrow = narrow_hopper_columns(m, shape, dtype, device)
+                        if narrow:  # the Hopper kernel with fewer value columns a program
+                            check_case(m, shape, dtype, True, device, 1400 + si, rows, meta,
+                                       extra=(f"DC{narrow}", dict(kernel="hopper",
+                                                                  config={"DC": narrow})))
                 continue
             if args.layouts_only:
                 if not m.unsafe:
