@@ -16,7 +16,9 @@ or one segment of a unit's rows) has three partitions:
 
 Head dimensions r, d ∈ {64, 128, 256} (the launcher's ``hopper_tiles``): DC = 128 up to r = 128
 (64 for d = 64), 64 at r = 256, so a state wider than one program holds (128 × 256, 256 × 256) is
-split by value columns over D/DC programs. They take consecutive program ids (tickets), so they
+split by value columns over D/DC programs; a launch may ask for fewer (``config``'s DC, down to 32:
+more programs a lane, each recomputing the scores for its columns; measured slower at batch 1,
+NOTES.md). They take consecutive program ids (tickets), so they
 run at the same time and all but the first read the lane's B and C tiles from L2: the second axis
 of parallelism, besides segments, that a short batch lacks.
 
