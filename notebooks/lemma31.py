@@ -73,7 +73,7 @@ else:
     for key, val in provenance(device).items():
         times[key] = val
     times.to_csv(os.path.join(data_dir, "lemma31.csv"), index=False)
-from leetrepro.reproduce.claims import GROWTH, aic_gap, best_growth
+from leetrepro.reproduce.claims import AIC_THRESHOLD, GROWTH, aic_gap, best_growth, growth_verdict
 
 # each curve fitted by t = a·f(N) + b for f = N, N log N, N² (fixed cost b included), on relative
 # errors; the model with the lowest residual wins, ΔAIC > 2 is a real difference
@@ -81,7 +81,8 @@ fits, curves = [], {}
 for m, g in times[times.status == "ok"].groupby("method"):
     n, t = g.N.to_numpy(float), g.median_s.to_numpy(float)
     best, res = best_growth(n, t)
-    fits.append(dict(method=m, best=best, **{f"rms residual, {k}": v for k, v in res.items()},
+    fits.append(dict(method=m, best=best, verdict=growth_verdict(res, len(n)),
+                     **{f"rms residual, {k}": v for k, v in res.items()},
                      **{f"ΔAIC of {k}": aic_gap(res, k, len(n)) for k in GROWTH}))
     A = np.stack([GROWTH[best](n), np.ones_like(n)], 1)
     coef, *_ = np.linalg.lstsq(A / t[:, None], np.ones_like(t), rcond=None)
@@ -106,16 +107,23 @@ for ext in ("png", "svg"):
 def _verdict(m):
     r = fits.loc[m]
     gap = r["ΔAIC of N"] if r.best != "N" else -r[[f"ΔAIC of {k}" for k in GROWTH if k != "N"]].min()
-    return (f"**{m}**: best explained by a·{r.best} + b"
-            + (f" (a·N + b is worse by ΔAIC {r['ΔAIC of N']:.1f})" if r.best != "N" else
-               f" (the next model is worse by ΔAIC {-gap:.1f})"))
+    close = abs(gap) <= AIC_THRESHOLD
+    return (f"**{m}**: {'fitted best' if close else 'best explained'} by a·{r.best} + b"
+            + (f" (a·N + b is worse by ΔAIC {r['ΔAIC of N']:.1f}" if r.best != "N" else
+               f" (the next model is worse by ΔAIC {-gap:.1f}")
+            + (f", within {AIC_THRESHOLD:g}: the two are not told apart)" if close else ")"))
 
 
-recur_best = fits.loc["Recur", "best"] if "Recur" in fits.index else None
+recur = fits.loc["Recur"] if "Recur" in fits.index else None
+reason = {"supported": "",
+          "inconclusive": f": a·{None if recur is None else recur.best} + b fits best, but "
+                          f"a·{'N' if recur is not None and recur.best == 'N log N' else 'N log N'}"
+                          f" + b is within ΔAIC {AIC_THRESHOLD:g} of it, so these timings do not "
+                          "tell the two apart",
+          "not shown": f": the data favour a·{None if recur is None else recur.best} + b (the log "
+                       "factor is small against the fixed cost and the constant over this range)"}
 display(Markdown("\n".join(f"* {_verdict(m)}." for m in fits.index) + "\n\n" + (
-    f"Lemma 3.1 (Recur is Θ(N log N)) is {'supported' if recur_best == 'N log N' else 'not shown'} "
-    f"by these timings over N = {int(times.N.min()):,} … {int(times.N.max()):,}"
-    + ("" if recur_best == "N log N" else
-       f": the data favour a·{recur_best} + b (the log factor is small against the fixed cost "
-       f"and the constant over this range)") + ". The operation counts above follow the lemma "
-    "exactly." if recur_best else "Recur was not measured.")))
+    f"Lemma 3.1 (Recur is Θ(N log N)) is "
+    f"{dict(inconclusive='neither shown nor refuted').get(recur.verdict, recur.verdict)} by these timings over "
+    f"N = {int(times.N.min()):,} … {int(times.N.max()):,}{reason[recur.verdict]}. The operation "
+    "counts above follow the lemma exactly." if recur is not None else "Recur was not measured.")))

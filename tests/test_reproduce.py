@@ -180,6 +180,25 @@ def test_growth_model_is_told_apart_with_a_fixed_cost(law):
             assert claims.aic_gap(res, other, len(n)) > 2
 
 
+def test_growth_verdict_is_inconclusive_where_the_fits_are_within_the_aic_threshold():
+    """Lemma 3.1's verdict: supported only where a·N log N + b fits best and a·N + b is worse by
+    more than ΔAIC 2; where the best fit and the deciding runner-up are within 2 the timings do not
+    tell them apart (inconclusive, on any machine); not shown where another model fits better by
+    more than 2."""
+    points = 8
+    close = {"N": 1.0, "N log N": 0.95, "N²": 3.0}  # ΔAIC of N: 16·ln(1/0.95) = 0.82
+    assert claims.aic_gap(close, "N", points) < claims.AIC_THRESHOLD
+    assert claims.growth_verdict(close, points) == "inconclusive"
+    apart = {"N": 1.0, "N log N": 0.5, "N²": 3.0}
+    assert claims.growth_verdict(apart, points) == "supported"
+    assert claims.growth_verdict({"N": 0.5, "N log N": 1.0, "N²": 3.0}, points) == "not shown"
+    # a·N + b best, a·N log N + b within ΔAIC 2 of it: not told apart either
+    assert claims.growth_verdict({"N": 0.95, "N log N": 1.0, "N²": 3.0}, points) == "inconclusive"
+    n = np.array([1024, 2048, 4096, 8192, 16384, 32768], dtype=float)
+    _, res = claims.best_growth(n, 3e-5 + 1e-9 * claims.GROWTH["N log N"](n))
+    assert claims.growth_verdict(res, len(n)) == "supported"
+
+
 def test_fleet_attention_long_claim_is_judged():
     import pandas as pd
     long = pd.DataFrame(dict(method=["FA", "LA", "FA", "LA"], N=[131072, 131072, 32768, 32768],

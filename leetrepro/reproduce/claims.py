@@ -59,6 +59,23 @@ def aic_gap(res: dict, model: str, points: int) -> float:
     return points * 2 * float(np.log(res[model] / min(res.values())))
 
 
+#: the AIC difference below which two fits are not told apart (:func:`aic_gap`)
+AIC_THRESHOLD = 2.0
+
+
+def growth_verdict(res: dict, points: int, claimed: str = "N log N") -> str:
+    """Whether timings fitted by :func:`best_growth` (``res``: each model's rms residual over
+    ``points`` points) show the ``claimed`` growth: ``"supported"`` where it fits best and
+    a·N + b is worse by more than :data:`AIC_THRESHOLD`; ``"inconclusive"`` where the best fit
+    and the runner-up that decides (a·N + b, or the claimed model where another fits best) are
+    within it: the data do not tell them apart; else ``"not shown"``."""
+    best = min(res, key=res.get)
+    rival = "N" if best == claimed else claimed
+    if aic_gap(res, rival, points) <= AIC_THRESHOLD:
+        return "inconclusive"
+    return "supported" if best == claimed else "not shown"
+
+
 def claim_linear(tables):
     ev, flags, fits = [], [], 0
     for t in (3, 4, 5, 6):
@@ -71,7 +88,7 @@ def claim_linear(tables):
             best, res = best_growth(g.N, g.mean_s)
             gap = aic_gap(res, "N", len(g))
             fits += 1
-            flags.append(gap <= 2)
+            flags.append(gap <= AIC_THRESHOLD)
             if not flags[-1]:
                 ev.append(f"T{t} {method}: {best} fits better (rms rel. residual {res[best]:.2f} "
                           f"vs {res['N']:.2f}, ΔAIC {gap:.1f})")
