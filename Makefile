@@ -48,7 +48,7 @@ TABLES := table3 table4 table5 table6
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
 	@echo "make test      the test suite (CPU; Triton kernels under TRITON_INTERPRET=1)"
-	@echo "make test-fast the quick lane: everything not marked slow (under a minute)"
+	@echo "make test-fast the quick lane: everything not marked slow (about a minute and a half)"
 	@echo "make lint      ruff over the package, kernels, tests and notebooks (CI runs it)"
 	@echo "make test-triton-next  the tests under the newest Triton ($(TRITON_NEXT)) in .venv-triton-next"
 	@echo "make notebooks the .ipynb files papermill runs, from their sources notebooks/*.py"
@@ -81,15 +81,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# the suite over TEST_JOBS processes (pytest-xdist; 0: one process)
+TEST_JOBS ?= 2
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 # pyflakes' and pycodestyle's checks (ruff; its settings in pyproject.toml), a few seconds
 lint: $(VENV)/.installed
 	$(PY) -m ruff check leetrepro kernels tests notebooks
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow" $(PYTEST_ARGS)
 
 # the tests under the newest Triton's interpreter (CI runs its quick lane: NEXT_ARGS='-m "not slow"')
 NEXT_ARGS ?=
@@ -220,7 +222,7 @@ wheelhouse:
 	$(PYTHON) -m pip download -d wheelhouse --only-binary=:all: --python-version $(WHEEL_PY) \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 --platform any papermill ipykernel nbformat nbclient sympy tqdm \
-	  fla-core einops pytest hypothesis jupytext
+	  fla-core einops pytest hypothesis pytest-xdist execnet jupytext
 	@echo "copy wheelhouse/ to the GPU host, then: python3 -m pip install --no-index --find-links wheelhouse papermill ipykernel sympy jupytext"
 
 clean:
