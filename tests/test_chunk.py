@@ -552,3 +552,25 @@ def test_a_repeated_eager_call_spends_a_bounded_host_path(monkeypatch, kernel):
     budget = {"portable": (50, 56, 1), "hopper": (60, 84, 2)}[kernel]
     assert counts["call"] <= budget[0] and counts["c_call"] <= budget[1], counts
     assert len(launches) == budget[2]
+
+
+def test_the_hopper_plan_keeps_a_ring_only_for_its_own_segments(monkeypatch):
+    """The Hopper kernel's counters and published states follow its own split (``hopper_split``),
+    not the portable kernel's: with ``config``'s DC = 32 its programs fill the (stand-in) SMs in
+    one pass while the portable kernel would still cut N, and the plan keeps no ring. Forced on
+    the CPU (Gluon's host objects need no GPU)."""
+    from leetrepro.methods import chunk
+    monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
+    monkeypatch.setattr(chunk, "_FORCED", ["hopper"])
+    monkeypatch.setattr(chunk, "_PLANS", {})
+    B, V = torch.randn(1, 2, 1000, 64), torch.randn(1, 2, 1000, 128)
+    plan = lambda config: chunk.launch_plan(  # noqa: E731
+        dict(B=B, C=B, V=V, O=torch.empty_like(V), E=None, O2=None), None, s0=None,
+        cu_seqlens=None, fp32_precision=None, segment=None, config=config,
+        output_final_state=False, reverse=False, kernel="auto")
+    chained = plan(None)  # 2 lanes on 4 stand-in SMs: two segments a lane
+    assert chained.kernel == "hopper" and chained.hopper.grid == (4,)
+    assert chained.ring == 2 * 2 + 1 and chained.ws_shape == (2, 2, 64, 128)
+    narrow = plan({"DC": 32})  # 8 programs, one pass
+    assert narrow.hopper.grid == (8,) and narrow.hopper.scalars["SPLIT"] is False
+    assert narrow.ring == 0 and narrow.ws_shape is None

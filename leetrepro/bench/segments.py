@@ -43,7 +43,7 @@ def candidates(n: int, heads: int, dtype, decay: bool, device, kernel: str,
         dc, segment = hopper_split(r=128, d=128, dtype=dtype, dual=False, lanes=heads, n=n,
                                    slots=sm_count(device))
         default = (segment, dc)
-        widths = [dc if dc is not None else default[1] for dc in dcs]
+        widths = [default[1] if width is None else width for width in dcs]
     else:
         block_n = chunk_config(128, 128, dtype, "tf32", decay, device=device)["BLOCK_N"]
         default = (segment_rows(n, heads, block_n, sm_count(device)), None)

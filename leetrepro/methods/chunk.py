@@ -280,8 +280,8 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
 
     A consumer's R × DC/2 fp32 state stays at ≤ 64 registers a thread (128 × 64 or 256 × 32):
     DC = 128 up to r = 128, 64 at r = 256 (and for d = 64); d/DC programs share a lane's B and C.
-    ``dc``: fewer columns than that (a power of two ≥ 32, :func:`hopper_columns`), so that more
-    programs share each lane's B and C where the lanes alone leave SMs idle.
+    ``dc``: fewer columns than that (32 or 64; ``config``'s DC, :func:`hopper_split`), a
+    ValueError where it cannot take them.
     Shared memory (:data:`leetrepro._device.SM90_SHARED_BYTES`): a ring slot holds the chunk's B,
     C (BLOCK_N × r each) and V (BLOCK_N × DC), and with ``dual`` E (BLOCK_N × d); beside the ring,
     fp16/bf16 keep the state's two copies (r × DC/2 each), O's staging (4 × BLOCK_N × DC/2) and
@@ -687,6 +687,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
+    chained = split  # segments chained through the ring: the counters and states it needs
     if hopper:
         slots = sm_count(device)
         dc, hopper_segment = hopper_split(r=r, d=d, dtype=dtype, dual=dual, lanes=batch * heads,
@@ -695,6 +696,7 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
+        chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
         ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
     constexprs = lambda split, repair: dict(  # noqa: E731
@@ -711,8 +713,8 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
         kernel="hopper" if hopper else "portable", lanes=lanes, lanes_batch=batch,
         grid=(lanes * n_seg,), hopper=h,
         self_repair=self_repair, nflags=0 if self_repair else lanes,
-        ring=ring + 1 if split else 0,
-        ws_shape=ws_shape if split else None,
+        ring=ring + 1 if chained else 0,
+        ws_shape=ws_shape if chained else None,
         main=static | constexprs(split, False),
         main_options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         repair=static | dict(SEG=n, WS=None, SYNC=None) | constexprs(False, True),
