@@ -147,15 +147,29 @@ def _measured(rows: list, gpus: int, n: int, pass_: str) -> float:
     return math.nan
 
 
+def default_ns(world: int) -> list[int]:
+    """Total N run by default: 1 Mi (strong scaling), then 512 Ki, 1 Mi and 2 Mi tokens per GPU
+    (weak scaling compares the same per-GPU lengths at every host size)."""
+    mi = 2 ** 20
+    return sorted({mi, world * mi // 2, world * mi, 2 * world * mi})
+
+
+def longest_candidates(world: int) -> list[int]:
+    """Total N tried for the longest sequence that trains, largest first: 3 Mi down to 1/2 Mi
+    tokens per GPU in steps of 1/8 Mi (the first whose estimate fits is run, so an 80 GB and a
+    141 GB card each find theirs)."""
+    return [world * 2 ** 20 * k // 8 for k in range(24, 3, -1)]
+
+
 def main(argv=None) -> int:
     import pandas as pd
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for sp.csv (default data/<gpu>x<G>)")
     p.add_argument("--ns", type=int, nargs="*", default=None,
-                   help="total sequence lengths (default: 1 Mi for strong scaling, then 1 Mi and 2 Mi "
-                        "per GPU for weak scaling)")
-    p.add_argument("--single-max-n", type=int, default=2 ** 20,
+                   help="total sequence lengths (default: 1 Mi for strong scaling, then 512 Ki, 1 Mi "
+                        "and 2 Mi per GPU for weak scaling)")
+    p.add_argument("--single-max-n", type=int, default=2 ** 22,
                    help="the single-GPU kernel runs the whole N up to this length")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--method", default="Chunk", help="the method that runs each slice")
@@ -169,7 +183,8 @@ def main(argv=None) -> int:
                    help="keep sp.csv's rows of this commit and measure only the cells they lack")
     p.add_argument("--longest", type=int, nargs="*", default=None,
                    help="candidate total N for the longest sequence that trains, largest first "
-                        "(default on GPUs: 2, 1.75 and 1.5 Mi per GPU; none on the CPU)")
+                        "(default on GPUs: 3 Mi down to 1/2 Mi per GPU, the first that fits; none "
+                        "on the CPU)")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         print("run it under torchrun: torchrun --nproc-per-node=G -m leetrepro.bench.sp", file=sys.stderr)
@@ -183,11 +198,10 @@ def main(argv=None) -> int:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    mi = 2 ** 20
-    if args.ns is None:  # the same per-GPU lengths at every host size: weak scaling compares them
-        args.ns = sorted({mi, world * mi, 2 * world * mi})
+    if args.ns is None:
+        args.ns = default_ns(world)
     if args.longest is None:
-        args.longest = [world * mi * k // 4 for k in (8, 7, 6)] if device.type == "cuda" else []
+        args.longest = longest_candidates(world) if device.type == "cuda" else []
     meta = provenance(device)
     bw = copy_bandwidth(device, nbytes=2 ** 30 if device.type == "cuda" else 2 ** 24)
     out_dir = args.out or os.path.join("data", f"{gpu_tag(device)}x{world}")
@@ -295,16 +309,15 @@ def main(argv=None) -> int:
                 bytes_exchanged=(world - 1) * (packets * state_bytes + 8),
                 kv_bytes=(world - 1) * n_local * HEADS * (RANK + DIM) * size * kv,
                 single_gpu_ms=single_ms, speedup_vs_single=single_ms / (t * 1e3))
-    for n_total in args.longest:
+    free = free_bytes(device, True, cap) if args.longest else 0.0
+    fitting = [n for n in args.longest if cell_bytes("fwd_bwd", n // world, size) <= 0.95 * free]
+    if rank == 0 and args.longest:
+        print(f"longest: {len(args.longest) - len(fitting)} of {len(args.longest)} candidates need more "
+              f"than the {free / 2**30:.0f} GiB free per GPU", flush=True)
+    for n_total in fitting[:1]:
         n_local = n_total // world
-        if (world, n_total, "fwd_bwd_longest") in done:
+        if any(k[0] == world and k[2] == "fwd_bwd_longest" for k in done):
             break
-        need, free = cell_bytes("fwd_bwd", n_local, size), free_bytes(device, True, cap)
-        if need > 0.95 * free:
-            if rank == 0:
-                print(f"longest: N={n_total} needs ~{need / 2**30:.0f} GiB per GPU, "
-                      f"{free / 2**30:.0f} free: skipped", flush=True)
-            continue
         leaves, views = _make(n_local, dtype, device, 3 + rank, True, args.layout)
         dO = ops_output_like(views[2])
         torch.cuda.reset_peak_memory_stats(device)
