@@ -402,3 +402,12 @@ def test_results_tables_name_gpu_commit_and_date(tmp_path, monkeypatch):
     assert results._run(df) == "G; commit 0123456, abcdef1; 2026-01-02 … 2026-01-05"
     claims = pd.DataFrame(dict(gpus=["G"], commits=["aaaaaaa bbbbbbb"], dates=["2026-01-02T00:00Z"]))
     assert results._run(claims) == "G; commit aaaaaaa, bbbbbbb; 2026-01-02"
+
+
+def test_the_results_page_says_which_sequence_parallel_cells_did_not_fit():
+    """A ``bench.sp`` cell whose memory estimate exceeded the GPUs (``status=oom``) is a row that
+    says so, never ``nan ms``; the measured rows keep their numbers."""
+    from leetrepro.reproduce import results
+    page = results.sequence_parallel(["h200x4"])
+    assert "does not fit: not run" in page and "nan" not in page
+    assert "| 4 | 1048576 | 262144 | fwd |" in page

@@ -268,8 +268,11 @@ def sequence_parallel(tags: list[str]) -> str:
         if df is None:
             continue
         # (by name: the column "pass" is a Python keyword, which itertuples renames by position)
+        # (a cell whose memory estimate did not fit the GPUs: a row saying so, no numbers)
         rows = [[r["gpus"], r["N"], r["n_per_gpu"], r["pass"], f"{r['ms']:.2f} ms",
                  _x(r["floor_ratio"]), f"{r['exchange_ms']:.3f}", _x(r["speedup_vs_single"])]
+                if r.get("status", "ok") == "ok" else
+                [r["gpus"], r["N"], r["n_per_gpu"], r["pass"], "does not fit: not run", "-", "-", "-"]
                 for r in df.to_dict("records")]
         parts.append(f"{tag} ({_run(df)}; {df.dtype.iloc[0]}, batch {df.batch.iloc[0]}, "
                      f"heads {df.heads.iloc[0]}):\n\n" + _table(
