@@ -88,7 +88,7 @@ test: $(VENV)/.installed
 
 # pyflakes' and pycodestyle's checks (ruff; its settings in pyproject.toml), a few seconds
 lint: $(VENV)/.installed
-	$(PY) -m ruff check leetrepro kernels tests notebooks
+	$(PY) -m ruff check leetrepro tests notebooks
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow" $(PYTEST_ARGS)

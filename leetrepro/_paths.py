@@ -1,10 +1,10 @@
-"""Where the package finds the files that live beside its code: the kernel sources (``kernels/``)
-and the measured data (``data/``, of which an installed wheel carries the dispatch tables).
+"""Where the package finds the measured data that lives beside its code (``data/``, of which an
+installed wheel carries the tables ``method="auto"`` and the launchers read).
 
 Resolved from this file's own location, never from ``sys.path``: a checkout uses its own
-``kernels/`` and ``data/`` even when another copy of the package is installed on the machine.
-Installed, both live inside the package (``leetrepro/kernels``, ``leetrepro/data``); in a source
-checkout, beside it (the repository root).
+``data/`` even when another copy of the package is installed on the machine. Installed, it lives
+inside the package (``leetrepro/data``); in a source checkout, beside it (the repository root).
+The kernels are a subpackage (``leetrepro/kernels``) in both.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ ROOT = os.path.dirname(PACKAGE)
 
 
 def resource(name: str) -> str:
-    """The folder ``name`` (``"kernels"``, ``"data"``) of this copy of the package: inside the
-    package when installed, else at the repository root."""
+    """The folder ``name`` (``"data"``) of this copy of the package: inside the package when
+    installed, else at the repository root."""
     inside = os.path.join(PACKAGE, name)
     return inside if os.path.isdir(inside) else os.path.join(ROOT, name)
 

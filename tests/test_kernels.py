@@ -17,7 +17,8 @@ from conftest import (BF16, INTERPRETED, KERNEL_DEVICE, assert_close_to_referenc
 
 triton = pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
 DEVICE = KERNEL_DEVICE
-KERNELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = os.path.join(ROOT, "leetrepro", "kernels")
 # (batch, heads, N, r, d): odd N, r ≠ d, tiny r and d, batch > 1; N = 2100 crosses LA's segment split
 LA_SHAPES = [(2, 3, 37, 8, 5), (1, 2, 130, 20, 33), (1, 1, 2100, 4, 6)]
 FA_SHAPES = [(2, 3, 37, 8, 5), (1, 1, 130, 5, 20)]
@@ -66,8 +67,8 @@ def test_fa_modify_is_registered_unsafe_and_never_auto():
 def test_kernel_sources_ship_with_the_package():
     from importlib import resources
     files = {p.name for p in resources.files("leetrepro.kernels").iterdir()}
-    assert {"lightning_attn.py", "fleet_attn.py", "chunk_scan.py", "causal_dot_product.cu",
-            "causal_dot_product_binding.cpp"} <= files
+    assert {"lightning_attn.py", "fleet_attn.py", "chunk_scan.py", "cdotp.cu",
+            "cdotp_binding.cpp"} <= files
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
@@ -91,7 +92,7 @@ def test_cdotp_cuda_source_compiles(tmp_path):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found: the CUDA source was not compiled on this machine")
-    src = os.path.join(KERNELS, "causal_dot_product.cu")
+    src = os.path.join(KERNELS, "cdotp.cu")
     res = subprocess.run([nvcc, "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90",
                           "-c", src, "-o", str(tmp_path / "cdotp.o")],
                          capture_output=True, text=True, timeout=600)
@@ -110,7 +111,7 @@ def test_cdotp_binding_compiles_against_torch_headers(tmp_path):
     incs = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     res = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", *incs,
                           "-DTORCH_EXTENSION_NAME=leetrepro_cdotp",
-                          os.path.join(KERNELS, "causal_dot_product_binding.cpp")],
+                          os.path.join(KERNELS, "cdotp_binding.cpp")],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
 
@@ -118,14 +119,14 @@ def test_cdotp_binding_compiles_against_torch_headers(tmp_path):
 def test_every_subpackage_is_declared_for_the_wheel():
     import pathlib
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    root = pathlib.Path(KERNELS).parent
+    root = pathlib.Path(ROOT)
     declared = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "leetrepro").rglob("__init__.py")}
     # each data/<gpu>/ holding a launch or dispatch table ships as a package of its own (setuptools
     # warns about a data folder missing from the list)
     tables = {f"leetrepro.data.{p.parent.name}" for name in ("dispatch.csv", "chunk_config.csv")
               for p in (root / "data").glob(f"*/{name}")}
-    assert tables and found | {"leetrepro.kernels", "leetrepro.data"} | tables == declared
+    assert tables and found | {"leetrepro.data"} | tables == declared
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="the interpreter's refusal")

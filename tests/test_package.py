@@ -13,7 +13,8 @@ ROOT = _paths.ROOT
 
 
 def test_a_checkout_uses_its_own_kernels_and_data():
-    assert _paths.resource("kernels") == os.path.join(ROOT, "kernels")
+    from leetrepro.methods import _gpu
+    assert _gpu.kernel_source("chunk_scan.py") == os.path.join(ROOT, "leetrepro", "kernels", "chunk_scan.py")
     assert _paths.data("h100", "dispatch.csv") == os.path.join(ROOT, "data", "h100", "dispatch.csv")
 
 
@@ -30,12 +31,13 @@ def test_the_wheel_ships_kernels_and_dispatch_tables_and_finds_them_installed(tm
     wheel = next(tmp_path.glob("leetrepro-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"leetrepro/kernels/chunk_scan.py", "leetrepro/kernels/_tiles.py",
-            "leetrepro/kernels/causal_dot_product.cu", "leetrepro/data/h100/dispatch.csv"} <= names
+            "leetrepro/kernels/cdotp.cu", "leetrepro/data/h100/dispatch.csv"} <= names
     assert not any(n.startswith("leetrepro/data/h100/table") for n in names)  # only the tables
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = ("from leetrepro import dispatch, _paths; "
-            "print(dispatch.table_path('h100')); print(_paths.resource('kernels'))")
+            "print(dispatch.table_path('h100')); from leetrepro.methods import _gpu; "
+            "print(_gpu.KERNELS)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env=dict(os.environ, PYTHONPATH=str(site)), timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -27,7 +27,7 @@ import torch
 
 from .._device import device_name, gpu_tag
 from .._inputs import DTYPE_NAMES, alibi_gammas, parse_dtype
-from .._paths import PACKAGE, ROOT, resource
+from .._paths import PACKAGE, ROOT
 
 PAPER_SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
 ROTATE_BELOW_BYTES = 256 * 2 ** 20  # rotate input sets while one set is smaller than this
@@ -71,10 +71,9 @@ def source_hash() -> str:
     """sha256 (12 hex digits) of the package's source and kernel files as they are on disk: the
     same at every copy of one commit, so a row whose commit was declared can be checked."""
     digest = hashlib.sha256()
-    # named as in the repository whether installed (kernels inside the package) or not
-    for label, folder in (("leetrepro", PACKAGE), ("kernels", resource("kernels"))):
+    for label, folder in (("leetrepro", PACKAGE),):
         for dirpath, dirnames, files in os.walk(folder):
-            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "data", "kernels"))
+            dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "data"))
             for name in sorted(files):
                 if name.endswith((".py", ".cu", ".cpp", ".cuh")):
                     path = os.path.join(dirpath, name)

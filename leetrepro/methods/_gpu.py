@@ -13,16 +13,18 @@ fp16/bf16 inputs use fp16/bf16 tensor-core products with fp32 accumulation and a
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
 import os
-import sys
 
 import torch
 
 from .._device import gpu_tag, sm_count  # noqa: F401  (the launchers' SM count)
-from .._paths import data, resource
+from .._paths import PACKAGE, data
 from ..registry import FP32_PRECISIONS, on_change
 
+
+#: the kernel package's folder (Triton modules and CUDA sources)
+KERNELS = os.path.join(PACKAGE, "kernels")
 
 #: the default of ``fp32_precision``: the environment, read once when the package loads
 FP32_DEFAULT = os.environ.get("LEETREPRO_FP32_PRECISION", "tf32")
@@ -144,29 +146,21 @@ def next_pow2(x: int, minimum: int = 16) -> int:
 
 
 def kernel_source(name: str) -> str:
-    """Path of a file of this copy's ``kernels/`` folder (:mod:`leetrepro._paths`)."""
-    return os.path.join(resource("kernels"), name)
+    """Path of a file of the kernel package (``leetrepro/kernels/``): the CUDA sources that torch's
+    extension builder compiles on first use."""
+    return os.path.join(KERNELS, name)
 
 
 @functools.lru_cache(maxsize=None)
 def triton_kernels(module: str):
-    """The Triton kernel module ``kernels/<module>.py`` of this copy of the package (needs
-    Triton), loaded by path as ``leetrepro.kernels.<module>``, with a clear error without Triton."""
-    name = f"leetrepro.kernels.{module}"
-    if name in sys.modules:
-        return sys.modules[name]
+    """The Triton kernel module ``leetrepro.kernels.<module>`` (needs Triton), with a clear error
+    without Triton."""
     try:
         import triton  # noqa: F401
     except ImportError as err:
         raise RuntimeError(f"this method needs Triton ({err}); `pip install triton` or use its "
                            f"_torch twin") from err
-    if "leetrepro.kernels" not in sys.modules:  # the package of the shared tile helpers
-        pkg = importlib.util.spec_from_file_location(
-            "leetrepro.kernels", kernel_source("__init__.py"),
-            submodule_search_locations=[resource("kernels")])
-        sys.modules["leetrepro.kernels"] = importlib.util.module_from_spec(pkg)
-        pkg.loader.exec_module(sys.modules["leetrepro.kernels"])
-    return importlib.import_module(name)
+    return importlib.import_module(f"leetrepro.kernels.{module}")
 
 
 def refuse_interpreted_bf16(dtype: torch.dtype, abbr: str) -> None:

@@ -47,7 +47,7 @@ def cuda_extension():
             "Cdotp builds its CUDA kernel on first use and needs the CUDA toolkit (nvcc), which was "
             "not found: install the toolkit matching torch.version.cuda = "
             f"{torch.version.cuda} and set CUDA_HOME, or use method='Cdotp_torch'")
-    sources = [kernel_source("causal_dot_product_binding.cpp"), kernel_source("causal_dot_product.cu")]
+    sources = [kernel_source("cdotp_binding.cpp"), kernel_source("cdotp.cu")]
     return cpp_extension.load(name="leetrepro_cdotp", sources=sources,
                               extra_cuda_cflags=["-O3", "-std=c++17"], verbose=False)
 

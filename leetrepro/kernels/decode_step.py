@@ -16,7 +16,7 @@ bad sequence are NaN.
 import triton
 import triton.language as tl
 
-from leetrepro.kernels._tiles import and_flag
+from ._tiles import and_flag
 
 
 @triton.jit

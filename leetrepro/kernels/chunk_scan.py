@@ -48,7 +48,7 @@ already, earlier ones' exact. Shared tile code: ``_tiles.py``. Launcher:
 import triton
 import triton.language as tl
 
-from leetrepro.kernels._tiles import (accumulate_state, and_flag, chunk_output, chunk_weights,
+from ._tiles import (accumulate_state, and_flag, chunk_output, chunk_weights,
                                       has_nonfinite, intra_mask, load_chunk, load_rows,
                                       row_positions, segment_state, state_operand, store_rows)
 

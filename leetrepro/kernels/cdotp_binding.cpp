@@ -1,15 +1,15 @@
-// Python binding of the CUDA causal-dot-product kernel (kernels/causal_dot_product.cu).
+// Python binding of the CUDA causal-dot-product kernel (cdotp.cu).
 // The stream comes from Python (torch.cuda.current_stream().cuda_stream), so this file needs only
 // the CPU-side torch headers.
 #include <torch/extension.h>
 
 #include <cstdint>
 
-namespace leetrepro {
+namespace cdotp {
 int cdotp_forward(int dtype, const void* B, const void* C, const void* V, void* O,
                   const double* gamma, int64_t BH, int64_t N, int R, int D, int H, void* stream);
 int cdotp_max_rank();
-}  // namespace leetrepro
+}  // namespace cdotp
 
 static torch::Tensor forward(torch::Tensor B, torch::Tensor C, torch::Tensor V,
                              c10::optional<torch::Tensor> gamma, int64_t stream) {
@@ -17,8 +17,8 @@ static torch::Tensor forward(torch::Tensor B, torch::Tensor C, torch::Tensor V,
   TORCH_CHECK(B.is_contiguous() && C.is_contiguous() && V.is_contiguous(),
               "Cdotp: inputs must be contiguous");
   TORCH_CHECK(B.dim() == 4 && C.sizes() == B.sizes() && V.dim() == 4, "Cdotp: bad shapes");
-  TORCH_CHECK(B.size(3) <= leetrepro::cdotp_max_rank(), "Cdotp: rank r = ", B.size(3),
-              " exceeds the kernel's maximum of ", leetrepro::cdotp_max_rank());
+  TORCH_CHECK(B.size(3) <= cdotp::cdotp_max_rank(), "Cdotp: rank r = ", B.size(3),
+              " exceeds the kernel's maximum of ", cdotp::cdotp_max_rank());
   int dtype = -1;
   if (V.scalar_type() == torch::kFloat32) dtype = 0;
   if (V.scalar_type() == torch::kFloat16) dtype = 1;
@@ -32,7 +32,7 @@ static torch::Tensor forward(torch::Tensor B, torch::Tensor C, torch::Tensor V,
     g = gamma->data_ptr<double>();
   }
   auto O = torch::empty_like(V);
-  const int err = leetrepro::cdotp_forward(
+  const int err = cdotp::cdotp_forward(
       dtype, B.data_ptr(), C.data_ptr(), V.data_ptr(), O.data_ptr(), g, B.size(0) * B.size(1),
       B.size(2), static_cast<int>(B.size(3)), static_cast<int>(V.size(3)),
       static_cast<int>(B.size(1)), reinterpret_cast<void*>(stream));

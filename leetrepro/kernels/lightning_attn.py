@@ -16,7 +16,7 @@ Shared tile code (loads, decay factors, chunk output, state update, precision po
 import triton
 import triton.language as tl
 
-from leetrepro.kernels._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
+from ._tiles import (accumulate_state, chunk_output, chunk_weights, has_nonfinite,
                                       intra_mask, load_chunk, load_rows, row_positions,
                                       state_operand, store_rows)
 

@@ -11,7 +11,7 @@ fp32 workspace P; the launcher (``leetrepro.methods.chunk.chunk_state``) weights
 import triton
 import triton.language as tl
 
-from leetrepro.kernels._tiles import segment_state
+from ._tiles import segment_state
 
 
 @triton.jit

@@ -7,15 +7,15 @@
 // in chunks: the chunk's B, C (contiguous, coalesced) and V columns are staged in shared memory as
 // fp32 (the next chunk is already loading into registers meanwhile); each warp writes its partial
 // dot products b_i·U_i, and the block sums them.
-// Accumulation is fp32 for every input dtype. Offsets are 64-bit (batch 16 × 32 heads × 100000 ×
-// 128 elements is past int32). No torch headers: the binding lives in causal_dot_product_binding.cpp.
+// Accumulation is fp32 for every input dtype. Offsets are 64 bits wide (batch 16 × 32 heads × 100000 ×
+// 128 elements is past int32). No torch headers: the binding lives in cdotp_binding.cpp.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace leetrepro {
+namespace cdotp {
 namespace {
 
 constexpr int kWarps = 8;
@@ -43,9 +43,9 @@ __device__ __forceinline__ void fetch_chunk(const scalar_t* __restrict__ Bp,
 #pragma unroll
   for (int i = 0; i < kBC; ++i) {
     const int idx = threadIdx.x + i * kThreads;
-    const int t = idx / RP, row = idx % RP;
-    const bool ok = idx < CHUNK * RP && t0 + t < N && row < R;
-    const int64_t off = (t0 + t) * R + row;
+    const int t = idx / RP, rr = idx % RP;
+    const bool ok = idx < CHUNK * RP && t0 + t < N && rr < R;
+    const int64_t off = (t0 + t) * R + rr;
     rb[i] = ok ? to_float(Bp[off]) : 0.0f;
     rc[i] = ok ? to_float(Cp[off]) : 0.0f;
   }
@@ -129,7 +129,7 @@ cdotp_kernel(const scalar_t* __restrict__ B, const scalar_t* __restrict__ C,
       sp[(t * kWarps + warp) * kCols + lane] = (part[0] + part[1]) + (part[2] + part[3]);
     }
     if (DECAY) {
-      const float e = g_err * static_cast<float>(tn);  // (λ/g)^tn − 1 to first order (|e| < 1e-6)
+      const float e = g_err * static_cast<float>(tn);  // (λ/g)^tn − 1 to first order, |e| < 1e-6
 #pragma unroll
       for (int k = 0; k < RPT; ++k) state[k] = fmaf(state[k], e, state[k]);
     }
@@ -162,7 +162,7 @@ cudaError_t launch_rpt(const void* B, const void* C, const void* V, void* O, con
 }
 
 template <typename scalar_t>
-cudaError_t launch(const void* B, const void* C, const void* V, void* O, const double* gamma,
+cudaError_t launch_typed(const void* B, const void* C, const void* V, void* O, const double* gamma,
                    int64_t BH, int64_t N, int R, int D, int H, cudaStream_t stream) {
   const int rpt = (R + kWarps - 1) / kWarps;
   if (rpt <= 4) return launch_rpt<scalar_t, 4>(B, C, V, O, gamma, BH, N, R, D, H, stream);
@@ -184,11 +184,11 @@ int cdotp_forward(int dtype, const void* B, const void* C, const void* V, void* 
   if (BH > 0x7fffffffLL || R < 1 || R > cdotp_max_rank()) return cudaErrorInvalidValue;
   auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case 0: return launch<float>(B, C, V, O, gamma, BH, N, R, D, H, s);
-    case 1: return launch<__half>(B, C, V, O, gamma, BH, N, R, D, H, s);
-    case 2: return launch<__nv_bfloat16>(B, C, V, O, gamma, BH, N, R, D, H, s);
+    case 0: return launch_typed<float>(B, C, V, O, gamma, BH, N, R, D, H, s);
+    case 1: return launch_typed<__half>(B, C, V, O, gamma, BH, N, R, D, H, s);
+    case 2: return launch_typed<__nv_bfloat16>(B, C, V, O, gamma, BH, N, R, D, H, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
-}  // namespace leetrepro
+}  // namespace cdotp
