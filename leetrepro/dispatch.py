@@ -18,15 +18,13 @@ arguments (a model asks per layer); registering a method or rewriting a table cl
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
 
-from . import registry
+from . import registry, tuning
 from ._device import gpu_tag
 from ._inputs import SHORT_NAMES
-from ._paths import data
 
 AUTO_SHORT_N = 128
 #: Chunk (this project's kernel, NOTES.md), lightningAttention-2 (fastest at batch 1 and N > 512
@@ -47,7 +45,7 @@ def use_table(path: str | None) -> None:
 
 
 def table_path(tag: str) -> str:
-    return _OVERRIDE[0] or data(tag, "dispatch.csv")
+    return _OVERRIDE[0] or tuning.path(tag, "dispatch.csv")
 
 
 def auto_method(n: int, dtype: torch.dtype, device, *, batch: int = 1, decay: bool = False,
@@ -84,39 +82,14 @@ def choose(n: int, batch: int, dtype: torch.dtype, decay: bool, device) -> str |
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    return _choose(table_path(gpu_tag(device)), n, batch, SHORT_NAMES.get(dtype), bool(decay))
-
-
-@functools.lru_cache(maxsize=None)
-def _load(path: str):
-    if not os.path.exists(path):
-        return None
-    import pandas as pd
-    return pd.read_csv(path)
-
-
-@functools.lru_cache(maxsize=4096)  # auto is called per layer: the lookup must cost ~nothing
-def _choose(path: str, n: int, batch: int, dtype: str | None, decay: bool) -> str | None:
-    table = _load(path)
-    if table is None:
-        return None
-    rows = table[(table.dtype == dtype) & (table.decay == decay)]
-    return None if rows.empty else _nearest(rows, n, batch)
-
-
-def _nearest(rows, n: int, batch: int) -> str:
-    lb, ln = math.log(max(batch, 1)), math.log(max(n, 1))
-    b = min(rows.batch.unique(), key=lambda x: abs(math.log(x) - lb))
-    rows = rows[rows.batch == b]
-    best = min(rows.itertuples(), key=lambda r: abs(math.log(r.N) - ln))
-    return best.best
+    return tuning.dispatch_choice(table_path(gpu_tag(device)), n, batch, SHORT_NAMES.get(dtype),
+                                  bool(decay))
 
 
 def clear_cache() -> None:
     """Forget every loaded table and every choice made from one (after ``make tune`` rewrote a
-    table): :func:`leetrepro.registry.changed`, which each cache of such choices listens to."""
-    registry.changed()
+    table): :func:`leetrepro.tuning.clear`."""
+    tuning.clear()
 
 
-for _cache in (_auto, _load, _choose):
-    registry.on_change(_cache.cache_clear)
+registry.on_change(_auto.cache_clear)

@@ -189,14 +189,21 @@ def test_gamma_cache_sees_new_values_and_in_place_changes():
         normalize_gamma(torch.full((3,), 1.5), 3, "cpu")
 
 
-def test_auto_follows_the_dispatch_table(monkeypatch):
+def test_auto_follows_the_dispatch_table(monkeypatch, tmp_path):
     import pandas as pd
-    from leetrepro import dispatch
-    table = pd.DataFrame(dict(dtype=["fp32"] * 4, decay=[False] * 4, batch=[1, 1, 16, 16],
-                              N=[128, 8192, 128, 8192], best=["Vanilla", "Bb", "LA_torch", "Recur"]))
-    assert dispatch._nearest(table, 100, 1) == "Vanilla"
-    assert dispatch._nearest(table, 20000, 2) == "Bb"
-    assert dispatch._nearest(table, 5000, 12) == "Recur"
+    from leetrepro import dispatch, tuning
+    table = pd.DataFrame(dict(dtype=["fp32"] * 5, decay=[False] * 4 + [True], batch=[1, 1, 16, 16, 1],
+                              N=[128, 8192, 128, 8192, 128],
+                              best=["Vanilla", "Bb", "LA_torch", "Recur", "FA"]))
+    path = str(tmp_path / "dispatch.csv")
+    table.to_csv(path, index=False)
+    # the nearest batch, then the nearest N, on a log scale; the same dtype and mask
+    assert tuning.dispatch_choice(path, 100, 1, "fp32", False) == "Vanilla"
+    assert tuning.dispatch_choice(path, 20000, 2, "fp32", False) == "Bb"
+    assert tuning.dispatch_choice(path, 5000, 12, "fp32", False) == "Recur"
+    assert tuning.dispatch_choice(path, 5000, 12, "fp32", True) == "FA"
+    assert tuning.dispatch_choice(path, 5000, 12, "fp16", False) is None
+    assert tuning.dispatch_choice(str(tmp_path / "none.csv"), 5000, 1, "fp32", False) is None
     # where the table names a method, auto takes it; where that cannot run the inputs, the rule
     monkeypatch.setattr(dispatch, "choose", lambda *a, **k: "Bb")
     dispatch.clear_cache()  # auto caches its choices

@@ -220,8 +220,9 @@ def test_kernel_table_has_rows_per_head_shape_and_the_kernel_choice_reads_them(t
     path = tmp_path / "chunk_kernel.csv"
     table.to_csv(path, index=False)
     monkeypatch.setattr(chunk, "gpu_tag", lambda device: "test-gpu")
-    monkeypatch.setattr(chunk, "data", lambda tag, name: str(path))
-    chunk._kernel_table.cache_clear()
+    from leetrepro import tuning
+    monkeypatch.setattr(tuning, "path", lambda tag, name: str(path))
+    tuning.clear()
     try:
         wins = lambda r, d, dual=False: chunk.hopper_wins(  # noqa: E731
             None, torch.bfloat16, True, False, 25600, dual, r, d)
@@ -232,10 +233,11 @@ def test_kernel_table_has_rows_per_head_shape_and_the_kernel_choice_reads_them(t
         # a table from before the shapes: no r, d columns, every row 128/128's
         old = table[(table.r == 128) & (table.d == 128)].drop(columns=["r", "d"])
         old.to_csv(path, index=False)
-        chunk._kernel_table.cache_clear()
+        tuning.clear()  # the one invalidation after a table is rewritten
         assert wins(64, 64) and wins(128, 128)
     finally:
-        chunk._kernel_table.cache_clear()
+        monkeypatch.undo()
+        tuning.clear()
     assert [s[:2] for s in head_shapes(["64x64", "128x256"])] == [(64, 64), (128, 256)]
     with pytest.raises(ValueError, match="--heads 96x96"):
         head_shapes(["96x96"])

@@ -155,29 +155,29 @@ def test_half_state_neither_overflows_nor_underflows(method, scales):
 def test_launchers_read_the_launch_tables_of_their_gpu(tmp_path, monkeypatch):
     # make tune writes data/<gpu>/chunk_config.csv and la_config.csv; a GPU without them gets
     # the defaults (here the "GPU" is the CPU, tag "cpu")
-    from leetrepro.methods import _gpu, chunk, lightning
+    from leetrepro import tuning
+    from leetrepro.methods import chunk, lightning
 
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "chunk_config.csv").write_text(
         "kind,decay,block_n,stages,geomean_ms\nhalf,True,128,3,1.0\n")
     (tmp_path / "cpu" / "la_config.csv").write_text(
         "kind,decay,warps,stages,geomean_ms\ntf32,False,8,3,1.0\n")
-    monkeypatch.setattr(_gpu, "data", lambda *parts: str(tmp_path.joinpath(*parts)))
-    _gpu._measured_table.cache_clear()
-    chunk._config.cache_clear()
+    monkeypatch.setattr(tuning, "path", lambda *parts: str(tmp_path.joinpath(*parts)))
+    tuning.clear()  # every table and every choice made from one (Chunk's launch plans too)
     try:
         tuned = chunk.chunk_config(128, 128, torch.float16, "tf32", True, device="cpu")
         default = chunk.chunk_config(128, 128, torch.float16, "tf32", False, device="cpu")
         assert (tuned["BLOCK_N"], tuned["num_stages"]) == (128, 3)
-        assert (default["BLOCK_N"], default["num_stages"]) == chunk.CHUNK_TABLE[("half", False)]
+        assert (default["BLOCK_N"], default["num_stages"]) == tuning.CHUNK_TABLE[("half", False)]
         la = lightning.la_config(128, 128, "tf32", decay=False, device="cpu")
         la_default = lightning.la_config(128, 128, "tf32", half=True, decay=True, device="cpu")
         assert (la["num_warps"], la["num_stages"]) == (8, 3)
-        assert (la_default["num_warps"], la_default["num_stages"]) == lightning.LA_TABLE[("half", True)]
-        assert lightning.la_config(128, 128, "tf32")["num_warps"] == lightning.LA_TABLE[("tf32", False)][0]
+        assert (la_default["num_warps"], la_default["num_stages"]) == tuning.LA_TABLE[("half", True)]
+        assert lightning.la_config(128, 128, "tf32")["num_warps"] == tuning.LA_TABLE[("tf32", False)][0]
     finally:
-        _gpu._measured_table.cache_clear()
-        chunk._config.cache_clear()
+        monkeypatch.undo()
+        tuning.clear()
 
 
 def test_launch_passes_arguments_by_name_and_checks_them(monkeypatch):

@@ -5,7 +5,7 @@ by timing every candidate at the two shapes that bound the designs (batch 1, N =
 into segments; batch 16, N = 25600: one pass per lane), heads 32, r = d = 128. The best by
 geometric mean of the two medians is written to ``data/<gpu>/chunk_config.csv`` and
 ``la_config.csv`` (every timing to ``chunk_sweep.csv``, ``la_sweep.csv``), which the launchers
-read on that GPU (:func:`leetrepro.methods._gpu.measured_table`; ``make tune``). Candidates that
+read on that GPU (:func:`leetrepro.tuning.launch_table`; ``make tune``). Candidates that
 do not fit the GPU's shared memory are skipped.
 
 On an sm_90 GPU, ``kernel`` then times Chunk's two forward kernels against each other (the

@@ -19,8 +19,8 @@ import os
 import torch
 
 from .._device import gpu_tag, sm_count  # noqa: F401  (the launchers' SM count)
-from .._paths import PACKAGE, data
-from ..registry import FP32_PRECISIONS, on_change
+from .._paths import PACKAGE
+from ..registry import FP32_PRECISIONS
 
 
 #: the kernel package's folder (Triton modules and CUDA sources)
@@ -83,26 +83,6 @@ def staged_state(state: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor
     if state is None:
         return None
     return state.to(device=like.device, dtype=torch.float32).contiguous()
-
-
-def measured_table(device, filename: str, columns: tuple[str, str]) -> dict:
-    """``{(kind, decay): (a, b)}`` from ``data/<gpu>/<filename>`` of the GPU ``device`` is on (a
-    launch table that ``make tune`` measured there: :mod:`leetrepro.bench.sweep`), the two integer
-    ``columns`` per row; {} without a device or where that GPU has no such table."""
-    if device is None:
-        return {}
-    return dict(_measured_table(gpu_tag(device), filename, columns))
-
-
-@functools.lru_cache(maxsize=None)  # cleared with the dispatch caches (registry.changed)
-def _measured_table(tag: str, filename: str, columns: tuple[str, str]) -> tuple:
-    path = data(tag, filename)
-    if not os.path.exists(path):
-        return ()
-    import csv
-    with open(path, newline="") as f:
-        return tuple(((r["kind"], r["decay"] == "True"), (int(r[columns[0]]), int(r[columns[1]])))
-                     for r in csv.DictReader(f))
 
 
 def segment_rows(n: int, lanes: int, block_n: int, slots: int, min_rows: int = 0) -> int:
@@ -290,5 +270,3 @@ def _positional(compiled, names: tuple) -> bool:
                       "host path, same results)", RuntimeWarning, stacklevel=3)
     return ok
 
-
-on_change(_measured_table.cache_clear)

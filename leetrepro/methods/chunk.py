@@ -26,24 +26,11 @@ import typing
 import torch
 
 from ..registry import GPU_DTYPES, on_change, register
-from .._paths import data
-from ._gpu import (cdiv, dot_precision, gpu_tag, launch, measured_table, next_pow2,
+from .. import tuning
+from ..tuning import CHUNK_TABLE, DUAL_TABLE, HOPPER
+from ._gpu import (cdiv, dot_precision, gpu_tag, launch, next_pow2,
                    refuse_interpreted_bf16, rows_contiguous, rows_for_pieces, segment_rows,
                    sm_count, staged_state, triton_kernels, wave_pieces)
-
-#: (operand kind, decay) -> (BLOCK_N, pipeline stages) at r·d ≤ 128·128, from the H100 sweeps in
-#: NOTES.md: the defaults. A GPU with its own table (``data/<gpu>/chunk_config.csv``, written by
-#: ``make tune``: :mod:`leetrepro.bench.sweep`) uses that one. fp32 tiles are twice the bytes, so
-#: fp32 gets fewer rows or stages; tf32x3/ieee split or widen the operands: 16-row chunks, whose
-#: three-part operands spill a third of what 32-row ones do (1.6-1.9× faster on the H200, NOTES.md).
-CHUNK_TABLE = {("half", False): (64, 4), ("half", True): (64, 4),
-               ("tf32", False): (32, 2), ("tf32", True): (64, 2),
-               ("exact", False): (16, 1), ("exact", True): (16, 1)}
-#: the dual sweep (the backward's dV and dC) stages a fourth tile per row block: fewer stages,
-#: fp32 in 32-row blocks, so that four tiles per stage fit an H100's shared memory
-#: (:data:`leetrepro._device.SM90_SHARED_BYTES`); exact products in 16-row ones (half the spills)
-DUAL_TABLE = {"half": (64, 2), "tf32": (32, 2), "exact": (16, 1)}
-
 
 def operand_kind(dtype: torch.dtype, precision: str) -> str:
     """``"half"`` (fp16/bf16), ``"tf32"`` or ``"exact"`` (fp32 with tf32x3 or ieee dots)."""
@@ -55,14 +42,15 @@ def operand_kind(dtype: torch.dtype, precision: str) -> str:
 def tuned_table(device) -> dict:
     """``{(kind, decay): (BLOCK_N, stages)}`` measured on the GPU of ``device``
     (``data/<gpu>/chunk_config.csv``), or {} where that GPU has none."""
-    return measured_table(device, "chunk_config.csv", ("block_n", "stages"))
+    return tuning.launch_table(device, "chunk_config.csv", ("block_n", "stages"))
 
 
 def chunk_config(r: int, d: int, dtype: torch.dtype, precision: str, decay: bool,
                  dual: bool = False, device=None, config: dict | None = None) -> dict:
     """Tile sizes: the whole r × d state on chip when it fits (r·d ≤ 128·128), else column blocks
     (which re-read B and C once per block); rows and stages from the table measured on this GPU
-    (:func:`tuned_table`), else :data:`CHUNK_TABLE` (:data:`DUAL_TABLE` for the dual sweep).
+    (:func:`tuned_table`), else :data:`leetrepro.tuning.CHUNK_TABLE` (``DUAL_TABLE`` for the
+    dual sweep).
     ``config``: entries that replace those (``BLOCK_N``, ``num_warps``, ``num_stages``,
     ``segment``; the sweeps of ``make tune`` pass them as :func:`chunk_scan`'s option), and the
     Hopper kernel's ``DC`` (:func:`hopper_split`)."""
@@ -264,10 +252,6 @@ STRIDE_NAMES = dict(B="B", C="C", V="V", O="O", E="E", O2="P")
 #: rows within their launch (up to b1 × 32 heads × N = 8192: ≲ 200 µs of GPU time, where the repair
 #: launch's host time weighs, measured in NOTES.md); longer ones flag lanes for a repair launch
 SELF_REPAIR_ROWS = 1 << 18
-#: the Hopper kernel's launch: 64-row chunks, 4 warps launched (the loader) and 168 registers a
-#: thread, moved by ``setmaxnreg`` to the two consumer warp groups (240 each) from the loader (24);
-#: the ring's depth follows the tiles (:func:`hopper_tiles`), at most MAX_STAGES slots
-HOPPER = dict(BLOCK_N=64, MAX_STAGES=4, num_warps=4, maxnreg=168)
 #: the head dimensions (r and d) the Hopper kernel takes
 HOPPER_DIMS = (64, 128, 256)
 
@@ -443,27 +427,13 @@ def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int,
     for reads r = d = 128's (tables measured before the shapes were swept hold only those); a
     dual call without its own row reads the plain sweep's."""
     kind = "half" if dtype != torch.float32 else "tf32"
-    table = _kernel_table(gpu_tag(device))
+    table = tuning.kernel_table(gpu_tag(device))
     shape = (r, d) if (r, d) in table["shapes"] else (128, 128)
     rows = table["rows"]
     key = (kind, decay, regime(split, n, dual), *shape)
     if key not in rows and dual:
         key = (kind, decay, regime(split, n), *shape)
     return rows.get(key) == "hopper"
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel_table(tag: str) -> dict:
-    """``{"rows": {(kind, decay, regime, r, d): kernel}, "shapes": {(r, d), ...}}`` of this GPU's
-    ``chunk_kernel.csv`` (rows without r and d columns are r = d = 128's)."""
-    path = data(tag, "chunk_kernel.csv")
-    rows = {}
-    if os.path.exists(path):
-        import csv
-        with open(path, newline="") as f:
-            rows = {(r["kind"], r["decay"] == "True", r["regime"], int(r.get("r") or 128),
-                     int(r.get("d") or 128)): r["kernel"] for r in csv.DictReader(f)}
-    return dict(rows=rows, shapes={k[3:] for k in rows})
 
 
 def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
@@ -764,6 +734,5 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
 
 
 # the launch tables and plans that read data/<gpu>/ are forgotten when a table is rewritten
-for _cache in (_config, _kernel_table):
-    on_change(_cache.cache_clear)
+on_change(_config.cache_clear)
 on_change(_PLANS.clear)

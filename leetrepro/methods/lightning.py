@@ -13,9 +13,11 @@ import torch
 
 from .._decay import causal_mask, discounted_cumsum, powers
 from .._state import add_initial_state, final_state
+from .. import tuning
 from ..registry import GPU_DTYPES, register
+from ..tuning import LA_TABLE
 from ._common import torch_method
-from ._gpu import (cdiv, dot_precision, measured_table, next_pow2, refuse_interpreted_bf16,
+from ._gpu import (cdiv, dot_precision, next_pow2, refuse_interpreted_bf16,
                    segment_rows, sm_count, staged, triton_kernels)
 
 
@@ -55,22 +57,13 @@ def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
     return out
 
 
-#: (operand kind, decay) -> (num_warps, num_stages) at r ≤ 128, measured on the H100 at batch 1,
-#: N = 100000, r = d = 128 (NOTES.md, LA sweep): the defaults. A GPU with its own table
-#: (``data/<gpu>/la_config.csv``, written by ``make tune``) uses that one for fp16/bf16 and tf32;
-#: tf32x3 splits operands and fits one stage only
-LA_TABLE = {("half", False): (4, 2), ("half", True): (4, 1), ("tf32", False): (4, 1),
-            ("tf32", True): (8, 2), ("tf32x3", False): (4, 1), ("tf32x3", True): (4, 1),
-            ("ieee", False): (4, 2), ("ieee", True): (4, 2)}
-
-
 def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False,
               device=None, config: dict | None = None) -> dict:
     """Block sizes for the Triton kernel: sized so that an H100
     (:data:`leetrepro._device.SM90_SHARED_BYTES` of shared memory per program) launches every
     dtype and precision up to r = d = 256 (the original's fp16 config needed 245760 bytes); warps
     and stages from the table measured on ``device``'s GPU (``data/<gpu>/la_config.csv``), else
-    :data:`LA_TABLE`. ``config``: entries replacing those (``num_warps``, ``num_stages``, …; the
+    :data:`leetrepro.tuning.LA_TABLE`. ``config``: entries replacing those (``num_warps``, ``num_stages``, …; the
     sweeps of ``make tune``)."""
     block_r = next_pow2(r)
     if block_r > 128:
@@ -78,7 +71,7 @@ def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = 
                    num_stages=1)
     else:
         kind = "half" if half else precision
-        warps, stages = measured_table(device, "la_config.csv", ("warps", "stages")).get(
+        warps, stages = tuning.launch_table(device, "la_config.csv", ("warps", "stages")).get(
             (kind, decay), LA_TABLE[(kind, decay)])
         cfg = dict(BLOCK_N=64, BLOCK_R=block_r, BLOCK_D=min(64, next_pow2(d)), num_warps=warps,
                    num_stages=stages)
