@@ -436,3 +436,28 @@ def test_gpu_check_runs_the_hopper_kernel_with_its_fewest_columns_where_it_can(m
     assert narrow(get("Chunk"), (1, 2, 64, 128, 128), torch.float32, cpu) == 64
     assert narrow(get("Chunk"), (1, 2, 64, 64, 64), torch.float32, cpu) is None
     assert narrow(get("LA_torch"), (1, 2, 64, 128, 128), torch.bfloat16, cpu) is None
+
+
+def test_the_gpu_matrix_is_one_list_of_named_cases():
+    """``gpu_check.matrix``: the cases ``make gpu-check`` records and ``pytest -m gpu`` runs, each
+    with a unique id naming method, dtype, what and shape, grouped by method and dtype (the CSV is
+    written as each group completes); the quick matrix has every method's forward, gradients and
+    frozen subsets, the full one more shapes, the heads matrix the head shapes models use."""
+    from leetrepro.bench import gpu_check
+    from leetrepro.methods import methods
+    torch_methods = [m for m in methods() if m.language == "torch"]
+    dtypes = [torch.float32, torch.float16]
+    quick = gpu_check.matrix(torch_methods, dtypes, torch.device("cpu"), quick=True, hopper_heads=True)
+    full = gpu_check.matrix(torch_methods, dtypes, torch.device("cpu"))
+    heads = gpu_check.matrix(torch_methods, dtypes, torch.device("cpu"), heads_only=True)
+    for cases in (quick, full, heads):
+        ids = [c.id for c in cases]
+        assert len(ids) == len(set(ids))
+        runs = [g for i, g in enumerate(c.group for c in cases) if i == 0 or cases[i - 1].group != g]
+        assert len(runs) == len(set(runs))  # each group's cases contiguous
+    assert len(quick) < len(full)
+    assert any(c.id.startswith("LA_torch-float16-grads-B") for c in quick)
+    assert any("-grads-BC-" in c.id for c in quick)               # a frozen subset
+    assert not any("hopper" in c.id for c in quick)               # no sm_90 here
+    assert any(c.id.endswith("-B2-H4-N1000-r64-d64") for c in heads)
+    assert any(c.id.endswith("-B1-H2-N10000-r64-d64") for c in heads)

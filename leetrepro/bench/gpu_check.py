@@ -20,11 +20,13 @@ unwritten fails.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
 import sys
 import time
+import typing
 
 import torch
 
@@ -61,6 +63,9 @@ HEAD_SHAPES = [(2, 4, 1000, 64, 64), (2, 4, 1000, 128, 64), (2, 4, 1000, 64, 128
                (2, 3, 777, 128, 256), (2, 3, 777, 256, 128), (1, 2, 1500, 256, 256),
                (1, 2, 10000, 64, 64), (1, 2, 6001, 128, 256), (8, 32, 1024, 64, 64),
                (8, 16, 515, 128, 256)]
+#: the quick matrix's head shapes for Chunk's Hopper kernel (``matrix(hopper_heads=True)``): N cut
+#: into segments with a short last chunk, 64/64 and 128/128
+QUICK_HOPPER_SHAPES = [(2, 4, 1000, 64, 64), (2, 4, 1000, 128, 128)]
 #: the input dtypes of the matrix, in its order (``--dtypes`` takes a subset)
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -442,6 +447,123 @@ def _arguments(p) -> None:
                         "sm_90 kernel for every call it takes; the rows say which)")
 
 
+class Case(typing.NamedTuple):
+    """One case of the matrix: ``run(rows, meta)`` checks it and appends its rows (``status``
+    ``pass``, ``FAIL …`` or, for a method marked unsafe, ``unsafe (reported, not judged)``)."""
+    id: str
+    group: str   # the method and dtype: the CSV is written as each group completes
+    run: typing.Callable
+
+
+def _shape_id(shape) -> str:
+    b, h, n, r, d = shape
+    return f"B{b}-H{h}-N{n}-r{r}-d{d}"
+
+
+def matrix(chosen, dtypes, device, *, quick=False, heads_only=False, layouts_only=False,
+           grads_only=False, no_grads=False, huge=False, fp16_range=False,
+           hopper_heads=False) -> list[Case]:
+    """The correctness matrix as a list of cases, in the order ``make gpu-check`` runs them (the
+    command line's options by the same names); ``pytest -m gpu`` (``tests/test_gpu.py``) runs the
+    same list. ``hopper_heads``: with ``quick``, Chunk's Hopper kernel (forced) at two head shapes
+    models use, O both masks and its fewest value columns, so that a quick matrix reaches it."""
+    P = functools.partial
+    out = []
+
+    def add(m, dtype, what, shape, fn, *args, **kw):
+        out.append(Case(f"{m.abbr}-{DTYPE_NAMES[dtype]}-{what}-{_shape_id(shape)}",
+                        f"{m.abbr}-{DTYPE_NAMES[dtype]}", P(fn, *args, **kw)))
+
+    shapes = SHAPES[:3] if quick else SHAPES
+    for m in chosen:
+        for dtype in dtypes:
+            if not m.supports(dtype, device):
+                continue
+            if heads_only:
+                if not m.unsafe:
+                    for si, shape in enumerate(HEAD_SHAPES):
+                        for decay in (False, True):
+                            add(m, dtype, f"O-decay{decay:d}", shape, _case, m, shape, dtype, decay,
+                                device, 1100 + 10 * si + decay)
+                        add(m, dtype, "grads", shape, _grads, m, shape, dtype, True, device, 1200 + si)
+                        add(m, dtype, "grads-time-major", shape, _grads, m, shape, dtype, True, device,
+                            1300 + si, time_major=True)
+                        narrow = narrow_hopper_columns(m, shape, dtype, device)
+                        if narrow:  # the Hopper kernel with fewer value columns a program
+                            add(m, dtype, f"O-DC{narrow}", shape, _case, m, shape, dtype, True, device,
+                                1400 + si, extra=(f"DC{narrow}", dict(kernel="hopper",
+                                                                      config={"DC": narrow})))
+                continue
+            if layouts_only:
+                if not m.unsafe:
+                    for si, shape in enumerate(LAYOUT_SHAPES):
+                        add(m, dtype, "layouts", shape, _layouts, m, shape, dtype, device, 970 + si)
+                continue
+            for si, shape in enumerate([] if grads_only else shapes):
+                if m.name == "vanilla" and shape[2] > QUADRATIC_MAX_N:
+                    continue  # O(N²) memory: not part of the matrix for this method
+                for decay in (False, True):
+                    add(m, dtype, f"O-decay{decay:d}", shape, _case, m, shape, dtype, decay, device,
+                        100 * si + decay)
+            if quick and hopper_heads and not grads_only:
+                for si, shape in enumerate(QUICK_HOPPER_SHAPES):
+                    if narrow_hopper_columns(m, shape, dtype, device) is None:
+                        continue  # not Chunk, or no sm_90 here
+                    for decay in (False, True):
+                        add(m, dtype, f"O-hopper-decay{decay:d}", shape, _case, m, shape, dtype, decay,
+                            device, 1500 + 10 * si + decay, extra=("hopper", dict(kernel="hopper")))
+                    narrow = narrow_hopper_columns(m, shape, dtype, device)
+                    add(m, dtype, f"O-DC{narrow}", shape, _case, m, shape, dtype, True, device,
+                        1550 + si, extra=(f"DC{narrow}", dict(kernel="hopper", config={"DC": narrow})))
+            if huge and not grads_only and m.language in ("triton", "cuda") and not m.unsafe \
+                    and dtype == torch.float16:
+                add(m, dtype, "huge", HUGE, _huge, m, dtype, device)
+            if not no_grads and not m.unsafe:
+                for si, shape in enumerate(GRAD_SHAPES[:2] if quick else GRAD_SHAPES):
+                    if m.abbr == "Cdotp_torch" and shape[2] > 4097:
+                        continue  # one Python step per token, three times: minutes per case
+                    for decay, exact in itertools.product((False, True), exact_modes(m, dtype)):
+                        add(m, dtype, f"grads-decay{decay:d}{'-exact' * exact}", shape, _grads, m, shape,
+                            dtype, decay, device, 500 + 10 * si + decay, exact=exact)
+                for wanted in frozen_subsets(m):
+                    add(m, dtype, f"grads-{wanted}", GRAD_SHAPES[1], _grads, m, GRAD_SHAPES[1], dtype,
+                        True, device, 900, wanted)
+                for si, shape in enumerate([] if quick else TIME_MAJOR_GRAD_SHAPES):
+                    add(m, dtype, "grads-time-major", shape, _grads, m, shape, dtype, True, device,
+                        950 + si, time_major=True)
+                for si, shape in enumerate(LAYOUT_SHAPES[:1] if quick else LAYOUT_SHAPES):
+                    add(m, dtype, "layouts", shape, _layouts, m, shape, dtype, device, 970 + si)
+            if fp16_range and dtype == torch.float16 and m.language == "triton" and not m.unsafe:
+                for (si, shape), case, decay in itertools.product(
+                        enumerate(RANGE_SHAPES), RANGE_CASES, (False, True)):
+                    add(m, dtype, f"range-{RANGE_CASES.index(case)}-decay{decay:d}", shape, _grads, m,
+                        shape, dtype, decay, device, 700 + 10 * si + decay, magnitudes=case)
+    return out
+
+
+# the checks with the rows and the provenance last, as a Case runs them
+def _case(m, shape, dtype, decay, device, seed, rows, meta, extra=None):
+    check_case(m, shape, dtype, decay, device, seed, rows, meta, extra=extra)
+
+
+def _grads(m, shape, dtype, decay, device, seed, wanted="BCVS", rows=None, meta=None, **kw):
+    check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted, **kw)
+
+
+def _layouts(m, shape, dtype, device, seed, rows, meta):
+    check_layouts(m, shape, dtype, device, seed, rows, meta)
+
+
+def _huge(m, dtype, device, rows, meta):
+    check_huge(m, dtype, device, rows, meta)
+
+
+def judged_failures(rows) -> list[dict]:
+    """The rows that fail (``status`` starting ``FAIL``; an unsafe method's rows are reported,
+    not judged)."""
+    return [r for r in rows if str(r.get("status", "")).startswith("FAIL")]
+
+
 def main(argv=None) -> int:
     import pandas as pd
 
@@ -454,60 +576,14 @@ def main(argv=None) -> int:
         chunk.force_kernel(args.chunk_kernel)
     meta = dict(meta, chunk_kernel=args.chunk_kernel)
     chosen = [m for m in methods() if args.methods is None or m.abbr in args.methods]
-    shapes = SHAPES[:3] if args.quick else SHAPES
+    cases = matrix(chosen, [parse_dtype(x) for x in args.dtypes], device, quick=args.quick,
+                   heads_only=args.heads_only, layouts_only=args.layouts_only,
+                   grads_only=args.grads_only, no_grads=args.no_grads, huge=args.huge,
+                   fp16_range=args.fp16_range)
     rows = []
-    for m in chosen:
-        for dtype in map(parse_dtype, args.dtypes):
-            if not m.supports(dtype, device):
-                continue
-            if args.heads_only:
-                if not m.unsafe:
-                    for si, shape in enumerate(HEAD_SHAPES):
-                        for decay in (False, True):
-                            check_case(m, shape, dtype, decay, device, 1100 + 10 * si + decay,
-                                       rows, meta)
-                        check_grads(m, shape, dtype, True, device, 1200 + si, rows, meta)
-                        check_grads(m, shape, dtype, True, device, 1300 + si, rows, meta,
-                                    time_major=True)
-                        narrow = narrow_hopper_columns(m, shape, dtype, device)
-                        if narrow:  # the Hopper kernel with fewer value columns a program
-                            check_case(m, shape, dtype, True, device, 1400 + si, rows, meta,
-                                       extra=(f"DC{narrow}", dict(kernel="hopper",
-                                                                  config={"DC": narrow})))
-                continue
-            if args.layouts_only:
-                if not m.unsafe:
-                    for si, shape in enumerate(LAYOUT_SHAPES):
-                        check_layouts(m, shape, dtype, device, 970 + si, rows, meta)
-                continue
-            for si, shape in enumerate([] if args.grads_only else shapes):
-                if m.name == "vanilla" and shape[2] > QUADRATIC_MAX_N:
-                    continue  # O(N²) memory: not part of the matrix for this method
-                for decay in (False, True):
-                    check_case(m, shape, dtype, decay, device, 100 * si + decay, rows, meta)
-            if args.huge and not args.grads_only and m.language in ("triton", "cuda") and not m.unsafe \
-                    and dtype == torch.float16:
-                check_huge(m, dtype, device, rows, meta)
-            if not args.no_grads and not m.unsafe:
-                for si, shape in enumerate(GRAD_SHAPES[:2] if args.quick else GRAD_SHAPES):
-                    if m.abbr == "Cdotp_torch" and shape[2] > 4097:
-                        continue  # one Python step per token, three times: minutes per case
-                    for decay, exact in itertools.product((False, True), exact_modes(m, dtype)):
-                        check_grads(m, shape, dtype, decay, device, 500 + 10 * si + decay, rows, meta,
-                                    exact=exact)
-                for wanted in frozen_subsets(m):
-                    check_grads(m, GRAD_SHAPES[1], dtype, True, device, 900, rows, meta, wanted)
-                for si, shape in enumerate([] if args.quick else TIME_MAJOR_GRAD_SHAPES):
-                    check_grads(m, shape, dtype, True, device, 950 + si, rows, meta,
-                                time_major=True)
-                for si, shape in enumerate(LAYOUT_SHAPES[:1] if args.quick else LAYOUT_SHAPES):
-                    check_layouts(m, shape, dtype, device, 970 + si, rows, meta)
-            if args.fp16_range and dtype == torch.float16 and m.language == "triton" \
-                    and not m.unsafe:
-                for (si, shape), case, decay in itertools.product(
-                        enumerate(RANGE_SHAPES), RANGE_CASES, (False, True)):
-                    check_grads(m, shape, dtype, decay, device, 700 + 10 * si + decay, rows, meta,
-                                magnitudes=case)
+    for i, case in enumerate(cases):
+        case.run(rows=rows, meta=meta)
+        if i + 1 == len(cases) or cases[i + 1].group != case.group:
             pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
     if args.serving:
         for dtype in map(parse_dtype, args.dtypes):

@@ -1,0 +1,65 @@
+"""The correctness matrix on a GPU: ``pytest -m gpu`` on a host with a CUDA GPU.
+
+The cases are :func:`leetrepro.bench.gpu_check.matrix`'s, the ones ``make gpu-check`` records to
+``data/<gpu>/correctness.csv``: every registered method × dtype × mask × shape against the
+float64 oracle (each output buffer poisoned with NaN first, kernels run twice for determinism),
+the gradients with every subset of the inputs requiring grad, states in and out, the layouts
+models hand the operator. ``LEETREPRO_GPU_MATRIX`` picks how much:
+
+* ``quick`` (default, minutes): the small shapes (``gpu_check --quick``), and Chunk's Hopper kernel
+  forced at two head shapes (64/64, 128/128) with its fewest value columns, on an sm_90 GPU;
+* ``full`` (about an hour): ``make gpu-check``'s whole matrix, then the head shapes models use
+  (``--heads-only``).
+
+One test per case, named ``<method>-<dtype>-<what>-B{}-H{}-N{}-r{}-d{}``; a failure prints the
+case's rows. Without a GPU (or under ``TRITON_INTERPRET=1``) the module is one skipped test.
+"""
+import os
+
+import pytest
+import torch
+
+GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+MATRIX = os.environ.get("LEETREPRO_GPU_MATRIX", "quick")
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def _cases():
+    if not GPU:
+        return []
+    if MATRIX not in ("quick", "full"):
+        raise ValueError(f"LEETREPRO_GPU_MATRIX={MATRIX!r}; use 'quick' or 'full'")
+    from leetrepro.bench.gpu_check import DTYPES, matrix
+    from leetrepro.methods import methods
+    dtypes = [getattr(torch, d) for d in DTYPES]
+    device = torch.device("cuda")
+    if MATRIX == "quick":
+        return matrix(methods(), dtypes, device, quick=True, hopper_heads=True)
+    return (matrix(methods(), dtypes, device)
+            + matrix(methods(), dtypes, device, heads_only=True))
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def meta():
+    from leetrepro.bench.harness import provenance
+    return provenance(torch.device("cuda"))
+
+
+@pytest.mark.skipif(GPU, reason="runs where there is no GPU")
+def test_the_gpu_matrix_needs_a_gpu():
+    pytest.skip("no CUDA GPU here (or TRITON_INTERPRET=1): the GPU matrix was not run")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_gpu_matrix(case, meta):
+    from leetrepro.bench.gpu_check import judged_failures
+    rows = []
+    case.run(rows=rows, meta=meta)
+    assert rows, f"{case.id} recorded no rows"
+    failed = judged_failures(rows)
+    assert not failed, "\n".join(
+        f"{r['quantity']} {r['precision']} decay={r['decay']}: rel_err {r['rel_err']:.2e} "
+        f"(tol {r['tol']:.0e}) {r['status']}" for r in failed)
