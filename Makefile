@@ -161,7 +161,7 @@ floor: $(INSTALLED)
 # what limits each floor cell still short of its target: Nsight Compute over one call of Chunk as
 # it ships, per cell (GPU and ncu only) -> data/<gpu>/ncu_limits.txt
 profile: $(INSTALLED)
-	$(PY) -m leetrepro.bench.ncu --out $(DATA)
+	$(PY) -m leetrepro.probes.ncu --out $(DATA)
 
 # the launch tables of Chunk and LA, then the dispatch table of method="auto" for this GPU and
 # auto's regret (GPU only)

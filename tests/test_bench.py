@@ -320,10 +320,10 @@ def test_gpu_check_head_shapes_cover_the_shapes_models_use():
 
 
 def test_ncu_summary_of_a_real_profile():
-    """``bench.ncu.summarize`` on Nsight Compute's raw page of one call (H200, fp16 b1 N = 8192,
+    """``probes.ncu.summarize`` on Nsight Compute's raw page of one call (H200, fp16 b1 N = 8192,
     trimmed to the columns it reads): the longest kernel, its DRAM bytes against the floor's, the
     stall reasons largest first; the floor's bytes counted from the cell's shape."""
-    from leetrepro.bench import ncu
+    from leetrepro.probes import ncu
     assert ncu.floor_bytes("f16_b16_01") == (16 * 32 * 25600 * 256 * 2 + 16 * 32 * 25600 * 128 * 2,
                                              16 * 32 * 25600 * 128 * 2)
     # a cell at another head shape: B, C (r = 128), V read (d = 256), O written, 16 heads
@@ -408,10 +408,10 @@ def test_layer_with_one_fused_projection_computes_the_same_layer():
 
 
 def test_segments_candidates_cover_each_hopper_width_and_mark_the_heuristic(monkeypatch):
-    """``bench.segments``' candidates: every piece count's segment at each value-column width
+    """``probes.segments``' candidates: every piece count's segment at each value-column width
     asked of the Hopper kernel (None: the widest), the heuristic's (segment, DC) among them; the
     portable kernel's without widths."""
-    from leetrepro.bench import segments
+    from leetrepro.probes import segments
     monkeypatch.setattr(segments, "sm_count", lambda device: 132)
     cands, default = segments.candidates(100000, 32, torch.bfloat16, True, "cpu", "hopper",
                                          (None, 64, 32))

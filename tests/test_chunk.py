@@ -386,9 +386,9 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     mask, 224 with the decay (the state's weights beside cᵀ in registers)."""
     import sys
 
-    from leetrepro.bench.regs import HOPPER_SHAPES, spill_bytes
+    from leetrepro.probes.regs import HOPPER_SHAPES, spill_bytes
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "leetrepro.bench.regs", "--hopper"],
+    res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--hopper"],
                          capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
@@ -416,7 +416,7 @@ def test_chunk_kernel_compiles_for_hopper_without_a_gpu():
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
-    res = subprocess.run([sys.executable, "-m", "leetrepro.bench.regs", "--configs", "fp16:decay:64:3"],
+    res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--configs", "fp16:decay:64:3"],
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0 and "registers" in res.stdout, res.stdout + res.stderr[-2000:]
 

@@ -9,9 +9,15 @@ imports this package): the paper's Listing 1 (:func:`benchmark_method`) over one
 ``python -m leetrepro.bench.floor``       distance to the memory floor, with peers (``make floor``)
 ``python -m leetrepro.bench.tune``        the dispatch table of ``method="auto"`` (``make tune``)
 ``python -m leetrepro.bench.train``       forward + backward against the floor (``make bench-train``)
-``python -m leetrepro.bench.sweep``       launch-config sweeps of one Triton method (development)
+``python -m leetrepro.bench.sweep``       the launch tables ``make tune`` writes (one method's configs)
+``python -m leetrepro.bench.serve``       packed prompts and the decode step (``make bench-serve``)
+``python -m leetrepro.bench.sp``          sequence parallelism over a host's GPUs (``make bench-sp``)
+``python -m leetrepro.bench.layouts``     the layouts models hand the operator (``make layouts``)
 ``leetrepro.bench.llm``                   Tables 7-8 inside the paper's two models
 ==============================  ==========================================================
+
+The investigation tools (Nsight Compute cells, register reports, segment sweeps) stand apart, in
+:mod:`leetrepro.probes`.
 """
 from .harness import benchmark_method, gpu_tag, provenance, time_calls
 

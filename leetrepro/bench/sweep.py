@@ -43,7 +43,7 @@ SHAPES = ((1, 100000), (16, 25600))
 #: per method: the two swept parameters (the table's columns), their candidates per operand kind
 #: (the kinds the method's table has), and the launch settings they set (the ``config`` option).
 #: Chunk's exact products split every operand in three tf32 parts: 16-row chunks spill a third of
-#: what 32-row ones do (``bench.regs``), and larger ones do not fit
+#: what 32-row ones do (``probes.regs``), and larger ones do not fit
 SWEEPS = {
     "Chunk": (("block_n", "stages"),
               dict.fromkeys(("half", "tf32"), [(n, s) for n in (32, 64, 128) for s in (1, 2, 3, 4)])

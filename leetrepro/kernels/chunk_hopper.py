@@ -74,7 +74,7 @@ in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``;
 recomputes those lanes with the portable kernel's repair launch, as for the portable kernel.
 
 Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
-register check by ``leetrepro.bench.regs --hopper``.
+register check by ``leetrepro.probes.regs --hopper``.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

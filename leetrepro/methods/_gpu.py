@@ -90,7 +90,7 @@ def segment_rows(n: int, lanes: int, block_n: int, slots: int, min_rows: int = 0
     states (Chunk, LA): N whole once the lanes alone fill the GPU's ``slots`` (programs it runs at
     once: SMs × programs per SM) twice over; below that, the fewest segments per lane whose
     programs fill the waves they need (:func:`wave_pieces`), no shorter than ``min_rows`` rows.
-    Measured (``bench.segments``, NOTES.md): a partly empty wave costs more than a longer chain,
+    Measured (``probes.segments``, NOTES.md): a partly empty wave costs more than a longer chain,
     so at 32 lanes on 132 SMs (Chunk, one program per SM) 4 segments a lane beat 13 by 15-30 %."""
     if lanes >= 2 * slots:
         return n

@@ -11,8 +11,8 @@ candidate, ``default`` marking the heuristic's choice) and prints the best per c
 ``--kernel hopper --dc 128 64 32`` tries the Hopper kernel with each value-column width a
 program too (``config``'s DC: fewer columns, more programs sharing each lane's B and C).
 
-    python -m leetrepro.bench.segments --out data/<gpu> [--seqlens 512 2048 ...]
-    python -m leetrepro.bench.segments --kernel hopper --dc 128 64 32 --csv segments_hopper.csv
+    python -m leetrepro.probes.segments --out data/<gpu> [--seqlens 512 2048 ...]
+    python -m leetrepro.probes.segments --kernel hopper --dc 128 64 32 --csv segments_hopper.csv
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ..api import causal_linear_decoder
 from ..methods._gpu import cdiv
 from ..methods._gpu import rows_for_pieces, segment_rows
 from ..methods.chunk import chunk_config
-from .harness import capture_graph, gpu_main, median, random_inputs
+from ..bench.harness import capture_graph, gpu_main, median, random_inputs
 
 PIECES = (1, 2, 3, 4, 6, 8, 13, 20, 32)
 

@@ -1,6 +1,6 @@
 """What limits a cell of the floor grid: Nsight Compute over one call of Chunk as it ships.
 
-``python -m leetrepro.bench.ncu [--cells f16_b16_01 ...] [--out data/<gpu>]`` profiles each cell
+``python -m leetrepro.probes.ncu [--cells f16_b16_01 ...] [--out data/<gpu>]`` profiles each cell
 in a process of its own (``ncu --profile-from-start off``, the call between cudaProfilerStart and
 Stop after three warm-ups; the launch table picks the kernel, as ``method="Chunk"`` ships) and
 writes ``ncu_limits.txt``: for the call's longest kernel, its DRAM bytes against the floor's reads
@@ -96,7 +96,7 @@ def profiled_call(label: str) -> None:
 
     from .. import causal_linear_decoder
     from .._inputs import alibi_gammas, parse_dtype
-    from .harness import random_inputs
+    from ..bench.harness import random_inputs
     dtype, batch, n, decay, options = CELLS[label]
     r, d, heads = cell_shape(label)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -124,7 +124,7 @@ def header(meta: dict) -> list[str]:
             "per issued",
             f"# instruction ({_STALL}*_per_issue_active), the five largest.",
             f"# Command: ncu --profile-from-start off --section {' --section '.join(SECTIONS)}",
-            f"#   --metrics {METRICS} --csv --page raw python -m leetrepro.bench.ncu --call <cell>",
+            f"#   --metrics {METRICS} --csv --page raw python -m leetrepro.probes.ncu --call <cell>",
             "# Cells: f16/bf16/f32 = fp16/bf16/fp32 (tf32 products), f32x3 = fp32 exact; b16 = batch "
             "16 N = 25600",
             "#   unless named; b1_1e5 = batch 1 N = 100000; b1_8192 = batch 1 N = 8192; 01 = 0-1 mask, "
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     if args.call:
         profiled_call(args.call)
         return 0
-    from .harness import gpu_script_setup, provenance
+    from ..bench.harness import gpu_script_setup, provenance
     setup = gpu_script_setup("ncu", args.out)
     if setup is None:
         return 2
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         log = os.path.join(logs, f"{label}.csv")
         cmd = ["ncu", "--profile-from-start", "off", *[a for s in SECTIONS for a in ("--section", s)],
                "--metrics", METRICS, "--csv", "--page", "raw", "--log-file", log,
-               sys.executable, "-m", "leetrepro.bench.ncu", "--call", label]
+               sys.executable, "-m", "leetrepro.probes.ncu", "--call", label]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         if done.returncode or not os.path.exists(log):
             lines.append(f"{label:18s} not profiled: ncu exited {done.returncode}: "

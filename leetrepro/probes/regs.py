@@ -5,7 +5,7 @@ architecture without one (Triton's compiler and ``ptxas`` on the host; no device
 :func:`compile_hopper_ptx`), whose partitions hold their own register budgets (``setmaxnreg``):
 ``ptxas`` then reports the launch budget (168) and the spills of the partition that has them.
 
-``python -m leetrepro.bench.regs [--arch 90] [--configs fp16:decay:64:3 ...]`` compiles the kernel
+``python -m leetrepro.probes.regs [--arch 90] [--configs fp16:decay:64:3 ...]`` compiles the kernel
 as :mod:`leetrepro.methods.chunk` launches it (r = d = 128, 8 warps, batch 1's split form unless a
 config ends in ``:one``) and prints ``ptxas -v``'s registers, stack frame and spill bytes per
 thread. The kernel holds a 128 × 128 fp32 state per program (64 registers per thread at 8 warps)

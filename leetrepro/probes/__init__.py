@@ -1,0 +1,12 @@
+"""Investigation tools: measurements that explain a number rather than record one for a table.
+
+* :mod:`~leetrepro.probes.ncu`: Nsight Compute over named cells (DRAM bytes, issue slots,
+  stalls), the profile behind a "what limits this cell" entry of NOTES.md;
+* :mod:`~leetrepro.probes.regs`: the kernels compiled for sm_90 without a GPU, their registers
+  and spills (CI asserts them);
+* :mod:`~leetrepro.probes.segments`: how many segments N is cut into at batch 1, swept.
+
+They stand on the measuring library (:mod:`leetrepro.bench`: one timing primitive, one provenance
+record) and nothing imports them: the package, the Makefile's tables and the notebooks run
+without them.
+"""
