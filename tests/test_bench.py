@@ -461,3 +461,5 @@ def test_the_gpu_matrix_is_one_list_of_named_cases():
     assert not any("hopper" in c.id for c in quick)               # no sm_90 here
     assert any(c.id.endswith("-B2-H4-N1000-r64-d64") for c in heads)
     assert any(c.id.endswith("-B1-H2-N10000-r64-d64") for c in heads)
+    assert not any(c.large for c in quick) and any(c.large for c in full)
+    assert all(c.large == (c.shape[0] * c.shape[1] * c.shape[2] >= 2 ** 17) for c in full)

@@ -13,8 +13,14 @@ models hand the operator. ``LEETREPRO_GPU_MATRIX`` picks how much:
 
 One test per case, named ``<method>-<dtype>-<what>-B{}-H{}-N{}-r{}-d{}``; a failure prints the
 case's rows. Without a GPU (or under ``TRITON_INTERPRET=1``) the module is one skipped test.
+Several processes may share the GPU (``-n 8``: the matrix is mostly compile time): the cases that
+need gigabytes (``Case.large``) take a lock, so that one runs at a time, and every case hands its
+cached memory back when it ends.
 """
+import contextlib
+import fcntl
 import os
+import tempfile
 
 import pytest
 import torch
@@ -48,16 +54,34 @@ def meta():
     return provenance(torch.device("cuda"))
 
 
-@pytest.mark.skipif(GPU, reason="runs where there is no GPU")
-def test_the_gpu_matrix_needs_a_gpu():
-    pytest.skip("no CUDA GPU here (or TRITON_INTERPRET=1): the GPU matrix was not run")
+if not GPU:
+    def test_the_gpu_matrix_needs_a_gpu():
+        pytest.skip("no CUDA GPU here (or TRITON_INTERPRET=1): the GPU matrix was not run")
+
+
+@contextlib.contextmanager
+def _alone(large: bool):
+    """Held across the processes of one pytest run on this host while a large case runs."""
+    if not large:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "leetrepro-gpu-matrix.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_gpu_matrix(case, meta):
     from leetrepro.bench.gpu_check import judged_failures
     rows = []
-    case.run(rows=rows, meta=meta)
+    with _alone(case.large):
+        try:
+            case.run(rows=rows, meta=meta)
+        finally:
+            torch.cuda.empty_cache()
     assert rows, f"{case.id} recorded no rows"
     failed = judged_failures(rows)
     assert not failed, "\n".join(

@@ -453,6 +453,14 @@ class Case(typing.NamedTuple):
     id: str
     group: str   # the method and dtype: the CSV is written as each group completes
     run: typing.Callable
+    shape: tuple = ()
+
+    @property
+    def large(self) -> bool:
+        """Whether the case needs gigabytes of GPU memory (batch · heads · N ≥ 2¹⁷ rows: its
+        oracle, Vanilla's N × N scores, the gradients' float64 autograd): ``pytest -m gpu`` in
+        several processes runs these one at a time."""
+        return bool(self.shape) and self.shape[0] * self.shape[1] * self.shape[2] >= 2 ** 17
 
 
 def _shape_id(shape) -> str:
@@ -472,7 +480,7 @@ def matrix(chosen, dtypes, device, *, quick=False, heads_only=False, layouts_onl
 
     def add(m, dtype, what, shape, fn, *args, **kw):
         out.append(Case(f"{m.abbr}-{DTYPE_NAMES[dtype]}-{what}-{_shape_id(shape)}",
-                        f"{m.abbr}-{DTYPE_NAMES[dtype]}", P(fn, *args, **kw)))
+                        f"{m.abbr}-{DTYPE_NAMES[dtype]}", P(fn, *args, **kw), tuple(shape)))
 
     shapes = SHAPES[:3] if quick else SHAPES
     for m in chosen:
