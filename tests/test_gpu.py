@@ -13,9 +13,9 @@ models hand the operator. ``LEETREPRO_GPU_MATRIX`` picks how much:
 
 One test per case, named ``<method>-<dtype>-<what>-B{}-H{}-N{}-r{}-d{}``; a failure prints the
 case's rows. Without a GPU (or under ``TRITON_INTERPRET=1``) the module is one skipped test.
-Several processes may share the GPU (``-n 8``: the matrix is mostly compile time): the cases that
-need gigabytes (``Case.large``) take a lock, so that one runs at a time, and every case hands its
-cached memory back when it ends.
+Several processes may share the GPU (``-n 8``: the matrix is mostly compile time): a case that
+needs gigabytes (``Case.large``) runs alone (an exclusive lock across the processes; the other
+cases hold it shared), and every case hands its cached memory back when it ends.
 """
 import contextlib
 import fcntl
@@ -61,12 +61,9 @@ if not GPU:
 
 @contextlib.contextmanager
 def _alone(large: bool):
-    """Held across the processes of one pytest run on this host while a large case runs."""
-    if not large:
-        yield
-        return
+    """A large case holds the GPU alone across the processes of this host; the others share it."""
     with open(os.path.join(tempfile.gettempdir(), "leetrepro-gpu-matrix.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.flock(f, fcntl.LOCK_EX if large else fcntl.LOCK_SH)
         try:
             yield
         finally:
