@@ -17,7 +17,9 @@ NOTEBOOKS := $(patsubst %.py,%.ipynb,$(wildcard notebooks/*.py))
 
 # HERE: this machine's tag (h100, a100, … or cpu). GPU: whose tables to make; on a machine without
 # a GPU the GPU tables are re-rendered from the committed data/$(GPU)/ (default h100).
-HERE   := $(shell $(PY) -c "from leetrepro._device import gpu_tag; print(gpu_tag())" 2>/dev/null || echo cpu)
+# Found on first use (a Python start, ~3 s with torch): targets that never ask, `make help` among
+# them, do not pay for it.
+HERE    = $(eval HERE := $(shell $(PY) -c "from leetrepro._device import gpu_tag; print(gpu_tag())" 2>/dev/null || echo cpu))$(HERE)
 GPU    ?= $(if $(filter cpu,$(HERE)),h100,$(HERE))
 DATA   ?= data/$(GPU)
 # where tables, figures and executed notebooks go; without a GPU, re-rendered tables go to
@@ -41,34 +43,35 @@ LEMMA_CPU := -y "ks: [8, 9, 10, 11, 12, 13]" -p heads 4 -p reps 3
 LEMMA_ARGS ?= $(if $(filter cpu,$(HERE)),$(LEMMA_CPU))
 TABLES := table3 table4 table5 table6
 
-.PHONY: help install test test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
+.PHONY: help install test test-gpu test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
         bench-sp scaling bench-serve cross-gpu results layouts bench-layer
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
 	@echo "make test      the test suite (CPU; Triton kernels under TRITON_INTERPRET=1)"
+	@echo "make test-gpu  (GPU) the correctness matrix in pytest (-m gpu; GPU_MATRIX=quick or full)"
 	@echo "make test-fast the quick lane: everything not marked slow (about a minute and a half)"
 	@echo "make lint      ruff over the package, kernels, tests and notebooks (CI runs it)"
 	@echo "make test-triton-next  the tests under the newest Triton ($(TRITON_NEXT)) in .venv-triton-next"
 	@echo "make notebooks the .ipynb files papermill runs, from their sources notebooks/*.py"
-	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> $(DATA)/correctness.csv"
-	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> $(DATA)/kernels.csv"
-	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from $(DATA))"
+	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> data/<gpu>/correctness.csv"
+	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> data/<gpu>/kernels.csv"
+	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from data/<gpu>)"
 	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
-	@echo "    variables: GPU=$(GPU) DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=$(RESULTS) QUICK=$(QUICK) NBFLAGS='-p seqlens ...'"
+	@echo "    variables: GPU=<this GPU, h100 without one> DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=<. on a GPU, rerendered without one> QUICK=$(QUICK) NBFLAGS='-p seqlens ...'"
 	@echo "    QUICK=1: 5 repetitions, 2 s per call, Tables 7-8 in one run (the committed runs' settings)"
-	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> $(DATA)/floor.csv"
-	@echo "make profile   (GPU, ncu) what limits each floor cell short of its target -> $(DATA)/ncu_limits.txt"
-	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> $(DATA)/serve.csv, generation.csv"
+	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> data/<gpu>/floor.csv"
+	@echo "make profile   (GPU, ncu) what limits each floor cell short of its target -> data/<gpu>/ncu_limits.txt"
+	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> data/<gpu>/serve.csv, generation.csv"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make results   figures/results.md: every measured table, written from data/ alone (no GPU needed)"
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
-	@echo "make tune      (GPU) Chunk's and LA's launch tables -> $(DATA)/chunk_config.csv, la_config.csv, Chunk's kernel per head shape -> chunk_kernel.csv, then every method on a grid -> $(DATA)/dispatch.csv (what method=auto uses)"
-	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> $(DATA)/train.csv, train_sweeps.csv, layouts.csv"
-	@echo "make layouts   (GPU) the layouts models produce vs head-major and fla -> $(DATA)/layouts.csv"
-	@echo "make bench-layer (GPU) one attention layer, forward + backward, vs fla's op -> $(DATA)/layer.csv"
+	@echo "make tune      (GPU) Chunk's and LA's launch tables -> data/<gpu>/chunk_config.csv, la_config.csv, Chunk's kernel per head shape -> chunk_kernel.csv, then every method on a grid -> data/<gpu>/dispatch.csv (what method=auto uses)"
+	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> data/<gpu>/train.csv, train_sweeps.csv, layouts.csv"
+	@echo "make layouts   (GPU) the layouts models produce vs head-major and fla -> data/<gpu>/layouts.csv"
+	@echo "make bench-layer (GPU) one attention layer, forward + backward, vs fla's op -> data/<gpu>/layer.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
 
@@ -89,6 +92,13 @@ test: $(VENV)/.installed
 # pyflakes' and pycodestyle's checks (ruff; its settings in pyproject.toml), a few seconds
 lint: $(VENV)/.installed
 	$(PY) -m ruff check leetrepro tests notebooks
+
+# the correctness matrix on this machine's GPU (pytest -m gpu; GPU_MATRIX=full for the whole of
+# make gpu-check's cases and the head shapes, about half an hour on an H100 in 8 processes)
+GPU_MATRIX ?= quick
+test-gpu: $(VENV)/.installed
+	LEETREPRO_GPU_MATRIX=$(GPU_MATRIX) $(PY) -m pytest -q -m gpu -n $(GPU_TEST_JOBS) tests/test_gpu.py $(PYTEST_ARGS)
+GPU_TEST_JOBS ?= 8
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow" $(PYTEST_ARGS)
@@ -119,7 +129,7 @@ define run_notebook
 	$(NB) notebooks/$(1).ipynb $(RESULTS)/figures/$(3)/$(2).ipynb -p out_root $(RESULTS) $(4) $(NBFLAGS)
 endef
 
-NO_GPU_NOTE := NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(RESULTS)/; Lemma 3.1 was timed on this CPU ($(RESULTS)/data/cpu/).
+NO_GPU_NOTE = NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(RESULTS)/; Lemma 3.1 was timed on this CPU ($(RESULTS)/data/cpu/).
 
 reproduce: derivations lemma31 $(TABLES) table9 long-prompts table7 table8 claims floor
 	@echo "reproduce: done. Tables, figures and executed notebooks under $(RESULTS)/figures/ and $(RESULTS)/data/."

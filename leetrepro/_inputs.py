@@ -87,6 +87,11 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
     """
     if gamma is None:
         return None
+    if isinstance(gamma, (list, tuple)):  # one decay per head, as typed: float64, never rounded
+        try:
+            gamma = torch.tensor(gamma, dtype=torch.float64)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"gamma as a list must hold numbers, one per head ({err})") from None
     if isinstance(gamma, torch.Tensor) and gamma.requires_grad:
         raise ValueError("gamma requires grad, but the decays are fixed: no gradient is computed "
                          "for them; pass gamma.detach() (or a float)")
@@ -160,13 +165,23 @@ def _shaped_gamma(g: torch.Tensor, heads: int) -> torch.Tensor:
     return g.reshape(-1).expand(heads)
 
 
-def _check_values(g: torch.Tensor) -> None:
-    """Raise unless every decay of the float64 host tensor ``g`` lies in (0, 1]."""
+#: significant digits a value of each dtype holds: an error shows 1.2, not float32's 1.2000000476837158
+_DIGITS = {torch.float16: 4, torch.bfloat16: 3, torch.float32: 7}
+
+
+def _check_values(g: torch.Tensor, dtype: torch.dtype | None = None) -> None:
+    """Raise unless every decay of the float64 host tensor ``g`` lies in (0, 1]; ``dtype``: the
+    caller's, whose digits the error shows (None: unknown; a value that is a float32 shows as one)."""
     if torch.isnan(g).any():
         raise ValueError("gamma contains NaN")
     bad = (g <= 0) | (g > 1)
     if bad.any():
-        raise ValueError(f"gamma must lie in (0, 1]; got {g[bad][:4].tolist()} "
+        values = g[bad][:4]
+        if dtype is None:
+            dtype = torch.float32 if torch.equal(values.float().double(), values) else torch.float64
+        digits = _DIGITS.get(dtype, 17)
+        shown = [float(f"{v:.{digits}g}") for v in values.tolist()]
+        raise ValueError(f"gamma must lie in (0, 1]; got {shown} "
                          f"(head(s) {bad.nonzero().flatten()[:4].tolist()})")
 
 
@@ -176,7 +191,7 @@ def _checked_gamma(gamma, heads: int, device) -> torch.Tensor:
     # a Python number stays float64 (torch.as_tensor would round 0.9 to float32 first)
     g = gamma.detach() if isinstance(gamma, torch.Tensor) else torch.tensor(float(gamma), dtype=torch.float64)
     g = _shaped_gamma(g, heads).to(device="cpu", dtype=torch.float64).contiguous()
-    _check_values(g)
+    _check_values(g, gamma.dtype if isinstance(gamma, torch.Tensor) else torch.float64)
     return g.to(device)
 
 

@@ -92,3 +92,16 @@ def check_kernel(method, shape, dtype, decay, **opts):
     assert_close_to_reference(out, B, C, V, g, tol=tolerance(dtype, tf32=not INTERPRETED and not exact))
     return B, C, V, g, out
 
+
+
+def quick_lane(values, keep=(0,), unpack=False):
+    """``values`` as parameters, each but those at the indices ``keep`` marked slow: the quick lane
+    (``make test-fast``, under a minute) runs a representative, the full lane every one. An entry
+    that is already a ``pytest.param`` keeps its id and marks; ``unpack``: each value is a tuple of
+    several arguments."""
+    out = []
+    for i, v in enumerate(values):
+        p = v if isinstance(v, type(pytest.param(None))) else pytest.param(*v) if unpack else pytest.param(v)
+        marks = tuple(p.marks) + (() if i in keep else (pytest.mark.slow,))
+        out.append(pytest.param(*p.values, id=p.id, marks=marks))
+    return out

@@ -8,7 +8,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder, ops, reference
 from leetrepro.methods import available, register, unregister
 
-from conftest import assert_close_to_reference, make_inputs
+from conftest import assert_close_to_reference, make_inputs, quick_lane
 
 
 def test_listing2_runs_unchanged_on_cpu():
@@ -145,12 +145,19 @@ def test_unsupported_dtype_or_device_is_an_error():
     @register("fp32-only", abbr="F32", dtypes=[torch.float32], devices=["cuda"])
     def fp32_only(B, C, V, gamma):
         return V
+
+    @register("fp32-cpu", abbr="F32cpu", dtypes=[torch.float32], devices=["cpu"])
+    def fp32_cpu(B, C, V, gamma):
+        return V
     try:
         B, C, V = make_inputs(1, 1, 4, 2, 2)
-        with pytest.raises(ValueError, match="does not support dtype"):
-            causal_linear_decoder(B, C, V, method="F32")
+        with pytest.raises(ValueError, match="runs on cuda tensors only, and these are on cpu"):
+            causal_linear_decoder(B, C, V, method="F32")  # the device is what is wrong
+        with pytest.raises(ValueError, match="does not support dtype torch.float16"):
+            causal_linear_decoder(*(t.half() for t in (B, C, V)), method="F32cpu")
     finally:
         unregister("F32")
+        unregister("F32cpu")
 
 
 def test_register_a_users_method_and_list_it():
@@ -215,7 +222,7 @@ def test_auto_follows_the_dispatch_table(monkeypatch, tmp_path):
     dispatch.clear_cache()
 
 
-@pytest.mark.parametrize("method", ["auto", "AUTO", "Auto"])
+@pytest.mark.parametrize("method", quick_lane(["auto", "AUTO", "Auto"]))
 def test_auto_is_case_insensitive_and_rejects_method_specific_options(method):
     B, C, V = make_inputs(1, 2, 200, 4, 4)
     assert_close_to_reference(causal_linear_decoder(B, C, V, 0.9, method=method), B, C, V, 0.9)
@@ -306,3 +313,19 @@ def test_a_seen_signature_skips_checks_but_never_a_wrong_call(monkeypatch):
     assert picked == ["Recur", "Bb", "Recur", "Bb"]
     monkeypatch.undo()
     dispatch.clear_cache()
+
+
+def test_a_refused_gamma_shows_what_was_typed_and_a_list_is_one_decay_per_head():
+    """gamma = [0.9, 1.2] (a list, float64 as typed), a float32 or fp16 tensor: the refusal shows
+    1.2, not the float32 round trip 1.2000000476837158; a list of valid decays is per head."""
+    B, C, V = make_inputs(1, 2, 8, 4, 4)
+    for g in ([0.9, 1.2], torch.tensor([0.9, 1.2]), torch.tensor([0.9, 1.2], dtype=torch.float16)):
+        with pytest.raises(ValueError, match=r"got \[1\.2\] \(head\(s\) \[1\]\)"):
+            causal_linear_decoder(B, C, V, g)
+    from leetrepro._inputs import check_gamma_values
+    with pytest.raises(ValueError, match=r"got \[1\.2\] "):  # the op's own check: float64 already
+        check_gamma_values(torch.tensor([0.9, 1.2]).double())
+    with pytest.raises(TypeError, match="one per head"):
+        causal_linear_decoder(B, C, V, ["a", 1])
+    assert_close_to_reference(causal_linear_decoder(B, C, V, [0.9, 0.5]), B, C, V,
+                              torch.tensor([0.9, 0.5], dtype=torch.float64))

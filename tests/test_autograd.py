@@ -146,6 +146,7 @@ def test_gradcheck_in_float64():
         (B, C, V, S0))
 
 
+@pytest.mark.slow  # seconds: every registered op's schema, fake tensor and autograd checks
 def test_opcheck():
     """The custom op's schema, fake implementation and autograd registration."""
     from leetrepro.ops import causal_linear

@@ -13,7 +13,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder
 
 from conftest import BF16, INTERPRETED, KERNEL_DEVICE as DEVICE, check_kernel as _check, make_inputs, \
-    random_gammas, shape_id, tolerance
+    quick_lane, random_gammas, shape_id, tolerance
 
 pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
 # a split of 37 rows into one 64-row segment and 37 whole (9 lanes fill the interpreter's 4
@@ -32,8 +32,8 @@ def test_chunk_scan_triton(shape, segment, decay, dtype):
 
 
 @pytest.mark.parametrize("shape, segment", CHUNK_CASES, ids=shape_id)
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16])
+@pytest.mark.parametrize("reverse", quick_lane([False, True]))
+@pytest.mark.parametrize("dtype", quick_lane([torch.float32, torch.float16, BF16], keep=(0, 2)))
 def test_chunk_state_triton(shape, segment, reverse, dtype):
     # the state alone (sequence parallelism's extra pass): per-head γ, segments, column blocks
     from leetrepro.methods.chunk import chunk_state
@@ -262,7 +262,9 @@ def test_segments_fill_the_last_wave_of_programs():
 
 
 @pytest.mark.parametrize("self_repair", [True, False], ids=["in-launch", "repair-launch"])
-@pytest.mark.parametrize("segment, row", [(None, 70), (32, 5), (32, 70), (32, 140)])
+# the quick lane: one case, the bad row in the second of three segments, repaired either way
+@pytest.mark.parametrize("segment, row", quick_lane([(None, 70), (32, 5), (32, 70), (32, 140)], keep=(2,),
+                                                             unpack=True))
 @pytest.mark.parametrize("reverse", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch, self_repair,
                                                                      segment, row, reverse):

@@ -13,7 +13,7 @@ from leetrepro.bench.layouts import make_layout
 from leetrepro.methods import methods
 from leetrepro.ops import gradient_buffers, output_like
 
-from conftest import method_params, random_gammas, tolerance
+from conftest import method_params, quick_lane, random_gammas, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
@@ -40,10 +40,12 @@ def leaves_in(layout: str, b, h, n, r, d, dtype=torch.float32, seed=0):
     return [y], interleaved
 
 
-#: (method, layout): every method in every layout, the interpreted FleetAttention (18 s a case,
-#: slow lane) in the model's time-major views only (its head-major case is the other files'; the
-#: fused slices differ from those views only in ops' shared gradient buffer, every other method's)
-CASES = [pytest.param(p.values[0], layout, id=f"{p.id}-{layout}", marks=p.marks)
+#: (method, layout): every method in every layout (Chunk alone in the quick lane), the interpreted
+#: FleetAttention (18 s a case, slow lane) in the model's time-major views only (its head-major
+#: case is the other files'; the fused slices differ from those views only in ops' shared gradient
+#: buffer, every other method's)
+CASES = [pytest.param(p.values[0], layout, id=f"{p.id}-{layout}",
+                      marks=tuple(p.marks) + (() if p.values[0].abbr == "Chunk" else (pytest.mark.slow,)))
          for p in method_params(METHODS) for layout in LAYOUTS
          if p.values[0].abbr != "FA" or layout == "model"]
 
@@ -147,7 +149,7 @@ def test_no_copy_on_the_kernel_path(layout):
         assert grads[0].is_contiguous()
 
 
-@pytest.mark.parametrize("method", ["LA_torch", "Chunk"])
+@pytest.mark.parametrize("method", quick_lane(["LA_torch", "Chunk"], keep=(1,)))
 def test_the_correctness_matrix_checks_every_layout(method):
     """``gpu_check``'s layout rows, run here: O and dB, dC, dV in each model layout, all passing,
     each naming its layout."""

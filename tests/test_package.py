@@ -44,3 +44,21 @@ def test_the_wheel_ships_kernels_and_dispatch_tables_and_finds_them_installed(tm
     table, kernels = out.stdout.split()
     assert table == str(site / "leetrepro" / "data" / "h100" / "dispatch.csv") and os.path.exists(table)
     assert kernels == str(site / "leetrepro" / "kernels")
+
+
+def test_make_asks_for_the_gpu_only_when_a_target_needs_it(tmp_path):
+    """The Makefile finds this machine's GPU tag (a Python start, seconds with torch) on first use:
+    ``make help`` starts no Python; a target that names its data folder does."""
+    import shutil
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    marker = tmp_path / "asked"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\necho cpu\n")
+    fake.chmod(0o755)
+    run = lambda *args: subprocess.run(["make", "-s", *args, f"PY={fake}", "INSTALLED="],  # noqa: E731
+                                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run("help").returncode == 0 and not marker.exists()
+    out = run("-n", "gpu-check")
+    assert out.returncode == 0 and marker.exists(), out.stderr
+    assert "--out data/h100" in out.stdout  # no GPU here: the default folder, h100's
