@@ -68,7 +68,7 @@ def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_
     g = normalize_gamma(gamma, B.shape[1], B.device)
     if torch.compiler.is_compiling():
         return torch.ops.leetrepro.decode_step(B, C, V, g, state_pool, slots, float(scale))
-    # eager: the op's dispatch costs more host time (~40 µs) than the step itself at batch 1
+    # eager: the op's dispatch costs more host time than the step itself at batch 1 (NOTES.md)
     return _decode_step_impl(B, C, V, g, state_pool, slots, float(scale))
 
 

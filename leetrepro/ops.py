@@ -122,7 +122,7 @@ def prepare(method, options: dict, B: torch.Tensor, gamma, with_state: bool) -> 
     return m, check_options(m, options)
 
 
-@functools.lru_cache(maxsize=None)  # inspect.signature costs ~10 µs, too much per call
+@functools.lru_cache(maxsize=None)  # inspect.signature is too slow to run on every call
 def _accepted_options(fn) -> frozenset | None:
     """Keyword options of a method's ``fn`` beyond (B, C, V, gamma); None if it takes ``**kwargs``."""
     try:

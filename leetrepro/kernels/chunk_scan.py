@@ -33,9 +33,9 @@ fused projection are read and written in place.
 
 Non-finite rows of C or V: a chunk multiplies whole tiles, so a NaN/Inf in row j meets the zero
 weights of earlier rows of its chunk (0 × NaN) and would spoil them. Detecting that per chunk
-costs 2.5-5× (a reduction and a branch per chunk break the load-to-MMA pipeline; NOTES.md). But
-such a row also makes the carried state non-finite, and nothing makes it finite again, so each
-program checks its state once, at its end. With ``FLAGS`` (long calls, and the Hopper kernel's) it
+costs several times the sweep (a reduction and a branch per chunk break the load-to-MMA pipeline;
+NOTES.md). But such a row also makes the carried state non-finite, and nothing makes it finite
+again, so each program checks its state once, at its end. With ``FLAGS`` (long calls, and the Hopper kernel's) it
 flags its lane, and a second launch (``REPAIR``, one program per lane, a few microseconds when
 nothing is flagged) recomputes only the flagged lanes from their start, the non-finite entries of
 C and V zeroed, every row from the first non-finite one on set to NaN. Without (short calls, where

@@ -90,8 +90,8 @@ def segment_rows(n: int, lanes: int, block_n: int, slots: int, min_rows: int = 0
     states (Chunk, LA): N whole once the lanes alone fill the GPU's ``slots`` (programs it runs at
     once: SMs × programs per SM) twice over; below that, the fewest segments per lane whose
     programs fill the waves they need (:func:`wave_pieces`), no shorter than ``min_rows`` rows.
-    Measured (``probes.segments``, NOTES.md): a partly empty wave costs more than a longer chain,
-    so at 32 lanes on 132 SMs (Chunk, one program per SM) 4 segments a lane beat 13 by 15-30 %."""
+    Measured (``probes.segments``, NOTES.md "Chunk at batch 1: how many segments"): a partly
+    empty wave costs more than a longer chain."""
     if lanes >= 2 * slots:
         return n
     pieces = wave_pieces(lanes, slots)
@@ -163,7 +163,7 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     """``kernel[grid](**arguments, **options)``: every parameter of the kernel, constexprs included,
     passed by name (a TypeError names any missing or unknown one: on a key's first launch, and on
     any launch whose count of arguments is wrong), with Triton's per-call argument
-    binding (~10 µs of host time) skipped after the first call of a key: the compiled kernel is
+    binding (host time on every call) skipped after the first call of a key: the compiled kernel is
     kept and launched with the arguments in the kernel's own parameter order.
 
     That replay rests on Triton's ``CompiledKernel[grid](*args)`` taking every parameter in
@@ -177,7 +177,7 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     divisible by 16, the constexprs, the options, the device): its cached launch plan. Without
     one, the key is built argument by argument. On the Triton release whose runner was read
     (:data:`DIRECT_TRITON`) the replay calls the compiled kernel's launcher as that runner does
-    (:func:`_direct`), skipping its per-call lookups (~3-5 µs of host time a launch)."""
+    (:func:`_direct`), skipping its per-call lookups (host time, NOTES.md)."""
     order = _ORDER.get(kernel)
     if order is None:
         order = _ORDER[kernel] = [tuple(kernel.arg_names), None, frozenset(kernel.arg_names)]

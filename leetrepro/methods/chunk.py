@@ -218,7 +218,7 @@ def zeroed_counters(device: torch.device, nflags: int, ring: int) -> tuple:
     """``(flags, sync)``: ``nflags`` zero int32 counters (the lanes' repair flags) and ``ring``
     more (the ring's flags and ticket), None where a count is 0: views of one buffer per device
     and stream that every launch of the kernels leaves zero (``kernels/chunk_scan.py``,
-    ``kernels/chunk_hopper.py``), so that a call spends no zeroing launch of its own (~10-20 µs of
+    ``kernels/chunk_hopper.py``), so that a call spends no zeroing launch of its own (a launch's
     host time; calls on one stream run in order, so none sees another's counters). While a CUDA
     graph is captured, a buffer of the call's own (its zeroing captured with it)."""
     if not (nflags or ring):
@@ -249,8 +249,8 @@ STRIDE_NAMES = dict(B="B", C="C", V="V", O="O", E="E", O2="P")
 
 
 #: calls of up to this many rows (batch · heads · N) on the portable kernel repair their non-finite
-#: rows within their launch (up to b1 × 32 heads × N = 8192: ≲ 200 µs of GPU time, where the repair
-#: launch's host time weighs, measured in NOTES.md); longer ones flag lanes for a repair launch
+#: rows within their launch (b1 × 32 heads × N = 8192: calls short enough that a repair launch's
+#: host time would weigh, NOTES.md); longer ones flag lanes for a repair launch
 SELF_REPAIR_ROWS = 1 << 18
 #: the head dimensions (r and d) the Hopper kernel takes
 HOPPER_DIMS = (64, 128, 256)
@@ -404,7 +404,7 @@ def _capability(index: int) -> tuple:
 
 
 #: at batch 1, below this N an eager call's host time is a large part of it (the Hopper kernel's
-#: launch costs ~40 µs more of it than the portable one's): its own regime in ``make tune``'s table
+#: launch costs more of it than the portable one's, NOTES.md): its own regime in ``make tune``'s table
 SHORT_SPLIT_N = 32768
 
 
@@ -551,8 +551,8 @@ def gluon_dtype(dtype: torch.dtype):
 
 @functools.lru_cache(maxsize=None)
 def _tma_layout(rows: int, cols: int, gdt):
-    """The shared-memory layout of a (1, 1, rows, cols) TMA tile (computed once: ~50 µs of host
-    time a call otherwise)."""
+    """The shared-memory layout of a (1, 1, rows, cols) TMA tile (computed once: host time on
+    every call otherwise)."""
     from triton.experimental.gluon import language as gl
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], gdt)
 
@@ -650,8 +650,8 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
                          precision=precision, outputs=(tensors["O"], tensors["O2"]))
     # A short call on the portable kernel repairs its non-finite rows within its launch (the
     # segment holding a lane's first non-finite row computes its rows again): one launch, where a
-    # repair launch would add ~20 µs of host time; a long one keeps its kernel lean (the in-launch
-    # repair costs its sweep 5-7 %, NOTES.md) and flags the lanes for a repair launch, as the
+    # repair launch would add a launch's host time; a long one keeps its kernel lean (the in-launch
+    # repair slows its sweep, NOTES.md) and flags the lanes for a repair launch, as the
     # Hopper kernel does.
     self_repair = not hopper and short
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
