@@ -186,7 +186,7 @@ base = tag.rsplit("x", 1)[0]
 runs = {}
 for path in sorted(glob.glob(os.path.join(_paths.resource("data"), f"{base}x*", "sp.csv"))):
     runs[os.path.basename(os.path.dirname(path))] = pd.read_csv(path)
-runs.setdefault(tag, sp)  # a fresh run into out_root
+runs[tag] = sp  # this tag as read above (a fresh run into out_root, else the committed one)
 
 
 def cell(d, pas, **where):
