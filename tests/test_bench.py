@@ -443,6 +443,8 @@ def test_the_gpu_matrix_is_one_list_of_named_cases():
     with a unique id naming method, dtype, what and shape, grouped by method and dtype (the CSV is
     written as each group completes); the quick matrix has every method's forward, gradients and
     frozen subsets, the full one more shapes, the heads matrix the head shapes models use."""
+    import inspect
+
     from leetrepro.bench import gpu_check
     from leetrepro.methods import methods
     torch_methods = [m for m in methods() if m.language == "torch"]
@@ -461,5 +463,7 @@ def test_the_gpu_matrix_is_one_list_of_named_cases():
     assert not any("hopper" in c.id for c in quick)               # no sm_90 here
     assert any(c.id.endswith("-B2-H4-N1000-r64-d64") for c in heads)
     assert any(c.id.endswith("-B1-H2-N10000-r64-d64") for c in heads)
+    for c in quick + full + heads:  # each takes exactly the rows and the provenance when it runs
+        inspect.signature(c.run).bind(rows=[], meta={})
     assert not any(c.large for c in quick) and any(c.large for c in full)
     assert all(c.large == (c.shape[0] * c.shape[1] * c.shape[2] >= 2 ** 17) for c in full)

@@ -193,7 +193,7 @@ def test_the_sp_benchmark_defaults_cover_every_host_size():
     """Weak scaling at 512 Ki, 1 Mi and 2 Mi tokens per GPU and strong scaling at 1 Mi on any P;
     the longest-sequence candidates run from 3 Mi to 1/2 Mi per GPU, largest first, so an 80 GB
     card (about 1.1 Mi per GPU by the estimate) finds one."""
-    from leetrepro.bench.sp import cell_bytes, default_ns, longest_candidates
+    from leetrepro.bench.sp import cell_fits, default_ns, longest_candidates
     mi = 2 ** 20
     assert default_ns(2) == [mi, 2 * mi, 4 * mi]
     assert default_ns(4) == [mi, 2 * mi, 4 * mi, 8 * mi]
@@ -201,5 +201,5 @@ def test_the_sp_benchmark_defaults_cover_every_host_size():
     cands = longest_candidates(4)
     assert cands == sorted(cands, reverse=True) and cands[0] == 12 * mi and cands[-1] == 2 * mi
     h100_free = 79 * 2 ** 30
-    fit = [n for n in cands if cell_bytes("fwd_bwd", n // 4, 2) <= 0.95 * h100_free]
+    fit = [n for n in cands if cell_fits("fwd_bwd", n // 4, 2, h100_free)]
     assert fit[0] == 4 * 9 * mi // 8  # 1.125 Mi per GPU: 8.3 tensors of 8 GiB per Mi, 75 GiB

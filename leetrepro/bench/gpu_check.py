@@ -452,15 +452,20 @@ class Case(typing.NamedTuple):
     ``pass``, ``FAIL …`` or, for a method marked unsafe, ``unsafe (reported, not judged)``)."""
     id: str
     group: str   # the method and dtype: the CSV is written as each group completes
-    run: typing.Callable
-    shape: tuple = ()
+    run: typing.Callable  # a check_* function with every argument but rows and meta
+    shape: tuple
 
     @property
     def large(self) -> bool:
         """Whether the case needs gigabytes of GPU memory (batch · heads · N ≥ 2¹⁷ rows: its
         oracle, Vanilla's N × N scores, the gradients' float64 autograd): ``pytest -m gpu`` in
         several processes runs these one at a time."""
-        return bool(self.shape) and self.shape[0] * self.shape[1] * self.shape[2] >= 2 ** 17
+        return self.shape[0] * self.shape[1] * self.shape[2] >= 2 ** 17
+
+
+def _narrow(dc: int) -> tuple:
+    """``check_case``'s ``extra`` for the Hopper kernel at ``dc`` value columns a program."""
+    return f"DC{dc}", dict(kernel="hopper", config={"DC": dc})
 
 
 def _shape_id(shape) -> str:
@@ -491,79 +496,64 @@ def matrix(chosen, dtypes, device, *, quick=False, heads_only=False, layouts_onl
                 if not m.unsafe:
                     for si, shape in enumerate(HEAD_SHAPES):
                         for decay in (False, True):
-                            add(m, dtype, f"O-decay{decay:d}", shape, _case, m, shape, dtype, decay,
-                                device, 1100 + 10 * si + decay)
-                        add(m, dtype, "grads", shape, _grads, m, shape, dtype, True, device, 1200 + si)
-                        add(m, dtype, "grads-time-major", shape, _grads, m, shape, dtype, True, device,
-                            1300 + si, time_major=True)
+                            add(m, dtype, f"O-decay{decay:d}", shape, check_case, m, shape, dtype,
+                                decay, device, 1100 + 10 * si + decay)
+                        add(m, dtype, "grads", shape, check_grads, m, shape, dtype, True, device,
+                            1200 + si)
+                        add(m, dtype, "grads-time-major", shape, check_grads, m, shape, dtype, True,
+                            device, 1300 + si, time_major=True)
                         narrow = narrow_hopper_columns(m, shape, dtype, device)
                         if narrow:  # the Hopper kernel with fewer value columns a program
-                            add(m, dtype, f"O-DC{narrow}", shape, _case, m, shape, dtype, True, device,
-                                1400 + si, extra=(f"DC{narrow}", dict(kernel="hopper",
-                                                                      config={"DC": narrow})))
+                            add(m, dtype, f"O-DC{narrow}", shape, check_case, m, shape, dtype, True,
+                                device, 1400 + si, extra=_narrow(narrow))
                 continue
             if layouts_only:
                 if not m.unsafe:
                     for si, shape in enumerate(LAYOUT_SHAPES):
-                        add(m, dtype, "layouts", shape, _layouts, m, shape, dtype, device, 970 + si)
+                        add(m, dtype, "layouts", shape, check_layouts, m, shape, dtype, device,
+                            970 + si)
                 continue
             for si, shape in enumerate([] if grads_only else shapes):
                 if m.name == "vanilla" and shape[2] > QUADRATIC_MAX_N:
                     continue  # O(N²) memory: not part of the matrix for this method
                 for decay in (False, True):
-                    add(m, dtype, f"O-decay{decay:d}", shape, _case, m, shape, dtype, decay, device,
-                        100 * si + decay)
+                    add(m, dtype, f"O-decay{decay:d}", shape, check_case, m, shape, dtype, decay,
+                        device, 100 * si + decay)
             if quick and hopper_heads and not grads_only:
                 for si, shape in enumerate(QUICK_HOPPER_SHAPES):
-                    if narrow_hopper_columns(m, shape, dtype, device) is None:
+                    narrow = narrow_hopper_columns(m, shape, dtype, device)
+                    if narrow is None:
                         continue  # not Chunk, or no sm_90 here
                     for decay in (False, True):
-                        add(m, dtype, f"O-hopper-decay{decay:d}", shape, _case, m, shape, dtype, decay,
-                            device, 1500 + 10 * si + decay, extra=("hopper", dict(kernel="hopper")))
-                    narrow = narrow_hopper_columns(m, shape, dtype, device)
-                    add(m, dtype, f"O-DC{narrow}", shape, _case, m, shape, dtype, True, device,
-                        1550 + si, extra=(f"DC{narrow}", dict(kernel="hopper", config={"DC": narrow})))
+                        add(m, dtype, f"O-hopper-decay{decay:d}", shape, check_case, m, shape, dtype,
+                            decay, device, 1500 + 10 * si + decay,
+                            extra=("hopper", dict(kernel="hopper")))
+                    add(m, dtype, f"O-DC{narrow}", shape, check_case, m, shape, dtype, True, device,
+                        1550 + si, extra=_narrow(narrow))
             if huge and not grads_only and m.language in ("triton", "cuda") and not m.unsafe \
                     and dtype == torch.float16:
-                add(m, dtype, "huge", HUGE, _huge, m, dtype, device)
+                add(m, dtype, "huge", HUGE, check_huge, m, dtype, device)
             if not no_grads and not m.unsafe:
                 for si, shape in enumerate(GRAD_SHAPES[:2] if quick else GRAD_SHAPES):
                     if m.abbr == "Cdotp_torch" and shape[2] > 4097:
                         continue  # one Python step per token, three times: minutes per case
                     for decay, exact in itertools.product((False, True), exact_modes(m, dtype)):
-                        add(m, dtype, f"grads-decay{decay:d}{'-exact' * exact}", shape, _grads, m, shape,
-                            dtype, decay, device, 500 + 10 * si + decay, exact=exact)
+                        add(m, dtype, f"grads-decay{decay:d}{'-exact' * exact}", shape, check_grads, m,
+                            shape, dtype, decay, device, 500 + 10 * si + decay, exact=exact)
                 for wanted in frozen_subsets(m):
-                    add(m, dtype, f"grads-{wanted}", GRAD_SHAPES[1], _grads, m, GRAD_SHAPES[1], dtype,
-                        True, device, 900, wanted)
+                    add(m, dtype, f"grads-{wanted}", GRAD_SHAPES[1], check_grads, m, GRAD_SHAPES[1],
+                        dtype, True, device, 900, wanted=wanted)
                 for si, shape in enumerate([] if quick else TIME_MAJOR_GRAD_SHAPES):
-                    add(m, dtype, "grads-time-major", shape, _grads, m, shape, dtype, True, device,
-                        950 + si, time_major=True)
+                    add(m, dtype, "grads-time-major", shape, check_grads, m, shape, dtype, True,
+                        device, 950 + si, time_major=True)
                 for si, shape in enumerate(LAYOUT_SHAPES[:1] if quick else LAYOUT_SHAPES):
-                    add(m, dtype, "layouts", shape, _layouts, m, shape, dtype, device, 970 + si)
+                    add(m, dtype, "layouts", shape, check_layouts, m, shape, dtype, device, 970 + si)
             if fp16_range and dtype == torch.float16 and m.language == "triton" and not m.unsafe:
                 for (si, shape), case, decay in itertools.product(
                         enumerate(RANGE_SHAPES), RANGE_CASES, (False, True)):
-                    add(m, dtype, f"range-{RANGE_CASES.index(case)}-decay{decay:d}", shape, _grads, m,
-                        shape, dtype, decay, device, 700 + 10 * si + decay, magnitudes=case)
+                    add(m, dtype, f"range-{RANGE_CASES.index(case)}-decay{decay:d}", shape, check_grads,
+                        m, shape, dtype, decay, device, 700 + 10 * si + decay, magnitudes=case)
     return out
-
-
-# the checks with the rows and the provenance last, as a Case runs them
-def _case(m, shape, dtype, decay, device, seed, rows, meta, extra=None):
-    check_case(m, shape, dtype, decay, device, seed, rows, meta, extra=extra)
-
-
-def _grads(m, shape, dtype, decay, device, seed, wanted="BCVS", rows=None, meta=None, **kw):
-    check_grads(m, shape, dtype, decay, device, seed, rows, meta, wanted, **kw)
-
-
-def _layouts(m, shape, dtype, device, seed, rows, meta):
-    check_layouts(m, shape, dtype, device, seed, rows, meta)
-
-
-def _huge(m, dtype, device, rows, meta):
-    check_huge(m, dtype, device, rows, meta)
 
 
 def judged_failures(rows) -> list[dict]:

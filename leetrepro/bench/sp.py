@@ -79,6 +79,11 @@ def cell_bytes(pass_: str, n: int, itemsize: int) -> int:
     return int(CELL_TENSORS[pass_] * n * HEADS * RANK * itemsize)
 
 
+def cell_fits(pass_: str, n: int, itemsize: int, free: float) -> bool:
+    """Whether a cell's estimate fits ``free`` bytes with 5 % to spare."""
+    return cell_bytes(pass_, n, itemsize) <= 0.95 * free
+
+
 def free_bytes(device, group_min: bool, cap: float = math.inf) -> float:
     """Bytes free on this GPU after the cache is emptied, at most ``cap`` (``group_min``: the
     least over the ranks, a collective call); on the CPU, ``cap``."""
@@ -247,9 +252,10 @@ def main(argv=None) -> int:
     def fits(pass_, n, gpus, group_min=True):
         """Whether the cell's estimate fits the free memory (a collective unless
         ``group_min`` is False); if not, its row says so (``status=oom``)."""
-        need, free = cell_bytes(pass_, n, size), free_bytes(device, group_min, cap)
-        if need <= 0.95 * free:
+        free = free_bytes(device, group_min, cap)
+        if cell_fits(pass_, n, size, free):
             return True
+        need = cell_bytes(pass_, n, size)
         if rank == 0:
             row(gpus=gpus, N=n * (world if gpus > 1 else 1), n_per_gpu=n, **{"pass": pass_},
                 status="oom", note=f"needs ~{need / 2 ** 30:.1f} GiB per GPU, "
@@ -310,14 +316,13 @@ def main(argv=None) -> int:
                 kv_bytes=(world - 1) * n_local * HEADS * (RANK + DIM) * size * kv,
                 single_gpu_ms=single_ms, speedup_vs_single=single_ms / (t * 1e3))
     free = free_bytes(device, True, cap) if args.longest else 0.0
-    fitting = [n for n in args.longest if cell_bytes("fwd_bwd", n // world, size) <= 0.95 * free]
+    fitting = [n for n in args.longest if cell_fits("fwd_bwd", n // world, size, free)]
     if rank == 0 and args.longest:
         print(f"longest: {len(args.longest) - len(fitting)} of {len(args.longest)} candidates need more "
               f"than the {free / 2**30:.0f} GiB free per GPU", flush=True)
-    for n_total in fitting[:1]:
+    if fitting and not any(k[0] == world and k[2] == "fwd_bwd_longest" for k in done):
+        n_total = fitting[0]  # the longest that fits
         n_local = n_total // world
-        if any(k[0] == world and k[2] == "fwd_bwd_longest" for k in done):
-            break
         leaves, views = _make(n_local, dtype, device, 3 + rank, True, args.layout)
         dO = ops_output_like(views[2])
         torch.cuda.reset_peak_memory_stats(device)
@@ -331,7 +336,6 @@ def main(argv=None) -> int:
             exchange_ms=exchange * 2e3, bytes_exchanged=(world - 1) * (2 * state_bytes + 8),
             kv_bytes=(world - 1) * n_local * HEADS * (RANK + DIM) * size * 2,
             single_gpu_ms=math.nan, peak_GiB=peak)
-        break
     if rank == 0:
         pd.DataFrame(rows).to_csv(path, index=False)
         print(f"-> {path}", flush=True)
