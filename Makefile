@@ -69,8 +69,8 @@ help:
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) Chunk's and LA's launch tables -> data/<gpu>/chunk_config.csv, la_config.csv, Chunk's kernel per head shape -> chunk_kernel.csv, then every method on a grid -> data/<gpu>/dispatch.csv (what method=auto uses)"
-	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> data/<gpu>/train.csv, train_sweeps.csv, layouts.csv"
-	@echo "make layouts   (GPU) the layouts models produce vs head-major and fla -> data/<gpu>/layouts.csv"
+	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> data/<gpu>/train.csv, train_sweeps.csv, layouts*.csv"
+	@echo "make layouts   (GPU) method=auto beside Chunk and LA in the layouts and shapes models use, eager and graphs -> data/<gpu>/layouts.csv, layouts_graph.csv; every head shape beside fla -> layouts_shapes*.csv"
 	@echo "make bench-layer (GPU) one attention layer, forward + backward, vs fla's op -> data/<gpu>/layer.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
@@ -185,14 +185,17 @@ tune: $(INSTALLED)
 # layouts models hand the operator, eager and in CUDA graphs
 bench-train: $(INSTALLED)
 	$(PY) -m leetrepro.bench.train --out $(DATA) --sweeps
-	$(PY) -m leetrepro.bench.layouts --out $(DATA)
-	$(PY) -m leetrepro.bench.layouts --out $(DATA) --graph --csv layouts_graph.csv
+	$(MAKE) --no-print-directory layouts
 
-# the operator in the layouts models produce (time-major views, a fused projection, the drop-in)
-# beside head-major and fla, forward and forward + backward (GPU only) -> $(DATA)/layouts.csv
+# the operator as models call it (GPU only): method="auto" beside Chunk and LA at batch 1-4,
+# N = 2048-16384, the head shapes and counts models use, head-major, time-major views and a fused
+# projection -> $(DATA)/layouts.csv; every head shape Chunk takes, every layout, beside fla ->
+# $(DATA)/layouts_shapes.csv; each eager and in CUDA graphs (*_graph.csv)
 layouts: $(INSTALLED)
 	$(PY) -m leetrepro.bench.layouts --out $(DATA)
 	$(PY) -m leetrepro.bench.layouts --out $(DATA) --graph --csv layouts_graph.csv
+	$(PY) -m leetrepro.bench.layouts --out $(DATA) --grid shapes --csv layouts_shapes.csv
+	$(PY) -m leetrepro.bench.layouts --out $(DATA) --grid shapes --graph --csv layouts_shapes_graph.csv
 
 # one attention layer (projections, the operator, forward + backward) against the same layer with
 # fla's op, tokens/s (GPU only) -> $(DATA)/layer.csv

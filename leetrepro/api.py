@@ -82,18 +82,21 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     g = normalize_gamma(gamma, B.shape[1], B.device)
     check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B, cu_seqlens_cpu))
     scale = _check_scale(scale)
+    # auto chooses for what the call will cost: a forward alone, or a forward and its backward
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (B, C, V, initial_state))
     if not compiling:
         # checked here, in eager mode, so errors name the call; a compiled graph defers them to
         # the op, which checks the same when it runs
         if seen is None:
-            seen = ops.prepare(method, options, B, g, initial_state is not None or output_final_state)
+            seen = ops.prepare(method, options, B, g, initial_state is not None or output_final_state,
+                               V, grad)
             if key is not None:
                 if len(_SEEN) >= 1024:
                     _SEEN.clear()
                 _SEEN[key] = seen
         m, opts = seen
-        if not (torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad for t in (B, C, V, initial_state))):
+        if not grad:
             # nothing for autograd to record: skip the op's dispatch (host time per call)
             out, s = ops.run(m, opts, B, C, V, g, initial_state, False, output_final_state,
                              cu_seqlens=cu_seqlens, scale=scale)
@@ -102,14 +105,15 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
                                  cu_seqlens, scale)
         return (out, s) if output_final_state else out
     out, s = ops.causal_linear(B, C, V, g, initial_state, method, ops.encode_options(options),
-                               False, output_final_state, cu_seqlens, scale)
+                               False, output_final_state, cu_seqlens, scale, grad)
     return (out, s) if output_final_state else out
 
 
 #: calls already checked, by signature (method, options, shapes, dtypes, devices, state flag,
-#: decay or not), with the method and options they resolved to: a model repeats one signature per
-#: layer, and at short N the checks cost more host time than the kernel. Cleared when a method is
-#: registered or a dispatch table reloaded (``registry.on_change``).
+#: decay or not, B's and V's strides, gradients or not), with the method and options they
+#: resolved to: a model repeats one signature per layer, and at short N the checks cost more host
+#: time than the kernel. Cleared when a method is registered or a dispatch table reloaded
+#: (``registry.on_change``).
 _SEEN: dict = {}
 registry.on_change(_SEEN.clear)
 
@@ -118,8 +122,10 @@ def _signature(B, C, V, method, options: dict, final: bool, no_decay: bool) -> t
     """The key of :data:`_SEEN`, or None where the arguments are not tensors or an option value
     is unhashable (those calls are checked in full)."""
     try:
+        # (strides and requires_grad: what auto chooses by besides shapes, dtypes and devices)
         key = (method, tuple(options.items()), final, no_decay, B.shape, C.shape, V.shape, B.dtype,
-               C.dtype, V.dtype, B.device, C.device, V.device)
+               C.dtype, V.dtype, B.device, C.device, V.device, B.stride(), V.stride(),
+               (B.requires_grad or C.requires_grad or V.requires_grad) and torch.is_grad_enabled())
         hash(key)
     except (AttributeError, TypeError):
         return None

@@ -1,24 +1,40 @@
-"""How ``method="auto"`` chooses: a measured table per GPU, else a documented rule.
+"""How ``method="auto"`` chooses: a measured table per GPU where the call is in the regime it
+measured, else a documented rule that puts Chunk first.
 
 ``make tune`` (:mod:`leetrepro.bench.tune`) times every registered method on a grid (dtype × batch
-× N × mask, heads 32, r = d = 128) and writes ``data/<gpu>/dispatch.csv``: per cell the fastest
-method (``best``) and every method's median. The tables ship inside the wheel, so an installed
-package follows them too. :func:`choose` looks the inputs up in the table of the GPU they are on
-(:func:`use_table` or ``LEETREPRO_DISPATCH=path.csv``, read when the package loads, names
-another file): same dtype and mask, the nearest batch, then
-the nearest N on a log scale. Heads, r and d are not keys: the table is measured at the paper's
-shape.
+× N × mask) in one **regime**: the forward alone, B, C, V head-major and contiguous, heads 32,
+r = d = 128 (the table's ``pass``, ``layout``, ``heads``, ``r`` and ``d`` columns; a table
+without them was measured there). It writes ``data/<gpu>/dispatch.csv``: per cell the fastest
+method (``best``) and every method's median. The tables ship inside the wheel. :func:`choose`
+reads the table of the GPU the inputs are on (:func:`use_table` or
+``LEETREPRO_DISPATCH=path.csv``, read when the package loads, names another file) and follows it
+only where it speaks for the call (:class:`Call`):
 
-Without a table for this GPU (another GPU, the CPU), or when the table's choice cannot run the
-inputs (a state is asked for, say), :func:`auto_method` follows :data:`AUTO_ORDER`: Vanilla for
-N ≤ :data:`AUTO_SHORT_N` (Section 5.1: fastest there), else the first method of the list that is
-registered and runs the inputs' dtype natively on their device. Choices are cached per
-arguments (a model asks per layer); registering a method or rewriting a table clears the cache.
+* **the same regime**: no gradient will be taken (the table timed forwards: a method's backward
+  is three more of its calls, and Chunk's two of them share one sweep), B, C and V head-major
+  with their rows packed (a time-major view of a projection is another memory walk), and the
+  table's r and d;
+* **the same load**: the row whose lanes (batch × heads, what fills the GPU) are nearest on a
+  log scale, then the nearest N on a log scale, with the same dtype and mask;
+* **a clear win**: a method other than Chunk only where the table timed it at least
+  :data:`AUTO_MARGIN` times faster than Chunk in that cell (a win inside the noise of one
+  measurement is no reason to leave the method measured everywhere else).
+
+Everywhere else (a call outside the table's regime, another GPU, the CPU), or when the table's
+choice cannot run the inputs (a state is asked for, say), :func:`auto_method` follows
+:data:`AUTO_ORDER`: Vanilla for N ≤ :data:`AUTO_SHORT_N` (Section 5.1: fastest there), else the
+first method of the list that is registered and runs the inputs' dtype natively on their device.
+Choices are cached per signature (a model asks per layer); registering a method or rewriting a
+table clears the cache.
+
+Why the regime matters (NOTES.md): LA, timed 4 % faster than Chunk at batch 1, N = 8192,
+head-major, forward only, was 4-7× slower than Chunk on time-major views with the backward.
 """
 from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -31,6 +47,35 @@ AUTO_SHORT_N = 128
 #: in Tables 3-4), then the PyTorch twins
 AUTO_ORDER = ("Chunk", "LA", "LA_torch", "Bb")
 STATE_ORDER = ("Chunk", "LA_torch")
+#: how much faster than Chunk the table must have timed another method for auto to take it
+AUTO_MARGIN = 1.10
+
+
+class Call(NamedTuple):
+    """What ``method="auto"`` decides on: the call's signature beyond dtype and device.
+    ``head_major``: B, C, V ``(batch, heads, N, ·)`` with rows packed (row stride = the last
+    dimension), as the table measured; ``grad``: autograd will take this call's gradient."""
+    batch: int = 1
+    heads: int = 32
+    r: int = 128
+    d: int = 128
+    decay: bool = False
+    state: bool = False
+    grad: bool = False
+    head_major: bool = True
+
+
+def call_of(B: torch.Tensor, V: torch.Tensor, *, decay: bool, state: bool, grad: bool) -> Call:
+    """:class:`Call` of inputs B ``(batch, heads, N, r)`` and V ``(batch, heads, N, d)``."""
+    batch, heads, _, r = B.shape
+    return Call(batch, heads, r, V.shape[-1], bool(decay), bool(state), bool(grad),
+                packed_rows(B) and packed_rows(V))
+
+
+def packed_rows(t: torch.Tensor) -> bool:
+    """Whether ``t`` (4-D) is head-major with its rows packed: a time-major view of a
+    projection ``(batch, N, heads, ·)`` has a row stride of heads × its last dimension."""
+    return t.shape[-2] <= 1 or t.stride(-2) == t.shape[-1]
 
 
 #: a dispatch table that replaces every GPU's own (:func:`use_table`); the environment is read once
@@ -49,23 +94,27 @@ def table_path(tag: str) -> str:
 
 
 def auto_method(n: int, dtype: torch.dtype, device, *, batch: int = 1, decay: bool = False,
-                state: bool = False) -> registry.Method:
-    """The method ``method="auto"`` uses for these inputs: the measured table's choice where
-    there is one, else the rule above; with ``state``, only methods that take and return the
-    recurrent state."""
-    return _auto(n, dtype, torch.device(device), batch, decay, state)
+                state: bool = False, heads: int = 32, r: int = 128, d: int = 128,
+                grad: bool = False, head_major: bool = True) -> registry.Method:
+    """The method ``method="auto"`` uses for these inputs (N rows, ``dtype`` on ``device``, the
+    rest of the signature as :class:`Call`): the measured table's choice where it speaks for the
+    call, else the rule above; with ``state``, only methods that take and return the recurrent
+    state."""
+    return _auto(n, dtype, torch.device(device),
+                 Call(batch, heads, r, d, bool(decay), bool(state), bool(grad), bool(head_major)))
 
 
 @functools.lru_cache(maxsize=4096)
-def _auto(n, dtype, device, batch, decay, state) -> registry.Method:
+def _auto(n, dtype, device, call: Call) -> registry.Method:
     def usable(m):
         # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
         return (m.supports(dtype, device) and device.type in m.devices
-                and not m.unsafe and (m.state or not state))
+                and not m.unsafe and (m.state or not call.state))
 
-    picked = choose(n, batch, dtype, decay, device)
+    picked = choose(n, dtype, device, call)
     candidates = ([picked] if picked else []) + list(
-        STATE_ORDER if state else (("Vanilla",) + AUTO_ORDER if n <= AUTO_SHORT_N else AUTO_ORDER))
+        STATE_ORDER if call.state else
+        (("Vanilla",) + AUTO_ORDER if n <= AUTO_SHORT_N else AUTO_ORDER))
     for name in candidates:
         try:
             m = registry.get(name)
@@ -74,16 +123,21 @@ def _auto(n, dtype, device, batch, decay, state) -> registry.Method:
         if usable(m):
             return m
     raise ValueError(f"no registered method supports dtype {dtype} on {device}"
-                     + (" with a state" if state else ""))
+                     + (" with a state" if call.state else ""))
 
 
-def choose(n: int, batch: int, dtype: torch.dtype, decay: bool, device) -> str | None:
-    """The abbreviation the table names for these inputs, or None (no table, no matching rows)."""
+def choose(n: int, dtype: torch.dtype, device, call: Call = Call()) -> str | None:
+    """The abbreviation the table names for a call of N rows (:class:`Call`), or None where no
+    table speaks for it (no table, another regime, no matching rows): the rule decides."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or call.grad or not call.head_major:
         return None
-    return tuning.dispatch_choice(table_path(gpu_tag(device)), n, batch, SHORT_NAMES.get(dtype),
-                                  bool(decay))
+    found = tuning.dispatch_row(table_path(gpu_tag(device)), n, call.batch * call.heads,
+                                SHORT_NAMES.get(dtype), call.decay, call.r, call.d)
+    if found is None:
+        return None
+    best, margin = found
+    return best if best == "Chunk" or margin >= AUTO_MARGIN else "Chunk"
 
 
 def clear_cache() -> None:

@@ -57,13 +57,15 @@ def is_auto(method) -> bool:
     return isinstance(method, str) and method.lower() == "auto"
 
 
-def resolve(method, B: torch.Tensor, gamma, with_state: bool) -> Method:
+def resolve(method, B: torch.Tensor, gamma, with_state: bool, V: torch.Tensor | None = None,
+            grad: bool = False) -> Method:
     """The registered method that will run these inputs (``"auto"`` chosen by
-    :func:`leetrepro.dispatch.auto_method`), or a ValueError saying why none can."""
-    batch, _, n, _ = B.shape
+    :func:`leetrepro.dispatch.auto_method` from B's and V's signature and ``grad``, whether
+    autograd will take this call's gradient), or a ValueError saying why none can."""
     if is_auto(method):
-        return dispatch.auto_method(n, B.dtype, B.device, batch=batch, decay=gamma is not None,
-                                    state=with_state)
+        call = dispatch.call_of(B, B if V is None else V, decay=gamma is not None,
+                                state=with_state, grad=grad)
+        return dispatch._auto(B.shape[2], B.dtype, B.device, call)
     m = registry.get(method)
     if with_state and not m.state:
         raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
@@ -113,10 +115,11 @@ def check_options(m: Method | None, options: dict) -> dict:
     return out
 
 
-def prepare(method, options: dict, B: torch.Tensor, gamma, with_state: bool) -> tuple[Method, dict]:
+def prepare(method, options: dict, B: torch.Tensor, gamma, with_state: bool,
+            V: torch.Tensor | None = None, grad: bool = False) -> tuple[Method, dict]:
     """The method that will run (:func:`resolve`) and the options it gets (:func:`check_options`):
     ``"auto"`` takes only universal options, whichever method it picks."""
-    m = resolve(method, B, gamma, with_state)
+    m = resolve(method, B, gamma, with_state, V, grad)
     if is_auto(method):
         options = check_options(None, options)
     return m, check_options(m, options)
@@ -279,23 +282,25 @@ def _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_stat
 def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None,
                   initial_state: torch.Tensor | None, method: str, options: str, reverse: bool,
                   output_final_state: bool, cu_seqlens: torch.Tensor | None = None,
-                  scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: float = 1.0, differentiable: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``O = (B Cᵀ ⊙ M) V`` (``reverse``: on time-reversed rows) by ``method`` (a registered name
     or ``"auto"``), ``options`` a JSON object of method options; ``gamma`` None or a float64
     ``(H,)`` tensor of decays in (0, 1]; ``cu_seqlens`` None or the offsets of sequences packed
-    along N; ``scale`` multiplies O (not S_N). Returns ``(O, S_N)``, S_N an empty tensor unless
-    ``output_final_state``. Use :func:`leetrepro.causal_linear_decoder`, which checks the
-    inputs."""
+    along N; ``scale`` multiplies O (not S_N); ``differentiable``: autograd will take this call's
+    gradient (what ``"auto"`` chooses for: the op's forward cannot see it). Returns ``(O, S_N)``,
+    S_N an empty tensor unless ``output_final_state``. Use
+    :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
-                      initial_state is not None or output_final_state)
+                      initial_state is not None or output_final_state, V, differentiable)
     return run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
                cu_seqlens=cu_seqlens, scale=scale)
 
 
 @causal_linear.register_fake
 def _(B, C, V, gamma, initial_state, method, options, reverse, output_final_state, cu_seqlens=None,
-      scale=1.0):
+      scale=1.0, differentiable=False):
     batch, heads, _, r = B.shape
     batch = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     sdtype = state_dtype(V.dtype)
@@ -316,7 +321,7 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
     ``dual=`` (Chunk) computes dV and dC in one reverse sweep."""
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
-                      initial_state is not None or dS is not None)
+                      initial_state is not None or dS is not None, V, True)
     return _gradients(m, opts, dO, B, C, V, gamma, initial_state, dS, reverse, need_b, need_c,
                       need_v, need_s0, cu_seqlens, scale)
 
@@ -420,7 +425,7 @@ def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, n
 
 def _setup_context(ctx, inputs, output):
     (B, C, V, gamma, initial_state, method, options, reverse, output_final_state, cu_seqlens,
-     scale) = inputs
+     scale, *_) = inputs
     ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens)
     ctx.args = (method, options, reverse, output_final_state, scale)
 

@@ -8,7 +8,7 @@ looks up:
 =====================  ==========================================  ===========================
 file                   key → value                                  read by
 =====================  ==========================================  ===========================
-``dispatch.csv``       (dtype, decay, batch, N) → method            :func:`dispatch_choice`
+``dispatch.csv``       (dtype, decay, lanes, N, r, d) → method      :func:`dispatch_row`
                                                                     (``method="auto"``)
 ``chunk_config.csv``   (operand kind, decay) → (BLOCK_N, stages)    :func:`launch_table`
                                                                     (Chunk's portable kernel)
@@ -102,19 +102,47 @@ def kernel_table(tag: str) -> dict:
     return dict(rows=found, shapes={k[3:] for k in found})
 
 
+#: the regime a dispatch table was measured in where its rows do not say (``make tune``'s)
+DISPATCH_REGIME = dict(heads="32", r="128", d="128", layout="head-major", **{"pass": "fwd"})
+
+
 @functools.lru_cache(maxsize=4096)  # auto is called per layer: the lookup must cost ~nothing
-def dispatch_choice(file: str, n: int, batch: int, dtype: str | None, decay: bool) -> str | None:
-    """The method a dispatch table (``file``) names for these inputs: same dtype (short name) and
-    mask, the nearest batch, then the nearest N, both on a log scale; None without a table or a
-    matching row."""
-    found = [r for r in rows(file) if r["dtype"] == dtype and (r["decay"] == "True") == decay]
+def dispatch_row(file: str, n: int, lanes: int, dtype: str | None, decay: bool, r: int = 128,
+                 d: int = 128) -> tuple[str, float] | None:
+    """``(best, margin)`` of the dispatch table (``file``) row for a forward of N rows over
+    ``lanes`` (batch × heads) head-major lanes: same dtype (short name), mask, r and d, the
+    nearest lanes, then the nearest N, both on a log scale; ``margin`` is Chunk's time over the
+    best's in that row (inf where Chunk has no time). None without a table or a matching row."""
+    def get(row, key):
+        return row.get(key) or DISPATCH_REGIME[key]
+
+    def num(row, key):  # (a column pandas wrote with blanks holds "64.0")
+        return int(float(get(row, key)))
+
+    found = [x for x in rows(file) if x["dtype"] == dtype and (x["decay"] == "True") == decay
+             and num(x, "r") == r and num(x, "d") == d
+             and get(x, "layout") == "head-major" and get(x, "pass") == "fwd"]
     if not found:
         return None
-    lb, ln = math.log(max(batch, 1)), math.log(max(n, 1))
-    batches = list(dict.fromkeys(int(r["batch"]) for r in found))  # a tie: the first listed
-    b = min(batches, key=lambda x: abs(math.log(x) - lb))
-    same = [r for r in found if int(r["batch"]) == b]
-    return min(same, key=lambda r: abs(math.log(int(r["N"])) - ln))["best"]
+    ll, ln = math.log(max(lanes, 1)), math.log(max(n, 1))
+
+    def lanes_of(x):
+        return int(x["batch"]) * num(x, "heads")
+
+    nearest = min(dict.fromkeys(map(lanes_of, found)), key=lambda x: abs(math.log(x) - ll))
+    row = min((x for x in found if lanes_of(x) == nearest),
+              key=lambda x: abs(math.log(int(x["N"])) - ln))
+    best = row["best"]
+    chunk, fastest = _seconds(row.get("t_Chunk")), _seconds(row.get(f"t_{best}") or row.get("best_s"))
+    margin = chunk / fastest if chunk == chunk and fastest == fastest and fastest > 0 else math.inf
+    return best, margin
+
+
+def _seconds(text) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def clear() -> None:
@@ -123,5 +151,5 @@ def clear() -> None:
     registry.changed()
 
 
-for _cache in (rows, _launch_table, kernel_table, dispatch_choice):
+for _cache in (rows, _launch_table, kernel_table, dispatch_row):
     registry.on_change(_cache.cache_clear)

@@ -204,13 +204,16 @@ def test_auto_follows_the_dispatch_table(monkeypatch, tmp_path):
                               best=["Vanilla", "Bb", "LA_torch", "Recur", "FA"]))
     path = str(tmp_path / "dispatch.csv")
     table.to_csv(path, index=False)
-    # the nearest batch, then the nearest N, on a log scale; the same dtype and mask
-    assert tuning.dispatch_choice(path, 100, 1, "fp32", False) == "Vanilla"
-    assert tuning.dispatch_choice(path, 20000, 2, "fp32", False) == "Bb"
-    assert tuning.dispatch_choice(path, 5000, 12, "fp32", False) == "Recur"
-    assert tuning.dispatch_choice(path, 5000, 12, "fp32", True) == "FA"
-    assert tuning.dispatch_choice(path, 5000, 12, "fp16", False) is None
-    assert tuning.dispatch_choice(str(tmp_path / "none.csv"), 5000, 1, "fp32", False) is None
+    # the nearest lanes (batch × heads, heads 32 where the table does not say), then the nearest
+    # N, on a log scale; the same dtype, mask, r and d; no Chunk time: any win is clear
+    assert tuning.dispatch_row(path, 100, 32, "fp32", False) == ("Vanilla", float("inf"))
+    assert tuning.dispatch_row(path, 20000, 64, "fp32", False)[0] == "Bb"
+    assert tuning.dispatch_row(path, 5000, 12 * 32, "fp32", False)[0] == "Recur"
+    assert tuning.dispatch_row(path, 5000, 2 * 128, "fp32", False)[0] == "Recur"  # 256 lanes
+    assert tuning.dispatch_row(path, 5000, 12 * 32, "fp32", True)[0] == "FA"
+    assert tuning.dispatch_row(path, 5000, 12 * 32, "fp16", False) is None
+    assert tuning.dispatch_row(path, 5000, 32, "fp32", False, 64, 64) is None  # r = d = 128 only
+    assert tuning.dispatch_row(str(tmp_path / "none.csv"), 5000, 32, "fp32", False) is None
     # where the table names a method, auto takes it; where that cannot run the inputs, the rule
     monkeypatch.setattr(dispatch, "choose", lambda *a, **k: "Bb")
     dispatch.clear_cache()  # auto caches its choices
@@ -220,6 +223,99 @@ def test_auto_follows_the_dispatch_table(monkeypatch, tmp_path):
     dispatch.clear_cache()
     assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "LA_torch"
     dispatch.clear_cache()
+
+
+def _table_at(monkeypatch, tmp_path, rows):
+    """Auto on a fake CUDA device of tag ``fake``, reading a dispatch table of these rows."""
+    import pandas as pd
+    from leetrepro import dispatch
+    path = tmp_path / "dispatch.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    monkeypatch.setattr(dispatch, "gpu_tag", lambda device: "fake")
+    dispatch.use_table(str(path))
+
+
+def test_auto_takes_the_table_only_in_its_regime_and_for_a_clear_win(monkeypatch, tmp_path):
+    """The table measured forwards of head-major inputs at heads 32, r = d = 128: a call with a
+    backward, time-major views or another head shape gets the rule (Chunk); a method other than
+    Chunk needs AUTO_MARGIN over Chunk's time in its row."""
+    from leetrepro import dispatch
+    from leetrepro.dispatch import Call
+    row = dict(dtype="bf16", decay=True, batch=1)
+    _table_at(monkeypatch, tmp_path, [
+        dict(row, N=2048, best="LA", t_LA=1.0, t_Chunk=1.5),   # a clear win
+        dict(row, N=8192, best="LA", t_LA=1.0, t_Chunk=1.04),  # inside the margin
+        dict(row, N=8192, heads=32, r=64, d=64, best="Bb", t_Bb=1.0, t_Chunk=2.0)])
+    try:
+        cuda = torch.device("cuda")
+        assert dispatch.choose(2048, torch.bfloat16, cuda, Call(decay=True)) == "LA"
+        assert dispatch.choose(8192, torch.bfloat16, cuda, Call(decay=True)) == "Chunk"
+        for call in (Call(decay=True, grad=True), Call(decay=True, head_major=False),
+                     Call(decay=True, r=128, d=64), Call(decay=False)):
+            assert dispatch.choose(2048, torch.bfloat16, cuda, call) is None, call
+        assert dispatch.choose(8192, torch.bfloat16, cuda, Call(decay=True, r=64, d=64)) == "Bb"
+        assert dispatch.choose(8192, torch.bfloat16, torch.device("cpu"), Call(decay=True)) is None
+    finally:
+        dispatch.use_table(None)
+
+
+def test_auto_reads_the_call_signature_from_the_inputs():
+    """Head-major with packed rows, or not; gradients or not: what the api hands auto."""
+    from leetrepro import dispatch
+    q = torch.randn(2, 9, 3, 4)  # (batch, N, heads, r): a model's projection
+    hm = q.transpose(1, 2).contiguous()
+    assert dispatch.packed_rows(hm) and not dispatch.packed_rows(q.transpose(1, 2))
+    call = dispatch.call_of(q.transpose(1, 2), hm[..., :2].contiguous(), decay=True, state=False,
+                            grad=True)
+    assert call == dispatch.Call(2, 3, 4, 2, True, False, True, False)
+    seen = []
+    real = dispatch._auto
+    dispatch.clear_cache()  # (calls of this signature seen before skip auto)
+    try:
+        dispatch._auto = lambda n, dtype, device, call: seen.append(call) or real(n, dtype, device, call)
+        B, C, V = make_inputs(2, 3, 70, 4, 5)
+        causal_linear_decoder(B, C, V, 0.9)
+        causal_linear_decoder(*(t.requires_grad_() for t in (B, C, V)), 0.9).sum().backward()
+        with torch.no_grad():
+            causal_linear_decoder(B.transpose(2, 1).contiguous().transpose(1, 2), C, V, 0.9)
+    finally:
+        dispatch._auto = real
+    assert [(c.grad, c.head_major) for c in seen] == [(False, True), (True, True), (False, False)]
+
+
+#: the signatures models train and serve at: (batch, N, heads, r, d)
+MODEL_CALLS = [(b, n, h, r, d) for b in (1, 2, 4) for n in (2048, 4096, 8192, 16384)
+               for (r, d, h) in ((64, 64, 16), (64, 64, 64), (128, 64, 32), (128, 64, 128),
+                                 (128, 128, 16), (128, 128, 32), (128, 128, 64))]
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_auto_is_chunk_where_models_call_it_with_the_shipped_tables(monkeypatch, gpu):
+    """With the committed tables, auto runs Chunk at every signature a model gives (batch 1-4,
+    N = 2048-16384, heads 16-128, r/d 64/64, 128/64, 128/128; fp16, bf16, both masks; a
+    forward alone or with its backward; time-major views or head-major), where ``make layouts``
+    times Chunk fastest. Before the regime and the margin, the H100's table sent forwards at
+    batch 1-2, N = 8192, bf16, decay to LA (timed 4 % faster than Chunk head-major), 4-7× slower
+    in a model."""
+    from leetrepro import dispatch
+    monkeypatch.setattr(dispatch, "gpu_tag", lambda device: gpu)
+    dispatch.clear_cache()
+    cuda = torch.device("cuda")
+    try:
+        picked = {dispatch._auto(n, dtype, cuda, dispatch.Call(b, h, r, d, decay, False, grad, hm)).abbr
+                  for (b, n, h, r, d) in MODEL_CALLS for dtype in (torch.float16, torch.bfloat16)
+                  for decay in (False, True) for grad in (False, True) for hm in (False, True)}
+        assert picked == {"Chunk"}
+        # the cell behind the old choice: LA is in the table, inside the margin
+        best, margin = leetrepro.tuning.dispatch_row(
+            dispatch.table_path(gpu), 8192, 32, "bf16", True)
+        assert margin < dispatch.AUTO_MARGIN or best == "Chunk"
+        # the table still speaks where it measured a clear win (short prompts, head-major)
+        wins = {dispatch.choose(128, dt, cuda, dispatch.Call(1, 32))
+                for dt in (torch.float16, torch.bfloat16, torch.float32)}
+        assert wins - {"Chunk"}, wins
+    finally:
+        dispatch.clear_cache()
 
 
 @pytest.mark.parametrize("method", quick_lane(["auto", "AUTO", "Auto"]))
@@ -302,7 +398,7 @@ def test_a_seen_signature_skips_checks_but_never_a_wrong_call(monkeypatch):
         causal_linear_decoder(B, C, V, 0.9, method="Bb", nonsense=1)
     assert_close_to_reference(causal_linear_decoder(B, C, V, method="auto"), B, C, V, None)
     # auto's choice comes from the table: a reloaded table is looked up again
-    monkeypatch.setattr(dispatch, "choose", lambda n, b, dtype, decay, dev: "Recur" if decay else "Bb")
+    monkeypatch.setattr(dispatch, "choose", lambda n, dtype, dev, call: "Recur" if call.decay else "Bb")
     dispatch.clear_cache()
     assert not api._SEEN
     picked = []

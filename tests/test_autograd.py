@@ -242,6 +242,26 @@ def test_torch_compile_fullgraph_forward_and_backward(gamma):
 
 
 @pytest.mark.slow
+def test_a_compiled_call_tells_auto_whether_its_gradient_is_taken(monkeypatch):
+    """The op's forward cannot see autograd: the caller tells it (``differentiable``), so a
+    compiled training step and a compiled inference call get auto's choice for each."""
+    from leetrepro import dispatch
+    seen = []
+    real = dispatch._auto
+    monkeypatch.setattr(dispatch, "_auto",
+                        lambda n, dt, dev, call: seen.append(call) or real(n, dt, dev, call))
+    torch._dynamo.reset()
+    layer = TinyLayer(0.9).to(DEVICE)
+    x = torch.randn(2, 40, 16, device=DEVICE)
+    torch.compile(layer, fullgraph=True)(x).sum().backward()
+    assert seen and all(c.grad and not c.head_major for c in seen)
+    seen.clear()
+    with torch.no_grad():
+        torch.compile(layer, fullgraph=True)(x)
+    assert seen and not any(c.grad for c in seen)
+
+
+@pytest.mark.slow
 def test_torch_compile_reduce_overhead_and_bad_gamma_at_run_time():
     torch._dynamo.reset()
     layer = TinyLayer(torch.tensor([0.9, 0.5]), method="Bb").to(DEVICE)

@@ -383,6 +383,26 @@ def test_layouts_cell_times_every_layout_against_its_floor():
     assert floor_bytes("fwd_bwd", 1, 1, 1, 128, 128, 2) == 11 * 128 * 2
 
 
+def test_layouts_compare_auto_with_the_fastest_named_method_in_its_layout_and_pass():
+    """``vs_best``: a row's time over the fastest method named (not auto, not fla) in the same
+    layout and pass; ``vs_head_major`` over the same method's head-major time."""
+    from leetrepro.bench.layouts import compare
+    rows = [dict(entry=e, method=m, **{"pass": p}, ms=t) for e, m, p, t in (
+        ("model", "auto", "fwd", 1.05), ("model", "Chunk", "fwd", 1.0), ("model", "LA", "fwd", 3.0),
+        ("model", "auto", "fwd_bwd", 2.0), ("model", "LA", "fwd_bwd", 1.6),
+        ("model", "Chunk", "fwd_bwd", None), ("head-major", "auto", "fwd", 0.5),
+        ("fla", "fla", "fwd", 0.7))]
+    compare(rows)
+    got = {(r["entry"], r["method"], r["pass"]): r for r in rows}
+    assert got[("model", "auto", "fwd")]["vs_best"] == pytest.approx(1.05)
+    assert got[("model", "LA", "fwd")]["vs_best"] == pytest.approx(3.0)
+    assert got[("model", "auto", "fwd_bwd")]["vs_best"] == pytest.approx(1.25)  # Chunk: no time
+    assert got[("model", "Chunk", "fwd_bwd")]["vs_best"] is None
+    assert got[("head-major", "auto", "fwd")]["vs_best"] is None  # nothing named in that layout
+    assert got[("model", "auto", "fwd")]["vs_head_major"] == pytest.approx(2.1)
+    assert got[("model", "auto", "fwd")]["vs_fla"] == pytest.approx(1.5)
+
+
 def test_layer_with_one_fused_projection_computes_the_same_layer():
     """``bench.layer``: the layer with one projection cut by ``split_projection`` is the layer
     with three (their weights stacked), forward and gradients; its cell rows on the CPU."""
@@ -401,10 +421,25 @@ def test_layer_with_one_fused_projection_computes_the_same_layer():
     g2 = torch.autograd.grad(y2.square().sum(), [fused.bcv.weight, fused.o.weight])
     torch.testing.assert_close(g2[0][:16], g1[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(g2[1], g1[1], rtol=1e-4, atol=1e-5)
-    rows = measure_cell(torch.float32, 2, 8, 1, 24, ["Chunk", "Chunk-fused", "identity"], 2,
-                        torch.device("cpu"))
+    rows = measure_cell(torch.float32, 2, 8, 1, 24, ["auto", "Chunk", "Chunk-fused", "identity"],
+                        2, torch.device("cpu"))
     assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in rows)
-    assert all("op_share" in r for r in rows if r["entry"] != "identity")
+    assert all("op_share" in r and "op_ms" in r for r in rows if r["entry"] != "identity")
+
+
+def test_the_identity_layer_runs_every_projections_backward():
+    """The layer the operator's share is taken against keeps q and k in its graph: every weight
+    gets a gradient (a copy of V alone left q's and k's projections out of the backward)."""
+    from leetrepro.bench.layer import Layer, make_op
+    layer = Layer(2, 8, make_op("identity", None))
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    dy = torch.randn(2, 5, 16)
+    grads = torch.autograd.grad(layer(x), [x] + list(layer.parameters()), dy)
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+    assert len(grads) == 5  # x, q, k, v, o
+    with pytest.raises(ValueError, match="r = d"):
+        make_op("identity", None)(torch.randn(1, 2, 1, 3), torch.randn(1, 2, 1, 3),
+                                  torch.randn(1, 2, 1, 4))
 
 
 def test_segments_candidates_cover_each_hopper_width_and_mark_the_heuristic(monkeypatch):

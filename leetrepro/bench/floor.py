@@ -1,6 +1,7 @@
 """Distance to the memory floor: our kernels next to flash-linear-attention, in one process.
 
-``make floor`` (or ``python -m leetrepro.bench.floor --out data/<gpu>``) times, per cell (dtype × batch ×
+``make floor`` (or ``python -m leetrepro.bench.floor --out data/<gpu>``) times, per cell (dtype ×
+batch ×
 N × mask; heads 32, r = d = 128, inputs ``randn``, ALiBi-style decays), each entry below with CUDA
 events around the Python call (launch overhead counts), median of ``--reps`` after a warm-up,
 alternating two input sets where memory allows. It prints one line per cell and writes
@@ -16,8 +17,9 @@ entry's first call in the cell (compilation of a kernel configuration new to the
 flash-linear-attention's autotuning of a new shape, included): what a user's first call of that
 shape costs.
 
-Entries: ``Chunk`` (fp32: tf32 dots), ``Chunk/tf32x3`` (fp32 only: meets the 1e-5 contract),
-``LA``, and ``fla`` = ``fla.ops.simple_gla.chunk_simple_gla`` (the optional ``bench`` dependency
+Entries: ``auto`` (the default method, what a user gets), ``Chunk`` (fp32: tf32 dots),
+``Chunk/tf32x3`` (fp32 only: meets the 1e-5 contract), ``LA``, and ``fla`` =
+``fla.ops.simple_gla.chunk_simple_gla`` (the optional ``bench`` dependency
 ``fla-core``; its time-major layout is prepared outside the timed call, ``scale=1``).
 """
 from __future__ import annotations
@@ -153,7 +155,7 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
 
 
 def _arguments(p) -> None:
-    p.add_argument("--entries", nargs="*", default=["Chunk", "Chunk/tf32x3", "LA", "fla"])
+    p.add_argument("--entries", nargs="*", default=["auto", "Chunk", "Chunk/tf32x3", "LA", "fla"])
     p.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16", "float32"])
     p.add_argument("--batches", nargs="*", type=int, default=[1, 16])
     p.add_argument("--seqlens", nargs="*", type=int, default=None,

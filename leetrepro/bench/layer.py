@@ -10,13 +10,18 @@ model runs it, beside the same layer with flash-linear-attention's op.
 
 and times ``y`` and its backward to x and every weight (eager, CUDA events, medians of
 ``--reps`` rounds with the entries called in turn), writing ``layer.csv``: ``ms`` per step,
-``tokens_per_s`` (b·N / step), ``op_share`` (the operator's part of the step, from the same
-layer timed with the operator replaced by a copy of V, ``identity``), and ``vs_fla``.
+``tokens_per_s`` (b·N / step), ``op_ms`` and ``op_share`` (the operator's time in the step and
+its part of it: the step less the same layer's with the operator replaced by ``identity``), and
+``vs_fla``.
 
-Entries: ``Chunk`` (separate projections, :func:`leetrepro.causal_linear_decoder`),
-``Chunk-fused`` (one projection cut by :func:`leetrepro.split_projection`), ``fla`` (separate
-projections, ``chunk_simple_gla`` on the projections' ``(b, N, h, ·)`` views, ``scale=1``) and
-``identity`` (the projections alone).
+Entries: ``auto`` and ``Chunk`` (separate projections, :func:`leetrepro.causal_linear_decoder`
+with the default method and with Chunk named), ``Chunk-fused`` (one projection cut by
+:func:`leetrepro.split_projection`), ``fla`` (separate projections, ``chunk_simple_gla`` on the
+projections' ``(b, N, h, ·)`` views, ``scale=1``) and ``identity``: O a copy of V whose backward
+hands dO to q, k and v alike (:class:`PassThrough`), so the step still runs all four projections'
+backward (a copy of V alone leaves q and k out of the graph: autograd then skips two of the
+projections' backward, four of the layer's twelve matrix products, and charged their time to the
+operator).
 """
 from __future__ import annotations
 
@@ -31,7 +36,24 @@ from .layouts import decays
 
 #: (heads, r = d, batch, N)
 CELLS = ((32, 128, 4, 8192), (64, 64, 4, 8192))
-ENTRIES = ("Chunk", "Chunk-fused", "fla", "identity")
+ENTRIES = ("auto", "Chunk", "Chunk-fused", "fla", "identity")
+
+
+class PassThrough(torch.autograd.Function):
+    """``O = copy of V`` with ``dq = dk = dv = dO`` (r = d): the layer's graph and every tensor's
+    gradient as the operator's, at the cost of one copy of V, so that the step less this one is
+    the operator's own time. Not a gradient of anything: for timing only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        if q.shape != v.shape or k.shape != v.shape:
+            raise ValueError(f"identity needs r = d (q, k, v of one shape), got {tuple(q.shape)}, "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        return v.clone()
+
+    @staticmethod
+    def backward(ctx, dO):
+        return dO, dO, dO
 
 
 class Layer(torch.nn.Module):
@@ -64,16 +86,17 @@ def make_op(name: str, gamma: torch.Tensor):
     """``op(q, k, v) -> o``, all ``(b, N, h, ·)``, or None where fla is not installed."""
     from .. import causal_linear_decoder
     if name == "identity":
-        return lambda q, k, v: v.clone()
+        return PassThrough.apply
     if name == "fla":
         fla = fla_chunk_simple_gla()
         if fla is None:
             return None
         lg = torch.log(gamma).float()
         return lambda q, k, v: fla(q, k, v, g_gamma=lg, scale=1.0)[0]
+    method = "auto" if name == "auto" else "Chunk"
     return lambda q, k, v: causal_linear_decoder(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), gamma,
-        method="Chunk").transpose(1, 2)
+        method=method).transpose(1, 2)
 
 
 def measure_cell(dtype, heads, r, batch, n, entries, reps, device) -> list[dict]:
@@ -94,9 +117,7 @@ def measure_cell(dtype, heads, r, batch, n, entries, reps, device) -> list[dict]
                 torch.nn.init.normal_(p, std=r ** -0.5 / heads ** 0.5)
             dy = torch.randn_like(x) * 0.1
             params = [x] + list(layer.parameters())
-            # (identity leaves the q and k weights unused: their gradients come back None)
-            step = (lambda m=layer, g=dy, p=params: torch.autograd.grad(m(x), p, g,
-                                                                        allow_unused=True))
+            step = (lambda m=layer, g=dy, p=params: torch.autograd.grad(m(x), p, g))
             step()  # warm-up: compiles (fla: autotunes)
             calls[name] = step
             row["status"] = "ok"
@@ -111,7 +132,8 @@ def measure_cell(dtype, heads, r, batch, n, entries, reps, device) -> list[dict]
     ms = {row["entry"]: row["ms"] for row in rows if row["ms"]}
     for row in rows:
         if row["ms"] and row["entry"] != "identity" and "identity" in ms:
-            row["op_share"] = (row["ms"] - ms["identity"]) / row["ms"]
+            row["op_ms"] = row["ms"] - ms["identity"]
+            row["op_share"] = row["op_ms"] / row["ms"]
         row["vs_fla"] = row["ms"] / ms["fla"] if row["ms"] and "fla" in ms else None
     calls = x = None
     torch.cuda.empty_cache()

@@ -2,13 +2,21 @@
 
 ``make layouts`` (or ``python -m leetrepro.bench.layouts --out data/<gpu>``; ``make floor`` and
 ``make bench-train`` run it too) times per cell (r/d and heads × batch × N, bf16, per-head
-decays 0.8…0.999) the forward (``fwd``) and the forward + backward to every input (``fwd_bwd``)
-of each layout below, eager calls with CUDA events (``--graph``: CUDA-graph replays, the same
-comparison without host time), medians of ``--reps`` rounds in which every
-entry of the cell is called in turn (one process, interleaved), and writes ``layouts.csv``:
-``ms``, ``floor_ms`` (forward 2(r + d), forward + backward 6r + 5d bytes per row and head at
-the copy bandwidth measured in the same run), ``floor_ratio``, ``vs_head_major`` (time over the
-head-major entry's in the same cell and pass) and ``vs_fla`` (over fla's in the same layout).
+decays 0.8…0.999) the forward (``fwd``: the forward of a training step, its leaves requiring
+grad) and the forward + backward to every input (``fwd_bwd``) of each layout below by each
+method (``auto``, the default a model gets, beside methods named; ``picks`` says which method
+auto ran), eager calls with CUDA events (``--graph``: CUDA-graph replays, the same comparison
+without host time), medians of ``--reps`` rounds in which every entry of the cell is called in
+turn (one process, interleaved), and writes ``layouts.csv``: ``ms``, ``floor_ms`` (forward
+2(r + d), forward + backward 6r + 5d bytes per row and head at the copy bandwidth measured in
+the same run), ``floor_ratio``, ``vs_head_major`` (time over the head-major entry's of the same
+method, cell and pass), ``vs_fla`` (over fla's) and ``vs_best`` (over the fastest named method's
+in the same layout and pass).
+
+Grids (``--grid``): ``models`` (the default, ``layouts.csv``): batch 1, 2, 4 × N = 2048-16384 at
+the head shapes and counts models train with (:data:`MODEL_SHAPES`), head-major, model and fused
+layouts, auto, Chunk and LA; ``shapes`` (``layouts_shapes.csv``): every head shape Chunk
+takes at b8/b16, N = 8192, every layout and fla.
 
 Layouts (:func:`make_layout`; the leaves are what gradients are taken to):
 
@@ -38,6 +46,16 @@ LAYOUTS = ("head-major", "model", "drop-in", "fused")
 HEAD_SHAPES = ((128, 128, 32), (64, 64, 64), (128, 64, 32), (128, 256, 16), (256, 256, 16))
 #: (batch, N)
 SIZES = ((8, 8192), (16, 8192))
+#: the head shapes and counts models train with, and one GPU's micro-batches at long context:
+#: where ``method="auto"`` must be as fast as the fastest method named
+MODEL_SHAPES = ((64, 64, 64), (128, 64, 128), (128, 128, 32), (128, 128, 16))
+MODEL_SIZES = tuple((b, n) for b in (1, 2, 4) for n in (2048, 4096, 8192, 16384))
+#: the default (what a model gets), this project's kernel, and what the default chose before
+#: its table was held to its regime (NOTES.md)
+METHODS = ("auto", "Chunk", "LA")
+#: grid name -> (head shapes, sizes, layouts, methods) by default
+GRIDS = {"models": (MODEL_SHAPES, MODEL_SIZES, ("head-major", "model", "fused"), METHODS),
+         "shapes": (HEAD_SHAPES, SIZES, LAYOUTS + ("fla",), ("auto", "Chunk"))}
 
 
 def decays(heads: int) -> torch.Tensor:
@@ -103,56 +121,89 @@ def floor_bytes(pass_: str, batch: int, heads: int, n: int, r: int, d: int, item
     return train_floor_bytes(n, r, d, batch, heads, itemsize)
 
 
+def auto_picks(layout: str, x, bcv, gamma, grad: bool) -> str:
+    """The method ``method="auto"`` runs for one layout's call (``grad``: with its backward)."""
+    from ..ops import resolve
+    B, _, V = bcv(*x) if layout != "drop-in" else tuple(t.transpose(1, 2) for t in x)
+    return resolve("auto", B, gamma, False, V, grad).abbr
+
+
 def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
-                 graph: bool = False) -> list[dict]:
-    """Every layout's forward and forward + backward in one cell, interleaved: rows of
-    ``layouts.csv`` (without provenance). ``graph``: each call captured once in a CUDA graph and
-    replayed (``mode="graph"``: what a step captured by a training loop pays, no host time)."""
+                 graph: bool = False, methods=("Chunk",)) -> list[dict]:
+    """Every layout's forward and forward + backward in one cell by each of ``methods`` (names,
+    or ``"auto"``: the default a model gets), interleaved: rows of ``layouts.csv`` (without
+    provenance). ``graph``: each call captured once in a CUDA graph and replayed
+    (``mode="graph"``: what a step captured by a training loop pays, no host time)."""
     gamma = decays(heads).to(device)
     calls, rows, keep = {}, [], []
     for layout in layouts:
-        fn = entry(layout, gamma)
-        if fn is None:
-            continue
-        base = dict(dtype=SHORT_NAMES[dtype], batch=batch, N=n, heads=heads, r=r, d=d,
-                    layout=layout if layout != "fla" else "model",
-                    method="fla" if layout == "fla" else "Chunk")
-        try:
-            x, bcv, dO = make_layout(layout, batch, heads, n, r, d, dtype=dtype, device=device,
-                                     seed=n + r + d)
-            fwd = (lambda f=fn, x=x, bcv=bcv: f(x, bcv))
-            both = (lambda f=fn, x=x, bcv=bcv, g=dO: torch.autograd.grad(f(x, bcv), x, g))
-            both()  # warm-up: compiles (fla: autotunes)
-            if graph:  # (a graph holds no reference to its inputs: kept alive here)
-                keep.append((x, dO, fwd, both))
-                fwd, both = (capture_graph(f, (), device).replay for f in (fwd, both))
-            calls[(layout, "fwd")], calls[(layout, "fwd_bwd")] = fwd, both
-            status = "ok"
-        except Exception as err:  # an entry that cannot take the cell is a row, not an abort
-            status = failed_status(err, 160)
-        for p in ("fwd", "fwd_bwd"):
-            rows.append(dict(base, entry=layout, **{"pass": p}, status=status,
-                             mode="graph" if graph else "eager",
-                             floor_ms=floor_bytes(p, batch, heads, n, r, d, dtype.itemsize)
-                             / bw * 1e3))
+        for method in (methods if layout != "fla" else ("fla",)):
+            fn = entry(layout, gamma, method)
+            if fn is None:
+                continue
+            base = dict(dtype=SHORT_NAMES[dtype], batch=batch, N=n, heads=heads, r=r, d=d,
+                        layout=layout if layout != "fla" else "model", method=method)
+            picks = {}
+            try:
+                x, bcv, dO = make_layout(layout, batch, heads, n, r, d, dtype=dtype,
+                                         device=device, seed=n + r + d)
+                if method == "auto":  # (fwd: the forward of a training step, leaves need grad)
+                    picks = {p: auto_picks(layout, x, bcv, gamma, True) for p in PASSES}
+                fwd = (lambda f=fn, x=x, bcv=bcv: f(x, bcv))
+                both = (lambda f=fn, x=x, bcv=bcv, g=dO: torch.autograd.grad(f(x, bcv), x, g))
+                both()  # warm-up: compiles (fla: autotunes)
+                if graph:  # (a graph holds no reference to its inputs: kept alive here)
+                    keep.append((x, dO, fwd, both))
+                    fwd, both = (capture_graph(f, (), device).replay for f in (fwd, both))
+                calls[(layout, method, "fwd")] = fwd
+                calls[(layout, method, "fwd_bwd")] = both
+                status = "ok"
+            except Exception as err:  # an entry that cannot take the cell is a row, not an abort
+                status = failed_status(err, 160)
+            for p in PASSES:
+                rows.append(dict(base, entry=layout, **{"pass": p}, status=status,
+                                 mode="graph" if graph else "eager", picks=picks.get(p),
+                                 floor_ms=floor_bytes(p, batch, heads, n, r, d, dtype.itemsize)
+                                 / bw * 1e3))
     times = interleaved_medians(calls, [()], reps, device, warmup=1)
     for row in rows:
-        t = times.get((row["entry"], row["pass"]))
+        t = times.get((row["entry"], row["method"], row["pass"]))
         row.update(ms=None if t is None else t * 1e3, reps=reps)
         row["floor_ratio"] = None if t is None else row["ms"] / row["floor_ms"]
-    ms = {(row["entry"], row["pass"]): row["ms"] for row in rows if row["ms"]}
-    for row in rows:
-        for col, ref in (("vs_head_major", "head-major"), ("vs_fla", "fla")):
-            base = ms.get((ref, row["pass"]))
-            row[col] = row["ms"] / base if row["ms"] and base else None
+    compare(rows)
     calls = x = keep = None  # the cell's tensors freed before the next
     torch.cuda.empty_cache()
     return rows
 
 
+PASSES = ("fwd", "fwd_bwd")
+
+
+def compare(rows: list[dict]) -> None:
+    """Each row's ratios within its cell: ``vs_head_major`` (over the head-major entry of the same
+    method and pass), ``vs_fla`` (over fla's, same pass) and ``vs_best`` (over the fastest named
+    method, neither auto nor fla, in the same layout and pass)."""
+    ms = {(r["entry"], r["method"], r["pass"]): r["ms"] for r in rows if r["ms"]}
+    for row in rows:
+        t, p = row["ms"], row["pass"]
+        named = [v for (e, m, q), v in ms.items()
+                 if e == row["entry"] and q == p and m not in ("auto", "fla")]
+        for col, base in (("vs_head_major", ms.get(("head-major", row["method"], p))),
+                          ("vs_fla", ms.get(("fla", "fla", p))),
+                          ("vs_best", min(named) if named else None)):
+            row[col] = t / base if t and base else None
+
+
 def _arguments(p) -> None:
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--layouts", nargs="*", default=list(LAYOUTS) + ["fla"])
+    p.add_argument("--grid", choices=sorted(GRIDS), default="models",
+                   help="the cells and their defaults: 'models' (batch 1, 2, 4 × N = 2048-16384 "
+                        "at the head shapes and counts models use; head-major, model, fused; "
+                        "auto, Chunk, LA) or 'shapes' (every head shape at b8/b16, N = 8192; "
+                        "every layout and fla; auto, Chunk); the options below replace a part")
+    p.add_argument("--layouts", nargs="*", default=None, help=f"of {LAYOUTS + ('fla',)}")
+    p.add_argument("--methods", nargs="*", default=None,
+                   help="methods timed in each layout ('auto': the default method)")
     p.add_argument("--shapes", nargs="*", default=None,
                    help="r:d:heads triples (default: 128:128:32 64:64:64 128:64:32 128:256:16 256:256:16)")
     p.add_argument("--sizes", nargs="*", default=None, help="batch:N pairs (default 8:8192 16:8192)")
@@ -171,20 +222,22 @@ def main(argv=None) -> int:
 
     device, meta, out, bw = setup
     dtype = parse_dtype(args.dtype)
-    shapes = HEAD_SHAPES if args.shapes is None else \
+    grid_shapes, grid_sizes, grid_layouts, grid_methods = GRIDS[args.grid]
+    layouts, methods = args.layouts or grid_layouts, args.methods or grid_methods
+    shapes = grid_shapes if args.shapes is None else \
         [tuple(map(int, s.split(":"))) for s in args.shapes]
-    sizes = SIZES if args.sizes is None else [tuple(map(int, s.split(":"))) for s in args.sizes]
+    sizes = grid_sizes if args.sizes is None else [tuple(map(int, s.split(":"))) for s in args.sizes]
     rows = []
     for (r, d, heads) in shapes:
         for batch, n in sizes:
-            cell = measure_cell(dtype, batch, n, r, d, heads, args.layouts, args.reps, bw, device,
-                                graph=args.graph)
+            cell = measure_cell(dtype, batch, n, r, d, heads, layouts, args.reps, bw, device,
+                                graph=args.graph, methods=methods)
             rows += cell
             print(f"{SHORT_NAMES[dtype]} b{batch} N={n} h{heads} r={r} d={d} | " + " | ".join(
-                f"{c['entry']} {c['pass']} {c['floor_ratio']:.2f}x"
-                + (f" ({c['vs_head_major']:.2f} hm)" if c['vs_head_major'] else "")
-                if c["status"] == "ok" else f"{c['entry']} {c['status'][:50]}" for c in cell),
-                flush=True)
+                f"{c['entry']} {c['method']} {c['pass']} {c['floor_ratio']:.2f}x"
+                + (f" ({c['vs_best']:.2f} best)" if c['vs_best'] else "")
+                if c["status"] == "ok" else f"{c['entry']} {c['method']} {c['status'][:50]}"
+                for c in cell), flush=True)
             pd.DataFrame(rows).assign(copy_TBps=bw / 1e12, **meta).to_csv(
                 os.path.join(out, args.csv), index=False)  # rewritten per cell: a cut run keeps rows
     print(f"wrote {os.path.join(out, args.csv)} ({len(rows)} rows)")

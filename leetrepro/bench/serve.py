@@ -9,9 +9,10 @@ models, beside flash-linear-attention, in one process.
   batch 1, 64, 256). ``ms``: median of CUDA-event timings after a warm-up, entries interleaved.
   ``floor_ms``: prefill (|B|+|C|+|V|+|O|)·bytes, decode the states read and written, ÷ the copy
   bandwidth measured in the same run. ``host_us``: wall time per call of 200 back-to-back calls
-  (host and GPU overlapped: what a serving loop pays per step). Entries: ``Chunk`` (our packed
-  head-major call), ``chunk_simple_gla`` (our drop-in, fla's layout), ``Chunk_padded`` (the batch
-  right-padded to the longest prompt), ``decode_step`` (eager) and ``decode_step_graph`` (the step
+  (host and GPU overlapped: what a serving loop pays per step). Entries: ``auto`` and ``Chunk``
+  (our packed head-major call, by the default method and by Chunk named), ``chunk_simple_gla``
+  (our drop-in, fla's layout), ``Chunk_padded`` (the batch right-padded to the longest prompt),
+  ``decode_step`` (eager) and ``decode_step_graph`` (the step
   captured in a CUDA graph, replayed), ``fla`` (flash-linear-attention: ``chunk_simple_gla`` with
   ``cu_seqlens``; ``fused_recurrent_simple_gla`` for a step, its states gathered from the pool
   before the timed call, as its kernel takes no slot ids) and ``fla_graph`` (fla's step captured
@@ -66,7 +67,8 @@ def prefill_rows(device, bw, reps, meta):
         q, k, v = (torch.randn(1, total, HEADS, RANK, device=device, dtype=dtype, generator=gen)
                    .mul_(RANK ** -0.5) for _ in range(3))
         B, C, V = (x.transpose(1, 2).contiguous() for x in (q, k, v))
-        entries = {
+        entries = {  # auto: the default a server gets, beside the method named
+            "auto": lambda: causal_linear_decoder(B, C, V, g, cu_seqlens=cu),
             "Chunk": lambda: causal_linear_decoder(B, C, V, g, method="Chunk", cu_seqlens=cu),
             "chunk_simple_gla": lambda: chunk_simple_gla(q, k, v, g_gamma=g_gamma, scale=1.0,
                                                          cu_seqlens=cu),

@@ -27,7 +27,8 @@ interleaved with the whole step's graph, each against its own floor at one read 
 the step's (11), times each sweep's own ratio, is where the step's ratio comes from; with segments
 (batch 1) each sweep also reads two of its inputs a second time.
 
-Entries: ``Chunk`` (``causal_linear_decoder(..., method="Chunk")``: the custom op, its backward
+Entries: ``auto`` (the default method, as a model calls it), ``Chunk``
+(``causal_linear_decoder(..., method="Chunk")``: the custom op, its backward
 the reverse sweeps for dV and dC plus a forward sweep for dB, each on the kernel the GPU's
 measured table names) and ``fla``
 (``fla.ops.simple_gla.chunk_simple_gla``, its time-major layout prepared outside the timed call,
@@ -219,7 +220,7 @@ def sweep_rows(dtype, batch, n, reps, bw, device) -> list[dict]:
 
 
 def _arguments(p) -> None:
-    p.add_argument("--entries", nargs="*", default=["Chunk", "fla"])
+    p.add_argument("--entries", nargs="*", default=["auto", "Chunk", "fla"])
     p.add_argument("--cells", nargs="*", default=None,
                    help="dtype:batch:N triples (default: the training cells of the results page)")
     p.add_argument("--reps", type=int, default=10)

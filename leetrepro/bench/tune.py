@@ -3,7 +3,9 @@
 time ``auto`` against the best method of each cell and report its regret.
 
 Grid: dtype (fp16, bf16, fp32) × batch (1, 16) × N (128 … 100000 at batch 1, … 25600 at batch 16)
-× mask, heads 32, r = d = 128. Each method: median of ``--reps`` CUDA-event timings of the Python
+× mask, heads 32, r = d = 128, the forward of head-major inputs: the regime the table speaks for
+(its ``heads``, ``r``, ``d``, ``layout`` and ``pass`` columns; :func:`leetrepro.dispatch.choose`
+leaves every other call to the rule). Each method: median of ``--reps`` CUDA-event timings of the Python
 call after a warm-up. A method slower than ``--time-limit`` per call, or out of memory, is not
 tried at larger N for that dtype/batch/mask (its times only grow). Unsafe methods (FA_modify)
 and interpreted ones are never candidates.
@@ -57,7 +59,9 @@ def tune_cell(dtype, batch, n, decay, names, reps, limit, device, dropped: set, 
     sets = [random_inputs(batch, 32, n, 128, 128, dtype=dtype, device=device, generator=gen)
             for _ in range(2 if per < 2 ** 30 else 1)]
     g = alibi_gammas(32).view(32, 1) if decay else None
-    row = dict(dtype=SHORT_NAMES[dtype], batch=batch, decay=decay, N=n)
+    # the regime the cell stands for (dispatch.choose follows the table only there)
+    row = dict(dtype=SHORT_NAMES[dtype], batch=batch, decay=decay, N=n, heads=32, r=128, d=128,
+               layout="head-major", **{"pass": "fwd"})
     for name in names:
         if name in dropped:
             row[f"t_{name}"] = float("nan")

@@ -189,6 +189,7 @@ def training(tags: list[str]) -> str:
 
 #: the layouts tables of a GPU (``make layouts``, ``make bench-layer``): file, how it was timed
 LAYOUT_FILES = (("layouts.csv", "eager"), ("layouts_graph.csv", "CUDA graph"),
+                ("layouts_shapes.csv", "eager"), ("layouts_shapes_graph.csv", "CUDA graph"),
                 ("layouts_fla.csv", "eager"), ("layouts_fla_graph.csv", "CUDA graph"),
                 ("layouts_fla_heads.csv", "eager"), ("layouts_fla_heads_graph.csv", "CUDA graph"),
                 ("layouts_float16_graph.csv", "CUDA graph"),
@@ -212,14 +213,20 @@ def layouts(tags: list[str]) -> str:
                 for r in ok:
                     if (r["dtype"], r["r"], r["d"], r["heads"], r["batch"], r["N"]) != cell:
                         continue
+                    method = r.get("method", "Chunk")
+                    picks = r.get("picks")
                     rows.append([f"{cell[0]} r={cell[1]} d={cell[2]} h{cell[3]} b{cell[4]} "
-                                 f"N={cell[5]}", r["entry"], r["pass"], f"{r['ms']:.3f} ms",
-                                 _x(r["floor_ratio"]), _x(r["vs_head_major"]), _x(r["vs_fla"])])
+                                 f"N={cell[5]}", r["entry"],
+                                 f"{method} ({picks})" if picks == picks and picks else method,
+                                 r["pass"], f"{r['ms']:.3f} ms", _x(r["floor_ratio"]),
+                                 _x(r["vs_head_major"]), _x(r["vs_fla"]), _x(r.get("vs_best"))])
             parts.append(f"{tag.upper()}, `{name}` ({mode}; {_run(df)}; floor: forward "
                          f"2(r + d), forward + backward 6r + 5d bytes per row and head; entries "
-                         f"of a cell interleaved in one process):\n\n" + _table(
-                             ["cell", "layout", "pass", "time", "× floor", "÷ head-major",
-                              "÷ fla"], rows))
+                         f"of a cell interleaved in one process; auto (the method it ran); "
+                         f"÷ best: over the fastest method named in the same layout and "
+                         f"pass):\n\n" + _table(
+                             ["cell", "layout", "method", "pass", "time", "× floor",
+                              "÷ head-major", "÷ fla", "÷ best"], rows))
         packed = _read(tag, "prefill_layouts.csv")
         if packed is not None:
             rows = [[r["method"], r["dtype"], r["batch"], f"{r['ms']:.3f} ms", _x(r["floor_ratio"])]
@@ -232,11 +239,21 @@ def layouts(tags: list[str]) -> str:
         if layer is not None:
             rows = [[r["entry"], f"{r['dtype']} h{r['heads']} r=d={r['r']} b{r['batch']} "
                      f"N={r['N']}", f"{r['ms']:.2f} ms", f"{r['tokens_per_s'] / 1e6:.2f}M",
+                     _op_time(r),
                      _x(r.get("vs_fla"))] for r in layer.to_dict("records") if r["status"] == "ok"]
             parts.append(f"One attention layer, forward + backward (`make bench-layer`; "
-                         f"{_run(layer)}; eager):\n\n" + _table(
-                             ["entry", "cell", "step", "tokens/s", "÷ fla"], rows))
+                         f"{_run(layer)}; eager; the operator's time: the step less the same "
+                         f"layer's with the operator replaced by a copy of V whose backward "
+                         f"feeds all three projections):\n\n" + _table(
+                             ["entry", "cell", "step", "tokens/s", "operator (share)", "÷ fla"],
+                             rows))
     return "\n\n".join(parts) or "(no layouts.csv measured yet: `make layouts` on a GPU)"
+
+
+def _op_time(row: dict) -> str:
+    """The operator's time in a layer's step and its share (``layer.csv``), or "-"."""
+    op = row.get("op_ms")
+    return "-" if op is None or op != op else f"{op:.2f} ms ({row['op_share']:.0%})"
 
 
 def serving(tags: list[str]) -> str:
