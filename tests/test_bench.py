@@ -383,6 +383,23 @@ def test_layouts_cell_times_every_layout_against_its_floor():
     assert floor_bytes("fwd_bwd", 1, 1, 1, 128, 128, 2) == 11 * 128 * 2
 
 
+def test_interleaved_medians_can_call_each_round_in_its_own_order():
+    """``shuffle``: every entry timed once a round, the rounds in different orders (seeded), so
+    that no entry always follows the same other; without it, the entries' order every round."""
+    from leetrepro.bench.harness import interleaved_medians
+    order = []
+    fns = {k: (lambda k=k: order.append(k)) for k in "abcd"}
+    times = interleaved_medians(fns, [()], 6, torch.device("cpu"), warmup=0, shuffle=True)
+    assert set(times) == set("abcd") and all(t >= 0 for t in times.values())
+    rounds = [tuple(order[i:i + 4]) for i in range(0, 24, 4)]
+    assert all(sorted(r) == list("abcd") for r in rounds) and len(set(rounds)) > 1
+    predecessors = {rounds[i][rounds[i].index("b") - 1] for i in range(6) if rounds[i][0] != "b"}
+    assert len(predecessors) > 1
+    order.clear()
+    interleaved_medians(fns, [()], 3, torch.device("cpu"), warmup=0)
+    assert "".join(order) == "abcd" * 3
+
+
 def test_layouts_compare_auto_with_the_fastest_named_method_in_its_layout_and_pass():
     """``vs_best``: a row's time over the fastest method named (not auto, not fla) in the same
     layout and pass; ``vs_head_major`` over the same method's head-major time."""

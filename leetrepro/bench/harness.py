@@ -16,6 +16,7 @@ import functools
 import hashlib
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -232,19 +233,36 @@ def time_calls(fn: Callable, arg_sets: Sequence[tuple], reps: int, device) -> li
     return times
 
 
+#: bytes written between timed calls by ``interleaved_medians(flush=True)``: over twice the L2 of
+#: the GPUs measured here (H100 50 MB, H200 60 MB)
+L2_FLUSH_BYTES = 256 * 2 ** 20
+
+
 def interleaved_medians(fns: dict, arg_sets: Sequence[tuple], reps: int, device,
-                        warmup: int = 1) -> dict:
+                        warmup: int = 1, shuffle: bool = False, flush: bool = False) -> dict:
     """Median seconds per call of each ``fns[k]`` (:func:`time_calls`), the entries called in turn
     so that drift and noise hit every one alike; round i passes ``arg_sets[i % len(arg_sets)]``.
-    ``warmup`` untimed calls of each first (compiles, caches)."""
+    ``warmup`` untimed calls of each first (compiles, caches). ``shuffle``: each round calls the
+    entries in its own order (seeded by the round), so that no entry always follows the same
+    other (what one call leaves in the GPU's caches or the host's favours whichever entry comes
+    next: entries sharing inputs, say).
+    ``flush`` (CUDA): :data:`L2_FLUSH_BYTES` written, and the GPU synchronised, before every timed
+    call, so that none finds another's data in L2 and an eager call's host time stays exposed."""
     for fn in fns.values():
         for _ in range(warmup):
             fn(*arg_sets[0])
-    times = {k: [] for k in fns}
+    device = torch.device(device)
+    scrub = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=device) \
+        if flush and device.type == "cuda" else None
+    keys = list(fns)
+    times = {k: [] for k in keys}
     for i in range(reps):
         args = [arg_sets[i % len(arg_sets)]]
-        for k, fn in fns.items():
-            times[k] += time_calls(fn, args, 1, device)
+        for k in random.Random(i).sample(keys, len(keys)) if shuffle else keys:
+            if scrub is not None:
+                scrub.zero_()
+                torch.cuda.synchronize(device)
+            times[k] += time_calls(fns[k], args, 1, device)
     return {k: median(v) for k, v in times.items()}
 
 

@@ -9,7 +9,7 @@ model runs it, beside the same layer with flash-linear-attention's op.
     y = o_proj(O.transpose(1, 2).reshape(b, N, h·d))
 
 and times ``y`` and its backward to x and every weight (eager, CUDA events, medians of
-``--reps`` rounds with the entries called in turn), writing ``layer.csv``: ``ms`` per step,
+``--reps`` rounds with the entries called in turn, each round in its own order), writing ``layer.csv``: ``ms`` per step,
 ``tokens_per_s`` (b·N / step), ``op_ms`` and ``op_share`` (the operator's time in the step and
 its part of it: the step less the same layer's with the operator replaced by ``identity``), and
 ``vs_fla``.
@@ -124,7 +124,7 @@ def measure_cell(dtype, heads, r, batch, n, entries, reps, device) -> list[dict]
         except Exception as err:  # an entry that cannot take the cell is a row, not an abort
             row["status"] = failed_status(err, 160)
         rows.append(row)
-    times = interleaved_medians(calls, [()], reps, device, warmup=1)
+    times = interleaved_medians(calls, [()], reps, device, warmup=1, shuffle=True)
     for row in rows:
         t = times.get(row["entry"])
         row.update(ms=None if t is None else t * 1e3, reps=reps,

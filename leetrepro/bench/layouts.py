@@ -7,7 +7,8 @@ grad) and the forward + backward to every input (``fwd_bwd``) of each layout bel
 method (``auto``, the default a model gets, beside methods named; ``picks`` says which method
 auto ran), eager calls with CUDA events (``--graph``: CUDA-graph replays, the same comparison
 without host time), medians of ``--reps`` rounds in which every entry of the cell is called in
-turn (one process, interleaved), and writes ``layouts.csv``: ``ms``, ``floor_ms`` (forward
+turn (one process, interleaved; each round in its own order, L2 flushed before every timed
+call), and writes ``layouts.csv``: ``ms``, ``floor_ms`` (forward
 2(r + d), forward + backward 6r + 5d bytes per row and head at the copy bandwidth measured in
 the same run), ``floor_ratio``, ``vs_head_major`` (time over the head-major entry's of the same
 method, cell and pass), ``vs_fla`` (over fla's) and ``vs_best`` (over the fastest named method's
@@ -175,7 +176,9 @@ def measure_cell(dtype, batch, n, r, d, heads, layouts, reps, bw, device,
                                  mode="graph" if graph else "eager", picks=picks.get(p),
                                  floor_ms=floor_bytes(p, batch, heads, n, r, d, dtype.itemsize)
                                  / bw * 1e3))
-    times = interleaved_medians(calls, [()], reps, device, warmup=1)
+    # entries share their layout's inputs: each timed call starts from a flushed L2 and in its
+    # own place in the round, so that none is favoured by what the one before left behind
+    times = interleaved_medians(calls, [()], reps, device, warmup=1, shuffle=True, flush=True)
     for row in rows:
         t = times.get((row["entry"], row["method"], row["pass"]))
         row.update(ms=None if t is None else t * 1e3, reps=reps)
