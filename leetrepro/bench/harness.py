@@ -239,12 +239,14 @@ L2_FLUSH_BYTES = 256 * 2 ** 20
 
 
 def interleaved_medians(fns: dict, arg_sets: Sequence[tuple], reps: int, device,
-                        warmup: int = 1, shuffle: bool = False, flush: bool = False) -> dict:
+                        warmup: int = 1, shuffle: bool = False, flush: bool = False,
+                        seed: int = 0) -> dict:
     """Median seconds per call of each ``fns[k]`` (:func:`time_calls`), the entries called in turn
     so that drift and noise hit every one alike; round i passes ``arg_sets[i % len(arg_sets)]``.
     ``warmup`` untimed calls of each first (compiles, caches). ``shuffle``: each round calls the
-    entries in its own order (seeded by the round), so that no entry always follows the same
-    other (what one call leaves in the GPU's caches or the host's favours whichever entry comes
+    entries in its own order (seeded by ``seed`` and the round: give each cell of a sweep its
+    own seed, or one entry takes the same places in every cell), so that no entry always follows
+    the same other (what one call leaves in the GPU's caches or the host's favours whichever entry comes
     next: entries sharing inputs, say).
     ``flush`` (CUDA): :data:`L2_FLUSH_BYTES` written, and the GPU synchronised, before every timed
     call, so that none finds another's data in L2 and an eager call's host time stays exposed."""
@@ -258,7 +260,7 @@ def interleaved_medians(fns: dict, arg_sets: Sequence[tuple], reps: int, device,
     times = {k: [] for k in keys}
     for i in range(reps):
         args = [arg_sets[i % len(arg_sets)]]
-        for k in random.Random(i).sample(keys, len(keys)) if shuffle else keys:
+        for k in random.Random(seed * 7919 + i).sample(keys, len(keys)) if shuffle else keys:
             if scrub is not None:
                 scrub.zero_()
                 torch.cuda.synchronize(device)

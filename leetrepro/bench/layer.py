@@ -11,8 +11,8 @@ model runs it, beside the same layer with flash-linear-attention's op.
 and times ``y`` and its backward to x and every weight (eager, CUDA events, medians of
 ``--reps`` rounds with the entries called in turn, each round in its own order), writing ``layer.csv``: ``ms`` per step,
 ``tokens_per_s`` (b·N / step), ``op_ms`` and ``op_share`` (the operator's time in the step and
-its part of it: the step less the same layer's with the operator replaced by ``identity``), and
-``vs_fla``.
+its part of it: the step less the same layer's with the operator replaced by ``identity``; not
+for ``Chunk-fused``, whose one projection is not the identity layer's three), and ``vs_fla``.
 
 Entries: ``auto`` and ``Chunk`` (separate projections, :func:`leetrepro.causal_linear_decoder`
 with the default method and with Chunk named), ``Chunk-fused`` (one projection cut by
@@ -131,7 +131,8 @@ def measure_cell(dtype, heads, r, batch, n, entries, reps, device) -> list[dict]
                    tokens_per_s=None if t is None else batch * n / t)
     ms = {row["entry"]: row["ms"] for row in rows if row["ms"]}
     for row in rows:
-        if row["ms"] and row["entry"] != "identity" and "identity" in ms:
+        # (the identity layer has separate projections: the fused layer's step is not comparable)
+        if row["ms"] and row["entry"] not in ("identity", "Chunk-fused") and "identity" in ms:
             row["op_ms"] = row["ms"] - ms["identity"]
             row["op_share"] = row["op_ms"] / row["ms"]
         row["vs_fla"] = row["ms"] / ms["fla"] if row["ms"] and "fla" in ms else None
