@@ -205,6 +205,9 @@ def layouts(tags: list[str]) -> str:
             df = _read(tag, name)
             if df is None:
                 continue
+            if "vs_best" in df and (df.method == "auto").any():
+                parts.append(auto_table(tag, name, mode, df))
+                continue
             ok = df[df.status == "ok"].to_dict("records")
             cells = sorted({(r["dtype"], r["r"], r["d"], r["heads"], r["batch"], r["N"])
                             for r in ok}, key=lambda c: (c[1], c[2], c[4]))
@@ -213,20 +216,15 @@ def layouts(tags: list[str]) -> str:
                 for r in ok:
                     if (r["dtype"], r["r"], r["d"], r["heads"], r["batch"], r["N"]) != cell:
                         continue
-                    method = r.get("method", "Chunk")
-                    picks = r.get("picks")
                     rows.append([f"{cell[0]} r={cell[1]} d={cell[2]} h{cell[3]} b{cell[4]} "
-                                 f"N={cell[5]}", r["entry"],
-                                 f"{method} ({picks})" if picks == picks and picks else method,
+                                 f"N={cell[5]}", r["entry"], r.get("method", "Chunk"),
                                  r["pass"], f"{r['ms']:.3f} ms", _x(r["floor_ratio"]),
-                                 _x(r["vs_head_major"]), _x(r["vs_fla"]), _x(r.get("vs_best"))])
+                                 _x(r["vs_head_major"]), _x(r["vs_fla"])])
             parts.append(f"{tag.upper()}, `{name}` ({mode}; {_run(df)}; floor: forward "
                          f"2(r + d), forward + backward 6r + 5d bytes per row and head; entries "
-                         f"of a cell interleaved in one process; auto (the method it ran); "
-                         f"÷ best: over the fastest method named in the same layout and "
-                         f"pass):\n\n" + _table(
+                         f"of a cell interleaved in one process):\n\n" + _table(
                              ["cell", "layout", "method", "pass", "time", "× floor",
-                              "÷ head-major", "÷ fla", "÷ best"], rows))
+                              "÷ head-major", "÷ fla"], rows))
         packed = _read(tag, "prefill_layouts.csv")
         if packed is not None:
             rows = [[r["method"], r["dtype"], r["batch"], f"{r['ms']:.3f} ms", _x(r["floor_ratio"])]
@@ -248,6 +246,37 @@ def layouts(tags: list[str]) -> str:
                              ["entry", "cell", "step", "tokens/s", "operator (share)", "÷ fla"],
                              rows))
     return "\n\n".join(parts) or "(no layouts.csv measured yet: `make layouts` on a GPU)"
+
+
+def auto_table(tag: str, name: str, mode: str, df) -> str:
+    """A layouts file that times ``auto`` beside named methods, one row per cell: auto's time over
+    the fastest method named (÷ best), forward / forward + backward, in each layout; the method
+    auto ran; Chunk's and LA's forward + backward in the model layout (× floor)."""
+    ok = df[df.status == "ok"]
+    layouts_ = list(dict.fromkeys(ok.entry))
+    cells = ["dtype", "r", "d", "heads", "batch", "N"]
+    rows = []
+    for cell, g in ok.groupby(cells, sort=True):
+        def at(entry, method, pass_, col):
+            x = g[(g.entry == entry) & (g.method == method) & (g["pass"] == pass_)][col]
+            return x.iloc[0] if len(x) else None
+        picks = sorted({str(p) for p in g[g.method == "auto"].picks.dropna()})
+        rows.append([f"{cell[0]} {cell[1]}/{cell[2]} h{cell[3]} b{cell[4]} N={cell[5]}"]
+                    + [f"{_x(at(e, 'auto', 'fwd', 'vs_best'))} / "
+                       f"{_x(at(e, 'auto', 'fwd_bwd', 'vs_best'))}" for e in layouts_]
+                    + [", ".join(picks) or "-",
+                       _x(at("model", "Chunk", "fwd_bwd", "floor_ratio")),
+                       _x(at("model", "LA", "fwd_bwd", "floor_ratio"))])
+    auto = ok[ok.method == "auto"]
+    worst = "; ".join(f"{p}: at most {auto[auto['pass'] == p].vs_best.max():.2f}×"
+                      for p in ("fwd", "fwd_bwd") if (auto["pass"] == p).any())
+    return (f"{tag.upper()}, `{name}`: `method=\"auto\"` against the fastest method named, in "
+            f"the layouts and head shapes models use ({mode}; {_run(df)}; entries of a cell "
+            f"interleaved in one process, each round in its own order, L2 flushed before every "
+            f"call; fwd: the forward of a training step). auto ÷ best, {worst}:\n\n"
+            + _table(["cell (r/d)"] + [f"{e}: fwd / fwd+bwd" for e in layouts_]
+                     + ["auto ran", "Chunk fwd+bwd × floor (model)",
+                        "LA fwd+bwd × floor (model)"], rows))
 
 
 def _op_time(row: dict) -> str:
