@@ -45,25 +45,26 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-gpu test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve cross-gpu results layouts bench-layer
+        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
 	@echo "make test      the test suite (CPU; Triton kernels under TRITON_INTERPRET=1)"
 	@echo "make test-gpu  (GPU) the correctness matrix in pytest (-m gpu; GPU_MATRIX=quick or full)"
-	@echo "make test-fast the quick lane: everything not marked slow (about a minute and a half)"
+	@echo "make test-fast the quick lane: everything not marked slow (README: how long each takes)"
 	@echo "make lint      ruff over the package, kernels, tests and notebooks (CI runs it)"
 	@echo "make test-triton-next  the tests under the newest Triton ($(TRITON_NEXT)) in .venv-triton-next"
 	@echo "make notebooks the .ipynb files papermill runs, from their sources notebooks/*.py"
+	@echo "make lab       JupyterLab on notebooks/: the .py sources open as notebooks (paired .ipynb on save); runs write under scratch/"
 	@echo "make gpu-check     (GPU) every method x dtype x mask x shape vs the oracle -> data/<gpu>/correctness.csv"
 	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> data/<gpu>/kernels.csv"
 	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from data/<gpu>)"
 	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
 	@echo "    variables: GPU=<this GPU, h100 without one> DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=<. on a GPU, rerendered without one> QUICK=$(QUICK) NBFLAGS='-p seqlens ...'"
 	@echo "    QUICK=1: 5 repetitions, 2 s per call, Tables 7-8 in one run (the committed runs' settings)"
-	@echo "make floor     (GPU) Chunk/LA vs flash-linear-attention and the memory floor -> data/<gpu>/floor.csv"
+	@echo "make floor     Chunk/LA vs flash-linear-attention and the memory floor (GPU: measured -> data/<gpu>/floor.csv; no GPU: re-rendered)"
 	@echo "make profile   (GPU, ncu) what limits each floor cell short of its target -> data/<gpu>/ncu_limits.txt"
-	@echo "make bench-serve (GPU) packed prefill, decode step, generation vs fla -> data/<gpu>/serve.csv, generation.csv"
+	@echo "make bench-serve packed prefill, decode step, generation vs fla (GPU: measured -> data/<gpu>/serve.csv, generation.csv; no GPU: re-rendered)"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make results   figures/results.md: every measured table, written from data/ alone (no GPU needed)"
 	@echo "make cross-gpu the paper's tables and claims on every GPU with committed data, beside the A6000"
@@ -97,6 +98,7 @@ lint: $(VENV)/.installed
 # make gpu-check's cases and the head shapes, about half an hour on an H100 in 8 processes)
 GPU_MATRIX ?= quick
 test-gpu: $(VENV)/.installed
+	$(needs_gpu)
 	LEETREPRO_GPU_MATRIX=$(GPU_MATRIX) $(PY) -m pytest -q -m gpu -n $(GPU_TEST_JOBS) tests/test_gpu.py $(PYTEST_ARGS)
 GPU_TEST_JOBS ?= 8
 
@@ -110,19 +112,37 @@ test-triton-next:
 	.venv-triton-next/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_NEXT)', triton.__version__"
 	.venv-triton-next/bin/python -m pytest -q -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
 
+# JupyterLab on the notebooks: a double-clicked .py source opens as a notebook (jupytext's viewer,
+# set as the default for Python files in this virtualenv's JupyterLab), saving writes the source
+# and its paired .ipynb (notebooks/jupytext.toml); a run by hand writes under scratch/
+# (out_root=None). LAB_ARGS: e.g. --no-browser --port 8889
+LAB_ARGS ?=
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+lab: $(VENV)/.installed $(LAB_SETTINGS)
+	$(PY) -m jupyterlab --ServerApp.root_dir=$(CURDIR) --ServerApp.ip=127.0.0.1 \
+	  --LabApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+$(LAB_SETTINGS):
+	@mkdir -p $(dir $@)
+	@echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $@
+
 # notebooks are kept as readable py:percent sources; papermill runs the .ipynb made from them
 notebooks: $(NOTEBOOKS)
 notebooks/%.ipynb: notebooks/%.py
 	$(PY) -m jupytext --quiet --to ipynb --output $@ $<
 
 gpu-check: $(INSTALLED)
+	$(needs_gpu)
 	$(PY) -m leetrepro.bench.gpu_check --out $(DATA) --huge --serving
 	$(PY) -m leetrepro.bench.gpu_check --out $(DATA) --methods Chunk --heads-only --chunk-kernel hopper --csv correctness_hopper_heads.csv
 
 bench-kernels: $(INSTALLED)
+	$(needs_gpu)
 	$(PY) -m leetrepro.bench.kernels --out $(DATA)
 
 # $(1) notebook, $(2) executed copy under figures/<tag>/, $(3) tag, $(4) papermill arguments
+# the first line of every target that measures on a GPU: without one, one line and status 2
+needs_gpu = @if [ "$(HERE)" = cpu ]; then echo "make $@: needs a CUDA GPU (none found on this machine)" >&2; exit 2; fi
+
 define run_notebook
 	@mkdir -p $(RESULTS)/figures/$(3)
 	@$(MAKE) --no-print-directory notebooks/$(1).ipynb
@@ -135,7 +155,13 @@ reproduce: derivations lemma31 $(TABLES) table9 long-prompts table7 table8 claim
 	@echo "reproduce: done. Tables, figures and executed notebooks under $(RESULTS)/figures/ and $(RESULTS)/data/."
 	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
 
+# a measuring setting given on the command line where nothing is measured: said, not dropped
+define unused_here
+	@$(if $(and $(filter cpu,$(HERE)),$(filter command line,$(origin $(1)))),echo "$@: $(1)=$($(1)) is not used: no GPU here and nothing is timed (re-rendered from $(DATA)/)",true)
+endef
+
 $(TABLES): $(INSTALLED)
+	$(call unused_here,REPS)
 	$(call run_notebook,latency,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS) $(LIMIT))
 
 # Tables 7-8: the methods inside TransNormerLLM-7B / toy-retnet-1.3B layers (the paper's protocol;
@@ -147,6 +173,7 @@ table7 table8: $(INSTALLED)
 	  $(call run_notebook,llm,$@,$(GPU),-p table $(subst table,,$@) -p gpu $(GPU) -p dtype $(DTYPE) $(LLM_QUICK)))
 
 table9: $(INSTALLED)
+	$(call unused_here,REPS)
 	$(call run_notebook,table9,table9,$(GPU),-p gpu $(GPU) -p dtype $(DTYPE) -p reps $(REPS) $(LIMIT))
 
 long-prompts: $(INSTALLED)
@@ -171,6 +198,7 @@ floor: $(INSTALLED)
 # what limits each floor cell still short of its target: Nsight Compute over one call of Chunk as
 # it ships, per cell (GPU and ncu only) -> data/<gpu>/ncu_limits.txt
 profile: $(INSTALLED)
+	$(needs_gpu)
 	$(PY) -m leetrepro.probes.ncu --out $(DATA)
 
 # the launch tables of Chunk and LA, then the dispatch table of method="auto" for this GPU and
@@ -178,12 +206,14 @@ profile: $(INSTALLED)
 # TUNE_ARGS=--resume: a cut-off run goes on where it stopped (measured cells kept)
 TUNE_ARGS ?=
 tune: $(INSTALLED)
+	$(needs_gpu)
 	$(PY) -m leetrepro.bench.sweep --out $(RESULTS)/data/$(GPU)
 	$(PY) -m leetrepro.bench.tune --out $(RESULTS)/data/$(GPU) $(TUNE_ARGS)
 
 # forward + backward against its floor, flash-linear-attention beside it (GPU only); then the
 # layouts models hand the operator, eager and in CUDA graphs
 bench-train: $(INSTALLED)
+	$(needs_gpu)
 	$(PY) -m leetrepro.bench.train --out $(DATA) --sweeps
 	$(MAKE) --no-print-directory layouts
 
@@ -191,8 +221,10 @@ bench-train: $(INSTALLED)
 # N = 2048-16384, the head shapes and counts models use, head-major, time-major views and a fused
 # projection -> $(DATA)/layouts.csv; every head shape Chunk takes, every layout, beside fla ->
 # $(DATA)/layouts_shapes.csv; each eager and in CUDA graphs (*_graph.csv)
+# (eager rounds: 61, as host time makes two runs of one call differ by up to 10-18 % at 31)
 layouts: $(INSTALLED)
-	$(PY) -m leetrepro.bench.layouts --out $(DATA)
+	$(needs_gpu)
+	$(PY) -m leetrepro.bench.layouts --out $(DATA) --reps 61
 	$(PY) -m leetrepro.bench.layouts --out $(DATA) --graph --csv layouts_graph.csv
 	$(PY) -m leetrepro.bench.layouts --out $(DATA) --grid shapes --csv layouts_shapes.csv
 	$(PY) -m leetrepro.bench.layouts --out $(DATA) --grid shapes --graph --csv layouts_shapes_graph.csv
@@ -200,6 +232,7 @@ layouts: $(INSTALLED)
 # one attention layer (projections, the operator, forward + backward) against the same layer with
 # fla's op, tokens/s (GPU only) -> $(DATA)/layer.csv
 bench-layer: $(INSTALLED)
+	$(needs_gpu)
 	$(PY) -m leetrepro.bench.layer --out $(DATA)
 
 # packed prefill, the decode step, generation in Tables 7-8's models; fla beside (GPU only)
@@ -211,6 +244,7 @@ bench-serve: $(INSTALLED)
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
 SP_ARGS ?=
 bench-sp: $(INSTALLED)
+	$(needs_gpu)
 	$(PY) -m torch.distributed.run --nproc-per-node=$(GPUS) -m leetrepro.bench.sp $(SP_ARGS) \
 	  --out $(RESULTS)/data/$(GPU)x$(GPUS)
 

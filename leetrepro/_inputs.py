@@ -188,6 +188,9 @@ def _check_values(g: torch.Tensor, dtype: torch.dtype | None = None) -> None:
 def _checked_gamma(gamma, heads: int, device) -> torch.Tensor:
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float, torch.Tensor)):
         raise TypeError(f"gamma must be None, a float or a tensor, got {type(gamma).__name__}")
+    if isinstance(gamma, torch.Tensor) and gamma.device.type == "meta":
+        raise ValueError("gamma is on the meta device (it has no values to check); pass a float, "
+                         "or a tensor on the CPU or on B's device")
     # a Python number stays float64 (torch.as_tensor would round 0.9 to float32 first)
     g = gamma.detach() if isinstance(gamma, torch.Tensor) else torch.tensor(float(gamma), dtype=torch.float64)
     g = _shaped_gamma(g, heads).to(device="cpu", dtype=torch.float64).contiguous()

@@ -11,6 +11,8 @@ the concatenation itself) takes the ordinary path.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 
@@ -23,13 +25,30 @@ def split_projection(y: torch.Tensor, heads: int, r: int, d: int | None = None):
 
     Differentiable; in eager mode, when the operator computes all three gradients, y's gradient
     is the buffer the operator wrote them into (no concatenation). O(1) time and memory."""
-    d = r if d is None else d
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y must be a torch.Tensor (batch, N, heads·(2r + d)), got {type(y).__name__}")
+    heads, r = _count("heads", heads), _count("r", r)
+    d = r if d is None else _count("d", d)
     if y.dim() != 3 or y.shape[-1] != heads * (2 * r + d):
         raise ValueError(f"y must be (batch, N, heads·(2r + d)) = (batch, N, {heads * (2 * r + d)})"
                          f" for heads={heads}, r={r}, d={d}; got {tuple(y.shape)}")
     if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and y.requires_grad):
         return _views(y, heads, r, d)
     return _SplitProjection.apply(y, heads, r, d)
+
+
+def _count(name: str, value) -> int:
+    """A positive integer argument, or an error naming it."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)  # ints, numpy's and torch's integers; never 2.0
+    except TypeError:
+        raise TypeError(f"{name} must be a positive int, got {value!r} "
+                        f"({type(value).__name__})") from None
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return int(value)
 
 
 def _views(y, heads, r, d):

@@ -18,7 +18,7 @@
 # %% tags=["parameters"]
 gpu = None
 device = "cuda"
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os

@@ -17,7 +17,7 @@
 
 # %% tags=["parameters"]
 gpus = None          # tags to compare (default: every data/<tag>/ with Tables 3-6)
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os
@@ -33,6 +33,7 @@ root = _paths.resource("data")
 if gpus is None:
     gpus = sorted(t for t in os.listdir(root) if t != "paper"  # data/paper: the paper's own numbers
                   and os.path.exists(os.path.join(root, t, "table3.csv")))
+out_root = T.output_root(out_root)
 fig_dir = os.path.join(out_root, "figures", "cross_gpu")
 os.makedirs(fig_dir, exist_ok=True)
 

@@ -23,7 +23,7 @@ gamma = 0.9
 table_N = 8192
 sizes = [16, 32, 64, 128, 256, 512, 1024]   # for the triangular-truncation norm
 seed = 0
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os
@@ -34,6 +34,8 @@ from IPython.display import Markdown, display
 from leetrepro import reference, complexity
 from leetrepro._decay import causal_mask, discounted_cumsum
 torch.manual_seed(seed)
+from leetrepro.reproduce.tables import output_root
+out_root = output_root(out_root)
 fig_dir = os.path.join(out_root, "figures", "derivations"); os.makedirs(fig_dir, exist_ok=True)
 B, C, V = torch.randn(n, r, dtype=torch.float64), torch.randn(n, r, dtype=torch.float64), torch.randn(n, d, dtype=torch.float64)
 lg = torch.log(torch.tensor([gamma], dtype=torch.float64)).view(1, 1, 1)

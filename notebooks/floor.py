@@ -19,7 +19,7 @@
 gpu = None
 device = "cuda"
 measure = False     # True on a GPU: run the benchmark now (minutes) instead of reading floor.csv
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os

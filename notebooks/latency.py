@@ -29,7 +29,7 @@ time_limit = 60.0   # seconds one call may take before the cell reads >limit
 heads = 32
 rank = 128
 dim = 128
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os

@@ -27,7 +27,7 @@ reps = 5
 decay = False
 gpu = None
 from_data = None      # a GPU tag: fit and plot its committed data/<tag>/lemma31.csv instead of timing
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os
@@ -43,6 +43,8 @@ if torch.device(device).type == "cuda" and not torch.cuda.is_available():
     device = "cpu"
     display(Markdown("**No GPU here: timings below are measured on the CPU.**"))
 tag = gpu or from_data or gpu_tag(device)
+from leetrepro.reproduce.tables import output_root
+out_root = output_root(out_root)
 data_dir, fig_dir = os.path.join(out_root, "data", tag), os.path.join(out_root, "figures", tag)
 os.makedirs(data_dir, exist_ok=True); os.makedirs(fig_dir, exist_ok=True)
 k, C1 = sp.symbols("k C1"); T = sp.Function("T")

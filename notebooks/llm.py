@@ -29,7 +29,7 @@ time_limit = 120.0  # a method whose first run exceeds this is not run again
 set_limit = None    # seconds: a linear-time method whose run exceeds it runs on the first prompts, total scaled by tokens
 equiv_prompts = 2
 gpu = None
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os

@@ -26,7 +26,7 @@ time_limit = 30.0
 heads = 32
 rank = 128
 dim = 128
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os

@@ -19,7 +19,7 @@
 
 # %% tags=["parameters"]
 tag = "h200x2"              # data/<tag>/sp.csv
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 nvlink_GBps = 450.0         # per GPU and direction inside a host (NVLink 4: 18 links × 25 GB/s)
 inter_host_GBps = 50.0      # per GPU across hosts (one 400 Gb/s InfiniBand NDR port per GPU)
 step_latency_us = {"intra": 5.0, "inter": 15.0}  # per ring step of an all-gather (assumed)
@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from leetrepro.reproduce.tables import load_measured
+from leetrepro.reproduce.tables import load_measured, output_root
+out_root = output_root(out_root)
 
 fig_dir = os.path.join(out_root, "figures", tag)
 os.makedirs(fig_dir, exist_ok=True)

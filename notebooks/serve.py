@@ -22,13 +22,14 @@
 
 # %% tags=["parameters"]
 gpu = "h100"
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
-from leetrepro.reproduce.tables import load_measured
+from leetrepro.reproduce.tables import load_measured, output_root
+out_root = output_root(out_root)
 
 fig_dir = os.path.join(out_root, "figures", gpu)
 os.makedirs(fig_dir, exist_ok=True)

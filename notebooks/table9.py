@@ -28,7 +28,7 @@ heads = 32
 rank = 128
 dim = 128
 error_shape = [1, 32, 4097, 128, 128]   # (batch, heads, N, r, d) of the accuracy check
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os

@@ -28,7 +28,7 @@ device = "cuda"
 gpu = None           # folder tag under data/ and figures/ (default: this GPU's)
 corpus_bytes = 33554432
 log_every = 10
-out_root = "."
+out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
 
 # %%
 import os
@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 from leetrepro.bench.lm import fla_attention, train
-from leetrepro.reproduce.tables import notebook_setup
+from leetrepro.reproduce.tables import load_measured, notebook_setup
 from leetrepro.models.lm import corpus
 
 live, gpu, data_dir, fig_dir = notebook_setup(device, gpu, out_root)
@@ -60,8 +60,9 @@ if live:
         print(f"{m:10s} final loss {df.loss.iloc[-1]:.3f}  {df.tokens_per_s.iloc[1:].median():,.0f} tokens/s")
     runs = pd.concat(frames, ignore_index=True)
     runs.to_csv(csv, index=False)
-else:
-    runs = pd.read_csv(csv)
+else:  # re-rendered from the committed run of this GPU (data/<gpu>/, not out_root)
+    runs = load_measured(gpu, "train_lm.csv")
+    assert runs is not None, f"no data/{gpu}/train_lm.csv to re-render: run `make train` on that GPU"
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))

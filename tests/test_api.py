@@ -153,8 +153,21 @@ def test_unsupported_dtype_or_device_is_an_error():
         B, C, V = make_inputs(1, 1, 4, 2, 2)
         with pytest.raises(ValueError, match="runs on cuda tensors only, and these are on cpu"):
             causal_linear_decoder(B, C, V, method="F32")  # the device is what is wrong
-        with pytest.raises(ValueError, match="does not support dtype torch.float16"):
+        # the dtype is what is wrong: it says which methods take it here (no "on ['cpu', …]")
+        with pytest.raises(ValueError, match=r"does not take torch.float16 inputs: it takes "
+                           r"torch.float32; methods that take torch.float16 on cpu: .*Bb") as err:
             causal_linear_decoder(*(t.half() for t in (B, C, V)), method="F32cpu")
+        assert "['cpu'" not in str(err.value)
+        # a Vanilla call whose N × N matrices cannot fit is refused before it allocates them
+        from leetrepro.methods import vanilla
+        big = torch.empty(1, 1, 5, 2)
+        real = vanilla.free_bytes
+        try:
+            vanilla.free_bytes = lambda device: 100
+            with pytest.raises(MemoryError, match=r"N × N = 5 × 5 .*linear memory"):
+                causal_linear_decoder(big.normal_(), big, big, method="Vanilla")
+        finally:
+            vanilla.free_bytes = real
     finally:
         unregister("F32")
         unregister("F32cpu")
@@ -425,3 +438,9 @@ def test_a_refused_gamma_shows_what_was_typed_and_a_list_is_one_decay_per_head()
         causal_linear_decoder(B, C, V, ["a", 1])
     assert_close_to_reference(causal_linear_decoder(B, C, V, [0.9, 0.5]), B, C, V,
                               torch.tensor([0.9, 0.5], dtype=torch.float64))
+
+
+def test_a_meta_gamma_is_refused_by_name():
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    with pytest.raises(ValueError, match="gamma is on the meta device"):
+        causal_linear_decoder(B, C, V, torch.full((2,), 0.9, device="meta"))

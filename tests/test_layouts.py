@@ -180,3 +180,17 @@ def test_gradients_come_in_the_layouts_the_fake_implementation_promises(wanted):
     for grad, like, asked in zip(grads, (B, C, V, S0), need):
         if asked:
             assert grad.stride() == output_like(like).stride()
+
+
+@pytest.mark.parametrize("args, error, word", [
+    ((2.0, 4), TypeError, "heads"), ((None, 4), TypeError, "heads"), ((True, 4), TypeError, "heads"),
+    ((2, -1), ValueError, "r must"), ((2, 0), ValueError, "r must"), ((2, "4"), TypeError, "r must"),
+    ((2, 4, 0), ValueError, "d must"), ((2, 4, 1.5), TypeError, "d must")])
+def test_split_projection_names_the_bad_argument(args, error, word):
+    y = torch.randn(1, 3, 2 * 12)
+    with pytest.raises(error, match=word):
+        split_projection(y, *args)
+    with pytest.raises(TypeError, match="y must be a torch.Tensor"):
+        split_projection([[1.0]], 2, 4)
+    B, C, V = split_projection(y, torch.tensor(2), 4)  # a 0-d integer tensor is an int
+    assert B.shape == (1, 2, 3, 4) and V.shape == (1, 2, 3, 4)

@@ -64,6 +64,59 @@ def test_make_asks_for_the_gpu_only_when_a_target_needs_it(tmp_path):
     assert "--out data/h100" in out.stdout  # no GPU here: the default folder, h100's
 
 
+#: the targets that measure on a GPU and cannot re-render without one
+GPU_ONLY_TARGETS = ("test-gpu", "gpu-check", "bench-kernels", "profile", "tune", "bench-train",
+                    "layouts", "bench-layer", "bench-sp")
+
+
+def test_gpu_only_targets_say_so_in_one_line_and_fail_without_a_gpu(tmp_path):
+    """Without a GPU every target that only measures fails at once with one line that says why
+    (``make test-gpu`` had run nothing and passed; ``make bench-sp`` died in torchrun's launcher
+    with a bare AssertionError), and leaves git's view of the tree as it was."""
+    import shutil
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho cpu\n")
+    fake.chmod(0o755)
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed").touch()
+    status = _git_status()
+    for target in GPU_ONLY_TARGETS:
+        out = subprocess.run(["make", "-s", target, f"PY={fake}", "INSTALLED=", f"VENV={venv}",
+                              "GPUS=0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0, (target, out.stdout, out.stderr)
+        assert f"make {target}: needs a CUDA GPU" in out.stderr.splitlines()[0], out.stderr
+    assert _git_status() == status
+
+
+def _git_status() -> str | None:
+    import shutil
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
+        return None
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["train", "claims"])
+def test_a_target_rerenders_without_a_gpu_and_leaves_the_tree_as_it_was(target):
+    """``make train`` read its CSV under the output folder instead of the committed
+    data/h100/train_lm.csv and failed without a GPU; each re-render writes under rerendered/."""
+    import shutil
+    import torch
+    if shutil.which("make") is None or torch.cuda.is_available():
+        pytest.skip("needs make and a machine without a GPU")
+    status = _git_status()
+    out = subprocess.run(["make", "-s", target, f"PY={sys.executable}", "INSTALLED="], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, MPLBACKEND="Agg"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert os.path.exists(os.path.join(ROOT, "rerendered", "figures", "h100", f"{target}.ipynb"))
+    assert _git_status() == status
+
+
 def test_design_names_code_that_exists():
     """DESIGN.md points each claim at code: every ``module.name`` it names in backticks, with
     module a part of the package, resolves; every file it names exists."""
@@ -89,3 +142,35 @@ def test_design_names_code_that_exists():
     assert checked >= 40
     for f in set(re.findall(r"`((?:leetrepro/|tests/|notebooks/|kernels/)[A-Za-z_/]+\.(?:py|md))`", text)):
         assert os.path.exists(os.path.join(ROOT, f)) or os.path.exists(os.path.join(ROOT, "leetrepro", f)), f
+
+
+def test_environment_yml_pins_what_make_install_pins_without_a_gpu():
+    """One statement of the CPU environment: the Makefile's TORCH line; environment.yml repeats
+    its pins, and this keeps the two in step."""
+    import re
+    make = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    triton = re.search(r"^TRITON \?= (\S+)", make, re.M).group(1)
+    cpu = re.search(r"^TORCH\s+\?= \$\(if \$\(HAS_GPU\),torch,(.*)\)$", make, re.M).group(1)
+    pins = {p.strip('"') for p in cpu.replace("$(TRITON)", triton).split()}
+    assert pins == {"torch==2.13.0", f"triton=={triton}", "numpy<2.3"}, pins
+    env = open(os.path.join(ROOT, "environment.yml"), encoding="utf-8").read()
+    listed = set(re.findall(r"^\s+- (\S+)$", env, re.M))
+    assert pins <= listed, pins - listed
+
+
+def test_make_help_quotes_no_timings_and_marks_gpu_only_targets_only():
+    """Timings live in the README alone; `(GPU)` in `make help` marks targets that cannot run
+    without a GPU, not those that re-render without one."""
+    import re
+    import shutil
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    out = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert not re.search(r"about [^)]*(second|minute)", out), out
+    for line in out.splitlines():
+        target = line.split()[1] if line.startswith("make ") and len(line.split()) > 1 else None
+        if "(GPU" in line and target not in ("test-gpu", "gpu-check", "bench-kernels", "profile",
+                                              "tune", "bench-train", "layouts", "bench-layer",
+                                              "bench-sp"):
+            assert "re-render" in line or "no GPU" in line, line

@@ -1,9 +1,40 @@
 """vanilla (Vanilla): materialise the masked N×N attention matrix. O(N²(r+d)) time, O(N²) memory."""
 from __future__ import annotations
 
+import os
+
+import torch
+
 from .._decay import causal_mask
 from ..registry import register
 from ._common import torch_method
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on ``device`` (a GPU's free memory, the host's available
+    memory), or None where it cannot be told."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[0]
+        if device.type == "cpu":
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        pass
+    return None
+
+
+def check_quadratic_memory(b: torch.Tensor, name: str = "Vanilla", copies: int = 3) -> None:
+    """Refuse, before allocating, a call whose N × N matrices (``copies`` of them: scores, mask,
+    masked scores) do not fit the device's free memory: an error that says so and names the
+    methods of linear memory, instead of the allocator failing after seconds of work."""
+    batch, heads, n, _ = b.shape
+    need = copies * batch * heads * n * n * b.element_size()
+    free = free_bytes(b.device)
+    if free is not None and need > free:
+        raise MemoryError(f"method {name} materialises N × N = {n} × {n} attention matrices "
+                          f"(O(N²) memory): about {need / 2 ** 30:.1f} GiB for batch {batch} × "
+                          f"{heads} heads, {free / 2 ** 30:.1f} GiB free on {b.device}; use a method "
+                          f"of linear memory (Chunk, LA, Bb, LA_torch) or method='auto'")
 
 
 @register("vanilla", "Vanilla", complexity="O(N²(r+d))", language="torch",
@@ -14,5 +45,6 @@ def vanilla(b, c, v, lg):
 
     The mask is built in one vectorised expression (the original built it row by row in Python).
     """
+    check_quadratic_memory(b)
     mask = causal_mask(b.shape[2], lg, dtype=b.dtype, device=b.device)
     return ((b @ c.transpose(-1, -2)) * mask) @ v

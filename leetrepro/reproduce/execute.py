@@ -1,6 +1,7 @@
 """``python -m leetrepro.reproduce.execute IN.ipynb OUT.ipynb [papermill options]``: papermill's
 command line (``make`` runs every notebook through it), with the notebook's kernel reached over
-local IPC sockets in a private temporary folder instead of TCP ports.
+local IPC sockets in a private temporary folder instead of TCP ports. :func:`run_notebook` does
+the same from Python, from a notebook's source.
 
 Why: a kernel on TCP without encryption keys logs a warning into every run ("Kernel is running
 over TCP without encryption"), and its ports are open to every user of the host; IPC sockets
@@ -46,6 +47,40 @@ def _engine():
             return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
 
     return IPCEngine
+
+
+def run_notebook(name: str, out_root: str | None = None, **parameters) -> str:
+    """Run ``notebooks/<name>.py`` as ``make`` runs it, with papermill ``parameters``; returns
+    the executed notebook's path, ``<out_root>/figures/<tag>/<name>.ipynb`` (``tag``: the
+    ``gpu`` or ``tag`` parameter, else ``name``), beside the tables and figures it wrote.
+    ``out_root`` None: the checkout's ``scratch/`` (:func:`leetrepro.reproduce.tables.output_root`),
+    so that nothing git tracks changes. Raises papermill's error if a cell fails."""
+    import jupytext
+    import papermill
+    from papermill.engines import papermill_engines
+
+    from .._paths import ROOT
+    from .tables import output_root
+
+    source = os.path.join(ROOT, "notebooks", f"{name}.py")
+    if not os.path.exists(source):
+        have = sorted(f[:-3] for f in os.listdir(os.path.dirname(source)) if f.endswith(".py"))
+        raise ValueError(f"no notebook {name!r}; the notebooks: {', '.join(have)}")
+    root = output_root(out_root)
+    folder = os.path.join(root, "figures", str(parameters.get("gpu") or parameters.get("tag")
+                                               or name))
+    os.makedirs(folder, exist_ok=True)
+    made = os.path.join(folder, f"{name}.source.ipynb")
+    jupytext.write(jupytext.read(source), made)
+    out = os.path.join(folder, f"{name}.ipynb")
+    papermill_engines.register(ENGINE, _engine())
+    try:
+        papermill.execute_notebook(made, out, parameters=dict(parameters, out_root=root),
+                                   kernel_name="python3", engine_name=ENGINE, progress_bar=False,
+                                   cwd=os.path.dirname(source))
+    finally:
+        os.remove(made)
+    return out
 
 
 def main(argv=None) -> int:

@@ -167,15 +167,32 @@ def gpu_words(gpu: str, live: bool) -> str:
         f"the {gpu_name(gpu)} (re-rendered from data/{gpu}/)"
 
 
-def notebook_setup(device: str, gpu: str | None, out_root: str, *, default: str = "h100"):
+def output_root(out_root: str | None) -> str:
+    """Where a notebook writes its tables and figures: ``out_root`` as given (``make`` passes its
+    ``RESULTS``: ``.`` on a GPU, to regenerate the committed files), or by default the checkout's
+    ``scratch/`` (ignored by git; outside a checkout ``./leetrepro-out``), so that a notebook run
+    by hand, in JupyterLab or through papermill, from any folder, never rewrites ``data/`` or
+    ``figures/``."""
+    if out_root is not None:
+        return out_root
+    from .._paths import ROOT
+    checkout = os.path.exists(os.path.join(ROOT, "pyproject.toml")) and \
+        os.path.isdir(os.path.join(ROOT, "notebooks"))
+    return os.path.join(ROOT, "scratch") if checkout else os.path.abspath("leetrepro-out")
+
+
+def notebook_setup(device: str, gpu: str | None, out_root: str | None, *,
+                   default: str = "h100"):
     """What every reproduction notebook starts with: ``(live, gpu, data_dir, fig_dir)``. ``live``:
     the device can measure (a CPU always can; "cuda" needs a GPU); ``gpu``: the folder tag (this
-    GPU's, or ``default`` to re-render committed data); both folders under ``out_root`` are made.
-    Without a GPU, says so in the notebook."""
+    GPU's, or ``default`` to re-render committed data); both folders under ``out_root``
+    (:func:`output_root`: None is the scratch folder) are made. Without a GPU, says so in the
+    notebook."""
     import torch
 
     from .._device import gpu_tag
 
+    out_root = output_root(out_root)
     live = torch.device(device).type != "cuda" or torch.cuda.is_available()
     gpu = gpu or (gpu_tag(device) if live else default)
     data_dir = os.path.join(out_root, "data", gpu)
