@@ -79,12 +79,14 @@ axes[0].set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=8
 axes[0].set(yscale="log", ylabel="seconds per prompt (mean over the runs)",
             title=f"Table {table}: {p.model}")
 axes[0].legend(fontsize=7)
+T.readable_log(axes[0], "y")
 if "peak_mem_GB" in ok and ok.peak_mem_GB.notna().any():
     ok.pivot(index="method", columns="batch", values="peak_mem_GB").plot.bar(ax=axes[1])
 axes[1].set(ylabel="peak memory (GB)", title=f"peak memory, {T.gpu_name(gpu)}")
 for ax in axes:
     ax.grid(alpha=0.3, axis="y")
 fig.tight_layout()
+T.stamp(fig, measured)
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"{name}.{ext}"), dpi=110)
 

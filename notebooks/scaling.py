@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from leetrepro.reproduce.tables import load_measured, output_root
+from leetrepro.reproduce.tables import load_measured, output_root, readable_log, stamp
 out_root = output_root(out_root)
 
 fig_dir = os.path.join(out_root, "figures", tag)
@@ -66,14 +66,16 @@ axes[0].set(xlabel="total N (Mi tokens)", ylabel="ms per step (dotted: floor)", 
 axes[1].set(xlabel="total N (Mi tokens)", ylabel="time ÷ floor", xscale="log",
             title="distance to the floor (per GPU)")
 axes[1].axhline(1, color="gray", lw=0.8)
+readable_log(axes[0], "y")
 for ax in axes:
     ax.set_xscale("log")
     ax.set_xticks([1, 2, 4], ["1", "2", "4"])
-    ax.minorticks_off()
+    ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
 fig.suptitle(f"Sequence parallelism on {meta.gpu} (bf16, batch 1, 32 heads, r = d = 128, decay; medians)")
 fig.tight_layout()
+stamp(fig, sp)
 fig.savefig(os.path.join(fig_dir, "scaling.png"), dpi=120)
 
 # %%
@@ -140,9 +142,11 @@ def share(p, hierarchical=False):
 
 def finish_share_plot(fig, ax, title, name):
     ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="exchange, % of a step", title=title)
+    readable_log(ax, "both")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    stamp(fig, sp)
     fig.savefig(os.path.join(fig_dir, name), dpi=120)
 
 
@@ -169,7 +173,7 @@ fig, ax = plt.subplots(figsize=(6, 3.6))
 ps = np.unique(np.geomspace(2, 1024, 40).astype(int))
 ax.plot(ps, [100 * share(p) for p in ps], label="flat all-gather")
 ax.plot(ps, [100 * share(p, hierarchical=True) for p in ps], label="reduced inside each host first")
-ax.axhline(5, color="gray", ls=":", lw=1)
+ax.axhline(5, color="gray", ls=":", lw=1, label="5 % of a step")
 ax.scatter([P], [100 * 2 * measured_ag / (local_ms + 2 * measured_ag)], color="k", zorder=3,
            label=f"measured ({P} GPUs)")
 finish_share_plot(fig, ax, f"Model: {tokens_per_gpu / 2**20:.0f} Mi tokens per GPU, fwd + bwd",

@@ -28,7 +28,7 @@ out_root = None     # where tables and figures go; None: scratch/ of the checkou
 import os
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
-from leetrepro.reproduce.tables import load_measured, output_root
+from leetrepro.reproduce.tables import load_measured, output_root, readable_log, stamp
 out_root = output_root(out_root)
 
 fig_dir = os.path.join(out_root, "figures", gpu)
@@ -42,7 +42,7 @@ serve[["case", "method", "dtype", "batch", "tokens", "ms", "floor_ms", "floor_ra
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 pre = serve[serve.case == "prefill_varlen"]
-order = [m for m in ("Chunk", "Chunk_padded", "chunk_simple_gla", "fla") if m in set(pre.method)]
+order = [m for m in ("auto", "Chunk", "Chunk_padded", "chunk_simple_gla", "fla") if m in set(pre.method)]
 for i, (dtype, grp) in enumerate(pre.groupby("dtype")):
     grp = grp.set_index("method").reindex(order)
     xs = [j + 0.4 * i for j in range(len(grp))]
@@ -59,9 +59,12 @@ axes[1].plot(dec.groupby("batch").floor_ms.first() * 1e3, "k:", label="floor (st
 axes[1].set(xscale="log", yscale="log", xlabel="sequences per step", ylabel="µs per step (GPU)",
             title="decode step, bf16 inputs, fp32 states")
 axes[1].legend(fontsize=8)
+readable_log(axes[1], "both")
 for ax in axes:
     ax.grid(alpha=0.3)
+fig.suptitle(f"Serving on {meta.gpu}")
 fig.tight_layout()
+stamp(fig, serve)
 fig.savefig(os.path.join(fig_dir, "serve.png"), dpi=120)
 
 # %% [markdown]

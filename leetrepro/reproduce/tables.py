@@ -154,6 +154,26 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
     return fig
 
 
+def readable_log(ax, axis: str = "y") -> None:
+    """A log axis labelled in plain numbers at 1-2-5 steps: matplotlib labels only powers of ten,
+    so an axis spanning less than a decade shows one labelled tick or none."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    for a in ((ax.yaxis,) if axis == "y" else (ax.xaxis,) if axis == "x" else (ax.xaxis, ax.yaxis)):
+        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        a.set_minor_formatter(NullFormatter())
+
+
+def stamp(fig, rows) -> None:
+    """The GPU(s), commit(s) and date(s) of ``rows`` (a DataFrame with provenance columns) in
+    small print at the figure's foot: a figure copied out of its page still says where its
+    numbers come from."""
+    def values(col):
+        return ", ".join(sorted({str(v) for v in rows[col].dropna()})) if col in rows else "?"
+    fig.text(0.995, 0.002, f"{values('gpu')}; commit {values('commit')}; {values('date')}",
+             ha="right", va="bottom", fontsize=6.5, color="0.35")
+
+
 def gpu_name(gpu: str) -> str:
     """A GPU folder tag as people write the GPU: ``h100`` → ``H100``, ``h200x2`` → ``2×H200``."""
     base, _, count = gpu.partition("x")
