@@ -102,6 +102,8 @@ for m, g in times[times.status == "ok"].groupby("method"):
             label=f"{m}: fit a·{best} + b")
 ax.set(xlabel="log2 N", ylabel="time / N (ns per token)", title=f"Lemma 3.1 on {times.gpu.iloc[0]}")
 ax.legend(fontsize=8); ax.grid(alpha=0.3); fig.tight_layout()
+from leetrepro.reproduce.tables import stamp
+stamp(fig, times)
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"lemma31.{ext}"), dpi=120)
 

@@ -93,6 +93,8 @@ for a in axes:
     a.grid(alpha=0.3)
     a.legend(fontsize=7)
 fig.tight_layout()
+if measured is not None:
+    T.stamp(fig, measured)
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"long_prompts.{ext}"), dpi=120)
 

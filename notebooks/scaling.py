@@ -140,13 +140,13 @@ def share(p, hierarchical=False):
     return x / (local_ms + x)
 
 
-def finish_share_plot(fig, ax, title, name):
+def finish_share_plot(fig, ax, title, name, rows=None):
     ax.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="exchange, % of a step", title=title)
     readable_log(ax, "both")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    stamp(fig, sp)
+    stamp(fig, sp if rows is None else rows)
     fig.savefig(os.path.join(fig_dir, name), dpi=120)
 
 
@@ -214,7 +214,8 @@ display(sizes.round(4))
 fig, ax = plt.subplots(figsize=(6, 3.6))
 ax.plot(ps, [100 * share(p) for p in ps], label="model: flat all-gather")
 ax.scatter(sizes.GPUs, 100 * sizes.exchange_share, color="k", zorder=3, label="measured")
-finish_share_plot(fig, ax, f"{meta.gpu}: measured host sizes ({', '.join(sizes.tag)})", "scaling_sizes.png")
+finish_share_plot(fig, ax, f"{meta.gpu}: measured host sizes ({', '.join(sizes.tag)})", "scaling_sizes.png",
+                  pd.concat(runs.values(), ignore_index=True))
 display(Markdown(f"Measured host sizes: {', '.join(f'{g} GPUs' for g in sizes.GPUs)}"
                  + ("; the larger sizes need their own runs (`make bench-sp` on a host with more GPUs)."
                     if sizes.GPUs.max() < gpus_per_host else ".")))
@@ -313,4 +314,5 @@ for ax in axes:
     ax.legend(fontsize=7)
 fig.suptitle(f"{meta.gpu}, bf16, batch 1, 32 heads, r = d = 128, decay (medians of the slowest rank)")
 fig.tight_layout()
+stamp(fig, pd.concat(runs.values(), ignore_index=True))
 fig.savefig(os.path.join(fig_dir, "scaling_sizes_weak_strong.png"), dpi=120)

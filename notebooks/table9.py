@@ -91,6 +91,7 @@ ax.axhspan(0.35, 0.65, color="gray", alpha=0.15, label="'about half' (0.35-0.65)
 ax.set(xscale="log", xlabel="N", ylabel="FA_modify time / FA time (means)",
        title=f"Table 9 on {gpu}, beside the paper's ratios")
 ax.legend(fontsize=6, ncol=2); fig.tight_layout()
+T.stamp(fig, measured)
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"table9.{ext}"), dpi=120)
 

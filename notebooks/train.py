@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 from leetrepro.bench.lm import fla_attention, train
-from leetrepro.reproduce.tables import load_measured, notebook_setup
+from leetrepro.reproduce.tables import load_measured, notebook_setup, stamp
 from leetrepro.models.lm import corpus
 
 live, gpu, data_dir, fig_dir = notebook_setup(device, gpu, out_root)
@@ -74,6 +74,7 @@ ax.set(xlabel="step", ylabel=f"training loss (mean over {log_every} steps, nats/
 ax.grid(alpha=0.3)
 ax.legend(fontsize=8)
 fig.tight_layout()
+stamp(fig, runs)
 for ext in ("png", "svg"):
     fig.savefig(os.path.join(fig_dir, f"train_lm.{ext}"), dpi=120)
 

@@ -147,6 +147,7 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
     reps = f"mean of {int(ok.reps.iloc[0])} timed calls" if "reps" in ok and len(ok) else "means"
     fig.suptitle(f"{title} — {reps}" + (f"; above 1: faster than {baseline}" if speedup else ""))
     fig.tight_layout()
+    stamp(fig, ok)
     if path_stem:
         os.makedirs(os.path.dirname(path_stem), exist_ok=True)
         for ext in ("png", "svg"):
