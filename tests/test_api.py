@@ -440,6 +440,16 @@ def test_a_refused_gamma_shows_what_was_typed_and_a_list_is_one_decay_per_head()
                               torch.tensor([0.9, 0.5], dtype=torch.float64))
 
 
+def test_a_triton_method_refuses_float64_naming_the_methods_that_take_it():
+    """Under the interpreter a Triton method runs on the CPU but not in float64: the message
+    names the dtype and the methods that take it there, not "cpu … on ['cpu', 'cuda']"."""
+    B, C, V = (t.double() for t in make_inputs(1, 2, 8, 3, 3))
+    with pytest.raises(ValueError, match=r"does not take torch.float64 inputs.*methods that take "
+                       r"torch.float64 on cpu: .*Vanilla") as err:
+        causal_linear_decoder(B, C, V, 0.9, method="LA")
+    assert "['cpu'" not in str(err.value)
+
+
 def test_a_meta_gamma_is_refused_by_name():
     B, C, V = make_inputs(1, 2, 8, 3, 3)
     with pytest.raises(ValueError, match="gamma is on the meta device"):
