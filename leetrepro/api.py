@@ -66,9 +66,12 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     method = _method_keyword(method, attn_method)
     B, C, V = _autocast(B, C, V)
     compiling = torch.compiler.is_compiling()
+    # auto chooses for what the call will cost: a forward alone, or a forward and its backward
+    grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (B, C, V, initial_state))
     key = None if compiling or initial_state is not None or cu_seqlens is not None \
         or is_mask_weight is not None else \
-        _signature(B, C, V, method, options, output_final_state, gamma is None)
+        _signature(B, C, V, method, options, output_final_state, gamma is None, grad)
     seen = _SEEN.get(key) if key is not None else None
     if seen is None:
         check_qkv(B, C, V)
@@ -82,9 +85,6 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     g = normalize_gamma(gamma, B.shape[1], B.device)
     check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B, cu_seqlens_cpu))
     scale = _check_scale(scale)
-    # auto chooses for what the call will cost: a forward alone, or a forward and its backward
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (B, C, V, initial_state))
     if not compiling:
         # checked here, in eager mode, so errors name the call; a compiled graph defers them to
         # the op, which checks the same when it runs
@@ -118,14 +118,14 @@ _SEEN: dict = {}
 registry.on_change(_SEEN.clear)
 
 
-def _signature(B, C, V, method, options: dict, final: bool, no_decay: bool) -> tuple | None:
+def _signature(B, C, V, method, options: dict, final: bool, no_decay: bool,
+               grad: bool) -> tuple | None:
     """The key of :data:`_SEEN`, or None where the arguments are not tensors or an option value
     is unhashable (those calls are checked in full)."""
     try:
-        # (strides and requires_grad: what auto chooses by besides shapes, dtypes and devices)
+        # (strides and gradients: what auto chooses by besides shapes, dtypes and devices)
         key = (method, tuple(options.items()), final, no_decay, B.shape, C.shape, V.shape, B.dtype,
-               C.dtype, V.dtype, B.device, C.device, V.device, B.stride(), V.stride(),
-               (B.requires_grad or C.requires_grad or V.requires_grad) and torch.is_grad_enabled())
+               C.dtype, V.dtype, B.device, C.device, V.device, B.stride(), V.stride(), grad)
         hash(key)
     except (AttributeError, TypeError):
         return None

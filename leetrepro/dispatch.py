@@ -100,8 +100,14 @@ def auto_method(n: int, dtype: torch.dtype, device, *, batch: int = 1, decay: bo
     rest of the signature as :class:`Call`): the measured table's choice where it speaks for the
     call, else the rule above; with ``state``, only methods that take and return the recurrent
     state."""
-    return _auto(n, dtype, torch.device(device),
-                 Call(batch, heads, r, d, bool(decay), bool(state), bool(grad), bool(head_major)))
+    return method_for(n, dtype, torch.device(device),
+                      Call(batch, heads, r, d, bool(decay), bool(state), bool(grad),
+                           bool(head_major)))
+
+
+def method_for(n: int, dtype: torch.dtype, device: torch.device, call: Call) -> registry.Method:
+    """:func:`auto_method` for a :class:`Call` (:func:`call_of` the inputs), cached per signature."""
+    return _auto(n, dtype, device, call)
 
 
 @functools.lru_cache(maxsize=4096)

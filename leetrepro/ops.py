@@ -65,7 +65,7 @@ def resolve(method, B: torch.Tensor, gamma, with_state: bool, V: torch.Tensor | 
     if is_auto(method):
         call = dispatch.call_of(B, B if V is None else V, decay=gamma is not None,
                                 state=with_state, grad=grad)
-        return dispatch._auto(B.shape[2], B.dtype, B.device, call)
+        return dispatch.method_for(B.shape[2], B.dtype, B.device, call)
     m = registry.get(method)
     if with_state and not m.state:
         raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
