@@ -105,3 +105,15 @@ def quick_lane(values, keep=(0,), unpack=False):
         marks = tuple(p.marks) + (() if i in keep else (pytest.mark.slow,))
         out.append(pytest.param(*p.values, id=p.id, marks=marks))
     return out
+
+
+def git_status() -> str | None:
+    """``git status --porcelain`` of the checkout, untracked files listed one by one (what a test
+    that runs notebooks or make targets compares before and after); None outside a git checkout."""
+    import shutil
+    import subprocess
+    from leetrepro._paths import ROOT
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
+        return None
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout

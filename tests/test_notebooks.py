@@ -3,7 +3,6 @@ the way JupyterLab starts one, in the notebook's folder), through papermill, and
 the committed data on a machine without a GPU; none of them changes what git tracks."""
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -16,14 +15,9 @@ import torch
 from leetrepro._paths import ROOT
 from leetrepro.reproduce.tables import output_root
 
+from conftest import git_status
+
 SCRATCH = os.path.join(ROOT, "scratch")
-
-
-def _git_status() -> str | None:
-    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
-        return None
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
-                          capture_output=True, text=True, check=True).stdout
 
 
 def test_a_notebook_writes_under_scratch_unless_told_otherwise(tmp_path):
@@ -59,7 +53,7 @@ def test_a_notebook_run_in_a_jupyter_kernel_session_leaves_the_tree_untouched(tm
     from jupyter_client import BlockingKernelClient
     if torch.cuda.is_available():
         pytest.skip("with a GPU the notebook measures (minutes): run on a machine without one")
-    before = _git_status()
+    before = git_status()
     port, token, runtime = _free_port(), "leetrepro-test", tmp_path / "runtime"
     env = dict(os.environ, PYTHONPATH=ROOT, MPLBACKEND="Agg", JUPYTER_RUNTIME_DIR=str(runtime))
     log = open(tmp_path / "server.log", "w")
@@ -115,7 +109,7 @@ def test_a_notebook_run_in_a_jupyter_kernel_session_leaves_the_tree_untouched(tm
         log.close()
     assert os.path.exists(os.path.join(SCRATCH, "data", "h100", "claims.csv"))
     if before is not None:
-        assert _git_status() == before
+        assert git_status() == before
 
 
 def test_run_notebook_names_the_notebooks_when_asked_for_one_that_is_not_there():

@@ -9,6 +9,8 @@ import pytest
 
 from leetrepro import _paths
 
+from conftest import git_status
+
 ROOT = _paths.ROOT
 
 
@@ -82,21 +84,13 @@ def test_gpu_only_targets_say_so_in_one_line_and_fail_without_a_gpu(tmp_path):
     venv = tmp_path / "venv"
     venv.mkdir()
     (venv / ".installed").touch()
-    status = _git_status()
+    status = git_status()
     for target in GPU_ONLY_TARGETS:
         out = subprocess.run(["make", "-s", target, f"PY={fake}", "INSTALLED=", f"VENV={venv}",
                               "GPUS=0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode != 0, (target, out.stdout, out.stderr)
         assert f"make {target}: needs a CUDA GPU" in out.stderr.splitlines()[0], out.stderr
-    assert _git_status() == status
-
-
-def _git_status() -> str | None:
-    import shutil
-    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
-        return None
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
-                          capture_output=True, text=True, check=True).stdout
+    assert git_status() == status
 
 
 @pytest.mark.slow
@@ -108,7 +102,7 @@ def test_a_target_rerenders_without_a_gpu_and_leaves_the_tree_as_it_was(target):
     import torch
     if shutil.which("make") is None or torch.cuda.is_available():
         pytest.skip("needs make and a machine without a GPU")
-    status = _git_status()
+    status = git_status()
     out = subprocess.run(["make", "-s", target, f"PY={sys.executable}", "INSTALLED="], cwd=ROOT,
                          capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, MPLBACKEND="Agg"))
@@ -116,7 +110,7 @@ def test_a_target_rerenders_without_a_gpu_and_leaves_the_tree_as_it_was(target):
     folder = {"scaling": "h200x2"}.get(target, "h100")
     if target != "results":  # (results rewrites figures/results.md from data/: the same page)
         assert os.path.exists(os.path.join(ROOT, "rerendered", "figures", folder, f"{target}.ipynb"))
-    assert _git_status() == status
+    assert git_status() == status
 
 
 def test_design_names_code_that_exists():
@@ -172,7 +166,5 @@ def test_make_help_quotes_no_timings_and_marks_gpu_only_targets_only():
     assert not re.search(r"about [^)]*(second|minute)", out), out
     for line in out.splitlines():
         target = line.split()[1] if line.startswith("make ") and len(line.split()) > 1 else None
-        if "(GPU" in line and target not in ("test-gpu", "gpu-check", "bench-kernels", "profile",
-                                              "tune", "bench-train", "layouts", "bench-layer",
-                                              "bench-sp"):
+        if "(GPU" in line and target not in GPU_ONLY_TARGETS:
             assert "re-render" in line or "no GPU" in line, line

@@ -246,8 +246,8 @@ def interleaved_medians(fns: dict, arg_sets: Sequence[tuple], reps: int, device,
     ``warmup`` untimed calls of each first (compiles, caches). ``shuffle``: each round calls the
     entries in its own order (seeded by ``seed`` and the round: give each cell of a sweep its
     own seed, or one entry takes the same places in every cell), so that no entry always follows
-    the same other (what one call leaves in the GPU's caches or the host's favours whichever entry comes
-    next: entries sharing inputs, say).
+    the same other (what one call leaves in the GPU's caches or the host's favours whichever
+    entry comes next: entries sharing inputs, say).
     ``flush`` (CUDA): :data:`L2_FLUSH_BYTES` written, and the GPU synchronised, before every timed
     call, so that none finds another's data in L2 and an eager call's host time stays exposed."""
     for fn in fns.values():

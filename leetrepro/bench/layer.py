@@ -9,10 +9,11 @@ model runs it, beside the same layer with flash-linear-attention's op.
     y = o_proj(O.transpose(1, 2).reshape(b, N, h·d))
 
 and times ``y`` and its backward to x and every weight (eager, CUDA events, medians of
-``--reps`` rounds with the entries called in turn, each round in its own order), writing ``layer.csv``: ``ms`` per step,
-``tokens_per_s`` (b·N / step), ``op_ms`` and ``op_share`` (the operator's time in the step and
-its part of it: the step less the same layer's with the operator replaced by ``identity``; not
-for ``Chunk-fused``, whose one projection is not the identity layer's three), and ``vs_fla``.
+``--reps`` rounds with the entries called in turn, each round in its own order), writing
+``layer.csv``: ``ms`` per step, ``tokens_per_s`` (b·N / step), ``op_ms`` and ``op_share`` (the
+operator's time in the step and its part of it: the step less the same layer's with the
+operator replaced by ``identity``; not for ``Chunk-fused``, whose one projection is not the
+identity layer's three), and ``vs_fla``.
 
 Entries: ``auto`` and ``Chunk`` (separate projections, :func:`leetrepro.causal_linear_decoder`
 with the default method and with Chunk named), ``Chunk-fused`` (one projection cut by

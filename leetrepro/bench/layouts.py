@@ -8,11 +8,11 @@ method (``auto``, the default a model gets, beside methods named; ``picks`` says
 auto ran), eager calls with CUDA events (``--graph``: CUDA-graph replays, the same comparison
 without host time), medians of ``--reps`` rounds in which every entry of the cell is called in
 turn (one process, interleaved; each round in its own order, L2 flushed before every timed
-call), and writes ``layouts.csv``: ``ms``, ``floor_ms`` (forward
-2(r + d), forward + backward 6r + 5d bytes per row and head at the copy bandwidth measured in
-the same run), ``floor_ratio``, ``vs_head_major`` (time over the head-major entry's of the same
-method, cell and pass), ``vs_fla`` (over fla's) and ``vs_best`` (over the fastest named method's
-in the same layout and pass).
+call), and writes ``layouts.csv``: ``ms``, ``floor_ms`` (forward 2(r + d), forward + backward
+6r + 5d bytes per row and head at the copy bandwidth measured in the same run),
+``floor_ratio``, ``vs_head_major`` (time over the head-major entry's of the same method, cell
+and pass), ``vs_fla`` (over fla's) and ``vs_best`` (over the fastest named method's in the same
+layout and pass).
 
 Grids (``--grid``): ``models`` (the default, ``layouts.csv``): batch 1, 2, 4 × N = 2048-16384 at
 the head shapes and counts models train with (:data:`MODEL_SHAPES`), head-major, model and fused
