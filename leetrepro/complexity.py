@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from .methods.eca import operation_count as eca_count
 from .methods.recursion import padded_length
 
 #: Table 1 of the paper plus the finer forms of Appendices B-C (time, extra memory).
@@ -18,6 +19,7 @@ TABLE1 = {
     "recursion": ("O(N log N · r·d)", "O(N·d + (N/base)·r·d)", "Han et al. (2023), Lemma 3.1"),
     "lightningAttention-2": ("O(N·(B·(r+d) + r·d))", "O(B² + r·d)", "Qin et al. (2024)"),
     "FleetAttention": ("O(N·r·d)", "O(N·d)", "Section 3.1, App. C.1"),
+    "ECA": ("O(N²(r+d))", "O(N²)", "Rybin et al. (2025), Algorithms 1-2"),
 }
 
 _ALIASES = {"vanilla": "vanilla", "bb": "block-based", "block-based": "block-based",
@@ -28,7 +30,8 @@ _ALIASES = {"vanilla": "vanilla", "bb": "block-based", "block-based": "block-bas
             "lightningattention-2": "lightningAttention-2",
             "lightningattention-2_torch": "lightningAttention-2",
             "fa": "FleetAttention", "fa_torch": "FleetAttention", "fa_modify": "FleetAttention",
-            "fleetattention": "FleetAttention", "fleetattention_torch": "FleetAttention"}
+            "fleetattention": "FleetAttention", "fleetattention_torch": "FleetAttention",
+            "eca": "ECA"}
 
 
 def family(method: str) -> str:
@@ -66,6 +69,9 @@ def flops(method: str, n: int, r: int = 128, d: int = 128, *, batch: int = 1, he
     elif f == "causal-dot-product":
         # per token: U += cᵀv (r·d MACs), o = b U (r·d MACs); decay scales U (r·d)
         one = 4 * n * r * d + (n * r * d if decay else 0)
+    elif f == "ECA":
+        # the paper's count of its two stages (measured: methods.eca.operation_count) + the mask
+        one = 2 * int(eca_count(n, r, d).paper) + n * n
     elif f == "FleetAttention":
         # per rank: c_i ⊙ V, (λ-)cumsum, b_i ⊙ (.), accumulate: N·d each (λ-cumsum is a MAC)
         one = 4 * n * r * d + (n * r * d if decay else 0)
@@ -84,6 +90,8 @@ def extra_memory(method: str, n: int, r: int = 128, d: int = 128, *, block_size:
             "lightningAttention-2": block_size ** 2 + r * d,
             "causal-dot-product": r * d,
             "FleetAttention": n * d,
+            # S, P and the 34 block products of (N/4)² held at once
+            "ECA": 2 * n * n + 34 * (n // 4) ** 2,
             "recursion": n * d + (padded_length(n, base) // (2 * base)) * r * d if n else 0}[f]
 
 

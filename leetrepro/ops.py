@@ -44,7 +44,7 @@ import json
 import torch
 
 from . import dispatch, registry
-from ._inputs import check_gamma_values
+from ._inputs import check_gamma_values, normalize_gamma
 from .registry import OPTION_RULES, UNIVERSAL_OPTIONS, Method
 
 
@@ -326,6 +326,17 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
                       need_v, need_s0, cu_seqlens, scale)
 
 
+def gradients(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
+              method: str = "auto", need: tuple = (True, True, True), **options) -> tuple:
+    """``(dB, dC, dV)`` of ``O = (B Cᵀ ⊙ M) V`` for the output gradient dO ``(batch, heads, N, d)``
+    (``gamma`` as :func:`leetrepro.causal_linear_decoder` takes it): what a layer built on the
+    operator calls from its own backward, with nothing saved but the inputs and no forward run
+    again. ``need``: which of the three to compute (an empty tensor stands for the others)."""
+    g = normalize_gamma(gamma, B.shape[1], B.device)
+    m, opts = prepare(method, options, B, g, False, V, True)
+    return _gradients(m, opts, dO, B, C, V, g, None, None, False, *need, False, None, 1.0)[:3]
+
+
 def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, reverse: bool,
                need_b: bool, need_c: bool, need_v: bool, need_s0: bool, cu_seqlens,
                scale: float, shared: bool = False) -> tuple:
@@ -333,6 +344,12 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     in its input's layout (:func:`gradient_buffers`; ``shared``: as views of one buffer where
     B, C, V are the slices of one projection), written there by the kernel itself (Chunk), so
     that neither autograd nor the projection's backward copies it."""
+    if m.gradients is not None and initial_state is None and dS is None and cu_seqlens is None \
+            and not reverse and (need_b or need_c or need_v):
+        grads = m.gradients(dO * scale if scale != 1.0 else dO, B, C, V, gamma, **opts)
+        return tuple(_into(g, x, None) if k else V.new_empty(0)
+                     for g, x, k in zip(grads, (B, C, V), (need_b, need_c, need_v))) \
+            + (V.new_empty(0),)
     dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse

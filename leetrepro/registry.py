@@ -28,6 +28,8 @@ def _positive_int(v) -> bool:
 OPTION_RULES = {
     "block_size": ("a positive integer", _positive_int),
     "base": ("a positive integer", _positive_int),
+    "depth": ("a non-negative integer", lambda v: isinstance(v, int) and not isinstance(v, bool)
+              and v >= 0),
     "rank_groups": ("a positive integer", _positive_int),
     "segment": ("None or a positive integer (a multiple of the kernel's row block)",
                 lambda v: v is None or _positive_int(v)),
@@ -61,6 +63,9 @@ class Method:
     #                                strides): the backward's gradients land in their inputs' layouts
     summary: str = ""
     options: dict = field(default_factory=dict)  # tunable keyword arguments and their defaults
+    # gradients(dO, B, C, V, gamma, **options) -> (dB, dC, dV): a backward of the method's own
+    # for calls without states or packed sequences (ECA's); None: three calls of the method
+    gradients: Callable | None = None
 
     def supports(self, dtype: torch.dtype, device: torch.device) -> bool:
         return dtype in self.dtypes and torch.device(device).type in self.device_types()
@@ -79,7 +84,8 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
              unsafe: bool = False, state: bool = False, reverse: bool = False, dual: bool = False,
              varlen: bool = False, scale: bool = False, out: bool = False, summary: str = "",
-             options: dict | None = None, replace: bool = False):
+             options: dict | None = None, gradients: Callable | None = None,
+             replace: bool = False):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
 
     >>> @register("my-method", abbr="Mine", complexity="O(N r d)")
@@ -94,7 +100,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
                    unsafe=unsafe, state=state, reverse=reverse, dual=dual, varlen=varlen,
                    scale=scale, out=out,
                    summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
-                   options=dict(options or {}))
+                   options=dict(options or {}), gradients=gradients)
         keys = {name.lower(), m.abbr.lower()}
         taken = [k for k in keys if k in _REGISTRY and _REGISTRY[k].name != name]
         if taken and not replace:

@@ -3,6 +3,7 @@
 ``available()`` lists them; ``register`` adds your own; ``get`` looks one up by name or abbreviation.
 """
 from ..registry import Method, available, get, methods, register, unregister
-from . import block_based, causal_dot_product, chunk, fleet, lightning, recursion, vanilla  # noqa: F401  (registers)
+from . import (block_based, causal_dot_product, chunk, eca, fleet, lightning,  # noqa: F401
+               recursion, vanilla)  # (importing registers them)
 
 __all__ = ["Method", "available", "get", "methods", "register", "unregister"]

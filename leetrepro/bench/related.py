@@ -1,0 +1,387 @@
+"""The other papers, measured: ECA against the standard products, the kernel paper's normalised
+linear attention against its baselines, the blog's methods through the operator against their
+direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel blog]
+[--device cpu|cuda]`` writes, with provenance on every row:
+
+* ``eca.csv``: forward time (0-1 mask, fp32, medians of interleaved rounds) of ``ECA`` (depth 0
+  and 1), ``standard`` (the lower-triangular products computed directly: the paper's
+  ``L²d/2`` baseline, :func:`leetrepro.methods.eca.forward` at depth −1) and ``Vanilla`` (full
+  products, the upper triangle masked: what ``torch.matmul(...).tril_()`` does) over N;
+  ``eca_errors.csv``: ‖out − ref‖/‖ref‖ and the largest error against float64, per dtype, with the
+  arithmetic in the method's accumulation dtype (``accumulate``) and in the dtype itself
+  (``in-dtype``, the paper's Tables 3-4); ``eca_stages.csv`` (GPU): each stage alone at the
+  paper's Table 1-2 shapes (L = 8192, d = 4096 and 8192, fp32) beside ``torch.matmul``.
+* ``kernel_paper_layer.csv``: one attention layer's mixer (time-major ``(b, N, h, d)`` as a model
+  hands it), forward and forward + backward, time and peak memory above the inputs: this
+  project's ``normalized_linear_attention`` (1 + x), flash-linear-attention's ``chunk_gla`` (the
+  paper's baseline, Gated Linear Attention) and ``chunk_linear_attn`` (its normalised linear
+  attention), softmax attention (``scaled_dot_product_attention``, causal);
+  ``kernel_paper_lm.csv``: a training step (forward, backward, fused AdamW; bf16 parameters) of
+  a decoder language model of the paper's 1.4B size with each mixer.
+* ``related_methods.csv``: each reducible method of the blog through the operator against its
+  own direct form (time and error against float64).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from .. import related
+from .._device import gpu_tag
+from ..methods import eca
+from ..reference import reference, rel_error
+from .harness import failed_status, interleaved_medians, provenance, sync
+
+SEQLENS = {"cuda": (1024, 2048, 4096, 8192, 16384), "cpu": (512, 1024, 2048, 4096)}
+#: (batch, heads, head dim, N) of the kernel paper's layer cells, and its language model
+LAYER_CELLS = ((2, 16, 128, 4096), (2, 16, 128, 16384))
+LM = dict(vocab=32000, dim=2048, layers=24, heads=16, mlp=5632, batch=2, seq=4096)
+MIXERS = ("leetrepro (1+x)", "fla chunk_gla", "fla chunk_linear_attn", "softmax (SDPA)")
+
+
+def _timed(fns: dict, reps: int, device, seed: int = 0) -> dict:
+    """Median seconds per entry, ``fns`` called in turn (each round its own order); an entry that
+    raises gives its status instead and the others are still timed."""
+    ok, status = {}, {}
+    for k, fn in fns.items():
+        try:
+            fn()
+            sync(device)
+            ok[k] = fn
+        except Exception as err:  # noqa: BLE001  (one failing entry is a row, never an abort)
+            status[k] = failed_status(err)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    times = interleaved_medians(ok, [()], reps, device, shuffle=True, seed=seed) if ok else {}
+    return {k: (times.get(k), status.get(k, "ok")) for k in fns}
+
+
+# ECA ----------------------------------------------------------------------------------------
+
+def measure_eca(device, seqlens, heads: int = 1, r: int = 64, d: int = 64, reps: int = 5):
+    rows = []
+    for i, n in enumerate(seqlens):
+        gen = torch.Generator(device=device).manual_seed(n)
+        b, c, v = (torch.randn(1, heads, n, k, generator=gen, device=device) for k in (r, r, d))
+        fns = {"ECA": lambda: eca.forward(b, c, v, None, 0),
+               "ECA depth 1": lambda: eca.forward(b, c, v, None, 1),
+               "standard": lambda: eca.forward(b, c, v, None, -1),
+               "Vanilla": lambda: torch.tril(b @ c.transpose(-1, -2)) @ v}
+        for entry, (t, status) in _timed(fns, reps, device, seed=i).items():
+            rows.append(dict(entry=entry, N=n, heads=heads, r=r, d=d, dtype="fp32", reps=reps,
+                             median_s=t, status=status))
+        print(f"eca N={n}: " + ", ".join(f"{r['entry']} {r['median_s'] or float('nan'):.4g} s"
+                                         for r in rows[-4:]), flush=True)
+    return rows
+
+
+def measure_eca_errors(device, n: int = 1024, heads: int = 4, r: int = 64, d: int = 64):
+    """Error against float64 of ECA and of the standard product, per dtype, two ways."""
+    from .harness import random_inputs
+    rows = []
+    b64, c64, v64 = random_inputs(1, heads, n, r, d, dtype=torch.float64, device=device, seed=1,
+                                  scale_bc=True)
+    ref = reference(b64, c64, v64)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        b, c, v = (t.to(dtype) for t in (b64, c64, v64))
+        cd = torch.float32
+        cases = {("ECA", "accumulate"): lambda: eca.forward(b.to(cd), c.to(cd), v.to(cd), None, 0),
+                 ("standard", "accumulate"): lambda: eca.forward(b.to(cd), c.to(cd), v.to(cd), None, -1),
+                 ("ECA", "in-dtype"): lambda: eca.forward(b, c, v, None, 0),
+                 ("standard", "in-dtype"): lambda: eca.forward(b, c, v, None, -1)}
+        for (entry, arithmetic), fn in cases.items():
+            try:
+                out = fn().to(dtype)
+                err = (out.double() - ref).abs()
+                rows.append(dict(entry=entry, arithmetic=arithmetic, dtype=str(dtype)[6:], N=n,
+                                 heads=heads, r=r, d=d, rel_error=rel_error(out, ref),
+                                 max_abs_error=err.max().item(), mean_abs_error=err.mean().item(),
+                                 status="ok"))
+            except (RuntimeError, NotImplementedError) as e:  # a dtype a CPU cannot multiply
+                rows.append(dict(entry=entry, arithmetic=arithmetic, dtype=str(dtype)[6:], N=n,
+                                 heads=heads, r=r, d=d, status=failed_status(e)))
+    return rows
+
+
+#: (L, d) of the stage-level comparison: the paper's Tables 1-2 on a GPU, smaller on a CPU
+STAGE_SHAPES = {"cuda": ((8192, 4096), (8192, 8192)), "cpu": ((2048, 2048), (4096, 4096))}
+
+
+def measure_eca_stages(device, reps: int = 10):
+    """Each stage alone against the standard lower-triangular product and ``torch.matmul`` (fp32,
+    one matrix), at :data:`STAGE_SHAPES`:
+    where d is large the block products are compute-bound, the regime the paper measured."""
+    rows = []
+    for i, (n, k) in enumerate(STAGE_SHAPES[device.type]):
+        gen = torch.Generator(device=device).manual_seed(k)
+        x, y, w = (torch.randn(n, k, generator=gen, device=device) for _ in range(3))
+        p = torch.tril(torch.rand(n, n, generator=gen, device=device))
+        fns = {("I", "ECA"): lambda: eca.stage1(x, y),
+               ("I", "standard"): lambda: eca.tri_scores(x, y),
+               ("I", "torch.matmul(Q, K.t()).tril_()"): lambda: torch.matmul(x, y.t()).tril_(),
+               ("II", "ECA"): lambda: eca.stage2(p, w),
+               ("II", "standard"): lambda: eca.tri_times(p, w),
+               ("II", "torch.matmul(P, V)"): lambda: torch.matmul(p, w)}
+        for (stage, entry), (t, status) in _timed(fns, reps, device, seed=i).items():
+            rows.append(dict(stage=stage, entry=entry, L=n, d=k, dtype="fp32", reps=reps,
+                             median_s=t, status=status))
+    return rows
+
+
+# the kernel paper ---------------------------------------------------------------------------
+
+def _fla(name):
+    try:
+        if name == "gla":
+            from fla.ops.gla import chunk_gla
+            return chunk_gla
+        from fla.ops.linear_attn import chunk_linear_attn
+        return chunk_linear_attn
+    except ImportError:
+        return None
+
+
+def mixer(name: str):
+    """``mix(q, k, v, g) -> o`` on time-major ``(b, N, h, d)`` tensors (g: GLA's log gates), or
+    None where the peer is not installed."""
+    def ours(q, k, v, g):
+        q, k = (torch.nn.functional.normalize(t, dim=-1) for t in (q, k))
+        o = related.normalized_linear_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return o.transpose(1, 2)
+
+    def sdpa(q, k, v, g):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return o.transpose(1, 2)
+
+    if name == MIXERS[0]:
+        return ours
+    if name == MIXERS[3]:
+        return sdpa
+    fn = _fla("gla" if "gla" in name else "linear")
+    if fn is None:
+        return None
+    if "gla" in name:
+        return lambda q, k, v, g: fn(q, k, v, g, scale=q.shape[-1] ** -0.5)[0]
+    phi = related.FEATURE_MAPS["elu+1"]
+    return lambda q, k, v, g: fn(phi(q), phi(k), v, scale=1.0, normalize=True)[0]
+
+
+def _peak_above(fn, device) -> float:
+    """Bytes the call allocates at its peak beyond what was allocated before it (GPU)."""
+    sync(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    sync(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat16):
+    rows = []
+    for i, (batch, heads, dh, n) in enumerate(cells):
+        gen = torch.Generator(device=device).manual_seed(n)
+        q, k, v = (torch.randn(batch, n, heads, dh, generator=gen, device=device, dtype=dtype)
+                   .requires_grad_() for _ in range(3))
+        g = torch.nn.functional.logsigmoid(torch.randn(batch, n, heads, dh, generator=gen,
+                                                       device=device)).div(16).requires_grad_()
+        do = torch.randn_like(v)
+        fwd, step = {}, {}
+        for name in MIXERS:
+            mix = mixer(name)
+            if mix is None:
+                continue
+            fwd[name] = lambda mix=mix: mix(q, k, v, g)
+            step[name] = lambda mix=mix: torch.autograd.grad(mix(q, k, v, g), (q, k, v, g), do,
+                                                             allow_unused=True)
+        for mode, fns in (("fwd", fwd), ("fwd+bwd", step)):
+            for name, (t, status) in _timed(fns, reps, device, seed=i).items():
+                peak = None
+                if status == "ok" and device.type == "cuda":
+                    peak = _peak_above(fns[name], device)
+                rows.append(dict(entry=name, mode=mode, batch=batch, heads=heads, head_dim=dh, N=n,
+                                 dtype=str(dtype)[6:], reps=reps, median_s=t, peak_bytes=peak,
+                                 status=status))
+        print(f"layer b{batch} h{heads} d{dh} N={n}: " + ", ".join(
+            f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-8:]),
+            flush=True)
+    return rows
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, dim, heads, mlp, mix, gated):
+        super().__init__()
+        self.heads, self.mix = heads, mix
+        self.norm1, self.norm2 = torch.nn.RMSNorm(dim), torch.nn.RMSNorm(dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        # GLA's gates: a low-rank projection, log-sigmoid, divided by 16 (the GLA paper's layer)
+        self.gate = torch.nn.Sequential(torch.nn.Linear(dim, 16, bias=False),
+                                        torch.nn.Linear(16, dim)) if gated else None
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+        self.up = torch.nn.Linear(dim, 2 * mlp, bias=False)
+        self.down = torch.nn.Linear(mlp, dim, bias=False)
+
+    def forward(self, x):
+        b, n, dim = x.shape
+        h = self.norm1(x)
+        q, k, v = self.qkv(h).view(b, n, 3, self.heads, dim // self.heads).unbind(2)
+        g = None if self.gate is None else \
+            torch.nn.functional.logsigmoid(self.gate(h).float()).div(16).view(b, n, self.heads, -1)
+        x = x + self.out(self.mix(q, k, v, g).reshape(b, n, dim))
+        a, c = self.up(self.norm2(x)).chunk(2, -1)
+        return x + self.down(torch.nn.functional.silu(a) * c)
+
+
+class DecoderLM(torch.nn.Module):
+    """A pre-norm decoder LM (RMSNorm, fused q/k/v projection, SwiGLU) whose token mixer is
+    ``mix(q, k, v, g)`` on time-major ``(b, N, h, d)`` views (:func:`mixer`)."""
+
+    def __init__(self, mix, *, vocab, dim, layers, heads, mlp, gated=False, **_):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList(_Block(dim, heads, mlp, mix, gated) for _ in range(layers))
+        self.norm = torch.nn.RMSNorm(dim)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2):
+    """ms per training step and its peak memory, one model per mixer (built, timed, freed)."""
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, config["vocab"], (config["batch"], config["seq"] + 1), generator=gen,
+                        device=device)
+    for name in MIXERS:
+        mix = mixer(name)
+        if mix is None:
+            continue
+        model = opt = None
+        try:
+            torch.manual_seed(0)
+            with torch.device(device):  # (initialised in place: 1.4B parameters on a host are slow)
+                model = DecoderLM(mix, gated="gla" in name, **config).to(torch.bfloat16)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+            params = sum(p.numel() for p in model.parameters())
+
+            def step():
+                logits = model(ids[:, :-1])
+                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                         ids[:, 1:].flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            for _ in range(warmup):
+                step()
+            peak = _peak_above(step, device) if device.type == "cuda" else None
+            times = interleaved_medians({name: step}, [()], steps, device, warmup=0)
+            rows.append(dict(entry=name, params=params, median_s=times[name], peak_bytes=peak,
+                             status="ok"))
+        except Exception as err:  # noqa: BLE001  (a peer that fails is a row)
+            rows.append(dict(entry=name, status=failed_status(err)))
+        finally:
+            model = opt = None  # (freed before the next mixer's model is built)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        print(f"lm {name}: {rows[-1].get('median_s')} s, {rows[-1]['status'][:60]}", flush=True)
+    return [dict(r, **{k: v for k, v in config.items()}, steps=steps) for r in rows]
+
+
+# the blog -----------------------------------------------------------------------------------
+
+def measure_blog(device, reps: int = 5):
+    """Each reducible method through the operator against its direct form: time, and error of
+    each against the direct form in float64."""
+    cpu = device.type == "cpu"
+    b, h, n, dh = (1, 4, 1024, 32) if cpu else (2, 8, 2048, 64)
+    t, dim = (256, 64) if cpu else (1024, 256)
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
+    qkv = (unit(rnd(b, h, n, dh)), unit(rnd(b, h, n, dh)), rnd(b, h, n, dh))
+    w, u, kk, vv, qq = rnd(dim), rnd(dim), rnd(b, t, dim), rnd(b, t, dim), rnd(b, t, dim)
+    cases = (
+        ("normalised linear attention, f(x) = 1 + x (kernel paper)", "B = [1, q], C = [1, k], "
+         "V = [v, 1], γ = 1 (split: op(q, k, v) + cumsum)", qkv,
+         related.normalized_linear_attention, related.normalized_direct, "quadratic definition"),
+        ("Linear Transformer / Performer (elu + 1 features)", "B = φ(q), C = φ(k), V = [v, 1], "
+         "γ = 1", qkv, related.linear_transformer, related.linear_transformer_direct,
+         "running sums of φ(k) vᵀ"),
+        ("RWKV WKV", "per channel a head: B = 1, C = e^k, V = [v, 1], γ = exp(−e^w), r = 1; "
+         "bonus e^(u+k) v elementwise", (w, u, kk, vv), related.wkv, related.wkv_quadratic,
+         "parallel T × T form"),
+        ("RWKV WKV", "(as above)", (w, u, kk, vv), related.wkv, related.wkv_direct,
+         "recurrence, one step per token"),
+        ("AFT-simple", "per channel a head: B = 1, C = e^k, V = [v, 1], γ = 1, r = 1",
+         (qq, kk, vv), related.aft_simple, related.aft_simple_direct, "running sums"),
+    )
+    rows = []
+    for i, (method, reduction, args, through, direct, direct_name) in enumerate(cases):
+        ref = direct(*(a.double() for a in args))
+        out = through(*args)
+        err = rel_error(out, ref)
+        direct_err = rel_error(direct(*args), ref)
+        times = _timed({"operator": lambda: through(*args), "direct": lambda: direct(*args)},
+                       reps, device, seed=i)
+        shape = dict(batch=b, heads=h, N=n, head_dim=dh) if args is qkv else \
+            dict(batch=b, N=t, channels=dim)
+        for entry, (sec, status) in times.items():
+            rows.append(dict(method=method, reduction=reduction, entry=entry,
+                             form="operator (method='auto')" if entry == "operator" else direct_name,
+                             rel_error=err if entry == "operator" else direct_err, dtype="fp32",
+                             median_s=sec, status=status, reps=reps, **shape))
+        print(f"blog {method} vs {direct_name}: error {err:.1e}, " + ", ".join(
+            f"{k} {v[0] or float('nan'):.4g} s" for k, v in times.items()), flush=True)
+    return rows
+
+
+PARTS = ("eca", "kernel", "blog")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=None, help="folder for the CSVs (default data/<gpu or cpu>)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS)
+    p.add_argument("--reps", type=int, default=None, help="rounds per cell (GPU 21, CPU 3)")
+    p.add_argument("--seqlens", type=int, nargs="*", default=None)
+    args = p.parse_args(argv)
+    import pandas as pd
+    device = torch.device(args.device)
+    out = args.out or os.path.join("data", gpu_tag(device))
+    os.makedirs(out, exist_ok=True)
+    meta = provenance(device)
+    cuda = device.type == "cuda"
+    reps = args.reps or (21 if cuda else 3)
+
+    def write(name, rows):
+        path = os.path.join(out, name)
+        pd.DataFrame(rows).assign(**meta).to_csv(path, index=False)
+        print(f"wrote {path} ({len(rows)} rows)", flush=True)
+    if "eca" in args.parts:
+        write("eca_errors.csv", measure_eca_errors(device))
+        write("eca.csv", measure_eca(device, args.seqlens or SEQLENS[device.type], reps=reps))
+        write("eca_stages.csv", measure_eca_stages(device, reps=min(reps, 10)))
+    if "kernel" in args.parts:
+        if cuda:
+            write("kernel_paper_layer.csv", measure_layer(device, reps=reps))
+            write("kernel_paper_lm.csv", measure_lm(device))
+        else:
+            write("kernel_paper_layer.csv", measure_layer(device, cells=((1, 4, 64, 1024),),
+                                                          reps=reps, dtype=torch.float32))
+    if "blog" in args.parts:
+        write("related_methods.csv", measure_blog(device, reps=reps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

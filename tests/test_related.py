@@ -1,0 +1,128 @@
+"""The related papers' methods through the operator against their direct forms: the kernel
+paper's normalised linear attention (1 + x), the linear transformer, RWKV's WKV, AFT-simple."""
+import pytest
+import torch
+
+from leetrepro import related
+from leetrepro.reference import rel_error
+
+from conftest import tolerance
+
+
+def _unit(x):
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def _qkv(batch, heads, n, r, d, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (_unit(torch.randn(batch, heads, n, r, generator=g, dtype=torch.float64)) for _ in "qk")
+    v = torch.randn(batch, heads, n, d, generator=g, dtype=torch.float64)
+    return tuple(t.to(dtype) for t in (q, k, v))
+
+
+def _grads(fn, ins, dO):
+    ins = [t.detach().requires_grad_() for t in ins]
+    out = fn(*ins)
+    return out, torch.autograd.grad(out, ins, dO)
+
+
+@pytest.mark.parametrize("constant", [1.0, 0.0, 2.5])
+@pytest.mark.parametrize("method", ["auto", "Chunk", "LA_torch", "ECA"])
+def test_normalized_matches_its_definition(method, constant):
+    q, k, v = _qkv(2, 3, 53, 8, 6)
+    if constant == 0.0:  # positive features keep the denominators positive
+        q, k = q.abs(), k.abs()
+    dO = torch.randn(2, 3, 53, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref, want = _grads(lambda *t: related.normalized_direct(*t, constant=constant), (q, k, v), dO)
+    for fn in (related.normalized_linear_attention, related.normalized_via_ones):
+        if method == "Chunk" and fn is related.normalized_via_ones:
+            continue
+        dtype = torch.float32 if method == "Chunk" else torch.float64
+        out, got = _grads(lambda *t: fn(*t, constant=constant, method=method),
+                          [t.to(dtype) for t in (q, k, v)], dO.to(dtype))
+        tol = 1e-12 if dtype == torch.float64 else 1e-4
+        assert rel_error(out, ref) < tol
+        for a, b in zip(got, want):
+            assert rel_error(a, b) < tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_normalized_accuracy_contract(dtype):
+    q, k, v = _qkv(1, 2, 300, 16, 16)
+    dO = torch.randn_like(v)
+    ref, want = _grads(related.normalized_direct, (q, k, v), dO)
+    out, got = _grads(related.normalized_linear_attention, [t.to(dtype) for t in (q, k, v)],
+                      dO.to(dtype))
+    assert out.dtype == dtype and rel_error(out, ref) <= tolerance(dtype)
+    for a, b in zip(got, want):
+        assert a.dtype == dtype and rel_error(a, b) <= tolerance(dtype)
+
+
+def test_normalized_saves_inputs_output_and_row_sums_only():
+    q, k, v = (t.float().requires_grad_() for t in _qkv(2, 4, 256, 16, 8))
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        related.normalized_linear_attention(q, k, v)
+    inputs_output = q.numel() + k.numel() + 2 * v.numel()
+    assert sum(saved) <= inputs_output + 2 * 4 * 256  # + the denominators, N per head
+
+
+def test_only_the_gradients_asked_for():
+    q, k, v = _qkv(1, 2, 40, 4, 4)
+    v = v.requires_grad_()
+    out = related.normalized_linear_attention(q, k, v)
+    (dv,) = torch.autograd.grad(out.sum(), (v,))
+    want = torch.autograd.grad(related.normalized_direct(q, k, v).sum(), (v,))[0]
+    assert rel_error(dv, want) < 1e-12
+
+
+@pytest.mark.parametrize("feature_map", sorted(related.FEATURE_MAPS))
+def test_linear_transformer_matches_running_sums(feature_map):
+    q, k, v = (t * 3 for t in _qkv(2, 2, 45, 6, 5))
+    dO = torch.randn_like(v)
+    ref, want = _grads(lambda *t: related.linear_transformer_direct(*t, feature_map=feature_map),
+                       (q, k, v), dO)
+    out, got = _grads(lambda *t: related.linear_transformer(*t, feature_map=feature_map),
+                      (q, k, v), dO)
+    assert rel_error(out, ref) < 1e-12
+    for a, b in zip(got, want):
+        assert rel_error(a, b) < 1e-12
+
+
+def _rwkv(batch=2, t=50, dim=6, scale=1.0, dtype=torch.float64, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    w, u = (torch.randn(dim, generator=g, dtype=torch.float64) for _ in "wu")
+    k, v = (torch.randn(batch, t, dim, generator=g, dtype=torch.float64) for _ in "kv")
+    return tuple(x.to(dtype) for x in (w, u, k * scale, v))
+
+
+def test_wkv_matches_the_recurrence_and_the_quadratic_form():
+    w, u, k, v = _rwkv()
+    ref = related.wkv_direct(w, u, k, v)
+    assert rel_error(related.wkv(w, u, k, v), ref) < 1e-12
+    assert rel_error(related.wkv_quadratic(w, u, k, v), ref) < 1e-12
+    # the gradients to k, v, u (the decay is fixed, as every γ of the operator)
+    dO = torch.randn_like(v)
+    _, want = _grads(lambda u, k, v: related.wkv_direct(w, u, k, v), (u, k, v), dO)
+    _, got = _grads(lambda u, k, v: related.wkv(w, u, k, v), (u, k, v), dO)
+    for a, b in zip(got, want):
+        assert rel_error(a, b) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wkv_in_low_precision_and_with_large_keys(dtype):
+    w, u, k, v = _rwkv(scale=20.0)  # e^k far beyond float32 without the per-channel shift
+    ref = related.wkv_direct(w, u, k, v)
+    out = related.wkv(*(x.to(dtype) for x in (w, u, k, v)))
+    assert torch.isfinite(out).all()
+    assert rel_error(out, ref) <= tolerance(dtype)
+
+
+def test_aft_simple_is_a_running_sum():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 30, 5, generator=g, dtype=torch.float64) for _ in "qkv")
+    assert rel_error(related.aft_simple(q, k, v), related.aft_simple_direct(q, k, v)) < 1e-12
