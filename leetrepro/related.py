@@ -35,11 +35,28 @@ from . import ops
 from .api import causal_linear_decoder
 
 
+#: rows a running sum takes in one piece (:func:`_cumsum`)
+SCAN_BLOCK = 64
+
+
 def _cumsum(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """Running sum along N in float32 or wider (a bf16 running sum of thousands of rows loses the
-    rows' low bits)."""
+    """Running sum along N (dim −2) in float32 or wider (a bf16 running sum of thousands of rows
+    loses their low bits), in two levels: within blocks of :data:`SCAN_BLOCK` rows, then across
+    the blocks' totals. (One scan along a dimension that is not the innermost keeps one GPU thread
+    per column walking all N rows: 1.7 ms for b2 × 16 heads × 4096 × 128 on an H100, against
+    tens of µs in blocks.)"""
     x = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return x.flip(-2).cumsum(-2).flip(-2) if reverse else x.cumsum(-2)
+    if reverse:
+        x = x.flip(-2)
+    n = x.shape[-2]
+    if n <= SCAN_BLOCK:
+        y = x.cumsum(-2)
+    else:
+        pad = (-n) % SCAN_BLOCK
+        y = torch.nn.functional.pad(x, (0, 0, 0, pad)).unflatten(-2, (-1, SCAN_BLOCK)).cumsum(-2)
+        ends = y[..., -1, :]
+        y = (y + (ends.cumsum(-2) - ends).unsqueeze(-2)).flatten(-3, -2)[..., :n, :]
+    return y.flip(-2) if reverse else y
 
 
 def _positions(n: int, like: torch.Tensor) -> torch.Tensor:

@@ -371,6 +371,8 @@ def main(argv=None) -> int:
         write("eca_errors.csv", measure_eca_errors(device))
         write("eca.csv", measure_eca(device, args.seqlens or SEQLENS[device.type], reps=reps))
         write("eca_stages.csv", measure_eca_stages(device, reps=min(reps, 10)))
+    if "blog" in args.parts:
+        write("related_methods.csv", measure_blog(device, reps=reps))
     if "kernel" in args.parts:
         if cuda:
             write("kernel_paper_layer.csv", measure_layer(device, reps=reps))
@@ -378,8 +380,6 @@ def main(argv=None) -> int:
         else:
             write("kernel_paper_layer.csv", measure_layer(device, cells=((1, 4, 64, 1024),),
                                                           reps=reps, dtype=torch.float32))
-    if "blog" in args.parts:
-        write("related_methods.csv", measure_blog(device, reps=reps))
     return 0
 
 
