@@ -45,7 +45,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-gpu test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab
+        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab eca related
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -60,6 +60,8 @@ help:
 	@echo "make bench-kernels (GPU) kernels and PyTorch twins at the paper's shapes -> data/<gpu>/kernels.csv"
 	@echo "make reproduce  every table and figure (GPU: measured; no GPU: re-rendered from data/<gpu>)"
 	@echo "make table3 … table9 lemma31 derivations long-prompts claims floor   one each"
+	@echo "make eca       Exact Causal Attention: identities, counts, error, time on this CPU (+ GPU) against the standard products, its claims"
+	@echo "make related   the kernel paper's normalised linear attention and the blog's methods through the operator, the kernel paper's claims"
 	@echo "    variables: GPU=<this GPU, h100 without one> DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=<. on a GPU, rerendered without one> QUICK=$(QUICK) NBFLAGS='-p seqlens ...'"
 	@echo "    QUICK=1: 5 repetitions, 2 s per call, Tables 7-8 in one run (the committed runs' settings)"
 	@echo "make floor     Chunk/LA vs flash-linear-attention and the memory floor (GPU: measured -> data/<gpu>/floor.csv; no GPU: re-rendered)"
@@ -151,7 +153,7 @@ endef
 
 NO_GPU_NOTE = NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(RESULTS)/; Lemma 3.1 was timed on this CPU ($(RESULTS)/data/cpu/).
 
-reproduce: derivations lemma31 $(TABLES) table9 long-prompts table7 table8 claims floor
+reproduce: derivations lemma31 $(TABLES) table9 long-prompts table7 table8 claims floor eca related
 	@echo "reproduce: done. Tables, figures and executed notebooks under $(RESULTS)/figures/ and $(RESULTS)/data/."
 	@$(if $(filter cpu,$(HERE)),echo "$(NO_GPU_NOTE)",true)
 
@@ -188,6 +190,14 @@ cross-gpu: $(INSTALLED)
 
 lemma31: $(INSTALLED)
 	$(call run_notebook,lemma31,lemma31,$(HERE),$(LEMMA_ARGS))
+
+# the other papers: ECA (Exact Causal Attention) timed on this CPU and, with a GPU, on it (the
+# committed GPUs' rows re-rendered); the kernel paper's normalised linear attention and the
+# blog's methods through the operator (GPU: measured, fla-core as the peer; else re-rendered)
+eca: $(INSTALLED)
+	$(call run_notebook,eca,eca,eca,)
+related: $(INSTALLED)
+	$(call run_notebook,related_methods,related_methods,related_methods,)
 
 # our kernels vs flash-linear-attention and the floor (GPU: measured; else re-rendered)
 floor: $(INSTALLED)
