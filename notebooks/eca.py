@@ -101,13 +101,7 @@ for ext in ("png", "svg"):
 # N = 1024, 4 heads, r = d = 64. `accumulate`: the method as it ships (half-precision inputs upcast to float32 for the block sums and products, as every PyTorch method of the project does): within the accuracy contract. `in-dtype`: every block sum and product rounded to the dtype, the paper's Tables 3-4 setting (their L = 4096, d = 128 numbers beside).
 
 # %%
-def cpu_rows(rows):
-    df = pd.DataFrame(rows)
-    for k, v in provenance("cpu").items():
-        df[k] = v
-    return df.assign(threads=torch.get_num_threads())
-
-errors_cpu = cpu_rows(R.measure_eca_errors(torch.device("cpu")))
+errors_cpu = R.frame(R.measure_eca_errors(torch.device("cpu")), "cpu")
 errors_cpu.to_csv(os.path.join(cpu_dir, "eca_errors.csv"), index=False)
 show = errors_cpu[errors_cpu.status == "ok"].pivot_table(index=["arithmetic", "dtype"], columns="entry",
                                                          values=["rel_error", "max_abs_error"])
@@ -122,11 +116,11 @@ display(paper_err.assign(cell=lambda d: d.max_abs_error.map("{:.1e}".format) + "
 # Forward, 0-1 mask, fp32, one head, r = d = 64 (the operator's head shapes), medians of interleaved rounds: `ECA` (depth 0 and 1), `standard` (the lower-triangular products computed directly, halving down to 64-row leaves: the paper's `L²d/2`), `Vanilla` (the full products, the upper triangle masked: what `torch.matmul(...).tril_()` does). Then each stage alone at large d, where the block products are compute-bound (the paper's Tables 1-2 shapes on a GPU; smaller on the CPU).
 
 # %%
-times = {"cpu": cpu_rows(R.measure_eca(torch.device("cpu"), seqlens, reps=reps))}
+times = {"cpu": R.frame(R.measure_eca(torch.device("cpu"), seqlens, reps=reps), "cpu")}
 times["cpu"].to_csv(os.path.join(cpu_dir, "eca.csv"), index=False)
 stage_times = {}
 if stages:
-    stage_times["cpu"] = cpu_rows(R.measure_eca_stages(torch.device("cpu"), reps=reps))
+    stage_times["cpu"] = R.frame(R.measure_eca_stages(torch.device("cpu"), reps=reps), "cpu")
     stage_times["cpu"].to_csv(os.path.join(cpu_dir, "eca_stages.csv"), index=False)
 error_tables = {"cpu": errors_cpu}
 for g in gpus:
@@ -174,7 +168,8 @@ if stage_times:
 pd.set_option("display.max_colwidth", 400)
 verdicts = []
 for m in machines:
-    c = O.eca_claims(counts, exact, error_tables.get(m), times[m], stage_times.get(m), machine=m)
+    c = O.eca_claims(counts, exact, error_tables.get(m), times[m], stage_times.get(m), machine=m,
+                     run=provenance("cpu"))
     where = cpu_dir if m == "cpu" else os.path.join(out_root, "data", m)
     os.makedirs(where, exist_ok=True)
     c.to_csv(os.path.join(where, "eca_claims.csv"), index=False)

@@ -30,7 +30,6 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 from leetrepro import related
 from leetrepro.bench import related as R
-from leetrepro.bench.harness import provenance
 from leetrepro.reproduce import other_papers as O
 from leetrepro.reproduce.tables import load_measured, output_root, stamp
 from leetrepro._device import gpu_tag
@@ -86,13 +85,7 @@ display(reductions)
 # fp32 inputs; error ‖out − ref‖/‖ref‖ against the direct form run in float64; time of the forward through the operator (`method="auto"`) and of the direct form, medians of interleaved rounds. On the CPU at small sizes, on the GPUs at b2 × 8 heads × 2048 tokens × 64 (the attentions) and b2 × 1024 tokens × 256 channels (WKV, AFT).
 
 # %%
-def cpu_rows(rows):
-    df = pd.DataFrame(rows)
-    for k, v in provenance("cpu").items():
-        df[k] = v
-    return df.assign(threads=torch.get_num_threads())
-
-blog = {"cpu": cpu_rows(R.measure_blog(torch.device("cpu"), reps=reps))}
+blog = {"cpu": R.frame(R.measure_blog(torch.device("cpu"), reps=reps), "cpu")}
 blog["cpu"].to_csv(os.path.join(cpu_dir, "related_methods.csv"), index=False)
 layer, lm = {}, {}
 for g in gpus:
@@ -123,7 +116,8 @@ with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) 
 io = q.numel() + k.numel() + v.numel() + out.numel()
 display(Markdown(f"b{b} h{h} N = {n} d = {dh}: saved {sum(saved):,} elements: the inputs and the output, "
                  f"{io:,}, and {sum(saved) - io:,} more = N × heads × batch = {n * h * b:,} (the denominators)."))
-cpu_layer = cpu_rows(R.measure_layer(torch.device("cpu"), cells=(tuple(layer_cell),), reps=reps, dtype=torch.float32))
+cpu_layer = R.frame(R.measure_layer(torch.device("cpu"), cells=(tuple(layer_cell),), reps=reps,
+                                     dtype=torch.float32), "cpu")
 cpu_layer.to_csv(os.path.join(cpu_dir, "kernel_paper_layer.csv"), index=False)
 layer["cpu"] = cpu_layer
 

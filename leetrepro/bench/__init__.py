@@ -13,6 +13,7 @@ imports this package): the paper's Listing 1 (:func:`benchmark_method`) over one
 ``python -m leetrepro.bench.serve``       packed prompts and the decode step (``make bench-serve``)
 ``python -m leetrepro.bench.sp``          sequence parallelism over a host's GPUs (``make bench-sp``)
 ``python -m leetrepro.bench.layouts``     the layouts models hand the operator (``make layouts``)
+``python -m leetrepro.bench.related``     the other papers: ECA, the kernel paper, the blog (``make eca``)
 ``leetrepro.bench.llm``                   Tables 7-8 inside the paper's two models
 ==============================  ==========================================================
 

@@ -347,6 +347,14 @@ def measure_blog(device, reps: int = 5):
 PARTS = ("eca", "kernel", "blog")
 
 
+def frame(rows, device):
+    """The rows as a DataFrame with the run's provenance (and, on a CPU, its thread count: a
+    CPU's times depend on it)."""
+    import pandas as pd
+    df = pd.DataFrame(rows).assign(**provenance(device))
+    return df.assign(threads=torch.get_num_threads()) if torch.device(device).type == "cpu" else df
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None, help="folder for the CSVs (default data/<gpu or cpu>)")
@@ -355,17 +363,15 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=None, help="rounds per cell (GPU 21, CPU 3)")
     p.add_argument("--seqlens", type=int, nargs="*", default=None)
     args = p.parse_args(argv)
-    import pandas as pd
     device = torch.device(args.device)
     out = args.out or os.path.join("data", gpu_tag(device))
     os.makedirs(out, exist_ok=True)
-    meta = provenance(device)
     cuda = device.type == "cuda"
     reps = args.reps or (21 if cuda else 3)
 
     def write(name, rows):
         path = os.path.join(out, name)
-        pd.DataFrame(rows).assign(**meta).to_csv(path, index=False)
+        frame(rows, device).to_csv(path, index=False)
         print(f"wrote {path} ({len(rows)} rows)", flush=True)
     if "eca" in args.parts:
         write("eca_errors.csv", measure_eca_errors(device))

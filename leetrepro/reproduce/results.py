@@ -357,9 +357,60 @@ def claims(tags: list[str]) -> str:
         "`table8.ipynb`) has the evidence."
 
 
+#: the other papers' claims tables of each machine (``make eca``, ``make related``)
+OTHER_CLAIMS = ("eca_claims.csv", "kernel_paper_claims.csv")
+
+
+def other_papers(tags: list[str]) -> str:
+    """The other papers' claims per machine (this project's CPU rows and each GPU's), then the
+    kernel paper's layer and training step beside flash-linear-attention and softmax attention."""
+    import pandas as pd
+    frames = {t: pd.concat(parts, ignore_index=True) for t in tags
+              if (parts := [df for name in OTHER_CLAIMS if (df := _read(t, name)) is not None])}
+    if not frames:
+        return "(no eca_claims.csv yet: `make eca`, `make related`)"
+    claims = list(dict.fromkeys((r.claim, r.source) for df in frames.values()
+                                for r in df.itertuples()))
+    rows = []
+    for claim, source in claims:
+        row = [claim, source]
+        for df in frames.values():
+            sel = df[(df.claim == claim) & (df.source == source)]
+            row.append(f"{sel.holds.iloc[0]} ({_commits(sel)})" if len(sel) else "-")
+        rows.append(row)
+    text = _table(["claim", "source"] + [t.upper() for t in frames], rows)
+    text += ("\n\n`supported`: the data show it; `inconclusive`: they straddle it, or the "
+             "deciding difference is within the noise; `not shown`: they go against it. The "
+             "evidence of each verdict is in `figures/eca/eca.ipynb` and "
+             "`figures/related_methods/related_methods.ipynb`.")
+    layer_rows = []
+    for t in tags:
+        for name, what in (("kernel_paper_layer.csv", "layer"), ("kernel_paper_lm.csv", "1.4B step")):
+            df = _read(t, name)
+            if df is None or "peak_bytes" not in df or df.peak_bytes.isna().all():
+                continue
+            df = df[df.status == "ok"]
+            df = df[df["mode"] == "fwd+bwd"] if "mode" in df else df.assign(N=df.seq)
+            for n, g in df.groupby("N"):
+                cell = g.set_index("entry")
+                layer_rows.append([t.upper(), what, int(n)] + [
+                    f"{cell.median_s[e] * 1e3:.2f} ms, {cell.peak_bytes[e] / 2 ** 30:.2f} GiB"
+                    if e in cell.index else "-" for e in LAYER_ENTRIES] + [_commits(g)])
+    if layer_rows:
+        text += ("\n\nThe kernel paper's normalised linear attention (1 + x) on this project's "
+                 "operator, forward + backward (bf16, time-major, batch 2 × 16 heads × 128; the "
+                 "step: the whole 1.4B model with fused AdamW), time and peak memory above the "
+                 "inputs:\n\n" + _table(["GPU", "what", "N", *LAYER_ENTRIES, "commit"], layer_rows))
+    return text
+
+
+#: the mixers of the kernel paper's rows (``bench.related.MIXERS``)
+LAYER_ENTRIES = ("leetrepro (1+x)", "fla chunk_gla", "fla chunk_linear_attn", "softmax (SDPA)")
+
+
 def page() -> str:
     tags = gpu_folders()
-    gpus = [t for t in tags if "x" not in t]
+    gpus = [t for t in tags if "x" not in t and t != "cpu"]
     sections = [
         ("What was measured where", measured_where(tags)),
         ("Correctness against the float64 oracle (`make gpu-check`)", correctness(gpus)),
@@ -372,6 +423,8 @@ def page() -> str:
         ("Serving (`make bench-serve`)", serving(gpus)),
         ("Sequence parallelism (`make bench-sp`)", sequence_parallel([t for t in tags if "x" in t])),
         ("The paper's claims (`make claims`)", claims(gpus)),
+        ("The other papers (`make eca`, `make related`)",
+         other_papers([t for t in tags if t == "cpu"] + gpus)),
     ]
     head = ("# Results\n\nWritten by `make results` from `data/` alone; do not edit by hand. Every "
             "table names the GPU, commit and date of its rows. How each number came about, and "
