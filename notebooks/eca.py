@@ -24,6 +24,7 @@ count_seqlens = [1024, 4096, 16384]
 count_depths = [0, 1, 2]
 exact_sizes = [[16, 8, 0], [64, 16, 0], [256, 64, 0], [64, 16, 1], [256, 64, 2]]   # (n, k, depth)
 stages = True       # each stage alone at large d on the CPU (STAGE_SHAPES: tens of seconds)
+error_shape = [1024, 4]   # N and heads of the error comparison (r and d 64)
 gpus = None         # GPU folders under data/ to show (None: every one with eca.csv)
 measure_gpu = True  # a GPU on this machine: measure it now (bench.related) instead of reading data/
 out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
@@ -98,10 +99,10 @@ for ext in ("png", "svg"):
 
 # %% [markdown]
 # ## Rounding error against float64, per dtype
-# N = 1024, 4 heads, r = d = 64. `accumulate`: the method as it ships (half-precision inputs upcast to float32 for the block sums and products, as every PyTorch method of the project does): within the accuracy contract. `in-dtype`: every block sum and product rounded to the dtype, the paper's Tables 3-4 setting (their L = 4096, d = 128 numbers beside).
+# N = 1024, 4 heads, r = d = 64 (`error_shape`). `accumulate`: the method as it ships (half-precision inputs upcast to float32 for the block sums and products, as every PyTorch method of the project does): within the accuracy contract. `in-dtype`: every block sum and product rounded to the dtype, the paper's Tables 3-4 setting (their L = 4096, d = 128 numbers beside).
 
 # %%
-errors_cpu = R.frame(R.measure_eca_errors(torch.device("cpu")), "cpu")
+errors_cpu = R.frame(R.measure_eca_errors(torch.device("cpu"), n=error_shape[0], heads=error_shape[1]), "cpu")
 errors_cpu.to_csv(os.path.join(cpu_dir, "eca_errors.csv"), index=False)
 show = errors_cpu[errors_cpu.status == "ok"].pivot_table(index=["arithmetic", "dtype"], columns="entry",
                                                          values=["rel_error", "max_abs_error"])

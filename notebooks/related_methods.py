@@ -18,6 +18,7 @@
 # %% tags=["parameters"]
 reps = 3
 layer_cell = [1, 4, 64, 1024]   # batch, heads, head dim, N of the layer timed on this CPU
+blog_shapes = [[1, 4, 1024, 32], [256, 64]]   # the attentions (batch, heads, N, head dim); WKV, AFT (T, channels)
 gpus = None         # GPU folders under data/ to show (None: every one with related_methods.csv)
 measure_gpu = True  # a GPU on this machine: measure it now (bench.related) instead of reading data/
 out_root = None     # where tables and figures go; None: scratch/ of the checkout (make: RESULTS)
@@ -85,7 +86,7 @@ display(reductions)
 # fp32 inputs; error ‖out − ref‖/‖ref‖ against the direct form run in float64; time of the forward through the operator (`method="auto"`) and of the direct form, medians of interleaved rounds. On the CPU at small sizes, on the GPUs at b2 × 8 heads × 2048 tokens × 64 (the attentions) and b2 × 1024 tokens × 256 channels (WKV, AFT).
 
 # %%
-blog = {"cpu": R.frame(R.measure_blog(torch.device("cpu"), reps=reps), "cpu")}
+blog = {"cpu": R.frame(R.measure_blog(torch.device("cpu"), reps=reps, shapes=blog_shapes), "cpu")}
 blog["cpu"].to_csv(os.path.join(cpu_dir, "related_methods.csv"), index=False)
 layer, lm = {}, {}
 for g in gpus:

@@ -99,9 +99,11 @@ TINY = {
             "-y", "methods: [Original, Vanilla, Bb, LA_torch, Recur]"],
     "floor": ["-p", "gpu", "h100"],
     "eca": ["-y", "{seqlens: [128, 256], count_seqlens: [256], count_depths: [0, 1], "
-            "exact_sizes: [[16, 8, 0], [64, 16, 1]]}", "-p", "reps", "2", "-p", "stages", "False",
+            "exact_sizes: [[16, 8, 0], [64, 16, 1]], error_shape: [64, 1]}", "-p", "reps", "2",
+            "-p", "stages", "False",
             "-p", "measure_gpu", "False"],
-    "related_methods": ["-p", "reps", "2", "-y", "layer_cell: [1, 2, 16, 128]",
+    "related_methods": ["-p", "reps", "2", "-y", "{layer_cell: [1, 2, 16, 128], "
+                        "blog_shapes: [[1, 2, 128, 16], [32, 8]]}",
                         "-p", "measure_gpu", "False"],
     "scaling": ["-p", "tag", "h200x2"],
     "serve": ["-p", "gpu", "h100"],

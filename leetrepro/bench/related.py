@@ -296,12 +296,15 @@ def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2):
 
 # the blog -----------------------------------------------------------------------------------
 
-def measure_blog(device, reps: int = 5):
+#: (batch, heads, N, head dim) of the attentions and (T, channels) of WKV and AFT in
+#: :func:`measure_blog`, per device type
+BLOG_SHAPES = {"cpu": ((1, 4, 1024, 32), (256, 64)), "cuda": ((2, 8, 2048, 64), (1024, 256))}
+
+
+def measure_blog(device, reps: int = 5, shapes=None):
     """Each reducible method through the operator against its direct form: time, and error of
-    each against the direct form in float64."""
-    cpu = device.type == "cpu"
-    b, h, n, dh = (1, 4, 1024, 32) if cpu else (2, 8, 2048, 64)
-    t, dim = (256, 64) if cpu else (1024, 256)
+    each against the direct form in float64 (``shapes``: as :data:`BLOG_SHAPES`' values)."""
+    (b, h, n, dh), (t, dim) = shapes or BLOG_SHAPES[device.type]
     gen = torch.Generator(device=device).manual_seed(0)
 
     def rnd(*shape):
