@@ -331,8 +331,12 @@ def gradients(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tenso
     """``(dB, dC, dV)`` of ``O = (B Cᵀ ⊙ M) V`` for the output gradient dO ``(batch, heads, N, d)``
     (``gamma`` as :func:`leetrepro.causal_linear_decoder` takes it): what a layer built on the
     operator calls from its own backward, with nothing saved but the inputs and no forward run
-    again. ``need``: which of the three to compute (an empty tensor stands for the others)."""
+    again. ``need``: which of the three to compute (an empty tensor stands for the others).
+    Under ``torch.compile`` it is the backward's custom op, which the graph can hold."""
     g = normalize_gamma(gamma, B.shape[1], B.device)
+    if torch.compiler.is_compiling():
+        return causal_linear_backward(dO, B, C, V, g, None, None, method, encode_options(options),
+                                      False, *need, False, None, 1.0)[:3]
     m, opts = prepare(method, options, B, g, False, V, True)
     return _gradients(m, opts, dO, B, C, V, g, None, None, False, *need, False, None, 1.0)[:3]
 

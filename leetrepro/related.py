@@ -114,7 +114,8 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     keeps every ``1 + q·k`` ≥ 0 and the denominators positive). Differentiable in q, k, v.
     Time O(N r d) through the operator (``method``, ``options``: as
     :func:`leetrepro.causal_linear_decoder`); memory: the inputs, the output and N
-    denominators per head are saved, nothing of size N × N or N × r × d."""
+    denominators per head are saved, nothing of size N × N or N × r × d. Compiles into one graph
+    (``torch.compile(fullgraph=True)``: the backward goes through the operator's backward op)."""
     return _Normalized.apply(q, k, v, float(constant), float(eps), method, options)
 
 

@@ -164,6 +164,9 @@ def test_opcheck():
     # dimension order, as the kernels write them
     tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V)]
     cases += [(*tm, g, None, "LA_torch", "", False, False), (*tm, g, S0, "Chunk", "", False, True)]
+    # a method with a backward of its own (ECA's products), in both layouts
+    cases += [(B, C, V, g, None, "ECA", '{"depth": 1}', False, False),
+              (*tm, None, None, "ECA", "", False, False)]
     for args in cases:
         args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) and a.dtype != torch.float64
                      else a for a in args)

@@ -126,3 +126,18 @@ def test_aft_simple_is_a_running_sum():
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(2, 30, 5, generator=g, dtype=torch.float64) for _ in "qkv")
     assert rel_error(related.aft_simple(q, k, v), related.aft_simple_direct(q, k, v)) < 1e-12
+
+
+@pytest.mark.slow  # seconds: a compilation
+def test_normalized_compiles_into_one_graph():
+    q, k, v = (t.float() for t in _qkv(1, 2, 40, 8, 8))
+
+    def layer(q, k, v):
+        return related.normalized_linear_attention(q, k, v)
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    dO = torch.randn_like(v)
+    out, got = _grads(compiled, (q, k, v), dO)
+    ref, want = _grads(related.normalized_direct, (q.double(), k.double(), v.double()), dO.double())
+    assert rel_error(out, ref) < 1e-5
+    for a, b in zip(got, want):
+        assert rel_error(a, b) < 1e-5

@@ -274,7 +274,9 @@ def _mask(np_: int, lg, like: torch.Tensor):
 
 def forward(b, c, v, lg, depth: int = 0) -> torch.Tensor:
     """``(B Cᵀ ⊙ M) V``: S by Algorithm 1, P = S ⊙ M, O by Algorithm 2 (accumulation dtype in,
-    accumulation dtype out; ``lg`` log γ ``(H, 1, 1)`` or None)."""
+    accumulation dtype out; ``lg`` log γ ``(H, 1, 1)`` or None). ``depth`` −1 computes both
+    products by the standard lower-triangular algorithm instead (the baseline the benchmarks
+    time ECA against)."""
     n, d = b.shape[-2], v.shape[-1]
     bp, cp, vp = _padded_inputs(b, c, v, depth)
     s = stage1(bp, cp, depth)
