@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .methods.eca import operation_count as eca_count
+from .methods.eca import padded as eca_padded
+from .methods.eca import paper_fraction as eca_fraction
 from .methods.recursion import padded_length
 
 #: Table 1 of the paper plus the finer forms of Appendices B-C (time, extra memory).
@@ -70,8 +71,10 @@ def flops(method: str, n: int, r: int = 128, d: int = 128, *, batch: int = 1, he
         # per token: U += cᵀv (r·d MACs), o = b U (r·d MACs); decay scales U (r·d)
         one = 4 * n * r * d + (n * r * d if decay else 0)
     elif f == "ECA":
-        # the paper's count of its two stages (measured: methods.eca.operation_count) + the mask
-        one = 2 * int(eca_count(n, r, d).paper) + n * n
+        # the paper's count of its two stages at the padded sizes, 29/64·N²(r + d) multiply-adds
+        # (what methods.eca.operation_count counts by running the code: tests/test_eca.py), + the mask
+        p, rp, dp = (eca_padded(x, 0) for x in (n, r, d))
+        one = 2 * int(eca_fraction(0) * p * p * (rp + dp)) + n * n
     elif f == "FleetAttention":
         # per rank: c_i ⊙ V, (λ-)cumsum, b_i ⊙ (.), accumulate: N·d each (λ-cumsum is a MAC)
         one = 4 * n * r * d + (n * r * d if decay else 0)

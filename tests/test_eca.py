@@ -46,7 +46,7 @@ def test_every_block_of_the_algorithms_is_used_and_in_range():
 
 
 @pytest.mark.parametrize("n,r,depth", [(64, 16, 0), (1024, 128, 0), (4096, 64, 0), (64, 16, 1),
-                                       (1024, 128, 1),
+                                       pytest.param(1024, 128, 1, marks=pytest.mark.slow),
                                        pytest.param(16384, 128, 1, marks=pytest.mark.slow)])
 def test_counts_equal_the_papers_formula(n, r, depth):
     for stage in ("1", "2"):
@@ -67,6 +67,13 @@ def test_full_products_grow_by_the_recursion():
         c = eca.operation_count(256, 64, stage="1", depth=depth)
         assert c.products["half"] == 10 ** (depth + 1)
         assert c.products["full"] == 24 * sum(10 ** i for i in range(depth + 1))
+
+
+def test_the_complexity_table_gives_the_counted_products():
+    from leetrepro import complexity
+    for n, r, d in ((64, 16, 8), (130, 12, 20)):
+        counted = eca.operation_count(n, r, d)
+        assert complexity.flops("ECA", n, r, d) == 2 * int(counted.paper) + n * n
 
 
 def test_backward_is_five_products():

@@ -35,7 +35,7 @@ def test_eca_tables_read_from_the_papers_text_are_the_committed_ones():
 
 
 def test_eca_claims_from_constructed_rows():
-    counts = O.eca_counts((256, 1024), r=64, depths=(0, 1))
+    counts = O.eca_counts((64, 256), r=16, depths=(0, 1))
     assert counts.equal.all()
     times = pd.DataFrame([dict(entry=e, N=n, r=64, median_s=t, status="ok")
                           for n in (256, 1024) for e, t in (("ECA", 2.0), ("standard", 1.0),

@@ -27,7 +27,8 @@ def _grads(fn, ins, dO):
 
 
 @pytest.mark.parametrize("constant", [1.0, 0.0, 2.5])
-@pytest.mark.parametrize("method", ["auto", "Chunk", "LA_torch", "ECA"])
+@pytest.mark.parametrize("method", ["auto", pytest.param("Chunk", marks=pytest.mark.slow),
+                                    "LA_torch", "ECA"])
 def test_normalized_matches_its_definition(method, constant):
     q, k, v = _qkv(2, 3, 53, 8, 6)
     if constant == 0.0:  # positive features keep the denominators positive
