@@ -40,22 +40,9 @@ from leetrepro.methods import eca
 from leetrepro.bench import related as R
 from leetrepro.bench.harness import provenance
 from leetrepro.reproduce import other_papers as O
-from leetrepro.reproduce.tables import load_measured, output_root, stamp
-from leetrepro._device import gpu_tag
+from leetrepro.reproduce.tables import stamp
 from leetrepro._paths import data as committed
-out_root = output_root(out_root)
-fig_dir = os.path.join(out_root, "figures", "eca")
-os.makedirs(fig_dir, exist_ok=True)
-cpu_dir = os.path.join(out_root, "data", "cpu")
-os.makedirs(cpu_dir, exist_ok=True)
-live_gpu = gpu_tag("cuda") if measure_gpu and torch.cuda.is_available() else None
-if gpus is None:
-    gpus = sorted(t for t in os.listdir(committed())
-                  if os.path.exists(committed(t, "eca.csv")) and t != "cpu")
-gpus = sorted(set(gpus) | ({live_gpu} if live_gpu else set()))
-display(Markdown(f"CPU rows: measured now on this machine's CPU ({torch.get_num_threads()} threads). "
-                 f"GPU rows: " + (", ".join(f"**{g.upper()}** " + ("measured now" if g == live_gpu else
-                 f"re-rendered from the committed `data/{g}/`") for g in gpus) or "none here")))
+out_root, fig_dir, cpu_dir, live_gpu, gpus = O.notebook_machines("eca", "eca.csv", gpus, measure_gpu, out_root)
 
 # %% [markdown]
 # ## The identities, in exact arithmetic
@@ -125,12 +112,8 @@ if stages:
     stage_times["cpu"].to_csv(os.path.join(cpu_dir, "eca_stages.csv"), index=False)
 error_tables = {"cpu": errors_cpu}
 for g in gpus:
-    if g == live_gpu:
-        R.main(["--out", os.path.join(out_root, "data", g), "--parts", "eca"])
-        read = lambda name: pd.read_csv(os.path.join(out_root, "data", g, name))
-    else:
-        read = lambda name: load_measured(g, name)
-    times[g], stage_times[g], error_tables[g] = read("eca.csv"), read("eca_stages.csv"), read("eca_errors.csv")
+    times[g], stage_times[g], error_tables[g] = O.gpu_tables(
+        g, g == live_gpu, out_root, ["eca"], ["eca.csv", "eca_stages.csv", "eca_errors.csv"])
 
 machines = list(times)
 fig, axes = plt.subplots(1, len(machines), figsize=(4.6 * len(machines), 3.6), squeeze=False)

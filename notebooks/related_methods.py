@@ -32,23 +32,10 @@ from IPython.display import Markdown, display
 from leetrepro import related
 from leetrepro.bench import related as R
 from leetrepro.reproduce import other_papers as O
-from leetrepro.reproduce.tables import load_measured, output_root, stamp
-from leetrepro._device import gpu_tag
-from leetrepro._paths import data as committed
+from leetrepro.reproduce.tables import stamp
 pd.set_option("display.max_colwidth", 300)
-out_root = output_root(out_root)
-fig_dir = os.path.join(out_root, "figures", "related_methods")
-cpu_dir = os.path.join(out_root, "data", "cpu")
-for folder in (fig_dir, cpu_dir):
-    os.makedirs(folder, exist_ok=True)
-live_gpu = gpu_tag("cuda") if measure_gpu and torch.cuda.is_available() else None
-if gpus is None:
-    gpus = sorted(t for t in os.listdir(committed())
-                  if os.path.exists(committed(t, "related_methods.csv")) and t != "cpu")
-gpus = sorted(set(gpus) | ({live_gpu} if live_gpu else set()))
-display(Markdown(f"CPU rows: measured now on this machine's CPU ({torch.get_num_threads()} threads). "
-                 f"GPU rows: " + (", ".join(f"**{g.upper()}** " + ("measured now" if g == live_gpu else
-                 f"re-rendered from the committed `data/{g}/`") for g in gpus) or "none here")))
+out_root, fig_dir, cpu_dir, live_gpu, gpus = O.notebook_machines(
+    "related_methods", "related_methods.csv", gpus, measure_gpu, out_root)
 
 # %% [markdown]
 # ## Which methods are the operator
@@ -90,12 +77,9 @@ blog = {"cpu": R.frame(R.measure_blog(torch.device("cpu"), reps=reps, shapes=blo
 blog["cpu"].to_csv(os.path.join(cpu_dir, "related_methods.csv"), index=False)
 layer, lm = {}, {}
 for g in gpus:
-    if g == live_gpu:
-        R.main(["--out", os.path.join(out_root, "data", g), "--parts", "blog", "kernel"])
-        read = lambda name: pd.read_csv(os.path.join(out_root, "data", g, name))
-    else:
-        read = lambda name: load_measured(g, name)
-    blog[g], layer[g], lm[g] = read("related_methods.csv"), read("kernel_paper_layer.csv"), read("kernel_paper_lm.csv")
+    blog[g], layer[g], lm[g] = O.gpu_tables(
+        g, g == live_gpu, out_root, ["blog", "kernel"],
+        ["related_methods.csv", "kernel_paper_layer.csv", "kernel_paper_lm.csv"])
 table = pd.concat([b.assign(machine=m) for m, b in blog.items()])
 table = table.pivot_table(index=["method", "form" if "form" in table else "entry", "machine"],
                           values=["rel_error", "median_s"], aggfunc="first")

@@ -36,7 +36,7 @@ from ..api import causal_linear_decoder
 from ..complexity import io_bytes
 from ..reference import reference, rel_error
 from .harness import (failed_status, fla_chunk_simple_gla, gpu_main, graph_seconds, host_seconds,
-                      random_inputs, time_calls)
+                      peak_above, random_inputs, time_calls)
 
 GRID_N = {1: [128, 512, 2048, 8192, 25600, 100000], 16: [128, 512, 2048, 8192, 25600]}
 #: cells up to this N are also timed as a CUDA-graph replay (``graph_us``): there the eager call
@@ -126,13 +126,8 @@ def measure_cell(fns: dict, dtype, batch, n, decay, reps, bw, device, heads=32, 
                 o = out[:1] if name != "fla" else out[:1].transpose(1, 2)
                 row["rel_error"] = rel_error(o, ref)
             del out
-            torch.cuda.synchronize(device)
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            out = fn(*inputs[0], g, fla_in[0])
-            torch.cuda.synchronize(device)
-            row["workspace_MB"] = (torch.cuda.max_memory_allocated(device) - base
-                                   - out.numel() * out.element_size()) / 2 ** 20
+            out, peak = peak_above(lambda a=inputs[0], f=fla_in[0]: fn(*a, g, f), device)
+            row["workspace_MB"] = (peak - out.numel() * out.element_size()) / 2 ** 20
             del out
             args = [(s[0], s[1], s[2], g, f) for s, f in zip(inputs, fla_in)]
             times = sorted(time_calls(fn, args, reps, device))

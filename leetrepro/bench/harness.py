@@ -280,6 +280,18 @@ def wall_per_call(fn: Callable, calls: int, device) -> float:
     return (time.perf_counter() - t0) / calls
 
 
+def peak_above(fn: Callable, device) -> tuple:
+    """``(fn(), bytes)``: the call's result and the most it allocated on the GPU at once beyond
+    what was allocated before it (what it returns included: subtract it where only the workspace
+    counts)."""
+    sync(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    result = fn()
+    sync(device)
+    return result, torch.cuda.max_memory_allocated(device) - base
+
+
 def host_seconds(fn: Callable, args: tuple, reps: int, device) -> float:
     """Median host time of ``fn(*args)``: the call alone, the GPU idle before each (what a
     caller's CPU spends to launch it, independent of the GPU's work)."""

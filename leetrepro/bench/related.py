@@ -33,7 +33,7 @@ from .. import related
 from .._device import gpu_tag
 from ..methods import eca
 from ..reference import reference, rel_error
-from .harness import failed_status, interleaved_medians, provenance, sync
+from .harness import failed_status, interleaved_medians, peak_above, provenance, sync
 
 SEQLENS = {"cuda": (1024, 2048, 4096, 8192, 16384), "cpu": (512, 1024, 2048, 4096)}
 #: (batch, heads, head dim, N) of the kernel paper's layer cells, and its language model
@@ -170,16 +170,6 @@ def mixer(name: str):
     return lambda q, k, v, g: fn(phi(q), phi(k), v, scale=1.0, normalize=True)[0]
 
 
-def _peak_above(fn, device) -> float:
-    """Bytes the call allocates at its peak beyond what was allocated before it (GPU)."""
-    sync(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    sync(device)
-    return torch.cuda.max_memory_allocated(device) - before
-
-
 def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat16):
     rows = []
     for i, (batch, heads, dh, n) in enumerate(cells):
@@ -201,7 +191,7 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
             for name, (t, status) in _timed(fns, reps, device, seed=i).items():
                 peak = None
                 if status == "ok" and device.type == "cuda":
-                    peak = _peak_above(fns[name], device)
+                    peak = peak_above(fns[name], device)[1]
                 rows.append(dict(entry=name, mode=mode, batch=batch, heads=heads, head_dim=dh, N=n,
                                  dtype=str(dtype)[6:], reps=reps, median_s=t, peak_bytes=peak,
                                  status=status))
@@ -280,7 +270,7 @@ def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2):
                 opt.zero_grad(set_to_none=True)
             for _ in range(warmup):
                 step()
-            peak = _peak_above(step, device) if device.type == "cuda" else None
+            peak = peak_above(step, device)[1] if device.type == "cuda" else None
             times = interleaved_medians({name: step}, [()], steps, device, warmup=0)
             rows.append(dict(entry=name, params=params, median_s=times[name], peak_bytes=peak,
                              status="ok"))

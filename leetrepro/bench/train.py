@@ -45,7 +45,7 @@ from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
 from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main, host_seconds,
-                      interleaved_medians, random_inputs)
+                      interleaved_medians, peak_above, random_inputs)
 
 #: (dtype, batch, N): the training cells, decay mask
 CELLS = [("bfloat16", 16, 25600), ("bfloat16", 1, 100000), ("bfloat16", 8, 8192),
@@ -131,12 +131,8 @@ def measure(fns: dict, dtype, batch, n, reps, bw, device, check_max_n,
             fwd = (lambda f=fn: f(x))
             both = (lambda f=fn, lv=leaves, g=dO: torch.autograd.grad(f(x), lv, g))
             both()  # warm-up: compiles
-            torch.cuda.synchronize(device)
-            base = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            grads = both()
-            torch.cuda.synchronize(device)
-            row["peak_extra_GiB"] = (torch.cuda.max_memory_allocated(device) - base - out_bytes) / 2 ** 30
+            grads, peak = peak_above(both, device)
+            row["peak_extra_GiB"] = (peak - out_bytes) / 2 ** 30
             del grads
             if n <= check_max_n:
                 row.update(gradient_errors(name, fn, x))

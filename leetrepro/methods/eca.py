@@ -203,7 +203,7 @@ def stage1(x: torch.Tensor, y: torch.Tensor, depth: int = 0) -> torch.Tensor:
     q, kk = n // 4, k // 4
     named = _products(_blocks(x, q, kk, "X"), _blocks(y, q, kk, "Y"), STAGE1_FULL, STAGE1_HALF,
                       lambda a, b: _matmul(a, b.transpose(-1, -2)),
-                      lambda a, b: _half_scores(a, b, depth - 1), q, kk)
+                      lambda a, b: _half(stage1, tri_scores, a, b, a.shape, depth - 1), q, kk)
     out = x.new_zeros(*x.shape[:-1], n)
     for (i, j), expr in zip(LOWER, STAGE1_OUT):
         block = _combine(named, expr)
@@ -211,12 +211,15 @@ def stage1(x: torch.Tensor, y: torch.Tensor, depth: int = 0) -> torch.Tensor:
     return out
 
 
-def _half_scores(x, y, depth):
-    # a half product needs only its lower triangle: recursion, or the standard algorithm
-    if _fits(x.shape[-2], x.shape[-1], depth):
-        return stage1(x, y, depth)
-    _tally("half", x.shape[-2], x.shape[-1])
-    return tri_scores(x, y)
+def _half(stage, standard, a, b, shape, depth):
+    """A half product (Stage I: only its lower triangle is needed; Stage II: a triangular diagonal
+    block of P on the left) by the same algorithm one level down (``depth`` ≥ 0 and the sizes
+    ``shape[-2:]`` divide), else by the standard one, tallied there."""
+    n, k = shape[-2], shape[-1]
+    if _fits(n, k, depth):
+        return stage(a, b, depth)
+    _tally("half", n, k)
+    return standard(a, b)
 
 
 def stage2(p: torch.Tensor, w: torch.Tensor, depth: int = 0) -> torch.Tensor:
@@ -229,18 +232,10 @@ def stage2(p: torch.Tensor, w: torch.Tensor, depth: int = 0) -> torch.Tensor:
     q, kk = n // 4, k // 4
     pb = {f"P{t + 1}": p[..., i * q:(i + 1) * q, j * q:(j + 1) * q] for t, (i, j) in enumerate(LOWER)}
     named = _products(pb, _blocks(w, q, kk, "W"), STAGE2_FULL, STAGE2_HALF, _matmul,
-                      lambda a, b: _half_times(a, b, depth - 1), q, kk)
+                      lambda a, b: _half(stage2, tri_times, a, b, b.shape, depth - 1), q, kk)
     rows = [torch.cat([_combine(named, STAGE2_OUT[4 * i + j]) for j in range(4)], dim=-1)
             for i in range(4)]
     return torch.cat(rows, dim=-2)
-
-
-def _half_times(p, w, depth):
-    # a diagonal block of P is lower-triangular: recursion, or the standard algorithm
-    if _fits(w.shape[-2], w.shape[-1], depth):
-        return stage2(p, w, depth)
-    _tally("half", w.shape[-2], w.shape[-1])
-    return tri_times(p, w)
 
 
 def upper_times(u: torch.Tensor, w: torch.Tensor, depth: int = 0) -> torch.Tensor:

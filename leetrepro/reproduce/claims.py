@@ -15,19 +15,21 @@ from ..bench.harness import runs_of
 TWINS = (("LA", "LA_torch"), ("FA", "FA_torch"), ("Cdotp", "Cdotp_torch"))
 
 
-def _ok(df):
+def ok_rows(df):
+    """The rows of ``df`` that ran (``status == "ok"``); None for no table."""
     return df[df.status == "ok"] if df is not None else None
 
 
 def _times(df, method):
-    d = _ok(df)
+    d = ok_rows(df)
     if d is None:
         return {}
     g = d[d.method == method]
     return dict(zip(g.N, g.mean_s))
 
 
-def _row(claim, source, holds, evidence):
+def claim_row(claim, source, holds, evidence):
+    """One judged claim (the other papers' claims add their gap and provenance)."""
     return dict(claim=claim, source=source, holds=holds, evidence=evidence)
 
 
@@ -79,7 +81,7 @@ def growth_verdict(res: dict, points: int, claimed: str = "N log N") -> str:
 def claim_linear(tables):
     ev, flags, fits = [], [], 0
     for t in (3, 4, 5, 6):
-        d = _ok(tables.get(t))
+        d = ok_rows(tables.get(t))
         if d is None:
             continue
         for method, g in d.groupby("method"):
@@ -92,7 +94,7 @@ def claim_linear(tables):
             if not flags[-1]:
                 ev.append(f"T{t} {method}: {best} fits better (rms rel. residual {res[best]:.2f} "
                           f"vs {res['N']:.2f}, ΔAIC {gap:.1f})")
-    return _row("latency grows linearly in N for all but Vanilla: of t = a·N + b, a·N·log N + b "
+    return claim_row("latency grows linearly in N for all but Vanilla: of t = a·N + b, a·N·log N + b "
                 "and a·N² + b (fixed cost b included), no model explains a curve better than "
                 "a·N + b (ΔAIC > 2)", "Sec. 5.1", _verdict(flags),
                 "; ".join(ev[:6]) or (f"{fits} method×table curves, none explained better than by "
@@ -102,14 +104,14 @@ def claim_linear(tables):
 def claim_vanilla_oom(tables):
     d = tables.get(3)
     if d is None or not len(d[d.method == "Vanilla"]):
-        return _row("Vanilla runs out of memory beyond N = 8192 at batch 1", "Sec. 5.1, Table 3",
+        return claim_row("Vanilla runs out of memory beyond N = 8192 at batch 1", "Sec. 5.1, Table 3",
                     "not measured", "")
     v = d[d.method == "Vanilla"].sort_values("N")
     oom = v[v.status == "OOM"].N.tolist()
     runs = v[v.status == "ok"].N.tolist()
     holds = bool(oom) and min(oom) > 8192 and all(n <= 8192 for n in runs)
     where = f"first OOM here at N = {min(oom)}" if oom else "never OOM here"
-    return _row("Vanilla runs out of memory beyond N = 8192 at batch 1 (and not before)",
+    return claim_row("Vanilla runs out of memory beyond N = 8192 at batch 1 (and not before)",
                 "Sec. 5.1, Table 3", "yes" if holds else "no",
                 f"{where}; ran up to N = {max(runs) if runs else '-'}")
 
@@ -117,7 +119,7 @@ def claim_vanilla_oom(tables):
 def _columns(tables, table_ids, keep=lambda n: True):
     """(table, N, methods fastest first, mean time per method) for every column of the tables."""
     for t in table_ids:
-        d = _ok(tables.get(t))
+        d = ok_rows(tables.get(t))
         if d is None:
             continue
         for n in sorted(set(d.N)):
@@ -135,7 +137,7 @@ def claim_la_fastest(tables):
         flags.append(order[0] == "LA" and others >= 2 * times["LA"])
         if not flags[-1]:
             ev.append(f"T{t} N={n}: fastest {order[0]}, next/LA = {others / times['LA']:.2f}")
-    return _row("batch 1, N > 512: LA fastest, by at least 2×", "Sec. 5.1, Tables 3-4",
+    return claim_row("batch 1, N > 512: LA fastest, by at least 2×", "Sec. 5.1, Tables 3-4",
                 _verdict(flags), "; ".join(ev[:6]) or (f"{len(flags)} columns" if flags else ""))
 
 
@@ -145,14 +147,14 @@ def claim_vanilla_short(tables):
         if "Vanilla" in order:
             flags.append(order[0] == "Vanilla")
             ev.append(f"T{t} N={n}: fastest {order[0]}")
-    return _row("N ≤ 128: Vanilla fastest", "Sec. 5.1, Tables 3-4", _verdict(flags), "; ".join(ev))
+    return claim_row("N ≤ 128: Vanilla fastest", "Sec. 5.1, Tables 3-4", _verdict(flags), "; ".join(ev))
 
 
 def original_times(df, method: str) -> dict:
     """{N: (ours, original)} median seconds of ``method`` in the cells of ``df`` that the original
     code was measured in too (same GPU, dtype, batch, mask and N; ``data/anchors``)."""
     from ..bench.floor import original_times as anchored
-    d = _ok(df)
+    d = ok_rows(df)
     if d is None or "gpu" not in d:
         return {}
     out, cache = {}, {}
@@ -167,7 +169,7 @@ def original_times(df, method: str) -> dict:
 def against_original(df, method: str) -> str:
     """The evidence text of :func:`original_times`: the range of ours/original, or that the
     original was not measured in these cells ('' where ``df`` has no such method)."""
-    d = _ok(df)
+    d = ok_rows(df)
     if d is None or not len(d[d.method == method]):
         return ""
     pairs = original_times(df, method)
@@ -206,7 +208,7 @@ def claim_cdotp_batch16(tables):
     if verdict == "no":
         ev = ev[:6] + [f"T{t}: {note}" for t in (5, 6) if (note := against_original(tables.get(t), "Cdotp"))]
         ev += _would_win(tables, (5, 6), "Cdotp")
-    return _row("batch 16: Cdotp fastest at every N", "Sec. 5.1, Tables 5-6", verdict,
+    return claim_row("batch 16: Cdotp fastest at every N", "Sec. 5.1, Tables 5-6", verdict,
                 "; ".join(ev) or
                 (f"{len(flags)} columns" if flags else ""))
 
@@ -214,7 +216,7 @@ def claim_cdotp_batch16(tables):
 def claim_batch_scaling(tables):
     flags, worst = [], (0.0, "")
     for t1, t16 in ((3, 5), (4, 6)):
-        a, b = _ok(tables.get(t1)), _ok(tables.get(t16))
+        a, b = ok_rows(tables.get(t1)), ok_rows(tables.get(t16))
         if a is None or b is None:
             continue
         m = a.merge(b, on=["method", "N"], suffixes=("_1", "_16"))
@@ -223,14 +225,14 @@ def claim_batch_scaling(tables):
             flags.append(ratio < 16)
             if ratio > worst[0]:
                 worst = (ratio, f"{r.method} N={r.N} (T{t16}/T{t1})")
-    return _row("batch 16 costs less than 16× batch 1", "Sec. 5.1", _verdict(flags),
+    return claim_row("batch 16 costs less than 16× batch 1", "Sec. 5.1", _verdict(flags),
                 f"largest batch-16/batch-1 ratio {worst[0]:.1f}× at {worst[1]}" if flags else "")
 
 
 def claim_twins(tables):
     ratios = []
     for t in (3, 4, 5, 6):
-        d = _ok(tables.get(t))
+        d = ok_rows(tables.get(t))
         if d is None:
             continue
         for gpu, twin in TWINS:
@@ -238,12 +240,12 @@ def claim_twins(tables):
             ratios += [(b[n] / a[n], f"{gpu} T{t} N={n}") for n in a if n in b]
     claim = "CUDA/Triton methods 2×-20× faster than their PyTorch twins (both ends tested)"
     if not ratios:
-        return _row(claim, "Sec. 5.1", "not measured", "")
+        return claim_row(claim, "Sec. 5.1", "not measured", "")
     lo, hi = min(ratios), max(ratios)
     below = sum(r < 2 for r, _ in ratios)
     above = sum(r > 20 for r, _ in ratios)
     inside = len(ratios) - below - above
-    return _row(claim, "Sec. 5.1", "yes" if below == above == 0 else "no",
+    return claim_row(claim, "Sec. 5.1", "yes" if below == above == 0 else "no",
                 f"{lo[0]:.1f}× ({lo[1]}) to {hi[0]:.0f}× ({hi[1]}) over {len(ratios)} cells: "
                 f"{below} below 2×, {inside} within 2-20×, {above} above 20×")
 
@@ -259,12 +261,12 @@ def claim_recur(tables):
         ev.append(f"T{t} N={n}: {rel:.1f}× best")
     holds = "not measured" if not close or not far else \
         ("yes" if all(close) and all(far) else "no")
-    return _row("Recur within 3× of the best without decay, ≥ 10× slower than the best with it",
+    return claim_row("Recur within 3× of the best without decay, ≥ 10× slower than the best with it",
                 "Sec. 5.1", holds, "; ".join(ev[:8]))
 
 
 def claim_fa_modify(tables):
-    d = _ok(tables.get(9))
+    d = ok_rows(tables.get(9))
     flags, ev = [], []
     if d is not None:
         for key, g in d.groupby(["batch", "decay", "N"]):
@@ -274,16 +276,16 @@ def claim_fa_modify(tables):
                 flags.append(0.35 <= r <= 0.65)
                 ev.append(r)
     evidence = f"FA_modify/FA from {min(ev):.2f} to {max(ev):.2f} over {len(ev)} cells" if ev else ""
-    return _row("FA_modify takes about half the time of FA (ratio 0.35-0.65)", "App. D, Table 9",
+    return claim_row("FA_modify takes about half the time of FA (ratio 0.35-0.65)", "App. D, Table 9",
                 _verdict(flags), evidence)
 
 
 def claim_fa_long(tables):
     """The companion paper: FleetAttention is the fastest method beyond 64k tokens."""
-    d = _ok(tables.get("long"))
+    d = ok_rows(tables.get("long"))
     claim = "beyond 64k tokens FleetAttention is the fastest method (companion paper)"
     if d is None or "FA" not in set(d.method):
-        return _row(claim, "FleetAttention paper", "not measured", "")
+        return claim_row(claim, "FleetAttention paper", "not measured", "")
     d = d[~d.method.str.contains("softmax", case=False)]
     flags, ev = [], []
     for n, g in d[d.N > 65536].groupby("N"):
@@ -295,7 +297,7 @@ def claim_fa_long(tables):
     if ev:
         ev.append(against_original(tables.get("long"), "FA"))
         ev += _would_win({"long": d}, ("long",), "FA")
-    return _row(claim, "FleetAttention paper", _verdict(flags), "; ".join(ev))
+    return claim_row(claim, "FleetAttention paper", _verdict(flags), "; ".join(ev))
 
 
 CLAIMS = (claim_linear, claim_vanilla_oom, claim_la_fastest, claim_vanilla_short,

@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from ..bench.harness import runs_of
 from ..bench.llm import SIGNIFICANT
+from .claims import claim_row, ok_rows
 
 ECA_SOURCE = "Exact Causal Attention (Rybin et al., 2025)"
 KERNEL_SOURCE = "Linear attention GPU kernel (arXiv 2510.21956)"
@@ -21,12 +22,57 @@ KERNEL_SPEEDUP, KERNEL_MEMORY = 3.3, 3.6
 
 
 def _row(claim, source, holds, evidence, gap=None, tables=()):
-    return dict(claim=claim, source=source, holds=holds, evidence=evidence, gap=gap,
-                **runs_of(tables))
+    """:mod:`claims`' row, with the deciding gap and where the tables read come from."""
+    return dict(claim_row(claim, source, holds, evidence), gap=gap, **runs_of(tables))
 
 
-def _ok(df):
-    return None if df is None else df[df.status == "ok"]
+def notebook_machines(name: str, csv: str, gpus, measure_gpu: bool, out_root):
+    """What the other papers' notebooks start with: ``(out_root, fig_dir, cpu_dir, live_gpu,
+    gpus)``. The CPU rows are always measured here (``cpu_dir``: ``<out_root>/data/cpu``); the
+    GPUs shown are ``gpus`` (None: every ``data/<tag>/`` with ``csv``) and, with
+    ``measure_gpu`` and a GPU on this machine, that one, measured now (``live_gpu``). Folders
+    are made; the notebook says where its rows come from."""
+    import os
+
+    import torch
+    from IPython.display import Markdown, display
+
+    from .._device import gpu_tag
+    from .._paths import data as committed
+    from .tables import output_root
+    out_root = output_root(out_root)
+    fig_dir = os.path.join(out_root, "figures", name)
+    cpu_dir = os.path.join(out_root, "data", "cpu")
+    for folder in (fig_dir, cpu_dir):
+        os.makedirs(folder, exist_ok=True)
+    live_gpu = gpu_tag("cuda") if measure_gpu and torch.cuda.is_available() else None
+    if gpus is None:
+        gpus = [t for t in os.listdir(committed())
+                if os.path.exists(committed(t, csv)) and t != "cpu"]
+    gpus = sorted(set(gpus) | ({live_gpu} if live_gpu else set()))
+    display(Markdown(
+        f"CPU rows: measured now on this machine's CPU ({torch.get_num_threads()} threads). "
+        "GPU rows: " + (", ".join(f"**{g.upper()}** " + (
+            "measured now" if g == live_gpu else f"re-rendered from the committed `data/{g}/`")
+            for g in gpus) or "none here")))
+    return out_root, fig_dir, cpu_dir, live_gpu, gpus
+
+
+def gpu_tables(gpu: str, live: bool, out_root: str, parts, names) -> list:
+    """The tables ``names`` of one GPU: measured now by ``bench.related`` (its ``parts``) into
+    ``<out_root>/data/<gpu>/`` where ``live``, else the committed ``data/<gpu>/`` ones (None for
+    a file that is not there)."""
+    import os
+
+    import pandas as pd
+
+    from ..bench import related
+    from .tables import load_measured
+    if not live:
+        return [load_measured(gpu, name) for name in names]
+    folder = os.path.join(out_root, "data", gpu)
+    related.main(["--out", folder, "--parts", *parts])
+    return [pd.read_csv(os.path.join(folder, name)) for name in names]
 
 
 def faster_verdict(ratios) -> tuple[str, float]:
@@ -114,7 +160,7 @@ def eca_claims(counts, exact: bool | None, errors=None, times=None, stages=None,
                      "int64 inputs, both stages and the transposed form, with and without "
                      "recursion: identical to torch's products"
                      if exact else "", tables=here))
-    e = _ok(errors)
+    e = ok_rows(errors)
     if e is not None and len(e[e.arithmetic == "in-dtype"]):
         d = e[e.arithmetic == "in-dtype"].pivot_table(index="dtype", columns="entry",
                                                       values="rel_error")
@@ -126,7 +172,7 @@ def eca_claims(counts, exact: bool | None, errors=None, times=None, stages=None,
             "Sec. 3.4, Tables 3-4", holds,
             "arithmetic in the dtype, ECA ÷ standard relative error: " +
             ", ".join(f"{k} {v:.2f}×" for k, v in ratios.items()), tables=(errors,)))
-    t, st = _ok(times), _ok(stages)
+    t, st = ok_rows(times), ok_rows(stages)
     if t is not None and len(t):
         w = t.pivot_table(index="N", columns="entry", values="median_s")
         best = w[[c for c in ("standard", "Vanilla") if c in w]].min(axis=1)

@@ -332,6 +332,12 @@ CLAIMS = (("claims.csv", None), ("table7_claims.csv", "Sec. 5.2, Table 7"),
           ("table8_claims.csv", "Sec. 5.2, Table 8"))
 
 
+def _verdict(df, claim: str, source: str) -> str:
+    """A claim's verdict in one machine's claims table, with the commits it was judged on."""
+    sel = df[(df.claim == claim) & (df.source == source)]
+    return f"{sel.holds.iloc[0]} ({_commits(sel)})" if len(sel) else "-"
+
+
 def claims(tags: list[str]) -> str:
     """Every claim of the paper with its verdict on the paper's own numbers and on each GPU's."""
     import pandas as pd
@@ -346,11 +352,8 @@ def claims(tags: list[str]) -> str:
     first = next(iter(frames.values()))
     rows = []
     for r in first.to_dict("records"):
-        row = [r["claim"], r["source"], r.get("on the paper's numbers", "-")]
-        for df in frames.values():
-            sel = df[(df.claim == r["claim"]) & (df.source == r["source"])]
-            row.append(f"{sel.holds.iloc[0]} ({_commits(sel)})" if len(sel) else "-")
-        rows.append(row)
+        rows.append([r["claim"], r["source"], r.get("on the paper's numbers", "-")]
+                    + [_verdict(df, r["claim"], r["source"]) for df in frames.values()])
     header = ["claim", "source", "on the paper's numbers"] + [t.upper() for t in frames]
     return _table(header, rows) + "\n\nEach GPU's verdict names the commits of the data it was " \
         "judged on; `figures/<gpu>/claims.ipynb` (Tables 7-8: `figures/<gpu>/table7.ipynb`, " \
@@ -365,19 +368,16 @@ def other_papers(tags: list[str]) -> str:
     """The other papers' claims per machine (this project's CPU rows and each GPU's), then the
     kernel paper's layer and training step beside flash-linear-attention and softmax attention."""
     import pandas as pd
+
+    from ..bench.related import MIXERS
     frames = {t: pd.concat(parts, ignore_index=True) for t in tags
               if (parts := [df for name in OTHER_CLAIMS if (df := _read(t, name)) is not None])}
     if not frames:
         return "(no eca_claims.csv yet: `make eca`, `make related`)"
     claims = list(dict.fromkeys((r.claim, r.source) for df in frames.values()
                                 for r in df.itertuples()))
-    rows = []
-    for claim, source in claims:
-        row = [claim, source]
-        for df in frames.values():
-            sel = df[(df.claim == claim) & (df.source == source)]
-            row.append(f"{sel.holds.iloc[0]} ({_commits(sel)})" if len(sel) else "-")
-        rows.append(row)
+    rows = [[claim, source] + [_verdict(df, claim, source) for df in frames.values()]
+            for claim, source in claims]
     text = _table(["claim", "source"] + [t.upper() for t in frames], rows)
     text += ("\n\n`supported`: the data show it; `inconclusive`: they straddle it, or the "
              "deciding difference is within the noise; `not shown`: they go against it. The "
@@ -395,17 +395,13 @@ def other_papers(tags: list[str]) -> str:
                 cell = g.set_index("entry")
                 layer_rows.append([t.upper(), what, int(n)] + [
                     f"{cell.median_s[e] * 1e3:.2f} ms, {cell.peak_bytes[e] / 2 ** 30:.2f} GiB"
-                    if e in cell.index else "-" for e in LAYER_ENTRIES] + [_commits(g)])
+                    if e in cell.index else "-" for e in MIXERS] + [_commits(g)])
     if layer_rows:
         text += ("\n\nThe kernel paper's normalised linear attention (1 + x) on this project's "
                  "operator, forward + backward (bf16, time-major, batch 2 × 16 heads × 128; the "
                  "step: the whole 1.4B model with fused AdamW), time and peak memory above the "
-                 "inputs:\n\n" + _table(["GPU", "what", "N", *LAYER_ENTRIES, "commit"], layer_rows))
+                 "inputs:\n\n" + _table(["GPU", "what", "N", *MIXERS, "commit"], layer_rows))
     return text
-
-
-#: the mixers of the kernel paper's rows (``bench.related.MIXERS``)
-LAYER_ENTRIES = ("leetrepro (1+x)", "fla chunk_gla", "fla chunk_linear_attn", "softmax (SDPA)")
 
 
 def page() -> str:
