@@ -31,6 +31,12 @@ from ._device import sm_count
 from ._inputs import FLOAT_DTYPES, normalize_gamma
 from .registry import GPU_DTYPES
 
+try:
+    from .kernels import decode_step as decode_kernels
+except ImportError as err:  # without Triton: a clear error when the kernel is called
+    from .methods._gpu import NoTriton
+    decode_kernels = NoTriton(err)
+
 
 def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_pool: torch.Tensor,
                 slots: torch.Tensor, *, scale: float = 1.0,
@@ -167,7 +173,7 @@ def _torch_step(B, C, V, gamma, pool, slots, scale):
 
 
 def _triton_step(B, C, V, gamma, pool, slots, scale):
-    from .methods._gpu import launch, next_pow2, same_rows, triton_kernels
+    from .methods._gpu import launch, next_pow2, same_rows, strided
 
     batch, heads, k, r = B.shape
     d = V.shape[-1]
@@ -177,14 +183,10 @@ def _triton_step(B, C, V, gamma, pool, slots, scale):
     if batch == 0 or heads == 0 or k == 0 or d == 0:
         return out.zero_()
     block_r, block_d, warps = _tiles(batch * heads, r, d, V.device)
-    launch(triton_kernels("decode_step").decode_step_kernel, (batch * heads, -(-d // block_d)),
-           dict(B=B, C=C, V=V, O=out, POOL=pool, SLOTS=slots,
-                GAMMA=gamma, K=k, R=r, D=d, H=heads,
-                SCALE=scale, BATCH=batch, NUM_SLOTS=pool.shape[0],
-                SB_B=B.stride(0), SB_H=B.stride(1), SB_T=B.stride(2),
-                SV_B=V.stride(0), SV_H=V.stride(1), SV_T=V.stride(2),
-                SO_B=out.stride(0), SO_H=out.stride(1), SO_T=out.stride(2),
-                HAS_DECAY=gamma is not None, BLOCK_R=block_r, BLOCK_D=block_d,
+    launch(decode_kernels.decode_step_kernel, (batch * heads, -(-d // block_d)),
+           dict(B=strided(B), C=(C, *B.stride()[:3]), V=strided(V), O=strided(out), POOL=pool,
+                SLOTS=slots, GAMMA=gamma, SIZE=(k, r, d, heads, batch, pool.shape[0]),
+                SCALE=scale, HAS_DECAY=gamma is not None, BLOCK_R=block_r, BLOCK_D=block_d,
                 BLOCK_S=min(256, next_pow2(batch))), num_warps=warps)
     return out
 

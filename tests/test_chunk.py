@@ -329,7 +329,7 @@ def test_chunk_in_launch_repair_refused_for_shared_memory_falls_back_to_a_repair
     real = chunk.launch
 
     def refusing(kernel, grid, arguments, key=None, **options):
-        in_launch = arguments["FLAGS"] is None and not arguments["REPAIR"]
+        in_launch = arguments["RING"][2] is None and not arguments["REPAIR"]
         launches.append("in-launch" if in_launch else "flags" if not arguments["REPAIR"] else "repair")
         if in_launch:
             raise OutOfResources(262400, 232448, "shared memory")
@@ -430,7 +430,7 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     from leetrepro.methods import _gpu, chunk
 
     events = []
-    names = _gpu.triton_kernels("chunk_scan").chunk_scan_kernel.arg_names
+    names = chunk.scan_kernels.chunk_scan_kernel.arg_names
 
     class Compiled:
         class src:
@@ -452,7 +452,7 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     class Module:
         chunk_scan_kernel = Kernel()
 
-    monkeypatch.setattr(chunk, "triton_kernels", lambda name: Module())
+    monkeypatch.setattr(chunk, "scan_kernels", Module())
     monkeypatch.setattr(_gpu, "_COMPILED", {})
     monkeypatch.setattr(_gpu, "_ORDER", {})
     monkeypatch.setattr(chunk, "launch", _gpu.launch)
@@ -569,12 +569,12 @@ def test_the_hopper_plan_keeps_a_ring_only_for_its_own_segments(monkeypatch):
     monkeypatch.setattr(chunk, "_PLANS", {})
     B, V = torch.randn(1, 2, 1000, 64), torch.randn(1, 2, 1000, 128)
     plan = lambda config: chunk.launch_plan(  # noqa: E731
-        dict(B=B, C=B, V=V, O=torch.empty_like(V), E=None, O2=None), None, s0=None,
-        cu_seqlens=None, fp32_precision=None, segment=None, config=config,
+        chunk.Operands(B=B, C=B, V=V, O=torch.empty_like(V), E=None, O2=None, S0=None,
+                       GAMMA=None, CU=None), fp32_precision=None, segment=None, config=config,
         output_final_state=False, reverse=False, kernel="auto")
     chained = plan(None)  # 2 lanes on 4 stand-in SMs: two segments a lane
     assert chained.kernel == "hopper" and chained.hopper.grid == (4,)
     assert chained.ring == 2 * 2 + 1 and chained.ws_shape == (2, 2, 64, 128)
     narrow = plan({"DC": 32})  # 8 programs, one pass
-    assert narrow.hopper.grid == (8,) and narrow.hopper.scalars["SPLIT"] is False
+    assert narrow.hopper.grid == (8,) and narrow.hopper.consts.SPLIT is False
     assert narrow.ring == 0 and narrow.ws_shape is None

@@ -20,8 +20,17 @@ subnormals. Powers of two are exact, so nothing else changes. bf16 has fp32's ra
 scaling, but takes the same path: measured on the H100 it is as fast or faster in every cell
 (NOTES.md), the second product summed outside the MMA accumulator.
 """
+import collections
+
 import triton
 import triton.language as tl
+
+#: the chunked kernels' compile-time constants, one bundle (their ``K`` parameter), fixed per
+#: call signature by the launcher: decay or 0-1 mask, packed sequences, state in and out, time
+#: reversed, the dual output, fp16's range scaling, the tiles, fp32's dot precision
+Constants = collections.namedtuple(
+    "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
+                 "HALF_RANGE", defaults=(False,) * 7)
 
 
 @triton.jit
@@ -43,27 +52,54 @@ def and_flag(ok, flag):
 
 
 @triton.jit
-def load_rows(ptr, base, phys, ok, cols, col_ok, stride):
-    """The (BLOCK_N, len(cols)) tile of rows ``phys`` of a row-major (…, N, stride) tensor; 0 outside."""
-    return tl.load(ptr + base + phys[:, None] * stride + cols[None, :],
+def columns(first, size, BLOCK: tl.constexpr):
+    """``(indices, in range)``: BLOCK columns from ``first`` of a dimension of ``size``, the
+    *columns* every loader here takes."""
+    idx = first + tl.arange(0, BLOCK)
+    return idx, idx < size
+
+
+@triton.jit
+def lane_rows(X, seq, head, bos, VARLEN: tl.constexpr):
+    """A lane's rows of a tensor given as ``X = (pointer, batch stride, head stride, row stride)``
+    (elements): ``(pointer, offset of the lane's row 0, row stride)``, the *rows* every loader
+    here takes. The lane is batch ``seq`` and head ``head``, or with ``VARLEN`` the packed batch
+    of one from row ``bos``. int64 offsets: batch 16 × 32 heads × N 100000 × 128 overflows
+    int32."""
+    ptr, s_b, s_h, s_t = X
+    if VARLEN:
+        return ptr, head * s_h + bos * s_t, s_t
+    else:
+        return ptr, seq.to(tl.int64) * s_b + head * s_h, s_t
+
+
+@triton.jit
+def load_rows(rows, phys, ok, cols):
+    """The (BLOCK_N, len(cols)) tile of rows ``phys`` (in range where ``ok``) of a lane's
+    ``rows`` (:func:`lane_rows`), columns ``cols = (indices, in range)``; 0 outside."""
+    ptr, base, stride = rows
+    idx, col_ok = cols
+    return tl.load(ptr + base + phys[:, None] * stride + idx[None, :],  # [BLOCK_N, len(cols)]
                    mask=ok[:, None] & col_ok[None, :], other=0.0)
 
 
 @triton.jit
-def store_rows(ptr, base, phys, ok, cols, col_ok, stride, x):
-    tl.store(ptr + base + phys[:, None] * stride + cols[None, :], x.to(ptr.dtype.element_ty),
+def store_rows(rows, phys, ok, cols, x):
+    """:func:`load_rows`' tile written back, converted to the tensor's dtype."""
+    ptr, base, stride = rows
+    idx, col_ok = cols
+    tl.store(ptr + base + phys[:, None] * stride + idx[None, :], x.to(ptr.dtype.element_ty),
              mask=ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
-def load_chunk(B, C, V, b_base, c_base, v_base, phys, ok, cols_r, r_ok, cols_d, d_ok, SB, SC,
-               SV, ISOLATE: tl.constexpr):
-    """One chunk's b, c, v tiles (each tensor at its lane's offset and row stride) and, with
-    ISOLATE (the repair launch), c and v with their non-finite entries zeroed and the per-row
-    0/NaN that poisons rows from a bad one on."""
-    b = load_rows(B, b_base, phys, ok, cols_r, r_ok, SB)
-    c = load_rows(C, c_base, phys, ok, cols_r, r_ok, SC)
-    v = load_rows(V, v_base, phys, ok, cols_d, d_ok, SV)
+def load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, ISOLATE: tl.constexpr):
+    """One chunk's b, c [BLOCK_N, BLOCK_R] and v [BLOCK_N, BLOCK_D] tiles (each tensor's lane
+    rows, :func:`lane_rows`) and, with ISOLATE (the repair), c and v with their non-finite
+    entries zeroed and the per-row 0/NaN that poisons rows from a bad one on."""
+    b = load_rows(b_rows, phys, ok, cols_r)
+    c = load_rows(c_rows, phys, ok, cols_r)
+    v = load_rows(v_rows, phys, ok, cols_d)
     if ISOLATE:
         c, c_bad = isolate_nonfinite(c)
         v, v_bad = isolate_nonfinite(v)
@@ -132,16 +168,22 @@ def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISI
 
 
 @triton.jit
-def segment_state(C, V, c_base, v_base, start, end, N, lg, cols_r, r_ok, cols_d, d_ok, SC, SV,
-                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr, PRECISION: tl.constexpr):
-    """Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32, BLOCK_R × BLOCK_D): the state
-    a segment adds, from zero. ``end - start`` is a multiple of BLOCK_N unless end = N."""
+def segment_state(c_rows, v_rows, start, end, N, lg, cols_r, cols_d, K: tl.constexpr):
+    """Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32 [BLOCK_R, BLOCK_D]): the state
+    a segment adds, from zero. ``end - start`` is a multiple of BLOCK_N unless end = N. ``K``:
+    the kernel's constants (``BLOCK_N``, ``BLOCK_R``, ``BLOCK_D``, ``HAS_DECAY``, ``REVERSE``,
+    ``PRECISION`` read here)."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    PRECISION: tl.constexpr = K.PRECISION
+    REVERSE: tl.constexpr = K.REVERSE
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
-        c = load_rows(C, c_base, phys, ok, cols_r, r_ok, SC)
-        v = load_rows(V, v_base, phys, ok, cols_d, d_ok, SV)
+        c = load_rows(c_rows, phys, ok, cols_r)  # [BLOCK_N, BLOCK_R]
+        v = load_rows(v_rows, phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
         w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
         local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
     return local

@@ -76,10 +76,13 @@ recomputes those lanes with the portable kernel's repair launch, as for the port
 Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
 register check by ``leetrepro.probes.regs --hopper``.
 """
+import collections
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.language.core import _aggregate as aggregate
 
 # Gluon is experimental and renames as it goes: Triton 3.6 has the TMA copies as
 # async_copy_global_to_shared / async_copy_shared_to_global, later releases (3.9) as async_load /
@@ -184,53 +187,8 @@ def _store_half(desc, buf, x, up, scale, bb, hh, row, col, BLOCK_N: gl.constexpr
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, where, ptrs, lg, scale,
-            BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
-            FLAG_COLS: gl.constexpr, STAGES: gl.constexpr, HAS_DECAY: gl.constexpr,
-            HAS_S0: gl.constexpr, STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr,
-            SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
-    b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
-    ready, empty, hbar = bars
-    cv_bytes: gl.constexpr = c_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes
-    sweep_bytes: gl.constexpr = cv_bytes + b_desc.block_type.nbytes + \
-        (2 * e_desc.block_type.nbytes if DUAL else 0)
-    first = _first_pass_chunks(steps, last, SPLIT)
-    for i in range(first + steps):
-        s = i % STAGES
-        # a fresh mbarrier counts as having completed the phase before 0: the first STAGES
-        # waits pass
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        if i < first:  # the segment's own state: C and V only
-            row, _ = _chunk(i0 + i, N, BLOCK_N, REVERSE)
-            mbarrier.expect(ready.index(s), cv_bytes)
-        else:
-            row, _ = _chunk(i0 + i - first, N, BLOCK_N, REVERSE)
-            mbarrier.expect(ready.index(s), sweep_bytes)
-            _tma_load(b_desc, [bb, hh, row, 0], ready.index(s), b_bufs.index(s))
-            if DUAL:
-                _tma_load(e_desc, [bb, hh, row, 0], ready.index(s), e_bufs.index(2 * s))
-                _tma_load(e_desc, [bb, hh, row, DH], ready.index(s), e_bufs.index(2 * s + 1))
-        _tma_load(c_desc, [bb, hh, row, 0], ready.index(s), c_bufs.index(s))
-        _tma_load(v_desc, [bb, hh, row, col0], ready.index(s), v_bufs.index(2 * s))
-        _tma_load(v_desc, [bb, hh, row, col0 + DH], ready.index(s), v_bufs.index(2 * s + 1))
-
-
-@gluon.jit
-def _first_pass_chunks(steps, last, SPLIT: gl.constexpr):
-    """Chunks of the first pass (the segment's own state) before the sweep: a segment's ``steps``
-    chunks unless it is its lane's last (whose state nobody waits for) or the lane is whole."""
-    if SPLIT:
-        return gl.where(last, 0, steps)
-    else:
-        return 0
-
-
-@gluon.jit
 def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
-                    dtype: gl.constexpr, HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr,
-                    BLOCK_N: gl.constexpr, DH: gl.constexpr):
+                    dtype: gl.constexpr, K: gl.constexpr):
     """For state ← λ^L state + cᵀ (diag(λ^(L-1-j)) v) over a chunk of L rows: (λ^L state, the A
     operand, the B operand). Done before any MMA of the chunk is issued, so that ptxas need not
     serialise them.
@@ -242,10 +200,14 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
     half is transposed in place in its ring slot (the B operand, unweighted: the masked part of O
     reads it too), and the A operand is c's tile itself, which :func:`_ct_part` loads to registers
     weighted, half the chunk's rows at a time."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DC: gl.constexpr = K.DC
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    REVERSE: gl.constexpr = K.REVERSE
     if dtype == gl.float32:
         if HAS_DECAY:
             state = state * gl.exp(length.to(gl.float32) * lg)
-        return state, c_t, _transposed_in_place(v_t, BLOCK_N, DH)
+        return state, c_t, _transposed_in_place(v_t, BLOCK_N, DC // 2)
     elif HAS_DECAY:
         _, e_out = _exponents(kr, length, REVERSE)
         w_out = gl.exp(e_out.to(gl.float32) * lg)
@@ -256,12 +218,14 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
 
 
 @gluon.jit
-def _ct_part(c_t, part, length, lg, a_l: gl.constexpr, HAS_DECAY: gl.constexpr,
-             REVERSE: gl.constexpr, BLOCK_N: gl.constexpr):
+def _ct_part(c_t, part, length, lg, a_l: gl.constexpr, K: gl.constexpr):
     """Columns [part·BLOCK_N/2, (part+1)·BLOCK_N/2) of cᵀ (rows j of the chunk), times
     λ^(L-1-j), as a tf32 A operand in registers (32 a thread: a whole chunk's would be 64)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    REVERSE: gl.constexpr = K.REVERSE
     KH: gl.constexpr = BLOCK_N // 2
-    x = c_t.slice(part * KH, KH, dim=0).permute((1, 0)).load(a_l)
+    x = c_t.slice(part * KH, KH, dim=0).permute((1, 0)).load(a_l)  # [R, BLOCK_N/2]
     if HAS_DECAY:
         j = part * KH + gl.arange(0, KH, layout=gl.SliceLayout(0, a_l))
         _, e_out = _exponents(j, length, REVERSE)
@@ -288,9 +252,7 @@ def _transposed_in_place(v_t, ROWS: gl.constexpr, COLS: gl.constexpr):
 
 
 @gluon.jit
-def _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length, lg,
-                acc_l: gl.constexpr, a_l: gl.constexpr, R: gl.constexpr, DH: gl.constexpr,
-                BLOCK_N: gl.constexpr, HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
+def _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K: gl.constexpr):
     """One chunk of a consumer with fp32 operands (tf32 wgmma): its half of O and its half of the
     state leaving the chunk. As the fp16/bf16 chunk, with what tf32 changes: the state's copy
     (the B operand of b H, K-major) goes through ``h_s`` in two halves of its rows, the second
@@ -300,6 +262,13 @@ def _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length, lg,
     first's MMA is done, so that no more than 32 of its registers are held. At r = 64 the whole
     copy is 8 KB and goes in one piece (the state's rows are then one per thread's row group:
     nothing to split)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DC: gl.constexpr = K.DC
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    R: gl.constexpr = K.R
+    DH: gl.constexpr = DC // 2
+    acc_l: gl.constexpr = _acc_layout(gl.float32, DH)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=1)
     KH: gl.constexpr = BLOCK_N // 2
     HALVES: gl.constexpr = R > 64
     RH: gl.constexpr = R // 2 if HALVES else R
@@ -317,19 +286,19 @@ def _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length, lg,
     pa = gl.convert_layout(_masked(sc, diff, lg, HAS_DECAY), a_l)
     if HALVES:
         h_s.store(h_hi)
-    state, c_t, v_op = _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l,
-                                       gl.float32, HAS_DECAY, REVERSE, BLOCK_N, DH)
+    state, c_t, v_op = _state_operands(state, c_t, v_t, None, length, lg, kr, acc_l, gl.float32,
+                                       K)
     fence_async_shared()
     if HALVES:
         o = warpgroup_mma(b_t.slice(R // 2, R // 2, dim=1), h_s.permute((1, 0)), o,
                           is_async=True)
-    state = warpgroup_mma(_ct_part(c_t, 0, length, lg, a_l, HAS_DECAY, REVERSE, BLOCK_N),
+    state = warpgroup_mma(_ct_part(c_t, 0, length, lg, a_l, K),
                           v_op.slice(0, KH), state, is_async=True)
     o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
     o = _rescaled(o, w_rows, 1.0, HAS_DECAY, False)
     o = warpgroup_mma(pa, v_op, o, is_async=True)
     state = warpgroup_mma_wait(num_outstanding=1, deps=(state,))
-    state = warpgroup_mma(_ct_part(c_t, 1, length, lg, a_l, HAS_DECAY, REVERSE, BLOCK_N),
+    state = warpgroup_mma(_ct_part(c_t, 1, length, lg, a_l, K),
                           v_op.slice(KH, KH), state, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
 
@@ -343,243 +312,488 @@ def _state_tile(R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr, acc_l: gl.co
 
 
 @gluon.jit
-def _initial_state(S0, lane, seg, col, st_tile, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
-                   acc_l: gl.constexpr, HAS_S0: gl.constexpr):
-    """The caller's initial state (this consumer's columns) for a lane's first segment, else
-    zeros."""
-    state = gl.zeros([R, DH], gl.float32, acc_l)
-    if HAS_S0:
-        if seg == 0:
-            state = gl.load(S0 + lane.to(gl.int64) * R * D + col + st_tile)
+def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr):
+    """The caller's initial state (this consumer's columns from ``col``) for a lane's first
+    segment, else zeros."""
+    D: gl.constexpr = K.D
+    DC: gl.constexpr = K.DC
+    R: gl.constexpr = K.R
+    state = gl.zeros([R, DC // 2], gl.float32, acc_l)
+    if K.HAS_S0:
+        if prog.seg == 0:
+            state = gl.load(S0 + prog.lane.to(gl.int64) * R * D + col + st_tile)
+    return state
+
+
+#: the kernel's compile-time constants (``K``), one bundle: the tiles (rows a chunk, head
+#: dimensions, the value columns a program holds, the repair launch's columns a lane, the ring's
+#: slots) and the call's flags
+Constants = collections.namedtuple(
+    "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
+                 "REVERSE DUAL")
+
+
+@gluon.constexpr_function
+def _field(x):
+    """An aggregate's field: a tensor or descriptor as it is, anything else (None where the
+    call has no such operand, a value Triton specialised) as a constant."""
+    return x if isinstance(x, gl.base_value) else gl.constexpr(x)
+
+
+@aggregate
+class Program:
+    """Where a program works: batch ``bb`` and head ``hh`` of its lane, the lane (batch·head) and
+    unit (lane and block of DC value columns, from column ``col0``), the segment ``seg``: chunks
+    ``i0 .. i0+steps-1`` of the lane's sweep, ``n`` rows, ``last`` of its lane; the lane's N and
+    log λ (``lg``, 0.0 for the 0-1 mask)."""
+    bb: gl.base_value
+    hh: gl.base_value
+    N: gl.base_value
+    i0: gl.base_value
+    steps: gl.base_value
+    n: gl.base_value
+    lane: gl.base_value
+    seg: gl.base_value
+    last: gl.base_value
+    unit: gl.base_value
+    col0: gl.base_value
+    lg: gl.base_value
+
+    @gluon.constexpr_function
+    def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg):
+        self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
+        self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
+        self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
+
+    @gluon.jit
+    def chunk(self, i, K: gl.constexpr):
+        """The segment's i-th chunk: (its tile's first physical row, the rows it holds)."""
+        return _chunk(self.i0 + i, self.N, K.BLOCK_N, K.REVERSE)
+
+    @gluon.jit
+    def first_pass(self, K: gl.constexpr):
+        """Chunks of the first pass (the segment's own state) before the sweep: the segment's
+        ``steps`` unless it is its lane's last (whose state nobody waits for) or the lane is
+        whole."""
+        SPLIT: gl.constexpr = K.SPLIT
+        if SPLIT:
+            return gl.where(self.last, 0, self.steps)
+        else:
+            return 0
+
+
+@aggregate
+class Ring:
+    """The ring of ``STAGES`` shared-memory slots the loader fills and the consumers empty: a
+    slot's B and C tiles, V's two halves (one a consumer), with the dual output E's two halves,
+    and the slot's *ready* (the loader's TMA landed) and *empty* (both consumers are done)
+    mbarriers. Chunk i of a program's stream takes slot i % STAGES; a barrier's phase flips
+    each round of the ring, so the i-th wait on a slot waits for phase (i // STAGES) & 1."""
+    b: gl.shared_memory_descriptor
+    c: gl.shared_memory_descriptor
+    v: gl.shared_memory_descriptor
+    e: gl.base_value
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+    STAGES: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, b, c, v, e, ready, empty, STAGES):
+        self.b, self.c, self.v, self.e = b, c, v, _field(e)
+        self.ready, self.empty, self.STAGES = ready, empty, gl.constexpr(STAGES)
+
+    @gluon.jit
+    def producer_wait(self, i):
+        """The loader: wait until chunk i's slot is empty (a fresh mbarrier counts as having
+        completed the phase before 0, so the first round passes), and return the slot."""
+        s = i % self.STAGES
+        mbarrier.wait(self.empty.index(s), ((i // self.STAGES) & 1) ^ 1)
+        return s
+
+    @gluon.jit
+    def consumer_wait(self, i):
+        """A consumer: wait until chunk i's tiles have landed, and return the slot."""
+        s = i % self.STAGES
+        mbarrier.wait(self.ready.index(s), (i // self.STAGES) & 1)
+        return s
+
+    @gluon.jit
+    def release(self, s):
+        """A consumer is done with slot s (the loader refills it once both are)."""
+        mbarrier.arrive(self.empty.index(s), count=1)
+
+
+@aggregate
+class Operands:
+    """The kernel's global operands: TMA descriptors of B, C, V, O (and with ``DUAL`` E, O2,
+    else None), the initial and final states S0, SN (float32 (lanes, R, D), or None), the repair
+    launch's lane flags, the ring of published states WS and its flags and ticket SYNC (None
+    without segments), and the scale of the outputs."""
+    b: gl.base_value
+    c: gl.base_value
+    v: gl.base_value
+    o: gl.base_value
+    e: gl.base_value
+    o2: gl.base_value
+    S0: gl.base_value
+    SN: gl.base_value
+    FLAGS: gl.base_value
+    WS: gl.base_value
+    SYNC: gl.base_value
+    scale: gl.base_value
+
+    @gluon.constexpr_function
+    def __init__(self, b, c, v, o, e, o2, S0, SN, FLAGS, WS, SYNC, scale):
+        self.b, self.c, self.v, self.o, self.e, self.o2 = b, c, v, o, _field(e), _field(o2)
+        self.S0, self.SN, self.FLAGS = _field(S0), _field(SN), _field(FLAGS)
+        self.WS, self.SYNC, self.scale = _field(WS), _field(SYNC), _field(scale)
+
+
+@aggregate
+class Staging:
+    """A consumer's shared memory besides the ring, both consumers' side by side: the state's
+    copies (the B operand of b·H; fp32: two halves, K-major), O's staging (fp32: in the ring's V
+    tiles, None here), the weighted v (fp16/bf16 with the decay), and with ``DUAL`` the copies'
+    barriers (0: both written, 1: both read) and, in fp16, their scales (None where unused)."""
+    h: gl.shared_memory_descriptor
+    o: gl.base_value
+    vw: gl.base_value
+    hbar: gl.base_value
+    hs_up: gl.base_value
+
+    @gluon.constexpr_function
+    def __init__(self, h, o, vw, hbar, hs_up):
+        self.h, self.o, self.vw = h, _field(o), _field(vw)
+        self.hbar, self.hs_up = _field(hbar), _field(hs_up)
+
+
+@gluon.jit
+def _loader(prog, ring, ops, K: gl.constexpr):
+    """The loader partition: a segment's first pass (C and V only), then its sweep (B, C, V,
+    and E with the dual output), chunk by chunk into the ring."""
+    DC: gl.constexpr = K.DC
+    DUAL: gl.constexpr = K.DUAL
+    DH: gl.constexpr = DC // 2
+    cv_bytes: gl.constexpr = ops.c.block_type.nbytes + 2 * ops.v.block_type.nbytes
+    sweep_bytes: gl.constexpr = cv_bytes + ops.b.block_type.nbytes + \
+        (2 * ops.e.block_type.nbytes if DUAL else 0)
+    first = prog.first_pass(K)
+    for i in range(first + prog.steps):
+        s = ring.producer_wait(i)
+        if i < first:  # the segment's own state: C and V only
+            row, _ = prog.chunk(i, K)
+            mbarrier.expect(ring.ready.index(s), cv_bytes)
+        else:
+            row, _ = prog.chunk(i - first, K)
+            mbarrier.expect(ring.ready.index(s), sweep_bytes)
+            _tma_load(ops.b, [prog.bb, prog.hh, row, 0], ring.ready.index(s), ring.b.index(s))
+            if DUAL:
+                _tma_load(ops.e, [prog.bb, prog.hh, row, 0], ring.ready.index(s),
+                          ring.e.index(2 * s))
+                _tma_load(ops.e, [prog.bb, prog.hh, row, DH], ring.ready.index(s),
+                          ring.e.index(2 * s + 1))
+        _tma_load(ops.c, [prog.bb, prog.hh, row, 0], ring.ready.index(s), ring.c.index(s))
+        _tma_load(ops.v, [prog.bb, prog.hh, row, prog.col0], ring.ready.index(s),
+                  ring.v.index(2 * s))
+        _tma_load(ops.v, [prog.bb, prog.hh, row, prog.col0 + DH], ring.ready.index(s),
+                  ring.v.index(2 * s + 1))
+
+
+@gluon.jit
+def _consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Consumer warp group H_IDX: columns [H_IDX·DH, (H_IDX+1)·DH) of its unit's state, through
+    the segment's first pass and the entering state (:func:`_entering_state`), the sweep
+    (:func:`_sweep`), then the lane's repair flag and final state."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    D: gl.constexpr = K.D
+    DC: gl.constexpr = K.DC
+    FLAG_COLS: gl.constexpr = K.FLAG_COLS
+    R: gl.constexpr = K.R
+    STORE_SN: gl.constexpr = K.STORE_SN
+    DH: gl.constexpr = DC // 2
+    acc_l: gl.constexpr = _acc_layout(ops.b.dtype, DH)
+    kr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    # this consumer's columns of a (R, D) state: from element ``col`` of a row, offsets within
+    # (the column added to scalar pointers: offsets that depend on nothing but the thread are
+    # made again where they are used, not held through the sweep)
+    col = prog.col0 + H_IDX * DH
+    state = _entering_state(prog, ring, ops, st, kr, col, K, H_IDX)
+    state = _sweep(state, prog, ring, ops, st, kr, K, H_IDX)
+    tma.store_wait(pendings=0)
+
+    # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
+    bad = (state * 0.0) != 0.0
+    # (the repair launch's lanes are the portable kernel's: FLAG_COLS value columns each)
+    flag = ops.FLAGS + prog.lane * (D // FLAG_COLS) + col // FLAG_COLS
+    gl.store(flag + gl.zeros([R, DH], gl.int32, acc_l), 1, mask=bad)
+    if STORE_SN:
+        if prog.last:  # (the offsets made again: kept through the sweep they would take registers)
+            gl.store(ops.SN + prog.lane.to(gl.int64) * R * D + col +
+                     _state_tile(R, D, DH, acc_l), state)
+
+
+@gluon.constexpr_function
+def _acc_layout(dtype, DH):
+    """The wgmma accumulator layout every consumer tile shares: S and O (BLOCK_N × DH), the
+    state (R × DH) (tf32 for fp32 operands: K = 8 an instruction)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, DH, 8 if dtype == gl.float32 else 16])
+
+
+@gluon.jit
+def _entering_state(prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Steps 1-3 of the module docstring for this consumer's columns: with segments, the
+    segment's own state from its C and V (the first pass, none for a lane's last segment), the
+    state entering it from the previous segment's ring slot, and the one leaving it published;
+    without, the caller's initial state (zeros without one)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    D: gl.constexpr = K.D
+    DC: gl.constexpr = K.DC
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    R: gl.constexpr = K.R
+    SPLIT: gl.constexpr = K.SPLIT
+    DH: gl.constexpr = DC // 2
+    dtype: gl.constexpr = ops.b.dtype
+    acc_l: gl.constexpr = _acc_layout(dtype, DH)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l,
+                                            k_width=1 if dtype == gl.float32 else 2)
+    st_tile = _state_tile(R, D, DH, acc_l)  # [R, DH]
+    if SPLIT:
+        # 1. the segment's own state from its C and V (none for a lane's last segment)
+        local = gl.zeros([R, DH], gl.float32, acc_l)
+        for i in range(prog.first_pass(K)):
+            s = ring.consumer_wait(i)
+            _, length = prog.chunk(i, K)
+            if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
+                local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
+                                                    _tile(ring.v, 2 * s + H_IDX), None, length,
+                                                    prog.lg, kr, acc_l, dtype, K)
+            else:
+                local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
+                                                    _tile(ring.v, 2 * s + H_IDX),
+                                                    st.vw.index(H_IDX), length, prog.lg, kr,
+                                                    acc_l, dtype, K)
+            fence_async_shared()
+            if dtype == gl.float32:
+                for part in gl.static_range(2):
+                    local = warpgroup_mma(_ct_part(c_op, part, length, prog.lg, a_l, K),
+                                          v_op.slice(part * (BLOCK_N // 2), BLOCK_N // 2),
+                                          local)
+            else:
+                local = warpgroup_mma(c_op, v_op, local)
+            ring.release(s)
+        # 2. the state entering the segment (loaded only now: the first pass holds one state),
+        # published by the previous segment's program (each half of the state has its own
+        # flag: the consumers never wait on each other)
+        state = _initial_state(ops.S0, prog, col, st_tile, acc_l, K)
+        flag_ptr = ops.SYNC + 2 * prog.unit + H_IDX
+        # the lane's two slots (scalar pointer: a tile of 64-bit pointers kept alive would take
+        # 128 registers)
+        ring_ptr = ops.WS + prog.lane.to(gl.int64) * 2 * R * D + col
+        if prog.seg > 0:
+            # the flag reads seg once the previous segment has published; the unit's last
+            # segment swaps it back to zero as it reads it (every earlier segment is past its own
+            # wait then), so the launch leaves its flags zero
+            after = prog.seg - prog.seg * prog.last.to(gl.int32)
+            flag = gl.atomic_cas(flag_ptr, prog.seg, after, sem="acquire")
+            while flag != prog.seg:
+                flag = gl.atomic_cas(flag_ptr, prog.seg, after, sem="acquire")
+            # .cg: from L2, never a stale L1 line of an earlier use of the ring slot
+            state = gl.load(ring_ptr + ((prog.seg - 1) % 2) * R * D + st_tile,
+                            cache_modifier=".cg")
+        # 3. publish the state leaving it, P_k = λ^len P_(k-1) + S_k, then raise flag k+1
+        if not prog.last:
+            if HAS_DECAY:
+                local += state * gl.exp(prog.n.to(gl.float32) * prog.lg)
+            else:
+                local += state
+            gl.store(ring_ptr + (prog.seg % 2) * R * D + st_tile, local)
+            _barrier()  # every thread's part is written before the flag rises
+            gl.atomic_xchg(flag_ptr, prog.seg + 1, sem="release")
+    else:
+        state = _initial_state(ops.S0, prog, col, st_tile, acc_l, K)
     return state
 
 
 @gluon.jit
-def _consumer(descs, bufs, bars, where, ptrs, lg, scale,
-              BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr, DH: gl.constexpr,
-              FLAG_COLS: gl.constexpr, STAGES: gl.constexpr, HAS_DECAY: gl.constexpr,
-              HAS_S0: gl.constexpr, STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr,
-              SPLIT: gl.constexpr, REVERSE: gl.constexpr, DUAL: gl.constexpr, H_IDX: gl.constexpr):
-    bb, hh, N, i0, steps, n, lane, seg, last, unit, col0 = where
-    S0, SN, FLAGS, WS, SYNC = ptrs
-    b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc = descs
-    b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up = bufs
-    ready, empty, hbar = bars
-    dtype: gl.constexpr = b_desc.dtype
-    # one wgmma layout serves every accumulator: S and O (BLOCK_N × DH), the state (R × DH)
-    # (tf32 for fp32 operands: K = 8 an instruction, one element per register of the A operand)
-    TF32: gl.constexpr = dtype == gl.float32
-    K_INSTR: gl.constexpr = 8 if TF32 else 16
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, DH, K_INSTR])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=K_INSTR // 8)
-    rows_l: gl.constexpr = gl.SliceLayout(1, acc_l)
-    cols_l: gl.constexpr = gl.SliceLayout(0, acc_l)
-    h_s = h_bufs.index(H_IDX)
-    vw_s = vw_bufs.index(H_IDX)
-    kr = gl.arange(0, BLOCK_N, layout=rows_l)
-
-    # this consumer's columns of a (R, D) state: from element ``col`` of a row, offsets within
-    # (the column added to scalar pointers: offsets that depend on nothing but the thread are
-    # made again where they are used, not held through the sweep)
-    col = col0 + H_IDX * DH
-    st_tile = _state_tile(R, D, DH, acc_l)
-    first = _first_pass_chunks(steps, last, SPLIT)
-    if SPLIT:
-        # 1. the segment's own state from its C and V (none for a lane's last segment)
-        local = gl.zeros([R, DH], gl.float32, acc_l)
-        for i in range(first):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            _, length = _chunk(i0 + i, N, BLOCK_N, REVERSE)
-            local, c_op, v_op = _state_operands(local, _tile(c_bufs, s),
-                                                _tile(v_bufs, 2 * s + H_IDX), vw_s, length, lg,
-                                                kr, acc_l, dtype, HAS_DECAY, REVERSE, BLOCK_N, DH)
-            fence_async_shared()
-            if TF32:
-                for part in gl.static_range(2):
-                    local = warpgroup_mma(_ct_part(c_op, part, length, lg, a_l, HAS_DECAY,
-                                                   REVERSE, BLOCK_N),
-                                          v_op.slice(part * (BLOCK_N // 2), BLOCK_N // 2), local)
-            else:
-                local = warpgroup_mma(c_op, v_op, local)
-            mbarrier.arrive(empty.index(s), count=1)
-        # 2. the state entering the segment (loaded only now: the first pass holds one state),
-        # published by the previous segment's program (each half of the state has its own
-        # flag: the consumers never wait on each other)
-        state = _initial_state(S0, lane, seg, col, st_tile, R, D, DH, acc_l, HAS_S0)
-        flag_ptr = SYNC + 2 * unit + H_IDX
-        ring = WS + lane.to(gl.int64) * 2 * R * D + col  # the lane's two slots (scalar pointer:
-        # a tile of 64-bit pointers kept alive would take 128 registers)
-        if seg > 0:
-            # the flag reads seg once the previous segment has published; the unit's last
-            # segment swaps it back to zero as it reads it (every earlier segment is past its own
-            # wait then), so the launch leaves its flags zero
-            after = seg - seg * last.to(gl.int32)
-            flag = gl.atomic_cas(flag_ptr, seg, after, sem="acquire")
-            while flag != seg:
-                flag = gl.atomic_cas(flag_ptr, seg, after, sem="acquire")
-            # .cg: from L2, never a stale L1 line of an earlier use of the ring slot
-            state = gl.load(ring + ((seg - 1) % 2) * R * D + st_tile, cache_modifier=".cg")
-        # 3. publish the state leaving it, P_k = λ^len P_(k-1) + S_k, then raise flag k+1
-        if not last:
-            if HAS_DECAY:
-                local += state * gl.exp(n.to(gl.float32) * lg)
-            else:
-                local += state
-            gl.store(ring + (seg % 2) * R * D + st_tile, local)
-            _barrier()  # every thread's part is written before the flag rises
-            gl.atomic_xchg(flag_ptr, seg + 1, sem="release")
-    else:
-        state = _initial_state(S0, lane, seg, col, st_tile, R, D, DH, acc_l, HAS_S0)
-
-    ri = gl.arange(0, BLOCK_N, layout=rows_l)
-    cj = gl.arange(0, BLOCK_N, layout=cols_l)
+def _sweep(state, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Step 4: the segment's chunks, O's columns of this consumer (and with ``DUAL`` O2's) stored
+    as they come, the state carried on; returns the state leaving the segment."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DC: gl.constexpr = K.DC
+    DUAL: gl.constexpr = K.DUAL
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    REVERSE: gl.constexpr = K.REVERSE
+    DH: gl.constexpr = DC // 2
+    acc_l: gl.constexpr = _acc_layout(ops.b.dtype, DH)
+    ri = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    cj = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_l))
     # the chunk's own mask λ^(i-j) for logical rows i ≥ j: tile rows ri ≥ cj, or ri ≤ cj in reverse
     if REVERSE:
-        diff = cj[None, :] - ri[:, None]
+        diff = cj[None, :] - ri[:, None]  # [BLOCK_N, BLOCK_N]
     else:
         diff = ri[:, None] - cj[None, :]
     w_in = 1.0  # the rows' powers onto the entering state, forward (:func:`_row_weights`)
     if HAS_DECAY:
         if not REVERSE:  # the same powers for every chunk (in reverse they follow its length)
             e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
-            w_in = gl.exp(e_in.to(gl.float32) * lg)
-
-    for j in range(steps):
-        i = first + j  # the ring's chunk counter runs on from the first pass
-        row, length = _chunk(i0 + j, N, BLOCK_N, REVERSE)
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        b_t = _tile(b_bufs, s)
-        c_t = _tile(c_bufs, s)
-        v_t = _tile(v_bufs, 2 * s + H_IDX)
-
-        # the state entering the chunk as an operand in shared memory, then the state's own
-        # decay: every register the MMAs below write is settled before the first is issued, so
-        # ptxas need not serialise them
-        h_down, h_up = _half_scale(state, HALF_RANGE)
-        if DUAL:  # the other consumer has read this copy (and its scale) of the chunk before
-            mbarrier.wait(hbar.index(1), (j & 1) ^ 1)
-            if HALF_RANGE:
-                hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, rows_l) + h_up)
-        if TF32:
-            w_rows = _row_weights(w_in, ri, length, lg, HAS_DECAY, REVERSE)
-            o, state = _tf32_chunk(b_t, c_t, v_t, h_s, vw_s, state, diff, kr, w_rows, length,
-                                   lg, acc_l, a_l, R, DH, BLOCK_N, HAS_DECAY, REVERSE)
-            p_up = 1.0
-        else:
-            h_s.store((state * h_down).to(dtype))
-            state, c_op, v_op = _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l,
-                                                dtype, HAS_DECAY, REVERSE, BLOCK_N, DH)
-            fence_async_shared()
-            if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
-                mbarrier.arrive(hbar.index(0), count=1)
-            sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
-                               gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
-                               is_async=True)
-            o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
-                              use_acc=False, is_async=True)
-            state = warpgroup_mma(c_op, v_op, state, is_async=True)
-
-            sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-            # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
-            # registers that keeping it would take from the state's group
-            p = _masked(sc, diff, lg, HAS_DECAY)
-            p_down, p_up = _half_scale(p, HALF_RANGE)
-            o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
-            w_rows = _row_weights(w_in, ri, length, lg, HAS_DECAY, REVERSE)
-            o = _rescaled(o, w_rows, h_up / p_up, HAS_DECAY, HALF_RANGE)
-            pa = gl.convert_layout((p * p_down).to(dtype), a_l)
-            o = warpgroup_mma(pa, v_t, o, is_async=True)
-            o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-        if not DUAL and not TF32:
-            mbarrier.arrive(empty.index(s), count=1)
-
-        if TF32:
-            # O's half staged in the slot's own V tile, which the MMAs are done with; the slot is
-            # released once the store has read it
-            o_s = v_bufs.index(2 * s + H_IDX)
-        elif DUAL:
-            # O's half of the chunk: one staging buffer (O2 takes the second); the store of the
-            # last chunk's O has left it, its O2 may still be in flight
-            o_s = o_bufs.index(H_IDX)
-        else:
-            # O's half of the chunk through two staging buffers: the store of two chunks ago has
-            # left this one before it is rewritten, the last chunk's may still be in flight
-            o_s = o_bufs.index(2 * H_IDX + j % 2)
-        _store_half(o_desc, o_s, o, p_up, scale, bb, hh, row, col0 + H_IDX * DH, BLOCK_N, DH, dtype)
-        if TF32:
+            w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
+    first = prog.first_pass(K)
+    for j in range(prog.steps):
+        s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
+        row, length = prog.chunk(j, K)
+        o, state, p_up, h_up, w_rows = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
+                                                   length, prog.lg, K, H_IDX, j)
+        o_s = _staging_of(ring, st, s, j, K, H_IDX)
+        _store_half(ops.o, o_s, o, p_up, ops.scale, prog.bb, prog.hh, row,
+                    prog.col0 + H_IDX * DH, BLOCK_N, DH, ops.b.dtype)
+        if ops.b.dtype == gl.float32:  # the slot is released once the store has read it
             tma.store_wait(pendings=0)
-            mbarrier.arrive(empty.index(s), count=1)
-
+            ring.release(s)
         if DUAL:
-            # O2's columns H_IDX·DH.. = the state's rows there: e times both consumers' copies
-            # (this one's first: the other's may not be written yet), then (E vᵀ ⊙ M) c[:, h]
-            s2 = warpgroup_mma(_tile(e_bufs, 2 * s), _tile(v_bufs, 2 * s).permute((1, 0)),
-                               gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
-                               is_async=True)
-            s2 = warpgroup_mma(_tile(e_bufs, 2 * s + 1), _tile(v_bufs, 2 * s + 1).permute((1, 0)),
-                               s2, is_async=True)
-            o2 = warpgroup_mma(_tile(e_bufs, 2 * s + H_IDX),
-                               h_s.slice(H_IDX * DH, DH).permute((1, 0)),
-                               gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
-                               is_async=True)
-            mbarrier.wait(hbar.index(0), j & 1)  # the other consumer's copy is written
-            if HALF_RANGE:  # the copies have their own scales: O2 in units of the other's
-                o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
-                other_up = gl.max(hs_up.index(1 - H_IDX).load(rows_l), axis=0)
-                o2 = o2 * (h_up / other_up)
-            else:
-                other_up = 1.0
-            o2 = warpgroup_mma(_tile(e_bufs, 2 * s + 1 - H_IDX),
-                               h_bufs.index(1 - H_IDX).slice(H_IDX * DH, DH).permute((1, 0)), o2,
-                               is_async=True)
-            s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
-            p2 = _masked(s2, diff, lg, HAS_DECAY)
-            p2_down, p2_up = _half_scale(p2, HALF_RANGE)
-            o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
-            mbarrier.arrive(hbar.index(1), count=1)  # both copies read
-            o2 = _rescaled(o2, w_rows, other_up / p2_up, HAS_DECAY, HALF_RANGE)
-            pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
-            o2 = warpgroup_mma(pa2, c_t.slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
-            o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
-            mbarrier.arrive(empty.index(s), count=1)
-            _store_half(o2_desc, o_bufs.index(2 + H_IDX), o2, p2_up, scale, bb, hh, row,
-                        H_IDX * DH, BLOCK_N, DH, dtype)
-    tma.store_wait(pendings=0)
-
-    # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
-    bad = (state * 0.0) != 0.0
-    # (the repair launch's lanes are the portable kernel's: FLAG_COLS value columns each)
-    flag = FLAGS + lane * (D // FLAG_COLS) + col // FLAG_COLS
-    gl.store(flag + gl.zeros([R, DH], gl.int32, acc_l), 1, mask=bad)
-    if STORE_SN:
-        if last:  # (the offsets made again: kept through the sweep they would take registers)
-            gl.store(SN + lane.to(gl.int64) * R * D + col + _state_tile(R, D, DH, acc_l), state)
+            _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j)
+    return state
 
 
 @gluon.jit
-def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
-                        GAMMA, N, H, LANES, SEG, scale,
-                        BLOCK_N: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
-                        DC: gl.constexpr, FLAG_COLS: gl.constexpr,
-                        STAGES: gl.constexpr, HAS_DECAY: gl.constexpr, HAS_S0: gl.constexpr,
-                        STORE_SN: gl.constexpr, HALF_RANGE: gl.constexpr, SPLIT: gl.constexpr,
-                        REVERSE: gl.constexpr, DUAL: gl.constexpr):
-    """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
-    (the units of a lane next to each other in launch order, so that they run together and read
-    B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
-    taken in ticket order; 4 warps launched (the loader), the two consumer warp groups added by
-    ``warp_specialize``, each holding R × DC/2 of the state. Descriptors over
-    (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, DC/2).
-    S0, SN: float32 (lanes, R, D); WS: float32 (lanes, 2, R, D), the ring of published states
-    (each unit its own columns); SYNC: int32, two flags per unit (one per consumer) and the
-    ticket counter; FLAGS: the repair launch's lanes, FLAG_COLS value columns each; GAMMA:
-    float64 (H,). ``DUAL``: E blocks (1, 1, BLOCK_N, D/2) and O2 blocks (1, 1, BLOCK_N, R/2)
-    (R = D = DC), else both None."""
+def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
+                H_IDX: gl.constexpr, j):
+    """Chunk j (ring slot s) of this consumer: (its half of O, its half of the state leaving the
+    chunk, O's fp16 scale, the state copy's scale, the rows' powers onto the entering state).
+    ``w_in = (forward powers, rows)`` (:func:`_row_weights`)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DC: gl.constexpr = K.DC
+    DUAL: gl.constexpr = K.DUAL
+    HALF_RANGE: gl.constexpr = K.HALF_RANGE
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    R: gl.constexpr = K.R
+    REVERSE: gl.constexpr = K.REVERSE
     DH: gl.constexpr = DC // 2
-    dtype: gl.constexpr = b_desc.dtype
+    dtype: gl.constexpr = ring.b.dtype
+    acc_l: gl.constexpr = _acc_layout(dtype, DH)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l,
+                                            k_width=1 if dtype == gl.float32 else 2)
+    b_t = _tile(ring.b, s)  # [BLOCK_N, R]
+    c_t = _tile(ring.c, s)  # [BLOCK_N, R]
+    v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
+    h_s = st.h.index(H_IDX)
+    # the state entering the chunk as an operand in shared memory, then the state's own
+    # decay: every register the MMAs below write is settled before the first is issued, so
+    # ptxas need not serialise them
+    h_down, h_up = _half_scale(state, HALF_RANGE)
+    if DUAL:  # the other consumer has read this copy (and its scale) of the chunk before
+        mbarrier.wait(st.hbar.index(1), (j & 1) ^ 1)
+        if HALF_RANGE:
+            st.hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, gl.SliceLayout(1, acc_l)) +
+                                        h_up)
+    if dtype == gl.float32:
+        w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
+        o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K)
+        p_up = 1.0
+    else:
+        h_s.store((state * h_down).to(dtype))
+        state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(H_IDX), length, lg, kr,
+                                            acc_l, dtype, K)
+        fence_async_shared()
+        if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
+            mbarrier.arrive(st.hbar.index(0), count=1)
+        sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
+                           gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                           is_async=True)  # [BLOCK_N, BLOCK_N]
+        o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
+                          use_acc=False, is_async=True)  # [BLOCK_N, DH]
+        state = warpgroup_mma(c_op, v_op, state, is_async=True)  # [R, DH]
+
+        sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+        # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
+        # registers that keeping it would take from the state's group
+        p = _masked(sc, diff, lg, HAS_DECAY)
+        p_down, p_up = _half_scale(p, HALF_RANGE)
+        o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
+        w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
+        o = _rescaled(o, w_rows, h_up / p_up, HAS_DECAY, HALF_RANGE)
+        pa = gl.convert_layout((p * p_down).to(dtype), a_l)
+        o = warpgroup_mma(pa, v_t, o, is_async=True)
+        o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+    if not DUAL and dtype != gl.float32:
+        ring.release(s)
+    return o, state, p_up, h_up, w_rows
+
+
+@gluon.jit
+def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Where chunk j's half of O is staged for its TMA store."""
+    DUAL: gl.constexpr = K.DUAL
+    if ring.b.dtype == gl.float32:
+        # in the slot's own V tile, which the MMAs are done with
+        return ring.v.index(2 * s + H_IDX)
+    elif DUAL:
+        # one staging buffer (O2 takes the second); the store of the last chunk's O has left
+        # it, its O2 may still be in flight
+        return st.o.index(H_IDX)
+    else:
+        # two staging buffers: the store of two chunks ago has left this one before it is
+        # rewritten, the last chunk's may still be in flight
+        return st.o.index(2 * H_IDX + j % 2)
+
+
+@gluon.jit
+def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
+               H_IDX: gl.constexpr, j):
+    """O2's columns H_IDX·DH.. of chunk j (ring slot s) = the state's rows there: e times both
+    consumers' copies (this one's first: the other's may not be written yet), then
+    (E vᵀ ⊙ M) c[:, h]; the slot released, the columns stored."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DC: gl.constexpr = K.DC
+    HALF_RANGE: gl.constexpr = K.HALF_RANGE
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    DH: gl.constexpr = DC // 2
+    dtype: gl.constexpr = ring.b.dtype
+    acc_l: gl.constexpr = _acc_layout(dtype, DH)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    s2 = warpgroup_mma(_tile(ring.e, 2 * s), _tile(ring.v, 2 * s).permute((1, 0)),
+                       gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                       is_async=True)  # [BLOCK_N, BLOCK_N]
+    s2 = warpgroup_mma(_tile(ring.e, 2 * s + 1), _tile(ring.v, 2 * s + 1).permute((1, 0)), s2,
+                       is_async=True)
+    o2 = warpgroup_mma(_tile(ring.e, 2 * s + H_IDX),
+                       st.h.index(H_IDX).slice(H_IDX * DH, DH).permute((1, 0)),
+                       gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
+                       is_async=True)  # [BLOCK_N, DH]
+    mbarrier.wait(st.hbar.index(0), j & 1)  # the other consumer's copy is written
+    if HALF_RANGE:  # the copies have their own scales: O2 in units of the other's
+        o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+        other_up = gl.max(st.hs_up.index(1 - H_IDX).load(gl.SliceLayout(1, acc_l)), axis=0)
+        o2 = o2 * (h_up / other_up)
+    else:
+        other_up = 1.0
+    o2 = warpgroup_mma(_tile(ring.e, 2 * s + 1 - H_IDX),
+                       st.h.index(1 - H_IDX).slice(H_IDX * DH, DH).permute((1, 0)), o2,
+                       is_async=True)
+    s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
+    p2 = _masked(s2, diff, prog.lg, HAS_DECAY)
+    p2_down, p2_up = _half_scale(p2, HALF_RANGE)
+    o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+    mbarrier.arrive(st.hbar.index(1), count=1)  # both copies read
+    o2 = _rescaled(o2, w_rows, other_up / p2_up, HAS_DECAY, HALF_RANGE)
+    pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
+    o2 = warpgroup_mma(pa2, _tile(ring.c, s).slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
+    o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+    ring.release(s)
+    _store_half(ops.o2, st.o.index(2 + H_IDX), o2, p2_up, ops.scale, prog.bb, prog.hh, row,
+                H_IDX * DH, BLOCK_N, DH, dtype)
+
+
+@gluon.jit
+def _program(N, H, LANES, SEG, SYNC, GAMMA, K: gl.constexpr):
+    """This program's :class:`Program`: its unit, or with ``SPLIT`` its unit and segment taken in
+    ticket order."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    D: gl.constexpr = K.D
+    DC: gl.constexpr = K.DC
+    HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    REVERSE: gl.constexpr = K.REVERSE
+    SPLIT: gl.constexpr = K.SPLIT
     units = LANES * (D // DC)
     if SPLIT:
         t = gl.atomic_add(SYNC + 2 * units, 1)  # ticket, in the order programs actually start
@@ -608,24 +822,37 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
         n = gl.minimum(N, (chunks - i0) * BLOCK_N) - (chunks - i0 - steps) * BLOCK_N
     else:
         n = gl.minimum(N, (i0 + steps) * BLOCK_N) - i0 * BLOCK_N
-    bb = lane // H
     hh = lane % H
     if HAS_DECAY:
         lg = gl.log(gl.load(GAMMA + hh)).to(gl.float32)  # float64 λ in, log taken in float64
     else:
         lg = 0.0
+    return Program(lane // H, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg)
 
+
+@gluon.jit
+def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
+    """The shared memory: the :class:`Ring` and the consumers' :class:`Staging`."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DC: gl.constexpr = K.DC
+    DUAL: gl.constexpr = K.DUAL
+    HALF_RANGE: gl.constexpr = K.HALF_RANGE
+    R: gl.constexpr = K.R
+    STAGES: gl.constexpr = K.STAGES
+    DH: gl.constexpr = DC // 2
+    dtype: gl.constexpr = b_desc.dtype
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [STAGES] + c_desc.block_type.shape, c_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + v_desc.block_type.shape, v_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + v_desc.block_type.shape,
+                                       v_desc.layout)
     if dtype == gl.float32:
         # the state's copies in halves, K-major (DH × R/2 each); O staged in the ring's V tiles;
         # the weighted v is not needed (the weights go on cᵀ in registers)
         RH: gl.constexpr = R // 2 if R > 64 else R  # (:func:`_tf32_chunk`)
         h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([DH, RH], dtype)
         h_bufs = gl.allocate_shared_memory(dtype, [2, DH, RH], h_layout)
-        o_bufs = v_bufs
-        vw_bufs = h_bufs
+        o_bufs = None
+        vw_bufs = None
     else:
         h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, DH], dtype)
         h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
@@ -637,6 +864,9 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumers release a slot
+    e_bufs = None
+    hbar = None
+    hs_up = None
     if DUAL:
         e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
                                            e_desc.layout)
@@ -647,25 +877,32 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN,
         if HALF_RANGE:  # the copies' scales (each consumer's, broadcast over a row)
             hs_up = gl.allocate_shared_memory(gl.float32, [2, R],
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        else:
-            hs_up = vw_bufs
-    else:  # unused: the partitions' common signature
-        e_bufs = v_bufs
-        hbar = ready
-        hs_up = vw_bufs
+    return (Ring(b_bufs, c_bufs, v_bufs, e_bufs, ready, empty, STAGES),
+            Staging(h_bufs, o_bufs, vw_bufs, hbar, hs_up))
 
-    descs = (b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc)
-    bufs = (b_bufs, c_bufs, v_bufs, h_bufs, o_bufs, vw_bufs, e_bufs, hs_up)
-    bars = (ready, empty, hbar)
-    # the partitions share one signature: where (this program's rows), the pointers, the
-    # constants, and which half of the state a consumer holds (the loader ignores it)
-    where = (bb, hh, N, i0, steps, n, lane, seg, last, unit, col0)
-    ptrs = (S0, SN, FLAGS, WS, SYNC)
-    gl.warp_specialize([
-        (_loader, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
-                   STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
-        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
-                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 0)),
-        (_consumer, (descs, bufs, bars, where, ptrs, lg, scale, BLOCK_N, R, D, DH, FLAG_COLS,
-                     STAGES, HAS_DECAY, HAS_S0, STORE_SN, HALF_RANGE, SPLIT, REVERSE, DUAL, 1))],
-        [4, 4], [240, 240])
+
+@gluon.jit
+def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, GAMMA,
+                        SIZE, scale, K: gl.constexpr):
+    """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
+    (the units of a lane next to each other in launch order, so that they run together and read
+    B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
+    taken in ticket order; 4 warps launched (the loader), the two consumer warp groups added by
+    ``warp_specialize``, each holding R × DC/2 of the state. Descriptors over
+    (batch, heads, N, ·): B, C blocks (1, 1, BLOCK_N, R), V and O blocks (1, 1, BLOCK_N, DC/2);
+    ``DUAL``: E blocks (1, 1, BLOCK_N, D/2) and O2 blocks (1, 1, BLOCK_N, R/2) (R = D = DC),
+    else both None. ``STATES = (S0, SN)``: float32 (lanes, R, D) or None; ``RING = (WS, SYNC,
+    FLAGS)``: float32 (lanes, 2, R, D), the ring of published states (each unit its own
+    columns), int32 two flags per unit (one per consumer) and the ticket counter (None without
+    segments), the repair launch's lanes, FLAG_COLS value columns each; GAMMA: float64 (H,) or
+    None; ``SIZE = (N, H, LANES, SEG)``; ``K``: :data:`Constants`."""
+    N, H, LANES, SEG = SIZE
+    S0, SN = STATES
+    WS, SYNC, FLAGS = RING
+    prog = _program(N, H, LANES, SEG, SYNC, GAMMA, K)
+    ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K)
+    ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
+                   scale)
+    gl.warp_specialize([(_loader, (prog, ring, ops, K)),
+                        (_consumer, (prog, ring, ops, st, K, 0)),
+                        (_consumer, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])

@@ -48,110 +48,75 @@ already, earlier ones' exact. Shared tile code: ``_tiles.py``. Launcher:
 import triton
 import triton.language as tl
 
-from ._tiles import (accumulate_state, and_flag, chunk_output, chunk_weights,
-                                      has_nonfinite, intra_mask, load_chunk, load_rows,
-                                      row_positions, segment_state, state_operand, store_rows)
-
+from ._tiles import (accumulate_state, and_flag, chunk_output, chunk_weights, columns,
+                     has_nonfinite,
+                     intra_mask, lane_rows, load_chunk, load_rows, row_positions, segment_state,
+                     state_operand, store_rows)
 
 @triton.jit
-def chunk_scan_kernel(B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG,
-                      SCALE, SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T,
-                      SO_B, SO_H, SO_T, SE_B, SE_H, SE_T, SP_B, SP_H, SP_T,
-                      HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr, HAS_S0: tl.constexpr,
-                      STORE_SN: tl.constexpr, SPLIT: tl.constexpr, REVERSE: tl.constexpr,
-                      DUAL: tl.constexpr, HALF_RANGE: tl.constexpr, REPAIR: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PRECISION: tl.constexpr):
-    """Strides: ``S<X>_B, S<X>_H, S<X>_T`` (batch, head, row; elements) of each tensor X of B, C,
-    V, O, E and O2 (``SP_*``), each its own: any layout whose last dimension is contiguous is read
-    and written in place (time-major views, slices of one fused projection)."""
+def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr,
+                      SPLIT: tl.constexpr, REPAIR: tl.constexpr):
+    """Tensors ``B, C, V, O`` (and with ``K.DUAL`` ``E, O2``, else None) each as
+    ``(pointer, batch stride, head stride, row stride)`` (elements; the last dimension
+    contiguous): any such layout is read and written in place (time-major views, slices of one
+    fused projection). ``STATES = (S0, SN)``: float32 (lanes, R, D) initial and final states or
+    None. ``RING = (WS, SYNC, FLAGS)``: the ring of published states (float32, lanes × 2 slots ×
+    BLOCK_R × BLOCK_D), its int32 flags and ticket (LANES + 1), the lanes' repair flags; each None
+    where unused. ``GAMMA``: float64 λ per head or None; ``CU``: the packed sequences' offsets or
+    None. ``SIZE = (N, R, D, H, LANES, SEG)``. ``K``: :data:`_tiles.Constants`; ``SPLIT``:
+    segments chained through the ring; ``REPAIR``: rows recomputed with non-finite rows handled
+    (the repair launch)."""
+    WS, SYNC, FLAGS = RING
     if SPLIT:
+        LANES = SIZE[4]
         t = tl.atomic_add(SYNC + LANES, 1)  # ticket, in the order programs actually start
         if t == tl.num_programs(0) - 1:  # every ticket taken: the counter zero for the next launch
             tl.atomic_xchg(SYNC + LANES, 0)
     else:
         t = tl.program_id(0)
-    fix = _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG,
-                SCALE, SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
-                SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN,
-                SPLIT, REVERSE, DUAL, HALF_RANGE, REPAIR, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
+    io = (B, C, V, O, E, O2)
+    fix = _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K, SPLIT, REPAIR)
     if FLAGS is None:  # (no repair launch follows)
         if fix:  # the lane's first non-finite row is in this segment: its rows again
-            _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
-                    SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
-                    SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN,
-                    REVERSE, DUAL, HALF_RANGE, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
+            _repair(t, io, STATES, GAMMA, CU, SIZE, SCALE, K)
 
 
 @triton.jit(noinline=True)
-def _repair(t, B, C, V, O, E, O2, S0, SN, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
-            SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
-            SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
-            HAS_S0: tl.constexpr, STORE_SN: tl.constexpr, REVERSE: tl.constexpr,
-            DUAL: tl.constexpr, HALF_RANGE: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _repair(t, io, STATES, GAMMA, CU, SIZE, SCALE, K: tl.constexpr):
     """The rows of segment t // LANES of lane t % LANES again, non-finite rows handled (``_scan``'s
     ``REPAIR``). A function of its own, not inlined: the rare path keeps its registers apart from
     the sweep's (inlined, it doubled the kernel's spills)."""
-    _scan(t, B, C, V, O, E, O2, S0, SN, None, None, None, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
-          SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
-          SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY, VARLEN, HAS_S0, STORE_SN, False, REVERSE,
-          DUAL, HALF_RANGE, True, BLOCK_N, BLOCK_R, BLOCK_D, PRECISION)
+    _scan(t, io, STATES, (None, None, None), GAMMA, CU, SIZE, SCALE, K, False, True)
 
 
 @triton.jit
-def _lane_base(seq, head, bos, S_B, S_H, S_T, VARLEN: tl.constexpr):
-    """Element offset of a lane's row 0 in a tensor of strides (S_B, S_H, S_T): batch ``seq``, or
-    with ``VARLEN`` the packed batch of one from row ``bos``. int64: batch 16 × 32 heads × N
-    100000 × 128 overflows int32."""
-    if VARLEN:
-        return head * S_H + bos * S_T
-    else:
-        return seq.to(tl.int64) * S_B + head * S_H
-
-
-@triton.jit
-def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, LANES, SEG, SCALE,
-          SB_B, SB_H, SB_T, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
-          SE_B, SE_H, SE_T, SP_B, SP_H, SP_T, HAS_DECAY: tl.constexpr, VARLEN: tl.constexpr,
-          HAS_S0: tl.constexpr, STORE_SN: tl.constexpr, SPLIT: tl.constexpr,
-          REVERSE: tl.constexpr, DUAL: tl.constexpr, HALF_RANGE: tl.constexpr,
-          REPAIR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: tl.constexpr,
+          REPAIR: tl.constexpr):
     """Segment t // LANES of lane t % LANES: steps 1-4 of the module docstring. Returns, outside
     ``REPAIR``, whether the lane's first non-finite row is in this segment (its entering state
     finite, its leaving state not): then its rows must be computed again. ``REPAIR``: the
     segment's rows with non-finite rows handled, from its entering state recomputed from the
     lane's start (C and V read again up to the segment); with ``FLAGS`` (a launch of its own, one
     program per lane, SEG ≥ N), only the lanes flagged."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    HAS_S0: tl.constexpr = K.HAS_S0
+    STORE_SN: tl.constexpr = K.STORE_SN
+    N, R, D, H, LANES, SEG = SIZE
+    S0, SN = STATES
+    FLAGS = RING[2]
     lane = t % LANES
     seg = t // LANES
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
-    d0 = (lane % n_db) * BLOCK_D
-    # rows addressed through each tensor's own strides (head-major, time-major, slices of a
-    # fused projection: no copies)
-    seq = bh // H
-    head = (bh % H).to(tl.int64)
-    if VARLEN:  # sequence `seq` is rows cu[seq]..cu[seq+1]-1 of the packed batch of one
-        bos = tl.load(CU + seq).to(tl.int64)
-        n = (tl.load(CU + seq + 1) - bos).to(tl.int32)
-    else:
-        bos = 0
-        n = N
-    b_base = _lane_base(seq, head, bos, SB_B, SB_H, SB_T, VARLEN)
-    c_base = _lane_base(seq, head, bos, SC_B, SC_H, SC_T, VARLEN)
-    v_base = _lane_base(seq, head, bos, SV_B, SV_H, SV_T, VARLEN)
-    o_base = _lane_base(seq, head, bos, SO_B, SO_H, SO_T, VARLEN)
-    cols_r = tl.arange(0, BLOCK_R)
-    cols_d = d0 + tl.arange(0, BLOCK_D)
-    r_ok = cols_r < R
-    d_ok = cols_d < D
+    # the lane's rows of each tensor, through that tensor's own strides
+    rows, n = _lane_io(io, bh, H, N, CU, K)
+    cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
     if HAS_DECAY:
         lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
     else:
         lg = 0.0
-    intra = intra_mask(lg, BLOCK_N, HAS_DECAY)
     start = seg * SEG
     end = tl.minimum(start + SEG, n)
     last = end >= n
@@ -163,17 +128,13 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
             go = go & (tl.load(FLAGS + lane) != 0)
             end = tl.where(go, end, start)
             tl.store(FLAGS + lane, 0)  # (zero again for the next launch)
-    state_off = (bh.to(tl.int64) * R + cols_r[:, None]) * D + cols_d[None, :]
-    state_ok = r_ok[:, None] & d_ok[None, :]
-    ws_tile = cols_r[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    state_off, state_ok = _state_tile(bh, cols, R, D)
 
     # 1. this segment's own state (a first read of its C and V rows)
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     if SPLIT:
         if not last:
-            local = segment_state(C, V, c_base, v_base, start, end, n, lg, cols_r, r_ok, cols_d,
-                                  d_ok, SC_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
-                                  PRECISION)
+            local = segment_state(rows[1], rows[2], start, end, n, lg, cols[0], cols[1], K)
 
     # 2. the state entering the segment
     if HAS_S0:
@@ -185,28 +146,9 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
             if start > 0:
                 if HAS_DECAY:
                     state = state * tl.exp(start.to(tl.float32) * lg)
-                state += segment_state(C, V, c_base, v_base, 0, start, n, lg, cols_r, r_ok,
-                                       cols_d, d_ok, SC_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N,
-                                       HAS_DECAY, REVERSE, PRECISION)
-    if SPLIT:
-        if (seg > 0) & go:
-            # the flag reads seg once the previous segment has published; the lane's last
-            # segment swaps it back to zero as it reads it (every earlier segment is past its own
-            # wait then), so the launch leaves its flags zero
-            after = seg - seg * last.to(tl.int32)
-            flag = tl.atomic_cas(SYNC + lane, seg, after, sem="acquire")
-            while flag != seg:
-                flag = tl.atomic_cas(SYNC + lane, seg, after, sem="acquire")
-            # .cg: read L2, never a stale L1 line of an earlier use of this ring slot
-            state = tl.load(WS + (lane * 2 + (seg - 1) % 2).to(tl.int64) * BLOCK_R * BLOCK_D + ws_tile,
-                            cache_modifier=".cg")
-        # 3. publish P_k for the next segment
-        if not last:
-            seg_decay = tl.exp((end - start).to(tl.float32) * lg) if HAS_DECAY else 1.0
-            tl.store(WS + (lane * 2 + seg % 2).to(tl.int64) * BLOCK_R * BLOCK_D + ws_tile,
-                     state * seg_decay + local)
-            tl.debug_barrier()  # every thread's part of P_k is written before the flag rises
-            tl.atomic_xchg(SYNC + lane, seg + 1, sem="release")
+                state += segment_state(rows[1], rows[2], 0, start, n, lg, cols[0], cols[1], K)
+    if SPLIT:  # ... from the previous segment, then 3. this one's published
+        state = _chain(state, local, RING, lane, seg, last, go, end - start, lg, K)
 
     entering_ok = True
     if not REPAIR:
@@ -215,29 +157,7 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
                 entering_ok = has_nonfinite(state) == 0
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
-    for s in range(start, end, BLOCK_N):
-        ok, phys = row_positions(s, n, BLOCK_N, REVERSE)
-        b, c, v, bad = load_chunk(B, C, V, b_base, c_base, v_base, phys, ok, cols_r, r_ok,
-                                  cols_d, d_ok, SB_T, SC_T, SV_T, REPAIR)
-        w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
-        h, h_scale = state_operand(state, b.dtype, HALF_RANGE)
-        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE, PRECISION)
-        if REPAIR:  # NaN from the first non-finite row on, none before
-            poison = tl.cumsum(bad, axis=0)[:, None]
-            out += poison
-        store_rows(O, o_base, phys, ok, cols_d, d_ok, SO_T, out * SCALE)
-        if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
-            e = load_rows(E, _lane_base(seq, head, bos, SE_B, SE_H, SE_T, VARLEN), phys, ok,
-                          cols_d, d_ok, SE_T)
-            out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
-                                HALF_RANGE, PRECISION)
-            if REPAIR:
-                out2 += poison
-            store_rows(O2, _lane_base(seq, head, bos, SP_B, SP_H, SP_T, VARLEN), phys, ok,
-                       cols_r, r_ok, SP_T, out2 * SCALE)
-        state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
-        if REPAIR:
-            state += tl.sum(bad, axis=0)
+    state = _sweep(state, rows, (start, end, n), lg, cols, SCALE, K, REPAIR)
     fix = False
     if not REPAIR:  # a non-finite c or v leaves the state non-finite for good, and every later
         # segment's with it: one check
@@ -249,3 +169,106 @@ def _scan(t, B, C, V, O, E, O2, S0, SN, WS, SYNC, FLAGS, GAMMA, CU, N, R, D, H, 
         if last:
             tl.store(SN + state_off, state, mask=and_flag(state_ok, go))
     return fix
+
+
+@triton.jit
+def _lane_io(io, bh, H, N, CU, K: tl.constexpr):
+    """``(rows, n)``: the lane's rows (:func:`_tiles.lane_rows`) of each of B, C, V, O (and E,
+    O2 with ``K.DUAL``), and its length: N, or with ``K.VARLEN`` its sequence's,
+    rows CU[seq]..CU[seq+1]-1 of the packed batch of one."""
+    DUAL: tl.constexpr = K.DUAL
+    VARLEN: tl.constexpr = K.VARLEN
+    B, C, V, O, E, O2 = io
+    seq = bh // H
+    head = (bh % H).to(tl.int64)
+    if VARLEN:
+        bos = tl.load(CU + seq).to(tl.int64)
+        n = (tl.load(CU + seq + 1) - bos).to(tl.int32)
+    else:
+        bos = 0
+        n = N
+    rows = (lane_rows(B, seq, head, bos, VARLEN), lane_rows(C, seq, head, bos, VARLEN),
+            lane_rows(V, seq, head, bos, VARLEN), lane_rows(O, seq, head, bos, VARLEN))
+    if DUAL:
+        rows = rows + (lane_rows(E, seq, head, bos, VARLEN),
+                       lane_rows(O2, seq, head, bos, VARLEN))
+    return rows, n
+
+
+@triton.jit
+def _state_tile(bh, cols, R, D):
+    """Offsets and mask of the lane's [BLOCK_R, BLOCK_D] tile of a float32 (b·h, R, D) state."""
+    cols_r, r_ok = cols[0]
+    cols_d, d_ok = cols[1]
+    return (bh.to(tl.int64) * R + cols_r[:, None]) * D + cols_d[None, :], \
+        r_ok[:, None] & d_ok[None, :]
+
+
+@triton.jit
+def _chain(state, local, RING, lane, seg, last, go, length, lg, K: tl.constexpr):
+    """Steps 2-3 with segments: the state entering segment ``seg`` (``state``: the lane's initial
+    one) from the previous segment's ring slot once its flag rises, and, unless ``last``, this
+    segment's P_k = λ^length P_(k-1) + ``local`` published to the other slot, its flag raised."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    WS, SYNC, FLAGS = RING
+    ws_tile = tl.arange(0, BLOCK_R)[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    if (seg > 0) & go:
+        # the flag reads seg once the previous segment has published; the lane's last
+        # segment swaps it back to zero as it reads it (every earlier segment is past its own
+        # wait then), so the launch leaves its flags zero
+        after = seg - seg * last.to(tl.int32)
+        flag = tl.atomic_cas(SYNC + lane, seg, after, sem="acquire")
+        while flag != seg:
+            flag = tl.atomic_cas(SYNC + lane, seg, after, sem="acquire")
+        # .cg: read L2, never a stale L1 line of an earlier use of this ring slot
+        state = tl.load(WS + (lane * 2 + (seg - 1) % 2).to(tl.int64) * BLOCK_R * BLOCK_D +
+                        ws_tile, cache_modifier=".cg")
+    if not last:
+        seg_decay = tl.exp(length.to(tl.float32) * lg) if HAS_DECAY else 1.0
+        tl.store(WS + (lane * 2 + seg % 2).to(tl.int64) * BLOCK_R * BLOCK_D + ws_tile,
+                 state * seg_decay + local)
+        tl.debug_barrier()  # every thread's part of P_k is written before the flag rises
+        tl.atomic_xchg(SYNC + lane, seg + 1, sem="release")
+    return state
+
+
+@triton.jit
+def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.constexpr):
+    """Step 4: the outputs of logical rows ``span = (start, end, n)`` chunk by chunk from the
+    entering ``state``, which it returns carried to ``end``. ``REPAIR``: c and v with their
+    non-finite entries zeroed, every row from the first non-finite one on NaN."""
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    DUAL: tl.constexpr = K.DUAL
+    HALF_RANGE: tl.constexpr = K.HALF_RANGE
+    HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    PRECISION: tl.constexpr = K.PRECISION
+    REVERSE: tl.constexpr = K.REVERSE
+    b_rows, c_rows, v_rows, o_rows = rows[0], rows[1], rows[2], rows[3]
+    start, end, n = span
+    cols_r, cols_d = cols
+    intra = intra_mask(lg, BLOCK_N, HAS_DECAY)  # [BLOCK_N, BLOCK_N]
+    for s in range(start, end, BLOCK_N):
+        ok, phys = row_positions(s, n, BLOCK_N, REVERSE)
+        # b, c: [BLOCK_N, BLOCK_R]; v: [BLOCK_N, BLOCK_D]
+        b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)
+        w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
+        h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
+        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
+                           PRECISION)  # [BLOCK_N, BLOCK_D]
+        if REPAIR:  # NaN from the first non-finite row on, none before
+            poison = tl.cumsum(bad, axis=0)[:, None]
+            out += poison
+        store_rows(o_rows, phys, ok, cols_d, out * SCALE)
+        if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
+            e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+            out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
+                                HALF_RANGE, PRECISION)  # [BLOCK_N, BLOCK_R]
+            if REPAIR:
+                out2 += poison
+            store_rows(rows[5], phys, ok, cols_r, out2 * SCALE)
+        state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
+        if REPAIR:
+            state += tl.sum(bad, axis=0)
+    return state

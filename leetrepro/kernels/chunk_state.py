@@ -11,32 +11,35 @@ fp32 workspace P; the launcher (``leetrepro.methods.chunk.chunk_state``) weights
 import triton
 import triton.language as tl
 
-from ._tiles import segment_state
+from ._tiles import columns, lane_rows, segment_state
 
 
 @triton.jit
-def chunk_state_kernel(C, V, P, GAMMA, N, R, D, H, SEG, SC_B, SC_H, SC_T, SV_B, SV_H, SV_T,
-                       HAS_DECAY: tl.constexpr, REVERSE: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                       PRECISION: tl.constexpr):
+def chunk_state_kernel(C, V, P, GAMMA, SIZE, K: tl.constexpr):
+    """C, V: ``(pointer, batch stride, head stride, row stride)`` (time-major slices read in
+    place); P: float32 (lanes, segments, BLOCK_R, BLOCK_D); GAMMA: float64 λ per head or None;
+    ``SIZE = (N, R, D, H, SEG)``; ``K``: :data:`_tiles.Constants`."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    N, R, D, H, SEG = SIZE
     lane = tl.program_id(0)
     seg = tl.program_id(1)
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
     d0 = (lane % n_db) * BLOCK_D
-    # each tensor through its own (batch, head, row) strides: time-major slices read in place
-    c_base = (bh // H).to(tl.int64) * SC_B + (bh % H).to(tl.int64) * SC_H
-    v_base = (bh // H).to(tl.int64) * SV_B + (bh % H).to(tl.int64) * SV_H
-    cols_r = tl.arange(0, BLOCK_R)
-    cols_d = d0 + tl.arange(0, BLOCK_D)
+    head = (bh % H).to(tl.int64)
+    c_rows = lane_rows(C, bh // H, head, 0, False)
+    v_rows = lane_rows(V, bh // H, head, 0, False)
+    cols_r = columns(0, R, BLOCK_R)
+    cols_d = columns(d0, D, BLOCK_D)
     if HAS_DECAY:
         lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
     else:
         lg = 0.0
     start = seg * SEG
     end = tl.minimum(start + SEG, N)
-    local = segment_state(C, V, c_base, v_base, start, end, N, lg, cols_r, cols_r < R, cols_d,
-                          cols_d < D, SC_T, SV_T, BLOCK_R, BLOCK_D, BLOCK_N, HAS_DECAY, REVERSE,
-                          PRECISION)
-    tile = cols_r[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-    tl.store(P + (lane * tl.num_programs(1) + seg).to(tl.int64) * BLOCK_R * BLOCK_D + tile, local)
+    local = segment_state(c_rows, v_rows, start, end, N, lg, cols_r, cols_d, K)  # [BLOCK_R, BLOCK_D]
+    tile = cols_r[0][:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    tl.store(P + (lane * tl.num_programs(1) + seg).to(tl.int64) * BLOCK_R * BLOCK_D + tile,
+             local)

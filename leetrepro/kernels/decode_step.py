@@ -20,10 +20,12 @@ from ._tiles import and_flag
 
 
 @triton.jit
-def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, K, R, D, H, SCALE, BATCH, NUM_SLOTS,
-                       SB_B, SB_H, SB_T, SV_B, SV_H, SV_T, SO_B, SO_H, SO_T,
-                       HAS_DECAY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_S: tl.constexpr):
+def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, SIZE, SCALE, HAS_DECAY: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """B, C, V, O: ``(pointer, batch stride, head stride, row stride)`` each (elements); POOL:
+    float32 (slots, H, R, D); SLOTS: int (batch,); GAMMA: float64 λ per head or None;
+    ``SIZE = (K, R, D, H, BATCH, NUM_SLOTS)``: K new tokens per sequence."""
+    K, R, D, H, BATCH, NUM_SLOTS = SIZE
     pid = tl.program_id(0)
     seq = (pid // H).to(tl.int64)
     head = (pid % H).to(tl.int64)
@@ -46,16 +48,22 @@ def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, K, R, D, H, SCALE, BATCH,
         lam = g64.to(tl.float32)
         lam_err = (g64 / lam.to(tl.float64) - 1.0).to(tl.float32)
     for t in range(K):
-        b = tl.load(B + seq * SB_B + head * SB_H + t * SB_T + cols_r, mask=r_ok, other=0.0)
-        c = tl.load(C + seq * SB_B + head * SB_H + t * SB_T + cols_r, mask=r_ok, other=0.0)
-        v = tl.load(V + seq * SV_B + head * SV_H + t * SV_T + cols_d, mask=d_ok, other=0.0)
+        b = tl.load(_row(B, seq, head, t) + cols_r, mask=r_ok, other=0.0)  # [BLOCK_R]
+        c = tl.load(_row(C, seq, head, t) + cols_r, mask=r_ok, other=0.0)  # [BLOCK_R]
+        v = tl.load(_row(V, seq, head, t) + cols_d, mask=d_ok, other=0.0)  # [BLOCK_D]
         if HAS_DECAY:
             state = state * lam
             state = state + state * lam_err
         state += c.to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
         o = tl.sum(b.to(tl.float32)[:, None] * state, axis=0) * SCALE
         o = tl.where((shared > 0) | (slot < 0) | (slot >= NUM_SLOTS), float("nan"), o)
-        tl.store(O + seq * SO_B + head * SO_H + t * SO_T + cols_d, o.to(O.dtype.element_ty),
-                 mask=d_ok)
+        tl.store(_row(O, seq, head, t) + cols_d, o.to(O[0].dtype.element_ty), mask=d_ok)
     state = tl.where(shared > 0, float("nan"), state)
     tl.store(state_ptr, state, mask=state_ok)
+
+
+@triton.jit
+def _row(X, seq, head, t):
+    """Pointer to row t of (batch ``seq``, head ``head``) of ``X = (pointer, strides…)``."""
+    ptr, s_b, s_h, s_t = X
+    return ptr + seq * s_b + head * s_h + t * s_t

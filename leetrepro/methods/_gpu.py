@@ -12,8 +12,6 @@ fp16/bf16 inputs use fp16/bf16 tensor-core products with fp32 accumulation and a
 """
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 
 import torch
@@ -131,16 +129,28 @@ def kernel_source(name: str) -> str:
     return os.path.join(KERNELS, name)
 
 
-@functools.lru_cache(maxsize=None)
-def triton_kernels(module: str):
-    """The Triton kernel module ``leetrepro.kernels.<module>`` (needs Triton), with a clear error
-    without Triton."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as err:
-        raise RuntimeError(f"this method needs Triton ({err}); `pip install triton` or use its "
-                           f"_torch twin") from err
-    return importlib.import_module(f"leetrepro.kernels.{module}")
+class NoTriton:
+    """Stands in for a kernel module where Triton (or the part of it a kernel needs) does not
+    import: any use raises a RuntimeError that says so, at call time, not at import."""
+
+    class Error(Exception):
+        """(never raised: what ``except`` clauses name where Triton's own errors are missing)"""
+
+    def __init__(self, err: ImportError):
+        self._err = err
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"this method needs Triton ({self._err}); `pip install triton` or use "
+                           f"its _torch twin")
+
+    def __call__(self, *args, **kwargs):
+        return self.__getattr__("__call__")
+
+
+def strided(t: torch.Tensor | None) -> tuple | None:
+    """A tensor as the kernels take it: ``(t, batch stride, head stride, row stride)`` of a
+    (batch, heads, N, ·) view (elements; its last dimension contiguous), or None."""
+    return None if t is None else (t, *t.stride()[:3])
 
 
 def refuse_interpreted_bf16(dtype: torch.dtype, abbr: str) -> None:
@@ -187,8 +197,7 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     if not given or len(arguments) != len(order[0]):
         _check_names(kernel, arguments, order)
     if not given:
-        key = (tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else a
-                     for a in arguments.values()), tuple(options.items()),
+        key = (tuple(_specialised(a) for a in arguments.values()), tuple(options.items()),
                next(a.device for a in arguments.values() if isinstance(a, torch.Tensor)))
     key = (kernel, len(grid), key)
     entry = _COMPILED.get(key) if order[1] else None
@@ -213,6 +222,16 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
                   direct[1], direct[2], None, None, None, *args)
         return
     compiled[grid](*args)
+
+
+def _specialised(a):
+    """What Triton specialises on in an argument: a tensor's dtype and 16-byte alignment, the
+    value of anything else, element by element in a tuple (a tensor with its strides)."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if isinstance(a, tuple):
+        return tuple(_specialised(x) for x in a)
+    return a
 
 
 def _check_names(kernel, arguments: dict, order) -> None:

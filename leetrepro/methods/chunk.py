@@ -28,9 +28,23 @@ import torch
 from ..registry import GPU_DTYPES, on_change, register
 from .. import tuning
 from ..tuning import CHUNK_TABLE, DUAL_TABLE, HOPPER
-from ._gpu import (cdiv, dot_precision, gpu_tag, launch, next_pow2,
+from ._gpu import (NoTriton, cdiv, dot_precision, gpu_tag, launch, next_pow2,
                    refuse_interpreted_bf16, rows_contiguous, rows_for_pieces, segment_rows,
-                   sm_count, staged_state, triton_kernels, wave_pieces)
+                   sm_count, staged_state, strided, wave_pieces)
+
+try:
+    from triton.runtime.errors import OutOfResources
+
+    from ..kernels import _tiles as tiles, chunk_scan as scan_kernels, chunk_state as state_kernels
+except ImportError as err:  # without Triton: a clear error when a kernel is called
+    tiles = scan_kernels = state_kernels = NoTriton(err)
+    OutOfResources = NoTriton.Error
+try:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ..kernels import chunk_hopper as hopper_kernels
+except ImportError as err:  # (a Triton without Gluon's Hopper modules: the portable kernel only)
+    hopper_kernels = TensorDescriptor = NoTriton(err)
 
 def operand_kind(dtype: torch.dtype, precision: str) -> str:
     """``"half"`` (fp16/bf16), ``"tf32"`` or ``"exact"`` (fp32 with tf32x3 or ieee dots)."""
@@ -140,71 +154,18 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
     """
-    batch, heads, n, r = B.shape
-    d = V.shape[-1]
     # every tensor is read and written in its own layout (its own strides): only a last dimension
     # that is not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
-    if dual is not None and _dual_apart(B, C, V, dual, gamma, kernel, fp32_precision, cu_seqlens,
-                                        segment, config):
-        # two Hopper sweeps, O's then the dual output's (its state is O's transposed, and so is
-        # its initial state), where the Hopper kernel takes both but not the dual output
-        common = dict(fp32_precision=fp32_precision, segment=segment, reverse=reverse,
-                      scale=scale, kernel=kernel, config=config, cu_seqlens=cu_seqlens)
-        res = chunk_scan(B, C, V, gamma, initial_state=initial_state,
-                         output_final_state=output_final_state, out=out, **common)
-        o, sn = res if output_final_state else (res, None)
-        o2 = chunk_scan(dual, V, C, gamma, out=out2, **common,
-                        initial_state=None if initial_state is None
-                        else initial_state.transpose(-1, -2))
-        return ((o, o2), sn) if output_final_state else (o, o2)
     # O in V's dimension order, dense (time-major V: time-major O, so that the caller's
     # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's
     out = torch.empty_like(V) if out is None else out
     out2 = None if dual is None else (torch.empty_like(B) if out2 is None else out2)
-    s0 = staged_state(initial_state, B)
-    tensors = dict(B=B, C=C, V=V, O=out, E=dual, O2=out2)
-    plan = launch_plan(tensors, gamma, s0=s0, cu_seqlens=cu_seqlens, fp32_precision=fp32_precision,
-                       segment=segment, config=config, output_final_state=output_final_state,
-                       reverse=reverse, kernel=kernel)
-    sn = torch.empty(plan.lanes_batch, heads, r, d, dtype=torch.float32, device=V.device) \
-        if output_final_state else None
-    # the lanes' repair flags, unless the launch repairs itself, and, split, the ring's flags and
-    # ticket: zero, and left zero by the launches
-    flags, sync = zeroed_counters(V.device, plan.nflags, plan.ring)
-    ws = None
-    if plan.ws_shape is not None:
-        ws = torch.empty(plan.ws_shape, dtype=torch.float32, device=V.device)
-    # the portable kernel's parameters by name (methods/_gpu.launch): the call's tensors, and the
-    # plan's scalars, strides and constexprs of each launch (the repair's WS and SYNC None)
-    scale = float(scale)
-    call = tensors | dict(S0=s0, SN=sn, WS=ws, SYNC=sync, FLAGS=flags, GAMMA=gamma, CU=cu_seqlens,
-                          SCALE=scale)
-    kern = triton_kernels("chunk_scan")
-    if plan.kernel == "hopper":
-        _launch_hopper(plan.hopper, B=B, C=C, V=V, out=out, gamma=gamma, s0=s0, sn=sn,
-                       flags=flags, sync=sync, ws=ws, scale=scale, dual=dual, out2=out2)
-    else:
-        try:
-            launch(kern.chunk_scan_kernel, plan.grid, call | plan.main,
-                   (plan.serial, False, plan.self_repair), **plan.main_options)
-        except Exception as exc:
-            from triton.runtime.errors import OutOfResources
-            if not (plan.self_repair and isinstance(exc, OutOfResources)):
-                raise
-            # the repair's tiles beside the sweep's do not fit this GPU's shared memory (raised
-            # as the kernel loads, before anything runs): this signature flags lanes for a
-            # repair launch instead, from this call on
-            _PLANS[plan.cache_key] = plan._replace(self_repair=False, nflags=plan.lanes)
-            return chunk_scan(B, C, V, gamma, fp32_precision=fp32_precision, segment=segment,
-                              initial_state=initial_state, output_final_state=output_final_state,
-                              reverse=reverse, dual=dual, cu_seqlens=cu_seqlens, scale=scale,
-                              kernel=kernel, config=config, out=out, out2=out2)
-    if not plan.self_repair:
-        # the lanes flagged non-finite, recomputed by the portable kernel so that no row meets a
-        # later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is flagged
-        launch(kern.chunk_scan_kernel, (plan.lanes,), call | plan.repair, (plan.serial, True),
-               **plan.repair_options)
+    tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
+                       GAMMA=gamma, CU=cu_seqlens)
+    plan = launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
+                       output_final_state=output_final_state, reverse=reverse, kernel=kernel)
+    sn = plan.run(tensors, float(scale))
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
@@ -242,10 +203,6 @@ def zeroed_counters(device: torch.device, nflags: int, ring: int) -> tuple:
         views = entry[1][(nflags, ring)] = ((buf[:nflags] if nflags else None),
                                             (buf[nflags:count] if ring else None))
     return views
-
-
-#: the kernel's stride parameters of each tensor: S<name>_B, S<name>_H, S<name>_T
-STRIDE_NAMES = dict(B="B", C="C", V="V", O="O", E="E", O2="P")
 
 
 #: calls of up to this many rows (batch · heads · N) on the portable kernel repair their non-finite
@@ -297,9 +254,10 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     the widest), and the repair launch's value columns per lane (the portable kernel's,
     :func:`block_d`)."""
     dc, stages = hopper_tiles(r, d, dtype, dual, dc)
-    return dict(BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d),
-                STAGES=stages, HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn,
-                HALF_RANGE=dtype == torch.float16, SPLIT=split, REVERSE=reverse, DUAL=dual)
+    return hopper_kernels.Constants(
+        BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
+        HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
+        SPLIT=split, REVERSE=reverse, DUAL=dual)
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -469,15 +427,63 @@ def force_kernel(kernel: str | None) -> None:
     _FORCED[0] = kernel
 
 
-class HopperLaunch(typing.NamedTuple):
+class Operands(typing.NamedTuple):
+    """A call's tensors, as the kernels name them: B, C, V, the output O, the dual output's E and
+    O2 (None without it), the float32 initial state S0, γ (float64 ``(H,)``) and the packed
+    sequences' offsets CU (each None where the call has none)."""
+    B: torch.Tensor
+    C: torch.Tensor
+    V: torch.Tensor
+    O: torch.Tensor
+    E: torch.Tensor | None
+    O2: torch.Tensor | None
+    S0: torch.Tensor | None
+    GAMMA: torch.Tensor | None
+    CU: torch.Tensor | None
+
+
+class HopperLaunch:
     """The Hopper kernel's launch for one call signature (part of its :class:`LaunchPlan`):
-    everything but the tensors."""
-    units: int            # programs a pass: lanes × blocks of DC value columns
-    grid: tuple           # one program per unit, or per unit and segment
-    scalars: dict         # N, H, LANES, SEG and the constexprs (:func:`hopper_constants`)
-    blocks: tuple         # the TMA block's columns of B, C, V, O, E, O2 (None: no such operand)
-    layouts: tuple        # their shared-memory layouts
-    key: tuple            # the compiled kernel's key for :func:`launch` (the plan's serial)
+    everything but the tensors. Its TMA descriptors are made on the first launch with Triton's
+    public ``TensorDescriptor`` (its checks run then) and kept; each launch sets their ``base`` to
+    the call's tensors (the plan is keyed by their shapes, strides and 16-byte alignment, which is
+    all the checks read) and clears it after, so that the plan keeps no caller's tensor alive."""
+
+    def __init__(self, *, units: int, grid: tuple, size: tuple, consts, blocks: tuple,
+                 layouts: tuple, serial: int):
+        self.units = units      # programs a pass: lanes × blocks of DC value columns
+        self.grid = grid        # one program per unit, or per unit and segment
+        self.size = size        # (N, H, LANES, SEG)
+        self.consts = consts    # the kernel's constants (:func:`hopper_constants`)
+        self.blocks = blocks    # the TMA block's columns of B, C, V, O, E, O2 (None: no operand)
+        self.layouts = layouts  # their shared-memory layouts
+        self.key = ("hopper", serial)  # the compiled kernel's key for :func:`launch`
+        self.descriptors = None
+
+    def launch(self, t: Operands, *, sn, flags, sync, ws, scale: float) -> None:
+        """One launch over ``t``'s tensors, the final states into ``sn``, with the lanes' repair
+        ``flags`` and, with segments, the ring ``ws`` and its flags and ticket ``sync``."""
+        tensors = (t.B, t.C, t.V, t.O, t.E, t.O2)
+        descs = self.descriptors
+        if descs is None:
+            descs = self.descriptors = tuple(
+                None if x is None else TensorDescriptor(x, list(x.shape), list(x.stride()),
+                                                        [1, 1, HOPPER["BLOCK_N"], cols], layout)
+                for x, cols, layout in zip(tensors, self.blocks, self.layouts))
+        for desc, x in zip(descs, tensors):
+            if desc is not None:
+                desc.base = x
+        try:
+            launch(hopper_kernels.chunk_hopper_kernel, self.grid,
+                   dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
+                        e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
+                        RING=(ws, sync, flags), GAMMA=t.GAMMA, SIZE=self.size, scale=scale,
+                        K=self.consts), self.key,
+                   num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
+        finally:
+            for desc in descs:
+                if desc is not None:
+                    desc.base = None
 
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
@@ -489,57 +495,15 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, 
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
                               dc=dc)
-    dh = consts["DC"] // 2
-    units = lanes * (d // consts["DC"])
+    dh = consts.DC // 2
     blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
     gdt = gluon_dtype(dtype)
+    units = lanes * (d // consts.DC)
     return HopperLaunch(
-        units=units, grid=(units * n_seg,), scalars=dict(N=n, H=heads, LANES=lanes, SEG=segment) | consts,
+        units=units, grid=(units * n_seg,), size=(n, heads, lanes, segment), consts=consts,
         blocks=blocks,
         layouts=tuple(None if c is None else _tma_layout(HOPPER["BLOCK_N"], c, gdt) for c in blocks),
-        key=("hopper", serial))
-
-
-def _launch_hopper(h: HopperLaunch, *, B, C, V, out, gamma, s0, sn, flags, sync, ws, scale,
-                   dual=None, out2=None):
-    """The warp-specialised sweep (``kernels/chunk_hopper.py``) as ``h`` plans it, forward or in
-    reverse time, with ``dual`` (E) also op(E, V, C) into ``out2``: one program per unit, or with
-    segments one per unit and segment, their states chained through the ring ``ws`` with the
-    flags and ticket of ``sync`` (as the portable kernel's)."""
-    descs = [None if t is None else _descriptor(t, cols, layout)
-             for t, cols, layout in zip((B, C, V, out, dual, out2), h.blocks, h.layouts)]
-    launch(triton_kernels("chunk_hopper").chunk_hopper_kernel, h.grid,
-           dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
-                e_desc=descs[4], o2_desc=descs[5], S0=s0, SN=sn, FLAGS=flags, WS=ws, SYNC=sync,
-                GAMMA=gamma, scale=float(scale)) | h.scalars, h.key,
-           num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
-
-
-#: TMA descriptors by (shape, strides, block columns, dtype): the fields of one checked by Gluon
-_DESCRIPTORS: dict = {}
-
-
-def _descriptor(t: torch.Tensor, cols: int, layout):
-    """Gluon's host TensorDescriptor of t (4-D) in (1, 1, BLOCK_N, cols) blocks. Its checks (rank,
-    16-byte alignment of base and strides, the block's shape, a contiguous last dimension) run
-    once per shape, strides and dtype: later ones are the first one rebased onto t. That is
-    safe because the plan that launches it was made for tensors of that 16-byte alignment
-    (:func:`launch_plan` keys on it) and checked there (:func:`hopper_operand_unfit`)."""
-    key = (t.shape, t.stride(), cols, t.dtype)
-    entry = _DESCRIPTORS.get(key)
-    if entry is None:
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        made = TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, HOPPER["BLOCK_N"], cols],
-                                layout)
-        if len(_DESCRIPTORS) >= 1024:
-            _DESCRIPTORS.clear()
-        # (not the base: the cache must not keep a caller's tensor alive)
-        _DESCRIPTORS[key] = (TensorDescriptor, {k: v for k, v in vars(made).items() if k != "base"})
-        return made
-    desc = object.__new__(entry[0])
-    vars(desc).update(entry[1])
-    desc.base = t
-    return desc
+        serial=serial)
 
 
 def gluon_dtype(dtype: torch.dtype):
@@ -557,28 +521,109 @@ def _tma_layout(rows: int, cols: int, gdt):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], gdt)
 
 
-class LaunchPlan(typing.NamedTuple):
+def tile_constants(cfg: dict, **flags):
+    """The portable kernels' constants (``kernels/_tiles.Constants``): the tiles of ``cfg``
+    (:func:`chunk_config`) and ``flags``."""
+    return tiles.Constants(BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"],
+                           BLOCK_D=cfg["BLOCK_D"], **flags)
+
+
+class LaunchPlan:
     """What :func:`chunk_scan` launches for one call signature, decided on its first call and held
-    in :data:`_PLANS`: the kernel, the tiles and segments, whether the launch repairs its own
-    non-finite lanes, the counters and ring it needs, and every parameter of the portable kernel
-    but the tensors (the Hopper kernel's descriptors hold the addresses: rebased per call,
-    :func:`_descriptor`). A function of what :func:`launch_plan` keys on only."""
-    kernel: str           # "hopper" or "portable"
-    lanes: int            # (batch·heads or sequences·heads) × value-column blocks
-    lanes_batch: int      # the batch, or the number of packed sequences
-    grid: tuple           # the portable launch's
-    hopper: HopperLaunch | None  # the Hopper kernel's launch (None: the portable kernel's)
-    self_repair: bool     # the portable launch repairs its non-finite lanes itself
-    nflags: int           # zeroed counters: the lanes' repair flags (0 with self_repair),
-    ring: int             # then the ring's flags and ticket (0 without segments)
-    ws_shape: tuple | None  # the ring of published states (segments)
-    main: dict            # the portable launch's scalars, strides and constexprs, and its options
-    main_options: dict
-    repair: dict          # the repair launch's (one segment a lane, no ring), and its options
-    repair_options: dict
-    key: tuple            # what the compiled kernels specialise on
-    serial: int           # this plan's number: its launches' key (methods/_gpu.launch)
-    cache_key: tuple      # this plan's key in _PLANS
+    in :data:`_PLANS`, then run with each call's tensors (:meth:`run`): the kernel, the tiles and
+    segments, whether the launch repairs its own non-finite lanes, the counters and ring it needs,
+    and every argument of the portable kernel but the tensors (the Hopper kernel's:
+    :class:`HopperLaunch`). A function of what :func:`launch_plan` keys on only."""
+
+    def __init__(self, *, lanes: int, batch: int, heads: int, r: int, d: int, grid: tuple,
+                 hopper: HopperLaunch | None, self_repair: bool, ring: int,
+                 ws_shape: tuple | None, strides: tuple, size: tuple, consts, split: bool,
+                 options: dict, store_sn: bool, serial: int):
+        self.kernel = "portable" if hopper is None else "hopper"
+        self.lanes = lanes              # (batch·heads or sequences·heads) × value-column blocks
+        self.state_shape = (batch, heads, r, d)  # the final state's (batch: or sequences)
+        self.grid = grid                # the portable launch's
+        self.hopper = hopper            # the Hopper kernel's launch (None: the portable kernel's)
+        self.self_repair = self_repair  # the portable launch repairs its non-finite lanes itself
+        self.nflags = 0 if self_repair else lanes  # zeroed counters: the lanes' repair flags,
+        self.ring = ring                # then the ring's flags and ticket (0 without segments)
+        self.ws_shape = ws_shape        # the ring of published states (segments), or None
+        self.strides = strides          # (batch, head, row) strides of B, C, V, O, E, O2
+        self.size = size                # (N, R, D, H, LANES, SEG)
+        self.consts = consts            # the portable kernel's constants (_tiles.Constants)
+        self.split = split              # its segments chained through the ring
+        self.options = options          # its num_warps and num_stages
+        self.store_sn = store_sn
+        self.serial = serial            # the compiled kernels' key (methods/_gpu.launch)
+
+    def run(self, t: Operands, scale: float):
+        """The launches over ``t``'s tensors (O and the dual output written); the final state
+        (float32) or None."""
+        device = t.V.device
+        sn = torch.empty(self.state_shape, dtype=torch.float32, device=device) \
+            if self.store_sn else None
+        ws = None if self.ws_shape is None else \
+            torch.empty(self.ws_shape, dtype=torch.float32, device=device)
+        if self.hopper is not None:
+            flags, sync = zeroed_counters(device, self.nflags, self.ring)
+            self.hopper.launch(t, sn=sn, flags=flags, sync=sync, ws=ws, scale=scale)
+        else:
+            flags = self._sweep(t, sn, ws, scale)
+        if not self.self_repair:
+            # the lanes flagged non-finite, recomputed by the portable kernel so that no row
+            # meets a later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is
+            size = self.size[:5] + (self.size[0],)  # (one segment a lane)
+            launch(scan_kernels.chunk_scan_kernel, (self.lanes,),
+                   self._arguments(t, (t.S0, sn), (None, None, flags), scale, size, False, True),
+                   (self.serial, True), num_warps=self.options["num_warps"], num_stages=1)
+        return sn
+
+    def _sweep(self, t: Operands, sn, ws, scale: float):
+        """The portable kernel's launch; its lanes' repair flags (None: it repairs its own)."""
+        while True:
+            flags, sync = zeroed_counters(t.V.device, self.nflags, self.ring)
+            try:
+                launch(scan_kernels.chunk_scan_kernel, self.grid,
+                       self._arguments(t, (t.S0, sn), (ws, sync, flags), scale, self.size,
+                                       self.split, False),
+                       (self.serial, False, self.self_repair), **self.options)
+                return flags
+            except OutOfResources:
+                if not self.self_repair:
+                    raise
+            # the repair's tiles beside the sweep's do not fit this GPU's shared memory (raised
+            # as the kernel loads, before anything runs): this signature flags lanes for a
+            # repair launch instead, from this call on
+            self.self_repair, self.nflags, self.serial = False, self.lanes, next(_SERIALS)
+
+    def _arguments(self, t: Operands, states, ring, scale, size, split, repair) -> dict:
+        """The portable kernel's arguments, by name: each tensor with its strides."""
+        b, c, v, o, e, o2 = self.strides
+        return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
+                    E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
+                    STATES=states, RING=ring, GAMMA=t.GAMMA, CU=t.CU, SIZE=size, SCALE=scale,
+                    K=self.consts, SPLIT=split, REPAIR=repair)
+
+
+class ApartPlan:
+    """A call with the dual output run as two Hopper sweeps, O's then the dual output's (its state
+    is O's transposed, and so is its initial state), where the Hopper kernel takes both but not
+    the dual output (:func:`_dual_apart`): the two plain calls' plans."""
+    kernel = "hopper"
+
+    def __init__(self, first: LaunchPlan, second: LaunchPlan):
+        self.first, self.second = first, second
+
+    def run(self, t: Operands, scale: float):
+        sn = self.first.run(t._replace(E=None, O2=None), scale)
+        self.second.run(_transposed(t), scale)
+        return sn
+
+
+def _transposed(t: Operands) -> Operands:
+    """The dual output's call as a plain one: op(E, V, C) into O2, from S0 transposed."""
+    s0 = None if t.S0 is None else t.S0.transpose(-1, -2).contiguous()
+    return t._replace(B=t.E, C=t.V, V=t.C, O=t.O2, E=None, O2=None, S0=s0)
 
 
 #: the plans' numbers: a plan's launches are keyed by it (everything they specialise on is a
@@ -589,79 +634,73 @@ _SERIALS = itertools.count()
 _PLANS: dict = {}
 
 
-def launch_plan(tensors: dict, gamma, *, s0, cu_seqlens, fp32_precision, segment, config,
-                output_final_state: bool, reverse: bool, kernel: str) -> LaunchPlan:
-    """The plan of a call of :func:`chunk_scan` with ``tensors`` (B, C, V, O, E, O2 as the kernel
-    names them, E and O2 None without the dual output): looked up by everything it depends on
+def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_state: bool,
+                reverse: bool, kernel: str) -> LaunchPlan | ApartPlan:
+    """The plan of a call of :func:`chunk_scan` over ``t``: looked up by everything it depends on
     (shapes, dtypes, flags, options, each tensor's strides and the pointers' 16-byte alignment,
     the kernel option, :func:`force_kernel`, whether the call is short enough to repair itself),
     made on the first call of that key."""
-    B, V, dual = tensors["B"], tensors["V"], tensors["E"]
-    batch, heads, n, r = B.shape
-    d = V.shape[-1]
-    if cu_seqlens is not None:
-        batch = cu_seqlens.numel() - 1  # sequences: the lanes' "batch"
-    signature = (n, r, d, batch, heads, V.dtype, dot_precision(V.dtype, fp32_precision),
-                 gamma is not None, dual is not None, V.device, segment,
-                 None if not config else tuple(sorted(config.items())), cu_seqlens is not None,
-                 s0 is not None, output_final_state, reverse)
+    batch, heads, n, r = t.B.shape
+    d = t.V.shape[-1]
+    if t.CU is not None:
+        batch = t.CU.numel() - 1  # sequences: the lanes' "batch"
+    signature = (n, r, d, batch, heads, t.V.dtype, dot_precision(t.V.dtype, fp32_precision),
+                 t.GAMMA is not None, t.E is not None, t.V.device, segment,
+                 None if not config else tuple(sorted(config.items())), t.CU is not None,
+                 t.S0 is not None, output_final_state, reverse)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
-    for t in (*tensors.values(), s0, gamma, cu_seqlens):
-        if t is not None:
-            strides.append(t.stride())
-            if t.data_ptr() % 16 == 0:
+    for x in t:
+        if x is not None:
+            strides.append(x.stride())
+            if x.data_ptr() % 16 == 0:
                 aligned |= bit
         else:
             strides.append(None)
         bit <<= 1
-    strides = tuple(strides)
-    key = (signature, strides, B.dtype, tensors["C"].dtype,
-           None if gamma is None else gamma.dtype,
-           None if cu_seqlens is None else cu_seqlens.dtype, aligned)
-    short = B.shape[0] * heads * n <= SELF_REPAIR_ROWS
+    key = (signature, tuple(strides), t.B.dtype, t.C.dtype,
+           None if t.GAMMA is None else t.GAMMA.dtype, None if t.CU is None else t.CU.dtype,
+           aligned)
+    short = t.B.shape[0] * heads * n <= SELF_REPAIR_ROWS
     cache_key = (key, kernel, _FORCED[0], short)
     plan = _PLANS.get(cache_key)
     if plan is None:
         if len(_PLANS) >= 1024:
             _PLANS.clear()
-        plan = _PLANS[cache_key] = _new_plan(signature, key, cache_key, tensors, gamma,
-                                             cu_seqlens, kernel, short)
+        plan = _PLANS[cache_key] = _new_plan(signature, t, kernel, short)
     return plan
 
 
-def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, short) -> LaunchPlan:
+def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
      has_s0, store_sn, reverse) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
+    config = None if override is None else dict(override)
+    options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
+                   kernel=kernel)
+    if dual and _dual_apart(t.B, t.C, t.V, t.E, t.GAMMA, kernel, precision, t.CU, segment,
+                            config):
+        return ApartPlan(launch_plan(t._replace(E=None, O2=None), **options,
+                                     output_final_state=store_sn),
+                         launch_plan(_transposed(t), **options, output_final_state=False))
     serial = next(_SERIALS)
-    cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device,
-                       config=None if override is None else dict(override))
+    cfg = chunk_config(r, d, dtype, precision, decay, dual=dual, device=device, config=config)
     asked = segment if segment is not None else cfg.get("segment")  # (popped just below)
     lanes, segment = _lanes_and_segment(cfg, batch, heads, n, d, segment, device)
     n_seg = cdiv(n, segment)
-    split = n_seg > 1
     if dual and (lanes != batch * heads or cfg["BLOCK_R"] < r):
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
-    B, C, V = tensors["B"], tensors["C"], tensors["V"]
-    hopper = _use_hopper(kernel, B, C, V, gamma, split, dual=tensors["E"], cu_seqlens=cu_seqlens,
-                         precision=precision, outputs=(tensors["O"], tensors["O2"]))
-    # A short call on the portable kernel repairs its non-finite rows within its launch (the
-    # segment holding a lane's first non-finite row computes its rows again): one launch, where a
-    # repair launch would add a launch's host time; a long one keeps its kernel lean (the in-launch
-    # repair slows its sweep, NOTES.md) and flags the lanes for a repair launch, as the
-    # Hopper kernel does.
-    self_repair = not hopper and short
+    hopper = _use_hopper(kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E, cu_seqlens=t.CU,
+                         precision=precision, outputs=(t.O, t.O2))
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
-    chained = split  # segments chained through the ring: the counters and states it needs
     if hopper:
-        slots = sm_count(device)
         dc, hopper_segment = hopper_split(r=r, d=d, dtype=dtype, dual=dual, lanes=batch * heads,
-                                          n=n, slots=slots, dc=cfg.get("DC"), segment=asked)
+                                          n=n, slots=sm_count(device), dc=cfg.get("DC"),
+                                          segment=asked)
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
@@ -669,27 +708,23 @@ def _new_plan(signature, key, cache_key, tensors, gamma, cu_seqlens, kernel, sho
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
         ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
-    constexprs = lambda split, repair: dict(  # noqa: E731
-        HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0, STORE_SN=store_sn, SPLIT=split,
-        REVERSE=reverse, DUAL=dual, HALF_RANGE=dtype != torch.float32,
-        REPAIR=repair, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
-        PRECISION=precision)
-    static = dict(N=n, R=r, D=d, H=heads, LANES=lanes, SEG=segment)
-    for name, t in tensors.items():  # each tensor's (batch, head, row) strides
-        st = (0, 0, 0) if t is None else t.stride()[:3]
-        static.update(zip((f"S{STRIDE_NAMES[name]}_B", f"S{STRIDE_NAMES[name]}_H",
-                           f"S{STRIDE_NAMES[name]}_T"), st))
+        chained = n_seg > 1
+    # A short call on the portable kernel repairs its non-finite rows within its launch (the
+    # segment holding a lane's first non-finite row computes its rows again): one launch, where a
+    # repair launch would add a launch's host time; a long one keeps its kernel lean (the
+    # in-launch repair slows its sweep, NOTES.md) and flags the lanes for a repair launch, as the
+    # Hopper kernel does.
     return LaunchPlan(
-        kernel="hopper" if hopper else "portable", lanes=lanes, lanes_batch=batch,
-        grid=(lanes * n_seg,), hopper=h,
-        self_repair=self_repair, nflags=0 if self_repair else lanes,
-        ring=ring + 1 if chained else 0,
+        lanes=lanes, batch=batch, heads=heads, r=r, d=d, grid=(lanes * n_seg,), hopper=h,
+        self_repair=not hopper and short, ring=ring + 1 if chained else 0,
         ws_shape=ws_shape if chained else None,
-        main=static | constexprs(split, False),
-        main_options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-        repair=static | dict(SEG=n, WS=None, SYNC=None) | constexprs(False, True),
-        repair_options=dict(num_warps=cfg["num_warps"], num_stages=1),
-        key=key, serial=serial, cache_key=cache_key)
+        strides=tuple(None if x is None else x.stride()[:3] for x in t[:6]),
+        size=(n, r, d, heads, lanes, segment),
+        consts=tile_constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
+                              STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
+                              HALF_RANGE=dtype != torch.float32, PRECISION=precision),
+        split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
+        store_sn=store_sn, serial=serial)
 
 
 def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
@@ -717,11 +752,10 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     n_seg = cdiv(n, segment)
     ws = torch.empty(lanes, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                      device=V.device)
-    triton_kernels("chunk_state").chunk_state_kernel[(lanes, n_seg)](
-        C=C, V=V, P=ws, GAMMA=gamma, N=n, R=r, D=d, H=heads, SEG=segment,
-        SC_B=C.stride(0), SC_H=C.stride(1), SC_T=C.stride(2),
-        SV_B=V.stride(0), SV_H=V.stride(1), SV_T=V.stride(2),
-        HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision, **cfg)
+    state_kernels.chunk_state_kernel[(lanes, n_seg)](
+        C=strided(C), V=strided(V), P=ws, GAMMA=gamma, SIZE=(n, r, d, heads, segment),
+        K=tile_constants(cfg, HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
     if gamma is None:
         s = ws.sum(3)

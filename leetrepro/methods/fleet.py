@@ -13,7 +13,12 @@ import torch
 from .._decay import discounted_cumsum
 from ..registry import GPU_DTYPES, register
 from ._common import torch_method
-from ._gpu import cdiv, next_pow2, staged, triton_kernels
+from ._gpu import NoTriton, cdiv, next_pow2, staged
+
+try:
+    from ..kernels import fleet_attn as fa_kernels
+except ImportError as err:  # without Triton: a clear error when the kernel is called
+    fa_kernels = NoTriton(err)
 
 
 @register("FleetAttention_torch", "FA_torch", complexity="O(N·r·d)", language="torch",
@@ -28,7 +33,6 @@ def fleet_attention_torch(b, c, v, lg):
 
 
 def _launch(B, C, V, gamma, rank_groups: int):
-    kern = triton_kernels("fleet_attn")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
     B, C, V, g = staged(B, C, V, gamma)
@@ -37,7 +41,7 @@ def _launch(B, C, V, gamma, rank_groups: int):
     block_d = min(64, next_pow2(d))
     per_program = cdiv(r, rank_groups)
     grid = (batch * heads, cdiv(d, block_d), cdiv(r, per_program))
-    kern.fa_fwd_kernel[grid](B=B, C=C, V=V, O=out, L_WS=prefix, GAMMA=g, N=n, R=r, D=d, H=heads,
+    fa_kernels.fa_fwd_kernel[grid](B=B, C=C, V=V, O=out, L_WS=prefix, GAMMA=g, N=n, R=r, D=d, H=heads,
                              RANKS_PER_PROGRAM=per_program, HAS_DECAY=g is not None,
                              ACCUMULATE=rank_groups > 1, BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
     return out

@@ -17,8 +17,14 @@ from .. import tuning
 from ..registry import GPU_DTYPES, register
 from ..tuning import LA_TABLE
 from ._common import torch_method
-from ._gpu import (cdiv, dot_precision, next_pow2, refuse_interpreted_bf16,
-                   segment_rows, sm_count, staged, triton_kernels)
+from ._gpu import (NoTriton, cdiv, dot_precision, next_pow2, refuse_interpreted_bf16,
+                   segment_rows, sm_count, staged)
+
+try:
+    from ..kernels import lightning_attn as la_kernels
+    from ..kernels._tiles import Constants
+except ImportError as err:  # without Triton: a clear error when a kernel is called
+    la_kernels = Constants = NoTriton(err)
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
@@ -99,7 +105,6 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
     ``config``: launch settings replacing the measured table's (:func:`la_config`), for sweeps.
     """
     refuse_interpreted_bf16(V.dtype, "LA")
-    kern = triton_kernels("lightning_attn")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
     B, C, V, g = staged(B, C, V, gamma)
@@ -113,18 +118,22 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
                        min_rows=LA_MIN_SEGMENT)
     n_seg = cdiv(n, seg)
     grid = (batch * heads, d_blocks, n_seg)
-    shape = dict(GAMMA=g, N=n, R=r, D=d, H=heads, SEG=seg, HAS_DECAY=g is not None,
-                 PRECISION=precision, **cfg)
+    consts = Constants(HAS_DECAY=g is not None, HALF_RANGE=V.dtype != torch.float32,
+                       PRECISION=precision, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"],
+                       BLOCK_D=cfg["BLOCK_D"])
+    options = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    size = (n, r, d, heads, seg)
     states = None
     if n_seg > 1:
         states = torch.empty(batch * heads, n_seg, cfg["BLOCK_R"], d, dtype=torch.float32,
                              device=V.device)
-        kern.la_state_kernel[grid](C=C, V=V, S=states, **shape)
+        la_kernels.la_state_kernel[grid](C=C, V=V, S=states, GAMMA=g, SIZE=size, K=consts,
+                                         **options)
     flags = torch.zeros(batch * heads * d_blocks, dtype=torch.int32, device=V.device)
-    fwd = dict(HALF_RANGE=V.dtype != torch.float32) | shape
-    kern.la_fwd_kernel[grid](B=B, C=C, V=V, O=out, S=states, FLAGS=flags, SPLIT=n_seg > 1,
-                             REPAIR=False, **fwd)
+    la_kernels.la_fwd_kernel[grid](B=B, C=C, V=V, O=out, S=states, FLAGS=flags, GAMMA=g,
+                                   SIZE=size, K=consts, SPLIT=n_seg > 1, REPAIR=False, **options)
     # lanes whose outputs came out non-finite, recomputed without letting a row reach earlier ones
-    kern.la_fwd_kernel[grid[:2] + (1,)](B=B, C=C, V=V, O=out, S=None, FLAGS=flags, **(fwd | dict(
-        SEG=n, SPLIT=False, REPAIR=True, num_stages=1)))
+    la_kernels.la_fwd_kernel[grid[:2] + (1,)](
+        B=B, C=C, V=V, O=out, S=None, FLAGS=flags, GAMMA=g, SIZE=(n, r, d, heads, n), K=consts,
+        SPLIT=False, REPAIR=True, num_warps=cfg["num_warps"], num_stages=1)
     return out

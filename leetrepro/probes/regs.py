@@ -34,24 +34,27 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ..methods._gpu import triton_kernels
-    kern = triton_kernels("chunk_scan").chunk_scan_kernel
+    from ..kernels._tiles import Constants
+    from ..methods.chunk import scan_kernels
+    kern = scan_kernels.chunk_scan_kernel
     p = POINTER[dtype]
-    sig = dict(B=p, C=p, V=p, O=p, E=p, O2=p, S0="*fp32", SN="*fp32", WS="*fp32", SYNC="*i32",
-               FLAGS="*i32", GAMMA="*fp64", CU="*i32", N="i32", R="i32", D="i32", H="i32",
-               LANES="i32", SEG="i32", SCALE="fp32")
-    sig.update({f"S{x}_{k}": "i64" for x in "BCVOEP" for k in "BHT"})
-    const = dict(E=None, O2=None, S0=None, SN=None, CU=None, HAS_DECAY=decay, VARLEN=False,
-                 HAS_S0=False, STORE_SN=False, SPLIT=split, REVERSE=False, DUAL=False,
-                 HALF_RANGE=dtype != "fp32", REPAIR=False, BLOCK_N=block_n,
-                 BLOCK_R=128, BLOCK_D=128, PRECISION=precision if dtype == "fp32" else "tf32")
+    strided = (p, "i64", "i64", "i64")
+    sig = dict(B=strided, C=strided, V=strided, O=strided, E="constexpr", O2="constexpr",
+               STATES=("constexpr", "constexpr"),
+               RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
+               GAMMA="*fp64" if decay else "constexpr", CU="constexpr",
+               SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", SPLIT="constexpr",
+               REPAIR="constexpr")
+    const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (9,): None,
+             (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
+                              PRECISION=precision if dtype == "fp32" else "tf32",
+                              HAS_DECAY=decay, HALF_RANGE=dtype != "fp32"),
+             (13,): split, (14,): False}
     if not split:
-        const.update(WS=None, SYNC=None)
+        const.update({(7, 0): None, (7, 1): None})
     if not decay:
-        const.update(GAMMA=None)
-    sig.update({k: "constexpr" for k in const})
-    src = ASTSource(fn=kern, signature=sig,
-                    constexprs={(kern.arg_names.index(k),): v for k, v in const.items()})
+        const[(8,)] = None
+    src = ASTSource(fn=kern, signature=sig, constexprs=const)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=8, num_stages=stages))
     return compiled.asm["ptx"]
@@ -69,10 +72,9 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from ..methods._gpu import triton_kernels
     from .._inputs import parse_dtype
-    from ..methods.chunk import HOPPER, _tma_layout, gluon_dtype, hopper_constants
-    kern = triton_kernels("chunk_hopper").chunk_hopper_kernel
+    from ..methods.chunk import HOPPER, _tma_layout, gluon_dtype, hopper_constants, hopper_kernels
+    kern = hopper_kernels.chunk_hopper_kernel
     gdt = gluon_dtype(parse_dtype(dtype))
     bn = HOPPER["BLOCK_N"]
 
@@ -82,18 +84,18 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc)
-    dh = const["DC"] // 2
+    dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
-               e_desc=desc(d // 2), o2_desc=desc(r // 2), S0="*fp32", SN="*fp32",
-               FLAGS="*i32", WS="*fp32", SYNC="*i32", GAMMA="*fp64", N="i32", H="i32",
-               LANES="i32", SEG="i32", scale="fp32")
+               e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
+               RING=("*fp32", "*i32", "*i32"), GAMMA="*fp64" if decay else "constexpr",
+               SIZE=("i32",) * 4, scale="fp32", K="constexpr")
+    constexprs = {(11,): const}
     if not dual:
-        const.update(e_desc=None, o2_desc=None)
+        sig.update(e_desc="constexpr", o2_desc="constexpr")
+        constexprs.update({(4,): None, (5,): None})
     if not decay:
-        const["GAMMA"] = None
-    sig.update({k: "constexpr" for k in const})
-    src = GluonASTSource(fn=kern, signature=sig,
-                         constexprs={(kern.arg_names.index(k),): v for k, v in const.items()})
+        constexprs[(8,)] = None
+    src = GluonASTSource(fn=kern, signature=sig, constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"]))
     return compiled.asm["ptx"]
