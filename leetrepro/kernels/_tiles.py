@@ -27,10 +27,20 @@ import triton.language as tl
 
 #: the chunked kernels' compile-time constants, one bundle (their ``K`` parameter), fixed per
 #: call signature by the launcher: decay or 0-1 mask, packed sequences, state in and out, time
-#: reversed, the dual output, fp16's range scaling, the tiles, fp32's dot precision
+#: reversed, the dual output, fp16's range scaling, the tiles, fp32's dot precision. Read in a
+#: compiled kernel, a field comes out as a plain Python value, which shapes and static ranges
+#: refuse: each function binds the fields it reads to constexpr names first
+#: (``BLOCK_N: tl.constexpr = K.BLOCK_N``)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
                  "HALF_RANGE", defaults=(False,) * 7)
+
+
+def constants(cfg: dict, **flags) -> Constants:
+    """The :data:`Constants` of a launch: the tiles of a launcher's table entry ``cfg``
+    (``BLOCK_N``, ``BLOCK_R``, ``BLOCK_D``) and ``flags``."""
+    return Constants(BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
+                     **flags)
 
 
 @triton.jit

@@ -268,7 +268,7 @@ def _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K: gl.c
     R: gl.constexpr = K.R
     DH: gl.constexpr = DC // 2
     acc_l: gl.constexpr = _acc_layout(gl.float32, DH)
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=1)
+    a_l: gl.constexpr = _operand_layout(gl.float32, DH)
     KH: gl.constexpr = BLOCK_N // 2
     HALVES: gl.constexpr = R > 64
     RH: gl.constexpr = R // 2 if HALVES else R
@@ -327,7 +327,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 
 #: the kernel's compile-time constants (``K``), one bundle: the tiles (rows a chunk, head
 #: dimensions, the value columns a program holds, the repair launch's columns a lane, the ring's
-#: slots) and the call's flags
+#: slots) and the call's flags; each function binds the fields it reads to constexpr names first
+#: (as ``_tiles.Constants``: a field read from the bundle is a plain Python value)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL")
@@ -540,6 +541,13 @@ def _acc_layout(dtype, DH):
                                      instr_shape=[16, DH, 8 if dtype == gl.float32 else 16])
 
 
+@gluon.constexpr_function
+def _operand_layout(dtype, DH):
+    """The register layout of a wgmma A operand over :func:`_acc_layout` (scores, cᵀ parts)."""
+    return gl.DotOperandLayout(operand_index=0, parent=_acc_layout(dtype, DH),
+                               k_width=1 if dtype == gl.float32 else 2)
+
+
 @gluon.jit
 def _entering_state(prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.constexpr):
     """Steps 1-3 of the module docstring for this consumer's columns: with segments, the
@@ -555,8 +563,7 @@ def _entering_state(prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.con
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = ops.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l,
-                                            k_width=1 if dtype == gl.float32 else 2)
+    a_l: gl.constexpr = _operand_layout(dtype, DH)
     st_tile = _state_tile(R, D, DH, acc_l)  # [R, DH]
     if SPLIT:
         # 1. the segment's own state from its C and V (none for a lane's last segment)
@@ -671,8 +678,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l,
-                                            k_width=1 if dtype == gl.float32 else 2)
+    a_l: gl.constexpr = _operand_layout(dtype, DH)
     b_t = _tile(ring.b, s)  # [BLOCK_N, R]
     c_t = _tile(ring.c, s)  # [BLOCK_N, R]
     v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
@@ -750,7 +756,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    a_l: gl.constexpr = _operand_layout(dtype, DH)
     s2 = warpgroup_mma(_tile(ring.e, 2 * s), _tile(ring.v, 2 * s).permute((1, 0)),
                        gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
                        is_async=True)  # [BLOCK_N, BLOCK_N]

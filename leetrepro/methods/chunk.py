@@ -521,13 +521,6 @@ def _tma_layout(rows: int, cols: int, gdt):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], gdt)
 
 
-def tile_constants(cfg: dict, **flags):
-    """The portable kernels' constants (``kernels/_tiles.Constants``): the tiles of ``cfg``
-    (:func:`chunk_config`) and ``flags``."""
-    return tiles.Constants(BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"],
-                           BLOCK_D=cfg["BLOCK_D"], **flags)
-
-
 class LaunchPlan:
     """What :func:`chunk_scan` launches for one call signature, decided on its first call and held
     in :data:`_PLANS`, then run with each call's tensors (:meth:`run`): the kernel, the tiles and
@@ -535,20 +528,22 @@ class LaunchPlan:
     and every argument of the portable kernel but the tensors (the Hopper kernel's:
     :class:`HopperLaunch`). A function of what :func:`launch_plan` keys on only."""
 
-    def __init__(self, *, lanes: int, batch: int, heads: int, r: int, d: int, grid: tuple,
+    def __init__(self, *, lanes: int, state_shape: tuple, grid: tuple,
                  hopper: HopperLaunch | None, self_repair: bool, ring: int,
                  ws_shape: tuple | None, strides: tuple, size: tuple, consts, split: bool,
                  options: dict, store_sn: bool, serial: int):
         self.kernel = "portable" if hopper is None else "hopper"
         self.lanes = lanes              # (batch·heads or sequences·heads) × value-column blocks
-        self.state_shape = (batch, heads, r, d)  # the final state's (batch: or sequences)
+        self.state_shape = state_shape  # the final state's (batch or sequences, heads, r, d)
         self.grid = grid                # the portable launch's
         self.hopper = hopper            # the Hopper kernel's launch (None: the portable kernel's)
         self.self_repair = self_repair  # the portable launch repairs its non-finite lanes itself
         self.nflags = 0 if self_repair else lanes  # zeroed counters: the lanes' repair flags,
         self.ring = ring                # then the ring's flags and ticket (0 without segments)
         self.ws_shape = ws_shape        # the ring of published states (segments), or None
-        self.strides = strides          # (batch, head, row) strides of B, C, V, O, E, O2
+        # (batch, head, row) strides of B, C, V, O, E, O2: the plan's key holds them, and taking
+        # them from the plan spares a call's host path six stride() calls
+        self.strides = strides
         self.size = size                # (N, R, D, H, LANES, SEG)
         self.consts = consts            # the portable kernel's constants (_tiles.Constants)
         self.split = split              # its segments chained through the ring
@@ -715,12 +710,12 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     # in-launch repair slows its sweep, NOTES.md) and flags the lanes for a repair launch, as the
     # Hopper kernel does.
     return LaunchPlan(
-        lanes=lanes, batch=batch, heads=heads, r=r, d=d, grid=(lanes * n_seg,), hopper=h,
+        lanes=lanes, state_shape=(batch, heads, r, d), grid=(lanes * n_seg,), hopper=h,
         self_repair=not hopper and short, ring=ring + 1 if chained else 0,
         ws_shape=ws_shape if chained else None,
         strides=tuple(None if x is None else x.stride()[:3] for x in t[:6]),
         size=(n, r, d, heads, lanes, segment),
-        consts=tile_constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
+        consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
@@ -754,7 +749,7 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
                      device=V.device)
     state_kernels.chunk_state_kernel[(lanes, n_seg)](
         C=strided(C), V=strided(V), P=ws, GAMMA=gamma, SIZE=(n, r, d, heads, segment),
-        K=tile_constants(cfg, HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision),
+        K=tiles.constants(cfg, HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
     if gamma is None:

@@ -21,10 +21,9 @@ from ._gpu import (NoTriton, cdiv, dot_precision, next_pow2, refuse_interpreted_
                    segment_rows, sm_count, staged)
 
 try:
-    from ..kernels import lightning_attn as la_kernels
-    from ..kernels._tiles import Constants
+    from ..kernels import _tiles as tiles, lightning_attn as la_kernels
 except ImportError as err:  # without Triton: a clear error when a kernel is called
-    la_kernels = Constants = NoTriton(err)
+    tiles = la_kernels = NoTriton(err)
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
@@ -118,9 +117,8 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
                        min_rows=LA_MIN_SEGMENT)
     n_seg = cdiv(n, seg)
     grid = (batch * heads, d_blocks, n_seg)
-    consts = Constants(HAS_DECAY=g is not None, HALF_RANGE=V.dtype != torch.float32,
-                       PRECISION=precision, BLOCK_N=cfg["BLOCK_N"], BLOCK_R=cfg["BLOCK_R"],
-                       BLOCK_D=cfg["BLOCK_D"])
+    consts = tiles.constants(cfg, HAS_DECAY=g is not None, HALF_RANGE=V.dtype != torch.float32,
+                             PRECISION=precision)
     options = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     size = (n, r, d, heads, seg)
     states = None
