@@ -284,3 +284,33 @@ def test_launch_replays_through_the_launcher_as_tritons_runner_calls_it(monkeypa
         knobs.runtime.launch_enter_hook.remove(hook)
 
 
+
+
+def test_kernel_functions_stay_within_their_size_ceilings():
+    """No kernel or device function takes more than ``MAX_PARAMS`` parameters (a tensor's
+    pointer and strides, a bundle of constants, an aggregate: one each) and no function of the
+    kernels or of Chunk's launchers runs over ``MAX_LINES`` lines (``probes/sizes.py``)."""
+    from leetrepro.probes import sizes
+    found = sizes.sizes()
+    assert {s.file for s in found} == set(sizes.FILES)
+    assert sum(s.jit for s in found) >= 40  # (the Triton and Gluon functions are recognised)
+    assert sizes.over(found) == [], sizes.over(found)
+
+
+def test_the_size_probe_flags_what_is_over_a_ceiling():
+    """The probe counts a kernel's parameters (not ``self``) and a function's lines, and flags a
+    kernel function over either ceiling and a host function over the line ceiling only."""
+    import ast
+
+    from leetrepro.probes import sizes
+    params = ", ".join(f"a{i}" for i in range(sizes.MAX_PARAMS + 1))
+    body = "\n".join(["    pass"] * sizes.MAX_LINES)
+    src = (f"@triton.jit\ndef wide({params}):\n    pass\n\n"
+           f"def host({params}):\n    pass\n\n"
+           f"def long():\n{body}\n\n"
+           f"class A:\n    @gluon.jit\n    def method(self, x):\n        pass\n")
+    found = {s.function: s for s in sizes._functions("x.py", ast.parse(src).body, "")}
+    assert found["wide"].jit and found["wide"].params == sizes.MAX_PARAMS + 1
+    assert found["A.method"].jit and found["A.method"].params == 1
+    assert found["long"].lines == sizes.MAX_LINES + 1
+    assert {s.function for s in sizes.over(list(found.values()))} == {"wide", "long"}

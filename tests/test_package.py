@@ -140,6 +140,50 @@ def test_design_names_code_that_exists():
         assert os.path.exists(os.path.join(ROOT, f)) or os.path.exists(os.path.join(ROOT, "leetrepro", f)), f
 
 
+def _module_state() -> set:
+    """Every module-level cache, memo and piece of mutable state of the operator's path (the
+    package less bench/, probes/ and reproduce/), read from the source: names bound at module level
+    to an empty dict, list or set, or to a counter, and functions under a ``functools`` cache, as
+    ``module.name`` (``methods.chunk._PLANS``)."""
+    import ast
+    package = os.path.join(ROOT, "leetrepro")
+    empty = {"{}", "[]", "set()", "dict()", "itertools.count()"}
+    found = set()
+    for folder, _, files in os.walk(package):
+        rel = os.path.relpath(folder, package)
+        if rel.split(os.sep)[0] in ("bench", "probes", "reproduce", "data", "__pycache__"):
+            continue
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            module = ".".join(p for p in (rel.replace(os.sep, "."), f[:-3]) if p != ".")
+            with open(os.path.join(folder, f), encoding="utf-8") as src:
+                tree = ast.parse(src.read())
+            for node in tree.body:
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                    target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                    if isinstance(target, ast.Name) and ast.unparse(node.value) in empty:
+                        found.add(f"{module}.{target.id}")
+                elif isinstance(node, ast.FunctionDef) and any(
+                        "cache" in ast.unparse(d) for d in node.decorator_list):
+                    found.add(f"{module}.{node.name}")
+    return found
+
+
+def test_design_cache_table_lists_every_module_level_cache():
+    """DESIGN.md's table of caches names every cache, memo and piece of module state on the
+    operator's path, as enumerated from the source, and nothing that is not there."""
+    import re
+    text = open(os.path.join(ROOT, "DESIGN.md"), encoding="utf-8").read()
+    section = text.split("## Caches and what clears them", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    listed = {name for row in rows for name in re.findall(r"`([\w.]+)`", row.split("|")[1])}
+    found = _module_state()
+    assert len(found) >= 25 and "methods.chunk._PLANS" in found and "tuning.rows" in found
+    assert found - listed == set(), f"caches missing from DESIGN.md: {sorted(found - listed)}"
+    assert listed - found == set(), f"DESIGN.md lists what is not there: {sorted(listed - found)}"
+
+
 def test_environment_yml_pins_what_make_install_pins_without_a_gpu():
     """One statement of the CPU environment: the Makefile's TORCH line; environment.yml repeats
     its pins, and this keeps the two in step."""

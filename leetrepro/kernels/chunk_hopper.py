@@ -279,9 +279,10 @@ def _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K: gl.c
         h_s.store(gl.permute(state, (1, 0)))
     fence_async_shared()
     sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
-                       use_acc=False, is_async=True)
+                       use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
     o = warpgroup_mma(b_t.slice(0, RH, dim=1), h_s.permute((1, 0)),
-                      gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False, is_async=True)
+                      gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
+                      is_async=True)  # [BLOCK_N, DH]
     sc, o = warpgroup_mma_wait(num_outstanding=0, deps=(sc, o))
     pa = gl.convert_layout(_masked(sc, diff, lg, HAS_DECAY), a_l)
     if HALVES:
@@ -633,8 +634,8 @@ def _sweep(state, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
     REVERSE: gl.constexpr = K.REVERSE
     DH: gl.constexpr = DC // 2
     acc_l: gl.constexpr = _acc_layout(ops.b.dtype, DH)
-    ri = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    cj = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_l))
+    ri = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))  # [BLOCK_N] rows
+    cj = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_l))  # [BLOCK_N] columns
     # the chunk's own mask λ^(i-j) for logical rows i ≥ j: tile rows ri ≥ cj, or ri ≤ cj in reverse
     if REVERSE:
         diff = cj[None, :] - ri[:, None]  # [BLOCK_N, BLOCK_N]
@@ -697,7 +698,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K)
         p_up = 1.0
     else:
-        h_s.store((state * h_down).to(dtype))
+        h_s.store((state * h_down).to(dtype))  # [R, DH]
         state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(H_IDX), length, lg, kr,
                                             acc_l, dtype, K)
         fence_async_shared()
@@ -718,7 +719,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
         o = _rescaled(o, w_rows, h_up / p_up, HAS_DECAY, HALF_RANGE)
-        pa = gl.convert_layout((p * p_down).to(dtype), a_l)
+        pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
     if not DUAL and dtype != gl.float32:

@@ -4,7 +4,9 @@
   stalls), the profile behind a "what limits this cell" entry of NOTES.md;
 * :mod:`~leetrepro.probes.regs`: the kernels compiled for sm_90 without a GPU, their registers
   and spills (CI asserts them);
-* :mod:`~leetrepro.probes.segments`: how many segments N is cut into at batch 1, swept.
+* :mod:`~leetrepro.probes.segments`: how many segments N is cut into at batch 1, swept;
+* :mod:`~leetrepro.probes.sizes`: the kernels' functions, their parameters and lines against the
+  ceilings a test holds (read from the source).
 
 They stand on the measuring library (:mod:`leetrepro.bench`: one timing primitive, one provenance
 record) and nothing imports them: the package, the Makefile's tables and the notebooks run
