@@ -519,8 +519,9 @@ def _consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexpr):
     # (the column added to scalar pointers: offsets that depend on nothing but the thread are
     # made again where they are used, not held through the sweep)
     col = prog.col0 + H_IDX * DH
-    state = _entering_state(prog, ring, ops, st, kr, col, K, H_IDX)
-    state = _sweep(state, prog, ring, ops, st, kr, K, H_IDX)
+    first = prog.first_pass(K)  # (the ring's chunk counter runs on from the first pass)
+    state = _entering_state(first, prog, ring, ops, st, kr, col, K, H_IDX)
+    state = _sweep(state, first, prog, ring, ops, st, kr, K, H_IDX)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
@@ -550,7 +551,7 @@ def _operand_layout(dtype, DH):
 
 
 @gluon.jit
-def _entering_state(prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.constexpr):
+def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.constexpr):
     """Steps 1-3 of the module docstring for this consumer's columns: with segments, the
     segment's own state from its C and V (the first pass, none for a lane's last segment), the
     state entering it from the previous segment's ring slot, and the one leaving it published;
@@ -569,7 +570,7 @@ def _entering_state(prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.con
     if SPLIT:
         # 1. the segment's own state from its C and V (none for a lane's last segment)
         local = gl.zeros([R, DH], gl.float32, acc_l)
-        for i in range(prog.first_pass(K)):
+        for i in range(first):
             s = ring.consumer_wait(i)
             _, length = prog.chunk(i, K)
             if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
@@ -624,7 +625,7 @@ def _entering_state(prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.con
 
 
 @gluon.jit
-def _sweep(state, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
+def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
     """Step 4: the segment's chunks, O's columns of this consumer (and with ``DUAL`` O2's) stored
     as they come, the state carried on; returns the state leaving the segment."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
@@ -646,10 +647,9 @@ def _sweep(state, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
         if not REVERSE:  # the same powers for every chunk (in reverse they follow its length)
             e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
             w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
-    first = prog.first_pass(K)
     for j in range(prog.steps):
-        s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
         row, length = prog.chunk(j, K)
+        s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
         o, state, p_up, h_up, w_rows = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
                                                    length, prog.lg, K, H_IDX, j)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
