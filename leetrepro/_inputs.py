@@ -275,3 +275,33 @@ def check_cu_seqlens(cu_seqlens, B: torch.Tensor, host=None) -> int | None:
                              f"{B.shape[2]}; got {cu[:4]}{' ...' if len(cu) > 4 else ''} "
                              f"ending at {cu[-1]}")
     return cu_seqlens.numel() - 1
+
+
+def check_gates(g, B: torch.Tensor) -> None:
+    """Raise a TypeError/ValueError naming ``g`` unless it is None or the per-token log gates of
+    B's rows: a floating tensor ``(batch, heads, N)`` on B's device, any strides (a time-major
+    ``(batch, N, heads)`` tensor passed as ``g.transpose(1, 2)`` is read in place). Gate values
+    are log decays, ≤ 0 in every model that uses them (``log a_t``, a_t in (0, 1]); they are not
+    read here (a host synchronisation per call). A positive gate is a growth the operator
+    computes as given, whose products may overflow."""
+    if g is None:
+        return
+    if not isinstance(g, torch.Tensor):
+        raise TypeError(f"g (the per-token log gates) must be a torch.Tensor, got "
+                        f"{type(g).__name__}")
+    want = tuple(B.shape[:3])
+    if tuple(g.shape) != want:
+        raise ValueError(f"g (the per-token log gates) must have shape (batch, heads, N) = "
+                         f"{want}, got {tuple(g.shape)}"
+                         + ("; it looks time-major (batch, N, heads): pass g.transpose(1, 2)"
+                            if g.dim() == 3 and tuple(g.shape) == (want[0], want[2], want[1])
+                            else ""))
+    if not g.is_floating_point():
+        raise TypeError(f"g (the per-token log gates) must be floating point, got {g.dtype}")
+    if g.device != B.device:
+        raise ValueError(f"g is on {g.device}, the inputs on {B.device}")
+
+
+def gate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype gates are computed in: float32 whatever the inputs' (float64 for float64)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -34,18 +34,31 @@ def check_state(state: torch.Tensor | None, B: torch.Tensor, V: torch.Tensor,
 
 
 def add_initial_state(out: torch.Tensor, B: torch.Tensor, S0: torch.Tensor | None,
-                      lg: torch.Tensor | None) -> torch.Tensor:
-    """``out + diag(λ^1..λ^N) B S0`` (out unchanged for S0 None); lg ``(H, 1, 1)`` or None."""
+                      lg: torch.Tensor | None, G: torch.Tensor | None = None) -> torch.Tensor:
+    """``out + diag(λ^1..λ^N) B S0`` (out unchanged for S0 None); lg ``(H, 1, 1)`` or None.
+    ``G``: with per-token gates, their running sums ``(batch, H, N)`` (γ folded in, lg None):
+    the weights exp(G_i) instead."""
     if S0 is None:
         return out
-    w = powers(lg, B.shape[-2], start=1, dtype=B.dtype, device=B.device)
+    w = torch.exp(G).to(B.dtype)[..., None] if G is not None else \
+        powers(lg, B.shape[-2], start=1, dtype=B.dtype, device=B.device)
     return out + scale_rows(B, w) @ S0.to(B.dtype)
 
 
 def final_state(C: torch.Tensor, V: torch.Tensor, lg: torch.Tensor | None,
-                S0: torch.Tensor | None = None) -> torch.Tensor:
-    """``S_N = λ^N S0 + (diag(λ^(N-1)..λ^0) C)ᵀ V``, ``(batch, heads, r, d)`` in C's dtype."""
+                S0: torch.Tensor | None = None, G: torch.Tensor | None = None) -> torch.Tensor:
+    """``S_N = λ^N S0 + (diag(λ^(N-1)..λ^0) C)ᵀ V``, ``(batch, heads, r, d)`` in C's dtype.
+    ``G``: with per-token gates, their running sums (γ folded in, lg None): the weights
+    exp(G_(N-1) − G_j) and exp(G_(N-1)) instead."""
     n = C.shape[-2]
+    if G is not None:
+        if n == 0:
+            return torch.zeros_like(C.transpose(-1, -2) @ V) + (0 if S0 is None else S0.to(C.dtype))
+        w = torch.exp(G[..., -1:] - G).to(C.dtype)[..., None]
+        s = (C * w).transpose(-1, -2) @ V
+        if S0 is not None:
+            s = s + S0.to(C.dtype) * torch.exp(G[..., -1]).to(C.dtype)[..., None, None]
+        return s
     s = scale_rows(C, powers(lg, n, reverse=True, dtype=C.dtype, device=C.device)).transpose(-1, -2) @ V
     if S0 is not None:
         s = s + (S0.to(C.dtype) if lg is None else S0.to(C.dtype) * torch.exp(lg * n).to(C.dtype))

@@ -7,7 +7,7 @@ import torch
 
 from . import methods as _methods  # noqa: F401  (fills the registry)
 from . import ops, registry
-from ._inputs import check_cu_seqlens, check_qkv, normalize_gamma
+from ._inputs import check_cu_seqlens, check_gates, check_qkv, normalize_gamma
 from ._state import check_state
 from .registry import get
 
@@ -18,7 +18,7 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
                           output_final_state: bool = False,
                           cu_seqlens: torch.Tensor | None = None,
                           cu_seqlens_cpu: torch.Tensor | None = None, scale: float = 1.0,
-                          **options):
+                          g: torch.Tensor | None = None, **options):
     """Exponentially decaying causal linear attention, ``O = (B Cᵀ ⊙ M) V``, differentiable.
 
     Args:
@@ -48,6 +48,15 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             are checked from it, so a packed call on a GPU reads nothing back from the device.
         scale: a nonzero number multiplying O (flash-linear-attention's query scale): free in
             Chunk, which applies it as it writes O; the final state is not scaled.
+        g: per-token log gates ``(batch, heads, N)`` (flash-linear-attention's ``g``, Mamba-2's
+            ``dt·A``): the decay a_t = e^(g_t) of row t, ≤ 0 in the models that use it, any
+            strides (a time-major ``(batch, N, heads)`` tensor as ``g.transpose(1, 2)``), any
+            float dtype (computed in float32, float64 for float64 inputs). Then
+            ``M[i, j] = exp(G_i − G_j)`` with G the running sum of g, and
+            ``S_t = e^(g_t) S_{t-1} + c_tᵀ v_t``; with ``gamma`` as well the decays multiply.
+            Differentiable (dg from the same sweeps as dB and dC). Methods that take gates:
+            ``available()["gates"]`` (Chunk, LA_torch, Bb, Recur, Vanilla); a gate of −1e4 is
+            a hard reset (exact zeros across it).
         **options: method options, e.g. ``block_size`` for Bb and LA_torch, ``base`` for Recur,
             ``fp32_precision`` for the Triton kernels. A bad value is a ValueError naming the
             option. With ``method="auto"`` only ``fp32_precision`` is accepted (every method takes
@@ -56,7 +65,7 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
 
     Returns:
         O, ``(batch, heads, N, d)``, in the inputs' dtype (accumulated in float32 or wider);
-        ``(O, S_N)`` with ``output_final_state=True``. Gradients flow to B, C, V and
+        ``(O, S_N)`` with ``output_final_state=True``. Gradients flow to B, C, V, ``g`` and
         ``initial_state`` (:mod:`leetrepro.ops`). Rows before a non-finite row of C or V are
         exact (non-finite values never leak backwards in time).
 
@@ -68,10 +77,10 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     compiling = torch.compiler.is_compiling()
     # auto chooses for what the call will cost: a forward alone, or a forward and its backward
     grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (B, C, V, initial_state))
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (B, C, V, initial_state, g))
     key = None if compiling or initial_state is not None or cu_seqlens is not None \
         or is_mask_weight is not None else \
-        _signature(B, C, V, method, options, output_final_state, gamma is None, grad)
+        _signature(B, C, V, method, options, output_final_state, gamma is None, grad, g is None)
     seen = _SEEN.get(key) if key is not None else None
     if seen is None:
         check_qkv(B, C, V)
@@ -82,15 +91,18 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             warnings.warn("is_mask_weight=False: gamma is ignored and the 0-1 causal mask is used",
                           stacklevel=2)
             gamma = None
-    g = normalize_gamma(gamma, B.shape[1], B.device)
+    if g is not None:
+        check_gates(g, B)
+    gam = normalize_gamma(gamma, B.shape[1], B.device)
     check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B, cu_seqlens_cpu))
     scale = _check_scale(scale)
     if not compiling:
         # checked here, in eager mode, so errors name the call; a compiled graph defers them to
         # the op, which checks the same when it runs
         if seen is None:
-            seen = ops.prepare(method, options, B, g, initial_state is not None or output_final_state,
-                               V, grad)
+            seen = ops.prepare(method, options, B, gam,
+                               initial_state is not None or output_final_state, V, grad,
+                               g is not None)
             if key is not None:
                 if len(_SEEN) >= 1024:
                     _SEEN.clear()
@@ -98,14 +110,14 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
         m, opts = seen
         if not grad:
             # nothing for autograd to record: skip the op's dispatch (host time per call)
-            out, s = ops.run(m, opts, B, C, V, g, initial_state, False, output_final_state,
-                             cu_seqlens=cu_seqlens, scale=scale)
+            out, s = ops.run(m, opts, B, C, V, gam, initial_state, False, output_final_state,
+                             cu_seqlens=cu_seqlens, scale=scale, g=g)
             return (out, s) if output_final_state else out
-        out, s = ops.Eager.apply(B, C, V, g, initial_state, seen, False, output_final_state,
-                                 cu_seqlens, scale)
+        out, s = ops.Eager.apply(B, C, V, gam, initial_state, seen, False, output_final_state,
+                                 cu_seqlens, scale, g)
         return (out, s) if output_final_state else out
-    out, s = ops.causal_linear(B, C, V, g, initial_state, method, ops.encode_options(options),
-                               False, output_final_state, cu_seqlens, scale, grad)
+    out, s = ops.causal_linear(B, C, V, gam, initial_state, method, ops.encode_options(options),
+                               False, output_final_state, cu_seqlens, scale, grad, g)
     return (out, s) if output_final_state else out
 
 
@@ -119,12 +131,12 @@ registry.on_change(_SEEN.clear)
 
 
 def _signature(B, C, V, method, options: dict, final: bool, no_decay: bool,
-               grad: bool) -> tuple | None:
+               grad: bool, no_gates: bool = True) -> tuple | None:
     """The key of :data:`_SEEN`, or None where the arguments are not tensors or an option value
     is unhashable (those calls are checked in full)."""
     try:
         # (strides and gradients: what auto chooses by besides shapes, dtypes and devices)
-        key = (method, tuple(options.items()), final, no_decay, B.shape, C.shape, V.shape, B.dtype,
+        key = (method, tuple(options.items()), final, no_decay, no_gates, B.shape, C.shape, V.shape, B.dtype,
                C.dtype, V.dtype, B.device, C.device, V.device, B.stride(), V.stride(), grad)
         hash(key)
     except (AttributeError, TypeError):

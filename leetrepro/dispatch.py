@@ -54,7 +54,8 @@ AUTO_MARGIN = 1.10
 class Call(NamedTuple):
     """What ``method="auto"`` decides on: the call's signature beyond dtype and device.
     ``head_major``: B, C, V ``(batch, heads, N, ·)`` with rows packed (row stride = the last
-    dimension), as the table measured; ``grad``: autograd will take this call's gradient."""
+    dimension), as the table measured; ``grad``: autograd will take this call's gradient;
+    ``gates``: per-token gates (only methods that take them; the table timed none)."""
     batch: int = 1
     heads: int = 32
     r: int = 128
@@ -63,13 +64,15 @@ class Call(NamedTuple):
     state: bool = False
     grad: bool = False
     head_major: bool = True
+    gates: bool = False
 
 
-def call_of(B: torch.Tensor, V: torch.Tensor, *, decay: bool, state: bool, grad: bool) -> Call:
+def call_of(B: torch.Tensor, V: torch.Tensor, *, decay: bool, state: bool, grad: bool,
+            gates: bool = False) -> Call:
     """:class:`Call` of inputs B ``(batch, heads, N, r)`` and V ``(batch, heads, N, d)``."""
     batch, heads, _, r = B.shape
     return Call(batch, heads, r, V.shape[-1], bool(decay), bool(state), bool(grad),
-                packed_rows(B) and packed_rows(V))
+                packed_rows(B) and packed_rows(V), bool(gates))
 
 
 def packed_rows(t: torch.Tensor) -> bool:
@@ -95,14 +98,15 @@ def table_path(tag: str) -> str:
 
 def auto_method(n: int, dtype: torch.dtype, device, *, batch: int = 1, decay: bool = False,
                 state: bool = False, heads: int = 32, r: int = 128, d: int = 128,
-                grad: bool = False, head_major: bool = True) -> registry.Method:
+                grad: bool = False, head_major: bool = True,
+                gates: bool = False) -> registry.Method:
     """The method ``method="auto"`` uses for these inputs (N rows, ``dtype`` on ``device``, the
     rest of the signature as :class:`Call`): the measured table's choice where it speaks for the
     call, else the rule above; with ``state``, only methods that take and return the recurrent
-    state."""
+    state; with ``gates``, only methods that take per-token gates."""
     return method_for(n, dtype, torch.device(device),
                       Call(batch, heads, r, d, bool(decay), bool(state), bool(grad),
-                           bool(head_major)))
+                           bool(head_major), bool(gates)))
 
 
 def method_for(n: int, dtype: torch.dtype, device: torch.device, call: Call) -> registry.Method:
@@ -115,7 +119,7 @@ def _auto(n, dtype, device, call: Call) -> registry.Method:
     def usable(m):
         # native devices only: a Triton kernel interpreted on a CPU is correct but very slow
         return (m.supports(dtype, device) and device.type in m.devices
-                and not m.unsafe and (m.state or not call.state))
+                and not m.unsafe and (m.state or not call.state) and (m.gates or not call.gates))
 
     picked = choose(n, dtype, device, call)
     candidates = ([picked] if picked else []) + list(
@@ -129,14 +133,15 @@ def _auto(n, dtype, device, call: Call) -> registry.Method:
         if usable(m):
             return m
     raise ValueError(f"no registered method supports dtype {dtype} on {device}"
-                     + (" with a state" if call.state else ""))
+                     + (" with a state" if call.state else "")
+                     + (" with per-token gates" if call.gates else ""))
 
 
 def choose(n: int, dtype: torch.dtype, device, call: Call = Call()) -> str | None:
     """The abbreviation the table names for a call of N rows (:class:`Call`), or None where no
     table speaks for it (no table, another regime, no matching rows): the rule decides."""
     device = torch.device(device)
-    if device.type != "cuda" or call.grad or not call.head_major:
+    if device.type != "cuda" or call.grad or not call.head_major or call.gates:
         return None
     found = tuning.dispatch_row(table_path(gpu_tag(device)), n, call.batch * call.heads,
                                 SHORT_NAMES.get(dtype), call.decay, call.r, call.d)

@@ -34,6 +34,19 @@ With a state (``initial_state`` S0, final state S_N, gradient dS_N), using X = d
 
 (the reverse pass adds λ^(N-t) c_t X = λ^(N-1-t) c_t dS_N to row t, and ends in
 R = λ^N X + Σ_t λ^t b_tᵀ dO_t). The decays are fixed: no gradient flows to ``gamma``.
+
+**Per-token gates** ``g`` (M[i, j] = exp(G_i − G_j), G the running sum; a γ folds into them as
+g + log λ, :func:`leetrepro._decay.fold_gates`). The transposed mask is the operator on reversed
+rows whose gates are shifted by one (row t carries g_(t+1), each sequence's last row 0:
+:func:`leetrepro._decay.shift_gates`), so the same three sweeps give dB, dC, dV, with X = dS_N
+and dS0 = e^(g_0) R. The gates' gradient needs no sweep of its own: G_i enters row i's output
+and −G_j column j's, so
+
+    dG_i = b_i·db_i − c_i·dc_i  (+ ⟨dS_N, S_N⟩ at the last row),   dg_t = Σ_(i ≥ t) dG_i,
+
+a row dot of each input with its gradient and a reverse running sum per head (per sequence when
+packed): dg asks for dB and dC even where B and C are frozen. Gradients flow to ``g``, never to
+``gamma``.
 """
 from __future__ import annotations
 
@@ -44,7 +57,8 @@ import json
 import torch
 
 from . import dispatch, registry
-from ._inputs import check_gamma_values, normalize_gamma
+from ._decay import fold_gates, shift_gates
+from ._inputs import check_gamma_values, gate_dtype, normalize_gamma
 from .registry import OPTION_RULES, UNIVERSAL_OPTIONS, Method
 
 
@@ -57,16 +71,38 @@ def is_auto(method) -> bool:
     return isinstance(method, str) and method.lower() == "auto"
 
 
+#: why a method of the paper takes no per-token gates, where there is more to say than that
+NO_GATES = {
+    "FA": "FleetAttention factorises the mask per head as γ^i · γ^-j (rank one); with gates the "
+          "factors become exp(G_i) and exp(−G_j), and exp(−G_j) overflows float32 once the "
+          "running gate sum G_j falls below −88 (a few hundred tokens of a typical gate, one "
+          "document boundary of a hard reset)",
+    "FA_modify": "FleetAttention's factorisation (as FA)",
+    "Cdotp": "the causal dot product's kernel is the 0-1 mask's prefix sum; a gate per token "
+             "is a decay it has no place for",
+    "LA": "LA's Triton kernel takes one γ per head; Chunk is its kernel with gates",
+}
+
+
+def _refuse_gates(m: Method) -> None:
+    why = NO_GATES.get(m.abbr, "it has no per-token decay rule")
+    raise ValueError(f"method {m.name} ({m.abbr}) does not take per-token gates g: {why}; "
+                     f"methods that do: {', '.join(x.abbr for x in registry.methods() if x.gates)}")
+
+
 def resolve(method, B: torch.Tensor, gamma, with_state: bool, V: torch.Tensor | None = None,
-            grad: bool = False) -> Method:
+            grad: bool = False, gates: bool = False) -> Method:
     """The registered method that will run these inputs (``"auto"`` chosen by
-    :func:`leetrepro.dispatch.auto_method` from B's and V's signature and ``grad``, whether
-    autograd will take this call's gradient), or a ValueError saying why none can."""
+    :func:`leetrepro.dispatch.auto_method` from B's and V's signature, ``grad``, whether
+    autograd will take this call's gradient, and ``gates``, per-token gates), or a ValueError
+    saying why none can."""
     if is_auto(method):
         call = dispatch.call_of(B, B if V is None else V, decay=gamma is not None,
-                                state=with_state, grad=grad)
+                                state=with_state, grad=grad, gates=gates)
         return dispatch.method_for(B.shape[2], B.dtype, B.device, call)
     m = registry.get(method)
+    if gates and not m.gates:
+        _refuse_gates(m)
     if with_state and not m.state:
         raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
                          f"that do: {', '.join(x.abbr for x in registry.methods() if x.state)}")
@@ -116,10 +152,11 @@ def check_options(m: Method | None, options: dict) -> dict:
 
 
 def prepare(method, options: dict, B: torch.Tensor, gamma, with_state: bool,
-            V: torch.Tensor | None = None, grad: bool = False) -> tuple[Method, dict]:
+            V: torch.Tensor | None = None, grad: bool = False,
+            gates: bool = False) -> tuple[Method, dict]:
     """The method that will run (:func:`resolve`) and the options it gets (:func:`check_options`):
     ``"auto"`` takes only universal options, whichever method it picks."""
-    m = resolve(method, B, gamma, with_state, V, grad)
+    m = resolve(method, B, gamma, with_state, V, grad, gates)
     if is_auto(method):
         options = check_options(None, options)
     return m, check_options(m, options)
@@ -160,7 +197,8 @@ def _decode(options: str) -> tuple:
 def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         output_final_state: bool, dual: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
-        out: torch.Tensor | None = None, out2: torch.Tensor | None = None):
+        out: torch.Tensor | None = None, out2: torch.Tensor | None = None,
+        g: torch.Tensor | None = None):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
     with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
     ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
@@ -169,10 +207,16 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     Layout: O is dense in V's dimension order (:func:`output_like`: a time-major V gives a
     time-major O, whose ``transpose(1, 2).reshape(b, N, h·d)`` is a view), the dual output in
     B's, or written into ``out``/``out2`` (any strides) when given: a method with ``Method.out``
-    writes there itself, others' results are copied in."""
+    writes there itself, others' results are copied in.
+
+    ``g``: per-token log gates ``(batch, heads, N)`` (a method with ``Method.gates``); a γ folds
+    into them here. In reverse time the method gets them shifted (:func:`shift_gates`)."""
+    if g is not None:
+        g = fold_gates(g, gamma, gate_dtype(V.dtype))
+        gamma = None
     if cu_seqlens is not None and not m.varlen:
         res = _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-                        dual, cu_seqlens, scale)
+                        dual, cu_seqlens, scale, g)
         return _placed(res, B, V, dual, out, out2)
     batch, heads, n, r = B.shape
     d = V.shape[-1]
@@ -194,6 +238,11 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         kw["dual"] = dual
     if cu_seqlens is not None:
         kw["cu_seqlens"] = cu_seqlens
+    if g is not None:
+        if not m.gates:
+            _refuse_gates(m)
+        g = shift_gates(g, cu_seqlens) if reverse else g
+        kw["g"] = g.flip(-1) if flip else g
     if scale != 1.0 and m.scale:
         kw["scale"] = scale
     if m.out and not flip:
@@ -255,7 +304,7 @@ def _empty_sequences(V, r, initial_state, output_final_state, count):
 
 
 def _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state, dual, cu,
-              scale):
+              scale, g=None):
     """Packed sequences one call each (methods without a packed mode; one host read of cu)."""
     bounds = cu.tolist()
     outs, outs2, states = [], [], []
@@ -263,7 +312,8 @@ def _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_stat
         rows = slice(bounds[i], bounds[i + 1])
         s0 = None if initial_state is None else initial_state[i:i + 1]
         o, s = run(m, opts, B[:, :, rows], C[:, :, rows], V[:, :, rows], gamma, s0, reverse,
-                   output_final_state, None if dual is None else dual[:, :, rows], scale=scale)
+                   output_final_state, None if dual is None else dual[:, :, rows], scale=scale,
+                   g=None if g is None else g[:, :, rows])
         if dual is not None:
             o, o2 = o
             outs2.append(o2)
@@ -283,24 +333,26 @@ def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torc
                   initial_state: torch.Tensor | None, method: str, options: str, reverse: bool,
                   output_final_state: bool, cu_seqlens: torch.Tensor | None = None,
                   scale: float = 1.0, differentiable: bool = False,
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  g: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``O = (B Cᵀ ⊙ M) V`` (``reverse``: on time-reversed rows) by ``method`` (a registered name
     or ``"auto"``), ``options`` a JSON object of method options; ``gamma`` None or a float64
     ``(H,)`` tensor of decays in (0, 1]; ``cu_seqlens`` None or the offsets of sequences packed
     along N; ``scale`` multiplies O (not S_N); ``differentiable``: autograd will take this call's
-    gradient (what ``"auto"`` chooses for: the op's forward cannot see it). Returns ``(O, S_N)``,
+    gradient (what ``"auto"`` chooses for: the op's forward cannot see it); ``g`` None or the
+    per-token log gates ``(batch, heads, N)``. Returns ``(O, S_N)``,
     S_N an empty tensor unless ``output_final_state``. Use
     :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
-                      initial_state is not None or output_final_state, V, differentiable)
+                      initial_state is not None or output_final_state, V, differentiable,
+                      g is not None)
     return run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-               cu_seqlens=cu_seqlens, scale=scale)
+               cu_seqlens=cu_seqlens, scale=scale, g=g)
 
 
 @causal_linear.register_fake
 def _(B, C, V, gamma, initial_state, method, options, reverse, output_final_state, cu_seqlens=None,
-      scale=1.0, differentiable=False):
+      scale=1.0, differentiable=False, g=None):
     batch, heads, _, r = B.shape
     batch = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     sdtype = state_dtype(V.dtype)
@@ -314,48 +366,67 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
                            dS: torch.Tensor | None, method: str, options: str, reverse: bool,
                            need_b: bool, need_c: bool, need_v: bool, need_s0: bool,
                            cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dB, dC, dV, dS0)`` of :func:`causal_linear` for output gradients dO and dS
-    (dS None: the final state was not asked for), by the forward's method; an empty tensor stands
-    for a gradient not asked for. See the module docstring for the formulas. A method that takes
-    ``dual=`` (Chunk) computes dV and dC in one reverse sweep."""
+                           g: torch.Tensor | None = None, SN: torch.Tensor | None = None,
+                           need_g: bool = False,
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor]:
+    """Gradients ``(dB, dC, dV, dS0, dg)`` of :func:`causal_linear` for output gradients dO and
+    dS (dS None: the final state was not asked for), by the forward's method; an empty tensor
+    stands for a gradient not asked for. ``g``: the forward's gates, ``SN`` its final state (for
+    dg's ⟨dS_N, S_N⟩ term; None without dS). See the module docstring for the formulas. A method
+    that takes ``dual=`` (Chunk) computes dV and dC in one reverse sweep."""
     check_gamma_values(gamma)
     m, opts = prepare(method, dict(_decode(options)), B, gamma,
-                      initial_state is not None or dS is not None, V, True)
+                      initial_state is not None or dS is not None, V, True, g is not None)
     return _gradients(m, opts, dO, B, C, V, gamma, initial_state, dS, reverse, need_b, need_c,
-                      need_v, need_s0, cu_seqlens, scale)
+                      need_v, need_s0, cu_seqlens, scale, g=g, SN=SN, need_g=need_g)
 
 
 def gradients(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
-              method: str = "auto", need: tuple = (True, True, True), **options) -> tuple:
+              method: str = "auto", need: tuple = (True, True, True), g=None, **options) -> tuple:
     """``(dB, dC, dV)`` of ``O = (B Cᵀ ⊙ M) V`` for the output gradient dO ``(batch, heads, N, d)``
-    (``gamma`` as :func:`leetrepro.causal_linear_decoder` takes it): what a layer built on the
-    operator calls from its own backward, with nothing saved but the inputs and no forward run
-    again. ``need``: which of the three to compute (an empty tensor stands for the others).
+    (``gamma`` and the gates ``g`` as :func:`leetrepro.causal_linear_decoder` takes them): what a
+    layer built on the operator calls from its own backward, with nothing saved but the inputs
+    and no forward run again. ``need``: which of the three to compute (an empty tensor stands
+    for the others); with ``g`` a fourth entry asks for dg, returned fourth.
     Under ``torch.compile`` it is the backward's custom op, which the graph can hold."""
-    g = normalize_gamma(gamma, B.shape[1], B.device)
+    gam = normalize_gamma(gamma, B.shape[1], B.device)
+    need_g = len(need) > 3 and bool(need[3])
+    keep = (0, 1, 2, 4) if need_g else (0, 1, 2)
     if torch.compiler.is_compiling():
-        return causal_linear_backward(dO, B, C, V, g, None, None, method, encode_options(options),
-                                      False, *need, False, None, 1.0)[:3]
-    m, opts = prepare(method, options, B, g, False, V, True)
-    return _gradients(m, opts, dO, B, C, V, g, None, None, False, *need, False, None, 1.0)[:3]
+        res = causal_linear_backward(dO, B, C, V, gam, None, None, method, encode_options(options),
+                                     False, *need[:3], False, None, 1.0, g, None, need_g)
+        return tuple(res[i] for i in keep)
+    m, opts = prepare(method, options, B, gam, False, V, True, g is not None)
+    res = _gradients(m, opts, dO, B, C, V, gam, None, None, False, *need[:3], False, None, 1.0,
+                     g=g, need_g=need_g)
+    return tuple(res[i] for i in keep)
 
 
 def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, reverse: bool,
                need_b: bool, need_c: bool, need_v: bool, need_s0: bool, cu_seqlens,
-               scale: float, shared: bool = False) -> tuple:
+               scale: float, shared: bool = False, g: torch.Tensor | None = None,
+               SN: torch.Tensor | None = None, need_g: bool = False) -> tuple:
     """:func:`causal_linear_backward` by a resolved method and its options. Each gradient comes
     in its input's layout (:func:`gradient_buffers`; ``shared``: as views of one buffer where
     B, C, V are the slices of one projection), written there by the kernel itself (Chunk), so
     that neither autograd nor the projection's backward copies it."""
+    gate = None
+    if g is not None:
+        if reverse:
+            raise ValueError("the operator in reverse time with gates has no backward here")
+        gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
+    wanted = (need_b, need_c, need_v, need_s0, need_g)
+    need_b, need_c = need_b or need_g, need_c or need_g  # (dg is read off dB and dC)
     if m.gradients is not None and initial_state is None and dS is None and cu_seqlens is None \
-            and not reverse and (need_b or need_c or need_v):
+            and not reverse and gate is None and (need_b or need_c or need_v):
         grads = m.gradients(dO * scale if scale != 1.0 else dO, B, C, V, gamma, **opts)
         return tuple(_into(g, x, None) if k else V.new_empty(0)
                      for g, x, k in zip(grads, (B, C, V), (need_b, need_c, need_v))) \
-            + (V.new_empty(0),)
+            + (V.new_empty(0), V.new_empty(0))
     dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
+    call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate)
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -366,26 +437,63 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
         (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                          cu_seqlens=cu_seqlens, scale=scale, out=dv_out, out2=dC)
+                          out=dv_out, out2=dC, **call)
     else:
         if need_v or (need_s0 and not need_c):
-            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, cu_seqlens=cu_seqlens,
-                        scale=scale, out=dV)
+            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV, **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                         cu_seqlens=cu_seqlens, scale=scale, out=dC)
+                         out=dC, **call)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
-        dS0 = _into((_per_head(R, gamma, 1) * scale).to(initial_state.dtype), initial_state, None)
+        R = _per_head(R, gamma, 1) if gate is None else R * _first_decay(gate, cu_seqlens)
+        dS0 = _into((R * scale).to(initial_state.dtype), initial_state, None)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, cu_seqlens=cu_seqlens,
-                    scale=scale, out=dB)
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call)
+    dg = gate_gradient(B, dB, C, dC, cu_seqlens, dS, SN).to(g.dtype) if need_g else None
     # a gradient not asked for is an empty tensor of its own: outputs of a custom op may not alias
     # one another (one shared empty tensor made every partial backward raise)
-    return tuple(g if k else V.new_empty(0)
-                 for g, k in zip((dB, dC, dV, dS0), (need_b, need_c, need_v, need_s0)))
+    return tuple(x if k else V.new_empty(0)
+                 for x, k in zip((dB, dC, dV, dS0, dg), wanted))
+
+
+def _first_decay(gate: torch.Tensor, cu_seqlens) -> torch.Tensor:
+    """e^(g_0) per (batch or sequence, head) as ``(·, heads, 1, 1)``: the decay of the initial
+    state into each sequence's first row."""
+    if cu_seqlens is None:
+        return torch.exp(gate[..., 0].to(torch.float32))[..., None, None]
+    starts = cu_seqlens[:-1].long()
+    first = gate[0][:, starts.clamp_max(max(gate.shape[-1] - 1, 0))].T.to(torch.float32)
+    # (an empty sequence passes its state through: no decay)
+    first = torch.where((cu_seqlens[1:] > cu_seqlens[:-1])[:, None], first, 0.0)
+    return torch.exp(first)[..., None, None]
+
+
+def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None) -> torch.Tensor:
+    """dg ``(batch, heads, N)`` float32 from the gradients of B and C (module docstring):
+    dG_i = b_i·db_i − c_i·dc_i (+ ⟨dS_N, S_N⟩ at each sequence's last row), then its reverse
+    running sum, restarted at each packed sequence's end."""
+    dG = (B.float() * dB.float()).sum(-1) - (C.float() * dC.float()).sum(-1)
+    n = dG.shape[-1]
+    if dS is not None and SN is not None and SN.numel() and n:
+        tail = (dS.float() * SN.float()).sum((-1, -2))  # (batch or sequences, heads)
+        if cu_seqlens is None:
+            dG[..., -1] += tail
+        else:
+            ends = cu_seqlens[1:].long() - 1
+            keep = cu_seqlens[1:] > cu_seqlens[:-1]  # (an empty sequence has no last row)
+            dG[0].index_add_(1, ends.clamp_min(0), (tail * keep[:, None]).T.contiguous())
+    rc = dG.flip(-1).cumsum(-1).flip(-1)  # Σ_(i ≥ t)
+    if cu_seqlens is None or cu_seqlens.numel() <= 2:
+        return rc
+    # per sequence: minus the sum over the rows after its end
+    cu = cu_seqlens.long()
+    rows = torch.arange(n, device=dG.device)
+    end = cu[torch.searchsorted(cu, rows, right=True).clamp_max(cu.numel() - 1)]
+    after = torch.nn.functional.pad(rc, (0, 1))[..., end]
+    return rc - after
 
 
 def gradient_buffers(B, C, V, need_b: bool, need_c: bool, need_v: bool, shared: bool = False):
@@ -446,9 +554,12 @@ def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, n
 
 def _setup_context(ctx, inputs, output):
     (B, C, V, gamma, initial_state, method, options, reverse, output_final_state, cu_seqlens,
-     scale, *_) = inputs
-    ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens)
+     scale, _, *rest) = inputs
+    g = rest[0] if rest else None
+    ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens, g,
+                          output[1] if g is not None and output_final_state else None)
     ctx.args = (method, options, reverse, output_final_state, scale)
+    ctx.g_index = 12
 
 
 def _per_head(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.Tensor:
@@ -459,23 +570,28 @@ def _per_head(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.
 
 
 def _backward(ctx, dO, dS):
-    """The gradients of (B, C, V, gamma, initial_state) and None for every other input of the
-    custom op (``ctx.args``: :func:`_setup_context`) or of :class:`Eager` (``ctx.resolved``)."""
-    B, C, V, gamma, S0, cu_seqlens = ctx.saved_tensors
+    """The gradients of (B, C, V, gamma, initial_state) and of the gates (at ``ctx.g_index``),
+    None for every other input of the custom op (``ctx.args``: :func:`_setup_context`) or of
+    :class:`Eager` (``ctx.resolved``)."""
+    B, C, V, gamma, S0, cu_seqlens, g, SN = ctx.saved_tensors
     method, options, reverse, final, scale = ctx.args
     need_b, need_c, need_v, _, need_s0 = ctx.needs_input_grad[:5]
+    need_g = g is not None and ctx.needs_input_grad[ctx.g_index]
     dO = torch.zeros_like(V) if dO is None else dO.to(V.dtype)
     dS = dS if final and dS is not None and dS.numel() else None
     grad = (dO, B, C, V, gamma, S0, dS)
     flags = (reverse, need_b, need_c, need_v, bool(need_s0), cu_seqlens, scale)
+    gates = dict(g=g, SN=SN if dS is not None else None, need_g=bool(need_g))
     resolved = getattr(ctx, "resolved", None)
     if resolved is None:
-        dB, dC, dV, dS0 = causal_linear_backward(*grad, method, options, *flags)
+        dB, dC, dV, dS0, dg = causal_linear_backward(*grad, method, options, *flags, **gates)
     else:  # (eager: the gradients may share one buffer; a custom op's outputs may not alias)
-        dB, dC, dV, dS0 = _gradients(*resolved, *grad, *flags, shared=True)
-    none = (None,) * (len(ctx.needs_input_grad) - 5)
-    return (dB if need_b else None, dC if need_c else None, dV if need_v else None, None,
-            dS0 if need_s0 else None) + none
+        dB, dC, dV, dS0, dg = _gradients(*resolved, *grad, *flags, shared=True, **gates)
+    out = [dB if need_b else None, dC if need_c else None, dV if need_v else None, None,
+           dS0 if need_s0 else None] + [None] * (len(ctx.needs_input_grad) - 5)
+    if need_g:
+        out[ctx.g_index] = dg
+    return tuple(out)
 
 
 causal_linear.register_autograd(_backward, setup_context=_setup_context)
@@ -490,13 +606,15 @@ class Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, B, C, V, gamma, initial_state, resolved, reverse, output_final_state,
-                cu_seqlens, scale):
+                cu_seqlens, scale, g=None):
         m, opts = resolved
         out, s = run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-                     cu_seqlens=cu_seqlens, scale=scale)
-        ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens)
+                     cu_seqlens=cu_seqlens, scale=scale, g=g)
+        ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens, g,
+                              s if g is not None and output_final_state else None)
         ctx.args = (None, None, reverse, output_final_state, scale)
         ctx.resolved = resolved
+        ctx.g_index = 10
         return out, s
 
     @staticmethod

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from ._decay import causal_mask
-from ._inputs import check_qkv, log_gamma, normalize_gamma
+from ._decay import causal_mask, fold_gates, gate_mask
+from ._inputs import check_gates, check_qkv, log_gamma, normalize_gamma
 from ._state import add_initial_state, check_state, final_state
 
 
 def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
               row_block: int = 2048, initial_state: torch.Tensor | None = None,
-              output_final_state: bool = False):
+              output_final_state: bool = False, g: torch.Tensor | None = None):
     """``O = (B Cᵀ ⊙ M) V`` by the quadratic formula, in float64.
 
     Shapes: B, C ``(batch, heads, N, r)``, V ``(batch, heads, N, d)``; returns ``(batch, heads, N, d)``
@@ -21,11 +21,18 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
     ``initial_state`` ``(batch, heads, r, d)`` / ``output_final_state``: the recurrent state of
     :mod:`leetrepro._state`; with ``output_final_state`` the result is ``(O, S_N)``, both float64.
     Differentiable (plain float64 autograd): the oracle of the gradients too.
+
+    ``g``: per-token log gates ``(batch, heads, N)`` (:func:`leetrepro._inputs.check_gates`):
+    M[i, j] = γ^(i-j) exp(G_i − G_j), G the running sum of g (in float64), and the state's
+    convention S_t = γ e^(g_t) S_(t-1) + c_tᵀ v_t; differentiable in g too.
     """
     check_qkv(B, C, V)
     check_state(initial_state, B, V)
-    g = normalize_gamma(gamma, B.shape[1], B.device)
-    lg = log_gamma(g, torch.float64)
+    check_gates(g, B)
+    gam = normalize_gamma(gamma, B.shape[1], B.device)
+    gate = fold_gates(g, gam, torch.float64)
+    G = None if gate is None else gate.cumsum(-1)
+    lg = None if G is not None else log_gamma(gam, torch.float64)
     B, C, V = (t.to(torch.float64) for t in (B, C, V))
     C, V, bad_out, bad_state = _nonfinite(C, V)
     n = B.shape[2]
@@ -33,14 +40,18 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
     for s in range(0, n, row_block):
         e = min(n, s + row_block)
         # rows s..e-1 see columns 0..e-1; mask row i, col j -> λ^(i-j)
-        mask = causal_mask(e - s, lg, dtype=torch.float64, device=V.device, m=e, row_offset=s)
+        if G is None:
+            mask = causal_mask(e - s, lg, dtype=torch.float64, device=V.device, m=e,
+                               row_offset=s)
+        else:
+            mask = gate_mask(G[..., s:e], G_cols=G[..., :e], dtype=torch.float64, row_offset=s)
         out[:, :, s:e] = ((B[:, :, s:e] @ C[:, :, :e].transpose(-1, -2)) * mask) @ V[:, :, :e]
     S0 = None if initial_state is None else initial_state.to(torch.float64)
-    out = add_initial_state(out, B, S0, lg)
+    out = add_initial_state(out, B, S0, lg, G)
     out = torch.where(bad_out, torch.nan, out)
     if not output_final_state:
         return out
-    return out, torch.where(bad_state, torch.nan, final_state(C, V, lg, S0))
+    return out, torch.where(bad_state, torch.nan, final_state(C, V, lg, S0, G))
 
 
 def _nonfinite(C: torch.Tensor, V: torch.Tensor):

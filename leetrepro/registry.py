@@ -59,6 +59,7 @@ class Method:
     dual: bool = False             # takes dual=E: also op(E, V, C) from the same sweep (dV with dC)
     varlen: bool = False           # takes cu_seqlens= (packed sequences); others run them one by one
     scale: bool = False            # takes scale= (multiplies O as it is stored); others multiply after
+    gates: bool = False            # takes g= (per-token gates, γ folded in; leetrepro._decay)
     out: bool = False              # takes out=/out2= (writes O, the dual output into them, any
     #                                strides): the backward's gradients land in their inputs' layouts
     summary: str = ""
@@ -83,7 +84,8 @@ _REGISTRY: dict[str, Method] = {}
 def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
              unsafe: bool = False, state: bool = False, reverse: bool = False, dual: bool = False,
-             varlen: bool = False, scale: bool = False, out: bool = False, summary: str = "",
+             varlen: bool = False, scale: bool = False, out: bool = False, gates: bool = False,
+             summary: str = "",
              options: dict | None = None, gradients: Callable | None = None,
              replace: bool = False):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
@@ -98,7 +100,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
         m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
                    dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
                    unsafe=unsafe, state=state, reverse=reverse, dual=dual, varlen=varlen,
-                   scale=scale, out=out,
+                   scale=scale, out=out, gates=gates,
                    summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
                    options=dict(options or {}), gradients=gradients)
         keys = {name.lower(), m.abbr.lower()}
@@ -161,8 +163,8 @@ def available():
     """A pandas DataFrame of the registered methods: name, abbreviation, language, complexity,
     dtypes, devices, whether the method is unsafe (wrong by design, kept for a table), whether
     it takes and returns the recurrent state, whether it runs in reverse time natively (else
-    its backward flips the inputs) and whether it runs packed sequences (``cu_seqlens``) in one
-    launch (else one call per sequence)."""
+    its backward flips the inputs), whether it runs packed sequences (``cu_seqlens``) in one
+    launch (else one call per sequence) and whether it takes per-token gates (``g``)."""
     import pandas as pd
 
     from ._inputs import SHORT_NAMES as short
@@ -171,6 +173,6 @@ def available():
                  dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)
                                  if d in short),
                  devices=",".join(sorted(m.device_types())), unsafe=m.unsafe, state=m.state,
-                 reverse=m.reverse, varlen=m.varlen, summary=m.summary)
+                 reverse=m.reverse, varlen=m.varlen, gates=m.gates, summary=m.summary)
             for m in methods()]
     return pd.DataFrame(rows).set_index("name")

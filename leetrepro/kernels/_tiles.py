@@ -6,6 +6,13 @@ operator on time-reversed rows (the backward's dV and dC) without copying anythi
 as log λ in fp32 (each kernel takes it, in float64, of the float64 λ every launcher passes) and
 only ever as λ^k with k ≥ 0.
 
+Per-token gates (``HAS_GATE``; the launcher folds a γ into them and passes no γ then): a chunk's
+gates are loaded beside its rows (fp32, one per row, read at the row's physical position: in
+reverse time the launcher passes them shifted, ``leetrepro._decay.shift_gates``) and summed
+*within the chunk* (:func:`chunk_gates`); every weight is exp of a difference of those running
+sums with the later row first, never exp(+G), and a segment's decay is its gates' total. A gate
+of −1e4 (a hard reset) makes every weight across it exactly 0.
+
 Non-finite inputs (NaN/Inf in rows of C or V, e.g. padding of uninitialised memory): the scores
 are masked with ``where``; a lane whose output came out non-finite is recomputed by a repair
 launch with :func:`isolate_nonfinite` (chunk_scan.py says how), so a non-finite row never reaches
@@ -33,7 +40,7 @@ import triton.language as tl
 #: (``BLOCK_N: tl.constexpr = K.BLOCK_N``)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE", defaults=(False,) * 7)
+                 "HALF_RANGE HAS_GATE", defaults=(False,) * 8)
 
 
 def constants(cfg: dict, **flags) -> Constants:
@@ -119,6 +126,32 @@ def load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, ISOLATE: tl.con
 
 
 @triton.jit
+def load_gates(g_rows, phys, ok):
+    """A chunk's gates (fp32 [BLOCK_N], 0 past the lane's end) from the lane's gate rows
+    (:func:`lane_rows` of the (batch, heads, N) gates)."""
+    ptr, base, stride = g_rows
+    return tl.load(ptr + base + phys * stride, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def chunk_gates(g_rows, phys, ok, BLOCK_N: tl.constexpr):
+    """A chunk's decays from its gates: (w_in, w_out, decay, intra) as :func:`chunk_weights` and
+    :func:`intra_mask` give them for γ, with G the chunk's running gate sums (inclusive):
+    exp(G_i) onto the incoming state, exp(G_last − G_j) into the outgoing one, exp(G_last) the
+    state's own decay, exp(G_i − G_j) (i ≥ j) within the chunk. Rows past the end carry gate 0
+    (so G_last is the last row's) and w_out 0."""
+    gk = load_gates(g_rows, phys, ok)
+    G = tl.cumsum(gk, axis=0)
+    last = tl.sum(gk, axis=0)
+    w_in = tl.exp(G)
+    w_out = tl.where(ok, tl.exp(last - G), 0.0)
+    rows = tl.arange(0, BLOCK_N)
+    lower = rows[:, None] >= rows[None, :]
+    intra = tl.exp(tl.where(lower, G[:, None] - G[None, :], float("-inf")))  # [BLOCK_N, BLOCK_N]
+    return w_in, w_out, tl.exp(last), intra
+
+
+@triton.jit
 def intra_mask(lg, BLOCK_N: tl.constexpr, HAS_DECAY: tl.constexpr):
     """The chunk's own (BLOCK_N, BLOCK_N) mask: λ^(i-j) for i ≥ j, exactly 0 above the diagonal."""
     rows = tl.arange(0, BLOCK_N)
@@ -178,25 +211,38 @@ def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISI
 
 
 @triton.jit
-def segment_state(c_rows, v_rows, start, end, N, lg, cols_r, cols_d, K: tl.constexpr):
-    """Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32 [BLOCK_R, BLOCK_D]): the state
-    a segment adds, from zero. ``end - start`` is a multiple of BLOCK_N unless end = N. ``K``:
-    the kernel's constants (``BLOCK_N``, ``BLOCK_R``, ``BLOCK_D``, ``HAS_DECAY``, ``REVERSE``,
-    ``PRECISION`` read here)."""
+def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: tl.constexpr):
+    """``(S, log decay)``: S = Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32
+    [BLOCK_R, BLOCK_D]), the state a segment adds from zero, and the log of the segment's own
+    decay (``(end - start)·log λ``; with gates their sum; 0 for the 0-1 mask). ``end - start``
+    is a multiple of BLOCK_N unless end = N. ``g_rows``: the lane's gate rows (``HAS_GATE``) or
+    None. ``K``: the kernel's constants (``BLOCK_N``, ``BLOCK_R``, ``BLOCK_D``, ``HAS_DECAY``,
+    ``HAS_GATE``, ``REVERSE``, ``PRECISION`` read here)."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_N: tl.constexpr = K.BLOCK_N
     BLOCK_R: tl.constexpr = K.BLOCK_R
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    HAS_GATE: tl.constexpr = K.HAS_GATE
     PRECISION: tl.constexpr = K.PRECISION
     REVERSE: tl.constexpr = K.REVERSE
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    total = tl.full([], 0.0, tl.float32)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
         c = load_rows(c_rows, phys, ok, cols_r)  # [BLOCK_N, BLOCK_R]
         v = load_rows(v_rows, phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
-        w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
-        local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
-    return local
+        if HAS_GATE:
+            gk = load_gates(g_rows, phys, ok)
+            last = tl.sum(gk, axis=0)
+            w_out = tl.where(ok, tl.exp(last - tl.cumsum(gk, axis=0)), 0.0)
+            local = accumulate_state(local, c, v, w_out, tl.exp(last), True, PRECISION)
+            total += last
+        else:
+            w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
+            local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
+    if HAS_DECAY:
+        total = (end - start).to(tl.float32) * lg
+    return local, total
 
 
 @triton.jit

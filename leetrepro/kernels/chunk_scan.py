@@ -48,13 +48,13 @@ already, earlier ones' exact. Shared tile code: ``_tiles.py``. Launcher:
 import triton
 import triton.language as tl
 
-from ._tiles import (accumulate_state, and_flag, chunk_output, chunk_weights, columns,
-                     has_nonfinite,
-                     intra_mask, lane_rows, load_chunk, load_rows, row_positions, segment_state,
-                     state_operand, store_rows)
+from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_output, chunk_weights,
+                     columns, has_nonfinite, intra_mask, lane_rows, load_chunk, load_rows,
+                     row_positions, segment_state, state_operand, store_rows)
+
 
 @triton.jit
-def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr,
+def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr,
                       SPLIT: tl.constexpr, REPAIR: tl.constexpr):
     """Tensors ``B, C, V, O`` (and with ``K.DUAL`` ``E, O2``, else None) each as
     ``(pointer, batch stride, head stride, row stride)`` (elements; the last dimension
@@ -62,8 +62,9 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, GAMMA, CU, SIZE, SCALE, K
     fused projection). ``STATES = (S0, SN)``: float32 (lanes, R, D) initial and final states or
     None. ``RING = (WS, SYNC, FLAGS)``: the ring of published states (float32, lanes × 2 slots ×
     BLOCK_R × BLOCK_D), its int32 flags and ticket (LANES + 1), the lanes' repair flags; each None
-    where unused. ``GAMMA``: float64 λ per head or None; ``CU``: the packed sequences' offsets or
-    None. ``SIZE = (N, R, D, H, LANES, SEG)``. ``K``: :data:`_tiles.Constants`; ``SPLIT``:
+    where unused. ``DECAY = (GAMMA, G)``: float64 λ per head or None, and with ``K.HAS_GATE``
+    the per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``) or None;
+    ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``. ``K``: :data:`_tiles.Constants`; ``SPLIT``:
     segments chained through the ring; ``REPAIR``: rows recomputed with non-finite rows handled
     (the repair launch)."""
     WS, SYNC, FLAGS = RING
@@ -75,22 +76,22 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, GAMMA, CU, SIZE, SCALE, K
     else:
         t = tl.program_id(0)
     io = (B, C, V, O, E, O2)
-    fix = _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K, SPLIT, REPAIR)
+    fix = _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K, SPLIT, REPAIR)
     if FLAGS is None:  # (no repair launch follows)
         if fix:  # the lane's first non-finite row is in this segment: its rows again
-            _repair(t, io, STATES, GAMMA, CU, SIZE, SCALE, K)
+            _repair(t, io, STATES, DECAY, CU, SIZE, SCALE, K)
 
 
 @triton.jit(noinline=True)
-def _repair(t, io, STATES, GAMMA, CU, SIZE, SCALE, K: tl.constexpr):
+def _repair(t, io, STATES, DECAY, CU, SIZE, SCALE, K: tl.constexpr):
     """The rows of segment t // LANES of lane t % LANES again, non-finite rows handled (``_scan``'s
     ``REPAIR``). A function of its own, not inlined: the rare path keeps its registers apart from
     the sweep's (inlined, it doubled the kernel's spills)."""
-    _scan(t, io, STATES, (None, None, None), GAMMA, CU, SIZE, SCALE, K, False, True)
+    _scan(t, io, STATES, (None, None, None), DECAY, CU, SIZE, SCALE, K, False, True)
 
 
 @triton.jit
-def _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: tl.constexpr,
+def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: tl.constexpr,
           REPAIR: tl.constexpr):
     """Segment t // LANES of lane t % LANES: steps 1-4 of the module docstring. Returns, outside
     ``REPAIR``, whether the lane's first non-finite row is in this segment (its entering state
@@ -111,7 +112,8 @@ def _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
     # the lane's rows of each tensor, through that tensor's own strides
-    rows, n = _lane_io(io, bh, H, N, CU, K)
+    GAMMA, G = DECAY
+    rows, n = _lane_io(io + (G,), bh, H, N, CU, K)
     cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
     if HAS_DECAY:
         lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
@@ -132,9 +134,11 @@ def _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
 
     # 1. this segment's own state (a first read of its C and V rows)
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    seg_log = tl.full([], 0.0, tl.float32)  # log of the segment's own decay
     if SPLIT:
         if not last:
-            local = segment_state(rows[1], rows[2], start, end, n, lg, cols[0], cols[1], K)
+            local, seg_log = segment_state(rows[1], rows[2], rows[-1], start, end, n, lg,
+                                           cols[0], cols[1], K)
 
     # 2. the state entering the segment
     if HAS_S0:
@@ -144,11 +148,11 @@ def _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     if REPAIR:
         if FLAGS is None:  # the state entering the segment, from the rows before it
             if start > 0:
-                if HAS_DECAY:
-                    state = state * tl.exp(start.to(tl.float32) * lg)
-                state += segment_state(rows[1], rows[2], 0, start, n, lg, cols[0], cols[1], K)
+                before, before_log = segment_state(rows[1], rows[2], rows[-1], 0, start, n, lg,
+                                                   cols[0], cols[1], K)
+                state = state * tl.exp(before_log) + before
     if SPLIT:  # ... from the previous segment, then 3. this one's published
-        state = _chain(state, local, RING, lane, seg, last, go, end - start, lg, K)
+        state = _chain(state, local, RING, lane, seg, last, go, seg_log, K)
 
     entering_ok = True
     if not REPAIR:
@@ -174,11 +178,12 @@ def _scan(t, io, STATES, RING, GAMMA, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
 @triton.jit
 def _lane_io(io, bh, H, N, CU, K: tl.constexpr):
     """``(rows, n)``: the lane's rows (:func:`_tiles.lane_rows`) of each of B, C, V, O (and E,
-    O2 with ``K.DUAL``), and its length: N, or with ``K.VARLEN`` its sequence's,
-    rows CU[seq]..CU[seq+1]-1 of the packed batch of one."""
+    O2 with ``K.DUAL``) and last the gates' (``K.HAS_GATE``; else None), and its length: N, or
+    with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1 of the packed batch of one."""
     DUAL: tl.constexpr = K.DUAL
+    HAS_GATE: tl.constexpr = K.HAS_GATE
     VARLEN: tl.constexpr = K.VARLEN
-    B, C, V, O, E, O2 = io
+    B, C, V, O, E, O2, G = io
     seq = bh // H
     head = (bh % H).to(tl.int64)
     if VARLEN:
@@ -192,6 +197,10 @@ def _lane_io(io, bh, H, N, CU, K: tl.constexpr):
     if DUAL:
         rows = rows + (lane_rows(E, seq, head, bos, VARLEN),
                        lane_rows(O2, seq, head, bos, VARLEN))
+    if HAS_GATE:
+        rows = rows + (lane_rows(G, seq, head, bos, VARLEN),)
+    else:
+        rows = rows + (0,)  # (a tuple holds no bare None when compiled)
     return rows, n
 
 
@@ -205,13 +214,13 @@ def _state_tile(bh, cols, R, D):
 
 
 @triton.jit
-def _chain(state, local, RING, lane, seg, last, go, length, lg, K: tl.constexpr):
+def _chain(state, local, RING, lane, seg, last, go, seg_log, K: tl.constexpr):
     """Steps 2-3 with segments: the state entering segment ``seg`` (``state``: the lane's initial
     one) from the previous segment's ring slot once its flag rises, and, unless ``last``, this
-    segment's P_k = λ^length P_(k-1) + ``local`` published to the other slot, its flag raised."""
+    segment's P_k = e^seg_log P_(k-1) + ``local`` published to the other slot, its flag raised
+    (``seg_log``: the log of the segment's decay, λ^length or its gates' total)."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_R: tl.constexpr = K.BLOCK_R
-    HAS_DECAY: tl.constexpr = K.HAS_DECAY
     WS, SYNC, FLAGS = RING
     ws_tile = tl.arange(0, BLOCK_R)[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     if (seg > 0) & go:
@@ -226,9 +235,8 @@ def _chain(state, local, RING, lane, seg, last, go, length, lg, K: tl.constexpr)
         state = tl.load(WS + (lane * 2 + (seg - 1) % 2).to(tl.int64) * BLOCK_R * BLOCK_D +
                         ws_tile, cache_modifier=".cg")
     if not last:
-        seg_decay = tl.exp(length.to(tl.float32) * lg) if HAS_DECAY else 1.0
         tl.store(WS + (lane * 2 + seg % 2).to(tl.int64) * BLOCK_R * BLOCK_D + ws_tile,
-                 state * seg_decay + local)
+                 state * tl.exp(seg_log) + local)
         tl.debug_barrier()  # every thread's part of P_k is written before the flag rises
         tl.atomic_xchg(SYNC + lane, seg + 1, sem="release")
     return state
@@ -243,19 +251,25 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
     DUAL: tl.constexpr = K.DUAL
     HALF_RANGE: tl.constexpr = K.HALF_RANGE
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    HAS_GATE: tl.constexpr = K.HAS_GATE
     PRECISION: tl.constexpr = K.PRECISION
     REVERSE: tl.constexpr = K.REVERSE
+    WEIGHTED: tl.constexpr = HAS_DECAY or HAS_GATE
     b_rows, c_rows, v_rows, o_rows = rows[0], rows[1], rows[2], rows[3]
     start, end, n = span
     cols_r, cols_d = cols
-    intra = intra_mask(lg, BLOCK_N, HAS_DECAY)  # [BLOCK_N, BLOCK_N]
+    intra = intra_mask(lg, BLOCK_N, HAS_DECAY)  # [BLOCK_N, BLOCK_N] (γ: one for every chunk)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, n, BLOCK_N, REVERSE)
         # b, c: [BLOCK_N, BLOCK_R]; v: [BLOCK_N, BLOCK_D]
         b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)
-        w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
+        if HAS_GATE:  # (the chunk's own mask and weights, from its gates)
+            w_in, w_out, decay, mask = chunk_gates(rows[-1], phys, ok, BLOCK_N)
+        else:
+            w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
+            mask = intra
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
-        out = chunk_output(b, c, v, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
+        out = chunk_output(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE,
                            PRECISION)  # [BLOCK_N, BLOCK_D]
         if REPAIR:  # NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
@@ -263,12 +277,12 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         store_rows(o_rows, phys, ok, cols_d, out * SCALE)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
-            out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, intra, HAS_DECAY,
+            out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, mask, WEIGHTED,
                                 HALF_RANGE, PRECISION)  # [BLOCK_N, BLOCK_R]
             if REPAIR:
                 out2 += poison
             store_rows(rows[5], phys, ok, cols_r, out2 * SCALE)
-        state = accumulate_state(state, c, v, w_out, decay, HAS_DECAY, PRECISION)
+        state = accumulate_state(state, c, v, w_out, decay, WEIGHTED, PRECISION)
         if REPAIR:
             state += tl.sum(bad, axis=0)
     return state

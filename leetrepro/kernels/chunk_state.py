@@ -6,7 +6,8 @@ what a rank of a sequence-parallel run needs before the ranks exchange their sta
 Grid (lane, segment), a lane one (batch·head, value-column block): each program sums its segment
 from zero (``_tiles.segment_state``, the same loop as chunk-scan's first step) into its slot of the
 fp32 workspace P; the launcher (``leetrepro.methods.chunk.chunk_state``) weights the segments by
-λ^(N - end) and sums them, in a fixed order (bit-identical run to run).
+λ^(N - end) (with gates, exp of the gates' sum after the segment) and sums them, in a fixed
+order (bit-identical run to run).
 """
 import triton
 import triton.language as tl
@@ -15,14 +16,17 @@ from ._tiles import columns, lane_rows, segment_state
 
 
 @triton.jit
-def chunk_state_kernel(C, V, P, GAMMA, SIZE, K: tl.constexpr):
+def chunk_state_kernel(C, V, P, DECAY, SIZE, K: tl.constexpr):
     """C, V: ``(pointer, batch stride, head stride, row stride)`` (time-major slices read in
-    place); P: float32 (lanes, segments, BLOCK_R, BLOCK_D); GAMMA: float64 λ per head or None;
+    place); P: float32 (lanes, segments, BLOCK_R, BLOCK_D); ``DECAY = (GAMMA, G)``: float64 λ per
+    head or None, the per-token gates as ``(pointer, strides)`` (``K.HAS_GATE``) or None;
     ``SIZE = (N, R, D, H, SEG)``; ``K``: :data:`_tiles.Constants`."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_R: tl.constexpr = K.BLOCK_R
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
+    HAS_GATE: tl.constexpr = K.HAS_GATE
     N, R, D, H, SEG = SIZE
+    GAMMA, G = DECAY
     lane = tl.program_id(0)
     seg = tl.program_id(1)
     n_db = tl.cdiv(D, BLOCK_D)
@@ -31,6 +35,7 @@ def chunk_state_kernel(C, V, P, GAMMA, SIZE, K: tl.constexpr):
     head = (bh % H).to(tl.int64)
     c_rows = lane_rows(C, bh // H, head, 0, False)
     v_rows = lane_rows(V, bh // H, head, 0, False)
+    g_rows = lane_rows(G, bh // H, head, 0, False) if HAS_GATE else 0
     cols_r = columns(0, R, BLOCK_R)
     cols_d = columns(d0, D, BLOCK_D)
     if HAS_DECAY:
@@ -39,7 +44,8 @@ def chunk_state_kernel(C, V, P, GAMMA, SIZE, K: tl.constexpr):
         lg = 0.0
     start = seg * SEG
     end = tl.minimum(start + SEG, N)
-    local = segment_state(c_rows, v_rows, start, end, N, lg, cols_r, cols_d, K)  # [BLOCK_R, BLOCK_D]
+    local, _ = segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d,
+                             K)  # [BLOCK_R, BLOCK_D]
     tile = cols_r[0][:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     tl.store(P + (lane * tl.num_programs(1) + seg).to(tl.int64) * BLOCK_R * BLOCK_D + tile,
              local)

@@ -35,8 +35,8 @@ def la_state_kernel(C, V, S, GAMMA, SIZE, K: tl.constexpr):
     cols_d = columns(d0, D, BLOCK_D)
     lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32) if HAS_DECAY else 0.0  # float64 λ in
     start = seg * SEG
-    state = segment_state((C, bh.to(tl.int64) * N * R, R), (V, bh.to(tl.int64) * N * D, D),
-                          start, tl.minimum(start + SEG, N), N, lg, cols_r, cols_d, K)
+    state, _ = segment_state((C, bh.to(tl.int64) * N * R, R), (V, bh.to(tl.int64) * N * D, D), 0,
+                             start, tl.minimum(start + SEG, N), N, lg, cols_r, cols_d, K)
     n_seg = tl.num_programs(2)
     s_off = ((bh.to(tl.int64) * n_seg + seg) * BLOCK_R + cols_r[0][:, None]) * D + \
         cols_d[0][None, :]

@@ -41,12 +41,16 @@ def torch_method(fn):
     """Wrap ``fn(b, c, v, lg, **options)`` (accumulation dtype, log λ ``(H, 1, 1)`` or None) as a
     registered method ``(B, C, V, gamma, **options)``: upcast, non-finite isolation
     (:func:`isolate_nonfinite`), cast back. ``fn`` may return ``(out, state)`` when it takes
-    ``initial_state``/``output_final_state``; the state stays in the accumulation dtype."""
+    ``initial_state``/``output_final_state``; the state stays in the accumulation dtype.
+    ``g``: per-token gates ``(batch, H, N)`` with any γ folded in (gamma None then), passed to
+    ``fn`` as ``gate`` in the accumulation dtype (methods registered with ``gates=True``)."""
     @functools.wraps(fn)
-    def run(B, C, V, gamma, **options):
+    def run(B, C, V, gamma, g=None, **options):
         cd = compute_dtype(V.dtype)
         b, c, v = B.to(cd), C.to(cd), V.to(cd)
         c, v, poison = isolate_nonfinite(c, v)
+        if g is not None:
+            options["gate"] = g.to(cd)
         res = fn(b, c, v, log_gamma(gamma, cd), **options)
         if isinstance(res, tuple):
             out, state = poison(*res)

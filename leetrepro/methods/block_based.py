@@ -7,22 +7,27 @@ masked quadratic formula and its inter-block part from the running state U = Σ_
     U    ← λ^L U + (diag(λ^(L-1)..λ^0) C_[i])ᵀ V_[i]
 
 O(N·B_c·(r+d) + N·r·d) time, O(B_c² + r·d) extra memory per (batch, head).
+
+Per-token gates extend it unchanged in cost: within a block the powers of λ become exp of
+differences of the block's own running gate sums G (M = exp(G_i − G_j), row weights exp(G_i),
+column weights exp(G_L − G_j)), and U decays by exp(G_L), the block's total gate.
 """
 from __future__ import annotations
 
 import torch
 
-from .._decay import causal_mask, powers, scale_rows
+from .._decay import causal_mask, gate_mask, powers, scale_rows
 from ..registry import register
 from ._common import gamma_pow, torch_method
 
 
-@register("block-based", "Bb", complexity="O(N·B_c·(r+d) + N·r·d)", language="torch",
+@register("block-based", "Bb", complexity="O(N·B_c·(r+d) + N·r·d)", language="torch", gates=True,
           summary="Algorithm 2: blocks in sequence, intra-block quadratic + running r×d state",
           options={"block_size": 256})
 @torch_method
-def block_based(b, c, v, lg, block_size: int = 256):
-    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = B_c."""
+def block_based(b, c, v, lg, block_size: int = 256, gate=None):
+    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = B_c;
+    ``gate``: per-token gates (module docstring)."""
     batch, heads, n, _ = b.shape
     kw = dict(dtype=b.dtype, device=b.device)
     out = torch.empty(batch, heads, n, v.shape[-1], **kw)
@@ -34,6 +39,13 @@ def block_based(b, c, v, lg, block_size: int = 256):
         e = min(n, s + size)
         ln = e - s
         bi, ci, vi = b[:, :, s:e], c[:, :, s:e], v[:, :, s:e]
+        if gate is not None:
+            G = gate[:, :, s:e].cumsum(-1)  # the block's own running sums
+            out[:, :, s:e] = ((bi @ ci.transpose(-1, -2)) * gate_mask(G, dtype=b.dtype)) @ vi \
+                + (bi * torch.exp(G)[..., None]) @ state
+            state = state * torch.exp(G[..., -1])[..., None, None] \
+                + (ci * torch.exp(G[..., -1:] - G)[..., None]).transpose(-1, -2) @ vi
+            continue
         w_out = powers(lg, ln, reverse=True, **kw)  # λ^(L-1-k): c_k's weight once the block ends
         out[:, :, s:e] = ((bi @ ci.transpose(-1, -2)) * mask[..., :ln, :ln]) @ vi \
             + scale_rows(bi, None if w_in is None else w_in[:, :ln]) @ state

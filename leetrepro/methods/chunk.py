@@ -115,7 +115,7 @@ def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segmen
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
-          scale=True, out=True,
+          scale=True, out=True, gates=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None})
@@ -124,7 +124,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                reverse: bool = False, dual: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
                config: dict | None = None, out: torch.Tensor | None = None,
-               out2: torch.Tensor | None = None):
+               out2: torch.Tensor | None = None, g: torch.Tensor | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -142,7 +142,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     copied. O comes out dense in V's dimension order (``torch.empty_like(V)``: time-major for a
     time-major V), the dual output in B's; ``out``/``out2``: tensors to write them into instead,
     any such layout (the backward writes each gradient in its input's layout).
-    ``scale`` multiplies O (and the dual output) as it is stored.
+    ``scale`` multiplies O (and the dual output) as it is stored. ``g``: per-token gates
+    ``(batch, heads, N)`` float32, any strides, γ folded in (gamma None; :func:`leetrepro.ops.run`
+    folds them and shifts them for reverse time): the portable kernel computes them.
 
     ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
     kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32, r and d each 64, 128
@@ -162,7 +164,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     out = torch.empty_like(V) if out is None else out
     out2 = None if dual is None else (torch.empty_like(B) if out2 is None else out2)
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
-                       GAMMA=gamma, CU=cu_seqlens)
+                       GAMMA=gamma, CU=cu_seqlens,
+                       G=None if g is None else g.to(torch.float32))
     plan = launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
                        output_final_state=output_final_state, reverse=reverse, kernel=kernel)
     sn = plan.run(tensors, float(scale))
@@ -285,7 +288,7 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
-                 outputs: tuple = ()) -> str | None:
+                 outputs: tuple = (), gates: bool = False) -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
     and operands it takes (:func:`hopper_operand_unfit`). Reverse time and the dual output are its
     own."""
@@ -294,6 +297,8 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
     if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
             != (9, 0):
         return "it needs an sm_90 GPU (H100, H200)"
+    if gates:
+        return "per-token gates are the portable kernel's"
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
                                 outputs=outputs)
 
@@ -429,8 +434,9 @@ def force_kernel(kernel: str | None) -> None:
 
 class Operands(typing.NamedTuple):
     """A call's tensors, as the kernels name them: B, C, V, the output O, the dual output's E and
-    O2 (None without it), the float32 initial state S0, γ (float64 ``(H,)``) and the packed
-    sequences' offsets CU (each None where the call has none)."""
+    O2 (None without it), the float32 initial state S0, γ (float64 ``(H,)``), the packed
+    sequences' offsets CU and the per-token gates G (float32 ``(batch, heads, N)``, any strides;
+    each None where the call has none)."""
     B: torch.Tensor
     C: torch.Tensor
     V: torch.Tensor
@@ -440,6 +446,7 @@ class Operands(typing.NamedTuple):
     S0: torch.Tensor | None
     GAMMA: torch.Tensor | None
     CU: torch.Tensor | None
+    G: torch.Tensor | None = None
 
 
 class HopperLaunch:
@@ -541,8 +548,8 @@ class LaunchPlan:
         self.nflags = 0 if self_repair else lanes  # zeroed counters: the lanes' repair flags,
         self.ring = ring                # then the ring's flags and ticket (0 without segments)
         self.ws_shape = ws_shape        # the ring of published states (segments), or None
-        # (batch, head, row) strides of B, C, V, O, E, O2: the plan's key holds them, and taking
-        # them from the plan spares a call's host path six stride() calls
+        # (batch, head, row) strides of B, C, V, O, E, O2 and the gates: the plan's key holds
+        # them, and taking them from the plan spares a call's host path seven stride() calls
         self.strides = strides
         self.size = size                # (N, R, D, H, LANES, SEG)
         self.consts = consts            # the portable kernel's constants (_tiles.Constants)
@@ -593,11 +600,12 @@ class LaunchPlan:
 
     def _arguments(self, t: Operands, states, ring, scale, size, split, repair) -> dict:
         """The portable kernel's arguments, by name: each tensor with its strides."""
-        b, c, v, o, e, o2 = self.strides
+        b, c, v, o, e, o2, g = self.strides
         return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
-                    STATES=states, RING=ring, GAMMA=t.GAMMA, CU=t.CU, SIZE=size, SCALE=scale,
-                    K=self.consts, SPLIT=split, REPAIR=repair)
+                    STATES=states, RING=ring,
+                    DECAY=(t.GAMMA, None if g is None else (t.G, *g)), CU=t.CU, SIZE=size,
+                    SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair)
 
 
 class ApartPlan:
@@ -642,7 +650,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     signature = (n, r, d, batch, heads, t.V.dtype, dot_precision(t.V.dtype, fp32_precision),
                  t.GAMMA is not None, t.E is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
-                 t.S0 is not None, output_final_state, reverse)
+                 t.S0 is not None, output_final_state, reverse, t.G is not None)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -669,13 +677,13 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
-     has_s0, store_sn, reverse) = signature
+     has_s0, store_sn, reverse, gates) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
                    kernel=kernel)
-    if dual and _dual_apart(t.B, t.C, t.V, t.E, t.GAMMA, kernel, precision, t.CU, segment,
-                            config):
+    if dual and not gates and _dual_apart(t.B, t.C, t.V, t.E, t.GAMMA, kernel, precision, t.CU,
+                                          segment, config):
         return ApartPlan(launch_plan(t._replace(E=None, O2=None), **options,
                                      output_final_state=store_sn),
                          launch_plan(_transposed(t), **options, output_final_state=False))
@@ -688,7 +696,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     hopper = _use_hopper(kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E, cu_seqlens=t.CU,
-                         precision=precision, outputs=(t.O, t.O2))
+                         precision=precision, outputs=(t.O, t.O2), gates=gates)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
@@ -713,11 +721,13 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         lanes=lanes, state_shape=(batch, heads, r, d), grid=(lanes * n_seg,), hopper=h,
         self_repair=not hopper and short, ring=ring + 1 if chained else 0,
         ws_shape=ws_shape if chained else None,
-        strides=tuple(None if x is None else x.stride()[:3] for x in t[:6]),
+        strides=tuple(None if x is None else x.stride()[:3] for x in t[:6]) +
+        (None if t.G is None else t.G.stride(),),
         size=(n, r, d, heads, lanes, segment),
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
-                              HALF_RANGE=dtype != torch.float32, PRECISION=precision),
+                              HALF_RANGE=dtype != torch.float32, PRECISION=precision,
+                              HAS_GATE=gates),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 

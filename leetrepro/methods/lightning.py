@@ -6,12 +6,17 @@ For blocks of L rows, block i gets
 The PyTorch twin (LA_torch) computes all intra-block parts in one batched product and the states
 H_i by a discounted scan over blocks; O(N·(L·(r+d) + r·d)) time, O((N/L)·r·d) state memory.
 The Triton kernel (LA) keeps H on chip and makes one pass over the inputs.
+
+Per-token gates: LA_torch takes them (each block's mask and weights from its own running gate
+sums, the block states chained by each block's total gate, one small product per block); the
+Triton kernel LA does not (Chunk is its gated twin).
 """
 from __future__ import annotations
 
 import torch
 
-from .._decay import causal_mask, discounted_cumsum, powers
+from .._decay import (causal_mask, discounted_cumsum, gate_mask, local_cumsum, powers,
+                      running_gates)
 from .._state import add_initial_state, final_state
 from .. import tuning
 from ..registry import GPU_DTYPES, register
@@ -27,16 +32,18 @@ except ImportError as err:  # without Triton: a clear error when a kernel is cal
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
-          language="torch", state=True,
+          language="torch", state=True, gates=True,
           summary="all blocks' intra parts batched, block states by a discounted scan; state in/out",
           options={"block_size": 128})
 @torch_method
 def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
-                               initial_state=None, output_final_state: bool = False):
+                               initial_state=None, output_final_state: bool = False, gate=None):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = L.
     ``initial_state``/``output_final_state``: :mod:`leetrepro._state` (S_N in float32, float64
-    for float64 inputs)."""
+    for float64 inputs). ``gate``: per-token gates (module docstring)."""
     s0 = None if initial_state is None else initial_state.to(b.dtype)
+    if gate is not None:
+        return _gated_torch(b, c, v, gate, block_size, s0, output_final_state)
     b_in = b
     batch, heads, n, r = b.shape
     d = v.shape[-1]
@@ -59,6 +66,34 @@ def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
     if output_final_state:
         return out, final_state(c.reshape(batch, heads, -1, r)[:, :, :n],
                                 v.reshape(batch, heads, -1, d)[:, :, :n], lg, s0)
+    return out
+
+
+def _gated_torch(b, c, v, gate, block_size: int, s0, output_final_state: bool):
+    """LA_torch with per-token gates: the intra-block parts batched as without them, the block
+    states H_i = e^(T_(i-1)) H_(i-1) + S_(i-1) (T a block's total gate) one block at a time."""
+    batch, heads, n, r = b.shape
+    d = v.shape[-1]
+    size = min(block_size, n)
+    nb = cdiv(n, size)
+    pad = nb * size - n
+    G = local_cumsum(torch.nn.functional.pad(gate, (0, pad)), size).view(batch, heads, nb, size)
+    bp, cp, vp = (torch.nn.functional.pad(t, (0, 0, 0, pad)).view(batch, heads, nb, size, -1)
+                  for t in (b, c, v))
+    out = ((bp @ cp.transpose(-1, -2)) * gate_mask(G, dtype=b.dtype)) @ vp
+    total = G[..., -1]  # (batch, heads, nb)
+    s = (cp * torch.exp(total[..., None] - G).to(b.dtype)[..., None]).transpose(-1, -2) @ vp
+    h = torch.zeros(batch, heads, r, d, dtype=b.dtype, device=b.device)
+    for i in range(1, nb):
+        h = h * torch.exp(total[:, :, i - 1]).to(b.dtype)[..., None, None] + s[:, :, i - 1]
+        out[:, :, i] += (bp[:, :, i] * torch.exp(G[:, :, i]).to(b.dtype)[..., None]) @ h
+    out = out.reshape(batch, heads, nb * size, d)[:, :, :n]
+    if s0 is None and not output_final_state:
+        return out
+    Gn = running_gates(gate)  # (float64, over the whole sequence, for the state's weights)
+    out = add_initial_state(out, b, s0, None, Gn)
+    if output_final_state:
+        return out, final_state(c, v, None, s0, Gn)
     return out
 
 

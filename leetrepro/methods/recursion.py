@@ -9,6 +9,12 @@ down to blocks of ``base`` rows, which use the quadratic formula. T(N) = 2T(N/2)
 O(N log N) (Lemma 3.1). N is padded with zero rows to base·2^k (zeros add nothing to earlier rows),
 so every split is into equal halves; all splits of one level are done in one batched product
 (the same arithmetic as the depth-first recursion, without one Python call per node).
+
+Per-token gates extend it at the same cost: with G the running gate sums local to each
+segment of 2h rows and G_m their value at the first half's last row, the off-diagonal block's
+weights are exp(G_i − G_m) on the rows and exp(G_m − G_j) on the columns (their product is
+exp(G_i − G_j), and neither exponent is positive), the leaves' masks exp(G_i − G_j) within a
+block.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import math
 
 import torch
 
-from .._decay import causal_mask, powers
+from .._decay import causal_mask, gate_mask, local_cumsum, powers
 from ..registry import register
 from ._common import torch_method
 
@@ -26,24 +32,30 @@ def padded_length(n: int, base: int) -> int:
     return base * 2 ** max(0, math.ceil(math.log2(max(1, math.ceil(n / base)))))
 
 
-@register("recursion", "Recur", complexity="O(N log N · r·d)", language="torch",
+@register("recursion", "Recur", complexity="O(N log N · r·d)", language="torch", gates=True,
           summary="Algorithms 3-4: halves recursively, off-diagonal block by right multiplication",
           options={"base": 32})
 @torch_method
-def recursion(b, c, v, lg, base: int = 32):
-    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``base`` = termination size."""
+def recursion(b, c, v, lg, base: int = 32, gate=None):
+    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``base`` = termination size;
+    ``gate``: per-token gates (module docstring)."""
     batch, heads, n, r = b.shape
     d = v.shape[-1]
     kw = dict(dtype=b.dtype, device=b.device)
     size = padded_length(n, base)
     base = min(base, size)
     b, c, v = (torch.nn.functional.pad(t, (0, 0, 0, size - n)) for t in (b, c, v))
+    if gate is not None:
+        gate = torch.nn.functional.pad(gate, (0, size - n))
 
     def blocks(t, length):  # (batch, H, size, k) -> (batch, H, size/length, length, k)
         return t.view(batch, heads, size // length, length, t.shape[-1])
 
     # leaves: masked quadratic formula on every block of `base` rows at once
-    mask = causal_mask(base, lg, **kw).unsqueeze(1)
+    if gate is None:
+        mask = causal_mask(base, lg, **kw).unsqueeze(1)
+    else:  # (batch, H, blocks, base, base)
+        mask = gate_mask(local_cumsum(gate, base).view(batch, heads, size // base, base), dtype=b.dtype)
     lb, lc, lv = blocks(b, base), blocks(c, base), blocks(v, base)
     out = ((lb @ lc.transpose(-1, -2)) * mask) @ lv
     out = out.view(batch, heads, size, d)
@@ -51,10 +63,16 @@ def recursion(b, c, v, lg, base: int = 32):
     while half < size:
         seg = 2 * half
         sb, sc, sv = (t.view(batch, heads, size // seg, 2, half, t.shape[-1]) for t in (b, c, v))
-        w_in = powers(lg, half, start=1, **kw)
-        w_out = powers(lg, half, reverse=True, **kw)
-        c1 = sc[:, :, :, 0] if w_out is None else sc[:, :, :, 0] * w_out.unsqueeze(1)
-        b2 = sb[:, :, :, 1] if w_in is None else sb[:, :, :, 1] * w_in.unsqueeze(1)
+        if gate is None:
+            w_in = powers(lg, half, start=1, **kw).unsqueeze(1) if lg is not None else None
+            w_out = powers(lg, half, reverse=True, **kw).unsqueeze(1) if lg is not None else None
+        else:  # exp(G_i − G_m) and exp(G_m − G_j), G local to the segment
+            G = local_cumsum(gate, seg).view(batch, heads, size // seg, 2, half)
+            mid = G[:, :, :, 0, -1:]
+            w_in = torch.exp(G[:, :, :, 1] - mid).to(b.dtype)[..., None]
+            w_out = torch.exp(mid - G[:, :, :, 0]).to(b.dtype)[..., None]
+        c1 = sc[:, :, :, 0] if w_out is None else sc[:, :, :, 0] * w_out
+        b2 = sb[:, :, :, 1] if w_in is None else sb[:, :, :, 1] * w_in
         state = c1.transpose(-1, -2) @ sv[:, :, :, 0]  # (batch, H, segs, r, d)
         out.view(batch, heads, size // seg, 2, half, d)[:, :, :, 1] += b2 @ state
         half = seg

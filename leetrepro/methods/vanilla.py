@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from .._decay import causal_mask
+from .._decay import causal_mask, gate_mask, running_gates
 from ..registry import register
 from ._common import torch_method
 
@@ -37,14 +37,18 @@ def check_quadratic_memory(b: torch.Tensor, name: str = "Vanilla", copies: int =
                           f"of linear memory (Chunk, LA, Bb, LA_torch) or method='auto'")
 
 
-@register("vanilla", "Vanilla", complexity="O(N²(r+d))", language="torch",
+@register("vanilla", "Vanilla", complexity="O(N²(r+d))", language="torch", gates=True,
           summary="B Cᵀ ⊙ M materialised, then times V")
 @torch_method
-def vanilla(b, c, v, lg):
-    """``(B Cᵀ ⊙ M) V``. B, C ``(batch, H, N, r)``, V ``(batch, H, N, d)``; gamma None or ``(H,)``.
+def vanilla(b, c, v, lg, gate=None):
+    """``(B Cᵀ ⊙ M) V``. B, C ``(batch, H, N, r)``, V ``(batch, H, N, d)``; gamma None or ``(H,)``;
+    ``gate``: per-token gates, M[i, j] = exp(G_i − G_j) from their running sums (float64).
 
     The mask is built in one vectorised expression (the original built it row by row in Python).
     """
     check_quadratic_memory(b)
+    if gate is not None:
+        mask = gate_mask(running_gates(gate), dtype=b.dtype)
+        return ((b @ c.transpose(-1, -2)) * mask) @ v
     mask = causal_mask(b.shape[2], lg, dtype=b.dtype, device=b.device)
     return ((b @ c.transpose(-1, -2)) * mask) @ v
