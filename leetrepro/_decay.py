@@ -70,16 +70,25 @@ def discounted_cumsum(x: torch.Tensor, lg: torch.Tensor | None, chunk: int = 64)
     return y.reshape(*lead, total, d)[..., :n, :]
 
 
+#: the lowest gate float32 computes with: e^-104 is 0 in float32 (below half its least subnormal),
+#: so a stronger gate (a hard reset of −1e4, say) decays exactly as much, and the running sums
+#: within a chunk stay small enough (|G| ≲ 104 past a reset) that their differences keep float32's
+#: precision (a −1e4 in a running sum leaves 1e-3 of it)
+GATE_FLOOR = -104.0
+
+
 def fold_gates(g: torch.Tensor | None, gamma: torch.Tensor | None,
                dtype: torch.dtype) -> torch.Tensor | None:
     """The gates the methods compute with: g ``(batch, H, N)`` in ``dtype`` (float32, or float64
-    for float64 inputs) plus log λ per head where a γ is given too (the decays multiply); None
-    without gates."""
+    for float64 inputs) plus log λ per head where a γ is given too (the decays multiply), in
+    float32 no lower than :data:`GATE_FLOOR` (the same decay: 0); None without gates."""
     if g is None:
         return None
     out = g.to(dtype)
     if gamma is not None:
         out = out + torch.log(gamma.to(torch.float64)).to(dtype).view(1, -1, 1)
+    if dtype != torch.float64:
+        out = out.clamp_min(GATE_FLOOR)
     return out
 
 

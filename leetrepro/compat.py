@@ -3,9 +3,11 @@
     from fla.ops.simple_gla import chunk_simple_gla      # before
     from leetrepro import chunk_simple_gla               # after
 
-Same signature, layout and conventions as flash-linear-attention's ``chunk_simple_gla`` (with a
-per-head ``g_gamma``; the per-token gates ``g`` are a different operator and are refused), computed
-by :func:`leetrepro.causal_linear_decoder` (``method="auto"``: Chunk on a GPU), differentiable.
+Same signature, layout and conventions as flash-linear-attention's ``chunk_simple_gla`` and
+``fused_recurrent_simple_gla``: a per-head ``g_gamma``, per-token gates ``g`` (log decays
+``(batch, T, heads)``, their running sums taken inside, as there), or both; computed by
+:func:`leetrepro.causal_linear_decoder` (``method="auto"``: Chunk on a GPU), differentiable in
+q, k, v, g and the initial state.
 """
 from __future__ import annotations
 
@@ -30,8 +32,12 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Args:
         q, k: ``(batch, T, heads, K)``; v: ``(batch, T, heads, V)`` (``head_first=True``:
             ``(batch, heads, T, K)``). Read in place, whatever the layout, by the Chunk kernel.
-        g: per-token log gates: not supported (a different operator); must be None.
+        g: per-token log gates ``(batch, T, heads)`` (``head_first=True``: ``(batch, heads, T)``),
+            ≤ 0: row t decays the state by exp(g_t) (simple GLA; Mamba-2's ``dt·A``). Raw gates,
+            not their running sums (taken inside, in float32, as flash-linear-attention does);
+            any float dtype, read in place; differentiable. None: no per-token decay.
         g_gamma: ``(heads,)`` log decay per head (λ = exp(g_gamma) in (0, 1]); None: no decay.
+            With ``g`` too, the decays multiply.
         scale: multiplies q·kᵀ; default ``K ** -0.5``. Applied as O is written (free).
         initial_state: ``(N, heads, K, V)`` (``state_v_first=True``: ``(N, heads, V, K)``), N the
             batch or the number of packed sequences.
@@ -50,14 +56,10 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Errors name flash-linear-attention's arguments (q, k, v, g_gamma, T, K, V).
     """
-    if g is not None:
-        raise NotImplementedError(
-            "chunk_simple_gla with per-token gates g is a different operator (gated linear "
-            "attention); leetrepro computes the per-head decay g_gamma only")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
                                    or chunk_size <= 0):
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    _check_fla(q, k, v, g_gamma, initial_state, head_first, state_v_first)
+    _check_fla(q, k, v, g_gamma, initial_state, head_first, state_v_first, g)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     gamma = None if g_gamma is None else _decay(g_gamma)
@@ -65,20 +67,53 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         B, C, V = q, k, v
     else:
         B, C, V = (x.transpose(1, 2) for x in (q, k, v))
+        g = None if g is None else g.transpose(1, 2)
     if state_v_first and initial_state is not None:
         initial_state = initial_state.transpose(-1, -2)
     res = causal_linear_decoder(B, C, V, gamma, initial_state=initial_state,
                                 output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-                                cu_seqlens_cpu=cu_seqlens_cpu, scale=scale, **options)
+                                cu_seqlens_cpu=cu_seqlens_cpu, scale=scale, g=g, **options)
     o, final = res if output_final_state else (res, None)
     if state_v_first and final is not None:
         final = final.transpose(-1, -2).contiguous()
     return (o if head_first else o.transpose(1, 2)), final
 
 
-def _check_fla(q, k, v, g_gamma, initial_state, head_first: bool, state_v_first: bool) -> None:
-    """The drop-in's inputs checked in flash-linear-attention's terms (q, k, v, T, K, V), with the
-    layout named where a shape says the data is in the other one."""
+def fused_recurrent_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               g: torch.Tensor | None = None, g_gamma: torch.Tensor | None = None,
+                               scale: float | None = None,
+                               initial_state: torch.Tensor | None = None,
+                               output_final_state: bool = False, reverse: bool = False,
+                               cu_seqlens: torch.Tensor | None = None, head_first: bool = False,
+                               **options):
+    """flash-linear-attention's ``fused_recurrent_simple_gla`` (its token-by-token kernel, for
+    decoding and for checking), computed by this project: the same operator as
+    :func:`chunk_simple_gla`, whose arguments it takes, by the chunked kernel (exact to the
+    same tolerance; a step-by-step loop has no advantage here at any length).
+
+    ``reverse``: the recurrence runs from the last token back (h_t = exp(g_t) h_(t+1) +
+    k_tᵀ v_t, o_t = q_t h_t), the operator on the time-reversed rows and gates; not with
+    ``cu_seqlens`` (flash-linear-attention reverses each packed sequence; pass them one by one)."""
+    if not reverse:
+        return chunk_simple_gla(q, k, v, g=g, g_gamma=g_gamma, scale=scale,
+                                initial_state=initial_state, output_final_state=output_final_state,
+                                cu_seqlens=cu_seqlens, head_first=head_first, **options)
+    if cu_seqlens is not None:
+        raise ValueError("fused_recurrent_simple_gla: reverse=True with cu_seqlens is not "
+                         "supported here; reverse each sequence in its own call")
+    t = 2 if head_first else 1
+    o, final = chunk_simple_gla(q.flip(t), k.flip(t), v.flip(t),
+                                g=None if g is None else g.flip(t), g_gamma=g_gamma, scale=scale,
+                                initial_state=initial_state,
+                                output_final_state=output_final_state, head_first=head_first,
+                                **options)
+    return o.flip(t), final
+
+
+def _check_fla(q, k, v, g_gamma, initial_state, head_first: bool, state_v_first: bool,
+               g=None) -> None:
+    """The drop-in's inputs checked in flash-linear-attention's terms (q, k, v, g, T, K, V), with
+    the layout named where a shape says the data is in the other one."""
     layout = "(batch, heads, T, K)" if head_first else "(batch, T, heads, K)"
     check_4d((("q", q, layout), ("k", k, layout), ("v", v, layout.replace("K", "V"))))
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -101,6 +136,16 @@ def _check_fla(q, k, v, g_gamma, initial_state, head_first: bool, state_v_first:
                 f"as {other}: pass that" if g_gamma.numel() == q.shape[time_dim] else "")
         raise ValueError(f"g_gamma has {g_gamma.numel()} entries but q {tuple(q.shape)} read as "
                          f"{layout} has {heads} heads{hint}")
+    if g is not None:
+        want = (q.shape[0], heads, q.shape[2]) if head_first else tuple(q.shape[:3])
+        if not isinstance(g, torch.Tensor) or not g.is_floating_point():
+            raise TypeError(f"g must be a floating tensor {layout[:-4]}), got "
+                            f"{getattr(g, 'dtype', type(g).__name__)}")
+        if tuple(g.shape) != want:
+            raise ValueError(f"g must have shape {layout[:-4]}) = {want} (one log gate per token "
+                             f"and head), got {tuple(g.shape)}")
+        if g.device != q.device:
+            raise ValueError(f"g is on {g.device}, q on {q.device}")
     if isinstance(initial_state, torch.Tensor):
         K, Vd = q.shape[-1], v.shape[-1]
         want = (heads, Vd, K) if state_v_first else (heads, K, Vd)

@@ -7,6 +7,8 @@ returns the outputs:
 
     S ← λ S + c_tᵀ v_t,   o_t = scale · b_t S          (the convention of :mod:`leetrepro._state`)
 
+(with per-token gates ``g``, S ← λ e^(g_t) S + c_tᵀ v_t: the new tokens' own gates)
+
 so prefilling N tokens (``causal_linear_decoder(..., output_final_state=True)``) and then k decode
 steps from that state equals prefilling N + k. The memory traffic is the state, read and written
 once per step (the tokens are a few hundred bytes): the floor is ``2 · batch·heads·r·d·4`` bytes.
@@ -28,7 +30,7 @@ import functools
 import torch
 
 from ._device import sm_count
-from ._inputs import FLOAT_DTYPES, normalize_gamma
+from ._inputs import FLOAT_DTYPES, check_gates, normalize_gamma
 from .registry import GPU_DTYPES
 
 try:
@@ -40,7 +42,7 @@ except ImportError as err:  # without Triton: a clear error when the kernel is c
 
 def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_pool: torch.Tensor,
                 slots: torch.Tensor, *, scale: float = 1.0,
-                check_slots: bool | None = None) -> torch.Tensor:
+                check_slots: bool | None = None, g: torch.Tensor | None = None) -> torch.Tensor:
     """Advance ``state_pool[slots]`` by the new tokens and return their outputs.
 
     Args:
@@ -62,6 +64,9 @@ def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_
             allowed while a CUDA graph is captured); False: never on the host. Unchecked on the
             host, the GPU kernel checks on the device: a bad slot is never read or written, and
             the outputs of its sequences are NaN (a slot named twice: its pool row too).
+        g: the new tokens' per-token log gates ``(batch, heads, k)`` (any float dtype, any
+            strides), as :func:`leetrepro.causal_linear_decoder` takes them: each token decays
+            the state by e^(g_t) (times λ with ``gamma``). None: no gates.
 
     Returns:
         O ``(batch, heads, k, d)`` in V's dtype.
@@ -71,11 +76,12 @@ def decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma, state_
     _check(B, C, V, state_pool, slots)
     if check_slots and _on_kernel(B, V, state_pool):  # the PyTorch path checks them in any case
         check_slot_values(slots, state_pool.shape[0])
-    g = normalize_gamma(gamma, B.shape[1], B.device)
+    check_gates(g, B)
+    lam = normalize_gamma(gamma, B.shape[1], B.device)
     if torch.compiler.is_compiling():
-        return torch.ops.leetrepro.decode_step(B, C, V, g, state_pool, slots, float(scale))
+        return torch.ops.leetrepro.decode_step(B, C, V, lam, state_pool, slots, float(scale), g)
     # eager: the op's dispatch costs more host time than the step itself at batch 1 (NOTES.md)
-    return _decode_step_impl(B, C, V, g, state_pool, slots, float(scale))
+    return _decode_step_impl(B, C, V, lam, state_pool, slots, float(scale), g)
 
 
 def _check(B, C, V, pool, slots):
@@ -135,27 +141,28 @@ def _on_kernel(B, V, state_pool) -> bool:
     return B.is_cuda and V.dtype in GPU_DTYPES and state_pool.dtype == torch.float32
 
 
-def _decode_step_impl(B, C, V, gamma, state_pool, slots, scale):
+def _decode_step_impl(B, C, V, gamma, state_pool, slots, scale, g=None):
     if _on_kernel(B, V, state_pool):
-        return _triton_step(B, C, V, gamma, state_pool, slots, scale)
+        return _triton_step(B, C, V, gamma, state_pool, slots, scale, g)
     # PyTorch indexing would wrap a negative slot and drop a repeated one's update: the slots are
     # checked here, whatever check_slots said (this path is not the one a graph captures)
     check_slot_values(slots, state_pool.shape[0])
-    return _torch_step(B, C, V, gamma, state_pool, slots, scale)
+    return _torch_step(B, C, V, gamma, state_pool, slots, scale, g)
 
 
 @torch.library.custom_op("leetrepro::decode_step", mutates_args=("state_pool",))
 def _decode_step(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None,
-                 state_pool: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
-    return _decode_step_impl(B, C, V, gamma, state_pool, slots, scale)
+                 state_pool: torch.Tensor, slots: torch.Tensor, scale: float,
+                 g: torch.Tensor | None = None) -> torch.Tensor:
+    return _decode_step_impl(B, C, V, gamma, state_pool, slots, scale, g)
 
 
 @_decode_step.register_fake
-def _(B, C, V, gamma, state_pool, slots, scale):
+def _(B, C, V, gamma, state_pool, slots, scale, g=None):
     return V.new_empty(V.shape)
 
 
-def _torch_step(B, C, V, gamma, pool, slots, scale):
+def _torch_step(B, C, V, gamma, pool, slots, scale, g=None):
     """The same recurrence in PyTorch, in float64 (a step is small; the pool keeps its dtype)."""
     idx = slots.long()
     state = pool[idx].double()
@@ -165,6 +172,8 @@ def _torch_step(B, C, V, gamma, pool, slots, scale):
     for t in range(B.shape[2]):
         if lam is not None:
             state = state * lam
+        if g is not None:
+            state = state * torch.exp(g[:, :, t].double())[..., None, None]
         state = state + c[:, :, t, :, None] * v[:, :, t, None, :]
         out.append((b[:, :, t, None, :] @ state).squeeze(-2) * scale)
     pool[idx] = state.to(pool.dtype)
@@ -172,7 +181,7 @@ def _torch_step(B, C, V, gamma, pool, slots, scale):
     return o.to(V.dtype)
 
 
-def _triton_step(B, C, V, gamma, pool, slots, scale):
+def _triton_step(B, C, V, gamma, pool, slots, scale, g=None):
     from .methods._gpu import launch, next_pow2, same_rows, strided
 
     batch, heads, k, r = B.shape
@@ -185,8 +194,10 @@ def _triton_step(B, C, V, gamma, pool, slots, scale):
     block_r, block_d, warps = _tiles(batch * heads, r, d, V.device)
     launch(decode_kernels.decode_step_kernel, (batch * heads, -(-d // block_d)),
            dict(B=strided(B), C=(C, *B.stride()[:3]), V=strided(V), O=strided(out), POOL=pool,
-                SLOTS=slots, GAMMA=gamma, SIZE=(k, r, d, heads, batch, pool.shape[0]),
-                SCALE=scale, HAS_DECAY=gamma is not None, BLOCK_R=block_r, BLOCK_D=block_d,
+                SLOTS=slots, DECAY=(gamma, None if g is None else strided(g.float())),
+                SIZE=(k, r, d, heads, batch, pool.shape[0]), SCALE=scale,
+                HAS_DECAY=gamma is not None, HAS_GATE=g is not None, BLOCK_R=block_r,
+                BLOCK_D=block_d,
                 BLOCK_S=min(256, next_pow2(batch))), num_warps=warps)
     return out
 

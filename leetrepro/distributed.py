@@ -19,7 +19,11 @@ outputs send to its incoming state (reads B, dO in reverse time),
   2. the gradient of rank k's outgoing state, D_k = Σ_{q>k} λ^(s_q - e_k) G_q + λ^(N - e_k) dS_N;
   3. the single-GPU backward of the slice with P_k as its initial state and D_k as the gradient
      of its final state (:mod:`leetrepro.ops`): dB, dC, dV, and dS0 on rank 0.
-Only non-negative powers of λ appear. The collectives are ``torch.distributed``'s (NCCL on GPUs,
+Only non-negative powers of λ appear. **Per-token gates** (``g``, this rank's rows of them): a
+slice passes its state and its total gate T_k (the sum of its gates, γ folded in), and every
+λ^(distance) above becomes exp of the totals of the slices in between; the gates' gradient
+comes from the slice's own backward, whose ⟨D_k, S_out⟩ term carries what the later slices send
+back. The collectives are ``torch.distributed``'s (NCCL on GPUs,
 gloo on the CPU); the group is an argument, so this composes with data parallelism over the others.
 
 Launch with ``torchrun --nproc-per-node=G script.py`` (README, "Sequences longer than one GPU");
@@ -31,7 +35,8 @@ import torch
 import torch.distributed as dist
 
 from . import ops
-from ._inputs import check_qkv, log_gamma, normalize_gamma
+from ._decay import fold_gates, running_gates, shift_gates
+from ._inputs import check_gates, check_qkv, gate_dtype, log_gamma, normalize_gamma
 from ._state import check_state, final_state
 from .api import _autocast
 from .registry import GPU_DTYPES
@@ -39,7 +44,8 @@ from .registry import GPU_DTYPES
 
 def causal_linear_decoder_sp(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
                              group=None, initial_state: torch.Tensor | None = None,
-                             output_final_state: bool = False, method: str = "auto", **options):
+                             output_final_state: bool = False, method: str = "auto",
+                             g: torch.Tensor | None = None, **options):
     """``O = (B Cᵀ ⊙ M) V`` over a sequence cut across the ranks of ``group``; differentiable.
 
     A collective call: every rank of ``group`` calls it with its own contiguous slice of the
@@ -58,6 +64,9 @@ def causal_linear_decoder_sp(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, 
         method, **options: the method that runs each slice and its options, as in
             :func:`leetrepro.causal_linear_decoder` (it must take a state: Chunk, LA_torch;
             ``"auto"`` picks one per rank).
+        g: this rank's rows of the per-token log gates, ``(batch, heads, L_k)``, as
+            :func:`leetrepro.causal_linear_decoder` takes them (every rank passes gates, or
+            none does); differentiable.
 
     Returns:
         This rank's rows of O, ``(batch, heads, L_k, d)``; ``(O_k, S_N)`` with ``output_final_state``.
@@ -73,25 +82,30 @@ def causal_linear_decoder_sp(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, 
         raise ValueError(f"initial_state is the state the sequence starts from: it belongs to "
                          f"rank 0 of the group, got one on rank {rank}")
     check_state(initial_state, B, V)
-    g = normalize_gamma(gamma, B.shape[1], B.device)
-    m, opts = ops.prepare(method, options, B, g, True)
-    out, final = _SequenceParallel.apply(B, C, V, initial_state, g, group, m, opts,
-                                         bool(output_final_state))
+    check_gates(g, B)
+    lam = normalize_gamma(gamma, B.shape[1], B.device)
+    m, opts = ops.prepare(method, options, B, lam, True, gates=g is not None)
+    out, final = _SequenceParallel.apply(B, C, V, initial_state, lam, group, m, opts,
+                                         bool(output_final_state), g)
     return (out, final) if output_final_state else out
 
 
 def local_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
-                reverse: bool = False, fp32_precision: str | None = None) -> torch.Tensor:
+                reverse: bool = False, fp32_precision: str | None = None,
+                g: torch.Tensor | None = None) -> torch.Tensor:
     """``Σ_j λ^(L-1-j) c_jᵀ v_j`` (``reverse``: ``Σ_j λ^j c_jᵀ v_j``), ``(batch, heads, r, d)`` in the
     state dtype: one pass over C and V (the Triton kernel ``chunk_state`` on a GPU, a matrix
-    product elsewhere)."""
+    product elsewhere). ``g``: per-token gates with γ folded in (gamma None), read at each row
+    (in reverse, the caller passes them shifted: :func:`leetrepro._decay.shift_gates`)."""
     if C.is_cuda and V.dtype in GPU_DTYPES:
         from .methods.chunk import chunk_state
-        return chunk_state(C, V, gamma, reverse=reverse, fp32_precision=fp32_precision)
+        return chunk_state(C, V, gamma, reverse=reverse, fp32_precision=fp32_precision, g=g)
     sd = ops.state_dtype(V.dtype)
     if reverse:
         C, V = C.flip(2), V.flip(2)
-    return final_state(C.to(sd), V.to(sd), log_gamma(gamma, sd))
+        g = None if g is None else g.flip(-1)
+    G = None if g is None else running_gates(g)
+    return final_state(C.to(sd), V.to(sd), log_gamma(gamma, sd), G=G)
 
 
 def _rank_world(group) -> tuple[int, int]:
@@ -112,7 +126,10 @@ def _all_gather(x: torch.Tensor, group) -> torch.Tensor:
 
 
 def _decayed_sum(states: torch.Tensor, steps: torch.Tensor, gamma: torch.Tensor | None):
-    """``Σ_q λ^(steps_q) states_q`` over the first dim, per head; steps ≥ 0 (int64, on device)."""
+    """``Σ_q λ^(steps_q) states_q`` over the first dim, per head; steps ≥ 0 (int64, on device).
+    With gates, ``steps`` is the log decay itself, ``(q, batch, heads)`` (gamma None)."""
+    if steps.is_floating_point():
+        return (states * torch.exp(steps).to(states.dtype)[..., None, None]).sum(0)
     if gamma is None:
         return states.sum(0)
     w = torch.exp(steps.to(torch.float64)[:, None] * torch.log(gamma.to(torch.float64))[None, :])
@@ -130,42 +147,69 @@ def _pack(parts: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
 
 class _SequenceParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, B, C, V, S0, g, group, m, opts, want_final):
+    def forward(ctx, B, C, V, S0, g, group, m, opts, want_final, gates=None):
         rank, world = _rank_world(group)
         batch, heads, n, r = B.shape
         d = V.shape[-1]
         sd = ops.state_dtype(V.dtype)
         size = batch * heads * r * d
-        own = local_state(C, V, g, fp32_precision=opts.get("fp32_precision"))
-        if S0 is not None:
-            own = own + ops._per_head(S0.to(sd), g, n)
-        gathered = _all_gather(_pack([own], n), group)
+        gate = fold_gates(gates, g, gate_dtype(V.dtype))
+        own = local_state(C, V, None if gate is not None else g,
+                          fp32_precision=opts.get("fp32_precision"), g=gate)
+        total = None
+        if gate is not None:  # the slice's total gate rides with its state
+            total = gate.to(sd).sum(-1)
+            if S0 is not None:
+                own = own + S0.to(sd) * torch.exp(total)[..., None, None]
+            gathered = _all_gather(_pack([own, total.to(sd)], n), group)
+        else:
+            if S0 is not None:
+                own = own + ops._per_head(S0.to(sd), g, n)
+            gathered = _all_gather(_pack([own], n), group)
         states = gathered[:, :size].reshape(world, batch, heads, r, d)
-        lengths = gathered[:, size:].contiguous().view(torch.int64).reshape(world)
+        lengths = gathered[:, -(8 // gathered.element_size()):].contiguous().view(
+            torch.int64).reshape(world)
         ends = lengths.cumsum(0)
         starts = ends - lengths
+        steps = starts, ends
+        if gate is not None:  # the log decays between slices from their totals
+            totals = gathered[:, size:size + batch * heads].reshape(world, batch, heads)
+            steps = _gate_steps(totals)
         if rank == 0:
             s_in = S0
         else:
-            s_in = _decayed_sum(states[:rank], starts[rank] - ends[:rank], g)
-        out, _ = ops.run(m, opts, B, C, V, g, s_in, False, False)
-        final = (_decayed_sum(states, ends[-1] - ends, g) if want_final
+            s_in = _decayed_sum(states[:rank], _between(steps, rank, slice(0, rank)), g)
+        out, _ = ops.run(m, opts, B, C, V, g, s_in, False, False, g=gates)
+        final = (_decayed_sum(states, _after(steps, slice(0, world)), g) if want_final
                  else V.new_empty(0, dtype=sd))
-        ctx.save_for_backward(B, C, V, g, s_in, starts, ends)
+        s_out = None
+        if gate is not None:  # (the slice's outgoing state: dg's ⟨D_k, S_out⟩ term)
+            s_out = own if rank == 0 or s_in is None else \
+                own + s_in.to(sd) * torch.exp(total)[..., None, None]
+        ctx.save_for_backward(B, C, V, g, s_in, *steps, gates, s_out)
         ctx.args = (group, m, opts, want_final, S0 is not None)
         return out, final
 
     @staticmethod
     def backward(ctx, dO, dfinal):
-        B, C, V, g, s_in, starts, ends = ctx.saved_tensors
+        B, C, V, g, s_in, first, second, gates, s_out = ctx.saved_tensors
+        steps = (first, second)
         group, m, opts, want_final, has_s0 = ctx.args
         rank, world = _rank_world(group)
         batch, heads, n, r = B.shape
         d = V.shape[-1]
         sd = ops.state_dtype(V.dtype)
         dO = torch.zeros_like(V) if dO is None else dO.to(V.dtype)
-        own = ops._per_head(local_state(B, dO, g, reverse=True,
-                                        fp32_precision=opts.get("fp32_precision")), g, 1)
+        precision = opts.get("fp32_precision")
+        if gates is not None:  # Σ_t e^(G_t) b_tᵀ dO_t: reverse time on shifted gates, × e^(g_0)
+            gate = fold_gates(gates, g, gate_dtype(V.dtype))
+            own = local_state(B, dO, None, reverse=True, fp32_precision=precision,
+                              g=shift_gates(gate))
+            if n:
+                own = own * torch.exp(gate[..., 0].to(sd))[..., None, None]
+        else:
+            own = ops._per_head(local_state(B, dO, g, reverse=True, fp32_precision=precision),
+                                g, 1)
         parts = [own]
         if want_final:
             parts.append(torch.zeros(batch, heads, r, d, dtype=sd, device=V.device)
@@ -174,14 +218,46 @@ class _SequenceParallel(torch.autograd.Function):
         # the gradient of this rank's outgoing state: later ranks' own parts, then S_N's
         dS = None
         if rank < world - 1:
-            dS = _decayed_sum(gathered[rank + 1:, 0], starts[rank + 1:] - ends[rank], g)
+            dS = _decayed_sum(gathered[rank + 1:, 0],
+                              _between(steps, slice(rank + 1, world), rank), g)
         if want_final:  # every rank's copy of S_N fed its own loss: their gradients add
-            tail = _decayed_sum(gathered[:, 1].sum(0)[None], (ends[-1] - ends[rank]).view(1), g)
+            tail = _decayed_sum(gathered[:, 1].sum(0)[None], _after(steps, rank, True), g)
             dS = tail if dS is None else dS + tail
         need_b, need_c, need_v, need_s0 = ctx.needs_input_grad[:4]
+        need_g = gates is not None and ctx.needs_input_grad[9]
         need_s0 = bool(need_s0 and has_s0)
-        dB, dC, dV, dS0 = ops.causal_linear_backward(
+        dB, dC, dV, dS0, dg = ops.causal_linear_backward(
             dO, B, C, V, g, s_in, dS, m.name, ops.encode_options(opts), False,
-            need_b, need_c, need_v, need_s0)
+            need_b, need_c, need_v, need_s0, g=gates, SN=s_out if dS is not None else None,
+            need_g=bool(need_g))
         return (dB if need_b else None, dC if need_c else None, dV if need_v else None,
-                dS0 if need_s0 else None, None, None, None, None, None)
+                dS0 if need_s0 else None, None, None, None, None, None,
+                dg if need_g else None)
+
+
+def _gate_steps(totals: torch.Tensor) -> tuple:
+    """``(before, totals)``: each slice's total gate ``(world, batch, heads)`` and the sum of the
+    totals of the slices before it (exclusive prefix), for :func:`_between` and :func:`_after`."""
+    prefix = totals.cumsum(0)
+    return prefix - totals, totals
+
+
+def _between(steps: tuple, to, frm):
+    """The decay (as :func:`_decayed_sum` takes it) from the end of slice(s) ``frm`` to the start
+    of slice(s) ``to``: λ^(s_to − e_frm) in steps of rows, or with gates the log decay
+    Σ_(frm < p < to) T_p, one of ``to``/``frm`` an index and the other a slice of ranks."""
+    first, second = steps
+    if first.is_floating_point():  # (before, totals): before[to] − before[frm] − T_frm
+        return first[to] - first[frm] - second[frm]
+    return first[to] - second[frm]  # starts[to] − ends[frm]
+
+
+def _after(steps: tuple, frm, single: bool = False):
+    """The decay from the end of slice(s) ``frm`` to the end of the sequence (``single``: one
+    index, as a one-entry stack)."""
+    first, second = steps
+    if first.is_floating_point():
+        out = first[-1] + second[-1] - first[frm] - second[frm]
+    else:
+        out = second[-1] - second[frm]
+    return out[None] if single else out

@@ -174,7 +174,8 @@ def _accepted_options(fn) -> frozenset | None:
     return frozenset(p.name for p in params[4:]
                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
                      and p.name not in ("initial_state", "output_final_state", "reverse", "dual",
-                                        "cu_seqlens", "scale", "out", "out2"))
+                                        "cu_seqlens", "scale", "out", "out2", "g", "gate",
+                                        "rowdot"))
 
 
 def encode_options(options: dict) -> str:
@@ -198,7 +199,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         output_final_state: bool, dual: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
         out: torch.Tensor | None = None, out2: torch.Tensor | None = None,
-        g: torch.Tensor | None = None):
+        g: torch.Tensor | None = None, rowdot: tuple | None = None):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
     with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
     ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
@@ -210,7 +211,8 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     writes there itself, others' results are copied in.
 
     ``g``: per-token log gates ``(batch, heads, N)`` (a method with ``Method.gates``); a γ folds
-    into them here. In reverse time the method gets them shifted (:func:`shift_gates`)."""
+    into them here. In reverse time the method gets them shifted (:func:`shift_gates`).
+    ``rowdot``: the gates' gradient's row dots (a method with ``Method.rowdot``, run whole)."""
     if g is not None:
         g = fold_gates(g, gamma, gate_dtype(V.dtype))
         gamma = None
@@ -243,6 +245,8 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
             _refuse_gates(m)
         g = shift_gates(g, cu_seqlens) if reverse else g
         kw["g"] = g.flip(-1) if flip else g
+    if rowdot is not None:
+        kw["rowdot"] = rowdot
     if scale != 1.0 and m.scale:
         kw["scale"] = scale
     if m.out and not flip:
@@ -427,6 +431,13 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate)
+    # dg's row dots b·db and c·dc from the sweeps' fp32 outputs (a method that writes them),
+    # else from the gradients as stored (then rounded to their dtype)
+    fused = need_g and m.rowdot and _rowdot_fits(B, V)
+    dots_b = dots_c = None
+    if fused:
+        dots_b, dots_c = (torch.empty(B.shape[:3], dtype=torch.float32, device=B.device)
+                          for _ in range(2))
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -436,23 +447,30 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     if need_c and (need_v or need_s0) and m.dual and m.reverse and _dual_fits(B, V):
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
+        extra = dict(rowdot=(None, dots_c)) if fused else {}
         (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                          out=dv_out, out2=dC, **call)
+                          out=dv_out, out2=dC, **call, **extra)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV, **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
+            extra = dict(rowdot=(C, dots_c)) if fused else {}
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                         out=dC, **call)
+                         out=dC, **call, **extra)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
         R = _per_head(R, gamma, 1) if gate is None else R * _first_decay(gate, cu_seqlens)
         dS0 = _into((R * scale).to(initial_state.dtype), initial_state, None)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call)
-    dg = gate_gradient(B, dB, C, dC, cu_seqlens, dS, SN).to(g.dtype) if need_g else None
+        extra = dict(rowdot=(B, dots_b)) if fused else {}
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call, **extra)
+    dg = None
+    if need_g:
+        dots = (dots_b, dots_c) if fused else None
+        # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
+        dg = _into(gate_gradient(B, dB, C, dC, cu_seqlens, dS, SN, dots).to(g.dtype), g, None)
     # a gradient not asked for is an empty tensor of its own: outputs of a custom op may not alias
     # one another (one shared empty tensor made every partial backward raise)
     return tuple(x if k else V.new_empty(0)
@@ -463,22 +481,30 @@ def _first_decay(gate: torch.Tensor, cu_seqlens) -> torch.Tensor:
     """e^(g_0) per (batch or sequence, head) as ``(·, heads, 1, 1)``: the decay of the initial
     state into each sequence's first row."""
     if cu_seqlens is None:
-        return torch.exp(gate[..., 0].to(torch.float32))[..., None, None]
+        return torch.exp(gate[..., 0])[..., None, None]
     starts = cu_seqlens[:-1].long()
-    first = gate[0][:, starts.clamp_max(max(gate.shape[-1] - 1, 0))].T.to(torch.float32)
+    first = gate[0][:, starts.clamp_max(max(gate.shape[-1] - 1, 0))].T
     # (an empty sequence passes its state through: no decay)
     first = torch.where((cu_seqlens[1:] > cu_seqlens[:-1])[:, None], first, 0.0)
     return torch.exp(first)[..., None, None]
 
 
-def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None) -> torch.Tensor:
-    """dg ``(batch, heads, N)`` float32 from the gradients of B and C (module docstring):
+def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None,
+                  dots: tuple | None = None) -> torch.Tensor:
+    """dg ``(batch, heads, N)`` (float64) from the gradients of B and C (module docstring):
     dG_i = b_i·db_i − c_i·dc_i (+ ⟨dS_N, S_N⟩ at each sequence's last row), then its reverse
-    running sum, restarted at each packed sequence's end."""
-    dG = (B.float() * dB.float()).sum(-1) - (C.float() * dC.float()).sum(-1)
+    running sum, restarted at each packed sequence's end. ``dots``: the row dots b·db and c·dc
+    as the sweeps wrote them from their fp32 outputs (:func:`leetrepro.methods.chunk.chunk_scan`'s
+    ``rowdot``); else from dB and dC as stored (rounded to their dtype: in fp16/bf16 that rounding,
+    amplified by the difference and the running sum, would miss the contract)."""
+    dt = torch.float64  # (a difference of dot products, then a long sum: both cancel)
+    if dots is not None:
+        dG = dots[0].to(dt) - dots[1].to(dt)
+    else:
+        dG = (B.to(dt) * dB.to(dt)).sum(-1) - (C.to(dt) * dC.to(dt)).sum(-1)
     n = dG.shape[-1]
     if dS is not None and SN is not None and SN.numel() and n:
-        tail = (dS.float() * SN.float()).sum((-1, -2))  # (batch or sequences, heads)
+        tail = (dS.to(dt) * SN.to(dt)).sum((-1, -2))  # (batch or sequences, heads)
         if cu_seqlens is None:
             dG[..., -1] += tail
         else:
@@ -538,6 +564,13 @@ def _interleaved_rows(*views) -> bool:
     return apart and (n <= 1 or last - first <= st) and (batch <= 1 or sb >= n * st)
 
 
+def _rowdot_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
+    """Whether the sweeps can write dg's row dots: every column of each gradient in one lane
+    (r·d ≤ 128·128, the portable kernel's lanes), nothing empty."""
+    return B.numel() > 0 and V.numel() > 0 and B.shape[-1] * V.shape[-1] <= 128 * 128 and \
+        B.shape[-1] <= 128 and V.shape[-1] <= 128
+
+
 def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
     """Whether the fused dV/dC sweep applies: the whole r × d state in one lane (r, d ≤ 128),
     nothing empty (``run`` handles empty shapes apart)."""
@@ -546,10 +579,11 @@ def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
 
 @causal_linear_backward.register_fake
 def _(dO, B, C, V, gamma, initial_state, dS, method, options, reverse, need_b, need_c, need_v,
-      need_s0, cu_seqlens=None, scale=1.0):
+      need_s0, cu_seqlens=None, scale=1.0, g=None, SN=None, need_g=False):
     def grad(x, need):
         return output_like(x) if need else V.new_empty(0)
-    return grad(B, need_b), grad(C, need_c), grad(V, need_v), grad(initial_state, need_s0)
+    return (grad(B, need_b), grad(C, need_c), grad(V, need_v), grad(initial_state, need_s0),
+            grad(g, need_g))
 
 
 def _setup_context(ctx, inputs, output):

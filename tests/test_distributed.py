@@ -102,17 +102,89 @@ def _worker(rank, world, init, failures):
         raise
 
 
+def _gated_worker(rank, world, init, failures):
+    """Per-token gates over the ranks: each passes its rows of g; O, S_N and the gradients of
+    B, C, V, g and S0 against the float64 oracle on the whole sequence."""
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        seed = 100
+        for lengths, batch, heads, r, d in CASES[world]:
+            lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+            sl = slice(lo, hi)
+            for dtype, method, tol in ((torch.float64, "auto", 1e-12),
+                                       (torch.float32, "LA_torch", 1e-5)):
+                for decay, with_s0, with_final in ((False, True, True), (True, False, True),
+                                                   (True, True, False)):
+                    seed += 1
+                    B, C, V, gam, S0, dO, dS = _case(lengths, batch, heads, r, d, dtype, decay,
+                                                     with_s0, with_final, method, seed)
+                    gates = -torch.rand(batch, heads, sum(lengths), dtype=torch.float64,
+                                        generator=torch.Generator().manual_seed(seed)) * 0.6
+                    leaves = [t.detach().clone().to(dtype).requires_grad_() for t in (B, C, V)]
+                    g_leaf = gates.detach().clone().requires_grad_()
+                    s0 = None if S0 is None else S0.detach().clone().requires_grad_()
+                    res = causal_linear_decoder_sp(
+                        *(t[:, :, sl] for t in leaves), gam, g=g_leaf[:, :, sl],
+                        initial_state=s0 if rank == 0 else None,
+                        output_final_state=with_final, method=method)
+                    out, fin = res if with_final else (res, None)
+                    loss = (out.double() * dO[:, :, sl]).sum()
+                    if with_final:
+                        loss = loss + (fin.double() * dS).sum()
+                    loss.backward()
+                    ref = [t.detach().clone().requires_grad_() for t in (B, C, V, gates)]
+                    r0 = None if S0 is None else S0.detach().clone().requires_grad_()
+                    want = reference(*ref[:3], gam, g=ref[3], initial_state=r0,
+                                     output_final_state=True)
+                    # (each rank's copy of S_N enters its loss once: world copies in all)
+                    wloss = (want[0] * dO).sum() + \
+                        ((world * (want[1] * dS).sum()) if with_final else 0)
+                    wloss.backward()
+                    label = f"rank {rank} {lengths} {dtype} gates decay={decay} s0={with_s0}"
+                    checks = [("O", out, want[0][:, :, sl])]
+                    if with_final:
+                        checks.append(("S_N", fin, want[1]))
+                    for name, got, w in zip(("dB", "dC", "dV", "dg"),
+                                            [t.grad for t in leaves] + [g_leaf.grad], ref):
+                        checks.append((name, got[:, :, sl], w.grad[:, :, sl]))
+                    if with_s0 and rank == 0:
+                        checks.append(("dS0", s0.grad, r0.grad))
+                    for name, got, w in checks:
+                        if w.numel() == 0:
+                            continue
+                        err = rel_error(got, w)
+                        if name == "dg":  # (a slice's dg may be exactly 0: the first row's
+                            # gate decays only the initial state; relative to the whole's)
+                            err = (got.double() - w).norm().item() / ref[3].grad.norm().item()
+                        assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        failures.put(f"rank {rank}: {traceback.format_exc()}")
+        raise
+
+
 # processes take seconds to start: every world size runs in the full lane (the quick lane checks
 # one process without a group, below)
 @pytest.mark.slow
 @pytest.mark.parametrize("world", sorted(CASES))
 def test_sequence_parallel_equals_one_process(world):
+    _spawn(_worker, world)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_sequence_parallel_with_gates_equals_the_oracle(world):
+    _spawn(_gated_worker, world)
+
+
+def _spawn(worker, world):
     ctx = mp.get_context("spawn")
     failures = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rendezvous")
         try:
-            mp.start_processes(_worker, args=(world, init, failures), nprocs=world,
+            mp.start_processes(worker, args=(world, init, failures), nprocs=world,
                                start_method="spawn")
         except Exception as exc:
             msgs = []

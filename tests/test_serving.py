@@ -245,8 +245,13 @@ def test_chunk_simple_gla_is_the_operator_in_fla_conventions(packed):
     o2, none = chunk_simple_gla(q, k, v, g_gamma=g_gamma, initial_state=h0, cu_seqlens=cu,
                                 head_first=False)
     assert none is None and torch.allclose(o2, o)
-    with pytest.raises(NotImplementedError, match="g_gamma"):
-        chunk_simple_gla(q, k, v, g=torch.zeros(batch, n, heads, device=DEVICE))
+    # per-token gates of 0 (no decay) and g_gamma as gates: the per-head decay again
+    gates = g_gamma.view(1, 1, -1).expand(batch, n, heads)
+    o3, _ = chunk_simple_gla(q, k, v, g=torch.zeros(batch, n, heads, device=DEVICE),
+                             g_gamma=g_gamma, initial_state=h0, cu_seqlens=cu, head_first=False)
+    o4, _ = chunk_simple_gla(q, k, v, g=gates, initial_state=h0, cu_seqlens=cu, head_first=False)
+    assert rel_error(o3, o) <= _tol(torch.float32, "Chunk")
+    assert rel_error(o4, o) <= _tol(torch.float32, "Chunk")
 
 
 def test_chunk_simple_gla_takes_flash_linear_attentions_other_arguments(monkeypatch):

@@ -34,13 +34,15 @@ import triton.language as tl
 
 #: the chunked kernels' compile-time constants, one bundle (their ``K`` parameter), fixed per
 #: call signature by the launcher: decay or 0-1 mask, packed sequences, state in and out, time
-#: reversed, the dual output, fp16's range scaling, the tiles, fp32's dot precision. Read in a
+#: reversed, the dual output, fp16's range scaling, the tiles, fp32's dot precision, per-token
+#: gates, and the row dots the gates' gradient reads (``ROWDOT`` 1: Σ O·W per row for a tensor W
+#: like O; 2: Σ O2·b, the dual output with the b tile; a lane holds every column then). Read in a
 #: compiled kernel, a field comes out as a plain Python value, which shapes and static ranges
 #: refuse: each function binds the fields it reads to constexpr names first
 #: (``BLOCK_N: tl.constexpr = K.BLOCK_N``)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE", defaults=(False,) * 8)
+                 "HALF_RANGE HAS_GATE ROWDOT", defaults=(False,) * 8 + (0,))
 
 
 def constants(cfg: dict, **flags) -> Constants:

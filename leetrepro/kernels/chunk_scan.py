@@ -101,7 +101,6 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     program per lane, SEG ≥ N), only the lanes flagged."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_R: tl.constexpr = K.BLOCK_R
-    HAS_DECAY: tl.constexpr = K.HAS_DECAY
     HAS_S0: tl.constexpr = K.HAS_S0
     STORE_SN: tl.constexpr = K.STORE_SN
     N, R, D, H, LANES, SEG = SIZE
@@ -112,13 +111,8 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
     # the lane's rows of each tensor, through that tensor's own strides
-    GAMMA, G = DECAY
-    rows, n = _lane_io(io + (G,), bh, H, N, CU, K)
+    rows, n, lg = _lane_io(io, DECAY, bh, H, N, CU, K)
     cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
-    if HAS_DECAY:
-        lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
-    else:
-        lg = 0.0
     start = seg * SEG
     end = tl.minimum(start + SEG, n)
     last = end >= n
@@ -137,7 +131,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     seg_log = tl.full([], 0.0, tl.float32)  # log of the segment's own decay
     if SPLIT:
         if not last:
-            local, seg_log = segment_state(rows[1], rows[2], rows[-1], start, end, n, lg,
+            local, seg_log = segment_state(rows[1], rows[2], rows[6], start, end, n, lg,
                                            cols[0], cols[1], K)
 
     # 2. the state entering the segment
@@ -148,7 +142,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     if REPAIR:
         if FLAGS is None:  # the state entering the segment, from the rows before it
             if start > 0:
-                before, before_log = segment_state(rows[1], rows[2], rows[-1], 0, start, n, lg,
+                before, before_log = segment_state(rows[1], rows[2], rows[6], 0, start, n, lg,
                                                    cols[0], cols[1], K)
                 state = state * tl.exp(before_log) + before
     if SPLIT:  # ... from the previous segment, then 3. this one's published
@@ -176,14 +170,23 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
 
 
 @triton.jit
-def _lane_io(io, bh, H, N, CU, K: tl.constexpr):
-    """``(rows, n)``: the lane's rows (:func:`_tiles.lane_rows`) of each of B, C, V, O (and E,
-    O2 with ``K.DUAL``) and last the gates' (``K.HAS_GATE``; else None), and its length: N, or
-    with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1 of the packed batch of one."""
+def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
+    """``(rows, n, lg)``: the lane's rows (:func:`_tiles.lane_rows`) of B, C, V, O, E, O2, the
+    gates, the row dots' W and their output DG, in that order (0 for each the call has not:
+    E, O2 without ``K.DUAL``, the gates without ``K.HAS_GATE``, W unless ``K.ROWDOT`` is 1, DG
+    without it), its length (N, or with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1
+    of the packed batch of one) and its head's log λ in fp32 (``K.HAS_DECAY``; else 0)."""
     DUAL: tl.constexpr = K.DUAL
+    HAS_DECAY: tl.constexpr = K.HAS_DECAY
     HAS_GATE: tl.constexpr = K.HAS_GATE
+    ROWDOT: tl.constexpr = K.ROWDOT
     VARLEN: tl.constexpr = K.VARLEN
-    B, C, V, O, E, O2, G = io
+    B, C, V, O, E, O2 = io
+    GAMMA, G, DOTS = DECAY
+    if HAS_DECAY:
+        lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
+    else:
+        lg = 0.0
     seq = bh // H
     head = (bh % H).to(tl.int64)
     if VARLEN:
@@ -194,14 +197,25 @@ def _lane_io(io, bh, H, N, CU, K: tl.constexpr):
         n = N
     rows = (lane_rows(B, seq, head, bos, VARLEN), lane_rows(C, seq, head, bos, VARLEN),
             lane_rows(V, seq, head, bos, VARLEN), lane_rows(O, seq, head, bos, VARLEN))
+    # (a tuple holds no bare None when compiled: 0 stands for a tensor the call has not)
     if DUAL:
         rows = rows + (lane_rows(E, seq, head, bos, VARLEN),
                        lane_rows(O2, seq, head, bos, VARLEN))
+    else:
+        rows = rows + (0, 0)
     if HAS_GATE:
         rows = rows + (lane_rows(G, seq, head, bos, VARLEN),)
     else:
-        rows = rows + (0,)  # (a tuple holds no bare None when compiled)
-    return rows, n
+        rows = rows + (0,)
+    if ROWDOT == 1:
+        rows = rows + (lane_rows(DOTS[0], seq, head, bos, VARLEN),)
+    else:
+        rows = rows + (0,)
+    if ROWDOT != 0:
+        rows = rows + (lane_rows(DOTS[1], seq, head, bos, VARLEN),)
+    else:
+        rows = rows + (0,)
+    return rows, n, lg
 
 
 @triton.jit
@@ -254,6 +268,7 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
     HAS_GATE: tl.constexpr = K.HAS_GATE
     PRECISION: tl.constexpr = K.PRECISION
     REVERSE: tl.constexpr = K.REVERSE
+    ROWDOT: tl.constexpr = K.ROWDOT
     WEIGHTED: tl.constexpr = HAS_DECAY or HAS_GATE
     b_rows, c_rows, v_rows, o_rows = rows[0], rows[1], rows[2], rows[3]
     start, end, n = span
@@ -264,7 +279,7 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         # b, c: [BLOCK_N, BLOCK_R]; v: [BLOCK_N, BLOCK_D]
         b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)
         if HAS_GATE:  # (the chunk's own mask and weights, from its gates)
-            w_in, w_out, decay, mask = chunk_gates(rows[-1], phys, ok, BLOCK_N)
+            w_in, w_out, decay, mask = chunk_gates(rows[6], phys, ok, BLOCK_N)
         else:
             w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
             mask = intra
@@ -275,6 +290,9 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
         store_rows(o_rows, phys, ok, cols_d, out * SCALE)
+        if ROWDOT == 1:  # Σ_cols O·W per row, from O in fp32 (the gates' gradient)
+            w = load_rows(rows[7], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+            _store_dots(rows[8], phys, ok, tl.sum(out * SCALE * w.to(tl.float32), axis=1))
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, mask, WEIGHTED,
@@ -282,7 +300,17 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             if REPAIR:
                 out2 += poison
             store_rows(rows[5], phys, ok, cols_r, out2 * SCALE)
+            if ROWDOT == 2:  # Σ_cols O2·b per row (the backward's c·dc), from O2 in fp32
+                _store_dots(rows[8], phys, ok, tl.sum(out2 * SCALE * b.to(tl.float32), axis=1))
         state = accumulate_state(state, c, v, w_out, decay, WEIGHTED, PRECISION)
         if REPAIR:
             state += tl.sum(bad, axis=0)
     return state
+
+
+@triton.jit
+def _store_dots(dg_rows, phys, ok, dots):
+    """A chunk's row dots (fp32 [BLOCK_N]) into DG at their physical rows (the lane holds every
+    column of its output: the launcher's condition)."""
+    ptr, base, stride = dg_rows
+    tl.store(ptr + base + phys * stride, dots, mask=ok)

@@ -2,8 +2,8 @@
 
 Grid (sequence·head, value-column block). The program reads state ``POOL[SLOTS[seq], head]``
 (r × BLOCK_D, fp32), and for each of the K new tokens
-    S ← λ S + c_tᵀ v_t,   o_t = SCALE · b_t S,
-then writes S back to its slot. The state read and write are the whole memory traffic (the
+    S ← λ e^(g_t) S + c_tᵀ v_t,   o_t = SCALE · b_t S,
+(g_t the token's gate with ``HAS_GATE``) then writes S back to its slot. The state read and write are the whole memory traffic (the
 tokens are a few hundred bytes): the floor is 2·|state| per sequence. λ enters as the pair
 (λ rounded to fp32, λ/that − 1) so that the per-token product does not drift over many steps
 (λ near 1 rounded to fp32 is off by up to 3e-8 a token). No host synchronisation: the slot ids
@@ -20,12 +20,15 @@ from ._tiles import and_flag
 
 
 @triton.jit
-def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, SIZE, SCALE, HAS_DECAY: tl.constexpr,
-                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+def decode_step_kernel(B, C, V, O, POOL, SLOTS, DECAY, SIZE, SCALE, HAS_DECAY: tl.constexpr,
+                       HAS_GATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_S: tl.constexpr):
     """B, C, V, O: ``(pointer, batch stride, head stride, row stride)`` each (elements); POOL:
-    float32 (slots, H, R, D); SLOTS: int (batch,); GAMMA: float64 λ per head or None;
+    float32 (slots, H, R, D); SLOTS: int (batch,); ``DECAY = (GAMMA, G)``: float64 λ per head or
+    None, the new tokens' gates (float32 (batch, heads, K) as ``(pointer, strides)``) or None;
     ``SIZE = (K, R, D, H, BATCH, NUM_SLOTS)``: K new tokens per sequence."""
     K, R, D, H, BATCH, NUM_SLOTS = SIZE
+    GAMMA, G = DECAY
     pid = tl.program_id(0)
     seq = (pid // H).to(tl.int64)
     head = (pid % H).to(tl.int64)
@@ -54,6 +57,8 @@ def decode_step_kernel(B, C, V, O, POOL, SLOTS, GAMMA, SIZE, SCALE, HAS_DECAY: t
         if HAS_DECAY:
             state = state * lam
             state = state + state * lam_err
+        if HAS_GATE:
+            state = state * tl.exp(tl.load(_row(G, seq, head, t)).to(tl.float32))
         state += c.to(tl.float32)[:, None] * v.to(tl.float32)[None, :]
         o = tl.sum(b.to(tl.float32)[:, None] * state, axis=0) * SCALE
         o = tl.where((shared > 0) | (slot < 0) | (slot >= NUM_SLOTS), float("nan"), o)

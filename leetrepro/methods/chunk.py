@@ -115,7 +115,7 @@ def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segmen
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
-          scale=True, out=True, gates=True,
+          scale=True, out=True, gates=True, rowdot=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None})
@@ -124,7 +124,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                reverse: bool = False, dual: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
                config: dict | None = None, out: torch.Tensor | None = None,
-               out2: torch.Tensor | None = None, g: torch.Tensor | None = None):
+               out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
+               rowdot: tuple | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -145,6 +146,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``scale`` multiplies O (and the dual output) as it is stored. ``g``: per-token gates
     ``(batch, heads, N)`` float32, any strides, γ folded in (gamma None; :func:`leetrepro.ops.run`
     folds them and shifts them for reverse time): the portable kernel computes them.
+    ``rowdot = (W, DG)``: also write DG[b, h, t] = Σ_k O[b, h, t, k]·W[b, h, t, k] (W like O),
+    or with ``W`` None and ``dual``, Σ_k O2·B (the dual output with B), from the outputs in
+    fp32 before they are rounded to their dtype: the gates' gradient's row dots
+    (:func:`leetrepro.ops.gate_gradient`); DG float32 ``(batch, heads, N)``.
 
     ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
     kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32, r and d each 64, 128
@@ -163,9 +168,11 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's
     out = torch.empty_like(V) if out is None else out
     out2 = None if dual is None else (torch.empty_like(B) if out2 is None else out2)
+    w, dg = (None, None) if rowdot is None else rowdot
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
-                       G=None if g is None else g.to(torch.float32))
+                       G=None if g is None else g.to(torch.float32),
+                       W=None if w is None else rows_contiguous(w), DG=dg)
     plan = launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
                        output_final_state=output_final_state, reverse=reverse, kernel=kernel)
     sn = plan.run(tensors, float(scale))
@@ -436,7 +443,8 @@ class Operands(typing.NamedTuple):
     """A call's tensors, as the kernels name them: B, C, V, the output O, the dual output's E and
     O2 (None without it), the float32 initial state S0, γ (float64 ``(H,)``), the packed
     sequences' offsets CU and the per-token gates G (float32 ``(batch, heads, N)``, any strides;
-    each None where the call has none)."""
+    each None where the call has none), and the row dots' W and their output DG
+    (:func:`chunk_scan`'s ``rowdot``)."""
     B: torch.Tensor
     C: torch.Tensor
     V: torch.Tensor
@@ -447,6 +455,8 @@ class Operands(typing.NamedTuple):
     GAMMA: torch.Tensor | None
     CU: torch.Tensor | None
     G: torch.Tensor | None = None
+    W: torch.Tensor | None = None
+    DG: torch.Tensor | None = None
 
 
 class HopperLaunch:
@@ -548,8 +558,9 @@ class LaunchPlan:
         self.nflags = 0 if self_repair else lanes  # zeroed counters: the lanes' repair flags,
         self.ring = ring                # then the ring's flags and ticket (0 without segments)
         self.ws_shape = ws_shape        # the ring of published states (segments), or None
-        # (batch, head, row) strides of B, C, V, O, E, O2 and the gates: the plan's key holds
-        # them, and taking them from the plan spares a call's host path seven stride() calls
+        # (batch, head, row) strides of B, C, V, O, E, O2, the gates, W and DG: the plan's key
+        # holds them, and taking them from the plan spares a call's host path their stride()
+        # calls
         self.strides = strides
         self.size = size                # (N, R, D, H, LANES, SEG)
         self.consts = consts            # the portable kernel's constants (_tiles.Constants)
@@ -600,12 +611,13 @@ class LaunchPlan:
 
     def _arguments(self, t: Operands, states, ring, scale, size, split, repair) -> dict:
         """The portable kernel's arguments, by name: each tensor with its strides."""
-        b, c, v, o, e, o2, g = self.strides
+        b, c, v, o, e, o2, g, w, dg = self.strides
+        dots = None if dg is None else (None if w is None else (t.W, *w), (t.DG, *dg))
         return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring,
-                    DECAY=(t.GAMMA, None if g is None else (t.G, *g)), CU=t.CU, SIZE=size,
-                    SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair)
+                    DECAY=(t.GAMMA, None if g is None else (t.G, *g), dots), CU=t.CU,
+                    SIZE=size, SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair)
 
 
 class ApartPlan:
@@ -650,7 +662,8 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     signature = (n, r, d, batch, heads, t.V.dtype, dot_precision(t.V.dtype, fp32_precision),
                  t.GAMMA is not None, t.E is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
-                 t.S0 is not None, output_final_state, reverse, t.G is not None)
+                 t.S0 is not None, output_final_state, reverse, t.G is not None,
+                 0 if t.DG is None else (1 if t.W is not None else 2))
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -677,7 +690,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
-     has_s0, store_sn, reverse, gates) = signature
+     has_s0, store_sn, reverse, gates, rowdot) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -695,8 +708,11 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     if dual and (lanes != batch * heads or cfg["BLOCK_R"] < r):
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
+    if rowdot and lanes != batch * heads:
+        raise ValueError(f"rowdot needs every value column in one lane (r·d ≤ 128·128), "
+                         f"got r = {r}, d = {d}")
     hopper = _use_hopper(kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E, cu_seqlens=t.CU,
-                         precision=precision, outputs=(t.O, t.O2), gates=gates)
+                         precision=precision, outputs=(t.O, t.O2), gates=gates or rowdot != 0)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
@@ -722,34 +738,37 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         self_repair=not hopper and short, ring=ring + 1 if chained else 0,
         ws_shape=ws_shape if chained else None,
         strides=tuple(None if x is None else x.stride()[:3] for x in t[:6]) +
-        (None if t.G is None else t.G.stride(),),
+        tuple(None if x is None else x.stride()[:3] for x in (t.G, t.W, t.DG)),
         size=(n, r, d, heads, lanes, segment),
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision,
-                              HAS_GATE=gates),
+                              HAS_GATE=gates, ROWDOT=rowdot),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 
 
 def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
                 reverse: bool = False, fp32_precision: str | None = None,
-                segment: int | None = None) -> torch.Tensor:
+                segment: int | None = None, g: torch.Tensor | None = None) -> torch.Tensor:
     """The state the rows add, without the outputs: ``Σ_j λ^(N-1-j) c_jᵀ v_j`` (``reverse``: the rows
     read backwards, ``Σ_j λ^j c_jᵀ v_j``), float32 ``(batch, heads, r, d)``; C ``(batch, heads, N, r)``,
-    V ``(batch, heads, N, d)``, fp16/bf16/fp32 on a GPU, gamma None or float64 ``(H,)``.
+    V ``(batch, heads, N, d)``, fp16/bf16/fp32 on a GPU, gamma None or float64 ``(H,)``; ``g``:
+    per-token gates ``(batch, heads, N)`` instead (γ folded in, read at each row: in reverse the
+    caller shifts them), the weights exp of the gates' sum after each row in reading order.
 
     Reads C and V once, in place in any layout whose last dimension is contiguous
     (``kernels/chunk_state.py``); N is cut into segments as Chunk cuts it, and
-    the segments' sums are weighted by λ^(N - end) and added in a fixed order (``segment``: rows
-    per segment, a multiple of the row block; default as Chunk's). O(N·r·d) time,
-    O(segments·batch·heads·r·d) workspace."""
+    the segments' sums are weighted by λ^(N - end) (or their gates after them) and added in a
+    fixed order (``segment``: rows per segment, a multiple of the row block; default as
+    Chunk's). O(N·r·d) time, O(segments·batch·heads·r·d) workspace."""
     refuse_interpreted_bf16(V.dtype, "chunk_state")
     batch, heads, n, r = C.shape
     d = V.shape[-1]
     if n == 0 or C.numel() == 0 or V.numel() == 0:
         return V.new_zeros(batch, heads, r, d, dtype=torch.float32)
     C, V = rows_contiguous(C), rows_contiguous(V)  # any other layout read in place
+    g = None if g is None else g.to(torch.float32)
     precision = dot_precision(V.dtype, fp32_precision)
     cfg = chunk_config(r, d, V.dtype, precision, gamma is not None, device=V.device)
     lanes, segment = _lanes_and_segment(cfg, batch, heads, n, d, segment, V.device)
@@ -758,11 +777,19 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     ws = torch.empty(lanes, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"], dtype=torch.float32,
                      device=V.device)
     state_kernels.chunk_state_kernel[(lanes, n_seg)](
-        C=strided(C), V=strided(V), P=ws, GAMMA=gamma, SIZE=(n, r, d, heads, segment),
-        K=tiles.constants(cfg, HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision),
+        C=strided(C), V=strided(V), P=ws, DECAY=(gamma, strided(g)),
+        SIZE=(n, r, d, heads, segment),
+        K=tiles.constants(cfg, HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision,
+                          HAS_GATE=g is not None),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
-    if gamma is None:
+    if g is not None:  # each segment decays by the gates after it, in reading order
+        read = g.flip(-1) if reverse else g
+        totals = torch.nn.functional.pad(read, (0, n_seg * segment - n)).view(
+            batch, heads, n_seg, segment).sum(-1)
+        after = totals.flip(-1).cumsum(-1).flip(-1) - totals
+        s = torch.einsum("bhksrd,bhs->bhkrd", ws, torch.exp(after))
+    elif gamma is None:
         s = ws.sum(3)
     else:
         ends = torch.clamp(torch.arange(1, n_seg + 1, device=V.device) * segment, max=n)

@@ -1,0 +1,325 @@
+"""Per-token gates (``g``: simple GLA's and Mamba-2's data-dependent decay) through every method
+that takes them, forward and backward, against the float64 oracle; the methods that refuse them;
+the numbers at the edges (hard resets, strong gates over long sequences); the drop-ins
+(flash-linear-attention's ``chunk_simple_gla``/``fused_recurrent_simple_gla`` with ``g``), the
+decode step and the custom op. The Chunk kernel runs under Triton's interpreter without a GPU;
+sequence parallelism with gates is in test_distributed.py."""
+import pytest
+import torch
+
+from leetrepro import (causal_linear_decoder, chunk_simple_gla, decode_step,
+                       fused_recurrent_simple_gla, reference, rel_error)
+from leetrepro.reference import GATE_GRAD_TOLERANCE
+from leetrepro.registry import methods
+
+from conftest import BF16, INTERPRETED, KERNEL_DEVICE, make_inputs, quick_lane, random_gammas, \
+    tolerance
+
+GATED = [m.abbr for m in methods() if m.gates]
+OPTIONS = {"Bb": dict(block_size=16), "LA_torch": dict(block_size=16), "Recur": dict(base=8),
+           "Chunk": dict(fp32_precision="ieee")}
+
+
+def _device(abbr):
+    return KERNEL_DEVICE if abbr == "Chunk" else "cpu"
+
+
+def _gates(batch, heads, n, seed, strength=0.5, device="cpu"):
+    """Log gates as models make them: logsigmoid of a random logit (in (−∞, 0))."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, heads, n, generator=gen) / strength
+    return torch.nn.functional.logsigmoid(logits).to(device)
+
+
+def _tol(dtype, abbr):
+    return tolerance(dtype, tf32=abbr == "Chunk" and not INTERPRETED and dtype == torch.float32
+                     and OPTIONS.get(abbr, {}).get("fp32_precision") not in ("ieee", "tf32x3"))
+
+
+def test_the_gated_methods_are_the_paper_s_that_extend():
+    assert set(GATED) == {"Vanilla", "Bb", "Recur", "LA_torch", "Chunk"}
+
+
+@pytest.mark.parametrize("abbr", GATED)
+@pytest.mark.parametrize("decay", quick_lane([True, False]), ids=["gamma-too", "gates-alone"])
+@pytest.mark.parametrize("dtype", quick_lane([torch.float32, torch.float16, BF16]))
+def test_forward_against_the_oracle(abbr, decay, dtype):
+    if dtype == torch.bfloat16 and abbr == "Chunk" and INTERPRETED:
+        pytest.skip("bf16 dot kernels are refused under TRITON_INTERPRET=1")
+    dev = _device(abbr)
+    B, C, V = make_inputs(2, 3, 77, 8, 5, dtype=dtype, device=dev, seed=3)
+    g = _gates(2, 3, 77, seed=4, device=dev)
+    gam = random_gammas(3, 5).to(dev) if decay else None
+    out = causal_linear_decoder(B, C, V, gam, g=g, method=abbr, **OPTIONS.get(abbr, {}))
+    err = rel_error(out, reference(B, C, V, gam, g=g))
+    assert err <= _tol(dtype, abbr), f"{abbr} {dtype}: {err:.2e}"
+
+
+def test_time_major_gates_and_inputs_are_read_in_place():
+    dev = KERNEL_DEVICE
+    B, C, V = (t.transpose(1, 2).contiguous().transpose(1, 2)
+               for t in make_inputs(2, 3, 70, 8, 8, device=dev, seed=9))
+    g = _gates(2, 70, 3, seed=1, device=dev).transpose(1, 2)  # (batch, N, heads) viewed
+    out = causal_linear_decoder(B, C, V, g=g, method="Chunk", fp32_precision="ieee")
+    assert rel_error(out, reference(B, C, V, g=g)) <= 1e-5
+
+
+@pytest.mark.parametrize("abbr", ["Chunk", "LA_torch"])
+@pytest.mark.parametrize("packed", quick_lane([False, True]))
+@pytest.mark.parametrize("wanted", quick_lane(["BCVgS", "g", "gS", "BV"]))
+def test_gradients_against_the_oracle(abbr, packed, wanted):
+    """Every input's gradient, the gates' and the initial state's included, with a final state
+    in the loss, any subset asked for; packed sequences (an empty one among them) each from
+    their own state."""
+    dev = _device(abbr)
+    heads, r, d = 3, 8, 5
+    lengths = [30, 0, 47] if packed else [77]
+    batch, n = (1, sum(lengths)) if packed else (2, 77)
+    count = len(lengths) if packed else batch
+    B, C, V = make_inputs(batch, heads, n, r, d, device=dev, seed=11)
+    g = _gates(batch, heads, n, seed=12, device=dev)
+    gam = random_gammas(heads, 13).to(dev)
+    gen = torch.Generator().manual_seed(14)
+    S0 = torch.randn(count, heads, r, d, generator=gen).to(dev)
+    cu = torch.tensor([0, 30, 30, 77], dtype=torch.int32, device=dev) if packed else None
+    names = "BCVgS"
+    leaves = [t.detach().clone().requires_grad_(k in wanted)
+              for k, t in zip(names, (B, C, V, g, S0))]
+    out, s = causal_linear_decoder(*leaves[:3], gam, g=leaves[3], initial_state=leaves[4],
+                                   output_final_state=True, cu_seqlens=cu, method=abbr,
+                                   **OPTIONS.get(abbr, {}))
+    ref = [t.detach().double().requires_grad_(k in wanted)
+           for k, t in zip(names, (B, C, V, g, S0))]
+    want_o, want_s = _oracle(ref, gam, cu)
+    dO = torch.randn(want_o.shape, generator=gen, dtype=torch.float64).to(dev)
+    dS = torch.randn(want_s.shape, generator=gen, dtype=torch.float64).to(dev)
+    got = torch.autograd.grad((out.double() * dO).sum() + (s.double() * dS).sum(),
+                              [t for t in leaves if t.requires_grad])
+    want = torch.autograd.grad((want_o * dO).sum() + (want_s * dS).sum(),
+                               [t for t in ref if t.requires_grad])
+    assert rel_error(out, want_o) <= 1e-5 and rel_error(s, want_s) <= 1e-5
+    for name, a, b in zip([k for k in names if k in wanted], got, want):
+        err = rel_error(a, b)
+        tol = GATE_GRAD_TOLERANCE[torch.float32] if name == "g" else 1e-5
+        assert err <= tol, f"d{name}: {err:.2e}"
+
+
+def _oracle(x, gam, cu):
+    """The oracle's O and final states, each packed sequence on its own."""
+    B, C, V, g, S0 = x
+    if cu is None:
+        return reference(B, C, V, gam, g=g, initial_state=S0, output_final_state=True)
+    outs, states = [], []
+    bounds = cu.tolist()
+    for i in range(len(bounds) - 1):
+        rows = slice(bounds[i], bounds[i + 1])
+        o, s = reference(B[:, :, rows], C[:, :, rows], V[:, :, rows], gam, g=g[:, :, rows],
+                         initial_state=S0[i:i + 1], output_final_state=True)
+        outs.append(o)
+        states.append(s)
+    return torch.cat(outs, 2), torch.cat(states, 0)
+
+
+@pytest.mark.parametrize("abbr", ["Chunk", "LA_torch", "Bb"])
+def test_a_hard_reset_cuts_the_sequence_exactly(abbr):
+    """A gate of −1e4 (a document boundary) makes every weight across it exactly 0: the rows
+    after it equal a fresh start, with no NaN anywhere."""
+    dev = _device(abbr)
+    B, C, V = make_inputs(1, 2, 100, 8, 8, device=dev, seed=21)
+    g = _gates(1, 2, 100, seed=22, device=dev)
+    g[..., 40] = -1e4
+    out = causal_linear_decoder(B, C, V, g=g, method=abbr, **OPTIONS.get(abbr, {}))
+    assert torch.isfinite(out).all()
+    after = causal_linear_decoder(B[:, :, 40:], C[:, :, 40:], V[:, :, 40:], g=g[..., 40:],
+                                  method=abbr, **OPTIONS.get(abbr, {}))
+    assert rel_error(out[:, :, 40:], after) <= 1e-5
+    before = causal_linear_decoder(B[:, :, :40], C[:, :, :40], V[:, :, :40], g=g[..., :40],
+                                   method=abbr, **OPTIONS.get(abbr, {}))
+    assert rel_error(out[:, :, :40], before) <= 1e-5
+
+
+@pytest.mark.parametrize("abbr", quick_lane(["Chunk", "Bb"], keep=(1,)))
+def test_strong_gates_over_a_long_sequence_stay_finite_and_exact(abbr):
+    """Gates of about −3 a token sum to −3N: exp(+G) would overflow after 30 tokens. Chunked
+    running sums keep every exponent a short difference."""
+    dev = _device(abbr)
+    n = 4096 if INTERPRETED and abbr == "Chunk" else 65536
+    B, C, V = make_inputs(1, 1, n, 4, 4, device=dev, seed=31)
+    g = -3.0 + _gates(1, 1, n, seed=32, device=dev)
+    opts = dict(block_size=256) if abbr == "Bb" else OPTIONS.get(abbr, {})
+    out = causal_linear_decoder(B, C, V, g=g, method=abbr, **opts)
+    assert torch.isfinite(out).all()
+    # the oracle on the last 300 rows, compared past their first 20 (which the rows before
+    # reach, by e^-3 a row: nothing after 20)
+    tail = slice(n - 300, n)
+    want = reference(B[:, :, tail], C[:, :, tail], V[:, :, tail], g=g[..., tail])
+    assert rel_error(out[:, :, n - 280:], want[:, :, 20:]) <= 1e-5
+
+
+@pytest.mark.parametrize("abbr,why", [("Cdotp", "prefix sum"), ("FA", "overflows float32"),
+                                      ("LA", "Chunk is its kernel with gates")])
+def test_methods_without_gates_say_why(abbr, why):
+    B, C, V = make_inputs(1, 2, 8, 4, 4)
+    with pytest.raises(ValueError, match=f"does not take per-token gates.*{why}"):
+        causal_linear_decoder(B, C, V, g=torch.zeros(1, 2, 8), method=abbr)
+
+
+def test_bad_gates_are_errors_that_name_g():
+    B, C, V = make_inputs(2, 3, 10, 4, 4)
+    with pytest.raises(ValueError, match=r"g \(the per-token log gates\).*time-major"):
+        causal_linear_decoder(B, C, V, g=torch.zeros(2, 10, 3), method="LA_torch")
+    with pytest.raises(TypeError, match="floating point"):
+        causal_linear_decoder(B, C, V, g=torch.zeros(2, 3, 10, dtype=torch.int32))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        causal_linear_decoder(B, C, V, g=0.5)
+
+
+def test_auto_picks_a_method_that_takes_gates():
+    B, C, V = make_inputs(1, 2, 300, 4, 4)
+    g = _gates(1, 2, 300, seed=1)
+    out = causal_linear_decoder(B, C, V, g=g)  # (on the CPU: a PyTorch method)
+    assert rel_error(out, reference(B, C, V, g=g)) <= 1e-5
+
+
+# ---- the drop-ins ---------------------------------------------------------------------------
+
+#: flash-linear-attention's own simple_gla test cases, scaled to the interpreter: (B, T, H, D,
+#: gate_logit_normalizer), T ∈ {1, 15, 63, 300} and D not a power of two, the gates
+#: logsigmoid(randn) / normalizer; packed offsets as its varlen tests pack them
+FLA_CASES = [(2, 1, 2, 16, 1.0), (2, 15, 2, 20, 0.1), (2, 63, 3, 16, 1.0), (1, 300, 2, 32, 10.0)]
+FLA_PACKED = [0, 15, 100, 300]
+
+
+@pytest.mark.parametrize("case", quick_lane(FLA_CASES, keep=(2,)))
+@pytest.mark.parametrize("head_first", [False, True])
+def test_chunk_simple_gla_with_gates_is_the_operator(case, head_first):
+    batch, T, H, D, norm = case
+    dev = KERNEL_DEVICE
+    gen = torch.Generator().manual_seed(T + D)
+    q, k, v = (torch.randn(batch, T, H, D, generator=gen).to(dev) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(batch, T, H, generator=gen)).to(dev) / norm
+    h0 = torch.randn(batch, H, D, D, generator=gen).to(dev)
+    args = (q, k, v, g) if not head_first else tuple(x.transpose(1, 2) for x in (q, k, v, g))
+    o, ht = chunk_simple_gla(*args, initial_state=h0, output_final_state=True,
+                             head_first=head_first, scale=0.37, fp32_precision="ieee")
+    B, C, V = (x.transpose(1, 2).double() for x in (q * 0.37, k, v))
+    want, want_s = reference(B, C, V, g=g.transpose(1, 2), initial_state=h0,
+                             output_final_state=True)
+    o = o if head_first else o.transpose(1, 2)
+    assert rel_error(o, want) <= 1e-5 and rel_error(ht, want_s) <= 1e-5
+
+
+def test_chunk_simple_gla_with_gates_packed():
+    dev = KERNEL_DEVICE
+    H, D = 2, 16
+    T = FLA_PACKED[-1]
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, T, H, D, generator=gen).to(dev).requires_grad_() for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen)).to(dev)
+    g.requires_grad_()
+    h0 = torch.randn(len(FLA_PACKED) - 1, H, D, D, generator=gen).to(dev).requires_grad_()
+    cu = torch.tensor(FLA_PACKED, dtype=torch.int32, device=dev)
+    o, ht = chunk_simple_gla(q, k, v, g=g, initial_state=h0, output_final_state=True,
+                             cu_seqlens=cu, fp32_precision="ieee")
+    x = [t.detach().double().requires_grad_() for t in (q, k, v, g, h0)]
+    B, C, V = (t.transpose(1, 2) for t in (x[0] * D ** -0.5, x[1], x[2]))
+    want, want_s = _oracle([B, C, V, x[3].transpose(1, 2), x[4]], None, cu)
+    assert rel_error(o.transpose(1, 2), want) <= 1e-5 and rel_error(ht, want_s) <= 1e-5
+    gen = torch.Generator().manual_seed(6)
+    dO = torch.randn(want.shape, generator=gen, dtype=torch.float64).to(dev)
+    dS = torch.randn(want_s.shape, generator=gen, dtype=torch.float64).to(dev)
+    got = torch.autograd.grad((o.transpose(1, 2).double() * dO).sum() + (ht.double() * dS).sum(),
+                              (q, k, v, g, h0))
+    ref = torch.autograd.grad((want * dO).sum() + (want_s * dS).sum(), x)
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dh0"), got, ref):
+        tol = GATE_GRAD_TOLERANCE[torch.float32] if name == "dg" else 1e-5
+        assert rel_error(a, b) <= tol, name
+
+
+def test_fused_recurrent_simple_gla_forward_and_reverse():
+    dev = KERNEL_DEVICE
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 40, 2, 8, generator=gen).to(dev) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(2, 40, 2, generator=gen)).to(dev)
+    o, _ = fused_recurrent_simple_gla(q, k, v, g=g, scale=1.0, fp32_precision="ieee")
+    want = reference(*(x.transpose(1, 2) for x in (q, k, v)), g=g.transpose(1, 2))
+    assert rel_error(o.transpose(1, 2), want) <= 1e-5
+    # reverse: h_t = e^(g_t) h_(t+1) + k_tᵀ v_t, o_t = q_t h_t, step by step in float64
+    o_rev, _ = fused_recurrent_simple_gla(q, k, v, g=g, scale=1.0, reverse=True,
+                                          fp32_precision="ieee")
+    h = torch.zeros(2, 2, 8, 8, dtype=torch.float64, device=dev)
+    rows = []
+    for t in range(39, -1, -1):
+        h = h * torch.exp(g[:, t].double())[..., None, None] + \
+            k[:, t].double()[..., :, None] * v[:, t].double()[..., None, :]
+        rows.append((q[:, t].double()[..., None, :] @ h).squeeze(-2))
+    want_rev = torch.stack(rows[::-1], 1)
+    assert rel_error(o_rev, want_rev) <= 1e-5
+
+
+def test_decode_steps_with_gates_continue_a_gated_prefill():
+    """A prefill's final state then k decode steps, each token with its gate, equal the whole
+    sequence in one call."""
+    dev = KERNEL_DEVICE
+    B, C, V = make_inputs(2, 3, 40, 8, 6, device=dev, seed=41)
+    g = _gates(2, 3, 40, seed=42, device=dev)
+    full = causal_linear_decoder(B, C, V, 0.95, g=g, method="LA_torch" if dev == "cpu" else "Chunk")
+    _, s = causal_linear_decoder(B[:, :, :33], C[:, :, :33], V[:, :, :33], 0.95, g=g[..., :33],
+                                 output_final_state=True, method="LA_torch")
+    pool = torch.zeros(5, 3, 8, 6, device=dev)
+    slots = torch.tensor([4, 1], device=dev)
+    pool[slots] = s.float()
+    outs = [decode_step(B[:, :, t:t + 1], C[:, :, t:t + 1], V[:, :, t:t + 1], 0.95, pool, slots,
+                        g=g[..., t:t + 1]) for t in range(33, 40)]
+    assert rel_error(torch.cat(outs, 2), full[:, :, 33:]) <= 1e-5
+
+
+@pytest.mark.slow  # seconds: the op's schema, fake tensor and autograd checks
+def test_opcheck_with_gates():
+    from leetrepro.ops import causal_linear
+    B, C, V = make_inputs(2, 3, 21, 4, 5, seed=7)
+    gam = torch.tensor([0.9, 0.8, 1.0], dtype=torch.float64)
+    g = _gates(2, 3, 21, seed=8)
+    S0 = torch.randn(2, 3, 4, 5)
+    tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V, g.unsqueeze(-1))]
+    cases = [(B, C, V, None, None, "LA_torch", "", False, False, None, 1.0, True, g),
+             (B, C, V, gam, S0, "LA_torch", "", False, True, None, 0.5, True, g),
+             (*tm[:3], gam, S0, "Chunk", '{"fp32_precision": "ieee"}', False, True, None, 1.0,
+              True, tm[3].squeeze(-1))]
+    for args in cases:
+        args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor)
+                     and a.dtype != torch.float64 else a for a in args)
+        torch.library.opcheck(causal_linear, args)
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_with_gates():
+    """A layer with data-dependent gates (a projection to one gate per head, logsigmoid), compiled
+    whole, forward and backward equal to eager."""
+    torch.manual_seed(0)
+
+    class Gated(torch.nn.Module):
+        def __init__(self, heads=2, dim=16):
+            super().__init__()
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.gate = torch.nn.Linear(dim, heads)
+            self.heads = heads
+
+        def forward(self, x):
+            b, n, dim = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+            g = torch.nn.functional.logsigmoid(self.gate(x)).transpose(1, 2)
+            o = causal_linear_decoder(q, k, v, g=g, method="LA_torch", block_size=8)
+            return o.transpose(1, 2).reshape(b, n, dim)
+
+    layer = Gated()
+    x = torch.randn(2, 40, 16)
+    eager = layer(x)
+    eager.square().sum().backward()
+    want = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    out = torch.compile(layer, fullgraph=True)(x)
+    out.square().sum().backward()
+    torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
+    for p, w in zip(layer.parameters(), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-4)
