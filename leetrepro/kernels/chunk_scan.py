@@ -62,9 +62,11 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     fused projection). ``STATES = (S0, SN)``: float32 (lanes, R, D) initial and final states or
     None. ``RING = (WS, SYNC, FLAGS)``: the ring of published states (float32, lanes × 2 slots ×
     BLOCK_R × BLOCK_D), its int32 flags and ticket (LANES + 1), the lanes' repair flags; each None
-    where unused. ``DECAY = (GAMMA, G)``: float64 λ per head or None, and with ``K.HAS_GATE``
-    the per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``) or None;
-    ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``. ``K``: :data:`_tiles.Constants`; ``SPLIT``:
+    where unused. ``DECAY = (GAMMA, G, DOTS)``: float64 λ per head or None; with
+    ``K.HAS_GATE`` the per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``),
+    else None; with ``K.ROWDOT`` the row dots' ``(W, DG)`` (W None for ROWDOT 2), else None.
+    ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
+    ``K``: :data:`_tiles.Constants`; ``SPLIT``:
     segments chained through the ring; ``REPAIR``: rows recomputed with non-finite rows handled
     (the repair launch)."""
     WS, SYNC, FLAGS = RING

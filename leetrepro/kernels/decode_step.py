@@ -3,9 +3,10 @@
 Grid (sequence·head, value-column block). The program reads state ``POOL[SLOTS[seq], head]``
 (r × BLOCK_D, fp32), and for each of the K new tokens
     S ← λ e^(g_t) S + c_tᵀ v_t,   o_t = SCALE · b_t S,
-(g_t the token's gate with ``HAS_GATE``) then writes S back to its slot. The state read and write are the whole memory traffic (the
-tokens are a few hundred bytes): the floor is 2·|state| per sequence. λ enters as the pair
-(λ rounded to fp32, λ/that − 1) so that the per-token product does not drift over many steps
+(g_t the token's gate with ``HAS_GATE``) then writes S back to its slot. The state read and
+write are the whole memory traffic (the tokens are a few hundred bytes): the floor is
+2·|state| per sequence. λ enters as the pair (λ rounded to fp32, λ/that − 1) so that the
+per-token product does not drift over many steps
 (λ near 1 rounded to fp32 is off by up to 3e-8 a token). No host synchronisation: the slot ids
 are read on the device, so a step can be captured in a CUDA graph. They are checked there too, at
 the cost of one read of the batch's slot ids per program (L2-resident; BATCH·4 bytes): a slot

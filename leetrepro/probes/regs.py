@@ -42,10 +42,11 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     sig = dict(B=strided, C=strided, V=strided, O=strided, E="constexpr", O2="constexpr",
                STATES=("constexpr", "constexpr"),
                RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
-               DECAY=("*fp64" if decay else "constexpr", "constexpr"), CU="constexpr",
+               DECAY=("*fp64" if decay else "constexpr", "constexpr", "constexpr"), CU="constexpr",
                SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", SPLIT="constexpr",
                REPAIR="constexpr")
-    const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None, (9,): None,
+    const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None, (8, 2): None,
+             (9,): None,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
                               HAS_DECAY=decay, HALF_RANGE=dtype != "fp32"),
