@@ -17,6 +17,13 @@ pass fp16's largest value (65504) while the outputs and gradients fit (``RANGE_C
 forward's and dB's state, or the reverse sweeps' (dV and dC), checked with O and every gradient.
 The output buffer is poisoned with NaN before every call, so a kernel that leaves elements
 unwritten fails.
+
+Per-token gates (``g``; every method that takes them, :func:`check_gated`): O, the final state
+and the gradients of B, C, V, g and the initial state against float64 autograd through the
+oracle, gates alone and with γ, batched and packed (``cu_seqlens``), head-major and time-major
+(``GATE_SHAPES``), the gates' gradient held to :data:`leetrepro.reference.GATE_GRAD_TOLERANCE`;
+flash-linear-attention's simple_gla test cases through the drop-in (:func:`check_fla_cases`);
+a hard reset and strong gates over 2²⁰ rows (:func:`check_gate_edges`); decode steps with gates.
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ import torch
 from .. import causal_linear_decoder, reference, rel_error
 from .._inputs import DTYPE_NAMES, parse_dtype
 from ..methods import methods
-from ..reference import TF32_TOLERANCE, TOLERANCE
+from ..reference import GATE_GRAD_TOLERANCE, TF32_TOLERANCE, TOLERANCE
 from .harness import gpu_main, random_inputs, sync
 
 # (batch, heads, N, r, d)
@@ -424,6 +431,201 @@ def check_huge(m, dtype, device, rows, meta):
     torch.cuda.empty_cache()
 
 
+#: gated cases (batch, heads, N, r, d): odd N, r ≠ d, segments at batch 1, the model head shapes
+GATE_SHAPES = [(2, 3, 37, 8, 5), (2, 4, 1000, 64, 48), (1, 8, 4097, 128, 128),
+               (2, 16, 2048, 128, 64), (1, 2, 10000, 64, 64)]
+
+
+def _gate_inputs(shape, dtype, seed, device, packed):
+    b, h, n, r, d = shape
+    B, C, V = inputs(shape, dtype, seed, device)
+    gen = torch.Generator(device=device).manual_seed(seed + 3)
+    logits = torch.randn(b, h, n, device=device, generator=gen) + 2.0
+    g = torch.nn.functional.logsigmoid(logits)
+    cu = None
+    if packed:  # (batch 1: the rows of all the batch's sequences and an empty one, packed)
+        B, C, V = (t.transpose(0, 1).reshape(1, h, b * n, -1) for t in (B, C, V))
+        g = g.transpose(0, 1).reshape(1, h, b * n)
+        cu = torch.tensor([0, n, n] + [n * (i + 1) for i in range(1, b)], dtype=torch.int32,
+                          device=device)
+    count = b + 1 if packed else b
+    S0 = torch.randn(count, h, r, d, device=device, generator=gen)
+    return B, C, V, g, S0, cu
+
+
+def _gated_oracle(x, gamma, cu):
+    B, C, V, g, S0 = x
+    if cu is None:
+        return reference(B, C, V, gamma, g=g, initial_state=S0, output_final_state=True)
+    outs, states = [], []
+    bounds = cu.tolist()
+    for i in range(len(bounds) - 1):
+        rows = slice(bounds[i], bounds[i + 1])
+        o, s = reference(B[:, :, rows], C[:, :, rows], V[:, :, rows], gamma, g=g[:, :, rows],
+                         initial_state=S0[i:i + 1], output_final_state=True)
+        outs.append(o)
+        states.append(s)
+    return torch.cat(outs, 2), torch.cat(states, 0)
+
+
+def check_gated(m, shape, dtype, with_gamma, device, seed, rows, meta, packed=False,
+                time_major=False, forward_only=False):
+    """Rows O, S_N, dB, dC, dV, dg, dS0 of one gated case against float64 autograd through the
+    oracle (states in and out; ``packed``: the batch's sequences and an empty one packed along
+    N of a batch of one; ``time_major``: B, C, V and g stored time-major; ``forward_only``: O
+    alone, for the methods without a state)."""
+    B, C, V, g, S0, cu = _gate_inputs(shape, dtype, seed, device, packed)
+    if time_major:
+        B, C, V = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V))
+        g = g.transpose(1, 2).contiguous().transpose(1, 2)
+    gamma = gammas(shape[1], seed).to(device) if with_gamma else None
+    label, opts, tol = ("", {}, default_tolerance(m, dtype))
+    gate_tol = max(tol, GATE_GRAD_TOLERANCE[dtype])
+    base = dict(meta, method=m.name, abbr=m.abbr, language=m.language, dtype=DTYPE_NAMES[dtype],
+                precision=label, decay=with_gamma, batch=shape[0], heads=shape[1], N=shape[2],
+                r=shape[3], d=shape[4], deterministic="",
+                note="per-token gates" + (" and γ" if with_gamma else "")
+                + ("; packed sequences" if packed else "") + ("; time-major" if time_major else "")
+                + ("" if forward_only else "; states in and out, vs float64 autograd"))
+    names = ["O"] if forward_only else ["O", "S_N", "dB", "dC", "dV", "dg", "dS0"]
+    try:
+        if forward_only:
+            out = causal_linear_decoder(B, C, V, gamma, g=g, method=m.name, cu_seqlens=cu, **opts)
+            want = reference(B, C, V, gamma, g=g) if cu is None else \
+                _gated_oracle([B, C, V, g, S0], gamma, cu)[0]
+            got, want = [out], [want]
+        else:
+            leaves = [t.detach().requires_grad_() for t in (B, C, V, g, S0)]
+            wide = [t.detach().double().requires_grad_() for t in (B, C, V, g, S0)]
+            o, s = causal_linear_decoder(*leaves[:3], gamma, g=leaves[3], initial_state=leaves[4],
+                                         output_final_state=True, cu_seqlens=cu, method=m.name,
+                                         **opts)
+            wo, ws = _gated_oracle(wide, gamma, cu)
+            gen = torch.Generator(device=device).manual_seed(seed + 9)
+            dO = torch.randn(wo.shape, device=device, generator=gen, dtype=torch.float64)
+            dS = torch.randn(ws.shape, device=device, generator=gen, dtype=torch.float64)
+            got = [o, s] + list(torch.autograd.grad((o.double() * dO).sum() + (s.double() * dS).sum(),
+                                                    leaves))
+            want = [wo, ws] + list(torch.autograd.grad((wo * dO).sum() + (ws * dS).sum(), wide))
+        for q, a, w in zip(names, got, want):
+            err = rel_error(a, w)
+            t = gate_tol if q == "dg" else tol
+            rows.append(dict(base, quantity=q, rel_err=err, tol=t,
+                             max_abs_err=(a.double() - w).abs().max().item(),
+                             status="pass" if err <= t else "FAIL"))
+    except Exception as exc:
+        rows.append(dict(base, quantity="gated", rel_err=math.nan, status=_failed(exc)))
+        names = ["gated"]
+    print(f"{'gates':30s} {m.abbr:12s} {DTYPE_NAMES[dtype]:9s} gamma={with_gamma!s:5s} "
+          f"packed={packed!s:5s} tm={time_major!s:5s} {shape} "
+          + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}"
+                     for r in rows[-len(names):]), flush=True)
+    torch.cuda.empty_cache()
+
+
+#: flash-linear-attention's simple_gla test cases (B, T, H, D, gate_logit_normalizer): T from 1
+#: to 300, D not a power of two among them; and its packed offsets
+FLA_CASES = [(2, 1, 2, 64, 1.0), (2, 15, 4, 60, 0.1), (2, 63, 4, 128, 1.0), (2, 300, 4, 100, 10.0),
+             (2, 500, 4, 128, 1.0)]
+FLA_PACKED = [0, 15, 100, 300, 1200, 2000]
+
+
+def check_fla_cases(dtype, device, rows, meta):
+    """flash-linear-attention's ``chunk_simple_gla`` test cases through the drop-in, gates from
+    logsigmoid(randn)/normalizer, scale and initial state, forward and every gradient, against
+    float64 autograd through the oracle; its packed offsets too."""
+    from ..compat import chunk_simple_gla
+    tol = TOLERANCE[dtype] if dtype != torch.float32 else TF32_TOLERANCE
+    for case in FLA_CASES + [("packed",)]:
+        gen = torch.Generator(device=device).manual_seed(len(rows))
+        if case[0] == "packed":
+            b, H, D, norm = 1, 4, 64, 1.0
+            T = FLA_PACKED[-1]
+            cu = torch.tensor(FLA_PACKED, dtype=torch.int32, device=device)
+            count = len(FLA_PACKED) - 1
+        else:
+            b, T, H, D, norm = case
+            cu, count = None, b
+        q, k, v = (torch.randn(b, T, H, D, device=device, generator=gen).to(dtype)
+                   for _ in range(3))
+        g = torch.nn.functional.logsigmoid(torch.randn(b, T, H, device=device, generator=gen)) / norm
+        h0 = torch.randn(count, H, D, D, device=device, generator=gen)
+        base = dict(meta, method="chunk_simple_gla", abbr="fla-drop-in", language="triton",
+                    dtype=DTYPE_NAMES[dtype], precision="", decay=False, batch=b, heads=H, N=T,
+                    r=D, d=D, deterministic="", note=f"flash-linear-attention's simple_gla case "
+                    f"{case}" if case[0] != "packed" else f"packed {FLA_PACKED}")
+        try:
+            leaves = [t.detach().requires_grad_() for t in (q, k, v, g, h0)]
+            o, ht = chunk_simple_gla(*leaves[:4], initial_state=leaves[4], output_final_state=True,
+                                     cu_seqlens=cu, scale=D ** -0.5)
+            wide = [t.detach().double().requires_grad_() for t in (q, k, v, g, h0)]
+            B, C, V = (t.transpose(1, 2) for t in (wide[0] * D ** -0.5, wide[1], wide[2]))
+            wo, ws = _gated_oracle([B, C, V, wide[3].transpose(1, 2), wide[4]], None, cu)
+            dO = torch.randn(wo.shape, device=device, generator=gen, dtype=torch.float64)
+            dS = torch.randn(ws.shape, device=device, generator=gen, dtype=torch.float64)
+            got = [o.transpose(1, 2), ht] + list(torch.autograd.grad(
+                (o.transpose(1, 2).double() * dO).sum() + (ht.double() * dS).sum(), leaves))
+            want = [wo, ws] + list(torch.autograd.grad((wo * dO).sum() + (ws * dS).sum(), wide))
+            for qn, a, w in zip(["o", "ht", "dq", "dk", "dv", "dg", "dh0"], got, want):
+                err = rel_error(a, w)
+                t = max(tol, GATE_GRAD_TOLERANCE[dtype]) if qn == "dg" else tol
+                rows.append(dict(base, quantity=qn, rel_err=err, tol=t,
+                                 status="pass" if err <= t else "FAIL"))
+        except Exception as exc:
+            rows.append(dict(base, quantity="fla-case", rel_err=math.nan, status=_failed(exc)))
+        print(f"{'fla case':30s} {DTYPE_NAMES[dtype]:9s} {case} "
+              + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}"
+                         for r in rows[-7:]), flush=True)
+
+
+def check_gate_edges(dtype, device, rows, meta):
+    """A hard reset (gate −1e4) gives exact zeros across it and no NaN; gates of about −3 a
+    token over 2²⁰ rows stay finite and exact on their last rows; decode steps with gates
+    continue a gated prefill."""
+    from .. import decode_step
+    tol = default_tolerance(methods()[0], dtype) if dtype != torch.float32 else TF32_TOLERANCE
+    base = dict(meta, method="chunk-scan", abbr="Chunk", language="triton",
+                dtype=DTYPE_NAMES[dtype], precision="", decay=False, deterministic="")
+    B, C, V = inputs((1, 4, 4096, 128, 128), dtype, 77, device)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 4, 4096, device=device) + 2)
+    g[..., 1000] = -1e4
+    out = causal_linear_decoder(B, C, V, g=g, method="Chunk")
+    after = causal_linear_decoder(B[:, :, 1000:], C[:, :, 1000:], V[:, :, 1000:], g=g[..., 1000:],
+                                  method="Chunk")
+    err = rel_error(out[:, :, 1000:], after.double())
+    ok = bool(torch.isfinite(out).all()) and err <= tol
+    rows.append(dict(base, quantity="O", batch=1, heads=4, N=4096, r=128, d=128, rel_err=err,
+                     tol=tol, note="hard reset (gate -1e4) at row 1000: rows after it equal a "
+                     "fresh start", status="pass" if ok else "FAIL"))
+    n = 2 ** 20
+    B, C, V = inputs((1, 2, n, 64, 64), dtype, 78, device)
+    g = -3.0 + torch.nn.functional.logsigmoid(torch.randn(1, 2, n, device=device))
+    out, s = causal_linear_decoder(B, C, V, g=g, method="Chunk", output_final_state=True)
+    want = reference(B[:, :, -300:], C[:, :, -300:], V[:, :, -300:], g=g[..., -300:])
+    err = rel_error(out[:, :, -280:], want[:, :, 20:])
+    ok = bool(torch.isfinite(out).all() and torch.isfinite(s).all()) and err <= tol
+    rows.append(dict(base, quantity="O", batch=1, heads=2, N=n, r=64, d=64, rel_err=err, tol=tol,
+                     note="gates about -3 a token over 2^20 rows: finite, last rows exact",
+                     status="pass" if ok else "FAIL"))
+    B, C, V = inputs((2, 8, 300, 64, 64), dtype, 79, device)
+    g = torch.nn.functional.logsigmoid(torch.randn(2, 8, 300, device=device) + 1)
+    full = reference(B, C, V, 0.97, g=g)
+    _, s = causal_linear_decoder(B[:, :, :290], C[:, :, :290], V[:, :, :290], 0.97,
+                                 g=g[..., :290], output_final_state=True, method="Chunk")
+    pool = torch.zeros(4, 8, 64, 64, device=device)
+    slots = torch.tensor([3, 0], device=device)
+    pool[slots] = s
+    steps = [decode_step(B[:, :, t:t + 1], C[:, :, t:t + 1], V[:, :, t:t + 1], 0.97, pool, slots,
+                         g=g[..., t:t + 1]) for t in range(290, 300)]
+    err = rel_error(torch.cat(steps, 2), full[:, :, 290:])
+    rows.append(dict(base, abbr="decode_step", quantity="O", batch=2, heads=8, N=300, r=64, d=64,
+                     rel_err=err, tol=tol, note="10 decode steps with gates after a gated prefill",
+                     status="pass" if err <= tol else "FAIL"))
+    for r in rows[-3:]:
+        print(f"{'gate edges':30s} {DTYPE_NAMES[dtype]:9s} {r['note'][:50]} err={r['rel_err']:.1e} "
+              f"{r['status']}", flush=True)
+
+
 def _arguments(p) -> None:
     p.add_argument("--methods", nargs="*", default=None, help="abbreviations (default: all)")
     p.add_argument("--huge", action="store_true", help="also batch 16 × 32 heads × N = 100000")
@@ -441,6 +643,9 @@ def _arguments(p) -> None:
                    help="also packed prompts (cu_seqlens) and the decode step (Chunk, decode_step)")
     p.add_argument("--dtypes", nargs="*", choices=DTYPES, default=list(DTYPES),
                    help="the input dtypes checked (default: all three)")
+    p.add_argument("--gates-only", action="store_true",
+                   help="only the per-token gate rows (check_gated, check_fla_cases, "
+                        "check_gate_edges)")
     p.add_argument("--csv", default="correctness.csv")
     p.add_argument("--chunk-kernel", choices=("auto", "portable", "hopper"), default="auto",
                    help="Chunk's forward kernel where both can run (hopper: the warp-specialised "
@@ -475,7 +680,7 @@ def _shape_id(shape) -> str:
 
 def matrix(chosen, dtypes, device, *, quick=False, heads_only=False, layouts_only=False,
            grads_only=False, no_grads=False, huge=False, fp16_range=False,
-           hopper_heads=False) -> list[Case]:
+           hopper_heads=False, gates_only=False) -> list[Case]:
     """The correctness matrix as a list of cases, in the order ``make gpu-check`` runs them (the
     command line's options by the same names); ``pytest -m gpu`` (``tests/test_gpu.py``) runs the
     same list. ``hopper_heads``: with ``quick``, Chunk's Hopper kernel (forced) at two head shapes
@@ -491,6 +696,10 @@ def matrix(chosen, dtypes, device, *, quick=False, heads_only=False, layouts_onl
     for m in chosen:
         for dtype in dtypes:
             if not m.supports(dtype, device):
+                continue
+            if m.gates and not (heads_only or layouts_only) and not m.unsafe:
+                _gated_cases(add, m, dtype, device, quick)
+            if gates_only:
                 continue
             if heads_only:
                 if not m.unsafe:
@@ -556,6 +765,27 @@ def matrix(chosen, dtypes, device, *, quick=False, heads_only=False, layouts_onl
     return out
 
 
+def _gated_cases(add, m, dtype, device, quick: bool) -> None:
+    """The gated rows of ``m`` (:func:`check_gated`): a method with a state every gradient,
+    batched and packed, gates alone and with γ, time-major at the model shapes; the others O."""
+    shapes = GATE_SHAPES[:2] if quick else GATE_SHAPES
+    if m.name == "vanilla" or not m.state:
+        for si, shape in enumerate(shapes[:2] if m.language == "torch" else shapes):
+            add(m, dtype, "gates-O", shape, check_gated, m, shape, dtype, True, device,
+                2000 + si, forward_only=True)
+        return
+    for si, shape in enumerate(shapes):
+        if m.language == "torch" and shape[2] > 4097:
+            continue  # (float64 autograd of a PyTorch method at 10⁴ rows: minutes)
+        for with_gamma, packed in ((False, False), (True, False), (True, True)):
+            add(m, dtype, f"gates-gamma{with_gamma:d}-packed{packed:d}", shape, check_gated, m,
+                shape, dtype, with_gamma, device, 2100 + 10 * si + 2 * with_gamma + packed,
+                packed=packed)
+        if shape[3] >= 64 and not quick:
+            add(m, dtype, "gates-time-major", shape, check_gated, m, shape, dtype, True, device,
+                2200 + si, time_major=True)
+
+
 def judged_failures(rows) -> list[dict]:
     """The rows that fail (``status`` starting ``FAIL``; an unsafe method's rows are reported,
     not judged)."""
@@ -577,12 +807,16 @@ def main(argv=None) -> int:
     cases = matrix(chosen, [parse_dtype(x) for x in args.dtypes], device, quick=args.quick,
                    heads_only=args.heads_only, layouts_only=args.layouts_only,
                    grads_only=args.grads_only, no_grads=args.no_grads, huge=args.huge,
-                   fp16_range=args.fp16_range)
+                   fp16_range=args.fp16_range, gates_only=args.gates_only)
     rows = []
     for i, case in enumerate(cases):
         case.run(rows=rows, meta=meta)
         if i + 1 == len(cases) or cases[i + 1].group != case.group:
             pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
+    if not (args.heads_only or args.layouts_only):  # gates: the drop-in's cases, the edges
+        for dtype in map(parse_dtype, args.dtypes):
+            check_fla_cases(dtype, device, rows, meta)
+            check_gate_edges(dtype, device, rows, meta)
     if args.serving:
         for dtype in map(parse_dtype, args.dtypes):
             for decay in (False, True):
