@@ -78,7 +78,7 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     # auto chooses for what the call will cost: a forward alone, or a forward and its backward
     grad = torch.is_grad_enabled() and (any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (B, C, V, initial_state))
-        or (isinstance(g, torch.Tensor) and g.requires_grad))
+        or (g is not None and isinstance(g, torch.Tensor) and g.requires_grad))
     key = None if compiling or initial_state is not None or cu_seqlens is not None \
         or is_mask_weight is not None else \
         _signature(B, C, V, method, options, output_final_state, gamma is None, grad, g is None)
