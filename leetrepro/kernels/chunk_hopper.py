@@ -68,6 +68,21 @@ mbarrier both consumers arrive on once their copies are written, and releasing i
 one before either is written again. The ring then holds four tiles a slot (``STAGES`` 2), and O's
 and O2's staging one buffer each per consumer.
 
+Per-token gates (``HAS_GATE``, fp16/bf16): the launcher passes each lane's gates as running sums
+*within each 64-row tile, in logical order* (forward: from the tile's first row; reverse: from
+its last), fp32, padded to whole tiles (``leetrepro.methods.chunk.tile_gate_sums``). A consumer
+loads its chunk's 64 sums by rows and by columns (L2-resident, loaded before it waits on the
+ring) and takes, in place of the powers of λ, exp(G_i) onto the entering state, exp(G_L − G_j)
+into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and exp(G_i − G_j)
+the mask: every exponent a difference within a tile, the later row first. A segment's decay is
+the sum of its tiles' totals, summed in its first pass.
+
+The gates' gradient's row dots (``ROWDOT``, :func:`leetrepro.ops.gate_gradient`), from the
+outputs in fp32 before they are rounded: 1, Σ_k O·W for a tensor W like O (the backward's b·db),
+whose DH-column halves the loader brings into the ring's E tiles; 2, with ``DUAL``, Σ_k O2·b
+from the slot's B tile (c·dc). Each consumer writes the dots of its DH columns to its own plane
+of ``DG`` (float32 (lanes, D/DH planes, whole tiles)); the launcher adds the planes.
+
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
@@ -138,10 +153,42 @@ def _half_scale(x, HALF_RANGE: gl.constexpr):
 
 
 @gluon.jit
-def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr):
-    """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask),
-    exactly 0 elsewhere."""
-    if HAS_DECAY:
+def _chunk_gates(prog, row, acc_l: gl.constexpr, K: gl.constexpr):
+    """A chunk's gates (``HAS_GATE``): the tile's running sums G by rows and by columns and its
+    total G_L (the last logical row's: the tile's last row forward, its first in reverse)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    ptr = prog.gates + row
+    g_rows = gl.load(ptr + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l)))
+    g_cols = gl.load(ptr + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_l)))
+    if K.REVERSE:
+        total = gl.load(ptr)
+    else:
+        total = gl.load(ptr + (BLOCK_N - 1))
+    return g_rows, g_cols, total
+
+
+@gluon.jit
+def _row_dots(o, w_t, up, dg, prog, row, length, plane, acc_l: gl.constexpr, K: gl.constexpr):
+    """The row dots of an output half ``o`` (fp32 [BLOCK_N, DH], in units of ``up``: the store's
+    factor) with the shared tile ``w_t`` of the same columns, written to plane ``plane`` of
+    ``dg`` (float32 (lanes, D/DH planes, whole tiles)) at the chunk's physical rows (those the
+    lane holds)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    PLANES: gl.constexpr = K.D // (K.DC // 2)
+    dots = gl.sum(o * w_t.load(acc_l).to(gl.float32), axis=1) * up  # [BLOCK_N]
+    kr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    tiles = gl.cdiv(prog.N, BLOCK_N) * BLOCK_N
+    base = (prog.lane.to(gl.int64) * PLANES + plane) * tiles + row
+    gl.store(dg + base + kr, dots, mask=kr < length)
+
+
+@gluon.jit
+def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None):
+    """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
+    with ``gates`` (:func:`_chunk_gates`) exp(G_i − G_j)), exactly 0 elsewhere."""
+    if gates is not None:
+        return gl.where(diff >= 0, sc * gl.exp(gates[0][:, None] - gates[1][None, :]), 0.0)
+    elif HAS_DECAY:
         return gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
     else:
         return gl.where(diff >= 0, sc, 0.0)
@@ -160,11 +207,15 @@ def _rescaled(acc, w_in, ratio, HAS_DECAY: gl.constexpr, HALF_RANGE: gl.constexp
 
 
 @gluon.jit
-def _row_weights(w_in, ri, length, lg, HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr):
+def _row_weights(w_in, ri, length, lg, HAS_DECAY: gl.constexpr, REVERSE: gl.constexpr,
+                 gates=None):
     """The powers λ^(i+1) onto the state entering a chunk, per row ``ri`` of its tile (1.0 for
     the 0-1 mask): forward the same for every chunk (``w_in``, computed once before the sweep);
-    in reverse row k of a tile of ``length`` rows takes λ^(length-k) (the first swept is short)."""
-    if HAS_DECAY:
+    in reverse row k of a tile of ``length`` rows takes λ^(length-k) (the first swept is short).
+    With ``gates``: exp(G_i)."""
+    if gates is not None:
+        return gl.exp(gates[0])
+    elif HAS_DECAY:
         if REVERSE:
             e_in, _ = _exponents(ri, length, REVERSE)
             return gl.exp(e_in.to(gl.float32) * lg)
@@ -188,7 +239,7 @@ def _store_half(desc, buf, x, up, scale, bb, hh, row, col, BLOCK_N: gl.constexpr
 
 @gluon.jit
 def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
-                    dtype: gl.constexpr, K: gl.constexpr):
+                    dtype: gl.constexpr, K: gl.constexpr, gates=None):
     """For state ← λ^L state + cᵀ (diag(λ^(L-1-j)) v) over a chunk of L rows: (λ^L state, the A
     operand, the B operand). Done before any MMA of the chunk is issued, so that ptxas need not
     serialise them.
@@ -199,12 +250,17 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
     only K-major, and the chunk's rows (this product's K) are v's and c's outer dimension, so v's
     half is transposed in place in its ring slot (the B operand, unweighted: the masked part of O
     reads it too), and the A operand is c's tile itself, which :func:`_ct_part` loads to registers
-    weighted, half the chunk's rows at a time."""
+    weighted, half the chunk's rows at a time. With ``gates`` (fp16/bf16): exp(G_L − G_j) and
+    exp(G_L) (rows past the lane's end weighed 0)."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
     REVERSE: gl.constexpr = K.REVERSE
-    if dtype == gl.float32:
+    if gates is not None:
+        w_out = gl.where(kr < length, gl.exp(gates[2] - gates[0]), 0.0)
+        vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
+        return state * gl.exp(gates[2]), c_t.permute((1, 0)), vw_s
+    elif dtype == gl.float32:
         if HAS_DECAY:
             state = state * gl.exp(length.to(gl.float32) * lg)
         return state, c_t, _transposed_in_place(v_t, BLOCK_N, DC // 2)
@@ -332,7 +388,7 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: (as ``_tiles.Constants``: a field read from the bundle is a plain Python value)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL")
+                 "REVERSE DUAL HAS_GATE ROWDOT")
 
 
 @gluon.constexpr_function
@@ -347,7 +403,8 @@ class Program:
     """Where a program works: batch ``bb`` and head ``hh`` of its lane, the lane (batch·head) and
     unit (lane and block of DC value columns, from column ``col0``), the segment ``seg``: chunks
     ``i0 .. i0+steps-1`` of the lane's sweep, ``n`` rows, ``last`` of its lane; the lane's N and
-    log λ (``lg``, 0.0 for the 0-1 mask)."""
+    log λ (``lg``, 0.0 for the 0-1 mask), and its row of the gates' tile sums (``gates``, None
+    without ``HAS_GATE``)."""
     bb: gl.base_value
     hh: gl.base_value
     N: gl.base_value
@@ -360,12 +417,14 @@ class Program:
     unit: gl.base_value
     col0: gl.base_value
     lg: gl.base_value
+    gates: gl.base_value
 
     @gluon.constexpr_function
-    def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg):
+    def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates):
         self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
         self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
         self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
+        self.gates = _field(gates)
 
     @gluon.jit
     def chunk(self, i, K: gl.constexpr):
@@ -430,7 +489,8 @@ class Operands:
     """The kernel's global operands: TMA descriptors of B, C, V, O (and with ``DUAL`` E, O2,
     else None), the initial and final states S0, SN (float32 (lanes, R, D), or None), the repair
     launch's lane flags, the ring of published states WS and its flags and ticket SYNC (None
-    without segments), and the scale of the outputs."""
+    without segments), the scale of the outputs, and the row dots' planes DG (None without
+    ``ROWDOT``)."""
     b: gl.base_value
     c: gl.base_value
     v: gl.base_value
@@ -443,12 +503,14 @@ class Operands:
     WS: gl.base_value
     SYNC: gl.base_value
     scale: gl.base_value
+    dg: gl.base_value
 
     @gluon.constexpr_function
-    def __init__(self, b, c, v, o, e, o2, S0, SN, FLAGS, WS, SYNC, scale):
+    def __init__(self, b, c, v, o, e, o2, S0, SN, FLAGS, WS, SYNC, scale, dg):
         self.b, self.c, self.v, self.o, self.e, self.o2 = b, c, v, o, _field(e), _field(o2)
         self.S0, self.SN, self.FLAGS = _field(S0), _field(SN), _field(FLAGS)
         self.WS, self.SYNC, self.scale = _field(WS), _field(SYNC), _field(scale)
+        self.dg = _field(dg)
 
 
 @aggregate
@@ -472,13 +534,13 @@ class Staging:
 @gluon.jit
 def _loader(prog, ring, ops, K: gl.constexpr):
     """The loader partition: a segment's first pass (C and V only), then its sweep (B, C, V,
-    and E with the dual output), chunk by chunk into the ring."""
+    and E with the dual output or the row dots' W), chunk by chunk into the ring."""
     DC: gl.constexpr = K.DC
-    DUAL: gl.constexpr = K.DUAL
     DH: gl.constexpr = DC // 2
+    WITH_E: gl.constexpr = K.DUAL or K.ROWDOT == 1
     cv_bytes: gl.constexpr = ops.c.block_type.nbytes + 2 * ops.v.block_type.nbytes
     sweep_bytes: gl.constexpr = cv_bytes + ops.b.block_type.nbytes + \
-        (2 * ops.e.block_type.nbytes if DUAL else 0)
+        (2 * ops.e.block_type.nbytes if WITH_E else 0)
     first = prog.first_pass(K)
     for i in range(first + prog.steps):
         s = ring.producer_wait(i)
@@ -489,10 +551,10 @@ def _loader(prog, ring, ops, K: gl.constexpr):
             row, _ = prog.chunk(i - first, K)
             mbarrier.expect(ring.ready.index(s), sweep_bytes)
             _tma_load(ops.b, [prog.bb, prog.hh, row, 0], ring.ready.index(s), ring.b.index(s))
-            if DUAL:
-                _tma_load(ops.e, [prog.bb, prog.hh, row, 0], ring.ready.index(s),
+            if WITH_E:  # (the dual output's E: col0 = 0, DH = D/2; W: the unit's columns)
+                _tma_load(ops.e, [prog.bb, prog.hh, row, prog.col0], ring.ready.index(s),
                           ring.e.index(2 * s))
-                _tma_load(ops.e, [prog.bb, prog.hh, row, DH], ring.ready.index(s),
+                _tma_load(ops.e, [prog.bb, prog.hh, row, prog.col0 + DH], ring.ready.index(s),
                           ring.e.index(2 * s + 1))
         _tma_load(ops.c, [prog.bb, prog.hh, row, 0], ring.ready.index(s), ring.c.index(s))
         _tma_load(ops.v, [prog.bb, prog.hh, row, prog.col0], ring.ready.index(s),
@@ -570,10 +632,20 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
     if SPLIT:
         # 1. the segment's own state from its C and V (none for a lane's last segment)
         local = gl.zeros([R, DH], gl.float32, acc_l)
+        seg_log = prog.n.to(gl.float32) * 0.0  # (gates: the segment's log decay, tiles' totals)
         for i in range(first):
+            row, length = prog.chunk(i, K)
+            gates = None
+            if K.HAS_GATE:
+                gates = _chunk_gates(prog, row, acc_l, K)
+                seg_log += gates[2]
             s = ring.consumer_wait(i)
-            _, length = prog.chunk(i, K)
-            if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
+            if K.HAS_GATE:
+                local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
+                                                    _tile(ring.v, 2 * s + H_IDX),
+                                                    st.vw.index(H_IDX), length, prog.lg, kr,
+                                                    acc_l, dtype, K, gates)
+            elif dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
                 local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
                                                     _tile(ring.v, 2 * s + H_IDX), None, length,
                                                     prog.lg, kr, acc_l, dtype, K)
@@ -612,7 +684,9 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
                             cache_modifier=".cg")
         # 3. publish the state leaving it, P_k = λ^len P_(k-1) + S_k, then raise flag k+1
         if not prog.last:
-            if HAS_DECAY:
+            if K.HAS_GATE:
+                local += state * gl.exp(seg_log)
+            elif HAS_DECAY:
                 local += state * gl.exp(prog.n.to(gl.float32) * prog.lg)
             else:
                 local += state
@@ -649,26 +723,34 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
     for j in range(prog.steps):
         row, length = prog.chunk(j, K)
+        gates = None
+        if K.HAS_GATE:  # (loaded before the wait: they do not come through the ring)
+            gates = _chunk_gates(prog, row, acc_l, K)
         s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
         o, state, p_up, h_up, w_rows = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
-                                                   length, prog.lg, K, H_IDX, j)
+                                                   length, prog.lg, K, H_IDX, j, gates)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
         _store_half(ops.o, o_s, o, p_up, ops.scale, prog.bb, prog.hh, row,
                     prog.col0 + H_IDX * DH, BLOCK_N, DH, ops.b.dtype)
         if ops.b.dtype == gl.float32:  # the slot is released once the store has read it
             tma.store_wait(pendings=0)
             ring.release(s)
+        if K.ROWDOT == 1:  # Σ O·W over this consumer's columns (the backward's b·db), from fp32
+            _row_dots(o, _tile(ring.e, 2 * s + H_IDX), p_up * ops.scale, ops.dg, prog, row,
+                      length, prog.col0 // DH + H_IDX, acc_l, K)
+            ring.release(s)
         if DUAL:
-            _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j)
+            _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j, gates)
     return state
 
 
 @gluon.jit
 def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
-                H_IDX: gl.constexpr, j):
+                H_IDX: gl.constexpr, j, gates):
     """Chunk j (ring slot s) of this consumer: (its half of O, its half of the state leaving the
     chunk, O's fp16 scale, the state copy's scale, the rows' powers onto the entering state).
-    ``w_in = (forward powers, rows)`` (:func:`_row_weights`)."""
+    ``w_in = (forward powers, rows)`` (:func:`_row_weights`); ``gates``: the chunk's
+    (:func:`_chunk_gates`) or None."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     DUAL: gl.constexpr = K.DUAL
@@ -676,6 +758,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
     R: gl.constexpr = K.R
     REVERSE: gl.constexpr = K.REVERSE
+    WEIGHTED: gl.constexpr = K.HAS_DECAY or K.HAS_GATE
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
@@ -700,7 +783,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     else:
         h_s.store((state * h_down).to(dtype))  # [R, DH]
         state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(H_IDX), length, lg, kr,
-                                            acc_l, dtype, K)
+                                            acc_l, dtype, K, gates)
         fence_async_shared()
         if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
             mbarrier.arrive(st.hbar.index(0), count=1)
@@ -714,15 +797,15 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
-        p = _masked(sc, diff, lg, HAS_DECAY)
+        p = _masked(sc, diff, lg, HAS_DECAY, gates)
         p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
-        w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
-        o = _rescaled(o, w_rows, h_up / p_up, HAS_DECAY, HALF_RANGE)
+        w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE, gates)
+        o = _rescaled(o, w_rows, h_up / p_up, WEIGHTED, HALF_RANGE)
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-    if not DUAL and dtype != gl.float32:
+    if not DUAL and dtype != gl.float32 and K.ROWDOT == 0:  # (with W: once its dots are taken)
         ring.release(s)
     return o, state, p_up, h_up, w_rows
 
@@ -746,14 +829,16 @@ def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
 
 @gluon.jit
 def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
-               H_IDX: gl.constexpr, j):
+               H_IDX: gl.constexpr, j, gates):
     """O2's columns H_IDX·DH.. of chunk j (ring slot s) = the state's rows there: e times both
     consumers' copies (this one's first: the other's may not be written yet), then
-    (E vᵀ ⊙ M) c[:, h]; the slot released, the columns stored."""
+    (E vᵀ ⊙ M) c[:, h]; the slot released, the columns stored. ``gates``: the chunk's
+    (:func:`_chunk_gates`) or None."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     HALF_RANGE: gl.constexpr = K.HALF_RANGE
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
+    WEIGHTED: gl.constexpr = K.HAS_DECAY or K.HAS_GATE
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
@@ -778,23 +863,28 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
                        st.h.index(1 - H_IDX).slice(H_IDX * DH, DH).permute((1, 0)), o2,
                        is_async=True)
     s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
-    p2 = _masked(s2, diff, prog.lg, HAS_DECAY)
+    p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates)
     p2_down, p2_up = _half_scale(p2, HALF_RANGE)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     mbarrier.arrive(st.hbar.index(1), count=1)  # both copies read
-    o2 = _rescaled(o2, w_rows, other_up / p2_up, HAS_DECAY, HALF_RANGE)
+    o2 = _rescaled(o2, w_rows, other_up / p2_up, WEIGHTED, HALF_RANGE)
     pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
     o2 = warpgroup_mma(pa2, _tile(ring.c, s).slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+    if K.ROWDOT == 2:  # Σ O2·b over this consumer's columns (the backward's c·dc), from fp32
+        _, length = prog.chunk(j, K)
+        _row_dots(o2, _tile(ring.b, s).slice(H_IDX * DH, DH, dim=1), p2_up * ops.scale, ops.dg,
+                  prog, row, length, H_IDX, acc_l, K)
     ring.release(s)
     _store_half(ops.o2, st.o.index(2 + H_IDX), o2, p2_up, ops.scale, prog.bb, prog.hh, row,
                 H_IDX * DH, BLOCK_N, DH, dtype)
 
 
 @gluon.jit
-def _program(N, H, LANES, SEG, SYNC, GAMMA, K: gl.constexpr):
+def _program(N, H, LANES, SEG, SYNC, DECAY, K: gl.constexpr):
     """This program's :class:`Program`: its unit, or with ``SPLIT`` its unit and segment taken in
-    ticket order."""
+    ticket order. ``DECAY = (GAMMA, G, DG)``: λ per head, the gates' tile sums (lanes, whole
+    tiles)."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
     DC: gl.constexpr = K.DC
@@ -830,11 +920,16 @@ def _program(N, H, LANES, SEG, SYNC, GAMMA, K: gl.constexpr):
     else:
         n = gl.minimum(N, (i0 + steps) * BLOCK_N) - i0 * BLOCK_N
     hh = lane % H
+    GAMMA = DECAY[0]
+    G = DECAY[1]
     if HAS_DECAY:
         lg = gl.log(gl.load(GAMMA + hh)).to(gl.float32)  # float64 λ in, log taken in float64
     else:
         lg = 0.0
-    return Program(lane // H, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg)
+    gates = None
+    if K.HAS_GATE:
+        gates = G + lane.to(gl.int64) * (chunks * BLOCK_N)
+    return Program(lane // H, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates)
 
 
 @gluon.jit
@@ -874,6 +969,9 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
     e_bufs = None
     hbar = None
     hs_up = None
+    if K.ROWDOT == 1:  # (the row dots' W in the E tiles)
+        e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
+                                           e_desc.layout)
     if DUAL:
         e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
                                            e_desc.layout)
@@ -889,7 +987,7 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
 
 
 @gluon.jit
-def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, GAMMA,
+def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, DECAY,
                         SIZE, scale, K: gl.constexpr):
     """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
     (the units of a lane next to each other in launch order, so that they run together and read
@@ -901,15 +999,18 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     else both None. ``STATES = (S0, SN)``: float32 (lanes, R, D) or None; ``RING = (WS, SYNC,
     FLAGS)``: float32 (lanes, 2, R, D), the ring of published states (each unit its own
     columns), int32 two flags per unit (one per consumer) and the ticket counter (None without
-    segments), the repair launch's lanes, FLAG_COLS value columns each; GAMMA: float64 (H,) or
-    None; ``SIZE = (N, H, LANES, SEG)``; ``K``: :data:`Constants`."""
+    segments), the repair launch's lanes, FLAG_COLS value columns each; ``DECAY = (GAMMA, G)``:
+    float64 (H,) or None, and with ``HAS_GATE`` the gates' tile sums (float32 (lanes, whole
+    tiles), module docstring), else None, and with ``ROWDOT`` the row dots' planes DG (float32
+    (lanes, D/DH planes, whole tiles)), else None (``e_desc`` is W's with ``ROWDOT`` 1); ``SIZE = (N,
+    H, LANES, SEG)``; ``K``: :data:`Constants`."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING
-    prog = _program(N, H, LANES, SEG, SYNC, GAMMA, K)
+    prog = _program(N, H, LANES, SEG, SYNC, DECAY, K)
     ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K)
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
-                   scale)
+                   scale, DECAY[2])
     gl.warp_specialize([(_loader, (prog, ring, ops, K)),
                         (_consumer, (prog, ring, ops, st, K, 0)),
                         (_consumer, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])

@@ -225,7 +225,7 @@ HOPPER_DIMS = (64, 128, 256)
 
 @functools.lru_cache(maxsize=None)
 def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
-                 dc: int | None = None) -> tuple[int, int] | None:
+                 dc: int | None = None, rowdot: bool = False) -> tuple[int, int] | None:
     """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
     ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
 
@@ -247,7 +247,8 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
         raise ValueError(f"DC={dc} is invalid at r = {r}, d = {d}: a power of two from 32 to "
                          f"{widest}{' equal to d (the dual output)' if dual else ''}")
     dh = dc // 2
-    slot = bn * (2 * r + dc + (d if dual else 0)) * size
+    # (``rowdot``: the row dots' W, DC columns a slot beside B, C, V)
+    slot = bn * (2 * r + dc + (d if dual else 0) + (dc if rowdot else 0)) * size
     if dtype == torch.float32:
         fixed = 2 * dh * (r // 2 if r > 64 else r) * size
     else:
@@ -258,16 +259,16 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
 
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
-                     dc: int | None = None) -> dict:
+                     dc: int | None = None, gates: bool = False, rowdot: int = 0) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
     :func:`block_d`)."""
-    dc, stages = hopper_tiles(r, d, dtype, dual, dc)
+    dc, stages = hopper_tiles(r, d, dtype, dual, dc, rowdot == 1)
     return hopper_kernels.Constants(
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
-        SPLIT=split, REVERSE=reverse, DUAL=dual)
+        SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, ROWDOT=rowdot)
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -295,7 +296,7 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
-                 outputs: tuple = (), gates: bool = False) -> str | None:
+                 outputs: tuple = (), gates: bool = False, rowdot: int = 0) -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
     and operands it takes (:func:`hopper_operand_unfit`). Reverse time and the dual output are its
     own."""
@@ -304,8 +305,11 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
     if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
             != (9, 0):
         return "it needs an sm_90 GPU (H100, H200)"
-    if gates:
-        return "per-token gates are the portable kernel's"
+    if gates and V.dtype == torch.float32:
+        return "its per-token gates take float16/bfloat16"
+    if rowdot and hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, dual is not None, None,
+                               rowdot == 1) is None:
+        return "the row dots' W does not fit its shared memory at this head shape"
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
                                 outputs=outputs)
 
@@ -359,7 +363,7 @@ def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str 
     if cu_seqlens is not None:
         return "cu_seqlens is the portable kernel's"
     named = (("B", B), ("C", C), ("V", V), ("dual", dual))
-    named += tuple(zip(("O", "the dual output"), outputs))
+    named += tuple(zip(("O", "the dual output", "the row dots' W"), outputs))
     for name, t in named:
         if t is None:
             continue
@@ -480,7 +484,7 @@ class HopperLaunch:
     def launch(self, t: Operands, *, sn, flags, sync, ws, scale: float) -> None:
         """One launch over ``t``'s tensors, the final states into ``sn``, with the lanes' repair
         ``flags`` and, with segments, the ring ``ws`` and its flags and ticket ``sync``."""
-        tensors = (t.B, t.C, t.V, t.O, t.E, t.O2)
+        tensors = (t.B, t.C, t.V, t.O, t.E if t.W is None else t.W, t.O2)
         descs = self.descriptors
         if descs is None:
             descs = self.descriptors = tuple(
@@ -490,30 +494,42 @@ class HopperLaunch:
         for desc, x in zip(descs, tensors):
             if desc is not None:
                 desc.base = x
+        gates = None if t.G is None else tile_gate_sums(t.G, HOPPER["BLOCK_N"], self.consts.REVERSE)
+        planes = None
+        if t.DG is not None:  # (each consumer's columns' dots a plane: added below)
+            k = self.consts
+            planes = torch.empty(t.DG.shape[0] * t.DG.shape[1], k.D // (k.DC // 2),
+                                 cdiv(t.DG.shape[2], k.BLOCK_N) * k.BLOCK_N,
+                                 dtype=torch.float32, device=t.DG.device)
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
                         e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
-                        RING=(ws, sync, flags), GAMMA=t.GAMMA, SIZE=self.size, scale=scale,
-                        K=self.consts), self.key,
+                        RING=(ws, sync, flags), DECAY=(t.GAMMA, gates, planes), SIZE=self.size,
+                        scale=scale, K=self.consts), self.key,
                    num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
         finally:
             for desc in descs:
                 if desc is not None:
                     desc.base = None
+        if planes is not None:
+            n = t.DG.shape[2]
+            torch.sum(planes.view(*t.DG.shape[:2], -1, planes.shape[-1])[..., :n], 2, out=t.DG)
 
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
-                   reverse, dual, serial: int) -> HopperLaunch:
+                   reverse, dual, serial: int, gates: bool = False,
+                   rowdot: int = 0) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
     (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
-                              dc=dc)
+                              dc=dc, gates=gates, rowdot=rowdot)
     dh = consts.DC // 2
-    blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
+    # (E's block: the dual output's input, or the row dots' W, in the consumers' halves)
+    blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (dh if rowdot == 1 else None, None))
     gdt = gluon_dtype(dtype)
     units = lanes * (d // consts.DC)
     return HopperLaunch(
@@ -521,6 +537,19 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, 
         blocks=blocks,
         layouts=tuple(None if c is None else _tma_layout(HOPPER["BLOCK_N"], c, gdt) for c in blocks),
         serial=serial)
+
+
+def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
+    """The Hopper kernel's gates: running sums of g ``(batch, heads, N)`` within each tile of
+    ``block`` rows, in logical order (``reverse``: from each tile's last row back), float32
+    ``(batch, heads, whole tiles)`` contiguous, the rows past N zeros (they add nothing)."""
+    b, h, n = g.shape
+    tiles = g.new_zeros(b, h, cdiv(n, block) * block, dtype=torch.float32)
+    tiles[..., :n] = g
+    tiles = tiles.view(b, h, -1, block)
+    if reverse:
+        return tiles.flip(-1).cumsum(-1).flip(-1).view(b, h, -1)
+    return tiles.cumsum(-1).view(b, h, -1)
 
 
 def gluon_dtype(dtype: torch.dtype):
@@ -713,7 +742,8 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         raise ValueError(f"rowdot needs every value column in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     hopper = _use_hopper(kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E, cu_seqlens=t.CU,
-                         precision=precision, outputs=(t.O, t.O2), gates=gates or rowdot != 0)
+                         precision=precision, outputs=(t.O, t.O2, t.W), gates=gates,
+                         rowdot=rowdot)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
@@ -723,7 +753,8 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
                                           segment=asked)
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
-                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial)
+                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
+                           gates=gates, rowdot=rowdot)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:

@@ -63,7 +63,8 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        reverse: bool = False, dual: bool = False, r: int = 128,
-                       d: int = 128, dc: int | None = None) -> str:
+                       d: int = 128, dc: int | None = None, gates: bool = False,
+                       rowdot: int = 0) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -84,18 +85,25 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{_tma_layout(bn, cols, gdt)!r}>"
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
-                             store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc)
+                             store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc,
+                             gates=gates, rowdot=rowdot)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
-               RING=("*fp32", "*i32", "*i32"), GAMMA="*fp64" if decay else "constexpr",
+               RING=("*fp32", "*i32", "*i32"),
+               DECAY=("*fp64" if decay else "constexpr", "*fp32" if gates else "constexpr",
+                      "*fp32" if rowdot else "constexpr"),
                SIZE=("i32",) * 4, scale="fp32", K="constexpr")
     constexprs = {(11,): const}
     if not dual:
-        sig.update(e_desc="constexpr", o2_desc="constexpr")
-        constexprs.update({(4,): None, (5,): None})
+        sig.update(e_desc=desc(dh) if rowdot == 1 else "constexpr", o2_desc="constexpr")
+        constexprs.update({(5,): None} if rowdot == 1 else {(4,): None, (5,): None})
     if not decay:
-        constexprs[(8,)] = None
+        constexprs[(8, 0)] = None
+    if not gates:
+        constexprs[(8, 1)] = None
+    if not rowdot:
+        constexprs[(8, 2)] = None
     src = GluonASTSource(fn=kern, signature=sig, constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"]))
