@@ -81,10 +81,15 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 #: tf32 dots for float32 on purpose are held to ``TF32_TOLERANCE`` instead.
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 TF32_TOLERANCE = 5e-3
-#: The gates' gradient dg (per-token gates) in float32: a reverse running sum over the sequence
-#: of the differences b·db − c·dc, where both the difference and the sum cancel, so the fp32
-#: rounding of the sweeps' outputs reaches dg amplified (10-100× measured on random inputs).
-#: Every other gradient, and dg in fp16/bf16 (whose row dots come from the fp32 sweeps), keeps
-#: :data:`TOLERANCE`.
-GATE_GRAD_TOLERANCE = {torch.float64: 1e-10, torch.float32: 5e-5, torch.float16: 1e-2,
-                       torch.bfloat16: 1e-2}
+#: The gates' gradient dg (per-token gates): dg_t = Σ_(i ≥ t) (b_i·db_i − c_i·dc_i), a running
+#: sum to the end of the sequence of terms whose exact sum is small (only the pairs of rows on
+#: either side of t count, the decay cuts the rest), so each term's own rounding adds up: dg's
+#: relative error is the other gradients' times about √(the rows the sum runs over), 10-30×
+#: measured. The row dots are taken from the sweeps' fp32 outputs, so what remains is the
+#: rounding of the products' operands: float32 (exact dots) 5e-5; float16 and tf32's 10-bit
+#: mantissas 2e-2; bfloat16's 7 bits 1e-1 (NOTES.md, "Per-token gates": measured on both GPUs;
+#: flash-linear-attention computes dg the same way). Every other gradient keeps :data:`TOLERANCE`.
+GATE_GRAD_TOLERANCE = {torch.float64: 1e-10, torch.float32: 5e-5, torch.float16: 2e-2,
+                       torch.bfloat16: 1e-1}
+#: dg in float32 through tf32 dots (the kernels' default, :data:`TF32_TOLERANCE` for the rest)
+GATE_GRAD_TF32_TOLERANCE = 2e-2

@@ -92,14 +92,16 @@ def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
             1, 2).contiguous().transpose(1, 2)
         args = (x, B, C, V, g, gamma, dO)
         fns, status = {}, {}
-        for name, fn in _entries(fla, grad).items():
+        # (ours first, each alone, then the peer: a peer's call that raises mid-way must not
+        # leave anything behind for a later capture)
+        for name, fn in sorted(_entries(fla, grad).items(), key=lambda kv: kv[0] == "fla"):
             try:
                 fn(*args)
                 torch.cuda.synchronize(device)
                 fns[name] = fn
             except Exception as err:  # (fla's refusal of its gated backward, say)
                 status[name] = failed_status(err, 200)
-        for mode in ("eager", "graph"):
+        for mode in ("graph", "eager"):
             if mode == "eager":
                 times = interleaved_medians(fns, [args], reps, device, warmup=2, shuffle=True,
                                             seed=hash((label, grad)) % 1000)
@@ -110,6 +112,7 @@ def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
                         times[name] = graph_seconds(fn, args, reps, device)
                     except Exception as err:
                         status[f"{name}/graph"] = failed_status(err, 200)
+                        torch.cuda.synchronize(device)
             for name in list(_entries(fla, grad)):
                 t = times.get(name)
                 fb = floor_bytes(batch, heads, n, k, v, grad, name != "gamma")

@@ -640,20 +640,13 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
                 gates = _chunk_gates(prog, row, acc_l, K)
                 seg_log += gates[2]
             s = ring.consumer_wait(i)
-            if K.HAS_GATE:
-                local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
-                                                    _tile(ring.v, 2 * s + H_IDX),
-                                                    st.vw.index(H_IDX), length, prog.lg, kr,
-                                                    acc_l, dtype, K, gates)
-            elif dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
-                local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
-                                                    _tile(ring.v, 2 * s + H_IDX), None, length,
-                                                    prog.lg, kr, acc_l, dtype, K)
+            if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
+                vw = None
             else:
-                local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
-                                                    _tile(ring.v, 2 * s + H_IDX),
-                                                    st.vw.index(H_IDX), length, prog.lg, kr,
-                                                    acc_l, dtype, K)
+                vw = st.vw.index(H_IDX)
+            local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
+                                                _tile(ring.v, 2 * s + H_IDX), vw, length,
+                                                prog.lg, kr, acc_l, dtype, K, gates)
             fence_async_shared()
             if dtype == gl.float32:
                 for part in gl.static_range(2):

@@ -641,7 +641,8 @@ class LaunchPlan:
     def _arguments(self, t: Operands, states, ring, scale, size, split, repair) -> dict:
         """The portable kernel's arguments, by name: each tensor with its strides."""
         b, c, v, o, e, o2, g, w, dg = self.strides
-        dots = None if dg is None else (None if w is None else (t.W, *w), (t.DG, *dg))
+        # (0 for W where the dots take the B tile: a kernel's tuple may not hold a None)
+        dots = None if dg is None else (0 if w is None else (t.W, *w), (t.DG, *dg))
         return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring,
