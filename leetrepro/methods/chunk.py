@@ -641,12 +641,12 @@ class LaunchPlan:
     def _arguments(self, t: Operands, states, ring, scale, size, split, repair) -> dict:
         """The portable kernel's arguments, by name: each tensor with its strides."""
         b, c, v, o, e, o2, g, w, dg = self.strides
-        # (0 for W where the dots take the B tile: a kernel's tuple may not hold a None)
-        dots = None if dg is None else (0 if w is None else (t.W, *w), (t.DG, *dg))
+        # (0 for what the call has not)
+        dots = 0 if dg is None else (0 if w is None else (t.W, *w), (t.DG, *dg))
+        decay = (0 if t.GAMMA is None else t.GAMMA, 0 if g is None else (t.G, *g), dots)
         return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
-                    STATES=states, RING=ring,
-                    DECAY=(t.GAMMA, None if g is None else (t.G, *g), dots), CU=t.CU,
+                    STATES=states, RING=ring, DECAY=decay, CU=t.CU,
                     SIZE=size, SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair)
 
 
@@ -768,7 +768,10 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     # Hopper kernel does.
     return LaunchPlan(
         lanes=lanes, state_shape=(batch, heads, r, d), grid=(lanes * n_seg,), hopper=h,
-        self_repair=not hopper and short, ring=ring + 1 if chained else 0,
+        # (gated calls: the repair launch, never the in-launch repair, whose separate function
+        # Triton 3.6 hands the gates' tuple wrongly)
+        self_repair=not hopper and short and not gates and not rowdot,
+        ring=ring + 1 if chained else 0,
         ws_shape=ws_shape if chained else None,
         strides=tuple(None if x is None else x.stride()[:3] for x in t[:6]) +
         tuple(None if x is None else x.stride()[:3] for x in (t.G, t.W, t.DG)),
