@@ -62,11 +62,10 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     fused projection). ``STATES = (S0, SN)``: float32 (lanes, R, D) initial and final states or
     None. ``RING = (WS, SYNC, FLAGS)``: the ring of published states (float32, lanes × 2 slots ×
     BLOCK_R × BLOCK_D), its int32 flags and ticket (LANES + 1), the lanes' repair flags; each None
-    where unused. ``DECAY = (GAMMA, G, DOTS)``: float64 λ per head with ``K.HAS_DECAY``; with
-    ``K.HAS_GATE`` the per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``);
-    with ``K.ROWDOT`` the row dots' ``(W, DG)`` (W 0 for ROWDOT 2); 0 for each the call has not.
-    (Gated calls take the repair launch, not ``_repair``: Triton 3.6 passes these tuples to a
-    separate function wrongly.)
+    where unused. ``DECAY = (GAMMA, DOTS, G)``: float64 λ per head with ``K.HAS_DECAY``; with
+    ``K.ROWDOT`` the row dots' ``(W, DG)`` (W 0 for ROWDOT 2); with ``K.HAS_GATE`` the
+    per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``); 0 for each the call
+    has not.
     ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
     ``K``: :data:`_tiles.Constants`; ``SPLIT``:
     segments chained through the ring; ``REPAIR``: rows recomputed with non-finite rows handled
@@ -186,7 +185,7 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
     ROWDOT: tl.constexpr = K.ROWDOT
     VARLEN: tl.constexpr = K.VARLEN
     B, C, V, O, E, O2 = io
-    GAMMA, G, DOTS = DECAY
+    GAMMA, DOTS, G = DECAY
     if HAS_DECAY:
         lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
     else:

@@ -643,7 +643,9 @@ class LaunchPlan:
         b, c, v, o, e, o2, g, w, dg = self.strides
         # (0 for what the call has not)
         dots = 0 if dg is None else (0 if w is None else (t.W, *w), (t.DG, *dg))
-        decay = (0 if t.GAMMA is None else t.GAMMA, 0 if g is None else (t.G, *g), dots)
+        # (the gates last: Triton 3.6 mis-binds a tuple's members after a nested tuple
+        # followed by a constant, measured on the H100 and the H200)
+        decay = (0 if t.GAMMA is None else t.GAMMA, dots, 0 if g is None else (t.G, *g))
         return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
