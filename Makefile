@@ -45,7 +45,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-gpu test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab eca related
+        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab eca related bench-gates gates
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -73,6 +73,8 @@ help:
 	@echo "make scaling   the sequence-parallel notebook from data/SP_TAG/sp.csv (default $(SP_TAG)), the model of larger scales"
 	@echo "make tune      (GPU) Chunk's and LA's launch tables -> data/<gpu>/chunk_config.csv, la_config.csv, Chunk's kernel per head shape -> chunk_kernel.csv, then every method on a grid -> data/<gpu>/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> data/<gpu>/train.csv, train_sweeps.csv, layouts*.csv"
+	@echo "make bench-gates (GPU) per-token gates vs the per-head decay and fla's gated path, eager and graphs -> data/<gpu>/gates.csv"
+	@echo "make gates     the paper's methods under per-token gates (notebooks/gates.py; CPU, with the GPU rows of data/<gpu>/gates.csv)"
 	@echo "make layouts   (GPU) method=auto beside Chunk and LA in the layouts and shapes models use, eager and graphs -> data/<gpu>/layouts.csv, layouts_graph.csv; every head shape beside fla -> layouts_shapes*.csv"
 	@echo "make bench-layer (GPU) one attention layer, forward + backward, vs fla's op -> data/<gpu>/layer.csv"
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
@@ -238,6 +240,17 @@ layouts: $(INSTALLED)
 	$(PY) -m leetrepro.bench.layouts --out $(DATA) --graph --csv layouts_graph.csv
 	$(PY) -m leetrepro.bench.layouts --out $(DATA) --grid shapes --csv layouts_shapes.csv
 	$(PY) -m leetrepro.bench.layouts --out $(DATA) --grid shapes --graph --csv layouts_shapes_graph.csv
+
+# per-token gates against the per-head decay and flash-linear-attention's gated path, forward and
+# forward + backward, eager and in CUDA graphs, at simple GLA's and Mamba-2's shapes (GPU only)
+bench-gates: $(INSTALLED)
+	$(needs_gpu)
+	$(PY) -m leetrepro.bench.gates --out $(DATA)
+
+# the paper's methods under per-token gates: which extend, their cost, their numerical range, the
+# kernels' times from data/<gpu>/gates.csv (CPU)
+gates: $(INSTALLED)
+	$(call run_notebook,gates,gates,$(GPU),-p gpu $(GPU))
 
 # one attention layer (projections, the operator, forward + backward) against the same layer with
 # fla's op, tokens/s (GPU only) -> $(DATA)/layer.csv

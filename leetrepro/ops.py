@@ -422,6 +422,16 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     need_b, need_c = need_b or need_g, need_c or need_g  # (dg is read off dB and dC)
+    if need_g and not (m.rowdot and _rowdot_fits(B, V)) and B.dtype in (torch.float16,
+                                                                          torch.bfloat16):
+        # a method that cannot hand dg its row dots in fp32 runs the backward on fp32 copies
+        # (the PyTorch methods compute in fp32 anyway): dg from gradients rounded to fp16/bf16
+        # would carry that rounding, amplified (reference.GATE_GRAD_TOLERANCE)
+        wide = [x.float() for x in (dO, B, C, V)]
+        res = _gradients(m, opts, *wide, gamma, initial_state, dS, reverse, *wanted[:4],
+                         cu_seqlens, scale, g=g, SN=SN, need_g=True)
+        return tuple(x.to(ref.dtype) if k and i < 3 else x
+                     for i, (x, ref, k) in enumerate(zip(res, (B, C, V, V, V), wanted)))
     if m.gradients is not None and initial_state is None and dS is None and cu_seqlens is None \
             and not reverse and gate is None and (need_b or need_c or need_v):
         grads = m.gradients(dO * scale if scale != 1.0 else dO, B, C, V, gamma, **opts)

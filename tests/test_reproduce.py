@@ -106,6 +106,7 @@ TINY = {
                         "blog_shapes: [[1, 2, 128, 16], [32, 8]]}",
                         "-p", "measure_gpu", "False"],
     "scaling": ["-p", "tag", "h200x2"],
+    "gates": ["-y", "{strengths: [0.1, 3.0], seqlens: [64, 128]}", "-p", "rank", "8"],
     "serve": ["-p", "gpu", "h100"],
     "cross_gpu": [],
     "train": ["-p", "device", "cpu", "-y", "methods: [Vanilla, Bb, LA_torch, original]",
