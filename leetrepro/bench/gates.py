@@ -35,10 +35,11 @@ SHAPES = [("gla", 8, 32, 8192, 128, 128), ("mamba2", 2, 64, 8192, 128, 64),
 
 
 def _inputs(batch, heads, n, k, v, device, grad):
-    """B, C, V as time-major slices of one projection, the gates time-major, per-head γ."""
-    x = torch.randn(batch, n, heads, 2 * k + v, device=device, dtype=torch.bfloat16) * 0.3
+    """B, C, V as time-major slices of one projection, the gates time-major, per-head γ (drawn on
+    the host: a capture that failed leaves the GPU's generator unusable for the next cell)."""
+    x = (torch.randn(batch, n, heads, 2 * k + v) * 0.3).to(device=device, dtype=torch.bfloat16)
     B, C, V = (t.transpose(1, 2) for t in x.split([k, k, v], -1))
-    logits = torch.randn(batch, n, heads, device=device) + 3.0
+    logits = torch.randn(batch, n, heads).to(device) + 3.0
     g = torch.nn.functional.logsigmoid(logits)  # (batch, N, heads): mostly ~ −0.05
     if grad:
         x.requires_grad_()
@@ -88,8 +89,7 @@ def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
     rows = []
     for grad in (False, True):
         x, B, C, V, g, gamma = _inputs(batch, heads, n, k, v, device, grad)
-        dO = torch.randn(batch, heads, n, v, device=device, dtype=torch.bfloat16).transpose(
-            1, 2).contiguous().transpose(1, 2)
+        dO = torch.randn(batch, n, heads, v).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
         args = (x, B, C, V, g, gamma, dO)
         fns, status = {}, {}
         # (ours first, each alone, then the peer: a peer's call that raises mid-way must not

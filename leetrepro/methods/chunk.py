@@ -426,8 +426,9 @@ def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
         return False
     if _FORCED[0] is not None:  # the correctness matrix's switch (force_kernel)
         return _FORCED[0] == "hopper"
-    return hopper_wins(V.device, V.dtype, gamma is not None, split, B.shape[2],
-                       call.get("dual") is not None, B.shape[-1], V.shape[-1])
+    # (gates read the decay's rows: their work per chunk is the decay's, not the 0-1 mask's)
+    return hopper_wins(V.device, V.dtype, gamma is not None or bool(call.get("gates")), split,
+                       B.shape[2], call.get("dual") is not None, B.shape[-1], V.shape[-1])
 
 
 #: the kernel ``kernel="auto"`` takes wherever it can run, whatever the table says (None: the table)

@@ -172,8 +172,9 @@ def main(argv=None) -> int:
                    help="dtype:mask:BLOCK_N:stages[:one] (mask 0-1 or decay; :one = batch 16's one pass)")
     p.add_argument("--hopper", action="store_true",
                    help="the Hopper kernel, fp16/bf16 × both masks × one pass/segments × forward/"
-                        "reverse/reverse with the dual output, and fp32 (tf32) forward/reverse "
-                        "(--configs ignored)")
+                        "reverse/reverse with the dual output, and fp32 (tf32) forward/reverse; "
+                        "with per-token gates and the gates' gradient's row dots (--configs "
+                        "ignored)")
     args = p.parse_args(argv)
     if args.hopper:
         # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's),
@@ -197,6 +198,17 @@ def main(argv=None) -> int:
                          f"{':dual' if dual else ''}",
                          dict(dtype=dtype, decay=True, split=True, reverse=reverse, dual=dual,
                               r=r, d=d)))
+        # per-token gates (fp16/bf16): the forward, one pass and segments; the backward's dB
+        # sweep with its row dots (W through the ring) and its dual sweep with the dual output's
+        # row dots (fp16 too: its scales)
+        for dtype, (reverse, dual, rowdot), split in (
+                ("bf16", (False, False, 0), False), ("bf16", (False, False, 0), True),
+                ("bf16", (False, False, 1), True), ("bf16", (True, True, 2), True),
+                ("fp16", (True, True, 2), True)):
+            jobs.append((f"gates {dtype}:gates:{'split' if split else 'one'}"
+                         f"{':reverse:dual' if dual else ''}{f':rowdot{rowdot}' if rowdot else ''}",
+                         dict(dtype=dtype, decay=False, split=split, reverse=reverse, dual=dual,
+                              gates=True, rowdot=rowdot)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
