@@ -323,3 +323,34 @@ def test_torch_compile_fullgraph_with_gates():
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
     for p, w in zip(layer.parameters(), want):
         torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-4)
+
+
+def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles():
+    """The Hopper kernel reads each lane's gates as running sums within each 64-row tile, in the
+    order it sweeps the rows: from a tile's first row forward, from its last in reverse (time
+    runs backwards there), the rows past N adding nothing."""
+    from leetrepro.methods.chunk import tile_gate_sums
+    g = _gates(2, 3, 150, seed=5).transpose(1, 2).contiguous().transpose(1, 2)  # (any strides)
+    fwd, rev = tile_gate_sums(g, 64, False), tile_gate_sums(g, 64, True)
+    assert fwd.shape == rev.shape == (2, 3, 192) and fwd.is_contiguous()
+    for t in range(3):
+        rows = slice(64 * t, min(64 * t + 64, 150))
+        want = g[..., rows].cumsum(-1)
+        torch.testing.assert_close(fwd[..., rows], want)
+        torch.testing.assert_close(rev[..., rows], g[..., rows].flip(-1).cumsum(-1).flip(-1))
+    assert (fwd[..., 150:] == fwd[..., 149:150]).all() and (rev[..., 150:] == 0).all()
+
+
+def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):
+    """Where the Hopper kernel can take a gated call (fp16/bf16, the gates' gradient's row dots
+    included), the measured table's decay rows decide for it: its per-chunk work is the decay's,
+    not the 0-1 mask's."""
+    from leetrepro.methods import chunk
+    B, C, V = make_inputs(1, 2, 64, 128, 128)
+    asked = []
+    monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
+    monkeypatch.setattr(chunk, "hopper_wins",
+                        lambda device, dtype, decay, *a: asked.append(decay) or True)
+    assert chunk._use_hopper("auto", B, C, V, None, False, gates=True, rowdot=1)
+    assert chunk._use_hopper("auto", B, C, V, None, False, gates=False)
+    assert asked == [True, False]

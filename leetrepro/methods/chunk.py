@@ -545,8 +545,7 @@ def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
     ``block`` rows, in logical order (``reverse``: from each tile's last row back), float32
     ``(batch, heads, whole tiles)`` contiguous, the rows past N zeros (they add nothing)."""
     b, h, n = g.shape
-    tiles = g.new_zeros(b, h, cdiv(n, block) * block, dtype=torch.float32)
-    tiles[..., :n] = g
+    tiles = torch.nn.functional.pad(g.to(torch.float32), (0, cdiv(n, block) * block - n))
     tiles = tiles.view(b, h, -1, block)
     if reverse:
         return tiles.flip(-1).cumsum(-1).flip(-1).view(b, h, -1)
