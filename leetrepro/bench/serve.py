@@ -21,6 +21,8 @@ models, beside flash-linear-attention, in one process.
   engine runs a step, the whole model's decode in one graph, where a one-step replay's time is
   mostly the graph's own launch. Compare eager with eager (``decode_step``, ``fla``) and graph
   with graph (``decode_step_graph``, ``fla_graph``; ``decode_step_graph8``, ``fla_graph8``).
+  ``*_gates``: the same steps with per-token gates (each new token's own decay; fla's
+  ``fused_recurrent_simple_gla(g=…)``), in every mode.
 * ``generation.csv``: each model's first two layers (fp16), the prompts prefilled packed in groups
   of ``--group`` then 128 tokens generated per prompt by greedy steps: time to first token
   (``ttft_ms``: the group's prefill, median over groups), per-token latency (``step_ms``, median
@@ -123,17 +125,26 @@ def decode_rows(device, bw, reps, meta):
                  for _ in range(GRAPH_STEPS)]
         slots = torch.arange(batch, device=device, dtype=torch.int32) * 2
         ours = [lambda p=p: decode_step(B, C, V, g, p, slots) for p in pools]
-        entries = {"decode_step": ours[0]}
-        theirs = None
+        # per-token gates: each new token's own decay (simple GLA's, Mamba-2's)
+        gates = torch.nn.functional.logsigmoid(
+            torch.randn(batch, HEADS, 1, device=device, generator=gen) + 3)
+        gated = [lambda p=p: decode_step(B, C, V, None, p, slots, g=gates) for p in pools]
+        entries = {"decode_step": ours[0], "decode_step_gates": gated[0]}
+        theirs = theirs_gated = None
         if fused_recurrent_simple_gla is not None:
             q, k, v = (x.transpose(1, 2) for x in (B, C, V))
             theirs = [lambda h=p[slots.long()]: fused_recurrent_simple_gla(
                 q, k, v, g_gamma=g_gamma, scale=1.0, initial_state=h, output_final_state=True)
                 for p in pools]
+            theirs_gated = [lambda h=p[slots.long()]: fused_recurrent_simple_gla(
+                q, k, v, g=gates.transpose(1, 2), scale=1.0, initial_state=h,
+                output_final_state=True) for p in pools]
             entries["fla"] = theirs[0]
+            entries["fla_gates"] = theirs_gated[0]
         # the same steps in CUDA graphs (fixed shapes, slots on the device): one step a replay,
         # and GRAPH_STEPS steps over as many pools a replay (like with like: fla's the same way)
-        for name, steps in (("decode_step", ours), ("fla", theirs)):
+        for name, steps in (("decode_step", ours), ("fla", theirs),
+                            ("decode_step_gates", gated), ("fla_gates", theirs_gated)):
             if steps is not None:
                 entries[name + "_graph"] = capture_graph(steps[0], (), device).replay
                 entries[f"{name}_graph{GRAPH_STEPS}"] = capture_graph(
