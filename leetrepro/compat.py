@@ -1,4 +1,5 @@
-"""Drop-in entry points for users of flash-linear-attention: swapping the import is the whole change.
+"""Drop-in entry points for users of flash-linear-attention and of mamba_ssm: swapping the import
+is the whole change.
 
     from fla.ops.simple_gla import chunk_simple_gla      # before
     from leetrepro import chunk_simple_gla               # after
@@ -7,9 +8,13 @@ Same signature, layout and conventions as flash-linear-attention's ``chunk_simpl
 ``fused_recurrent_simple_gla``: a per-head ``g_gamma``, per-token gates ``g`` (log decays
 ``(batch, T, heads)``, their running sums taken inside, as there), or both; computed by
 :func:`leetrepro.causal_linear_decoder` (``method="auto"``: Chunk on a GPU), differentiable in
-q, k, v, g and the initial state.
+q, k, v, g and the initial state. Mamba-2's state-space dual, mamba_ssm's
+``mamba_chunk_scan_combined``, is the same operator with Mamba-2's conventions around it
+(:func:`mamba_chunk_scan_combined`).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -166,3 +171,116 @@ def _decay(g_gamma: torch.Tensor) -> torch.Tensor:
         raise ValueError("g_gamma requires grad: the decays are fixed here (no gradient flows to "
                          "them); pass g_gamma.detach() or a buffer")
     return memo_by_tensor(_DECAYS, g_gamma, lambda t: torch.exp(t.detach().to(torch.float64)))
+
+
+def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                              C: torch.Tensor, chunk_size: int, D: torch.Tensor | None = None,
+                              z: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+                              initial_states: torch.Tensor | None = None,
+                              seq_idx: torch.Tensor | None = None,
+                              cu_seqlens: torch.Tensor | None = None, dt_softplus: bool = False,
+                              dt_limit: tuple = (0.0, math.inf), return_final_states: bool = False,
+                              return_varlen_states: bool = False, **options):
+    """mamba_ssm's ``mamba_chunk_scan_combined`` (Mamba-2's state-space dual, SSD), computed by this
+    project's operator with per-token gates.
+
+    The SSD per head: ``h_t = exp(dt_t A) h_(t−1) + dt_t x_t ⊗ B_t`` (state ``(headdim, dstate)``),
+    ``y_t = h_t C_t + D x_t``, times ``silu(z_t)`` with ``z``. It is the operator
+    ``O = (B' C'ᵀ ⊙ M) V'`` with the query ``B' = C``, the key ``C' = B`` (each of ``ngroups``
+    groups shared by ``heads / ngroups`` heads), ``V' = dt·x``, the gates ``g = dt·A`` (M[i, j] =
+    exp(Σ_(j<t≤i) dt_t A)) and scale 1.
+
+    Args (mamba_ssm's shapes):
+        x: ``(batch, seqlen, heads, headdim)``; dt: ``(batch, seqlen, heads)`` (raw: ``dt_bias``
+            added, then softplus with ``dt_softplus``, then clamped to ``dt_limit`` where it is
+            not (0, inf), whose gradient is zero where the clamp acts, as mamba_ssm's);
+            A: ``(heads,)``, negative; B, C: ``(batch, seqlen, ngroups, dstate)``.
+        chunk_size: mamba_ssm's tile length: checked (a positive integer), not used (the kernels
+            take theirs from their tuned tables; the result does not depend on it).
+        D: ``(heads,)`` or ``(heads, headdim)``, the skip ``D·x``; z: like x, the gate silu(z).
+        initial_states: ``(batch, heads, headdim, dstate)`` (with ``cu_seqlens``: one per
+            sequence).
+        seq_idx: ``(batch, seqlen)`` int, the sequence each row belongs to: the state does not
+            cross from one to the next (a gate of −1e4 at each change: exactly 0 in every dtype).
+        cu_seqlens: the offsets of sequences packed along seqlen of a batch of one, each from
+            its own initial state; with ``return_varlen_states``, each one's final state.
+        return_final_states, return_varlen_states: as mamba_ssm: ``y``, ``(y, final)``,
+            ``(y, varlen)`` or ``(y, final, varlen)``.
+        **options: passed to :func:`leetrepro.causal_linear_decoder` (``method=``, …).
+
+    Returns y ``(batch, seqlen, heads, headdim)`` in x's dtype (and the states, float32).
+    Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states.
+
+    The groups' B and C are expanded to the heads (a copy of each, ``heads / ngroups`` times
+    their size); V' = dt·x is one more tensor like x.
+    """
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
+    batch, seqlen, heads, headdim = x.shape
+    groups = B.shape[2]
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias.float()
+    if dt_softplus:
+        dt = torch.nn.functional.softplus(dt)
+    if tuple(dt_limit) != (0.0, math.inf):
+        dt = dt.clamp(dt_limit[0], dt_limit[1])
+    g = dt * A.float()  # (batch, seqlen, heads): the log decays
+    if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
+        cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
+        g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
+    V = (x.float() * dt[..., None]).to(x.dtype)
+    rep = heads // groups
+    query, key = (t.repeat_interleave(rep, 2) if rep > 1 else t for t in (C, B))
+    s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
+    want_state = return_final_states or return_varlen_states
+    res = causal_linear_decoder(query.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2),
+                                g=g.transpose(1, 2), initial_state=s0,
+                                output_final_state=want_state, cu_seqlens=cu_seqlens, **options)
+    o, states = res if want_state else (res, None)
+    y = o.transpose(1, 2)
+    if D is not None:
+        y = y + (D[:, None] if D.dim() == 1 else D) * x
+    if z is not None:
+        y = y * torch.nn.functional.silu(z)
+    y = y.to(x.dtype)
+    if not want_state:
+        return y
+    states = states.transpose(-1, -2)  # (…, headdim, dstate): Mamba-2's layout
+    final = states[-1:] if cu_seqlens is not None else states
+    if not return_varlen_states:
+        return y, final
+    return (y, states) if not return_final_states else (y, final, states)
+
+
+def _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens) -> None:
+    """mamba_chunk_scan_combined's inputs checked in its own terms (x, dt, A, B, C, …)."""
+    for name, t, dims in (("x", x, 4), ("dt", dt, 3), ("A", A, 1), ("B", B, 4), ("C", C, 4)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+    batch, seqlen, heads, headdim = x.shape
+    shapes = f"x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, B {tuple(B.shape)}"
+    if tuple(dt.shape) != (batch, seqlen, heads) or tuple(A.shape) != (heads,):
+        raise ValueError(f"dt must be (batch, seqlen, heads) and A (heads,) for x (batch, seqlen, "
+                         f"heads, headdim): {shapes}")
+    if B.shape != C.shape or B.shape[:2] != x.shape[:2] or heads % B.shape[2]:
+        raise ValueError(f"B and C must be (batch, seqlen, ngroups, dstate) with ngroups dividing "
+                         f"heads ({heads}): B {tuple(B.shape)}, C {tuple(C.shape)}")
+    if D is not None and tuple(D.shape) not in ((heads,), (heads, headdim)):
+        raise ValueError(f"D must be (heads,) or (heads, headdim) = ({heads},) or ({heads}, "
+                         f"{headdim}), got {tuple(D.shape)}")
+    if z is not None and z.shape != x.shape:
+        raise ValueError(f"z must be shaped like x {tuple(x.shape)}, got {tuple(z.shape)}")
+    if dt_bias is not None and tuple(dt_bias.shape) != (heads,):
+        raise ValueError(f"dt_bias must be (heads,) = ({heads},), got {tuple(dt_bias.shape)}")
+    if seq_idx is not None and tuple(seq_idx.shape) != (batch, seqlen):
+        raise ValueError(f"seq_idx must be (batch, seqlen) = ({batch}, {seqlen}), got "
+                         f"{tuple(seq_idx.shape)}")
+    count = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+    want = (count, heads, headdim, B.shape[3])
+    if initial_states is not None and tuple(initial_states.shape) != want:
+        raise ValueError(f"initial_states must be ({'sequences' if cu_seqlens is not None else 'batch'}"
+                         f", heads, headdim, dstate) = {want}, got {tuple(initial_states.shape)}")

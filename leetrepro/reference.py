@@ -54,6 +54,46 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
     return out, torch.where(bad_state, torch.nan, final_state(C, V, lg, S0, G))
 
 
+def ssd_reference(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None,
+                  seq_idx=None, dt_softplus: bool = False, dt_limit=(0.0, float("inf"))):
+    """Mamba-2's state-space dual in float64, from its definition by the recurrence (row by row,
+    written apart from the operator it checks):
+
+        dt ← clamp(softplus(dt + dt_bias)), h_t = exp(dt_t A) h_(t−1) + dt_t x_t ⊗ B_t,
+        y_t = (h_t C_t + D x_t) · silu(z_t),
+
+    per head, B and C of group ``head // (heads / ngroups)``, h ``(headdim, dstate)`` from
+    ``initial_states`` (zeros by default), reset to zero where ``seq_idx`` changes. Shapes as
+    :func:`leetrepro.compat.mamba_chunk_scan_combined`. Returns ``(y, h_final)`` in float64;
+    differentiable. O(seqlen) Python steps: for tests."""
+    x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
+    batch, length, heads, headdim = x.shape
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(torch.float64)
+    if dt_softplus:
+        dt = torch.nn.functional.softplus(dt)
+    if tuple(dt_limit) != (0.0, float("inf")):
+        dt = dt.clamp(dt_limit[0], dt_limit[1])
+    rep = heads // B.shape[2]
+    Bh, Ch = B.repeat_interleave(rep, 2), C.repeat_interleave(rep, 2)
+    h = x.new_zeros(batch, heads, headdim, B.shape[3]) if initial_states is None else \
+        initial_states.to(torch.float64)
+    ys = []
+    for t in range(length):
+        if seq_idx is not None and t > 0:
+            h = h * (seq_idx[:, t] == seq_idx[:, t - 1]).to(torch.float64).view(batch, 1, 1, 1)
+        h = h * torch.exp(dt[:, t] * A)[..., None, None] \
+            + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
+        y = (h * Ch[:, t, :, None, :]).sum(-1)
+        if D is not None:
+            Dd = D.to(torch.float64)
+            y = y + (Dd[:, None] if Dd.dim() == 1 else Dd) * x[:, t]
+        if z is not None:
+            y = y * torch.nn.functional.silu(z[:, t].to(torch.float64))
+        ys.append(y)
+    return torch.stack(ys, 1) if ys else x.new_zeros(x.shape), h
+
+
 def _nonfinite(C: torch.Tensor, V: torch.Tensor):
     """The oracle's own account of NaN/Inf in C and V (written apart from the methods' code, so
     that their handling is judged, not copied): ``(C, V with those entries 0, where O is

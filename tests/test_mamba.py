@@ -1,0 +1,139 @@
+"""Mamba-2's state-space dual through the operator: mamba_ssm's ``mamba_chunk_scan_combined``
+drop-in against a float64 SSD written from Mamba-2's definition (the recurrence,
+``reference.ssd_reference``), every argument, forward and every gradient; on the CPU the Chunk
+kernel runs under Triton's interpreter."""
+import pytest
+import torch
+
+from leetrepro import rel_error
+from leetrepro.compat import mamba_chunk_scan_combined
+from leetrepro.reference import GATE_GRAD_TOLERANCE, reference, ssd_reference
+
+from conftest import KERNEL_DEVICE, quick_lane
+
+METHODS = {"Chunk": dict(method="Chunk", fp32_precision="ieee"),
+           "LA_torch": dict(method="LA_torch", block_size=16)}
+
+
+def _inputs(batch, length, heads, headdim, groups, dstate, seed, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, length, heads, headdim, generator=gen)
+    dt = torch.randn(batch, length, heads, generator=gen) - 1.0      # raw, before softplus
+    A = -torch.exp(torch.rand(heads, generator=gen))                 # A = −exp(A_log)
+    B, C = (torch.randn(batch, length, groups, dstate, generator=gen) / dstate ** 0.5
+            for _ in range(2))
+    D = torch.randn(heads, generator=gen)
+    z = torch.randn(batch, length, heads, headdim, generator=gen)
+    dt_bias = torch.randn(heads, generator=gen) * 0.5
+    h0 = torch.randn(batch, heads, headdim, dstate, generator=gen)
+    return [t.to(device) for t in (x, dt, A, B, C, D, z, dt_bias, h0)]
+
+
+def test_the_recurrence_is_the_quadratic_form():
+    """The two definitions of the SSD agree: the recurrence (``ssd_reference``) and the masked
+    quadratic form (``reference`` with the gates dt·A, the key B, the query C, V = dt·x)."""
+    x, dt, A, B, C = (t.double() for t in _inputs(2, 30, 4, 5, 2, 6, seed=1)[:5])
+    dt = torch.nn.functional.softplus(dt)
+    y, h = ssd_reference(x, dt, A, B, C)
+    rep = 2
+    q, k = (t.repeat_interleave(rep, 2).transpose(1, 2) for t in (C, B))
+    o, s = reference(q, k, (x * dt[..., None]).transpose(1, 2), g=(dt * A).transpose(1, 2),
+                     output_final_state=True)
+    assert rel_error(y, o.transpose(1, 2)) < 1e-12 and rel_error(h, s.transpose(-1, -2)) < 1e-12
+
+
+@pytest.mark.parametrize("abbr", quick_lane(["Chunk", "LA_torch"], keep=(1,)))
+@pytest.mark.parametrize("case", quick_lane(["plain", "everything", "D-per-channel", "limit"],
+                                            keep=(1,)))
+def test_forward_and_every_gradient_against_the_float64_ssd(abbr, case):
+    dev = KERNEL_DEVICE if abbr == "Chunk" else "cpu"
+    x, dt, A, B, C, D, z, dt_bias, h0 = _inputs(2, 45, 4, 8, 2, 16, seed=3, device=dev)
+    kw = dict(dt_softplus=True)
+    leaves = {"x": x, "dt": dt, "A": A, "B": B, "C": C}
+    if case in ("everything", "limit"):
+        leaves.update(D=D, z=z, dt_bias=dt_bias, initial_states=h0)
+    if case == "D-per-channel":
+        leaves["D"] = D[:, None] * torch.linspace(0.5, 1.5, 8, device=dev)
+    if case == "limit":
+        kw["dt_limit"] = (0.1, 0.8)
+    got = {k: v.detach().clone().requires_grad_() for k, v in leaves.items()}
+    wide = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
+    y, h = mamba_chunk_scan_combined(**got, chunk_size=64, return_final_states=True, **kw,
+                                     **METHODS[abbr])
+    wy, wh = ssd_reference(**wide, **kw)
+    assert rel_error(y, wy) <= 1e-5 and rel_error(h, wh) <= 1e-5
+    gen = torch.Generator().manual_seed(4)
+    dy = torch.randn(wy.shape, generator=gen, dtype=torch.float64).to(dev)
+    dh = torch.randn(wh.shape, generator=gen, dtype=torch.float64).to(dev)
+    ga = torch.autograd.grad((y.double() * dy).sum() + (h.double() * dh).sum(), list(got.values()))
+    gw = torch.autograd.grad((wy * dy).sum() + (wh * dh).sum(), list(wide.values()))
+    for name, a, b in zip(got, ga, gw):
+        # (dt and A reach the gates: their gradients carry the gates' bound, and A's and
+        # dt_bias's sum it over every row)
+        tol = {"dt": 1, "A": 2, "dt_bias": 2}.get(name, 0) * GATE_GRAD_TOLERANCE[torch.float32] \
+            or 1e-5
+        assert rel_error(a, b) <= tol, f"d{name}: {rel_error(a, b):.2e}"
+
+
+def test_the_clamp_stops_the_gradient_where_it_acts():
+    x, dt, A, B, C, *_ = _inputs(1, 20, 2, 4, 1, 8, seed=5)
+    dt = dt.detach().clone().requires_grad_()
+    y = mamba_chunk_scan_combined(x, dt, A, B, C, 64, dt_softplus=True, dt_limit=(0.2, 0.5),
+                                  method="LA_torch")
+    (grad,) = torch.autograd.grad(y.sum(), dt)
+    sp = torch.nn.functional.softplus(dt.detach())
+    outside = (sp < 0.2) | (sp > 0.5)
+    assert outside.any() and (grad[outside] == 0).all() and (grad[~outside] != 0).any()
+
+
+def test_seq_idx_and_packed_sequences_with_their_states():
+    """Sequences in one row marked by ``seq_idx`` share nothing; packed by ``cu_seqlens`` each
+    starts from its own initial state and returns its own final state."""
+    x, dt, A, B, C, D, z, dt_bias, _ = _inputs(1, 60, 4, 8, 2, 16, seed=6)
+    seq_idx = torch.tensor([[0] * 25 + [1] * 35])
+    y = mamba_chunk_scan_combined(x, dt, A, B, C, 64, D=D, seq_idx=seq_idx, dt_softplus=True,
+                                  method="LA_torch")
+    want, _ = ssd_reference(x, dt, A, B, C, D=D, seq_idx=seq_idx, dt_softplus=True)
+    assert rel_error(y, want) <= 1e-5
+    cu = torch.tensor([0, 25, 25, 60], dtype=torch.int32)
+    h0 = torch.randn(3, 4, 8, 16)
+    y, final, states = mamba_chunk_scan_combined(
+        x, dt, A, B, C, 64, D=D, z=z, dt_bias=dt_bias, initial_states=h0, cu_seqlens=cu,
+        dt_softplus=True, return_final_states=True, return_varlen_states=True, method="LA_torch")
+    assert states.shape == (3, 4, 8, 16) and torch.equal(final, states[-1:])
+    for i, (a, b) in enumerate([(0, 25), (25, 25), (25, 60)]):
+        rows = slice(a, b)
+        wy, wh = ssd_reference(x[:, rows], dt[:, rows], A, B[:, rows], C[:, rows], D=D,
+                               z=z[:, rows], dt_bias=dt_bias, initial_states=h0[i:i + 1],
+                               dt_softplus=True)
+        if b > a:
+            assert rel_error(y[:, rows], wy) <= 1e-5
+        assert rel_error(states[i:i + 1], wh) <= 1e-5
+
+
+@pytest.mark.slow  # (15 s: 2²⁰ rows through Bb's blocks)
+def test_a_million_tokens_of_strong_decay_stay_finite():
+    """dt·A summed over 2²⁰ tokens is about −10⁶: exp of a running sum would overflow; the
+    operator's blockwise sums stay finite and its last rows exact (Bb here: the kernels' own
+    run of 2²⁰ rows is the GPU matrix's)."""
+    n = 2 ** 20
+    x, dt, A, B, C, *_ = _inputs(1, n, 1, 4, 1, 4, seed=7)
+    y = mamba_chunk_scan_combined(x, dt, A, B, C, 256, dt_softplus=True, method="Bb",
+                                  block_size=1024)
+    assert torch.isfinite(y).all()
+    tail = slice(n - 200, n)
+    wy, _ = ssd_reference(x[:, tail], dt[:, tail], A, B[:, tail], C[:, tail], dt_softplus=True)
+    assert rel_error(y[:, n - 150:], wy[:, 50:]) <= 1e-5
+
+
+def test_bad_arguments_name_mamba_s_own():
+    x, dt, A, B, C, *_ = _inputs(1, 10, 4, 8, 3, 16, seed=8)
+    with pytest.raises(ValueError, match="ngroups dividing heads"):
+        mamba_chunk_scan_combined(x, dt, A, B, C, 64)
+    x, dt, A, B, C, *_ = _inputs(1, 10, 4, 8, 2, 16, seed=8)
+    with pytest.raises(ValueError, match="chunk_size"):
+        mamba_chunk_scan_combined(x, dt, A, B, C, 0)
+    with pytest.raises(ValueError, match=r"D must be \(heads,\)"):
+        mamba_chunk_scan_combined(x, dt, A, B, C, 64, D=torch.ones(3))
+    with pytest.raises(ValueError, match="initial_states"):
+        mamba_chunk_scan_combined(x, dt, A, B, C, 64, initial_states=torch.zeros(1, 4, 16, 8))
