@@ -3,9 +3,11 @@ attention computation swappable for any registered method (``attention_method=``
 way (``"original"``) or the float64 oracle (``"reference"``).
 
 Weights are seeded random with the published shapes (wall time does not depend on their values);
-see :mod:`leetrepro.models.configs` for the shapes and their sources.
+see :mod:`leetrepro.models.configs` for the shapes and their sources. :class:`Mamba2Block`: a
+Mamba-2 mixer on the operator with per-token gates (:mod:`leetrepro.models.mamba2`).
 """
 from .configs import CONFIGS, config
+from .mamba2 import Mamba2Block
 from .retnet import RetNet
 from .transnormer import TransNormerLLM
 
@@ -21,4 +23,4 @@ def build(name: str, cfg: dict | None = None, *, seed: int = 0, **overrides):
     return MODELS[name](cfg or config(name, **overrides))
 
 
-__all__ = ["CONFIGS", "MODELS", "RetNet", "TransNormerLLM", "build", "config"]
+__all__ = ["CONFIGS", "MODELS", "Mamba2Block", "RetNet", "TransNormerLLM", "build", "config"]

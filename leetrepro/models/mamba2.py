@@ -1,0 +1,112 @@
+"""A Mamba-2 block (Dao & Gu, 2024) on this project's operator: in-projection to z, x, B, C and dt,
+a short causal depthwise convolution over x, B and C, the state-space dual (SSD) through
+:func:`leetrepro.compat.mamba_chunk_scan_combined`, a gated RMS norm and the out-projection;
+with a decode path (the convolution's last inputs and the SSM state of each sequence, the latter
+in a state pool stepped by :func:`leetrepro.decode_step` with each token's gate).
+
+Shapes follow mamba_ssm's ``Mamba2`` module (``rmsnorm=True``, ``norm_before_gate=False``):
+d_inner = expand·d_model, heads = d_inner / headdim, the convolution over
+d_inner + 2·ngroups·d_state channels, ``A = −exp(A_log)``, dt = softplus(dt + dt_bias) clamped to
+``dt_limit``, ``y = norm(ssd(x) · silu(z))``. Written from the paper's description, not copied.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..compat import mamba_chunk_scan_combined
+from ..decode import decode_step
+
+
+class Mamba2Block(nn.Module):
+    """One Mamba-2 mixer. ``forward(u)``: u ``(batch, N, d_model)`` → ``(batch, N, d_model)``;
+    ``prefill(u)`` also returns the decode state; ``step(u_t, conv_state, pool, slots)`` one
+    token of each sequence, its SSM state at ``pool[slots]`` updated in place. ``method`` and
+    ``options``: the operator's (``method="auto"``: Chunk on a GPU)."""
+
+    def __init__(self, d_model: int, *, d_state: int = 64, headdim: int = 64, expand: int = 2,
+                 ngroups: int = 1, d_conv: int = 4, dt_min: float = 1e-3, dt_max: float = 0.1,
+                 dt_limit: tuple = (0.0, math.inf), chunk_size: int = 256, method: str = "auto",
+                 **options):
+        super().__init__()
+        d_inner = expand * d_model
+        if d_inner % headdim:
+            raise ValueError(f"expand·d_model = {d_inner} must be a multiple of headdim {headdim}")
+        self.heads, self.headdim, self.d_state, self.ngroups = d_inner // headdim, headdim, d_state, ngroups
+        if self.heads % ngroups:
+            raise ValueError(f"ngroups {ngroups} must divide the heads {self.heads}")
+        self.d_inner, self.d_conv, self.dt_limit, self.chunk_size = d_inner, d_conv, dt_limit, chunk_size
+        self.method, self.options = method, options
+        conv_dim = d_inner + 2 * ngroups * d_state
+        self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + self.heads, bias=False)
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1)
+        # dt's bias: the inverse softplus of a dt drawn log-uniformly in [dt_min, dt_max]
+        dt = torch.exp(torch.rand(self.heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.heads).uniform_(1, 16)))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm_weight = nn.Parameter(torch.ones(d_inner))
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def _split(self, zxbcdt):
+        n = self.ngroups * self.d_state
+        return zxbcdt.split([self.d_inner, self.d_inner + 2 * n, self.heads], -1)
+
+    def _ssd_inputs(self, xbc):
+        n = self.ngroups * self.d_state
+        x, B, C = xbc.split([self.d_inner, n, n], -1)
+        lead = x.shape[:-1]
+        return (x.reshape(*lead, self.heads, self.headdim),
+                B.reshape(*lead, self.ngroups, self.d_state), C.reshape(*lead, self.ngroups, self.d_state))
+
+    def _out(self, y, z):
+        """The gated RMS norm, then the out-projection."""
+        y = y * torch.nn.functional.silu(z)
+        y = y * torch.rsqrt(y.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(y.dtype)
+        return self.out_proj(y * self.norm_weight)
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return self.prefill(u)[0]
+
+    def prefill(self, u: torch.Tensor):
+        """``(out, conv_state (batch, conv channels, d_conv), ssm_state (batch, heads, d_state,
+        headdim))``: the block over u, and what :meth:`step` goes on from."""
+        batch, n, _ = u.shape
+        z, xbc, dt = self._split(self.in_proj(u))
+        conv_in = xbc.transpose(1, 2)
+        conv_state = torch.nn.functional.pad(conv_in, (self.d_conv - n, 0))[..., -self.d_conv:] \
+            if n < self.d_conv else conv_in[..., -self.d_conv:]
+        xbc = torch.nn.functional.silu(self.conv1d(conv_in)[..., :n].transpose(1, 2))
+        x, B, C = self._ssd_inputs(xbc)
+        y, state = mamba_chunk_scan_combined(
+            x, dt, -torch.exp(self.A_log.float()), B, C, self.chunk_size, D=self.D,
+            dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.dt_limit,
+            return_final_states=True, method=self.method, **self.options)
+        out = self._out(y.reshape(batch, n, self.d_inner), z)
+        return out, conv_state.detach(), state.transpose(-1, -2).detach()
+
+    @torch.no_grad()
+    def step(self, u: torch.Tensor, conv_state: torch.Tensor, pool: torch.Tensor,
+             slots: torch.Tensor) -> torch.Tensor:
+        """One token per sequence: u ``(batch, d_model)``; ``conv_state`` ``(batch, conv
+        channels, d_conv)`` shifted in place; the SSM states at ``pool[slots]`` (float32
+        ``(slots, heads, d_state, headdim)``) stepped in place by :func:`leetrepro.decode_step`
+        with the token's gate dt·A. Returns ``(batch, d_model)``."""
+        z, xbc, dt = self._split(self.in_proj(u))
+        conv_state.copy_(torch.roll(conv_state, -1, -1))
+        conv_state[..., -1] = xbc
+        w = self.conv1d.weight.squeeze(1)  # (channels, d_conv)
+        xbc = torch.nn.functional.silu((conv_state * w).sum(-1) + self.conv1d.bias)
+        x, B, C = self._ssd_inputs(xbc)
+        dt = torch.nn.functional.softplus(dt.float() + self.dt_bias.float())
+        if tuple(self.dt_limit) != (0.0, math.inf):
+            dt = dt.clamp(*self.dt_limit)
+        rep = self.heads // self.ngroups
+        query, key = (t.repeat_interleave(rep, 1)[:, :, None] for t in (C, B))  # (batch, heads, 1, N)
+        v = (x.float() * dt[..., None]).to(x.dtype)[:, :, None]                   # (batch, heads, 1, P)
+        y = decode_step(query.to(x.dtype), key.to(x.dtype), v, None, pool, slots,
+                        g=(dt * -torch.exp(self.A_log.float()))[..., None])[:, :, 0]
+        y = y + self.D[:, None].to(y.dtype) * x
+        return self._out(y.reshape(u.shape[0], self.d_inner), z)
