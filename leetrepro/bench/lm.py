@@ -1,7 +1,8 @@
 """Training a small byte-level language model (:mod:`leetrepro.models.lm`) once per attention
 method: the same seeded weights, data and batches for every method, so their loss curves should
 lie on each other; throughput in tokens per second. What ``make train`` (``notebooks/train.py``)
-runs and plots.
+runs and plots. ``"mamba2"`` trains the Mamba-2 model instead (:class:`Mamba2ByteLM`: another
+model, the same data and batches; its SSD by ``method="auto"``).
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import torch
 
-from ..models.lm import ByteLM, batches
+from ..models.lm import ByteLM, Mamba2ByteLM, batches
 from .harness import fla_chunk_simple_gla, provenance, sync
 
 
@@ -40,7 +41,11 @@ def train(method, data: torch.Tensor, *, steps: int = 200, batch: int = 16, seq_
     import pandas as pd
 
     torch.manual_seed(seed)
-    model = ByteLM(dim, layers, heads).to(device)
+    label = label or str(method)
+    if method == "mamba2":  # (another model: Mamba-2 mixers, their SSD by the default method)
+        model, method = Mamba2ByteLM(dim, layers, heads).to(device), "auto"
+    else:
+        model = ByteLM(dim, layers, heads).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     use_amp = autocast is not None and torch.device(device).type == "cuda"
@@ -62,7 +67,7 @@ def train(method, data: torch.Tensor, *, steps: int = 200, batch: int = 16, seq_
         if step % log_every == 0 or step == steps:
             sync(device)
             elapsed = time.perf_counter() - t0
-            rows.append(dict(method=label or str(method), step=step,
+            rows.append(dict(method=label, step=step,
                              loss=torch.stack(losses).mean().item(),
                              tokens_per_s=len(losses) * batch * seq_len / elapsed))
             losses = []

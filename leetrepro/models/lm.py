@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .configs import config
+from .mamba2 import Mamba2Block
 from .transnormer import TransNormerLLM
 
 
@@ -32,6 +33,28 @@ class ByteLM(nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_method="auto") -> torch.Tensor:
         return self.body(ids, attention_method) @ self.body.embed.weight.t()
+
+
+class Mamba2ByteLM(nn.Module):
+    """A byte-level Mamba-2 language model: tied byte embeddings, ``layers`` pre-norm residual
+    Mamba-2 mixers (:class:`Mamba2Block`, expand 2, ``heads`` heads, d_state 64, the SSD through
+    the operator with per-token gates), a final RMS norm. ``forward(ids, attention_method)``: the
+    operator's method for the SSD (``"auto"``: Chunk on a GPU) -> logits (batch, N, 256)."""
+
+    def __init__(self, dim: int = 256, layers: int = 4, heads: int = 4, d_state: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(256, dim)
+        self.blocks = nn.ModuleList(
+            Mamba2Block(dim, d_state=d_state, headdim=2 * dim // heads) for _ in range(layers))
+        self.norms = nn.ModuleList(nn.RMSNorm(dim) for _ in range(layers + 1))
+        self.cfg = dict(name=f"byte-level Mamba-2, {layers} layers × {dim}")
+
+    def forward(self, ids: torch.Tensor, attention_method="auto") -> torch.Tensor:
+        x = self.embed(ids)
+        for norm, block in zip(self.norms, self.blocks):
+            block.method = attention_method
+            x = x + block(norm(x))
+        return self.norms[-1](x) @ self.embed.weight.t()
 
 
 def corpus(max_bytes: int = 2 ** 24) -> torch.Tensor:
