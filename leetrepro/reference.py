@@ -10,7 +10,8 @@ from ._state import add_initial_state, check_state, final_state
 
 def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
               row_block: int = 2048, initial_state: torch.Tensor | None = None,
-              output_final_state: bool = False, g: torch.Tensor | None = None):
+              output_final_state: bool = False, g: torch.Tensor | None = None,
+              cu_seqlens: torch.Tensor | None = None):
     """``O = (B Cᵀ ⊙ M) V`` by the quadratic formula, in float64.
 
     Shapes: B, C ``(batch, heads, N, r)``, V ``(batch, heads, N, d)``; returns ``(batch, heads, N, d)``
@@ -25,7 +26,14 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
     ``g``: per-token log gates ``(batch, heads, N)`` (:func:`leetrepro._inputs.check_gates`):
     M[i, j] = γ^(i-j) exp(G_i − G_j), G the running sum of g (in float64), and the state's
     convention S_t = γ e^(g_t) S_(t-1) + c_tᵀ v_t; differentiable in g too.
+
+    ``cu_seqlens``: sequences packed along N of a batch of one, each through the oracle on its
+    own from its row of ``initial_state`` (``(sequences, heads, r, d)``; zeros without one), the
+    final states one per sequence.
     """
+    if cu_seqlens is not None:
+        return _packed(B, C, V, gamma, row_block, initial_state, output_final_state, g,
+                       cu_seqlens)
     check_qkv(B, C, V)
     check_state(initial_state, B, V)
     check_gates(g, B)
@@ -92,6 +100,21 @@ def ssd_reference(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=N
             y = y * torch.nn.functional.silu(z[:, t].to(torch.float64))
         ys.append(y)
     return torch.stack(ys, 1) if ys else x.new_zeros(x.shape), h
+
+
+def _packed(B, C, V, gamma, row_block, initial_state, output_final_state, g, cu_seqlens):
+    """:func:`reference` over each sequence that ``cu_seqlens`` packs, concatenated."""
+    outs, states = [], []
+    bounds = cu_seqlens.tolist()
+    for i in range(len(bounds) - 1):
+        rows = slice(bounds[i], bounds[i + 1])
+        o, s = reference(B[:, :, rows], C[:, :, rows], V[:, :, rows], gamma, row_block=row_block,
+                         initial_state=None if initial_state is None else initial_state[i:i + 1],
+                         output_final_state=True, g=None if g is None else g[:, :, rows])
+        outs.append(o)
+        states.append(s)
+    out = torch.cat(outs, 2)
+    return (out, torch.cat(states, 0)) if output_final_state else out
 
 
 def _nonfinite(C: torch.Tensor, V: torch.Tensor):

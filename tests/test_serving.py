@@ -34,15 +34,9 @@ def _tol(dtype, method):
 
 
 def _each(B, C, V, g, cu, S0=None, scale=1.0):
-    """Each packed sequence alone through the oracle: O and the final states."""
-    outs, states = [], []
-    for i in range(cu.numel() - 1):
-        a, b = int(cu[i]), int(cu[i + 1])
-        o, s = reference(B[:, :, a:b], C[:, :, a:b], V[:, :, a:b], g,
-                         initial_state=None if S0 is None else S0[i:i + 1], output_final_state=True)
-        outs.append(o * scale)
-        states.append(s)
-    return torch.cat(outs, 2), torch.cat(states, 0)
+    """Each packed sequence alone through the oracle: O (times ``scale``) and the final states."""
+    o, s = reference(B, C, V, g, initial_state=S0, output_final_state=True, cu_seqlens=cu)
+    return o * scale, s
 
 
 PACKED_METHODS = ["Chunk", "LA_torch"]

@@ -453,21 +453,6 @@ def _gate_inputs(shape, dtype, seed, device, packed):
     return B, C, V, g, S0, cu
 
 
-def _gated_oracle(x, gamma, cu):
-    B, C, V, g, S0 = x
-    if cu is None:
-        return reference(B, C, V, gamma, g=g, initial_state=S0, output_final_state=True)
-    outs, states = [], []
-    bounds = cu.tolist()
-    for i in range(len(bounds) - 1):
-        rows = slice(bounds[i], bounds[i + 1])
-        o, s = reference(B[:, :, rows], C[:, :, rows], V[:, :, rows], gamma, g=g[:, :, rows],
-                         initial_state=S0[i:i + 1], output_final_state=True)
-        outs.append(o)
-        states.append(s)
-    return torch.cat(outs, 2), torch.cat(states, 0)
-
-
 def check_gated(m, shape, dtype, with_gamma, device, seed, rows, meta, packed=False,
                 time_major=False, forward_only=False):
     """Rows O, S_N, dB, dC, dV, dg, dS0 of one gated case against float64 autograd through the
@@ -493,8 +478,7 @@ def check_gated(m, shape, dtype, with_gamma, device, seed, rows, meta, packed=Fa
     try:
         if forward_only:
             out = causal_linear_decoder(B, C, V, gamma, g=g, method=m.name, cu_seqlens=cu, **opts)
-            want = reference(B, C, V, gamma, g=g) if cu is None else \
-                _gated_oracle([B, C, V, g, S0], gamma, cu)[0]
+            want = reference(B, C, V, gamma, g=g, cu_seqlens=cu)
             got, want = [out], [want]
         else:
             leaves = [t.detach().requires_grad_() for t in (B, C, V, g, S0)]
@@ -502,7 +486,8 @@ def check_gated(m, shape, dtype, with_gamma, device, seed, rows, meta, packed=Fa
             o, s = causal_linear_decoder(*leaves[:3], gamma, g=leaves[3], initial_state=leaves[4],
                                          output_final_state=True, cu_seqlens=cu, method=m.name,
                                          **opts)
-            wo, ws = _gated_oracle(wide, gamma, cu)
+            wo, ws = reference(*wide[:3], gamma, g=wide[3], initial_state=wide[4],
+                               output_final_state=True, cu_seqlens=cu)
             gen = torch.Generator(device=device).manual_seed(seed + 9)
             dO = torch.randn(wo.shape, device=device, generator=gen, dtype=torch.float64)
             dS = torch.randn(ws.shape, device=device, generator=gen, dtype=torch.float64)
@@ -562,7 +547,8 @@ def check_fla_cases(dtype, device, rows, meta):
                                      cu_seqlens=cu, scale=D ** -0.5)
             wide = [t.detach().double().requires_grad_() for t in (q, k, v, g, h0)]
             B, C, V = (t.transpose(1, 2) for t in (wide[0] * D ** -0.5, wide[1], wide[2]))
-            wo, ws = _gated_oracle([B, C, V, wide[3].transpose(1, 2), wide[4]], None, cu)
+            wo, ws = reference(B, C, V, g=wide[3].transpose(1, 2), initial_state=wide[4],
+                               output_final_state=True, cu_seqlens=cu)
             dO = torch.randn(wo.shape, device=device, generator=gen, dtype=torch.float64)
             dS = torch.randn(ws.shape, device=device, generator=gen, dtype=torch.float64)
             got = [o.transpose(1, 2), ht] + list(torch.autograd.grad(
