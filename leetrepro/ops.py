@@ -199,7 +199,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         output_final_state: bool, dual: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
         out: torch.Tensor | None = None, out2: torch.Tensor | None = None,
-        g: torch.Tensor | None = None, rowdot: tuple | None = None):
+        g: torch.Tensor | None = None, rowdot: tuple | None = None, folded: bool = False):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
     with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
     ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
@@ -211,9 +211,10 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     writes there itself, others' results are copied in.
 
     ``g``: per-token log gates ``(batch, heads, N)`` (a method with ``Method.gates``); a γ folds
-    into them here. In reverse time the method gets them shifted (:func:`shift_gates`).
+    into them here (``folded``: the caller did, once for its several sweeps). In reverse time the
+    method gets them shifted (:func:`shift_gates`).
     ``rowdot``: the gates' gradient's row dots (a method with ``Method.rowdot``, run whole)."""
-    if g is not None:
+    if g is not None and not folded:
         g = fold_gates(g, gamma, gate_dtype(V.dtype))
         gamma = None
     if cu_seqlens is not None and not m.varlen:
@@ -317,7 +318,7 @@ def _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_stat
         s0 = None if initial_state is None else initial_state[i:i + 1]
         o, s = run(m, opts, B[:, :, rows], C[:, :, rows], V[:, :, rows], gamma, s0, reverse,
                    output_final_state, None if dual is None else dual[:, :, rows], scale=scale,
-                   g=None if g is None else g[:, :, rows])
+                   g=None if g is None else g[:, :, rows], folded=True)
         if dual is not None:
             o, o2 = o
             outs2.append(o2)
@@ -440,7 +441,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             + (V.new_empty(0), V.new_empty(0))
     dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
-    call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate)
+    call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
     # dg's row dots b·db and c·dc from the sweeps' fp32 outputs (a method that writes them),
     # else from the gradients as stored (then rounded to their dtype)
     fused = need_g and m.rowdot and _rowdot_fits(B, V)
