@@ -91,10 +91,11 @@ def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
         x, B, C, V, g, gamma = _inputs(batch, heads, n, k, v, device, grad)
         dO = torch.randn(batch, n, heads, v).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
         args = (x, B, C, V, g, gamma, dO)
+        entries = _entries(fla, grad)
         fns, status = {}, {}
         # (ours first, each alone, then the peer: a peer's call that raises mid-way must not
         # leave anything behind for a later capture)
-        for name, fn in sorted(_entries(fla, grad).items(), key=lambda kv: kv[0] == "fla"):
+        for name, fn in sorted(entries.items(), key=lambda kv: kv[0] == "fla"):
             try:
                 fn(*args)
                 torch.cuda.synchronize(device)
@@ -113,7 +114,8 @@ def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
                     except Exception as err:
                         status[f"{name}/graph"] = failed_status(err, 200)
                         torch.cuda.synchronize(device)
-            for name in list(_entries(fla, grad)):
+            base, peer = times.get("gamma"), times.get("fla")
+            for name in entries:
                 t = times.get(name)
                 fb = floor_bytes(batch, heads, n, k, v, grad, name != "gamma")
                 row = dict(meta, shape=label, batch=batch, heads=heads, N=n, K=k, V=v,
@@ -124,18 +126,12 @@ def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
                            status=status.get(f"{name}/graph" if mode == "graph" else name,
                                              status.get(name, "ok")))
                 row["vs_floor"] = None if t is None else row["median_ms"] / row["floor_ms"]
+                row["vs_gamma"] = None if t is None or base is None or name == "gamma" \
+                    else t / base
+                row["vs_fla"] = None if t is None or peer is None or name == "fla" else t / peer
                 rows.append(row)
-            base = times.get("gamma")
-            peer = times.get("fla")
-            for row in rows[-len(_entries(fla, grad)):]:
-                t = row["median_ms"]
-                row["vs_gamma"] = None if t is None or base is None or row["entry"] == "gamma" \
-                    else t / (base * 1e3)
-                row["vs_fla"] = None if t is None or peer is None or row["entry"] == "fla" \
-                    else t / (peer * 1e3)
-            for row in rows[-len(_entries(fla, grad)):]:
-                print(f"{label:10s} {row['pass']:8s} {mode:6s} {row['entry']:6s} "
-                      f"{row['median_ms'] if row['median_ms'] is not None else float('nan'):8.3f} ms"
+                print(f"{label:10s} {row['pass']:8s} {mode:6s} {name:6s} "
+                      f"{row['median_ms'] if t is not None else float('nan'):8.3f} ms"
                       f"  floor×{row['vs_floor'] or float('nan'):5.2f}"
                       f"  vs_gamma {row['vs_gamma'] or float('nan'):5.2f}"
                       f"  vs_fla {row['vs_fla'] or float('nan'):5.2f}  {row['status'][:60]}",
