@@ -3,6 +3,9 @@
 Conventions (the whole package follows them):
 
 * ``B, C``: ``(batch, heads, N, r)``; ``V``: ``(batch, heads, N, d)``; one floating dtype, one device.
+  B and C may hold *groups* instead, ``(batch, groups, N, r)`` with groups dividing heads: head h
+  reads group ``h // (heads / groups)`` (Mamba-2's grouped B and C, grouped-query attention);
+  methods with ``Method.groups`` read them in place, others get them expanded.
 * ``gamma``: the per-step decay factor λ of Eq. (4), one per head, in (0, 1]. Accepted as a Python
   float, or a tensor of shape ``()``, ``(1,)``, ``(H,)``, ``(1, 1)`` or ``(H, 1)`` (the paper's
   Listing 2 passes ``torch.full((heads, 1), 0.9)``). ``None`` means the plain 0-1 causal mask.
@@ -54,9 +57,13 @@ def check_qkv(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> None:
     check_4d((("B", B, "(batch, heads, N, r)"), ("C", C, "(batch, heads, N, r)"),
               ("V", V, "(batch, heads, N, d)")))
     shapes = f"B {tuple(B.shape)}, C {tuple(C.shape)}, V {tuple(V.shape)}"
-    for axis, label in ((0, "batch"), (1, "heads"), (2, "N (sequence length)")):
+    for axis, label in ((0, "batch"), (2, "N (sequence length)")):
         if not B.shape[axis] == C.shape[axis] == V.shape[axis]:
             raise ValueError(f"B, C and V disagree on {label} (dim {axis}): {shapes}")
+    if B.shape[1] != C.shape[1] or (V.shape[1] != B.shape[1] and
+                                    (B.shape[1] == 0 or V.shape[1] % B.shape[1])):
+        raise ValueError(f"B, C and V disagree on heads (dim 1): B and C need V's heads, or both "
+                         f"the same number of groups dividing them: {shapes}")
     if B.shape[3] != C.shape[3]:
         raise ValueError(f"B and C must have the same rank r (last dim): {shapes}")
     for name, t in (("B", B), ("C", C), ("V", V)):
@@ -305,3 +312,27 @@ def check_gates(g, B: torch.Tensor) -> None:
 def gate_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype gates are computed in: float32 whatever the inputs' (float64 for float64)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def lane_heads(*tensors) -> int:
+    """The heads of a call whose tensors ``(batch, heads or groups, …)`` may hold groups (a head
+    shared by heads/groups lanes): the most any has (None ignored)."""
+    return max(t.shape[1] for t in tensors if t is not None)
+
+
+def expand_groups(x: torch.Tensor | None, heads: int) -> torch.Tensor | None:
+    """x ``(batch, groups, …)`` with a head each: group g repeated for heads g·k … g·k + k − 1
+    (k = heads / groups), a copy; x itself where it has a head each (or is None)."""
+    if x is None or x.shape[1] == heads:
+        return x
+    return x.repeat_interleave(heads // x.shape[1], 1)
+
+
+def sum_groups(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """The adjoint of :func:`expand_groups`: x ``(batch, heads, …)`` summed over each group's
+    heads to ``(batch, groups, …)``, accumulated in float32 (or float64 for float64) and
+    returned in x's dtype; x itself where it has a head a group."""
+    if x.shape[1] == groups:
+        return x
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.unflatten(1, (groups, -1)).sum(2, dtype=wide).to(x.dtype)

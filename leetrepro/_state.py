@@ -23,7 +23,7 @@ def check_state(state: torch.Tensor | None, B: torch.Tensor, V: torch.Tensor,
     if not isinstance(state, torch.Tensor):
         raise TypeError(f"initial_state must be a torch.Tensor, got {type(state).__name__}")
     lead = "batch" if sequences is None else "sequences"
-    want = (B.shape[0] if sequences is None else sequences, B.shape[1], B.shape[3], V.shape[3])
+    want = (B.shape[0] if sequences is None else sequences, V.shape[1], B.shape[3], V.shape[3])
     if tuple(state.shape) != want:
         raise ValueError(f"initial_state must have shape ({lead}, heads, r, d) = {want}, "
                          f"got {tuple(state.shape)}")

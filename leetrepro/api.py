@@ -24,7 +24,11 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
     Args:
         B, C: ``(batch, heads, N, r)``; V: ``(batch, heads, N, d)``. One floating dtype (fp16, bf16,
             fp32, fp64) and one device; any strides. Under ``torch.autocast`` all three are cast
-            to the autocast dtype first.
+            to the autocast dtype first. B and C may hold groups, ``(batch, groups, N, r)`` with
+            groups dividing V's heads (Mamba-2's grouped B and C, grouped-query attention): head
+            h reads group ``h // (heads / groups)``, and their gradients are summed over each
+            group's heads. Chunk reads a group's rows in place; the other methods get B and C
+            expanded to a head each (a copy).
         gamma: per-step decay λ per head, in (0, 1]: a float, or a tensor ``(H,)`` / ``(H, 1)``.
             ``M[i, j] = gamma^(i-j)`` for i ≥ j, else 0. None: the 0-1 causal mask. The decays are
             fixed (no gradient): a gamma that requires grad is an error.
@@ -93,8 +97,8 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
                           stacklevel=2)
             gamma = None
     if g is not None:
-        check_gates(g, B)
-    gam = normalize_gamma(gamma, B.shape[1], B.device)
+        check_gates(g, V)
+    gam = normalize_gamma(gamma, V.shape[1], B.device)
     check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B, cu_seqlens_cpu))
     scale = _check_scale(scale)
     if not compiling:

@@ -211,14 +211,14 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     Returns y ``(batch, seqlen, heads, headdim)`` in x's dtype (and the states, float32).
     Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states.
 
-    The groups' B and C are expanded to the heads (a copy of each, ``heads / ngroups`` times
-    their size); V' = dt·x is one more tensor like x.
+    The groups' B and C are read in place (each head reads its group's rows; their gradients
+    are summed over the group's heads); V' = dt·x is one more tensor like x (written in one
+    pass, dt rounded to x's dtype first), and ``D·x`` one more pass.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     batch, seqlen, heads, headdim = x.shape
-    groups = B.shape[2]
     dt = dt.float()
     if dt_bias is not None:
         dt = dt + dt_bias.float()
@@ -230,18 +230,18 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
         cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
         g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
-    V = (x.float() * dt[..., None]).to(x.dtype)
-    rep = heads // groups
-    query, key = (t.repeat_interleave(rep, 2) if rep > 1 else t for t in (C, B))
+    # (one pass over x: dt rounded to x's dtype, as x itself is)
+    V = x * dt.to(x.dtype)[..., None]
     s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
     want_state = return_final_states or return_varlen_states
-    res = causal_linear_decoder(query.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2),
+    # the query C and the key B as (batch, groups, seqlen, dstate) views: read in place
+    res = causal_linear_decoder(C.transpose(1, 2), B.transpose(1, 2), V.transpose(1, 2),
                                 g=g.transpose(1, 2), initial_state=s0,
                                 output_final_state=want_state, cu_seqlens=cu_seqlens, **options)
     o, states = res if want_state else (res, None)
     y = o.transpose(1, 2)
-    if D is not None:
-        y = y + (D[:, None] if D.dim() == 1 else D) * x
+    if D is not None:  # (one pass, in y's dtype)
+        y = torch.addcmul(y, (D[:, None] if D.dim() == 1 else D).to(y.dtype), x)
     if z is not None:
         y = y * torch.nn.functional.silu(z)
     y = y.to(x.dtype)

@@ -70,7 +70,8 @@ class Call(NamedTuple):
 def call_of(B: torch.Tensor, V: torch.Tensor, *, decay: bool, state: bool, grad: bool,
             gates: bool = False) -> Call:
     """:class:`Call` of inputs B ``(batch, heads, N, r)`` and V ``(batch, heads, N, d)``."""
-    batch, heads, _, r = B.shape
+    batch, _, _, r = B.shape
+    heads = V.shape[1]  # (B may hold groups)
     return Call(batch, heads, r, V.shape[-1], bool(decay), bool(state), bool(grad),
                 packed_rows(B) and packed_rows(V), bool(gates))
 

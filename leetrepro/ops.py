@@ -58,7 +58,8 @@ import torch
 
 from . import dispatch, registry
 from ._decay import fold_gates, shift_gates
-from ._inputs import check_gamma_values, gate_dtype, normalize_gamma
+from ._inputs import (check_gamma_values, expand_groups, gate_dtype, lane_heads, normalize_gamma,
+                      sum_groups)
 from .registry import OPTION_RULES, UNIVERSAL_OPTIONS, Method
 
 
@@ -213,7 +214,18 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     ``g``: per-token log gates ``(batch, heads, N)`` (a method with ``Method.gates``); a γ folds
     into them here (``folded``: the caller did, once for its several sweeps). In reverse time the
     method gets them shifted (:func:`shift_gates`).
-    ``rowdot``: the gates' gradient's row dots (a method with ``Method.rowdot``, run whole)."""
+    ``rowdot``: the gates' gradient's row dots (a method with ``Method.rowdot``, run whole).
+    Operands of fewer heads than the call (groups, :mod:`leetrepro._inputs`) go to a method with
+    ``Method.groups`` as they are (its outputs a head each, dense where their like is grouped),
+    to others expanded."""
+    # (plain comparisons, no call: the host path of every call runs them)
+    if B.shape[1] != V.shape[1] or C.shape[1] != V.shape[1] or \
+            (dual is not None and dual.shape[1] != V.shape[1]):
+        heads = lane_heads(B, C, V, dual)
+        if not m.groups or 0 in B.shape or 0 in V.shape:
+            B, C, V, dual = (expand_groups(x, heads) for x in (B, C, V, dual))
+            if rowdot is not None and rowdot[0] is not None:
+                rowdot = (expand_groups(rowdot[0], heads), rowdot[1])
     if g is not None and not folded:
         g = fold_gates(g, gamma, gate_dtype(V.dtype))
         gamma = None
@@ -221,11 +233,11 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         res = _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
                         dual, cu_seqlens, scale, g)
         return _placed(res, B, V, dual, out, out2)
-    batch, heads, n, r = B.shape
+    batch, _, n, r = B.shape
     d = V.shape[-1]
     sdtype = state_dtype(V.dtype)
     no_state = V.new_empty(0, dtype=sdtype)
-    if n == 0 or batch == 0 or heads == 0 or d == 0 or r == 0:
+    if n == 0 or batch == 0 or V.shape[1] == 0 or d == 0 or r == 0:
         # N = 0 passes the initial state through; r = 0 leaves it empty
         count = batch if cu_seqlens is None else cu_seqlens.numel() - 1
         o, s = _empty_sequences(V, r, initial_state, output_final_state, count)
@@ -287,6 +299,8 @@ def _into(x: torch.Tensor, like: torch.Tensor, dest: torch.Tensor | None) -> tor
         if x.data_ptr() != dest.data_ptr() or x.stride() != dest.stride():
             dest.copy_(x)
         return dest
+    if x.shape != like.shape:  # (a head each where ``like`` holds groups: as the method gave it)
+        return x
     if x.stride() == _dense_strides(like.shape, like.stride()):
         return x
     return output_like(like).copy_(x)
@@ -358,7 +372,8 @@ def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torc
 @causal_linear.register_fake
 def _(B, C, V, gamma, initial_state, method, options, reverse, output_final_state, cu_seqlens=None,
       scale=1.0, differentiable=False, g=None):
-    batch, heads, _, r = B.shape
+    batch, _, _, r = B.shape
+    heads = V.shape[1]
     batch = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
     sdtype = state_dtype(V.dtype)
     s = V.new_empty((batch, heads, r, V.shape[-1]) if output_final_state else (0,), dtype=sdtype)
@@ -395,7 +410,7 @@ def gradients(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tenso
     and no forward run again. ``need``: which of the three to compute (an empty tensor stands
     for the others); with ``g`` a fourth entry asks for dg, returned fourth.
     Under ``torch.compile`` it is the backward's custom op, which the graph can hold."""
-    gam = normalize_gamma(gamma, B.shape[1], B.device)
+    gam = normalize_gamma(gamma, V.shape[1], B.device)
     need_g = len(need) > 3 and bool(need[3])
     keep = (0, 1, 2, 4) if need_g else (0, 1, 2)
     if torch.compiler.is_compiling():
@@ -416,6 +431,15 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     in its input's layout (:func:`gradient_buffers`; ``shared``: as views of one buffer where
     B, C, V are the slices of one projection), written there by the kernel itself (Chunk), so
     that neither autograd nor the projection's backward copies it."""
+    heads, groups = V.shape[1], B.shape[1]
+    if groups != heads and (not m.groups or 0 in B.shape or 0 in V.shape):
+        # a method that reads no groups: its gradients for B and C expanded, then summed over
+        # each group's heads
+        res = _gradients(m, opts, dO, expand_groups(B, heads), expand_groups(C, heads), V, gamma,
+                         initial_state, dS, reverse, need_b, need_c, need_v, need_s0, cu_seqlens,
+                         scale, False, g, SN, need_g)
+        return tuple(sum_groups(x, groups) if i < 2 and x.numel() else x
+                     for i, x in enumerate(res))
     gate = None
     if g is not None:
         if reverse:
@@ -439,7 +463,12 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         return tuple(_into(g, x, None) if k else V.new_empty(0)
                      for g, x, k in zip(grads, (B, C, V), (need_b, need_c, need_v))) \
             + (V.new_empty(0), V.new_empty(0))
-    dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
+    if groups != heads:  # (a head each: summed over each group's heads at the end)
+        dB, dC = (B.new_empty(B.shape[0], heads, *B.shape[2:]) if need else None
+                  for need in (need_b, need_c))
+        dV = output_like(V) if need_v else None
+    else:
+        dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
     # dg's row dots b·db and c·dc from the sweeps' fp32 outputs (a method that writes them),
@@ -447,7 +476,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     fused = need_g and m.rowdot and _rowdot_fits(B, V)
     dots_b = dots_c = None
     if fused:
-        dots_b, dots_c = (torch.empty(B.shape[:3], dtype=torch.float32, device=B.device)
+        dots_b, dots_c = (torch.empty(V.shape[:3], dtype=torch.float32, device=B.device)
                           for _ in range(2))
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
@@ -481,7 +510,12 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     if need_g:
         dots = (dots_b, dots_c) if fused else None
         # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
-        dg = _into(gate_gradient(B, dB, C, dC, cu_seqlens, dS, SN, dots).to(g.dtype), g, None)
+        dg = _into(gate_gradient(expand_groups(B, heads) if dots is None else B, dB,
+                                 expand_groups(C, heads) if dots is None else C, dC, cu_seqlens,
+                                 dS, SN, dots).to(g.dtype), g, None)
+    if groups != heads:
+        dB, dC = (None if x is None else _into(sum_groups(x, groups), like, None)
+                  for x, like in ((dB, B), (dC, C)))
     # a gradient not asked for is an empty tensor of its own: outputs of a custom op may not alias
     # one another (one shared empty tensor made every partial backward raise)
     return tuple(x if k else V.new_empty(0)

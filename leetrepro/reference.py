@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ._decay import causal_mask, fold_gates, gate_mask
-from ._inputs import check_gates, check_qkv, log_gamma, normalize_gamma
+from ._inputs import check_gates, check_qkv, expand_groups, log_gamma, normalize_gamma
 from ._state import add_initial_state, check_state, final_state
 
 
@@ -14,7 +14,8 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
               cu_seqlens: torch.Tensor | None = None):
     """``O = (B Cᵀ ⊙ M) V`` by the quadratic formula, in float64.
 
-    Shapes: B, C ``(batch, heads, N, r)``, V ``(batch, heads, N, d)``; returns ``(batch, heads, N, d)``
+    Shapes: B, C ``(batch, heads, N, r)`` (or ``(batch, groups, N, r)``, :mod:`leetrepro._inputs`),
+    V ``(batch, heads, N, d)``; returns ``(batch, heads, N, d)``
     float64 on the inputs' device. ``gamma``: see :mod:`leetrepro._inputs`; M[i, j] = γ^(i-j) for
     i ≥ j. Cost O(N²(r+d)) time; rows are processed ``row_block`` at a time so memory stays
     O(row_block·N) and long sequences can be checked on a GPU.
@@ -36,8 +37,9 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
                        cu_seqlens)
     check_qkv(B, C, V)
     check_state(initial_state, B, V)
-    check_gates(g, B)
-    gam = normalize_gamma(gamma, B.shape[1], B.device)
+    check_gates(g, V)
+    gam = normalize_gamma(gamma, V.shape[1], B.device)
+    B, C = (expand_groups(t, V.shape[1]) for t in (B, C))  # (groups: a head each)
     gate = fold_gates(g, gam, torch.float64)
     G = None if gate is None else gate.cumsum(-1)
     lg = None if G is not None else log_gamma(gam, torch.float64)

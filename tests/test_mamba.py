@@ -168,3 +168,14 @@ def test_a_mamba2_language_model_learns_bytes():
                heads=2, lr=0.01, device="cpu", log_every=10)
     assert list(df.method.unique()) == ["mamba2"]
     assert df.loss.iloc[-1] < df.loss.iloc[0] and df.loss.iloc[-1] < 4.5
+
+
+@pytest.mark.slow  # a minute under the interpreter: the GPU matrix's Mamba-2 rows, made small
+def test_the_gpu_matrix_s_mamba_rows_run():
+    """``gpu_check.check_mamba`` (its GPU run: every argument, the 2²⁰-token edge, mamba_ssm's
+    packed test shape) on small sizes: every row passes."""
+    from leetrepro.bench.gpu_check import check_mamba
+    rows = []
+    check_mamba(torch.float32, KERNEL_DEVICE, rows, {}, cases=[("small", 2, 70, 4, 16, 32, 2)],
+                long=3000, sequences=5)
+    assert rows and all(r["status"] == "pass" for r in rows), rows

@@ -615,6 +615,144 @@ def check_gate_edges(dtype, device, rows, meta):
               f"{r['status']}", flush=True)
 
 
+#: Mamba-2 drop-in cases (label, batch, seqlen, heads, headdim, dstate, groups): every argument
+#: at an odd length; the Codestral/Nemotron-H heads (the Hopper kernel's r = 128, d = 64), groups
+#: of 16 heads read in place; groups of one head
+MAMBA_CASES = [("everything", 2, 1000, 8, 64, 128, 2), ("codestral heads", 1, 2048, 128, 64, 128, 8),
+               ("a group a head", 2, 777, 4, 64, 64, 4)]
+#: mamba_ssm's own test shape (tests/ops/triton/test_ssd.py): 300 sequences of 1-199 tokens
+#: packed, 64 heads of 64, d_state 32, its groups
+MAMBA_SSM_GROUPS = (1, 2, 8, 64)
+
+
+def _mamba_inputs(batch, length, heads, headdim, dstate, groups, dtype, device, seed):
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape, scale=1.0, shift=0.0):
+        return torch.randn(*shape, device=device, generator=gen) * scale + shift
+    return dict(x=rnd(batch, length, heads, headdim).to(dtype), dt=rnd(batch, length, heads, shift=-1.0),
+                A=-torch.exp(torch.rand(heads, device=device, generator=gen)),
+                B=rnd(batch, length, groups, dstate, scale=dstate ** -0.5).to(dtype),
+                C=rnd(batch, length, groups, dstate, scale=dstate ** -0.5).to(dtype),
+                D=rnd(heads), z=rnd(batch, length, heads, headdim).to(dtype),
+                dt_bias=rnd(heads, scale=0.5),
+                initial_states=rnd(batch, heads, headdim, dstate))
+
+
+def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long: int = 2 ** 20,
+                sequences: int = 300):
+    """mamba_ssm's ``mamba_chunk_scan_combined`` through the drop-in against the float64 SSD
+    (``reference.ssd_reference``, its recurrence): every argument (dt_bias, softplus, D, z,
+    initial and final states) with y and every gradient (x, dt, A, B, C, D, z, dt_bias,
+    initial_states) on ``MAMBA_CASES``; then mamba_ssm's test shape (packed sequences, each
+    one's final state) for each of its group counts against the float64 operator, mamba_ssm's
+    own Triton kernels beside it where ``peer`` is given (their error in ``note``); ``long``
+    tokens stay finite. ``cases``, ``long``, ``sequences``: smaller for the CPU's test."""
+    from ..compat import mamba_chunk_scan_combined
+    from ..reference import ssd_reference
+    tol = TOLERANCE[dtype] if dtype != torch.float32 else TF32_TOLERANCE
+    gate_tol = GATE_GRAD_TOLERANCE[dtype] if dtype != torch.float32 else GATE_GRAD_TF32_TOLERANCE
+    base = dict(meta, method="chunk-scan", abbr="mamba_chunk_scan_combined", language="triton",
+                dtype=DTYPE_NAMES[dtype], precision="", decay=False, deterministic="")
+    for label, batch, length, heads, headdim, dstate, groups in cases:
+        start = len(rows)
+        kw = _mamba_inputs(batch, length, heads, headdim, dstate, groups, dtype, device, start)
+        got = {k: v.detach().clone().requires_grad_() for k, v in kw.items()}
+        wide = {k: v.detach().double().requires_grad_() for k, v in kw.items()}
+        case = dict(base, batch=batch, heads=heads, N=length, r=dstate, d=headdim,
+                    note=f"{label}: {groups} groups; dt_bias, softplus, D, z, initial and final "
+                         f"states; vs the float64 recurrence")
+        try:
+            y, h = mamba_chunk_scan_combined(**got, chunk_size=256, dt_softplus=True,
+                                             return_final_states=True)
+            wy, wh = ssd_reference(**wide, dt_softplus=True)
+            gen = torch.Generator(device=device).manual_seed(len(rows) + 1)
+            dy = torch.randn(wy.shape, device=device, generator=gen, dtype=torch.float64)
+            dh = torch.randn(wh.shape, device=device, generator=gen, dtype=torch.float64)
+            ga = torch.autograd.grad((y.double() * dy).sum() + (h.double() * dh).sum(),
+                                     list(got.values()))
+            gw = torch.autograd.grad((wy * dy).sum() + (wh * dh).sum(), list(wide.values()))
+            results = [("y", y, wy, tol), ("final state", h, wh, tol)] + [
+                (f"d{k}", a, w, gate_tol if k in ("dt", "A", "dt_bias") else tol)
+                for k, a, w in zip(got, ga, gw)]
+            for q, a, w, t in results:
+                err = rel_error(a, w)
+                ok = err <= t and bool(torch.isfinite(a).all())
+                rows.append(dict(case, quantity=q, rel_err=err, tol=t,
+                                 max_abs_err=(a.double() - w).abs().max().item(),
+                                 status="pass" if ok else "FAIL"))
+        except Exception as exc:
+            rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
+        _print_mamba(rows, start, label, dtype)
+    # 2^20 tokens (int32 offsets and long running sums): finite, the last rows exact (the decay
+    # over the 20 rows before them makes what came earlier vanish)
+    start, n = len(rows), long
+    kw = _mamba_inputs(1, n, 2, 64, 64, 1, dtype, device, 20)
+    case = dict(base, batch=1, heads=2, N=n, r=64, d=64,
+                note=f"{n} tokens: finite, the last 280 rows against the float64 recurrence")
+    try:
+        y, h = mamba_chunk_scan_combined(**{k: kw[k] for k in ("x", "dt", "A", "B", "C")},
+                                         chunk_size=256, dt_softplus=True,
+                                         return_final_states=True)
+        tail = {k: kw[k][:, -300:] for k in ("x", "dt", "B", "C")}
+        wy, _ = ssd_reference(**tail, A=kw["A"], dt_softplus=True)
+        err = rel_error(y[:, -280:], wy[:, 20:])
+        ok = bool(torch.isfinite(y).all() and torch.isfinite(h).all()) and err <= tol
+        rows.append(dict(case, quantity="y", rel_err=err, tol=tol,
+                         status="pass" if ok else "FAIL"))
+    except Exception as exc:
+        rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
+    _print_mamba(rows, start, f"{n} tokens", dtype)
+    gen = torch.Generator(device="cpu").manual_seed(300)
+    lengths = torch.randint(1, 200, (sequences,), generator=gen)
+    cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(device=device, dtype=torch.int32)
+    total = int(lengths.sum())
+    seq_idx = torch.repeat_interleave(torch.arange(sequences, device=device, dtype=torch.int32),
+                                      lengths.to(device))[None]
+    for groups in MAMBA_SSM_GROUPS:
+        start = len(rows)
+        kw = _mamba_inputs(1, total, 64, 64, 32, groups, dtype, device, groups)
+        kw.update(A=-0.1 * torch.rand(64, device=device), z=None, D=None, dt_bias=None,
+                  initial_states=None)
+        case = dict(base, batch=sequences, heads=64, N=total, r=32, d=64,
+                    note=f"mamba_ssm's test shape: {sequences} packed sequences, {groups} groups; "
+                         f"vs the float64 operator")
+        try:
+            y, states = mamba_chunk_scan_combined(**kw, chunk_size=64, cu_seqlens=cu,
+                                                  seq_idx=seq_idx, dt_softplus=True,
+                                                  return_varlen_states=True)
+            dt = torch.nn.functional.softplus(kw["dt"].double())
+            q, k = (kw[n].double().repeat_interleave(64 // groups, 2).transpose(1, 2)
+                    for n in ("C", "B"))
+            wy, ws = reference(q, k, (kw["x"].double() * dt[..., None]).transpose(1, 2),
+                               g=(dt * kw["A"].double()).transpose(1, 2), cu_seqlens=cu,
+                               output_final_state=True)
+            wy, ws = wy.transpose(1, 2), ws.transpose(-1, -2)
+            peer_note = ""
+            if peer is not None:
+                py, pstates = peer(**{n: kw[n] for n in ("x", "dt", "A", "B", "C")},
+                                   chunk_size=64, cu_seqlens=cu, seq_idx=seq_idx,
+                                   dt_softplus=True, return_varlen_states=True)
+                peer_note = (f"; mamba_ssm's Triton kernels: y {rel_error(py, wy):.1e}, states "
+                             f"{rel_error(pstates, ws):.1e}")
+            for q_, a, w in (("y", y, wy), ("varlen states", states, ws)):
+                err = rel_error(a, w)
+                ok = err <= tol and bool(torch.isfinite(a).all())
+                rows.append(dict(case, quantity=q_, rel_err=err, tol=tol, note=case["note"] + peer_note,
+                                 max_abs_err=(a.double() - w).abs().max().item(),
+                                 status="pass" if ok else "FAIL"))
+        except Exception as exc:
+            rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
+        _print_mamba(rows, start, f"mamba_ssm test, {groups} groups", dtype)
+        torch.cuda.empty_cache()
+
+
+def _print_mamba(rows, start, label, dtype):
+    print(f"{'mamba':30s} {DTYPE_NAMES[dtype]:9s} {label[:28]:28s} "
+          + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}" for r in rows[start:]),
+          flush=True)
+
+
 def _arguments(p) -> None:
     p.add_argument("--methods", nargs="*", default=None, help="abbreviations (default: all)")
     p.add_argument("--huge", action="store_true", help="also batch 16 × 32 heads × N = 100000")
@@ -635,6 +773,9 @@ def _arguments(p) -> None:
     p.add_argument("--gates-only", action="store_true",
                    help="only the per-token gate rows (check_gated, check_fla_cases, "
                         "check_gate_edges)")
+    p.add_argument("--mamba-only", action="store_true",
+                   help="only the Mamba-2 drop-in's rows (check_mamba; mamba_ssm's Triton kernels "
+                        "beside it where importable: $LEETREPRO_PEERS)")
     p.add_argument("--csv", default="correctness.csv")
     p.add_argument("--chunk-kernel", choices=("auto", "portable", "hopper"), default="auto",
                    help="Chunk's forward kernel where both can run (hopper: the warp-specialised "
@@ -793,6 +934,12 @@ def main(argv=None) -> int:
         chunk.force_kernel(args.chunk_kernel)
     meta = dict(meta, chunk_kernel=args.chunk_kernel)
     chosen = [m for m in methods() if args.methods is None or m.abbr in args.methods]
+    if args.mamba_only:
+        from .harness import mamba_ssm_peer
+        peer, rows = mamba_ssm_peer(), []
+        for dtype in map(parse_dtype, args.dtypes):
+            check_mamba(dtype, device, rows, meta, peer)
+        return _report(rows, out, args.csv)
     cases = matrix(chosen, [parse_dtype(x) for x in args.dtypes], device, quick=args.quick,
                    heads_only=args.heads_only, layouts_only=args.layouts_only,
                    grads_only=args.grads_only, no_grads=args.no_grads, huge=args.huge,
@@ -802,18 +949,27 @@ def main(argv=None) -> int:
         case.run(rows=rows, meta=meta)
         if i + 1 == len(cases) or cases[i + 1].group != case.group:
             pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
-    if not (args.heads_only or args.layouts_only):  # gates: the drop-in's cases, the edges
+    if not (args.heads_only or args.layouts_only):  # gates: the drop-ins' cases, the edges
+        from .harness import mamba_ssm_peer
+        peer = mamba_ssm_peer()
         for dtype in map(parse_dtype, args.dtypes):
             check_fla_cases(dtype, device, rows, meta)
             check_gate_edges(dtype, device, rows, meta)
+            check_mamba(dtype, device, rows, meta, peer)
     if args.serving:
         for dtype in map(parse_dtype, args.dtypes):
             for decay in (False, True):
                 check_serving(dtype, decay, device, rows, meta)
+    return _report(rows, out, args.csv)
+
+
+def _report(rows, out, csv) -> int:
+    """The rows written to ``out/csv``; the failures printed; the exit status."""
+    import pandas as pd
     df = pd.DataFrame(rows)
-    df.to_csv(os.path.join(out, args.csv), index=False)
+    df.to_csv(os.path.join(out, csv), index=False)
     failed = df[df.status.str.startswith("FAIL")]
-    print(f"\n{len(df)} cases, {len(failed)} failed -> {out}/{args.csv}")
+    print(f"\n{len(df)} cases, {len(failed)} failed -> {out}/{csv}")
     if len(failed):
         print(failed[["abbr", "dtype", "precision", "quantity", "decay", "batch", "heads", "N", "r",
                       "d", "rel_err", "status"]].to_string())

@@ -190,6 +190,33 @@ def fla_chunk_simple_gla():
     return chunk_simple_gla
 
 
+def mamba_ssm_peer(path: str | None = None):
+    """mamba_ssm's SSD (its Triton kernels: ``ssd_combined.mamba_chunk_scan_combined``), or None
+    after saying why. From an installed ``mamba_ssm`` (``MAMBA_SKIP_CUDA_BUILD=TRUE pip install
+    mamba_ssm --no-deps``: its Triton kernels need no CUDA build, only ``einops``), else from its
+    public source at ``path`` (default ``$LEETREPRO_PEERS``): a folder holding ``mamba_ssm/`` and
+    ``einops/``, never committed. Only the Triton kernels' modules are imported (the package's
+    ``__init__`` pulls in its CUDA extensions and huggingface_hub)."""
+    import importlib
+    import os
+    import types
+    path = path or os.environ.get("LEETREPRO_PEERS")
+    path = os.path.abspath(path) if path else None
+    try:
+        if path and "mamba_ssm" not in sys.modules:
+            if path not in sys.path:
+                sys.path.insert(0, path)
+            pkg = types.ModuleType("mamba_ssm")  # (the package without its __init__)
+            pkg.__path__ = [os.path.join(path, "mamba_ssm")]
+            sys.modules["mamba_ssm"] = pkg
+        mod = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+    except ImportError as err:
+        print(f"mamba_ssm: not importable ({err}); `MAMBA_SKIP_CUDA_BUILD=TRUE pip install "
+              f"mamba_ssm einops` or its source in $LEETREPRO_PEERS", file=sys.stderr)
+        return None
+    return mod.mamba_chunk_scan_combined
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

@@ -35,15 +35,16 @@ def fla_attention():
 def train(method, data: torch.Tensor, *, steps: int = 200, batch: int = 16, seq_len: int = 512,
           dim: int = 256, layers: int = 4, heads: int = 4, lr: float = 3e-3, seed: int = 0,
           device: str = "cuda", autocast: torch.dtype | None = torch.bfloat16, log_every: int = 10,
-          label: str | None = None):
+          label: str | None = None, ssd=None):
     """Train from seeded weights for ``steps`` AdamW steps; one row per logged step: the loss
-    (mean of the steps since the last row) and tokens per second (wall clock, synchronised)."""
+    (mean of the steps since the last row) and tokens per second (wall clock, synchronised).
+    ``ssd``: with ``"mamba2"``, another SSD in the blocks (mamba_ssm's kernels, to compare)."""
     import pandas as pd
 
     torch.manual_seed(seed)
     label = label or str(method)
     if method == "mamba2":  # (another model: Mamba-2 mixers, their SSD by the default method)
-        model, method = Mamba2ByteLM(dim, layers, heads).to(device), "auto"
+        model, method = Mamba2ByteLM(dim, layers, heads, ssd=ssd).to(device), "auto"
     else:
         model = ByteLM(dim, layers, heads).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)

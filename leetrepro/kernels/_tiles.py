@@ -39,10 +39,12 @@ import triton.language as tl
 #: like O; 2: Σ O2·b, the dual output with the b tile; a lane holds every column then). Read in a
 #: compiled kernel, a field comes out as a plain Python value, which shapes and static ranges
 #: refuse: each function binds the fields it reads to constexpr names first
-#: (``BLOCK_N: tl.constexpr = K.BLOCK_N``)
+#: (``BLOCK_N: tl.constexpr = K.BLOCK_N``). ``GROUPS``: the heads sharing one head of B, C, V
+#: and E (or W), in that order: 1 where a tensor has a head per lane; more where its heads are
+#: groups read in place by every lane of the group (Mamba-2's B and C; grouped-query attention)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE ROWDOT", defaults=(False,) * 8 + (0,))
+                 "HALF_RANGE HAS_GATE ROWDOT GROUPS", defaults=(False,) * 8 + (0, (1, 1, 1, 1)))
 
 
 def constants(cfg: dict, **flags) -> Constants:

@@ -385,10 +385,12 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: the kernel's compile-time constants (``K``), one bundle: the tiles (rows a chunk, head
 #: dimensions, the value columns a program holds, the repair launch's columns a lane, the ring's
 #: slots) and the call's flags; each function binds the fields it reads to constexpr names first
-#: (as ``_tiles.Constants``: a field read from the bundle is a plain Python value)
+#: (as ``_tiles.Constants``: a field read from the bundle is a plain Python value); ``GROUPS``
+#: as ``_tiles.Constants``' (the heads sharing one head of B, C, V, E: the loader reads a
+#: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE ROWDOT")
+                 "REVERSE DUAL HAS_GATE ROWDOT GROUPS", defaults=((1, 1, 1, 1),))
 
 
 @gluon.constexpr_function
@@ -542,6 +544,11 @@ def _loader(prog, ring, ops, K: gl.constexpr):
     sweep_bytes: gl.constexpr = cv_bytes + ops.b.block_type.nbytes + \
         (2 * ops.e.block_type.nbytes if WITH_E else 0)
     first = prog.first_pass(K)
+    # (a grouped tensor's head: the group of the lane's head, its tiles read in place)
+    hb = prog.hh // K.GROUPS[0]
+    hc = prog.hh // K.GROUPS[1]
+    hv = prog.hh // K.GROUPS[2]
+    he = prog.hh // K.GROUPS[3]
     for i in range(first + prog.steps):
         s = ring.producer_wait(i)
         if i < first:  # the segment's own state: C and V only
@@ -550,16 +557,16 @@ def _loader(prog, ring, ops, K: gl.constexpr):
         else:
             row, _ = prog.chunk(i - first, K)
             mbarrier.expect(ring.ready.index(s), sweep_bytes)
-            _tma_load(ops.b, [prog.bb, prog.hh, row, 0], ring.ready.index(s), ring.b.index(s))
+            _tma_load(ops.b, [prog.bb, hb, row, 0], ring.ready.index(s), ring.b.index(s))
             if WITH_E:  # (the dual output's E: col0 = 0, DH = D/2; W: the unit's columns)
-                _tma_load(ops.e, [prog.bb, prog.hh, row, prog.col0], ring.ready.index(s),
+                _tma_load(ops.e, [prog.bb, he, row, prog.col0], ring.ready.index(s),
                           ring.e.index(2 * s))
-                _tma_load(ops.e, [prog.bb, prog.hh, row, prog.col0 + DH], ring.ready.index(s),
+                _tma_load(ops.e, [prog.bb, he, row, prog.col0 + DH], ring.ready.index(s),
                           ring.e.index(2 * s + 1))
-        _tma_load(ops.c, [prog.bb, prog.hh, row, 0], ring.ready.index(s), ring.c.index(s))
-        _tma_load(ops.v, [prog.bb, prog.hh, row, prog.col0], ring.ready.index(s),
+        _tma_load(ops.c, [prog.bb, hc, row, 0], ring.ready.index(s), ring.c.index(s))
+        _tma_load(ops.v, [prog.bb, hv, row, prog.col0], ring.ready.index(s),
                   ring.v.index(2 * s))
-        _tma_load(ops.v, [prog.bb, prog.hh, row, prog.col0 + DH], ring.ready.index(s),
+        _tma_load(ops.v, [prog.bb, hv, row, prog.col0 + DH], ring.ready.index(s),
                   ring.v.index(2 * s + 1))
 
 

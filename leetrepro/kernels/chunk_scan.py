@@ -198,11 +198,16 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
     else:
         bos = 0
         n = N
-    rows = (lane_rows(B, seq, head, bos, VARLEN), lane_rows(C, seq, head, bos, VARLEN),
-            lane_rows(V, seq, head, bos, VARLEN), lane_rows(O, seq, head, bos, VARLEN))
+    # (a grouped tensor's head: the group the lane's head reads, in place)
+    GB: tl.constexpr = K.GROUPS[0]
+    GC: tl.constexpr = K.GROUPS[1]
+    GV: tl.constexpr = K.GROUPS[2]
+    GE: tl.constexpr = K.GROUPS[3]
+    rows = (lane_rows(B, seq, head // GB, bos, VARLEN), lane_rows(C, seq, head // GC, bos, VARLEN),
+            lane_rows(V, seq, head // GV, bos, VARLEN), lane_rows(O, seq, head, bos, VARLEN))
     # (a tuple holds no bare None when compiled: 0 stands for a tensor the call has not)
     if DUAL:
-        rows = rows + (lane_rows(E, seq, head, bos, VARLEN),
+        rows = rows + (lane_rows(E, seq, head // GE, bos, VARLEN),
                        lane_rows(O2, seq, head, bos, VARLEN))
     else:
         rows = rows + (0, 0)
@@ -211,7 +216,7 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
     else:
         rows = rows + (0,)
     if ROWDOT == 1:
-        rows = rows + (lane_rows(DOTS[0], seq, head, bos, VARLEN),)
+        rows = rows + (lane_rows(DOTS[0], seq, head // GE, bos, VARLEN),)
     else:
         rows = rows + (0,)
     if ROWDOT != 0:

@@ -25,6 +25,7 @@ import typing
 
 import torch
 
+from .._inputs import lane_heads
 from ..registry import GPU_DTYPES, on_change, register
 from .. import tuning
 from ..tuning import CHUNK_TABLE, DUAL_TABLE, HOPPER
@@ -115,7 +116,7 @@ def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segmen
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
-          scale=True, out=True, gates=True, rowdot=True,
+          scale=True, out=True, gates=True, rowdot=True, groups=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None})
@@ -165,9 +166,15 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # that is not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
     # O in V's dimension order, dense (time-major V: time-major O, so that the caller's
-    # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's
-    out = torch.empty_like(V) if out is None else out
-    out2 = None if dual is None else (torch.empty_like(B) if out2 is None else out2)
+    # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's; a head each
+    # (where V or B holds groups, dense head-major)
+    if B.shape[1] == V.shape[1] == C.shape[1]:
+        out = torch.empty_like(V) if out is None else out
+        out2 = None if dual is None else (torch.empty_like(B) if out2 is None else out2)
+    else:  # (groups)
+        heads = lane_heads(B, C, V, dual)
+        out = per_head_like(V, heads) if out is None else out
+        out2 = None if dual is None else (per_head_like(B, heads) if out2 is None else out2)
     w, dg = (None, None) if rowdot is None else rowdot
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
@@ -179,6 +186,24 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
+
+
+def per_head_like(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """An uninitialised output for each of ``heads`` lanes, shaped like x otherwise: like x
+    (``torch.empty_like``, x's dimension order) where x has a head a lane, else dense."""
+    if x.shape[1] == heads:
+        return torch.empty_like(x)
+    return x.new_empty(x.shape[0], heads, *x.shape[2:])
+
+
+_UNGROUPED = (1, 1, 1, 1)
+
+
+def groups_of(t, heads: int) -> tuple:
+    """The heads sharing one head of B, C, V and E (or the row dots' W) of a call's
+    :class:`Operands`: the kernels' ``GROUPS`` (1: a head a lane, and for an absent E)."""
+    e = t.E if t.W is None else t.W
+    return tuple(1 if x is None else heads // x.shape[1] for x in (t.B, t.C, t.V, e))
 
 
 #: int32 counters by (device, stream): the buffer and its views by (flags, ring) counts
@@ -259,7 +284,8 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
 
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
-                     dc: int | None = None, gates: bool = False, rowdot: int = 0) -> dict:
+                     dc: int | None = None, gates: bool = False, rowdot: int = 0,
+                     groups: tuple = (1, 1, 1, 1)) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
@@ -268,7 +294,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     return hopper_kernels.Constants(
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
-        SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, ROWDOT=rowdot)
+        SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, ROWDOT=rowdot, GROUPS=groups)
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -331,7 +357,8 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
             and hopper_unfit(E, V, C, gamma, **call) is None):
         return False
     # the plain sweep's own plan: its segments decide the regime of the measured table
-    batch, heads, n, r = B.shape
+    batch, _, n, r = B.shape
+    heads = lane_heads(B, C, V)
     cfg = chunk_config(r, V.shape[-1], V.dtype, precision, gamma is not None, device=V.device,
                        config=config)
     split = _lanes_and_segment(cfg, batch, heads, n, V.shape[-1], segment, V.device)[1] < n
@@ -520,14 +547,14 @@ class HopperLaunch:
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
                    reverse, dual, serial: int, gates: bool = False,
-                   rowdot: int = 0) -> HopperLaunch:
+                   rowdot: int = 0, groups: tuple = (1, 1, 1, 1)) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
     (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
-                              dc=dc, gates=gates, rowdot=rowdot)
+                              dc=dc, gates=gates, rowdot=rowdot, groups=groups)
     dh = consts.DC // 2
     # (E's block: the dual output's input, or the row dots' W, in the consumers' halves)
     blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (dh if rowdot == 1 else None, None))
@@ -687,11 +714,14 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     (shapes, dtypes, flags, options, each tensor's strides and the pointers' 16-byte alignment,
     the kernel option, :func:`force_kernel`, whether the call is short enough to repair itself),
     made on the first call of that key."""
-    batch, heads, n, r = t.B.shape
+    batch, heads, n, r = t.O.shape[0], t.O.shape[1], t.B.shape[2], t.B.shape[3]
     d = t.V.shape[-1]
     if t.CU is not None:
         batch = t.CU.numel() - 1  # sequences: the lanes' "batch"
-    signature = (n, r, d, batch, heads, t.V.dtype, dot_precision(t.V.dtype, fp32_precision),
+    # (E and W are V, B or C of another sweep: grouped only where one of those is)
+    grouped = t.B.shape[1] != heads or t.C.shape[1] != heads or t.V.shape[1] != heads
+    signature = (n, r, d, batch, heads, groups_of(t, heads) if grouped else _UNGROUPED, t.V.dtype,
+                 dot_precision(t.V.dtype, fp32_precision),
                  t.GAMMA is not None, t.E is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
@@ -722,8 +752,8 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
 
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
-    (n, r, d, batch, heads, dtype, precision, decay, dual, device, segment, override, varlen,
-     has_s0, store_sn, reverse, gates, rowdot) = signature
+    (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
+     varlen, has_s0, store_sn, reverse, gates, rowdot) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -757,7 +787,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           gates=gates, rowdot=rowdot)
+                           gates=gates, rowdot=rowdot, groups=groups)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
@@ -781,7 +811,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision,
-                              HAS_GATE=gates, ROWDOT=rowdot),
+                              HAS_GATE=gates, ROWDOT=rowdot, GROUPS=groups),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 

@@ -39,13 +39,16 @@ class Mamba2ByteLM(nn.Module):
     """A byte-level Mamba-2 language model: tied byte embeddings, ``layers`` pre-norm residual
     Mamba-2 mixers (:class:`Mamba2Block`, expand 2, ``heads`` heads, d_state 64, the SSD through
     the operator with per-token gates), a final RMS norm. ``forward(ids, attention_method)``: the
-    operator's method for the SSD (``"auto"``: Chunk on a GPU) -> logits (batch, N, 256)."""
+    operator's method for the SSD (``"auto"``: Chunk on a GPU) -> logits (batch, N, 256).
+    ``ssd``: the blocks' SSD replaced (:class:`Mamba2Block`'s ``ssd``: mamba_ssm's kernels)."""
 
-    def __init__(self, dim: int = 256, layers: int = 4, heads: int = 4, d_state: int = 64):
+    def __init__(self, dim: int = 256, layers: int = 4, heads: int = 4, d_state: int = 64,
+                 ssd=None):
         super().__init__()
         self.embed = nn.Embedding(256, dim)
         self.blocks = nn.ModuleList(
-            Mamba2Block(dim, d_state=d_state, headdim=2 * dim // heads) for _ in range(layers))
+            Mamba2Block(dim, d_state=d_state, headdim=2 * dim // heads, ssd=ssd)
+            for _ in range(layers))
         self.norms = nn.ModuleList(nn.RMSNorm(dim) for _ in range(layers + 1))
         self.cfg = dict(name=f"byte-level Mamba-2, {layers} layers × {dim}")
 

@@ -24,12 +24,14 @@ class Mamba2Block(nn.Module):
     """One Mamba-2 mixer. ``forward(u)``: u ``(batch, N, d_model)`` → ``(batch, N, d_model)``;
     ``prefill(u)`` also returns the decode state; ``step(u_t, conv_state, pool, slots)`` one
     token of each sequence, its SSM state at ``pool[slots]`` updated in place. ``method`` and
-    ``options``: the operator's (``method="auto"``: Chunk on a GPU)."""
+    ``options``: the operator's (``method="auto"``: Chunk on a GPU). ``ssd``: another SSD of
+    mamba_ssm's ``mamba_chunk_scan_combined`` signature in its place (mamba_ssm's own kernels,
+    to compare the same block), given neither ``method`` nor ``options``."""
 
     def __init__(self, d_model: int, *, d_state: int = 64, headdim: int = 64, expand: int = 2,
                  ngroups: int = 1, d_conv: int = 4, dt_min: float = 1e-3, dt_max: float = 0.1,
                  dt_limit: tuple = (0.0, math.inf), chunk_size: int = 256, method: str = "auto",
-                 **options):
+                 ssd=None, **options):
         super().__init__()
         d_inner = expand * d_model
         if d_inner % headdim:
@@ -38,7 +40,7 @@ class Mamba2Block(nn.Module):
         if self.heads % ngroups:
             raise ValueError(f"ngroups {ngroups} must divide the heads {self.heads}")
         self.d_inner, self.d_conv, self.dt_limit, self.chunk_size = d_inner, d_conv, dt_limit, chunk_size
-        self.method, self.options = method, options
+        self.method, self.options, self.ssd = method, options, ssd
         conv_dim = d_inner + 2 * ngroups * d_state
         self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + self.heads, bias=False)
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1)
@@ -80,10 +82,12 @@ class Mamba2Block(nn.Module):
             if n < self.d_conv else conv_in[..., -self.d_conv:]
         xbc = torch.nn.functional.silu(self.conv1d(conv_in)[..., :n].transpose(1, 2))
         x, B, C = self._ssd_inputs(xbc)
-        y, state = mamba_chunk_scan_combined(
+        ssd, own = (mamba_chunk_scan_combined, dict(method=self.method, **self.options)) \
+            if self.ssd is None else (self.ssd, {})
+        y, state = ssd(
             x, dt, -torch.exp(self.A_log.float()), B, C, self.chunk_size, D=self.D,
             dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.dt_limit,
-            return_final_states=True, method=self.method, **self.options)
+            return_final_states=True, **own)
         out = self._out(y.reshape(batch, n, self.d_inner), z)
         return out, conv_state.detach(), state.transpose(-1, -2).detach()
 

@@ -28,8 +28,9 @@ DEFAULT = ["fp16:0-1:64:3", "fp16:decay:64:3", "fp16:decay:32:3", "fp32:0-1:32:2
 
 
 def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool = True,
-                arch: int = 90, precision: str = "tf32") -> str:
-    """The PTX of ``chunk_scan_kernel`` for one configuration (forward, no state in or out)."""
+                arch: int = 90, precision: str = "tf32", groups: tuple = (1, 1, 1, 1)) -> str:
+    """The PTX of ``chunk_scan_kernel`` for one configuration (forward, no state in or out;
+    ``groups``: the kernel's ``GROUPS``, B, C, V, E read by groups of heads)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -49,7 +50,7 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
              (9,): None,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
-                              HAS_DECAY=decay, HALF_RANGE=dtype != "fp32"),
+                              HAS_DECAY=decay, HALF_RANGE=dtype != "fp32", GROUPS=groups),
              (13,): split, (14,): False}
     if not split:
         const.update({(7, 0): None, (7, 1): None})
@@ -64,12 +65,13 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        reverse: bool = False, dual: bool = False, r: int = 128,
                        d: int = 128, dc: int | None = None, gates: bool = False,
-                       rowdot: int = 0) -> str:
+                       rowdot: int = 0, groups: tuple = (1, 1, 1, 1)) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
     chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
-    backward), with or without the ``dual`` output (the backward's dC beside dV)."""
+    backward), with or without the ``dual`` output (the backward's dC beside dV); ``groups``:
+    B, C, V, E read by groups of heads (the kernel's ``GROUPS``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -86,7 +88,7 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc,
-                             gates=gates, rowdot=rowdot)
+                             gates=gates, rowdot=rowdot, groups=groups)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
