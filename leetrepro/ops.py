@@ -447,13 +447,17 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     need_b, need_c = need_b or need_g, need_c or need_g  # (dg is read off dB and dC)
-    if need_g and not (m.rowdot and _rowdot_fits(B, V)) and B.dtype in (torch.float16,
-                                                                          torch.bfloat16):
-        # a method that cannot hand dg its row dots in fp32 runs the backward on fp32 copies
-        # (the PyTorch methods compute in fp32 anyway): dg from gradients rounded to fp16/bf16
-        # would carry that rounding, amplified (reference.GATE_GRAD_TOLERANCE)
+    if need_g and not _exact_dots(m, opts, B.dtype) and \
+            (B.dtype != torch.float32 or "fp32_precision" in m.options):
+        # dg is a running sum to the end of the sequence of terms whose exact sum is small, and
+        # a parameter that sums dg over the rows (Mamba-2's A and dt_bias) sums that running
+        # sum again: any rounding inside the sweeps' products (fp16/bf16 operands, tf32) adds
+        # up to a wrong direction there (measured: dA 0.2-3 relative in bf16, NOTES.md). So
+        # the backward asked for dg runs on fp32 copies with fp32-exact dots (the kernels'
+        # tf32x3; the PyTorch methods are exact fp32), its gradients rounded back
         wide = [x.float() for x in (dO, B, C, V)]
-        res = _gradients(m, opts, *wide, gamma, initial_state, dS, reverse, *wanted[:4],
+        exact = dict(opts, fp32_precision="tf32x3") if "fp32_precision" in m.options else opts
+        res = _gradients(m, exact, *wide, gamma, initial_state, dS, reverse, *wanted[:4],
                          cu_seqlens, scale, g=g, SN=SN, need_g=True)
         return tuple(x.to(ref.dtype) if k and i < 3 else x
                      for i, (x, ref, k) in enumerate(zip(res, (B, C, V, V, V), wanted)))
@@ -520,6 +524,18 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     # one another (one shared empty tensor made every partial backward raise)
     return tuple(x if k else V.new_empty(0)
                  for x, k in zip((dB, dC, dV, dS0, dg), wanted))
+
+
+def _exact_dots(m: Method, opts: dict, dtype: torch.dtype) -> bool:
+    """Whether method ``m`` with ``opts`` computes its products to float32's accuracy or better
+    on inputs of ``dtype``: float64; float32 in the PyTorch methods, or in the kernels with
+    ``fp32_precision`` "ieee" or "tf32x3" (their default, tf32, rounds the operands to 10 bits)."""
+    if dtype == torch.float64:
+        return True
+    if dtype != torch.float32:
+        return False
+    return m.language == "torch" or \
+        opts.get("fp32_precision", m.options.get("fp32_precision")) in ("ieee", "tf32x3")
 
 
 def _first_decay(gate: torch.Tensor, cu_seqlens) -> torch.Tensor:
