@@ -457,9 +457,17 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # tf32x3; the PyTorch methods are exact fp32), its gradients rounded back
         wide = [x.float() for x in (dO, B, C, V)]
         exact = dict(opts, fp32_precision="tf32x3") if "fp32_precision" in m.options else opts
-        res = _gradients(m, exact, *wide, gamma, initial_state, dS, reverse, *wanted[:4],
-                         cu_seqlens, scale, g=g, SN=SN, need_g=True)
-        return tuple(x.to(ref.dtype) if k and i < 3 else x
+        if dS is not None and SN is not None and SN.numel():
+            # the forward's final state enters every row's dg through ⟨dS_N, S_N⟩ (and A's
+            # gradient that sum times all of dt): its own rounding would too, so it is taken
+            # again here, exact
+            SN = run(m, exact, *wide[1:], None, initial_state, reverse, True,
+                     cu_seqlens=cu_seqlens, g=gate, folded=True)[1]
+        # (the gates as folded above: γ is in them)
+        res = _gradients(m, exact, *wide, None, initial_state, dS, reverse, *wanted[:4],
+                         cu_seqlens, scale, g=gate, SN=SN, need_g=True)
+        return tuple(x.to(ref.dtype) if k and i < 3 else
+                     (_into(x.to(g.dtype), g, None) if k and i == 4 else x)
                      for i, (x, ref, k) in enumerate(zip(res, (B, C, V, V, V), wanted)))
     if m.gradients is not None and initial_state is None and dS is None and cu_seqlens is None \
             and not reverse and gate is None and (need_b or need_c or need_v):

@@ -345,3 +345,26 @@ def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):
     assert chunk._use_hopper("auto", B, C, V, None, False, gates=True, rowdot=1)
     assert chunk._use_hopper("auto", B, C, V, None, False, gates=False)
     assert asked == [True, False]
+
+
+@pytest.mark.parametrize("abbr", quick_lane(["Chunk", "LA_torch"]))
+def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
+    """In fp16 the backward asked for dg runs on fp32 copies at fp32-exact dots (the gates as
+    folded, γ in them) and takes the final state again: every gradient within the contract, dg
+    far inside its bound, with γ and a final state in the loss."""
+    dev = _device(abbr)
+    B, C, V = make_inputs(2, 3, 150, 8, 5, dtype=torch.float16, device=dev, seed=51)
+    g = _gates(2, 3, 150, seed=52, device=dev)
+    gam = random_gammas(3, 53).to(dev)
+    leaves = [t.detach().clone().requires_grad_() for t in (B, C, V, g)]
+    out, s = causal_linear_decoder(*leaves[:3], gam, g=leaves[3], output_final_state=True,
+                                   method=abbr)
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    want_o, want_s = reference(*wide[:3], gam, g=wide[3], output_final_state=True)
+    gen = torch.Generator().manual_seed(54)
+    dO, dS = (torch.randn(x.shape, generator=gen, dtype=torch.float64).to(dev)
+              for x in (want_o, want_s))
+    got = torch.autograd.grad((out.double() * dO).sum() + (s.double() * dS).sum(), leaves)
+    want = torch.autograd.grad((want_o * dO).sum() + (want_s * dS).sum(), wide)
+    for name, a, b in zip("BCVg", got, want):
+        assert rel_error(a, b) <= (2e-3 if name == "g" else 1e-2), f"d{name}: {rel_error(a, b):.2e}"
