@@ -621,7 +621,7 @@ def check_gate_edges(dtype, device, rows, meta):
 MAMBA_CASES = [("everything", 2, 1000, 8, 64, 128, 2), ("codestral heads", 1, 2048, 128, 64, 128, 8),
                ("a group a head", 2, 777, 4, 64, 64, 4)]
 #: the bound of the gradients of dt, A and dt_bias (see check_mamba)
-SSD_PARAM_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+SSD_PARAM_TOLERANCE = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 #: mamba_ssm's own test shape (tests/ops/triton/test_ssd.py): 300 sequences of 1-199 tokens
 #: packed, 64 heads of 64, d_state 32, its groups
 MAMBA_SSM_GROUPS = (1, 2, 8, 64)
@@ -654,8 +654,9 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
     from ..reference import ssd_reference
     tol = TOLERANCE[dtype] if dtype != torch.float32 else TF32_TOLERANCE
     # dt, A and dt_bias: dA and ddt_bias sum dg times dt over every row, whose exact sum is
-    # small: the inputs' own rounding is amplified (float64 on bf16-rounded inputs moves dA by
-    # ~2e-3; mamba_ssm's measured 2-3e-3 in bf16)
+    # small: rounding is amplified ~10⁴× at 2048 rows (the inputs' own bf16 rounding moves the
+    # float64 dA by ~2e-3, and mamba_ssm measures 2-3e-3 in bf16; float32 arithmetic, 1.5e-3
+    # at 128 heads × 2048 rows on the H200)
     gate_tol = SSD_PARAM_TOLERANCE[dtype]
     base = dict(meta, method="chunk-scan", abbr="mamba_chunk_scan_combined", language="triton",
                 dtype=DTYPE_NAMES[dtype], precision="", decay=False, deterministic="")
