@@ -46,7 +46,14 @@ and −G_j column j's, so
 
 a row dot of each input with its gradient and a reverse running sum per head (per sequence when
 packed): dg asks for dB and dC even where B and C are frozen. Gradients flow to ``g``, never to
-``gamma``.
+``gamma``. The exact sum is small against its terms, so rounding inside the sweeps' products
+(fp16/bf16 operands, tf32) adds up along it: a backward asked for dg runs its sweeps on fp32
+copies at fp32-exact dots (the kernels' tf32x3) and takes S_N again, exact
+(``reference.GATE_GRAD_TOLERANCE``).
+
+**Groups**: B and C may have fewer heads than V (each shared by a group of heads, Mamba-2's
+B and C): a method with ``Method.groups`` (Chunk) reads a group's rows for each head in place and
+writes each head's dB, dC, then summed over the group's heads; other methods get them expanded.
 """
 from __future__ import annotations
 
