@@ -179,3 +179,17 @@ def test_the_gpu_matrix_s_mamba_rows_run():
     check_mamba(torch.float32, KERNEL_DEVICE, rows, {}, cases=[("small", 2, 70, 4, 16, 32, 2)],
                 long=3000, sequences=5)
     assert rows and all(r["status"] == "pass" for r in rows), rows
+
+
+def test_the_ssd_bench_s_entries_and_floor():
+    """``bench.ssd``'s own pieces without a GPU: its entry runs the drop-in forward and
+    backward on a layer's inputs (every gradient asked for), and its floor counts the bytes it
+    says (fwd: x, B, C, dt read and y written; fwd+bwd: that, then x, B, C, dt, dy read and dx,
+    dB, dC, ddt written)."""
+    from leetrepro.bench import ssd
+    leaves, dy = ssd._inputs(1, 70, 4, 16, 32, 2, "cpu", grad=True)
+    y = ssd._entries(None, None, True)["ours"](leaves, dy)
+    assert y.shape == leaves["x"].shape and all(t.grad is None for t in leaves.values())
+    xy, bc, dt = 70 * 4 * 16 * 2, 70 * 2 * 32 * 2, 70 * 4 * 4
+    assert ssd.floor_bytes(1, 70, 4, 16, 32, 2, False) == 2 * xy + 2 * bc + dt
+    assert ssd.floor_bytes(1, 70, 4, 16, 32, 2, True) == 5 * xy + 6 * bc + 3 * dt

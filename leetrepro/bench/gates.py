@@ -26,8 +26,7 @@ import sys
 
 import torch
 
-from .harness import (failed_status, fla_chunk_simple_gla, gpu_main, graph_seconds,
-                      interleaved_medians)
+from .harness import fla_chunk_simple_gla, gpu_main, timed_entries
 
 #: (label, batch, heads, N, K, V): simple GLA's training shape and Mamba-2-like heads
 SHAPES = [("gla", 8, 32, 8192, 128, 128), ("mamba2", 2, 64, 8192, 128, 64),
@@ -92,28 +91,12 @@ def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
         dO = torch.randn(batch, n, heads, v).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
         args = (x, B, C, V, g, gamma, dO)
         entries = _entries(fla, grad)
-        fns, status = {}, {}
-        # (ours first, each alone, then the peer: a peer's call that raises mid-way must not
-        # leave anything behind for a later capture)
-        for name, fn in sorted(entries.items(), key=lambda kv: kv[0] == "fla"):
-            try:
-                fn(*args)
-                torch.cuda.synchronize(device)
-                fns[name] = fn
-            except Exception as err:  # (fla's refusal of its gated backward, say)
-                status[name] = failed_status(err, 200)
+        # (ours first, then the peer)
+        by_mode, status = timed_entries(
+            dict(sorted(entries.items(), key=lambda kv: kv[0] == "fla")), args, reps, device,
+            seed=hash((label, grad)) % 1000)
         for mode in ("graph", "eager"):
-            if mode == "eager":
-                times = interleaved_medians(fns, [args], reps, device, warmup=2, shuffle=True,
-                                            seed=hash((label, grad)) % 1000)
-            else:
-                times = {}
-                for name, fn in fns.items():
-                    try:
-                        times[name] = graph_seconds(fn, args, reps, device)
-                    except Exception as err:
-                        status[f"{name}/graph"] = failed_status(err, 200)
-                        torch.cuda.synchronize(device)
+            times = by_mode[mode]
             base, peer = times.get("gamma"), times.get("fla")
             for name in entries:
                 t = times.get(name)

@@ -295,6 +295,32 @@ def interleaved_medians(fns: dict, arg_sets: Sequence[tuple], reps: int, device,
     return {k: median(v) for k, v in times.items()}
 
 
+def timed_entries(entries: dict, args: tuple, reps: int, device, seed: int = 0) -> tuple:
+    """``({"eager": {name: s}, "graph": {name: s}}, status)``: the median seconds of each entry
+    ``fn(*args)`` eager (interleaved, :func:`interleaved_medians`) and replayed from a CUDA graph
+    (:func:`graph_seconds`), and why an entry has none (``status[name]`` for its first call,
+    ``status[name + "/graph"]`` for its capture). Each entry is called once alone first, in
+    ``entries``' order (put the peers last: a call that raises must leave nothing behind for a
+    later capture)."""
+    fns, status = {}, {}
+    for name, fn in entries.items():
+        try:
+            fn(*args)
+            sync(device)
+            fns[name] = fn
+        except Exception as err:  # (a peer's refusal, say: recorded, not hidden)
+            status[name] = failed_status(err, 200)
+    times = {"eager": interleaved_medians(fns, [args], reps, device, warmup=2, shuffle=True,
+                                          seed=seed), "graph": {}}
+    for name, fn in fns.items():
+        try:
+            times["graph"][name] = graph_seconds(fn, args, reps, device)
+        except Exception as err:
+            status[f"{name}/graph"] = failed_status(err, 200)
+            sync(device)
+    return times, status
+
+
 def wall_per_call(fn: Callable, calls: int, device) -> float:
     """Wall seconds per call of ``calls`` back-to-back calls of ``fn()``, synchronised at the end:
     host and GPU overlapped, what a loop (a serving engine's steps) pays per call."""

@@ -33,8 +33,7 @@ import sys
 
 import torch
 
-from .harness import (failed_status, fla_chunk_simple_gla, gpu_main, graph_seconds,
-                      interleaved_medians, mamba_ssm_peer)
+from .harness import fla_chunk_simple_gla, gpu_main, mamba_ssm_peer, timed_entries
 
 #: (label, batch, seqlen, heads, headdim, dstate, ngroups): Codestral-Mamba / Nemotron-H's
 #: mixer, Zamba2's, a Falcon-H1-like one (d_state 256)
@@ -102,30 +101,6 @@ def floor_bytes(batch, n, heads, headdim, dstate, groups, grad: bool) -> int:
     return fwd + 3 * xy + 4 * bc + 2 * dt
 
 
-def _timed(entries: dict, args: tuple, reps: int, device, seed: int):
-    """Each entry's median seconds by mode, and why an entry has none: a first call each alone
-    (a call that raises leaves nothing behind for a later capture), then interleaved eager
-    calls and each captured in a CUDA graph."""
-    fns, status = {}, {}
-    for name, fn in entries.items():
-        try:
-            fn(*args)
-            torch.cuda.synchronize()
-            fns[name] = fn
-        except Exception as err:
-            status[name] = failed_status(err, 200)
-    times = {"eager": interleaved_medians(fns, [args], reps, device, warmup=2, shuffle=True,
-                                          seed=seed)}
-    times["graph"] = {}
-    for name, fn in fns.items():
-        try:
-            times["graph"][name] = graph_seconds(fn, args, reps, device)
-        except Exception as err:
-            status[f"{name}/graph"] = failed_status(err, 200)
-            torch.cuda.synchronize()
-    return times, status
-
-
 def _rows(what, label, shape, pass_, times, status, floor_ms, meta) -> list[dict]:
     rows = []
     for mode, by_name in times.items():
@@ -154,8 +129,8 @@ def measure(shape, device, bw, reps: int, meta: dict, peer, fla) -> list[dict]:
     rows = []
     for grad in (False, True):
         leaves, dy = _inputs(batch, n, heads, headdim, dstate, groups, device, grad)
-        times, status = _timed(_entries(peer, fla, grad), (leaves, dy), reps, device,
-                               seed=hash((label, grad)) % 1000)
+        times, status = timed_entries(_entries(peer, fla, grad), (leaves, dy), reps, device,
+                                      seed=hash((label, grad)) % 1000)
         floor = floor_bytes(batch, n, heads, headdim, dstate, groups, grad) / bw * 1e3
         rows += _rows("ssd", label, dims, "fwd+bwd" if grad else "fwd", times, status, floor,
                       meta)
@@ -185,7 +160,8 @@ def measure_block(device, reps: int, meta: dict, peer, batch: int = 2, n: int = 
         def call(u, du):
             return torch.autograd.grad(block(u), params, du)
         return call
-    times, status = _timed({k: entry(b) for k, b in blocks.items()}, (u, du), reps, device, 7)
+    times, status = timed_entries({k: entry(b) for k, b in blocks.items()}, (u, du), reps,
+                                  device, 7)
     dims = dict(batch=batch, seqlen=n, heads=128, headdim=64, dstate=128, ngroups=8)
     return _rows("block", "codestral", dims, "fwd+bwd", times, status, None, meta)
 
