@@ -379,7 +379,8 @@ def record_verdicts(claims, file: str, data_dir: str, gpu: str):
 
     from .tables import load_measured
     path = os.path.join(data_dir, HISTORY)
-    old = pd.read_csv(path) if os.path.exists(path) else load_measured(gpu, HISTORY)
+    old = pd.read_csv(path, dtype={"commit": str}) if os.path.exists(path) else \
+        load_measured(gpu, HISTORY)
     new = claims.assign(file=file).reindex(columns=list(HISTORY_COLUMNS))
     new = new[~new.commits.isin(["none", "paper"])].assign(gap=lambda d: d.gap.round(5))
     both = new if old is None else pd.concat([old, new], ignore_index=True)

@@ -72,7 +72,7 @@ def gpu_tables(gpu: str, live: bool, out_root: str, parts, names) -> list:
         return [load_measured(gpu, name) for name in names]
     folder = os.path.join(out_root, "data", gpu)
     related.main(["--out", folder, "--parts", *parts])
-    return [pd.read_csv(os.path.join(folder, name)) for name in names]
+    return [pd.read_csv(os.path.join(folder, name), dtype={"commit": str}) for name in names]
 
 
 def faster_verdict(ratios) -> tuple[str, float]:

@@ -110,7 +110,7 @@ def load(table: int):
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: the paper's tables live in the source checkout's "
                                 f"data/paper/ (reproducing needs a clone, not only the installed package)")
-    return pd.read_csv(path)
+    return pd.read_csv(path, dtype={"commit": str})
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def gpu_folders(root: str | None = None) -> list[str]:
 def _read(tag: str, name: str):
     import pandas as pd
     path = _paths.data(tag, name)
-    return pd.read_csv(path) if os.path.exists(path) else None
+    # (commit hashes as text: "7e07502" would read as a float)
+    return pd.read_csv(path, dtype={"commit": str}) if os.path.exists(path) else None
 
 
 def _commits(df) -> str:
@@ -404,6 +405,37 @@ def other_papers(tags: list[str]) -> str:
     return text
 
 
+def ssd(tags: list[str]) -> str:
+    """``make bench-ssd``'s cells: our Mamba-2 SSD (the drop-in) beside mamba_ssm's Triton
+    kernels, per shape, pass and mode, each × its floor, and ours over theirs (> 1: slower)."""
+    rows = []
+    for tag in tags:
+        for name in ("ssd.csv", "ssd_bf16_backward.csv"):
+            df = _read(tag, name)
+            if df is None:
+                continue
+            for (what, shape, pass_, mode), g in df.groupby(["what", "shape", "pass", "mode"],
+                                                           sort=False):
+                cell = g.set_index("entry")
+
+                def at(entry):
+                    if entry not in cell.index or cell.median_ms[entry] != cell.median_ms[entry]:
+                        return "-"
+                    floor = cell.vs_floor[entry]
+                    return f"{cell.median_ms[entry]:.3f} ms" + \
+                        (f" ({floor:.1f}× floor)" if floor == floor else "")
+                ratio = cell.vs_peer.get("ours") if "ours" in cell.index else None
+                rows.append([tag.upper(), name, f"{what} {shape}", pass_, mode, at("ours"),
+                             at("mamba_ssm"), _x(ratio), _commits(g)])
+    if not rows:
+        return "Nothing measured yet."
+    return ("bf16, a Mamba-2 layer's inputs (dt_bias, softplus, D); `ssd_bf16_backward.csv`: "
+            "the backward's sweeps in bf16, before the gates' gradient was made exact "
+            "(NOTES.md, \"Mamba-2's SSD on the operator: results\"):\n\n"
+            + _table(["GPU", "file", "cell", "pass", "mode", "ours", "mamba_ssm",
+                      "ours / mamba_ssm", "commit"], rows))
+
+
 def page() -> str:
     tags = gpu_folders()
     gpus = [t for t in tags if "x" not in t and t != "cpu"]
@@ -418,6 +450,7 @@ def page() -> str:
          layouts(gpus)),
         ("Serving (`make bench-serve`)", serving(gpus)),
         ("Sequence parallelism (`make bench-sp`)", sequence_parallel([t for t in tags if "x" in t])),
+        ("Mamba-2's SSD against mamba_ssm (`make bench-ssd`)", ssd(gpus)),
         ("The paper's claims (`make claims`)", claims(gpus)),
         ("The other papers (`make eca`, `make related`)",
          other_papers([t for t in tags if t == "cpu"] + gpus)),

@@ -42,7 +42,8 @@ def load_measured(gpu: str, name: str):
     """A committed measurement (``data/<gpu>/<name>``) or None."""
     import pandas as pd
     path = data_path(gpu, name)
-    return pd.read_csv(path) if os.path.exists(path) else None
+    # (commit hashes as text: "7e07502" would read as a float)
+    return pd.read_csv(path, dtype={"commit": str}) if os.path.exists(path) else None
 
 
 def from_kernel_bench(gpu: str, batch: int, decay: bool, dtype: str = "float32"):
