@@ -171,14 +171,19 @@ def test_a_mamba2_language_model_learns_bytes():
 
 
 @pytest.mark.slow  # a minute under the interpreter: the GPU matrix's Mamba-2 rows, made small
-def test_the_gpu_matrix_s_mamba_rows_run():
+def test_the_gpu_matrix_s_mamba_rows_run(monkeypatch):
     """``gpu_check.check_mamba`` (its GPU run: every argument, the 2²⁰-token edge, mamba_ssm's
-    packed test shape) on small sizes: every row passes."""
+    packed test shape) and ``check_groups`` (grouped B and C, γ alone and with gates) on small
+    sizes: every row passes."""
+    from leetrepro.bench import gpu_check
     from leetrepro.bench.gpu_check import check_mamba
     rows = []
     check_mamba(torch.float32, KERNEL_DEVICE, rows, {}, cases=[("small", 2, 70, 4, 16, 32, 2)],
                 long=3000, sequences=5)
-    assert rows and all(r["status"] == "pass" for r in rows), rows
+    monkeypatch.setattr(gpu_check, "GROUP_SHAPES", [(2, 4, 77, 16, 8, 2)])
+    gpu_check.check_groups(torch.float32, KERNEL_DEVICE, rows, {})
+    # (20 Mamba-2 rows; the grouped case with γ: O, S_N, dB, dC, dV, dS0, with gates dg too)
+    assert len(rows) == 20 + 6 + 7 and all(r["status"] == "pass" for r in rows), rows
 
 
 def test_the_ssd_bench_s_entries_and_floor():

@@ -24,6 +24,11 @@ oracle, gates alone and with γ, batched and packed (``cu_seqlens``), head-major
 (``GATE_SHAPES``), the gates' gradient held to :data:`leetrepro.reference.GATE_GRAD_TOLERANCE`;
 flash-linear-attention's simple_gla test cases through the drop-in (:func:`check_fla_cases`);
 a hard reset and strong gates over 2²⁰ rows (:func:`check_gate_edges`); decode steps with gates.
+
+Mamba-2 (``--mamba-only`` for these alone): mamba_ssm's ``mamba_chunk_scan_combined`` through the
+drop-in against the float64 recurrence with every argument and gradient, 2²⁰ tokens, and
+mamba_ssm's own packed test shape, mamba_ssm's Triton kernels' own errors beside ours where they
+import (:func:`check_mamba`); B and C in groups read in place by Chunk (:func:`check_groups`).
 """
 from __future__ import annotations
 
@@ -770,6 +775,62 @@ def _peer_errors(peer, kw, dy, dh, wanted) -> list:
         return [math.nan] * len(wanted)
 
 
+#: grouped cases (batch, heads, N, r, d, groups): Mamba-2's head shape (the Hopper kernel's
+#: r = 128, d = 64, 8 heads a group) and r = d = 64 with 4 heads a group at an odd N
+GROUP_SHAPES = [(2, 16, 1000, 128, 64, 2), (1, 8, 2049, 64, 64, 2)]
+
+
+def check_groups(dtype, device, rows, meta):
+    """B and C shared by groups of heads, read in place by Chunk: O, the final state and every
+    gradient (B's and C's summed over each group's heads) against float64 autograd through the
+    oracle, with γ alone (the backward's sweeps in the inputs' dtype, on the Hopper kernel where
+    it takes them) and with per-token gates too (the exact-dg backward), states in and out."""
+    m = next(x for x in methods() if x.abbr == "Chunk")
+    tol = default_tolerance(m, dtype)
+    for shape, gated in itertools.product(GROUP_SHAPES, (False, True)):
+        batch, heads, n, r, d, groups = shape
+        gen = torch.Generator(device=device).manual_seed(len(rows))
+        B, C = (torch.randn(batch, groups, n, r, device=device, generator=gen) * r ** -0.5
+                for _ in range(2))
+        V = torch.randn(batch, heads, n, d, device=device, generator=gen)
+        g = torch.nn.functional.logsigmoid(
+            torch.randn(batch, heads, n, device=device, generator=gen) + 2)
+        S0 = torch.randn(batch, heads, r, d, device=device, generator=gen)
+        gamma = gammas(heads, len(rows)).to(device)
+        base = dict(meta, method=m.name, abbr="Chunk", language=m.language,
+                    dtype=DTYPE_NAMES[dtype], precision="", decay=True, batch=batch, heads=heads,
+                    N=n, r=r, d=d, deterministic="",
+                    note=f"B and C in {groups} groups read in place; γ"
+                         + (" and per-token gates" if gated else "") + "; states in and out")
+        start = len(rows)
+        names = ["O", "S_N", "dB", "dC", "dV", "dS0"] + (["dg"] if gated else [])
+        try:
+            inputs = [t.to(dtype) for t in (B, C, V)] + [S0] + ([g] if gated else [])
+            leaves = [t.detach().requires_grad_() for t in inputs]
+            wide = [t.detach().double().requires_grad_() for t in leaves]
+            o, s = causal_linear_decoder(*leaves[:3], gamma, initial_state=leaves[3],
+                                         g=leaves[4] if gated else None,
+                                         output_final_state=True, method="Chunk")
+            wo, ws = reference(*wide[:3], gamma, initial_state=wide[3],
+                               g=wide[4] if gated else None, output_final_state=True)
+            dO = torch.randn(wo.shape, device=device, generator=gen, dtype=torch.float64)
+            dS = torch.randn(ws.shape, device=device, generator=gen, dtype=torch.float64)
+            got = [o, s] + list(torch.autograd.grad(
+                (o.double() * dO).sum() + (s.double() * dS).sum(), leaves))
+            want = [wo, ws] + list(torch.autograd.grad((wo * dO).sum() + (ws * dS).sum(), wide))
+            for q, a, w in zip(names, got, want):
+                err = rel_error(a, w)
+                t = GATE_GRAD_TOLERANCE[dtype] if q == "dg" else tol
+                ok = err <= t and bool(torch.isfinite(a).all())
+                rows.append(dict(base, quantity=q, rel_err=err, tol=t,
+                                 max_abs_err=(a.double() - w).abs().max().item(),
+                                 status="pass" if ok else "FAIL"))
+        except Exception as exc:
+            rows.append(dict(base, quantity="groups", rel_err=math.nan, status=_failed(exc)))
+        _print_mamba(rows, start, f"groups {shape} gates={gated}", dtype)
+        torch.cuda.empty_cache()
+
+
 def _print_mamba(rows, start, label, dtype):
     print(f"{'mamba':30s} {DTYPE_NAMES[dtype]:9s} {label[:28]:28s} "
           + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}"
@@ -964,6 +1025,7 @@ def main(argv=None) -> int:
         peer, rows = mamba_ssm_peer(), []
         for dtype in map(parse_dtype, args.dtypes):
             check_mamba(dtype, device, rows, meta, peer)
+            check_groups(dtype, device, rows, meta)
         return _report(rows, out, args.csv)
     cases = matrix(chosen, [parse_dtype(x) for x in args.dtypes], device, quick=args.quick,
                    heads_only=args.heads_only, layouts_only=args.layouts_only,
@@ -981,6 +1043,7 @@ def main(argv=None) -> int:
             check_fla_cases(dtype, device, rows, meta)
             check_gate_edges(dtype, device, rows, meta)
             check_mamba(dtype, device, rows, meta, peer)
+            check_groups(dtype, device, rows, meta)
     if args.serving:
         for dtype in map(parse_dtype, args.dtypes):
             for decay in (False, True):

@@ -175,8 +175,8 @@ def main(argv=None) -> int:
     p.add_argument("--hopper", action="store_true",
                    help="the Hopper kernel, fp16/bf16 × both masks × one pass/segments × forward/"
                         "reverse/reverse with the dual output, and fp32 (tf32) forward/reverse; "
-                        "with per-token gates and the gates' gradient's row dots (--configs "
-                        "ignored)")
+                        "with per-token gates and the gates' gradient's row dots, and B and C "
+                        "read by groups of heads (--configs ignored)")
     args = p.parse_args(argv)
     if args.hopper:
         # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's),
@@ -211,6 +211,13 @@ def main(argv=None) -> int:
                          f"{':reverse:dual' if dual else ''}{f':rowdot{rowdot}' if rowdot else ''}",
                          dict(dtype=dtype, decay=False, split=split, reverse=reverse, dual=dual,
                               gates=True, rowdot=rowdot)))
+        # B and C read by groups of heads (Mamba-2's 16 heads a group at d_state 128, headdim
+        # 64): the forward with gates, and the backward's dB sweep, whose V operand is the
+        # grouped C
+        for (r, d), groups in (((128, 64), (16, 16, 1, 1)), ((64, 128), (1, 1, 16, 1))):
+            jobs.append((f"groups bf16 {r}x{d}:gates:split",
+                         dict(dtype="bf16", decay=False, split=True, gates=True, r=r, d=d,
+                              groups=groups)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
