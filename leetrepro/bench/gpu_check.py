@@ -688,11 +688,7 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
                 for k, a, w in zip(got, ga, gw)]
             theirs = _peer_errors(peer, kw, dy, dh, [w for _, _, w, _ in results])
             for (q, a, w, t), p_err in zip(results, theirs):
-                err = rel_error(a, w)
-                ok = err <= t and bool(torch.isfinite(a).all())
-                rows.append(dict(case, quantity=q, rel_err=err, tol=t, peer_rel_err=p_err,
-                                 max_abs_err=(a.double() - w).abs().max().item(),
-                                 status="pass" if ok else "FAIL"))
+                rows.append(_judged(case, q, a, w, t, peer_rel_err=p_err))
         except Exception as exc:
             rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
         _print_mamba(rows, start, label, dtype)
@@ -708,10 +704,10 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
                                          return_final_states=True)
         tail = {k: kw[k][:, -300:] for k in ("x", "dt", "B", "C")}
         wy, _ = ssd_reference(**tail, A=kw["A"], dt_softplus=True)
-        err = rel_error(y[:, -280:], wy[:, 20:])
-        ok = bool(torch.isfinite(y).all() and torch.isfinite(h).all()) and err <= tol
-        rows.append(dict(case, quantity="y", rel_err=err, tol=tol,
-                         status="pass" if ok else "FAIL"))
+        row = _judged(case, "y", y[:, -280:], wy[:, 20:], tol)
+        if not bool(torch.isfinite(y).all() and torch.isfinite(h).all()):
+            row["status"] = "FAIL"
+        rows.append(row)
     except Exception as exc:
         rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
     _print_mamba(rows, start, f"{n} tokens", dtype)
@@ -748,11 +744,7 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
                 peer_note = (f"; mamba_ssm's Triton kernels: y {rel_error(py, wy):.1e}, states "
                              f"{rel_error(pstates, ws):.1e}")
             for q_, a, w in (("y", y, wy), ("varlen states", states, ws)):
-                err = rel_error(a, w)
-                ok = err <= tol and bool(torch.isfinite(a).all())
-                rows.append(dict(case, quantity=q_, rel_err=err, tol=tol, note=case["note"] + peer_note,
-                                 max_abs_err=(a.double() - w).abs().max().item(),
-                                 status="pass" if ok else "FAIL"))
+                rows.append(_judged(case, q_, a, w, tol, note=case["note"] + peer_note))
         except Exception as exc:
             rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
         _print_mamba(rows, start, f"mamba_ssm test, {groups} groups", dtype)
@@ -819,16 +811,22 @@ def check_groups(dtype, device, rows, meta):
                 (o.double() * dO).sum() + (s.double() * dS).sum(), leaves))
             want = [wo, ws] + list(torch.autograd.grad((wo * dO).sum() + (ws * dS).sum(), wide))
             for q, a, w in zip(names, got, want):
-                err = rel_error(a, w)
-                t = GATE_GRAD_TOLERANCE[dtype] if q == "dg" else tol
-                ok = err <= t and bool(torch.isfinite(a).all())
-                rows.append(dict(base, quantity=q, rel_err=err, tol=t,
-                                 max_abs_err=(a.double() - w).abs().max().item(),
-                                 status="pass" if ok else "FAIL"))
+                rows.append(_judged(base, q, a, w, GATE_GRAD_TOLERANCE[dtype] if q == "dg"
+                                    else tol))
         except Exception as exc:
             rows.append(dict(base, quantity="groups", rel_err=math.nan, status=_failed(exc)))
         _print_mamba(rows, start, f"groups {shape} gates={gated}", dtype)
         torch.cuda.empty_cache()
+
+
+def _judged(base: dict, quantity: str, got, want, tol: float, **extra) -> dict:
+    """A row of ``base`` for ``quantity``: ``got``'s error against ``want`` (float64), passing
+    within ``tol`` and finite."""
+    err = rel_error(got, want)
+    ok = err <= tol and bool(torch.isfinite(got).all())
+    return dict(base, quantity=quantity, rel_err=err, tol=tol,
+                max_abs_err=(got.double() - want).abs().max().item(),
+                status="pass" if ok else "FAIL", **extra)
 
 
 def _print_mamba(rows, start, label, dtype):
