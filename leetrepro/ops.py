@@ -464,6 +464,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # tf32x3; the PyTorch methods are exact fp32), its gradients rounded back
         wide = [x.float() for x in (dO, B, C, V)]
         exact = dict(opts, fp32_precision="tf32x3") if "fp32_precision" in m.options else opts
+        if exact.get("kernel") == "hopper":  # (its fp32 is tf32 only: the portable kernel's)
+            exact["kernel"] = "portable"
         if dS is not None and SN is not None and SN.numel():
             # the forward's final state enters every row's dg through ⟨dS_N, S_N⟩ (and A's
             # gradient that sum times all of dt): its own rounding would too, so it is taken

@@ -691,7 +691,7 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
                 rows.append(_judged(case, q, a, w, t, peer_rel_err=p_err))
         except Exception as exc:
             rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
-        _print_mamba(rows, start, label, dtype)
+        _print_rows(rows, start, label, dtype)
     # 2^20 tokens (int32 offsets and long running sums): finite, the last rows exact (the decay
     # over the 20 rows before them makes what came earlier vanish)
     start, n = len(rows), long
@@ -710,7 +710,7 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
         rows.append(row)
     except Exception as exc:
         rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
-    _print_mamba(rows, start, f"{n} tokens", dtype)
+    _print_rows(rows, start, f"{n} tokens", dtype)
     gen = torch.Generator(device="cpu").manual_seed(300)
     lengths = torch.randint(1, 200, (sequences,), generator=gen)
     cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(device=device, dtype=torch.int32)
@@ -730,8 +730,7 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
                                                   seq_idx=seq_idx, dt_softplus=True,
                                                   return_varlen_states=True)
             dt = torch.nn.functional.softplus(kw["dt"].double())
-            q, k = (kw[n].double().repeat_interleave(64 // groups, 2).transpose(1, 2)
-                    for n in ("C", "B"))
+            q, k = (kw[n].double().transpose(1, 2) for n in ("C", "B"))  # (the oracle's groups)
             wy, ws = reference(q, k, (kw["x"].double() * dt[..., None]).transpose(1, 2),
                                g=(dt * kw["A"].double()).transpose(1, 2), cu_seqlens=cu,
                                output_final_state=True)
@@ -747,7 +746,7 @@ def check_mamba(dtype, device, rows, meta, peer=None, *, cases=MAMBA_CASES, long
                 rows.append(_judged(case, q_, a, w, tol, note=case["note"] + peer_note))
         except Exception as exc:
             rows.append(dict(case, quantity="mamba", rel_err=math.nan, status=_failed(exc)))
-        _print_mamba(rows, start, f"mamba_ssm test, {groups} groups", dtype)
+        _print_rows(rows, start, f"mamba_ssm test, {groups} groups", dtype)
         torch.cuda.empty_cache()
 
 
@@ -815,7 +814,7 @@ def check_groups(dtype, device, rows, meta):
                                     else tol))
         except Exception as exc:
             rows.append(dict(base, quantity="groups", rel_err=math.nan, status=_failed(exc)))
-        _print_mamba(rows, start, f"groups {shape} gates={gated}", dtype)
+        _print_rows(rows, start, f"{shape} gates={gated}", dtype, "groups")
         torch.cuda.empty_cache()
 
 
@@ -829,8 +828,8 @@ def _judged(base: dict, quantity: str, got, want, tol: float, **extra) -> dict:
                 status="pass" if ok else "FAIL", **extra)
 
 
-def _print_mamba(rows, start, label, dtype):
-    print(f"{'mamba':30s} {DTYPE_NAMES[dtype]:9s} {label[:28]:28s} "
+def _print_rows(rows, start, label, dtype, kind: str = "mamba"):
+    print(f"{kind:30s} {DTYPE_NAMES[dtype]:9s} {label[:28]:28s} "
           + " ".join(f"{r['quantity']}={r['rel_err']:.1e}:{r['status'][:4]}"
                      + (f"(peer {r['peer_rel_err']:.0e})" if r.get('peer_rel_err') == r.get('peer_rel_err')
                         and r.get('peer_rel_err') is not None else "") for r in rows[start:]),

@@ -16,6 +16,7 @@ import math
 import torch
 from torch import nn
 
+from .._inputs import expand_groups
 from ..compat import mamba_chunk_scan_combined
 from ..decode import decode_step
 
@@ -107,8 +108,8 @@ class Mamba2Block(nn.Module):
         dt = torch.nn.functional.softplus(dt.float() + self.dt_bias.float())
         if tuple(self.dt_limit) != (0.0, math.inf):
             dt = dt.clamp(*self.dt_limit)
-        rep = self.heads // self.ngroups
-        query, key = (t.repeat_interleave(rep, 1)[:, :, None] for t in (C, B))  # (batch, heads, 1, N)
+        # (the decode step reads a head each: the groups expanded, one token's worth)
+        query, key = (expand_groups(t, self.heads)[:, :, None] for t in (C, B))  # (batch, heads, 1, N)
         v = (x.float() * dt[..., None]).to(x.dtype)[:, :, None]                   # (batch, heads, 1, P)
         y = decode_step(query.to(x.dtype), key.to(x.dtype), v, None, pool, slots,
                         g=(dt * -torch.exp(self.A_log.float()))[..., None])[:, :, 0]
