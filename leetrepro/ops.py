@@ -45,11 +45,15 @@ and −G_j column j's, so
     dG_i = b_i·db_i − c_i·dc_i  (+ ⟨dS_N, S_N⟩ at the last row),   dg_t = Σ_(i ≥ t) dG_i,
 
 a row dot of each input with its gradient and a reverse running sum per head (per sequence when
-packed): dg asks for dB and dC even where B and C are frozen. Gradients flow to ``g``, never to
-``gamma``. The exact sum is small against its terms, so rounding inside the sweeps' products
-(fp16/bf16 operands, tf32) adds up along it: a backward asked for dg runs its sweeps on fp32
-copies at fp32-exact dots (the kernels' tf32x3) and takes S_N again, exact
-(``reference.GATE_GRAD_TOLERANCE``).
+packed). Gradients flow to ``g``, never to ``gamma``. That running sum is small against its
+terms, so rounding inside the sweeps' products (fp16/bf16 operands, tf32) adds up along it. The
+same dg is the sum of the terms A_ij = M_ij (b_i·c_j)(dO_i·v_j) over the pairs j < t ≤ i that
+straddle row t (the initial state a column before the first row, dS_N a row after the last),
+each term with its own sign: the straddle kernel (:func:`leetrepro.methods.chunk.gate_gradient`,
+``kernels/gate_straddle.py``) sums them by segments from the forward and backward states at the
+segments' ends, in the inputs' dtype, and asks for no sweep (frozen B and C cost nothing). Where
+it cannot run (float64; a CPU without Triton's interpreter), the row dots are taken, from sweeps
+on fp32 copies at fp32-exact dots and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
 
 **Groups**: B and C may have fewer heads than V (each shared by a group of heads, Mamba-2's
 B and C): a method with ``Method.groups`` (Chunk) reads a group's rows for each head in place and
@@ -60,6 +64,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 
 import torch
 
@@ -453,19 +458,20 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             raise ValueError("the operator in reverse time with gates has no backward here")
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
-    need_b, need_c = need_b or need_g, need_c or need_g  # (dg is read off dB and dC)
-    if need_g and not _exact_dots(m, opts, B.dtype) and \
+    straddle = need_g and _straddles(V)
+    if need_g and not straddle:
+        need_b, need_c = True, True  # (dg is read off dB and dC)
+    if need_g and not straddle and not _exact_dots(m, opts, B.dtype) and \
             (B.dtype != torch.float32 or "fp32_precision" in m.options):
-        # dg is a running sum to the end of the sequence of terms whose exact sum is small, and
-        # a parameter that sums dg over the rows (Mamba-2's A and dt_bias) sums that running
-        # sum again: any rounding inside the sweeps' products (fp16/bf16 operands, tf32) adds
-        # up to a wrong direction there (measured: dA 0.2-3 relative in bf16, NOTES.md). So
-        # the backward asked for dg runs on fp32 copies with fp32-exact dots (the kernels'
-        # tf32x3; the PyTorch methods are exact fp32), its gradients rounded back
+        # without the straddle kernel (a CPU without Triton's interpreter), dg is the row dots'
+        # running sum to the end of the sequence, of terms whose exact sum is small, and a
+        # parameter that sums dg over the rows (Mamba-2's A and dt_bias) sums that running sum
+        # again: any rounding inside the sweeps' products (fp16/bf16 operands, tf32) adds up to
+        # a wrong direction there (measured: dA 0.2-3 relative in bf16, NOTES.md). So that
+        # backward runs on fp32 copies with fp32-exact dots (the PyTorch methods: exact fp32),
+        # its gradients rounded back
         wide = [x.float() for x in (dO, B, C, V)]
         exact = dict(opts, fp32_precision="tf32x3") if "fp32_precision" in m.options else opts
-        if exact.get("kernel") == "hopper":  # (its fp32 is tf32 only: the portable kernel's)
-            exact["kernel"] = "portable"
         if dS is not None and SN is not None and SN.numel():
             # the forward's final state enters every row's dg through ⟨dS_N, S_N⟩ (and A's
             # gradient that sum times all of dt): its own rounding would too, so it is taken
@@ -478,6 +484,10 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         return tuple(x.to(ref.dtype) if k and i < 3 else
                      (_into(x.to(g.dtype), g, None) if k and i == 4 else x)
                      for i, (x, ref, k) in enumerate(zip(res, (B, C, V, V, V), wanted)))
+    if not (need_b or need_c or need_v or need_s0):  # dg alone: no sweep
+        return tuple(V.new_empty(0) for _ in range(4)) + (
+            _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
+                  .to(g.dtype), g, None),)
     if m.gradients is not None and initial_state is None and dS is None and cu_seqlens is None \
             and not reverse and gate is None and (need_b or need_c or need_v):
         grads = m.gradients(dO * scale if scale != 1.0 else dO, B, C, V, gamma, **opts)
@@ -494,7 +504,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
     # dg's row dots b·db and c·dc from the sweeps' fp32 outputs (a method that writes them),
     # else from the gradients as stored (then rounded to their dtype)
-    fused = need_g and m.rowdot and _rowdot_fits(B, V)
+    fused = need_g and not straddle and m.rowdot and _rowdot_fits(B, V)
     dots_b = dots_c = None
     if fused:
         dots_b, dots_c = (torch.empty(V.shape[:3], dtype=torch.float32, device=B.device)
@@ -528,7 +538,10 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         extra = dict(rowdot=(B, dots_b)) if fused else {}
         dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call, **extra)
     dg = None
-    if need_g:
+    if straddle:
+        dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
+                   .to(g.dtype), g, None)
+    elif need_g:
         dots = (dots_b, dots_c) if fused else None
         # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
         dg = _into(gate_gradient(expand_groups(B, heads) if dots is None else B, dB,
@@ -541,6 +554,22 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     # one another (one shared empty tensor made every partial backward raise)
     return tuple(x if k else V.new_empty(0)
                  for x, k in zip((dB, dC, dV, dS0, dg), wanted))
+
+
+def _straddles(V: torch.Tensor) -> bool:
+    """Whether the gates' gradient is taken by its straddle kernel
+    (:func:`leetrepro.methods.chunk.gate_gradient`): fp16/bf16/fp32 on a GPU, or under Triton's
+    interpreter; float64 and a CPU without the interpreter take the row dots
+    (:func:`gate_gradient`)."""
+    from .methods import chunk
+    return V.dtype in (torch.float16, torch.bfloat16, torch.float32) and chunk.HAS_TRITON and \
+        (V.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):
+    from .methods import chunk
+    return chunk.gate_gradient(B, C, V, dO, gate, initial_state=initial_state, dS=dS,
+                               cu_seqlens=cu_seqlens, scale=scale)
 
 
 def _exact_dots(m: Method, opts: dict, dtype: torch.dtype) -> bool:

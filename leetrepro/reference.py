@@ -148,15 +148,13 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, tor
 TF32_TOLERANCE = 5e-3
 #: The gates' gradient dg (per-token gates): dg_t = Σ_(i ≥ t) (b_i·db_i − c_i·dc_i), a running
 #: sum to the end of the sequence of terms whose exact sum is small (only the pairs of rows on
-#: either side of t count, the decay cuts the rest), so any rounding inside the products adds up
-#: along the sum (and again where a parameter sums dg over the rows: Mamba-2's A and dt_bias).
-#: The backward asked for dg therefore computes its sweeps at fp32-exact dots on fp32 copies
-#: (:mod:`leetrepro.ops`), whatever the inputs' dtype, and takes the final state again for
-#: ⟨dS_N, S_N⟩: what remains is the rounding of the incoming gradient and of the inputs as
-#: given, measured on the H200 at 1.7e-3 in bf16 and 2e-5 in fp32 (NOTES.md, "Mamba-2's SSD").
-#: fp16/bf16 are held to the contract; fp32 with exact dots to 5e-5.
+#: either side of t count, the decay cuts the rest), so rounding inside the products would add
+#: up along that sum (and again where a parameter sums dg over the rows: Mamba-2's A and
+#: dt_bias). The backward sums the straddling pairs themselves instead (:mod:`leetrepro.ops`):
+#: each dg_t carries only its own terms' rounding, in the inputs' dtype. fp16/bf16 are held to
+#: the contract; fp32 (fp32-exact dots in that kernel) to 5e-5.
 GATE_GRAD_TOLERANCE = {torch.float64: 1e-10, torch.float32: 5e-5, torch.float16: 1e-2,
                        torch.bfloat16: 1e-2}
-#: dg of a float32 call whose forward runs through tf32 dots (the kernels' default): its final
-#: state is taken again exactly, its sweeps exact; 5e-4 leaves room for strong gates
+#: dg of a float32 call whose sweeps run through tf32 dots (the kernels' default): dg itself is
+#: summed at fp32-exact dots, the other gradients at tf32; 5e-4 leaves room for strong gates
 GATE_GRAD_TF32_TOLERANCE = 5e-4

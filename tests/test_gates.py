@@ -368,3 +368,92 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
     want = torch.autograd.grad((want_o * dO).sum() + (want_s * dS).sum(), wide)
     for name, a, b in zip("BCVg", got, want):
         assert rel_error(a, b) <= (2e-3 if name == "g" else 1e-2), f"d{name}: {rel_error(a, b):.2e}"
+
+
+@pytest.mark.parametrize("case", quick_lane([
+    dict(),
+    dict(groups=1, scale=0.3),
+    dict(packed=True),
+    dict(r=40, d=130, n=100, states=False),
+    dict(dtype=torch.float16, gamma=False),
+]))
+def test_the_straddle_kernel_is_the_gates_gradient(case):
+    """The gates' gradient summed over the pairs of rows straddling each row
+    (``kernels/gate_straddle.py``) against the float64 oracle's: groups read in place, packed sequences (an empty one among them)
+    each with its own states, the initial state and dS_N, scale, r ≠ d with the value columns
+    over two lanes (d > 64), N across 256-row segments and not a multiple of the blocks, fp16."""
+    from leetrepro._decay import fold_gates
+    from leetrepro.methods.chunk import gate_gradient
+
+    dtype, n, r, d = case.get("dtype", torch.float32), case.get("n", 300), case.get("r", 16), \
+        case.get("d", 24)
+    heads, groups = 4, case.get("groups", 2)
+    packed, states, scale = case.get("packed", False), case.get("states", True), \
+        case.get("scale", 1.0)
+    batch = 1 if packed else 2
+    cu = torch.tensor([0, 30, 30, 290, n], dtype=torch.int32) if packed else None
+    gen = torch.Generator().manual_seed(71)
+    B, C = (torch.randn(batch, groups, n, r, generator=gen) for _ in range(2))
+    V = torch.randn(batch, heads, n, d, generator=gen)
+    g = _gates(batch, heads, n, seed=72)
+    gam = random_gammas(heads, 73) if case.get("gamma", True) else None
+    count = batch if cu is None else cu.numel() - 1
+    S0 = torch.randn(count, heads, r, d, generator=gen) if states else None
+    B, C, V = (t.to(dtype) for t in (B, C, V))
+    gw = g.double().requires_grad_()
+    o, sn = reference(*(t.double() for t in (B, C, V)), gam, g=gw,
+                      initial_state=None if S0 is None else S0.double(), output_final_state=True,
+                      cu_seqlens=cu)
+    dO = torch.randn(o.shape, generator=gen, dtype=torch.float64)
+    dS = torch.randn(sn.shape, generator=gen, dtype=torch.float64) if states else None
+    loss = (o * dO).sum() * scale + ((sn * dS).sum() if states else 0.0)
+    want, = torch.autograd.grad(loss, gw)
+    gate = fold_gates(g, gam, torch.float32)
+    dev = KERNEL_DEVICE
+    got = gate_gradient(*(t.to(dev) for t in (B, C, V)), dO.to(dtype).to(dev), gate.to(dev),
+                        initial_state=None if S0 is None else S0.to(dev),
+                        dS=None if dS is None else dS.float().to(dev),
+                        cu_seqlens=None if cu is None else cu.to(dev), scale=scale)
+    assert got.dtype == torch.float32 and got.shape == g.shape
+    assert torch.isfinite(got).all()
+    assert rel_error(got.cpu(), want) <= (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def test_a_backward_asked_for_the_gates_alone_runs_no_sweep(monkeypatch):
+    """dg alone (B, C, V frozen): the straddle kernel only, no operator sweep."""
+    from leetrepro import ops
+    B, C, V = make_inputs(2, 3, 90, 8, 5, device=KERNEL_DEVICE, seed=81)
+    g = _gates(2, 3, 90, seed=82, device=KERNEL_DEVICE).requires_grad_()
+    out = causal_linear_decoder(B, C, V, g=g, method="Chunk", fp32_precision="ieee")
+    calls = []
+    real = ops.run
+    monkeypatch.setattr(ops, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dO = torch.randn_like(out)
+    got, = torch.autograd.grad(out, g, dO)
+    assert calls == []
+    wide = g.detach().double().requires_grad_()
+    want, = torch.autograd.grad(reference(*(t.double() for t in (B, C, V)), g=wide), wide,
+                                dO.double())
+    assert rel_error(got, want) <= GATE_GRAD_TOLERANCE[torch.float32]
+
+
+def test_without_the_straddle_kernel_the_row_dots_give_the_same_gradient(monkeypatch):
+    """Where the straddle kernel cannot run (a CPU without Triton's interpreter), the row dots'
+    running sum on fp32 copies gives dg within the same contract, fp16 inputs with γ and a final
+    state in the loss."""
+    from leetrepro import ops
+    monkeypatch.setattr(ops, "_straddles", lambda V: False)
+    B, C, V = make_inputs(2, 3, 150, 8, 5, dtype=torch.float16, seed=91)
+    g = _gates(2, 3, 150, seed=92)
+    gam = random_gammas(3, 93)
+    leaves = [t.detach().clone().requires_grad_() for t in (B, C, V, g)]
+    out, s = causal_linear_decoder(*leaves[:3], gam, g=leaves[3], output_final_state=True,
+                                   method="LA_torch")
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    want_o, want_s = reference(*wide[:3], gam, g=wide[3], output_final_state=True)
+    gen = torch.Generator().manual_seed(94)
+    dO, dS = (torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in (want_o, want_s))
+    got = torch.autograd.grad((out.double() * dO).sum() + (s.double() * dS).sum(), leaves)
+    want = torch.autograd.grad((want_o * dO).sum() + (want_s * dS).sum(), wide)
+    for name, a, b in zip("BCVg", got, want):
+        assert rel_error(a, b) <= (2e-3 if name == "g" else 1e-2), f"d{name}: {rel_error(a, b):.2e}"

@@ -36,10 +36,13 @@ from ._gpu import (NoTriton, cdiv, dot_precision, gpu_tag, launch, next_pow2,
 try:
     from triton.runtime.errors import OutOfResources
 
-    from ..kernels import _tiles as tiles, chunk_scan as scan_kernels, chunk_state as state_kernels
+    from ..kernels import (_tiles as tiles, chunk_scan as scan_kernels,
+                           chunk_state as state_kernels, gate_straddle as straddle_kernels)
 except ImportError as err:  # without Triton: a clear error when a kernel is called
-    tiles = scan_kernels = state_kernels = NoTriton(err)
+    tiles = scan_kernels = state_kernels = straddle_kernels = NoTriton(err)
     OutOfResources = NoTriton.Error
+#: whether Triton (and so the portable kernels) imported
+HAS_TRITON = not isinstance(straddle_kernels, NoTriton)
 try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -866,6 +869,59 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     # (batch, heads, d blocks, BLOCK_R, BLOCK_D) -> (batch, heads, r, d)
     return s.permute(0, 1, 3, 2, 4).reshape(batch, heads, cfg["BLOCK_R"], -1)[:, :, :r, :d].contiguous()
 
+
+#: the gates' gradient's row blocks, and blocks per segment (one workspace state per segment)
+STRADDLE_BLOCK_N = 64
+STRADDLE_SEGMENT_BLOCKS = 4
+
+
+def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.Tensor,
+                  g: torch.Tensor, *, initial_state: torch.Tensor | None = None,
+                  dS: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                  scale: float = 1.0) -> torch.Tensor:
+    """dg, float32 ``(batch, heads, N)``: the gradient to the per-token gates ``g`` (float32
+    ``(batch, heads, N)``, any strides, γ folded in) of ⟨dO, O⟩ + ⟨dS, S_N⟩ for
+    O = scale·op(B, C, V) with the mask exp(G_i − G_j), as the sum over the pairs of rows
+    straddling each row (``kernels/gate_straddle.py``), never a difference of long running
+    sums: as accurate in fp16/bf16 as fp32 allows (``reference.GATE_GRAD_TOLERANCE``).
+
+    B, C ``(batch, heads or groups, N, r)``, V, dO ``(batch, heads, N, d)``, fp16/bf16/fp32,
+    each in any layout whose last dimension is contiguous, read in place; ``initial_state``
+    and ``dS`` ``(batch or sequences, heads, r, d)``; ``cu_seqlens``: packed sequences, a batch
+    of one. Two passes over the rows per (batch, head), O(N·(r·d + 256·(r + d))) each; a
+    workspace of one fp32 r × d state per 256 rows."""
+    batch, heads, n, d = V.shape
+    r = B.shape[-1]
+    if n == 0 or B.numel() == 0 or V.numel() == 0:
+        return V.new_zeros(batch, heads, n, dtype=torch.float32)
+    if os.environ.get("TRITON_INTERPRET") == "1" and V.dtype == torch.bfloat16:
+        B, C, V, dO = (x.float() for x in (B, C, V, dO))  # (the interpreter's bf16 dot is wrong)
+    B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
+    seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+    block_r = next_pow2(r)
+    block_d = min(next_pow2(d), 64 if block_r <= 128 else 32)
+    n_db = cdiv(d, block_d)
+    seg = STRADDLE_BLOCK_N * STRADDLE_SEGMENT_BLOCKS
+    slots = cdiv(n, seg) + (0 if cu_seqlens is None else seqs)
+    ws = torch.empty((seqs if cu_seqlens is None else 1) * heads * n_db, slots, block_r,
+                     block_d, dtype=torch.float32, device=V.device)
+    dg = (torch.empty if cu_seqlens is None else torch.zeros)(
+        n_db, batch, heads, n, dtype=torch.float32, device=V.device)
+    K = tiles.constants(dict(BLOCK_N=STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d),
+                        PRECISION=dot_precision(V.dtype, "tf32x3"), VARLEN=cu_seqlens is not None,
+                        HAS_S0=initial_state is not None, HAS_DS=dS is not None,
+                        HALF_RANGE=V.dtype == torch.float16, SEG_BLOCKS=STRADDLE_SEGMENT_BLOCKS,
+                        GROUPS=(heads // B.shape[1], heads // C.shape[1], 1, 1))
+    state = (lambda x: None if x is None else x.to(torch.float32).contiguous())
+    size = (n, r, d, heads, slots)
+    grid = (seqs * heads * n_db,)
+    common = dict(DO=strided(dO), G=strided(g.to(torch.float32)), WS=ws, CU=cu_seqlens, SIZE=size,
+                  K=K, num_warps=8)
+    straddle_kernels.backward_states[grid](Bt=strided(B), DS=state(dS), INV_SCALE=1.0 / scale,
+                                           **common)
+    straddle_kernels.straddle_gradient[grid](Bt=strided(B), Ct=strided(C), V=strided(V),
+                                             S0=state(initial_state), DG=dg, **common)
+    return (dg.sum(0) if n_db > 1 else dg[0]) * scale
 
 # the launch tables and plans that read data/<gpu>/ are forgotten when a table is rewritten
 on_change(_config.cache_clear)

@@ -1,0 +1,232 @@
+"""The gates' gradient from the pairs of rows that straddle each row.
+
+With per-token gates (M[i, j] = exp(G_i − G_j), G the gates' running sum), a pair of a row i and
+a column j ≤ i adds A_ij = M_ij (b_i·c_j)(dO_i·v_j) to the loss, and g_t sits inside G_i − G_j
+exactly when j < t ≤ i: so dg_t is the sum of A_ij over the pairs that straddle t, the initial
+state counting as a column before row 0 and the final state's gradient as a row after the last
+(``leetrepro.ops``' docstring has the row-dot form it equals). Every term enters with its own
+sign and no large sum is subtracted from another, so each dg_t is as accurate as its own terms,
+in fp16/bf16 too, where the row-dot form's long running difference is not.
+
+A segment of rows P..E (``SEG`` = NB blocks of ``BLOCK_N``) takes its straddling pairs in four
+kinds, with F_P the forward state entering it (Σ_(j<P) e^(G_(P−1) − G_j) c_jᵀ v_j, plus the
+initial state decayed) and R_(E+1) the backward state leaving it (Σ_(i>E) e^(G_i − G_E) b_iᵀ dO_i,
+plus dS_N):
+
+    j < P,     i > E        e^(G_E − G_(P−1)) ⟨F_P, R_(E+1)⟩, one number for the whole segment
+    j < P,     t ≤ i ≤ E    running sums from the segment's end of e^(G_i − G_(P−1)) dO_i·(b_i F_P)
+    P ≤ j < t, i > E        running sums from its start of e^(G_E − G_j) (c_j R_(E+1))·v_j
+    P ≤ j < t ≤ i ≤ E       the segment's own pairs, a (BLOCK_N × BLOCK_N) tile per pair of
+                            blocks: the diagonal tiles straddle inside, the others add their
+                            row sums, column sums or total to the blocks they span
+
+Two launches per lane (batch or sequence, head, value-column block): :func:`backward_states`
+writes R at each segment's end in reverse time (workspace ``(lanes, slots, BLOCK_R, BLOCK_D)``
+fp32, one state per segment: the size of dO in bf16 at r = d), then :func:`straddle_gradient`
+carries F forward and writes each row's dg. The terms are linear in V's columns, so a lane
+holds a block of them and the launcher sums the blocks' partial dg. Dot operands in the input
+dtype (F and R rounded to it, fp16 scaled into range), accumulation in fp32: O(N·(r·d + SEG·(r+d)))
+per lane, a little more than one operator sweep.
+"""
+import triton
+import triton.language as tl
+
+from ._tiles import columns, lane_rows, load_gates, load_rows, row_positions, state_operand
+
+
+@triton.jit
+def _lane(CU, SIZE, K: tl.constexpr):
+    """(sequence or batch, head, first value column, first row, rows, workspace row, first slot)
+    of this program's lane; a packed sequence's slots start at seq + bos // SEG, which no two
+    sequences share."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    VARLEN: tl.constexpr = K.VARLEN
+    NB: tl.constexpr = K.SEG_BLOCKS
+    N, R, D, H, SLOTS = SIZE
+    lane = tl.program_id(0)
+    n_db = tl.cdiv(D, BLOCK_D)
+    bh = lane // n_db
+    d0 = (lane % n_db) * BLOCK_D
+    seq = bh // H
+    head = (bh % H).to(tl.int64)
+    if VARLEN:
+        bos = tl.load(CU + seq).to(tl.int64)
+        n = tl.load(CU + seq + 1).to(tl.int64) - bos
+        row = head * n_db + lane % n_db
+        slot0 = seq + bos // (NB * BLOCK_N)
+    else:
+        bos = 0
+        n = N
+        row = lane
+        slot0 = 0
+    return seq, head, d0, bos, n, row.to(tl.int64), slot0
+
+
+@triton.jit
+def _segment_block(g_rows, P, q, base, n, BLOCK_N: tl.constexpr):
+    """Block q of the segment at row P: (in range, physical rows, G − G_(P−1) per row) where
+    ``base`` is the sum of the segment's gates before the block."""
+    ok, phys = row_positions(P + q * BLOCK_N, n, BLOCK_N, False)
+    return ok, phys, base + tl.cumsum(load_gates(g_rows, phys, ok), axis=0)
+
+
+@triton.jit
+def _block_totals(g_rows, P, n, NB: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The segment's gate sum per block, [NB] fp32."""
+    blk = tl.arange(0, NB)
+    tot = tl.zeros((NB,), dtype=tl.float32)
+    for q in tl.static_range(NB):
+        ok, phys = row_positions(P + q * BLOCK_N, n, BLOCK_N, False)
+        tot += tl.where(blk == q, tl.sum(load_gates(g_rows, phys, ok), axis=0), 0.0)
+    return tot
+
+
+@triton.jit
+def _before(tot, q, NB: tl.constexpr):
+    """Σ of ``tot`` over the blocks before q."""
+    return tl.sum(tl.where(tl.arange(0, NB) < q, tot, 0.0), axis=0)
+
+
+@triton.jit
+def backward_states(Bt, DO, G, WS, DS, CU, INV_SCALE, SIZE, K: tl.constexpr):
+    """R_(E+1) for every segment of a lane, into ``WS`` (module docstring). Bt, DO, G:
+    ``(pointer, batch stride, head stride, row stride)`` (G the gates, γ folded in, float32);
+    DS: dS_N ``(batch or sequences, heads, r, d)`` contiguous where ``K.HAS_DS``, divided by
+    the operator's scale (``INV_SCALE``: the other terms leave it out, the launcher multiplies
+    dg by it); ``CU``: the packed sequences' offsets (``K.VARLEN``); ``SIZE = (N, R, D, H,
+    SLOTS)``, SLOTS the workspace's slots per row; ``K``: :data:`_tiles.Constants`."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    NB: tl.constexpr = K.SEG_BLOCKS
+    PRECISION: tl.constexpr = K.PRECISION
+    GB: tl.constexpr = K.GROUPS[0]
+    N, R, D, H, SLOTS = SIZE
+    seq, head, d0, bos, n, row, slot0 = _lane(CU, SIZE, K)
+    b_rows = lane_rows(Bt, seq, head // GB, bos, K.VARLEN)
+    o_rows = lane_rows(DO, seq, head, bos, K.VARLEN)
+    g_rows = lane_rows(G, seq, head, bos, K.VARLEN)
+    cols_r = columns(0, R, BLOCK_R)
+    cols_d = columns(d0, D, BLOCK_D)
+    tile = cols_r[0][:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    if K.HAS_DS:
+        ds = DS + (seq.to(tl.int64) * H + head) * R * D
+        state = tl.load(ds + cols_r[0][:, None] * D + cols_d[0][None, :],
+                        mask=cols_r[1][:, None] & cols_d[1][None, :], other=0.0).to(tl.float32)
+        state = state * INV_SCALE
+    SEG: tl.constexpr = NB * BLOCK_N
+    n_seg = tl.cdiv(n, SEG)
+    for kk in range(0, n_seg):
+        k = n_seg - 1 - kk
+        P = k * SEG
+        tl.store(WS + ((row * SLOTS + slot0 + k) * BLOCK_R * BLOCK_D) + tile, state)
+        local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+        tot = _block_totals(g_rows, P, n, NB, BLOCK_N)
+        for q in tl.static_range(NB):
+            ok, phys, Gq = _segment_block(g_rows, P, q, _before(tot, q, NB), n, BLOCK_N)
+            b = load_rows(b_rows, phys, ok, cols_r)
+            do = load_rows(o_rows, phys, ok, cols_d)
+            w = tl.where(ok, tl.exp(Gq), 0.0)  # e^(G_i − G_(P−1)) ≤ 1
+            local = tl.dot(tl.trans((b.to(tl.float32) * w[:, None]).to(b.dtype)), do, acc=local,
+                           input_precision=PRECISION)
+        state = state * tl.exp(tl.sum(tot, axis=0)) + local
+
+
+@triton.jit
+def straddle_gradient(Bt, Ct, V, DO, G, WS, S0, DG, CU, SIZE, K: tl.constexpr):
+    """Each row's dg (partial over this lane's value columns) into ``DG`` (float32
+    ``(column blocks, batch, heads, N)``, contiguous), from R in ``WS`` (:func:`backward_states`)
+    and F carried from S0 ``(batch or sequences, heads, r, d)`` contiguous (``K.HAS_S0``)."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    NB: tl.constexpr = K.SEG_BLOCKS
+    PRECISION: tl.constexpr = K.PRECISION
+    HALF_RANGE: tl.constexpr = K.HALF_RANGE
+    GB: tl.constexpr = K.GROUPS[0]
+    GC: tl.constexpr = K.GROUPS[1]
+    N, R, D, H, SLOTS = SIZE
+    seq, head, d0, bos, n, row, slot0 = _lane(CU, SIZE, K)
+    b_rows = lane_rows(Bt, seq, head // GB, bos, K.VARLEN)
+    c_rows = lane_rows(Ct, seq, head // GC, bos, K.VARLEN)
+    v_rows = lane_rows(V, seq, head, bos, K.VARLEN)
+    o_rows = lane_rows(DO, seq, head, bos, K.VARLEN)
+    g_rows = lane_rows(G, seq, head, bos, K.VARLEN)
+    cols_r = columns(0, R, BLOCK_R)
+    cols_d = columns(d0, D, BLOCK_D)
+    tile = cols_r[0][:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    n_db = tl.cdiv(D, BLOCK_D)
+    if K.VARLEN:
+        out = DG + ((d0 // BLOCK_D) * H + head) * N + bos
+    else:
+        out = DG + (((d0 // BLOCK_D) * (tl.num_programs(0) // (n_db * H)) + seq) * H + head) * N
+    state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)  # F
+    if K.HAS_S0:
+        s0 = S0 + (seq.to(tl.int64) * H + head) * R * D
+        state = tl.load(s0 + cols_r[0][:, None] * D + cols_d[0][None, :],
+                        mask=cols_r[1][:, None] & cols_d[1][None, :], other=0.0).to(tl.float32)
+    SEG: tl.constexpr = NB * BLOCK_N
+    blk = tl.arange(0, NB)[:, None]
+    within = tl.arange(0, BLOCK_N)
+    lower = within[:, None] >= within[None, :]
+    n_seg = tl.cdiv(n, SEG)
+    for k in range(0, n_seg):
+        P = k * SEG
+        back = tl.load(WS + ((row * SLOTS + slot0 + k) * BLOCK_R * BLOCK_D) + tile)  # R_(E+1)
+        tot = _block_totals(g_rows, P, n, NB, BLOCK_N)
+        seg_total = tl.sum(tot, axis=0)
+        acc = tl.zeros((NB, BLOCK_N), dtype=tl.float32) + \
+            tl.exp(seg_total) * tl.sum(tl.sum(state * back, axis=1), axis=0)
+        f_op, f_scale = state_operand(state, DO[0].dtype.element_ty, HALF_RANGE)
+        for q in tl.static_range(NB):  # rows i in block q
+            ok_q, phys_q, Gq = _segment_block(g_rows, P, q, _before(tot, q, NB), n, BLOCK_N)
+            b = load_rows(b_rows, phys_q, ok_q, cols_r)
+            do = load_rows(o_rows, phys_q, ok_q, cols_d)
+            rho = tl.sum(tl.dot(b, f_op, input_precision=PRECISION) * f_scale
+                         * do.to(tl.float32), axis=1) * tl.where(ok_q, tl.exp(Gq), 0.0)
+            acc += tl.where(blk == q, (tl.sum(rho, axis=0) - tl.cumsum(rho, axis=0) + rho)[None, :],
+                            0.0)
+            acc += tl.where(blk < q, tl.sum(rho, axis=0), 0.0)
+            for p in tl.static_range(NB):  # columns j in block p ≤ q
+                if p <= q:
+                    ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n,
+                                                      BLOCK_N)
+                    c = load_rows(c_rows, phys_p, ok_p, cols_r)
+                    v = load_rows(v_rows, phys_p, ok_p, cols_d)
+                    keep = ok_q[:, None] & ok_p[None, :]
+                    if p == q:
+                        keep = keep & lower
+                    a = tl.dot(b, tl.trans(c), input_precision=PRECISION) * \
+                        tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                    a = tl.where(keep, a * tl.exp(tl.where(keep, Gq[:, None] - Gp[None, :], 0.0)),
+                                 0.0)
+                    if p == q:  # Σ_(i ≥ t) Σ_(j < t) a_ij
+                        before = tl.cumsum(a, axis=1) - a
+                        t_in = tl.sum(tl.where(lower, before, 0.0), axis=0)
+                        acc += tl.where(blk == q, t_in[None, :], 0.0)
+                    else:
+                        rows_sum = tl.sum(a, axis=1)
+                        cols_sum = tl.sum(a, axis=0)
+                        total = tl.sum(rows_sum, axis=0)
+                        acc += tl.where(blk == q, (total - tl.cumsum(rows_sum, axis=0)
+                                                   + rows_sum)[None, :], 0.0)
+                        acc += tl.where(blk == p, (tl.cumsum(cols_sum, axis=0)
+                                                   - cols_sum)[None, :], 0.0)
+                        acc += tl.where((blk > p) & (blk < q), total, 0.0)
+        r_op, r_scale = state_operand(back, DO[0].dtype.element_ty, HALF_RANGE)
+        state = state * tl.exp(seg_total)
+        for p in tl.static_range(NB):  # columns j into the state after the segment
+            ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n, BLOCK_N)
+            c = load_rows(c_rows, phys_p, ok_p, cols_r)
+            v = load_rows(v_rows, phys_p, ok_p, cols_d)
+            w = tl.where(ok_p, tl.exp(seg_total - Gp), 0.0)  # e^(G_E − G_j) ≤ 1
+            kappa = tl.sum(tl.dot(c, r_op, input_precision=PRECISION) * r_scale
+                           * v.to(tl.float32), axis=1) * w
+            acc += tl.where(blk == p, (tl.cumsum(kappa, axis=0) - kappa)[None, :], 0.0)
+            acc += tl.where(blk > p, tl.sum(kappa, axis=0), 0.0)
+            state = tl.dot(tl.trans((c.to(tl.float32) * w[:, None]).to(c.dtype)), v, acc=state,
+                           input_precision=PRECISION)
+        rows = P + blk * BLOCK_N + within[None, :]
+        tl.store(out + rows, acc, mask=rows < n)
