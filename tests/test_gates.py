@@ -379,9 +379,10 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
 ]))
 def test_the_straddle_kernel_is_the_gates_gradient(case):
     """The gates' gradient summed over the pairs of rows straddling each row
-    (``kernels/gate_straddle.py``) against the float64 oracle's: groups read in place, packed sequences (an empty one among them)
-    each with its own states, the initial state and dS_N, scale, r ≠ d with the value columns
-    over two lanes (d > 64), N across 256-row segments and not a multiple of the blocks, fp16."""
+    (``kernels/gate_straddle.py``) against the float64 oracle's: groups read in place, packed
+    sequences (an empty one among them) each with its own states, the initial state and dS_N,
+    scale, r ≠ d with the value columns over two lanes (d > 64), N across 256-row segments and
+    not a multiple of the blocks, fp16."""
     from leetrepro._decay import fold_gates
     from leetrepro.methods.chunk import gate_gradient
 
