@@ -37,23 +37,32 @@ def _inputs(batch, heads, n, k, v, device, grad):
     """B, C, V as time-major slices of one projection, the gates time-major, per-head γ (drawn on
     the host: a capture that failed leaves the GPU's generator unusable for the next cell)."""
     x = (torch.randn(batch, n, heads, 2 * k + v) * 0.3).to(device=device, dtype=torch.bfloat16)
-    B, C, V = (t.transpose(1, 2) for t in x.split([k, k, v], -1))
+    B, C, V = _split(x, k, v)
     logits = torch.randn(batch, n, heads).to(device) + 3.0
     g = torch.nn.functional.logsigmoid(logits)  # (batch, N, heads): mostly ~ −0.05
     if grad:
         x.requires_grad_()
-        B, C, V = (t.transpose(1, 2) for t in x.split([k, k, v], -1))
         g.requires_grad_()
     gamma = torch.linspace(0.95, 0.999, heads, dtype=torch.float64, device=device)
     return x, B, C, V, g, gamma
 
 
+def _split(x, k, v):
+    """B, C, V: the time-major slices of the projection x, viewed head-major."""
+    return tuple(t.transpose(1, 2) for t in x.split([k, k, v], -1))
+
+
 def _entries(fla, grad: bool) -> dict:
-    """name -> fn(x, B, C, V, g, gamma, dO): one pass of the entry."""
+    """name -> fn(x, B, C, V, g, gamma, dO): one pass of the entry. With gradients each pass
+    slices x itself, as a model's step does: slices made once outside would carry their
+    backward on the stream that made them, which a CUDA graph's capture refuses to wait on
+    (every fwd+bwd capture failed so)."""
     from .. import causal_linear_decoder
 
     def ours(gated):
         def call(x, B, C, V, g, gamma, dO):
+            if grad:
+                B, C, V = _split(x, B.shape[-1], V.shape[-1])
             o = causal_linear_decoder(B, C, V, None if gated else gamma,
                                       g=g.transpose(1, 2) if gated else None)
             if grad:
@@ -65,6 +74,8 @@ def _entries(fla, grad: bool) -> dict:
     out = {"gamma": ours(False), "gates": ours(True)}
     if fla is not None:
         def peer(x, B, C, V, g, gamma, dO):
+            if grad:
+                B, C, V = _split(x, B.shape[-1], V.shape[-1])
             q, k, v = (t.transpose(1, 2) for t in (B, C, V))
             o, _ = fla(q, k, v, g=g, scale=1.0)
             if grad:

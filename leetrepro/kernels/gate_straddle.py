@@ -76,10 +76,19 @@ def _block_totals(g_rows, P, n, NB: tl.constexpr, BLOCK_N: tl.constexpr):
     """The segment's gate sum per block, [NB] fp32."""
     blk = tl.arange(0, NB)
     tot = tl.zeros((NB,), dtype=tl.float32)
-    for q in tl.static_range(NB):
+    for q in range(0, NB):
         ok, phys = row_positions(P + q * BLOCK_N, n, BLOCK_N, False)
         tot += tl.where(blk == q, tl.sum(load_gates(g_rows, phys, ok), axis=0), 0.0)
     return tot
+
+
+@triton.jit
+def _slot(WS, index, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The pointers of workspace state ``index`` (a [BLOCK_R, BLOCK_D] tile), built where it is
+    read or written: held through a segment's tiles, the 64-bit pointers of a 128 × 64 state
+    take 64 registers a thread and spill."""
+    return WS + index * BLOCK_R * BLOCK_D + tl.arange(0, BLOCK_R)[:, None] * BLOCK_D + \
+        tl.arange(0, BLOCK_D)[None, :]
 
 
 @triton.jit
@@ -109,7 +118,6 @@ def backward_states(Bt, DO, G, WS, DS, CU, INV_SCALE, SIZE, K: tl.constexpr):
     g_rows = lane_rows(G, seq, head, bos, K.VARLEN)
     cols_r = columns(0, R, BLOCK_R)
     cols_d = columns(d0, D, BLOCK_D)
-    tile = cols_r[0][:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     if K.HAS_DS:
         ds = DS + (seq.to(tl.int64) * H + head) * R * D
@@ -121,10 +129,10 @@ def backward_states(Bt, DO, G, WS, DS, CU, INV_SCALE, SIZE, K: tl.constexpr):
     for kk in range(0, n_seg):
         k = n_seg - 1 - kk
         P = k * SEG
-        tl.store(WS + ((row * SLOTS + slot0 + k) * BLOCK_R * BLOCK_D) + tile, state)
+        tl.store(_slot(WS, row * SLOTS + slot0 + k, BLOCK_R, BLOCK_D), state)
         local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
         tot = _block_totals(g_rows, P, n, NB, BLOCK_N)
-        for q in tl.static_range(NB):
+        for q in range(0, NB):
             ok, phys, Gq = _segment_block(g_rows, P, q, _before(tot, q, NB), n, BLOCK_N)
             b = load_rows(b_rows, phys, ok, cols_r)
             do = load_rows(o_rows, phys, ok, cols_d)
@@ -156,7 +164,6 @@ def straddle_gradient(Bt, Ct, V, DO, G, WS, S0, DG, CU, SIZE, K: tl.constexpr):
     g_rows = lane_rows(G, seq, head, bos, K.VARLEN)
     cols_r = columns(0, R, BLOCK_R)
     cols_d = columns(d0, D, BLOCK_D)
-    tile = cols_r[0][:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
     n_db = tl.cdiv(D, BLOCK_D)
     if K.VARLEN:
         out = DG + ((d0 // BLOCK_D) * H + head) * N + bos
@@ -174,13 +181,14 @@ def straddle_gradient(Bt, Ct, V, DO, G, WS, S0, DG, CU, SIZE, K: tl.constexpr):
     n_seg = tl.cdiv(n, SEG)
     for k in range(0, n_seg):
         P = k * SEG
-        back = tl.load(WS + ((row * SLOTS + slot0 + k) * BLOCK_R * BLOCK_D) + tile)  # R_(E+1)
+        slot = row * SLOTS + slot0 + k  # (R_(E+1), read where it is used, twice)
         tot = _block_totals(g_rows, P, n, NB, BLOCK_N)
         seg_total = tl.sum(tot, axis=0)
         acc = tl.zeros((NB, BLOCK_N), dtype=tl.float32) + \
-            tl.exp(seg_total) * tl.sum(tl.sum(state * back, axis=1), axis=0)
+            tl.exp(seg_total) * tl.sum(tl.sum(state * tl.load(_slot(WS, slot, BLOCK_R, BLOCK_D)),
+                                              axis=1), axis=0)
         f_op, f_scale = state_operand(state, DO[0].dtype.element_ty, HALF_RANGE)
-        for q in tl.static_range(NB):  # rows i in block q
+        for q in range(0, NB):  # rows i in block q
             ok_q, phys_q, Gq = _segment_block(g_rows, P, q, _before(tot, q, NB), n, BLOCK_N)
             b = load_rows(b_rows, phys_q, ok_q, cols_r)
             do = load_rows(o_rows, phys_q, ok_q, cols_d)
@@ -189,35 +197,34 @@ def straddle_gradient(Bt, Ct, V, DO, G, WS, S0, DG, CU, SIZE, K: tl.constexpr):
             acc += tl.where(blk == q, (tl.sum(rho, axis=0) - tl.cumsum(rho, axis=0) + rho)[None, :],
                             0.0)
             acc += tl.where(blk < q, tl.sum(rho, axis=0), 0.0)
-            for p in tl.static_range(NB):  # columns j in block p ≤ q
-                if p <= q:
-                    ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n,
-                                                      BLOCK_N)
-                    c = load_rows(c_rows, phys_p, ok_p, cols_r)
-                    v = load_rows(v_rows, phys_p, ok_p, cols_d)
-                    keep = ok_q[:, None] & ok_p[None, :]
-                    if p == q:
-                        keep = keep & lower
-                    a = tl.dot(b, tl.trans(c), input_precision=PRECISION) * \
-                        tl.dot(do, tl.trans(v), input_precision=PRECISION)
-                    a = tl.where(keep, a * tl.exp(tl.where(keep, Gq[:, None] - Gp[None, :], 0.0)),
-                                 0.0)
-                    if p == q:  # Σ_(i ≥ t) Σ_(j < t) a_ij
-                        before = tl.cumsum(a, axis=1) - a
-                        t_in = tl.sum(tl.where(lower, before, 0.0), axis=0)
-                        acc += tl.where(blk == q, t_in[None, :], 0.0)
-                    else:
-                        rows_sum = tl.sum(a, axis=1)
-                        cols_sum = tl.sum(a, axis=0)
-                        total = tl.sum(rows_sum, axis=0)
-                        acc += tl.where(blk == q, (total - tl.cumsum(rows_sum, axis=0)
-                                                   + rows_sum)[None, :], 0.0)
-                        acc += tl.where(blk == p, (tl.cumsum(cols_sum, axis=0)
-                                                   - cols_sum)[None, :], 0.0)
-                        acc += tl.where((blk > p) & (blk < q), total, 0.0)
-        r_op, r_scale = state_operand(back, DO[0].dtype.element_ty, HALF_RANGE)
+            for p in range(0, q + 1):  # columns j in block p ≤ q
+                ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n, BLOCK_N)
+                c = load_rows(c_rows, phys_p, ok_p, cols_r)
+                v = load_rows(v_rows, phys_p, ok_p, cols_d)
+                # (i ≥ j by their rows in the segment: all of an earlier block's, the diagonal's
+                # lower triangle)
+                keep = ok_q[:, None] & ok_p[None, :] & \
+                    (within[:, None] + (q - p) * BLOCK_N >= within[None, :])
+                a = tl.dot(b, tl.trans(c), input_precision=PRECISION) * \
+                    tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                a = tl.where(keep, a * tl.exp(tl.where(keep, Gq[:, None] - Gp[None, :], 0.0)), 0.0)
+                if p == q:  # Σ_(i ≥ t) Σ_(j < t) a_ij
+                    before = tl.cumsum(a, axis=1) - a
+                    acc += tl.where(blk == q,
+                                    tl.sum(tl.where(lower, before, 0.0), axis=0)[None, :], 0.0)
+                else:  # its row sums to block q, column sums to block p, total in between
+                    rows_sum = tl.sum(a, axis=1)
+                    cols_sum = tl.sum(a, axis=0)
+                    total = tl.sum(rows_sum, axis=0)
+                    acc += tl.where(blk == q, (total - tl.cumsum(rows_sum, axis=0)
+                                               + rows_sum)[None, :], 0.0)
+                    acc += tl.where(blk == p, (tl.cumsum(cols_sum, axis=0)
+                                               - cols_sum)[None, :], 0.0)
+                    acc += tl.where((blk > p) & (blk < q), total, 0.0)
+        r_op, r_scale = state_operand(tl.load(_slot(WS, slot, BLOCK_R, BLOCK_D)),
+                                     DO[0].dtype.element_ty, HALF_RANGE)
         state = state * tl.exp(seg_total)
-        for p in tl.static_range(NB):  # columns j into the state after the segment
+        for p in range(0, NB):  # columns j into the state after the segment
             ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n, BLOCK_N)
             c = load_rows(c_rows, phys_p, ok_p, cols_r)
             v = load_rows(v_rows, phys_p, ok_p, cols_d)

@@ -916,7 +916,7 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     size = (n, r, d, heads, slots)
     grid = (seqs * heads * n_db,)
     common = dict(DO=strided(dO), G=strided(g.to(torch.float32)), WS=ws, CU=cu_seqlens, SIZE=size,
-                  K=K, num_warps=8)
+                  K=K, num_warps=8, num_stages=1)
     straddle_kernels.backward_states[grid](Bt=strided(B), DS=state(dS), INV_SCALE=1.0 / scale,
                                            **common)
     straddle_kernels.straddle_gradient[grid](Bt=strided(B), Ct=strided(C), V=strided(V),
