@@ -870,9 +870,12 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     return s.permute(0, 1, 3, 2, 4).reshape(batch, heads, cfg["BLOCK_R"], -1)[:, :, :r, :d].contiguous()
 
 
-#: the gates' gradient's row blocks, and blocks per segment (one workspace state per segment)
+#: the gates' gradient's launch: row blocks, blocks per segment (one workspace state per
+#: segment), the widest block of value columns a lane holds, warps
 STRADDLE_BLOCK_N = 64
 STRADDLE_SEGMENT_BLOCKS = 4
+STRADDLE_BLOCK_D = 64
+STRADDLE_WARPS = 8
 
 
 def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.Tensor,
@@ -899,7 +902,7 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
     seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
     block_r = next_pow2(r)
-    block_d = min(next_pow2(d), 64 if block_r <= 128 else 32)
+    block_d = min(next_pow2(d), STRADDLE_BLOCK_D if block_r <= 128 else STRADDLE_BLOCK_D // 2)
     n_db = cdiv(d, block_d)
     seg = STRADDLE_BLOCK_N * STRADDLE_SEGMENT_BLOCKS
     slots = cdiv(n, seg) + (0 if cu_seqlens is None else seqs)
@@ -916,7 +919,7 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     size = (n, r, d, heads, slots)
     grid = (seqs * heads * n_db,)
     common = dict(DO=strided(dO), G=strided(g.to(torch.float32)), WS=ws, CU=cu_seqlens, SIZE=size,
-                  K=K, num_warps=8, num_stages=1)
+                  K=K, num_warps=STRADDLE_WARPS, num_stages=1)
     straddle_kernels.backward_states[grid](Bt=strided(B), DS=state(dS), INV_SCALE=1.0 / scale,
                                            **common)
     straddle_kernels.straddle_gradient[grid](Bt=strided(B), Ct=strided(C), V=strided(V),
