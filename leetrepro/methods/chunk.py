@@ -875,7 +875,7 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
 STRADDLE_BLOCK_N = 64
 STRADDLE_SEGMENT_BLOCKS = 4
 STRADDLE_BLOCK_D = 64
-STRADDLE_WARPS = 8
+STRADDLE_WARPS = 4
 
 
 def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.Tensor,
