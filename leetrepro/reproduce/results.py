@@ -410,7 +410,7 @@ def ssd(tags: list[str]) -> str:
     kernels, per shape, pass and mode, each × its floor, and ours over theirs (> 1: slower)."""
     rows = []
     for tag in tags:
-        for name in ("ssd.csv", "ssd_bf16_backward.csv"):
+        for name in ("ssd_straddle.csv", "ssd.csv", "ssd_bf16_backward.csv"):
             df = _read(tag, name)
             if df is None:
                 continue
@@ -429,9 +429,12 @@ def ssd(tags: list[str]) -> str:
                              at("mamba_ssm"), _x(ratio), _commits(g)])
     if not rows:
         return "Nothing measured yet."
-    return ("bf16, a Mamba-2 layer's inputs (dt_bias, softplus, D); `ssd_bf16_backward.csv`: "
-            "the backward's sweeps in bf16, before the gates' gradient was made exact "
-            "(NOTES.md, \"Mamba-2's SSD on the operator: results\"):\n\n"
+    return ("bf16, a Mamba-2 layer's inputs (dt_bias, softplus, D). `ssd_straddle.csv`: the "
+            "gates' gradient summed over the straddling pairs of rows (as the package computes "
+            "it now); `ssd.csv`: the backward's sweeps on fp32 copies (before it); "
+            "`ssd_bf16_backward.csv`: the backward's sweeps in bf16, before the gates' gradient "
+            "was made exact (NOTES.md, \"Mamba-2's SSD on the operator: results\" and \"The gates' "
+            "gradient from the pairs that straddle each row\"):\n\n"
             + _table(["GPU", "file", "cell", "pass", "mode", "ours", "mamba_ssm",
                       "ours / mamba_ssm", "commit"], rows))
 
