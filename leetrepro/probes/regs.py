@@ -156,6 +156,56 @@ def hopper_unfit_for(dtype: str, r: int = 128, d: int = 128, dual: bool = False)
     return hopper_operand_unfit(b, b, v, dual=v if dual else None)
 
 
+def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: int = 90):
+    """The gates' gradient's kernel ``kernel`` (``backward_states`` or ``straddle_gradient``,
+    ``kernels/gate_straddle.py``) compiled as :func:`leetrepro.methods.chunk.gate_gradient`
+    launches it (its tiles, warps and one stage; grouped B and C, both states given):
+    Triton's compiled kernel, whose ``metadata.shared`` and ``asm["ptx"]`` the probe reads."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..kernels import gate_straddle
+    from ..kernels._tiles import Constants
+    from ..methods import chunk
+    from ..methods._gpu import next_pow2
+    kern = getattr(gate_straddle, kernel)
+    strided = (POINTER[dtype], "i64", "i64", "i64")
+    block_r = next_pow2(r)
+    block_d = min(next_pow2(d), chunk.STRADDLE_BLOCK_D if block_r <= 128
+                  else chunk.STRADDLE_BLOCK_D // 2)
+    K = Constants(BLOCK_N=chunk.STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d,
+                  PRECISION="tf32x3" if dtype == "fp32" else "tf32", HAS_S0=True, HAS_DS=True,
+                  HALF_RANGE=dtype == "fp16", SEG_BLOCKS=chunk.STRADDLE_SEGMENT_BLOCKS,
+                  GROUPS=(16, 16, 1, 1))
+    kinds = dict(Bt=strided, Ct=strided, V=strided, DO=strided, G=("*fp32", "i64", "i64", "i64"),
+                 WS="*fp32", DG="*fp32", DS="*fp32", S0="*fp32", INV_SCALE="fp32",
+                 SIZE=("i32",) * 5)
+    sig, const = {}, {}
+    for i, name in enumerate(kern.arg_names):
+        if name in ("CU", "K"):
+            sig[name] = "constexpr"
+            const[(i,)] = K if name == "K" else None
+        else:
+            sig[name] = kinds[name]
+    src = ASTSource(fn=kern, signature=sig, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=chunk.STRADDLE_WARPS, num_stages=1))
+
+
+#: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d)
+STRADDLE_JOBS = tuple((k, dtype, r, d) for k in ("backward_states", "straddle_gradient")
+                      for dtype, r, d in (("bf16", 128, 64), ("fp16", 128, 128),
+                                          ("fp32", 128, 64), ("bf16", 256, 64)))
+
+
+def _straddle_usage(job: tuple) -> str:
+    """``shared=<bytes>`` and ptxas's usage line of one straddle variant (a pool's job)."""
+    kernel, dtype, r, d, arch = job
+    compiled = compile_straddle(kernel, dtype, r, d, arch)
+    return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], arch)}"
+
+
 #: the other head shapes the Hopper kernel takes, compiled for the register check in its sweeps
 #: with the decay and segments (the largest variant of each): forward, and reverse with the dual
 #: output where it takes one (else plain reverse), bf16 and fp32
@@ -177,7 +227,17 @@ def main(argv=None) -> int:
                         "reverse/reverse with the dual output, and fp32 (tf32) forward/reverse; "
                         "with per-token gates and the gates' gradient's row dots, and B and C "
                         "read by groups of heads (--configs ignored)")
+    p.add_argument("--straddle", action="store_true",
+                   help="the gates' gradient's two kernels (kernels/gate_straddle.py): shared "
+                        "memory per program, registers and spills (--configs ignored)")
     args = p.parse_args(argv)
+    if args.straddle:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            usages = pool.map(_straddle_usage, [job + (args.arch,) for job in STRADDLE_JOBS])
+            for (kernel, dtype, r, d), usage in zip(STRADDLE_JOBS, usages):
+                print(f"straddle {kernel} {dtype} {r}x{d} {usage}", flush=True)
+        return 0
     if args.hopper:
         # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's),
         # at r = d = 128 in every variant; the other head shapes in their largest
