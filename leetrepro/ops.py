@@ -187,8 +187,7 @@ def _accepted_options(fn) -> frozenset | None:
     return frozenset(p.name for p in params[4:]
                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
                      and p.name not in ("initial_state", "output_final_state", "reverse", "dual",
-                                        "cu_seqlens", "scale", "out", "out2", "g", "gate",
-                                        "rowdot"))
+                                        "cu_seqlens", "scale", "out", "out2", "g", "gate"))
 
 
 def encode_options(options: dict) -> str:
@@ -212,7 +211,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         output_final_state: bool, dual: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
         out: torch.Tensor | None = None, out2: torch.Tensor | None = None,
-        g: torch.Tensor | None = None, rowdot: tuple | None = None, folded: bool = False):
+        g: torch.Tensor | None = None, folded: bool = False):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
     with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
     ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
@@ -226,7 +225,6 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     ``g``: per-token log gates ``(batch, heads, N)`` (a method with ``Method.gates``); a γ folds
     into them here (``folded``: the caller did, once for its several sweeps). In reverse time the
     method gets them shifted (:func:`shift_gates`).
-    ``rowdot``: the gates' gradient's row dots (a method with ``Method.rowdot``, run whole).
     Operands of fewer heads than the call (groups, :mod:`leetrepro._inputs`) go to a method with
     ``Method.groups`` as they are (its outputs a head each, dense where their like is grouped),
     to others expanded."""
@@ -236,8 +234,6 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         heads = lane_heads(B, C, V, dual)
         if not m.groups or 0 in B.shape or 0 in V.shape:
             B, C, V, dual = (expand_groups(x, heads) for x in (B, C, V, dual))
-            if rowdot is not None and rowdot[0] is not None:
-                rowdot = (expand_groups(rowdot[0], heads), rowdot[1])
     if g is not None and not folded:
         g = fold_gates(g, gamma, gate_dtype(V.dtype))
         gamma = None
@@ -270,8 +266,6 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
             _refuse_gates(m)
         g = shift_gates(g, cu_seqlens) if reverse else g
         kw["g"] = g.flip(-1) if flip else g
-    if rowdot is not None:
-        kw["rowdot"] = rowdot
     if scale != 1.0 and m.scale:
         kw["scale"] = scale
     if m.out and not flip:
@@ -502,13 +496,6 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
-    # dg's row dots b·db and c·dc from the sweeps' fp32 outputs (a method that writes them),
-    # else from the gradients as stored (then rounded to their dtype)
-    fused = need_g and not straddle and m.rowdot and _rowdot_fits(B, V)
-    dots_b = dots_c = None
-    if fused:
-        dots_b, dots_c = (torch.empty(V.shape[:3], dtype=torch.float32, device=B.device)
-                          for _ in range(2))
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -518,35 +505,30 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     if need_c and (need_v or need_s0) and m.dual and m.reverse and _dual_fits(B, V):
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
-        extra = dict(rowdot=(None, dots_c)) if fused else {}
         (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                          out=dv_out, out2=dC, **call, **extra)
+                          out=dv_out, out2=dC, **call)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV, **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
-            extra = dict(rowdot=(C, dots_c)) if fused else {}
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                         out=dC, **call, **extra)
+                         out=dC, **call)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
         R = _per_head(R, gamma, 1) if gate is None else R * _first_decay(gate, cu_seqlens)
         dS0 = _into((R * scale).to(initial_state.dtype), initial_state, None)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        extra = dict(rowdot=(B, dots_b)) if fused else {}
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call, **extra)
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call)
     dg = None
     if straddle:
         dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
                    .to(g.dtype), g, None)
     elif need_g:
-        dots = (dots_b, dots_c) if fused else None
         # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
-        dg = _into(gate_gradient(expand_groups(B, heads) if dots is None else B, dB,
-                                 expand_groups(C, heads) if dots is None else C, dC, cu_seqlens,
-                                 dS, SN, dots).to(g.dtype), g, None)
+        dg = _into(gate_gradient(expand_groups(B, heads), dB, expand_groups(C, heads), dC,
+                                 cu_seqlens, dS, SN).to(g.dtype), g, None)
     if groups != heads:
         dB, dC = (None if x is None else _into(sum_groups(x, groups), like, None)
                   for x, like in ((dB, B), (dC, C)))
@@ -596,19 +578,14 @@ def _first_decay(gate: torch.Tensor, cu_seqlens) -> torch.Tensor:
     return torch.exp(first)[..., None, None]
 
 
-def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None,
-                  dots: tuple | None = None) -> torch.Tensor:
-    """dg ``(batch, heads, N)`` (float64) from the gradients of B and C (module docstring):
-    dG_i = b_i·db_i − c_i·dc_i (+ ⟨dS_N, S_N⟩ at each sequence's last row), then its reverse
-    running sum, restarted at each packed sequence's end. ``dots``: the row dots b·db and c·dc
-    as the sweeps wrote them from their fp32 outputs (:func:`leetrepro.methods.chunk.chunk_scan`'s
-    ``rowdot``); else from dB and dC as stored (rounded to their dtype: in fp16/bf16 that rounding,
-    amplified by the difference and the running sum, would miss the contract)."""
+def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None) -> torch.Tensor:
+    """dg ``(batch, heads, N)`` (float64) from the gradients of B and C (module docstring), where
+    the straddle kernel cannot run: dG_i = b_i·db_i − c_i·dc_i (+ ⟨dS_N, S_N⟩ at each
+    sequence's last row), then its reverse running sum, restarted at each packed sequence's end.
+    dB and dC as stored: in fp16/bf16 their rounding, amplified by the difference and the running
+    sum, would miss the contract (the caller computes them in fp32)."""
     dt = torch.float64  # (a difference of dot products, then a long sum: both cancel)
-    if dots is not None:
-        dG = dots[0].to(dt) - dots[1].to(dt)
-    else:
-        dG = (B.to(dt) * dB.to(dt)).sum(-1) - (C.to(dt) * dC.to(dt)).sum(-1)
+    dG = (B.to(dt) * dB.to(dt)).sum(-1) - (C.to(dt) * dC.to(dt)).sum(-1)
     n = dG.shape[-1]
     if dS is not None and SN is not None and SN.numel() and n:
         tail = (dS.to(dt) * SN.to(dt)).sum((-1, -2))  # (batch or sequences, heads)
@@ -669,13 +646,6 @@ def _interleaved_rows(*views) -> bool:
     first, last = spans[0][0], max(e for _, e in spans)
     apart = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     return apart and (n <= 1 or last - first <= st) and (batch <= 1 or sb >= n * st)
-
-
-def _rowdot_fits(B: torch.Tensor, V: torch.Tensor) -> bool:
-    """Whether the sweeps can write dg's row dots: every column of each gradient in one lane
-    (r·d ≤ 128·128, the portable kernel's lanes), nothing empty."""
-    return B.numel() > 0 and V.numel() > 0 and B.shape[-1] * V.shape[-1] <= 128 * 128 and \
-        B.shape[-1] <= 128 and V.shape[-1] <= 128
 
 
 def _dual_fits(B: torch.Tensor, V: torch.Tensor) -> bool:

@@ -60,7 +60,6 @@ class Method:
     varlen: bool = False           # takes cu_seqlens= (packed sequences); others run them one by one
     scale: bool = False            # takes scale= (multiplies O as it is stored); others multiply after
     gates: bool = False            # takes g= (per-token gates, γ folded in; leetrepro._decay)
-    rowdot: bool = False           # takes rowdot=(W, DG): the gates' gradient's row dots, in fp32
     groups: bool = False           # reads operands of fewer heads (groups) in place; others get
     #                                them expanded to a head each (leetrepro._inputs.expand_groups)
     out: bool = False              # takes out=/out2= (writes O, the dual output into them, any
@@ -88,7 +87,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              dtypes=ALL_DTYPES, devices=("cpu", "cuda"), language: str = "user",
              unsafe: bool = False, state: bool = False, reverse: bool = False, dual: bool = False,
              varlen: bool = False, scale: bool = False, out: bool = False, gates: bool = False,
-             rowdot: bool = False, groups: bool = False, summary: str = "",
+             groups: bool = False, summary: str = "",
              options: dict | None = None, gradients: Callable | None = None,
              replace: bool = False):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
@@ -103,7 +102,7 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
         m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
                    dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
                    unsafe=unsafe, state=state, reverse=reverse, dual=dual, varlen=varlen,
-                   scale=scale, out=out, gates=gates, rowdot=rowdot, groups=groups,
+                   scale=scale, out=out, gates=gates, groups=groups,
                    summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
                    options=dict(options or {}), gradients=gradients)
         keys = {name.lower(), m.abbr.lower()}

@@ -333,16 +333,15 @@ def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles():
 
 
 def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):
-    """Where the Hopper kernel can take a gated call (fp16/bf16, the gates' gradient's row dots
-    included), the measured table's decay rows decide for it: its per-chunk work is the decay's,
-    not the 0-1 mask's."""
+    """Where the Hopper kernel can take a gated call (fp16/bf16), the measured table's decay rows
+    decide for it: its per-chunk work is the decay's, not the 0-1 mask's."""
     from leetrepro.methods import chunk
     B, C, V = make_inputs(1, 2, 64, 128, 128)
     asked = []
     monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
     monkeypatch.setattr(chunk, "hopper_wins",
                         lambda device, dtype, decay, *a: asked.append(decay) or True)
-    assert chunk._use_hopper("auto", B, C, V, None, False, gates=True, rowdot=1)
+    assert chunk._use_hopper("auto", B, C, V, None, False, gates=True)
     assert chunk._use_hopper("auto", B, C, V, None, False, gates=False)
     assert asked == [True, False]
 

@@ -35,19 +35,17 @@ import triton.language as tl
 #: the chunked kernels' compile-time constants, one bundle (their ``K`` parameter), fixed per
 #: call signature by the launcher: decay or 0-1 mask, packed sequences, state in and out, time
 #: reversed, the dual output, fp16's range scaling, the tiles, fp32's dot precision, per-token
-#: gates, and the row dots the gates' gradient reads (``ROWDOT`` 1: Σ O·W per row for a tensor W
-#: like O; 2: Σ O2·b, the dual output with the b tile; a lane holds every column then). Read in a
-#: compiled kernel, a field comes out as a plain Python value, which shapes and static ranges
-#: refuse: each function binds the fields it reads to constexpr names first
+#: gates. Read in a compiled kernel, a field comes out as a plain Python value, which shapes and
+#: static ranges refuse: each function binds the fields it reads to constexpr names first
 #: (``BLOCK_N: tl.constexpr = K.BLOCK_N``). ``GROUPS``: the heads sharing one head of B, C, V
-#: and E (or W), in that order: 1 where a tensor has a head per lane; more where its heads are
-#: groups read in place by every lane of the group (Mamba-2's B and C; grouped-query attention).
+#: and E, in that order: 1 where a tensor has a head per lane; more where its heads are groups
+#: read in place by every lane of the group (Mamba-2's B and C; grouped-query attention).
 #: The gates' gradient (``gate_straddle.py``): ``HAS_DS`` a final state's gradient given,
 #: ``SEG_BLOCKS`` the BLOCK_N blocks of its segments
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE ROWDOT GROUPS HAS_DS SEG_BLOCKS",
-    defaults=(False,) * 8 + (0, (1, 1, 1, 1), False, 1))
+                 "HALF_RANGE HAS_GATE GROUPS HAS_DS SEG_BLOCKS",
+    defaults=(False,) * 8 + ((1, 1, 1, 1), False, 1))
 
 
 def constants(cfg: dict, **flags) -> Constants:

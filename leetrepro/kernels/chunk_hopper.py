@@ -77,12 +77,6 @@ into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and 
 the mask: every exponent a difference within a tile, the later row first. A segment's decay is
 the sum of its tiles' totals, summed in its first pass.
 
-The gates' gradient's row dots (``ROWDOT``, :func:`leetrepro.ops.gate_gradient`), from the
-outputs in fp32 before they are rounded: 1, Σ_k O·W for a tensor W like O (the backward's b·db),
-whose DH-column halves the loader brings into the ring's E tiles; 2, with ``DUAL``, Σ_k O2·b
-from the slot's B tile (c·dc). Each consumer writes the dots of its DH columns to its own plane
-of ``DG`` (float32 (lanes, D/DH planes, whole tiles)); the launcher adds the planes.
-
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
@@ -165,21 +159,6 @@ def _chunk_gates(prog, row, acc_l: gl.constexpr, K: gl.constexpr):
     else:
         total = gl.load(ptr + (BLOCK_N - 1))
     return g_rows, g_cols, total
-
-
-@gluon.jit
-def _row_dots(o, w_t, up, dg, prog, row, length, plane, acc_l: gl.constexpr, K: gl.constexpr):
-    """The row dots of an output half ``o`` (fp32 [BLOCK_N, DH], in units of ``up``: the store's
-    factor) with the shared tile ``w_t`` of the same columns, written to plane ``plane`` of
-    ``dg`` (float32 (lanes, D/DH planes, whole tiles)) at the chunk's physical rows (those the
-    lane holds)."""
-    BLOCK_N: gl.constexpr = K.BLOCK_N
-    PLANES: gl.constexpr = K.D // (K.DC // 2)
-    dots = gl.sum(o * w_t.load(acc_l).to(gl.float32), axis=1) * up  # [BLOCK_N]
-    kr = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    tiles = gl.cdiv(prog.N, BLOCK_N) * BLOCK_N
-    base = (prog.lane.to(gl.int64) * PLANES + plane) * tiles + row
-    gl.store(dg + base + kr, dots, mask=kr < length)
 
 
 @gluon.jit
@@ -390,7 +369,7 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE ROWDOT GROUPS", defaults=((1, 1, 1, 1),))
+                 "REVERSE DUAL HAS_GATE GROUPS", defaults=((1, 1, 1, 1),))
 
 
 @gluon.constexpr_function
@@ -491,8 +470,7 @@ class Operands:
     """The kernel's global operands: TMA descriptors of B, C, V, O (and with ``DUAL`` E, O2,
     else None), the initial and final states S0, SN (float32 (lanes, R, D), or None), the repair
     launch's lane flags, the ring of published states WS and its flags and ticket SYNC (None
-    without segments), the scale of the outputs, and the row dots' planes DG (None without
-    ``ROWDOT``)."""
+    without segments) and the scale of the outputs."""
     b: gl.base_value
     c: gl.base_value
     v: gl.base_value
@@ -505,14 +483,12 @@ class Operands:
     WS: gl.base_value
     SYNC: gl.base_value
     scale: gl.base_value
-    dg: gl.base_value
 
     @gluon.constexpr_function
-    def __init__(self, b, c, v, o, e, o2, S0, SN, FLAGS, WS, SYNC, scale, dg):
+    def __init__(self, b, c, v, o, e, o2, S0, SN, FLAGS, WS, SYNC, scale):
         self.b, self.c, self.v, self.o, self.e, self.o2 = b, c, v, o, _field(e), _field(o2)
         self.S0, self.SN, self.FLAGS = _field(S0), _field(SN), _field(FLAGS)
         self.WS, self.SYNC, self.scale = _field(WS), _field(SYNC), _field(scale)
-        self.dg = _field(dg)
 
 
 @aggregate
@@ -536,10 +512,10 @@ class Staging:
 @gluon.jit
 def _loader(prog, ring, ops, K: gl.constexpr):
     """The loader partition: a segment's first pass (C and V only), then its sweep (B, C, V,
-    and E with the dual output or the row dots' W), chunk by chunk into the ring."""
+    and E with the dual output), chunk by chunk into the ring."""
     DC: gl.constexpr = K.DC
     DH: gl.constexpr = DC // 2
-    WITH_E: gl.constexpr = K.DUAL or K.ROWDOT == 1
+    WITH_E: gl.constexpr = K.DUAL
     cv_bytes: gl.constexpr = ops.c.block_type.nbytes + 2 * ops.v.block_type.nbytes
     sweep_bytes: gl.constexpr = cv_bytes + ops.b.block_type.nbytes + \
         (2 * ops.e.block_type.nbytes if WITH_E else 0)
@@ -558,7 +534,7 @@ def _loader(prog, ring, ops, K: gl.constexpr):
             row, _ = prog.chunk(i - first, K)
             mbarrier.expect(ring.ready.index(s), sweep_bytes)
             _tma_load(ops.b, [prog.bb, hb, row, 0], ring.ready.index(s), ring.b.index(s))
-            if WITH_E:  # (the dual output's E: col0 = 0, DH = D/2; W: the unit's columns)
+            if WITH_E:  # (the dual output's E: col0 = 0, DH = D/2)
                 _tma_load(ops.e, [prog.bb, he, row, prog.col0], ring.ready.index(s),
                           ring.e.index(2 * s))
                 _tma_load(ops.e, [prog.bb, he, row, prog.col0 + DH], ring.ready.index(s),
@@ -735,10 +711,6 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
         if ops.b.dtype == gl.float32:  # the slot is released once the store has read it
             tma.store_wait(pendings=0)
             ring.release(s)
-        if K.ROWDOT == 1:  # Σ O·W over this consumer's columns (the backward's b·db), from fp32
-            _row_dots(o, _tile(ring.e, 2 * s + H_IDX), p_up * ops.scale, ops.dg, prog, row,
-                      length, prog.col0 // DH + H_IDX, acc_l, K)
-            ring.release(s)
         if DUAL:
             _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j, gates)
     return state
@@ -805,7 +777,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-    if not DUAL and dtype != gl.float32 and K.ROWDOT == 0:  # (with W: once its dots are taken)
+    if not DUAL and dtype != gl.float32:
         ring.release(s)
     return o, state, p_up, h_up, w_rows
 
@@ -871,10 +843,6 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
     o2 = warpgroup_mma(pa2, _tile(ring.c, s).slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
-    if K.ROWDOT == 2:  # Σ O2·b over this consumer's columns (the backward's c·dc), from fp32
-        _, length = prog.chunk(j, K)
-        _row_dots(o2, _tile(ring.b, s).slice(H_IDX * DH, DH, dim=1), p2_up * ops.scale, ops.dg,
-                  prog, row, length, H_IDX, acc_l, K)
     ring.release(s)
     _store_half(ops.o2, st.o.index(2 + H_IDX), o2, p2_up, ops.scale, prog.bb, prog.hh, row,
                 H_IDX * DH, BLOCK_N, DH, dtype)
@@ -883,7 +851,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
 @gluon.jit
 def _program(N, H, LANES, SEG, SYNC, DECAY, K: gl.constexpr):
     """This program's :class:`Program`: its unit, or with ``SPLIT`` its unit and segment taken in
-    ticket order. ``DECAY = (GAMMA, G, DG)``: λ per head, the gates' tile sums (lanes, whole
+    ticket order. ``DECAY = (GAMMA, G)``: λ per head, the gates' tile sums (lanes, whole
     tiles)."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
@@ -969,9 +937,6 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
     e_bufs = None
     hbar = None
     hs_up = None
-    if K.ROWDOT == 1:  # (the row dots' W in the E tiles)
-        e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
-                                           e_desc.layout)
     if DUAL:
         e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
                                            e_desc.layout)
@@ -1001,16 +966,15 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     columns), int32 two flags per unit (one per consumer) and the ticket counter (None without
     segments), the repair launch's lanes, FLAG_COLS value columns each; ``DECAY = (GAMMA, G)``:
     float64 (H,) or None, and with ``HAS_GATE`` the gates' tile sums (float32 (lanes, whole
-    tiles), module docstring), else None, and with ``ROWDOT`` the row dots' planes DG (float32
-    (lanes, D/DH planes, whole tiles)), else None (``e_desc`` is W's with ``ROWDOT`` 1); ``SIZE = (N,
-    H, LANES, SEG)``; ``K``: :data:`Constants`."""
+    tiles), module docstring), else None; ``SIZE = (N, H, LANES, SEG)``; ``K``:
+    :data:`Constants`."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING
     prog = _program(N, H, LANES, SEG, SYNC, DECAY, K)
     ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K)
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
-                   scale, DECAY[2])
+                   scale)
     gl.warp_specialize([(_loader, (prog, ring, ops, K)),
                         (_consumer, (prog, ring, ops, st, K, 0)),
                         (_consumer, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])

@@ -62,8 +62,7 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     fused projection). ``STATES = (S0, SN)``: float32 (lanes, R, D) initial and final states or
     None. ``RING = (WS, SYNC, FLAGS)``: the ring of published states (float32, lanes × 2 slots ×
     BLOCK_R × BLOCK_D), its int32 flags and ticket (LANES + 1), the lanes' repair flags; each None
-    where unused. ``DECAY = (GAMMA, DOTS, G)``: float64 λ per head with ``K.HAS_DECAY``; with
-    ``K.ROWDOT`` the row dots' ``(W, DG)`` (W 0 for ROWDOT 2); with ``K.HAS_GATE`` the
+    where unused. ``DECAY = (GAMMA, G)``: float64 λ per head with ``K.HAS_DECAY``; with ``K.HAS_GATE`` the
     per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``); 0 for each the call
     has not.
     ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
@@ -175,17 +174,15 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
 @triton.jit
 def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
     """``(rows, n, lg)``: the lane's rows (:func:`_tiles.lane_rows`) of B, C, V, O, E, O2, the
-    gates, the row dots' W and their output DG, in that order (0 for each the call has not:
-    E, O2 without ``K.DUAL``, the gates without ``K.HAS_GATE``, W unless ``K.ROWDOT`` is 1, DG
-    without it), its length (N, or with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1
+    gates, in that order (0 for each the call has not: E, O2 without ``K.DUAL``, the gates
+    without ``K.HAS_GATE``), its length (N, or with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1
     of the packed batch of one) and its head's log λ in fp32 (``K.HAS_DECAY``; else 0)."""
     DUAL: tl.constexpr = K.DUAL
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
     HAS_GATE: tl.constexpr = K.HAS_GATE
-    ROWDOT: tl.constexpr = K.ROWDOT
     VARLEN: tl.constexpr = K.VARLEN
     B, C, V, O, E, O2 = io
-    GAMMA, DOTS, G = DECAY
+    GAMMA, G = DECAY
     if HAS_DECAY:
         lg = tl.log(tl.load(GAMMA + bh % H)).to(tl.float32)  # float64 λ in, log taken in float64
     else:
@@ -213,14 +210,6 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
         rows = rows + (0, 0)
     if HAS_GATE:
         rows = rows + (lane_rows(G, seq, head, bos, VARLEN),)
-    else:
-        rows = rows + (0,)
-    if ROWDOT == 1:
-        rows = rows + (lane_rows(DOTS[0], seq, head // GE, bos, VARLEN),)
-    else:
-        rows = rows + (0,)
-    if ROWDOT != 0:
-        rows = rows + (lane_rows(DOTS[1], seq, head, bos, VARLEN),)
     else:
         rows = rows + (0,)
     return rows, n, lg
@@ -276,7 +265,6 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
     HAS_GATE: tl.constexpr = K.HAS_GATE
     PRECISION: tl.constexpr = K.PRECISION
     REVERSE: tl.constexpr = K.REVERSE
-    ROWDOT: tl.constexpr = K.ROWDOT
     WEIGHTED: tl.constexpr = HAS_DECAY or HAS_GATE
     b_rows, c_rows, v_rows, o_rows = rows[0], rows[1], rows[2], rows[3]
     start, end, n = span
@@ -298,9 +286,6 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
         store_rows(o_rows, phys, ok, cols_d, out * SCALE)
-        if ROWDOT == 1:  # Σ_cols O·W per row, from O in fp32 (the gates' gradient)
-            w = load_rows(rows[7], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
-            _store_dots(rows[8], phys, ok, tl.sum(out * SCALE * w.to(tl.float32), axis=1))
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, mask, WEIGHTED,
@@ -308,17 +293,7 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             if REPAIR:
                 out2 += poison
             store_rows(rows[5], phys, ok, cols_r, out2 * SCALE)
-            if ROWDOT == 2:  # Σ_cols O2·b per row (the backward's c·dc), from O2 in fp32
-                _store_dots(rows[8], phys, ok, tl.sum(out2 * SCALE * b.to(tl.float32), axis=1))
         state = accumulate_state(state, c, v, w_out, decay, WEIGHTED, PRECISION)
         if REPAIR:
             state += tl.sum(bad, axis=0)
     return state
-
-
-@triton.jit
-def _store_dots(dg_rows, phys, ok, dots):
-    """A chunk's row dots (fp32 [BLOCK_N]) into DG at their physical rows (the lane holds every
-    column of its output: the launcher's condition)."""
-    ptr, base, stride = dg_rows
-    tl.store(ptr + base + phys * stride, dots, mask=ok)

@@ -119,7 +119,7 @@ def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segmen
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
-          scale=True, out=True, gates=True, rowdot=True, groups=True,
+          scale=True, out=True, gates=True, groups=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None})
@@ -129,7 +129,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
                config: dict | None = None, out: torch.Tensor | None = None,
                out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
-               rowdot: tuple | None = None):
+):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -150,10 +150,6 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``scale`` multiplies O (and the dual output) as it is stored. ``g``: per-token gates
     ``(batch, heads, N)`` float32, any strides, γ folded in (gamma None; :func:`leetrepro.ops.run`
     folds them and shifts them for reverse time): the portable kernel computes them.
-    ``rowdot = (W, DG)``: also write DG[b, h, t] = Σ_k O[b, h, t, k]·W[b, h, t, k] (W like O),
-    or with ``W`` None and ``dual``, Σ_k O2·B (the dual output with B), from the outputs in
-    fp32 before they are rounded to their dtype: the gates' gradient's row dots
-    (:func:`leetrepro.ops.gate_gradient`); DG float32 ``(batch, heads, N)``.
 
     ``kernel``: ``"portable"`` (the Triton kernel, any GPU), ``"hopper"`` (the warp-specialised sm_90
     kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32, r and d each 64, 128
@@ -178,11 +174,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         heads = lane_heads(B, C, V, dual)
         out = per_head_like(V, heads) if out is None else out
         out2 = None if dual is None else (per_head_like(B, heads) if out2 is None else out2)
-    w, dg = (None, None) if rowdot is None else rowdot
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
-                       G=None if g is None else g.to(torch.float32),
-                       W=None if w is None else rows_contiguous(w), DG=dg)
+                       G=None if g is None else g.to(torch.float32))
     plan = launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
                        output_final_state=output_final_state, reverse=reverse, kernel=kernel)
     sn = plan.run(tensors, float(scale))
@@ -203,10 +197,9 @@ _UNGROUPED = (1, 1, 1, 1)
 
 
 def groups_of(t, heads: int) -> tuple:
-    """The heads sharing one head of B, C, V and E (or the row dots' W) of a call's
-    :class:`Operands`: the kernels' ``GROUPS`` (1: a head a lane, and for an absent E)."""
-    e = t.E if t.W is None else t.W
-    return tuple(1 if x is None else heads // x.shape[1] for x in (t.B, t.C, t.V, e))
+    """The heads sharing one head of B, C, V and E of a call's :class:`Operands`: the kernels'
+    ``GROUPS`` (1: a head a lane, and for an absent E)."""
+    return tuple(1 if x is None else heads // x.shape[1] for x in (t.B, t.C, t.V, t.E))
 
 
 #: int32 counters by (device, stream): the buffer and its views by (flags, ring) counts
@@ -253,7 +246,7 @@ HOPPER_DIMS = (64, 128, 256)
 
 @functools.lru_cache(maxsize=None)
 def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
-                 dc: int | None = None, rowdot: bool = False) -> tuple[int, int] | None:
+                 dc: int | None = None) -> tuple[int, int] | None:
     """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
     ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
 
@@ -275,8 +268,7 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
         raise ValueError(f"DC={dc} is invalid at r = {r}, d = {d}: a power of two from 32 to "
                          f"{widest}{' equal to d (the dual output)' if dual else ''}")
     dh = dc // 2
-    # (``rowdot``: the row dots' W, DC columns a slot beside B, C, V)
-    slot = bn * (2 * r + dc + (d if dual else 0) + (dc if rowdot else 0)) * size
+    slot = bn * (2 * r + dc + (d if dual else 0)) * size
     if dtype == torch.float32:
         fixed = 2 * dh * (r // 2 if r > 64 else r) * size
     else:
@@ -287,17 +279,17 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
 
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
-                     dc: int | None = None, gates: bool = False, rowdot: int = 0,
+                     dc: int | None = None, gates: bool = False,
                      groups: tuple = (1, 1, 1, 1)) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
     :func:`block_d`)."""
-    dc, stages = hopper_tiles(r, d, dtype, dual, dc, rowdot == 1)
+    dc, stages = hopper_tiles(r, d, dtype, dual, dc)
     return hopper_kernels.Constants(
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
-        SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, ROWDOT=rowdot, GROUPS=groups)
+        SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups)
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -325,7 +317,7 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
-                 outputs: tuple = (), gates: bool = False, rowdot: int = 0) -> str | None:
+                 outputs: tuple = (), gates: bool = False) -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
     and operands it takes (:func:`hopper_operand_unfit`). Reverse time and the dual output are its
     own."""
@@ -336,9 +328,6 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
         return "it needs an sm_90 GPU (H100, H200)"
     if gates and V.dtype == torch.float32:
         return "its per-token gates take float16/bfloat16"
-    if rowdot and hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, dual is not None, None,
-                               rowdot == 1) is None:
-        return "the row dots' W does not fit its shared memory at this head shape"
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
                                 outputs=outputs)
 
@@ -393,7 +382,7 @@ def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str 
     if cu_seqlens is not None:
         return "cu_seqlens is the portable kernel's"
     named = (("B", B), ("C", C), ("V", V), ("dual", dual))
-    named += tuple(zip(("O", "the dual output", "the row dots' W"), outputs))
+    named += tuple(zip(("O", "the dual output"), outputs))
     for name, t in named:
         if t is None:
             continue
@@ -478,8 +467,7 @@ class Operands(typing.NamedTuple):
     """A call's tensors, as the kernels name them: B, C, V, the output O, the dual output's E and
     O2 (None without it), the float32 initial state S0, γ (float64 ``(H,)``), the packed
     sequences' offsets CU and the per-token gates G (float32 ``(batch, heads, N)``, any strides;
-    each None where the call has none), and the row dots' W and their output DG
-    (:func:`chunk_scan`'s ``rowdot``)."""
+    each None where the call has none)."""
     B: torch.Tensor
     C: torch.Tensor
     V: torch.Tensor
@@ -490,8 +478,6 @@ class Operands(typing.NamedTuple):
     GAMMA: torch.Tensor | None
     CU: torch.Tensor | None
     G: torch.Tensor | None = None
-    W: torch.Tensor | None = None
-    DG: torch.Tensor | None = None
 
 
 class HopperLaunch:
@@ -515,7 +501,7 @@ class HopperLaunch:
     def launch(self, t: Operands, *, sn, flags, sync, ws, scale: float) -> None:
         """One launch over ``t``'s tensors, the final states into ``sn``, with the lanes' repair
         ``flags`` and, with segments, the ring ``ws`` and its flags and ticket ``sync``."""
-        tensors = (t.B, t.C, t.V, t.O, t.E if t.W is None else t.W, t.O2)
+        tensors = (t.B, t.C, t.V, t.O, t.E, t.O2)
         descs = self.descriptors
         if descs is None:
             descs = self.descriptors = tuple(
@@ -526,41 +512,32 @@ class HopperLaunch:
             if desc is not None:
                 desc.base = x
         gates = None if t.G is None else tile_gate_sums(t.G, HOPPER["BLOCK_N"], self.consts.REVERSE)
-        planes = None
-        if t.DG is not None:  # (each consumer's columns' dots a plane: added below)
-            k = self.consts
-            planes = torch.empty(t.DG.shape[0] * t.DG.shape[1], k.D // (k.DC // 2),
-                                 cdiv(t.DG.shape[2], k.BLOCK_N) * k.BLOCK_N,
-                                 dtype=torch.float32, device=t.DG.device)
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
                         e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
-                        RING=(ws, sync, flags), DECAY=(t.GAMMA, gates, planes), SIZE=self.size,
+                        RING=(ws, sync, flags), DECAY=(t.GAMMA, gates), SIZE=self.size,
                         scale=scale, K=self.consts), self.key,
                    num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
         finally:
             for desc in descs:
                 if desc is not None:
                     desc.base = None
-        if planes is not None:
-            n = t.DG.shape[2]
-            torch.sum(planes.view(*t.DG.shape[:2], -1, planes.shape[-1])[..., :n], 2, out=t.DG)
 
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
                    reverse, dual, serial: int, gates: bool = False,
-                   rowdot: int = 0, groups: tuple = (1, 1, 1, 1)) -> HopperLaunch:
+                   groups: tuple = (1, 1, 1, 1)) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
     (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
-                              dc=dc, gates=gates, rowdot=rowdot, groups=groups)
+                              dc=dc, gates=gates, groups=groups)
     dh = consts.DC // 2
-    # (E's block: the dual output's input, or the row dots' W, in the consumers' halves)
-    blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (dh if rowdot == 1 else None, None))
+    # (E's block: the dual output's input, in the consumers' halves)
+    blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
     gdt = gluon_dtype(dtype)
     units = lanes * (d // consts.DC)
     return HopperLaunch(
@@ -617,7 +594,7 @@ class LaunchPlan:
         self.nflags = 0 if self_repair else lanes  # zeroed counters: the lanes' repair flags,
         self.ring = ring                # then the ring's flags and ticket (0 without segments)
         self.ws_shape = ws_shape        # the ring of published states (segments), or None
-        # (batch, head, row) strides of B, C, V, O, E, O2, the gates, W and DG: the plan's key
+        # (batch, head, row) strides of B, C, V, O, E, O2 and the gates: the plan's key
         # holds them, and taking them from the plan spares a call's host path their stride()
         # calls
         self.strides = strides
@@ -670,12 +647,10 @@ class LaunchPlan:
 
     def _arguments(self, t: Operands, states, ring, scale, size, split, repair) -> dict:
         """The portable kernel's arguments, by name: each tensor with its strides."""
-        b, c, v, o, e, o2, g, w, dg = self.strides
-        # (0 for what the call has not)
-        dots = 0 if dg is None else (0 if w is None else (t.W, *w), (t.DG, *dg))
-        # (the gates last: Triton 3.6 mis-binds a tuple's members after a nested tuple
-        # followed by a constant, measured on the H100 and the H200)
-        decay = (0 if t.GAMMA is None else t.GAMMA, dots, 0 if g is None else (t.G, *g))
+        b, c, v, o, e, o2, g = self.strides
+        # (0 for what the call has not; the gates last: Triton 3.6 mis-binds a tuple's members
+        # after a nested tuple followed by a constant, measured on the H100 and the H200)
+        decay = (0 if t.GAMMA is None else t.GAMMA, 0 if g is None else (t.G, *g))
         return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
@@ -721,19 +696,18 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     d = t.V.shape[-1]
     if t.CU is not None:
         batch = t.CU.numel() - 1  # sequences: the lanes' "batch"
-    # (E and W are V, B or C of another sweep: grouped only where one of those is)
+    # (E is V, B or C of another sweep: grouped only where one of those is)
     grouped = t.B.shape[1] != heads or t.C.shape[1] != heads or t.V.shape[1] != heads
     signature = (n, r, d, batch, heads, groups_of(t, heads) if grouped else _UNGROUPED, t.V.dtype,
                  dot_precision(t.V.dtype, fp32_precision),
                  t.GAMMA is not None, t.E is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
-                 t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 0 if t.DG is None else (1 if t.W is not None else 2))
+                 t.S0 is not None, output_final_state, reverse, t.G is not None)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
-    # (the gates and the row dots' tensors only where the call has them: a call's host path)
-    for x in t if t[9:] != (None, None, None) else t[:9]:
+    # (the gates only where the call has them: a call's host path)
+    for x in t if t.G is not None else t[:9]:
         if x is not None:
             strides.append(x.stride())
             if x.data_ptr() % 16 == 0:
@@ -756,7 +730,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
-     varlen, has_s0, store_sn, reverse, gates, rowdot) = signature
+     varlen, has_s0, store_sn, reverse, gates) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -774,12 +748,8 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     if dual and (lanes != batch * heads or cfg["BLOCK_R"] < r):
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
-    if rowdot and lanes != batch * heads:
-        raise ValueError(f"rowdot needs every value column in one lane (r·d ≤ 128·128), "
-                         f"got r = {r}, d = {d}")
     hopper = _use_hopper(kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E, cu_seqlens=t.CU,
-                         precision=precision, outputs=(t.O, t.O2, t.W), gates=gates,
-                         rowdot=rowdot)
+                         precision=precision, outputs=(t.O, t.O2), gates=gates)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
@@ -790,7 +760,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           gates=gates, rowdot=rowdot, groups=groups)
+                           gates=gates, groups=groups)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
@@ -805,16 +775,16 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         lanes=lanes, state_shape=(batch, heads, r, d), grid=(lanes * n_seg,), hopper=h,
         # (gated calls: the repair launch, never the in-launch repair, whose separate function
         # Triton 3.6 hands the gates' tuple wrongly)
-        self_repair=not hopper and short and not gates and not rowdot,
+        self_repair=not hopper and short and not gates,
         ring=ring + 1 if chained else 0,
         ws_shape=ws_shape if chained else None,
         strides=tuple(None if x is None else x.stride()[:3] for x in t[:6]) +
-        tuple(None if x is None else x.stride()[:3] for x in (t.G, t.W, t.DG)),
+        (None if t.G is None else t.G.stride()[:3],),
         size=(n, r, d, heads, lanes, segment),
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision,
-                              HAS_GATE=gates, ROWDOT=rowdot, GROUPS=groups),
+                              HAS_GATE=gates, GROUPS=groups),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 

@@ -43,10 +43,10 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     sig = dict(B=strided, C=strided, V=strided, O=strided, E="constexpr", O2="constexpr",
                STATES=("constexpr", "constexpr"),
                RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
-               DECAY=("*fp64" if decay else "constexpr", "constexpr", "constexpr"), CU="constexpr",
+               DECAY=("*fp64" if decay else "constexpr", "constexpr"), CU="constexpr",
                SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", SPLIT="constexpr",
                REPAIR="constexpr")
-    const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None, (8, 2): None,
+    const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None,
              (9,): None,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
@@ -65,7 +65,7 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        reverse: bool = False, dual: bool = False, r: int = 128,
                        d: int = 128, dc: int | None = None, gates: bool = False,
-                       rowdot: int = 0, groups: tuple = (1, 1, 1, 1)) -> str:
+                       groups: tuple = (1, 1, 1, 1)) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -88,24 +88,21 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc,
-                             gates=gates, rowdot=rowdot, groups=groups)
+                             gates=gates, groups=groups)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
                RING=("*fp32", "*i32", "*i32"),
-               DECAY=("*fp64" if decay else "constexpr", "*fp32" if gates else "constexpr",
-                      "*fp32" if rowdot else "constexpr"),
+               DECAY=("*fp64" if decay else "constexpr", "*fp32" if gates else "constexpr"),
                SIZE=("i32",) * 4, scale="fp32", K="constexpr")
     constexprs = {(11,): const}
     if not dual:
-        sig.update(e_desc=desc(dh) if rowdot == 1 else "constexpr", o2_desc="constexpr")
-        constexprs.update({(5,): None} if rowdot == 1 else {(4,): None, (5,): None})
+        sig.update(e_desc="constexpr", o2_desc="constexpr")
+        constexprs.update({(4,): None, (5,): None})
     if not decay:
         constexprs[(8, 0)] = None
     if not gates:
         constexprs[(8, 1)] = None
-    if not rowdot:
-        constexprs[(8, 2)] = None
     src = GluonASTSource(fn=kern, signature=sig, constexprs=constexprs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"]))
@@ -225,8 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--hopper", action="store_true",
                    help="the Hopper kernel, fp16/bf16 × both masks × one pass/segments × forward/"
                         "reverse/reverse with the dual output, and fp32 (tf32) forward/reverse; "
-                        "with per-token gates and the gates' gradient's row dots, and B and C "
-                        "read by groups of heads (--configs ignored)")
+                        "with per-token gates, and B and C read by groups of heads (--configs "
+                        "ignored)")
     p.add_argument("--straddle", action="store_true",
                    help="the gates' gradient's two kernels (kernels/gate_straddle.py): shared "
                         "memory per program, registers and spills (--configs ignored)")
@@ -260,17 +257,15 @@ def main(argv=None) -> int:
                          f"{':dual' if dual else ''}",
                          dict(dtype=dtype, decay=True, split=True, reverse=reverse, dual=dual,
                               r=r, d=d)))
-        # per-token gates (fp16/bf16): the forward, one pass and segments; the backward's dB
-        # sweep with its row dots (W through the ring) and its dual sweep with the dual output's
-        # row dots (fp16 too: its scales)
-        for dtype, (reverse, dual, rowdot), split in (
-                ("bf16", (False, False, 0), False), ("bf16", (False, False, 0), True),
-                ("bf16", (False, False, 1), True), ("bf16", (True, True, 2), True),
-                ("fp16", (True, True, 2), True)):
+        # per-token gates (fp16/bf16): the forward, one pass and segments; the backward's dual
+        # sweep (fp16 too: its scales)
+        for dtype, (reverse, dual), split in (
+                ("bf16", (False, False), False), ("bf16", (False, False), True),
+                ("bf16", (True, True), True), ("fp16", (True, True), True)):
             jobs.append((f"gates {dtype}:gates:{'split' if split else 'one'}"
-                         f"{':reverse:dual' if dual else ''}{f':rowdot{rowdot}' if rowdot else ''}",
+                         f"{':reverse:dual' if dual else ''}",
                          dict(dtype=dtype, decay=False, split=split, reverse=reverse, dual=dual,
-                              gates=True, rowdot=rowdot)))
+                              gates=True)))
         # B and C read by groups of heads (Mamba-2's 16 heads a group at d_state 128, headdim
         # 64): the forward with gates, and the backward's dB sweep, whose V operand is the
         # grouped C
