@@ -52,8 +52,8 @@ straddle row t (the initial state a column before the first row, dS_N a row afte
 each term with its own sign: the straddle kernel (:func:`leetrepro.methods.chunk.gate_gradient`,
 ``kernels/gate_straddle.py``) sums them by segments from the forward and backward states at the
 segments' ends, in the inputs' dtype, and asks for no sweep (frozen B and C cost nothing). Where
-it cannot run (float64; a CPU without Triton's interpreter), the row dots are taken, from sweeps
-on fp32 copies at fp32-exact dots and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
+it does not run (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on fp32
+copies at fp32-exact dots and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
 
 **Groups**: B and C may have fewer heads than V (each shared by a group of heads, Mamba-2's
 B and C): a method with ``Method.groups`` (Chunk) reads a group's rows for each head in place and
@@ -452,12 +452,12 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             raise ValueError("the operator in reverse time with gates has no backward here")
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
-    straddle = need_g and _straddles(V)
+    straddle = need_g and _straddles(m, V)
     if need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     if need_g and not straddle and not _exact_dots(m, opts, B.dtype) and \
             (B.dtype != torch.float32 or "fp32_precision" in m.options):
-        # without the straddle kernel (a CPU without Triton's interpreter), dg is the row dots'
+        # without the straddle kernel (PyTorch methods on a CPU), dg is the row dots'
         # running sum to the end of the sequence, of terms whose exact sum is small, and a
         # parameter that sums dg over the rows (Mamba-2's A and dt_bias) sums that running sum
         # again: any rounding inside the sweeps' products (fp16/bf16 operands, tf32) adds up to
@@ -538,14 +538,15 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                  for x, k in zip((dB, dC, dV, dS0, dg), wanted))
 
 
-def _straddles(V: torch.Tensor) -> bool:
+def _straddles(m: Method, V: torch.Tensor) -> bool:
     """Whether the gates' gradient is taken by its straddle kernel
     (:func:`leetrepro.methods.chunk.gate_gradient`): fp16/bf16/fp32 on a GPU, or under Triton's
-    interpreter; float64 and a CPU without the interpreter take the row dots
-    (:func:`gate_gradient`)."""
+    interpreter beside a Triton method (a PyTorch method on the CPU keeps to PyTorch: the
+    interpreter is the tests' stand-in for a GPU, not a CPU's way to run); float64 and the
+    rest take the row dots (:func:`gate_gradient`)."""
     from .methods import chunk
     return V.dtype in (torch.float16, torch.bfloat16, torch.float32) and chunk.HAS_TRITON and \
-        (V.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+        (V.is_cuda or (m.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1"))
 
 
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):

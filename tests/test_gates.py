@@ -442,7 +442,7 @@ def test_without_the_straddle_kernel_the_row_dots_give_the_same_gradient(monkeyp
     running sum on fp32 copies gives dg within the same contract, fp16 inputs with γ and a final
     state in the loss."""
     from leetrepro import ops
-    monkeypatch.setattr(ops, "_straddles", lambda V: False)
+    monkeypatch.setattr(ops, "_straddles", lambda m, V: False)
     B, C, V = make_inputs(2, 3, 150, 8, 5, dtype=torch.float16, seed=91)
     g = _gates(2, 3, 150, seed=92)
     gam = random_gammas(3, 93)
