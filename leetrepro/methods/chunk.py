@@ -848,6 +848,13 @@ STRADDLE_BLOCK_D = 64
 STRADDLE_WARPS = 4
 
 
+def straddle_tiles(r: int, d: int) -> tuple[int, int]:
+    """``(BLOCK_R, BLOCK_D)`` of the gates' gradient's kernels: all of r, at most
+    :data:`STRADDLE_BLOCK_D` value columns a lane (half that at r = 256)."""
+    block_r = next_pow2(r)
+    return block_r, min(next_pow2(d), STRADDLE_BLOCK_D if block_r <= 128 else STRADDLE_BLOCK_D // 2)
+
+
 def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.Tensor,
                   g: torch.Tensor, *, initial_state: torch.Tensor | None = None,
                   dS: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
@@ -871,8 +878,7 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
         B, C, V, dO = (x.float() for x in (B, C, V, dO))  # (the interpreter's bf16 dot is wrong)
     B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
     seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
-    block_r = next_pow2(r)
-    block_d = min(next_pow2(d), STRADDLE_BLOCK_D if block_r <= 128 else STRADDLE_BLOCK_D // 2)
+    block_r, block_d = straddle_tiles(r, d)
     n_db = cdiv(d, block_d)
     seg = STRADDLE_BLOCK_N * STRADDLE_SEGMENT_BLOCKS
     slots = cdiv(n, seg) + (0 if cu_seqlens is None else seqs)

@@ -165,12 +165,9 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
     from ..kernels import gate_straddle
     from ..kernels._tiles import Constants
     from ..methods import chunk
-    from ..methods._gpu import next_pow2
     kern = getattr(gate_straddle, kernel)
     strided = (POINTER[dtype], "i64", "i64", "i64")
-    block_r = next_pow2(r)
-    block_d = min(next_pow2(d), chunk.STRADDLE_BLOCK_D if block_r <= 128
-                  else chunk.STRADDLE_BLOCK_D // 2)
+    block_r, block_d = chunk.straddle_tiles(r, d)
     K = Constants(BLOCK_N=chunk.STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d,
                   PRECISION="tf32x3" if dtype == "fp32" else "tf32", HAS_S0=True, HAS_DS=True,
                   HALF_RANGE=dtype == "fp16", SEG_BLOCKS=chunk.STRADDLE_SEGMENT_BLOCKS,
