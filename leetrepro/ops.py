@@ -478,10 +478,6 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         return tuple(x.to(ref.dtype) if k and i < 3 else
                      (_into(x.to(g.dtype), g, None) if k and i == 4 else x)
                      for i, (x, ref, k) in enumerate(zip(res, (B, C, V, V, V), wanted)))
-    if not (need_b or need_c or need_v or need_s0):  # dg alone: no sweep
-        return tuple(V.new_empty(0) for _ in range(4)) + (
-            _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
-                  .to(g.dtype), g, None),)
     if m.gradients is not None and initial_state is None and dS is None and cu_seqlens is None \
             and not reverse and gate is None and (need_b or need_c or need_v):
         grads = m.gradients(dO * scale if scale != 1.0 else dO, B, C, V, gamma, **opts)

@@ -128,8 +128,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                reverse: bool = False, dual: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
                config: dict | None = None, out: torch.Tensor | None = None,
-               out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
-):
+               out2: torch.Tensor | None = None, g: torch.Tensor | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
