@@ -480,5 +480,5 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
     for line in lines:
         shared = int(line.split("shared=")[1].split()[0])
         assert 0 < shared <= 232448, line
-        budget = {"backward_states": 1000, "straddle_gradient": 3300}[line.split()[1]]
-        assert spill_bytes(line) <= (2 * budget if " fp32 " in line else budget), line
+        budget = {"segment_states": 400, "straddle_gradient": 1900}[line.split()[1]]
+        assert spill_bytes(line) <= (3 * budget if " fp32 " in line else budget), line

@@ -40,12 +40,12 @@ import triton.language as tl
 #: (``BLOCK_N: tl.constexpr = K.BLOCK_N``). ``GROUPS``: the heads sharing one head of B, C, V
 #: and E, in that order: 1 where a tensor has a head per lane; more where its heads are groups
 #: read in place by every lane of the group (Mamba-2's B and C; grouped-query attention).
-#: The gates' gradient (``gate_straddle.py``): ``HAS_DS`` a final state's gradient given,
-#: ``SEG_BLOCKS`` the BLOCK_N blocks of its segments
+#: The gates' gradient (``gate_straddle.py``): ``SEG_BLOCKS`` the BLOCK_N blocks of its
+#: segments
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE GROUPS HAS_DS SEG_BLOCKS",
-    defaults=(False,) * 8 + ((1, 1, 1, 1), False, 1))
+                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS",
+    defaults=(False,) * 8 + ((1, 1, 1, 1), 1))
 
 
 def constants(cfg: dict, **flags) -> Constants:

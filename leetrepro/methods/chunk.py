@@ -867,8 +867,8 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     B, C ``(batch, heads or groups, N, r)``, V, dO ``(batch, heads, N, d)``, fp16/bf16/fp32,
     each in any layout whose last dimension is contiguous, read in place; ``initial_state``
     and ``dS`` ``(batch or sequences, heads, r, d)``; ``cu_seqlens``: packed sequences, a batch
-    of one. Two passes over the rows per (batch, head), O(N·(r·d + 256·(r + d))) each; a
-    workspace of one fp32 r × d state per 256 rows."""
+    of one. Two state passes over the rows per (batch, head), then every 256-row segment on its
+    own, O(N·(r·d + 256·(r + d))) in all; a workspace of two fp32 r × d states per 256 rows."""
     batch, heads, n, d = V.shape
     r = B.shape[-1]
     if n == 0 or B.numel() == 0 or V.numel() == 0:
@@ -881,24 +881,26 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     n_db = cdiv(d, block_d)
     seg = STRADDLE_BLOCK_N * STRADDLE_SEGMENT_BLOCKS
     slots = cdiv(n, seg) + (0 if cu_seqlens is None else seqs)
-    ws = torch.empty((seqs if cu_seqlens is None else 1) * heads * n_db, slots, block_r,
-                     block_d, dtype=torch.float32, device=V.device)
+    lanes = (seqs if cu_seqlens is None else 1) * heads * n_db
+    ws = torch.empty(2, lanes, slots, block_r, block_d, dtype=torch.float32, device=V.device)
     dg = (torch.empty if cu_seqlens is None else torch.zeros)(
         n_db, batch, heads, n, dtype=torch.float32, device=V.device)
     K = tiles.constants(dict(BLOCK_N=STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d),
                         PRECISION=dot_precision(V.dtype, "tf32x3"), VARLEN=cu_seqlens is not None,
-                        HAS_S0=initial_state is not None, HAS_DS=dS is not None,
                         HALF_RANGE=V.dtype == torch.float16, SEG_BLOCKS=STRADDLE_SEGMENT_BLOCKS,
                         GROUPS=(heads // B.shape[1], heads // C.shape[1], 1, 1))
     state = (lambda x: None if x is None else x.to(torch.float32).contiguous())
-    size = (n, r, d, heads, slots)
-    grid = (seqs * heads * n_db,)
-    common = dict(DO=strided(dO), G=strided(g.to(torch.float32)), WS=ws, CU=cu_seqlens, SIZE=size,
-                  K=K, num_warps=STRADDLE_WARPS, num_stages=1)
-    straddle_kernels.backward_states[grid](Bt=strided(B), DS=state(dS), INV_SCALE=1.0 / scale,
-                                           **common)
-    straddle_kernels.straddle_gradient[grid](Bt=strided(B), Ct=strided(C), V=strided(V),
-                                             S0=state(initial_state), DG=dg, **common)
+    common = dict(G=strided(g.to(torch.float32)), CU=cu_seqlens, SIZE=(n, r, d, heads, slots),
+                  num_warps=STRADDLE_WARPS, num_stages=1)
+    # F entering each segment from C, V and S0; R leaving it from B, dO and dS_N (scale left out)
+    for reverse, x, y, s, inv in ((False, C, V, initial_state, 1.0), (True, B, dO, dS, 1.0 / scale)):
+        straddle_kernels.segment_states[(seqs * heads * n_db,)](
+            Xt=strided(x), Y=strided(y), WS=ws[int(reverse)], S=state(s), INV_SCALE=inv,
+            K=K._replace(REVERSE=reverse, HAS_S0=s is not None,
+                         GROUPS=(heads // x.shape[1], 1, 1, 1)), **common)
+    straddle_kernels.straddle_gradient[(seqs * heads * n_db, cdiv(n, seg))](
+        Bt=strided(B), Ct=strided(C), V=strided(V), DO=strided(dO), WF=ws[0], WR=ws[1], DG=dg, K=K,
+        **common)
     return (dg.sum(0) if n_db > 1 else dg[0]) * scale
 
 # the launch tables and plans that read data/<gpu>/ are forgotten when a table is rewritten

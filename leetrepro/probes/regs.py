@@ -154,9 +154,10 @@ def hopper_unfit_for(dtype: str, r: int = 128, d: int = 128, dual: bool = False)
 
 
 def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: int = 90):
-    """The gates' gradient's kernel ``kernel`` (``backward_states`` or ``straddle_gradient``,
+    """The gates' gradient's kernel ``kernel`` (``segment_states`` or ``straddle_gradient``,
     ``kernels/gate_straddle.py``) compiled as :func:`leetrepro.methods.chunk.gate_gradient`
-    launches it (its tiles, warps and one stage; grouped B and C, both states given):
+    launches it (its tiles, warps and one stage; grouped B and C, the states walked in reverse
+    from a given one):
     Triton's compiled kernel, whose ``metadata.shared`` and ``asm["ptx"]`` the probe reads."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -169,12 +170,12 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
     strided = (POINTER[dtype], "i64", "i64", "i64")
     block_r, block_d = chunk.straddle_tiles(r, d)
     K = Constants(BLOCK_N=chunk.STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d,
-                  PRECISION="tf32x3" if dtype == "fp32" else "tf32", HAS_S0=True, HAS_DS=True,
+                  PRECISION="tf32x3" if dtype == "fp32" else "tf32", HAS_S0=True, REVERSE=True,
                   HALF_RANGE=dtype == "fp16", SEG_BLOCKS=chunk.STRADDLE_SEGMENT_BLOCKS,
                   GROUPS=(16, 16, 1, 1))
-    kinds = dict(Bt=strided, Ct=strided, V=strided, DO=strided, G=("*fp32", "i64", "i64", "i64"),
-                 WS="*fp32", DG="*fp32", DS="*fp32", S0="*fp32", INV_SCALE="fp32",
-                 SIZE=("i32",) * 5)
+    kinds = dict(Bt=strided, Ct=strided, Xt=strided, V=strided, Y=strided, DO=strided,
+                 G=("*fp32", "i64", "i64", "i64"), WS="*fp32", WF="*fp32", WR="*fp32",
+                 DG="*fp32", S="*fp32", INV_SCALE="fp32", SIZE=("i32",) * 5)
     sig, const = {}, {}
     for i, name in enumerate(kern.arg_names):
         if name in ("CU", "K"):
@@ -188,7 +189,7 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
 
 
 #: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d)
-STRADDLE_JOBS = tuple((k, dtype, r, d) for k in ("backward_states", "straddle_gradient")
+STRADDLE_JOBS = tuple((k, dtype, r, d) for k in ("segment_states", "straddle_gradient")
                       for dtype, r, d in (("bf16", 128, 64), ("fp16", 128, 128),
                                           ("fp32", 128, 64), ("bf16", 256, 64)))
 
