@@ -198,3 +198,39 @@ def test_the_ssd_bench_s_entries_and_floor():
     xy, bc, dt = 70 * 4 * 16 * 2, 70 * 2 * 32 * 2, 70 * 4 * 4
     assert ssd.floor_bytes(1, 70, 4, 16, 32, 2, False) == 2 * xy + 2 * bc + dt
     assert ssd.floor_bytes(1, 70, 4, 16, 32, 2, True) == 5 * xy + 6 * bc + 3 * dt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype):
+    """``methods.ssd_rows``' one-pass kernel (interpreted here) against the PyTorch expressions
+    it replaces, forward and every gradient, on slices of a fused projection (row strides wider
+    than a row), headdim not a power of two and rows not a multiple of the kernel's block."""
+    from leetrepro.methods import ssd_rows
+    gen = torch.Generator().manual_seed(3)
+    batch, n, heads, d = 2, 37, 3, 24
+    fused = torch.randn(batch, n, heads * d * 2 + heads, generator=gen).to(dtype)
+    x = fused[..., :heads * d].unflatten(-1, (heads, d))
+    o = fused[..., heads * d:2 * heads * d].unflatten(-1, (heads, d)).transpose(1, 2)
+    o = o.contiguous().transpose(1, 2)  # (the operator's output: head-major, seen time-major)
+    dt = fused[..., -heads:].float().exp()
+    D = torch.randn(heads, generator=gen)
+    dv, dy = (torch.randn(batch, n, heads, d, generator=gen).to(dtype) for _ in range(2))
+
+    def run():
+        leaves = [t.detach().clone().requires_grad_() for t in (x, dt, o, D)]
+        xs, dts, os_, Ds = leaves
+        v = ssd_rows.scale_rows(xs, dts)
+        y = ssd_rows.skip_rows(os_, xs, Ds)
+        grads = torch.autograd.grad([v, y], leaves, [dv, dy])
+        return [v, y, *grads]
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    want = run()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    assert ssd_rows._on_kernel(x)
+    got = run()
+    for name, a, b in zip(["V", "y", "dx", "ddt", "do", "dD"], got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
+        assert rel_error(a, b) <= (1e-6 if dtype == torch.float32 else 1e-2), name
+    torch.library.opcheck(ssd_rows.ssd_rows, (x, dt, dv, o, True))

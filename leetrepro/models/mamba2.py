@@ -81,7 +81,10 @@ class Mamba2Block(nn.Module):
         conv_in = xbc.transpose(1, 2)
         conv_state = torch.nn.functional.pad(conv_in, (self.d_conv - n, 0))[..., -self.d_conv:] \
             if n < self.d_conv else conv_in[..., -self.d_conv:]
-        xbc = torch.nn.functional.silu(self.conv1d(conv_in)[..., :n].transpose(1, 2))
+        # (the convolution's output is channel-major; time-major rows, each (x, B, C) row
+        # contiguous as a channel-last causal convolution hands them, cost one copy here instead
+        # of one in every pass over x, B and C after it)
+        xbc = torch.nn.functional.silu(self.conv1d(conv_in)[..., :n]).transpose(1, 2).contiguous()
         x, B, C = self._ssd_inputs(xbc)
         ssd, own = (mamba_chunk_scan_combined, dict(method=self.method, **self.options)) \
             if self.ssd is None else (self.ssd, {})
