@@ -46,6 +46,9 @@ class Mamba2ByteLM(nn.Module):
                  ssd=None):
         super().__init__()
         self.embed = nn.Embedding(256, dim)
+        # (tied to the output: at PyTorch's N(0, 1) the first logits have a standard deviation
+        # of √dim and the first loss is in the hundreds, not ln 256)
+        nn.init.normal_(self.embed.weight, std=dim ** -0.5)
         self.blocks = nn.ModuleList(
             Mamba2Block(dim, d_state=d_state, headdim=2 * dim // heads, ssd=ssd)
             for _ in range(layers))
