@@ -840,18 +840,24 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
 
 
 #: the gates' gradient's launch: row blocks, blocks per segment (one workspace state per
-#: segment), the widest block of value columns a lane holds, warps
+#: segment), the block of value columns a lane holds, warps. The value columns stay 64 at every
+#: d (fewer masked): at 4 warps and 64-row blocks, Triton 3.6's code for 32 or 16 of them beside
+#: r = 128 faults on the GPU (an illegal address), and at r = 256 it returns wrong sums
+#: (NOTES.md), so r is at most :data:`STRADDLE_MAX_R` here and larger r takes the row dots
 STRADDLE_BLOCK_N = 64
 STRADDLE_SEGMENT_BLOCKS = 4
 STRADDLE_BLOCK_D = 64
 STRADDLE_WARPS = 4
+STRADDLE_MAX_R = 128
 
 
 def straddle_tiles(r: int, d: int) -> tuple[int, int]:
-    """``(BLOCK_R, BLOCK_D)`` of the gates' gradient's kernels: all of r, at most
-    :data:`STRADDLE_BLOCK_D` value columns a lane (half that at r = 256)."""
-    block_r = next_pow2(r)
-    return block_r, min(next_pow2(d), STRADDLE_BLOCK_D if block_r <= 128 else STRADDLE_BLOCK_D // 2)
+    """``(BLOCK_R, BLOCK_D)`` of the gates' gradient's kernels: all of r (at most
+    :data:`STRADDLE_MAX_R`), :data:`STRADDLE_BLOCK_D` value columns a lane."""
+    if r > STRADDLE_MAX_R:
+        raise ValueError(f"the gates' gradient's kernel takes r ≤ {STRADDLE_MAX_R}, got r = {r} "
+                         f"(larger r: the row dots, ops.gate_gradient)")
+    return next_pow2(r), STRADDLE_BLOCK_D
 
 
 def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.Tensor,

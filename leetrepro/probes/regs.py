@@ -191,7 +191,7 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
 #: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d)
 STRADDLE_JOBS = tuple((k, dtype, r, d) for k in ("segment_states", "straddle_gradient")
                       for dtype, r, d in (("bf16", 128, 64), ("fp16", 128, 128),
-                                          ("fp32", 128, 64), ("bf16", 256, 64)))
+                                          ("fp32", 128, 64), ("bf16", 64, 32)))
 
 
 def _straddle_usage(job: tuple) -> str:
