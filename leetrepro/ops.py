@@ -452,7 +452,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             raise ValueError("the operator in reverse time with gates has no backward here")
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
-    straddle = need_g and _straddles(m, B, V)
+    straddle = need_g and _straddles(m, V)
     if need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     if need_g and not straddle and not _exact_dots(m, opts, B.dtype) and \
@@ -534,15 +534,13 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                  for x, k in zip((dB, dC, dV, dS0, dg), wanted))
 
 
-def _straddles(m: Method, B: torch.Tensor, V: torch.Tensor) -> bool:
+def _straddles(m: Method, V: torch.Tensor) -> bool:
     """Whether the gates' gradient is taken by its straddle kernel
-    (:func:`leetrepro.methods.chunk.gate_gradient`): fp16/bf16/fp32 on a GPU, r at most
-    ``chunk.STRADDLE_MAX_R``, or under Triton's interpreter beside a Triton method (a PyTorch
+    (:func:`leetrepro.methods.chunk.gate_gradient`): fp16/bf16/fp32 on a GPU, or under Triton's interpreter beside a Triton method (a PyTorch
     method on the CPU keeps to PyTorch: the interpreter is the tests' stand-in for a GPU, not a
     CPU's way to run); float64 and the rest take the row dots (:func:`gate_gradient`)."""
     from .methods import chunk
     return V.dtype in (torch.float16, torch.bfloat16, torch.float32) and chunk.HAS_TRITON and \
-        B.shape[-1] <= chunk.STRADDLE_MAX_R and \
         (V.is_cuda or (m.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1"))
 
 

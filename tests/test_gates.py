@@ -375,15 +375,20 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
     dict(packed=True),
     dict(r=40, d=130, n=100, states=False),
     dict(dtype=torch.float16, gamma=False),
+    dict(r=40, max_r=16),
 ]))
-def test_the_straddle_kernel_is_the_gates_gradient(case):
+def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     """The gates' gradient summed over the pairs of rows straddling each row
     (``kernels/gate_straddle.py``) against the float64 oracle's: groups read in place, packed
     sequences (an empty one among them) each with its own states, the initial state and dS_N,
-    scale, r ≠ d with the value columns over two lanes (d > 64), N across 256-row segments and
-    not a multiple of the blocks, fp16."""
+    scale, r ≠ d with the value columns over two lanes (d > 64), r in pieces (r above the
+    kernel's bound: Mamba-2's d_state 256), N across 256-row segments and not a multiple of the
+    blocks, fp16."""
     from leetrepro._decay import fold_gates
+    from leetrepro.methods import chunk
     from leetrepro.methods.chunk import gate_gradient
+    if "max_r" in case:
+        monkeypatch.setattr(chunk, "STRADDLE_MAX_R", case["max_r"])
 
     dtype, n, r, d = case.get("dtype", torch.float32), case.get("n", 300), case.get("r", 16), \
         case.get("d", 24)
@@ -442,7 +447,7 @@ def test_without_the_straddle_kernel_the_row_dots_give_the_same_gradient(monkeyp
     running sum on fp32 copies gives dg within the same contract, fp16 inputs with γ and a final
     state in the loss."""
     from leetrepro import ops
-    monkeypatch.setattr(ops, "_straddles", lambda m, B, V: False)
+    monkeypatch.setattr(ops, "_straddles", lambda m, V: False)
     B, C, V = make_inputs(2, 3, 150, 8, 5, dtype=torch.float16, seed=91)
     g = _gates(2, 3, 150, seed=92)
     gam = random_gammas(3, 93)
@@ -482,15 +487,3 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
         assert 0 < shared <= 232448, line
         budget = {"segment_states": 400, "straddle_gradient": 1900}[line.split()[1]]
         assert spill_bytes(line) <= (3 * budget if " fp32 " in line else budget), line
-
-
-def test_r_above_the_straddle_kernel_s_bound_takes_the_row_dots():
-    """r > ``chunk.STRADDLE_MAX_R`` (Mamba-2 at d_state 256): the straddle kernel refuses it by
-    name and the backward takes the row dots (its tiles there are not trusted, NOTES.md)."""
-    from leetrepro import ops
-    from leetrepro.methods import chunk
-    from leetrepro.registry import get
-    with pytest.raises(ValueError, match="r ≤ 128"):
-        chunk.straddle_tiles(256, 64)
-    B, V = torch.empty(1, 1, 4, 256), torch.empty(1, 1, 4, 64)
-    assert not ops._straddles(get("Chunk"), B, V)

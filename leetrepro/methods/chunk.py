@@ -843,7 +843,7 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
 #: segment), the block of value columns a lane holds, warps. The value columns stay 64 at every
 #: d (fewer masked): at 4 warps and 64-row blocks, Triton 3.6's code for 32 or 16 of them beside
 #: r = 128 faults on the GPU (an illegal address), and at r = 256 it returns wrong sums
-#: (NOTES.md), so r is at most :data:`STRADDLE_MAX_R` here and larger r takes the row dots
+#: (NOTES.md): r above :data:`STRADDLE_MAX_R` is taken in pieces of it (dg is a sum over r)
 STRADDLE_BLOCK_N = 64
 STRADDLE_SEGMENT_BLOCKS = 4
 STRADDLE_BLOCK_D = 64
@@ -856,7 +856,7 @@ def straddle_tiles(r: int, d: int) -> tuple[int, int]:
     :data:`STRADDLE_MAX_R`), :data:`STRADDLE_BLOCK_D` value columns a lane."""
     if r > STRADDLE_MAX_R:
         raise ValueError(f"the gates' gradient's kernel takes r ≤ {STRADDLE_MAX_R}, got r = {r} "
-                         f"(larger r: the row dots, ops.gate_gradient)")
+                         f"(gate_gradient takes larger r in pieces)")
     return next_pow2(r), STRADDLE_BLOCK_D
 
 
@@ -874,11 +874,18 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     each in any layout whose last dimension is contiguous, read in place; ``initial_state``
     and ``dS`` ``(batch or sequences, heads, r, d)``; ``cu_seqlens``: packed sequences, a batch
     of one. Two state passes over the rows per (batch, head), then every 256-row segment on its
-    own, O(N·(r·d + 256·(r + d))) in all; a workspace of two fp32 r × d states per 256 rows."""
+    own, O(N·(r·d + 256·(r + d))) in all; a workspace of two fp32 r × d states per 256 rows.
+    r above :data:`STRADDLE_MAX_R` in pieces of it, their dg summed."""
     batch, heads, n, d = V.shape
     r = B.shape[-1]
     if n == 0 or B.numel() == 0 or V.numel() == 0:
         return V.new_zeros(batch, heads, n, dtype=torch.float32)
+    if r > STRADDLE_MAX_R:  # (b_i·c_j is a sum over r, and so is every term: pieces of r, summed)
+        parts = range(0, r, STRADDLE_MAX_R)
+        piece = (lambda x, k: None if x is None else x[..., k:k + STRADDLE_MAX_R, :])
+        return sum(gate_gradient(B[..., k:k + STRADDLE_MAX_R], C[..., k:k + STRADDLE_MAX_R], V, dO,
+                                 g, initial_state=piece(initial_state, k), dS=piece(dS, k),
+                                 cu_seqlens=cu_seqlens, scale=scale) for k in parts)
     if os.environ.get("TRITON_INTERPRET") == "1" and V.dtype == torch.bfloat16:
         B, C, V, dO = (x.float() for x in (B, C, V, dO))  # (the interpreter's bf16 dot is wrong)
     B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
