@@ -536,9 +536,10 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
 
 def _straddles(m: Method, V: torch.Tensor) -> bool:
     """Whether the gates' gradient is taken by its straddle kernel
-    (:func:`leetrepro.methods.chunk.gate_gradient`): fp16/bf16/fp32 on a GPU, or under Triton's interpreter beside a Triton method (a PyTorch
-    method on the CPU keeps to PyTorch: the interpreter is the tests' stand-in for a GPU, not a
-    CPU's way to run); float64 and the rest take the row dots (:func:`gate_gradient`)."""
+    (:func:`leetrepro.methods.chunk.gate_gradient`): fp16/bf16/fp32 on a GPU, or under Triton's
+    interpreter beside a Triton method (a PyTorch method on the CPU keeps to PyTorch: the
+    interpreter is the tests' stand-in for a GPU, not a CPU's way to run); float64 and the rest
+    take the row dots (:func:`gate_gradient`)."""
     from .methods import chunk
     return V.dtype in (torch.float16, torch.bfloat16, torch.float32) and chunk.HAS_TRITON and \
         (V.is_cuda or (m.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1"))
