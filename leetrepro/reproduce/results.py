@@ -405,12 +405,23 @@ def other_papers(tags: list[str]) -> str:
     return text
 
 
+#: ``make bench-ssd``'s files: the package as it is first, then the earlier backwards NOTES.md
+#: compares it with
+SSD_FILES = (("ssd.csv", "as the package computes it"),
+             ("ssd_falcon_rowdots.csv", "d_state 256's gates' gradient by the row dots' fp32 copies"),
+             ("ssd_straddle.csv", "the straddle kernel walking each lane's segments in turn, "
+                                  "PyTorch's per-row passes"),
+             ("ssd_fp32_copies.csv", "the backward's sweeps on fp32 copies"),
+             ("ssd_bf16_backward.csv", "the backward's sweeps in bf16, dg not yet exact"))
+
+
 def ssd(tags: list[str]) -> str:
     """``make bench-ssd``'s cells: our Mamba-2 SSD (the drop-in) beside mamba_ssm's Triton
-    kernels, per shape, pass and mode, each × its floor, and ours over theirs (> 1: slower)."""
-    rows = []
+    kernels, per shape, pass and mode, each × its floor, and ours over theirs (> 1: slower);
+    then the Mamba-2 LM trained with each (``ssd_lm.csv``)."""
+    rows, lm_rows = [], []
     for tag in tags:
-        for name in ("ssd_straddle.csv", "ssd.csv", "ssd_bf16_backward.csv"):
+        for name, _ in SSD_FILES:
             df = _read(tag, name)
             if df is None:
                 continue
@@ -427,16 +438,25 @@ def ssd(tags: list[str]) -> str:
                 ratio = cell.vs_peer.get("ours") if "ours" in cell.index else None
                 rows.append([tag.upper(), name, f"{what} {shape}", pass_, mode, at("ours"),
                              at("mamba_ssm"), _x(ratio), _commits(g)])
+        lm = _read(tag, "ssd_lm.csv")
+        if lm is not None:
+            for label, g in lm.groupby("method", sort=False):
+                later = g[g.step > 10]  # (past the first steps' compilation and autotuning)
+                lm_rows.append([tag.upper(), label, f"{later.tokens_per_s.median():,.0f}",
+                                f"{g.loss.iloc[-1]:.4f}", str(int(g.step.max())), _commits(g)])
     if not rows:
         return "Nothing measured yet."
-    return ("bf16, a Mamba-2 layer's inputs (dt_bias, softplus, D). `ssd_straddle.csv`: the "
-            "gates' gradient summed over the straddling pairs of rows (as the package computes "
-            "it now); `ssd.csv`: the backward's sweeps on fp32 copies (before it); "
-            "`ssd_bf16_backward.csv`: the backward's sweeps in bf16, before the gates' gradient "
-            "was made exact (NOTES.md, \"Mamba-2's SSD on the operator: results\" and \"The gates' "
-            "gradient from the pairs that straddle each row\"):\n\n"
+    files = "; ".join(f"`{name}`: {what}" for name, what in SSD_FILES)
+    text = ("bf16, a Mamba-2 layer's inputs (dt_bias, softplus, D). " + files + " (NOTES.md, "
+            "\"Mamba-2's SSD on the operator: results\" and the sections after it):\n\n"
             + _table(["GPU", "file", "cell", "pass", "mode", "ours", "mamba_ssm",
                       "ours / mamba_ssm", "commit"], rows))
+    if lm_rows:
+        text += ("\n\nThe byte-level Mamba-2 LM (4 layers × 1024, batch 8 × 2048, bf16 autocast) "
+                 "trained from the same weights on the same batches with each SSD: median "
+                 "tokens/s past step 10 and the last logged loss (the mean of its 5 steps):\n\n"
+                 + _table(["GPU", "SSD", "tokens/s", "loss", "steps", "commit"], lm_rows))
+    return text
 
 
 def page() -> str:
