@@ -7,6 +7,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist each worker gets its share of the cores for PyTorch's threads (and so do the
+# notebooks and scripts it starts): each worker's default of every core made the suite's workers
+# fight over them (the train notebook's tiny run: 25 s alone, 78 s beside another worker)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 import pytest  # noqa: E402
 
 from leetrepro import reference, rel_error
