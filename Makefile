@@ -115,7 +115,7 @@ NEXT_ARGS ?=
 test-triton-next:
 	$(MAKE) --no-print-directory install VENV=.venv-triton-next TRITON=$(TRITON_NEXT)
 	.venv-triton-next/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_NEXT)', triton.__version__"
-	.venv-triton-next/bin/python -m pytest -q -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
+	.venv-triton-next/bin/python -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
 
 # JupyterLab on the notebooks: a double-clicked .py source opens as a notebook (jupytext's viewer,
 # set as the default for Python files in this virtualenv's JupyterLab), saving writes the source

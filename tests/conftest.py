@@ -80,6 +80,14 @@ def method_params(abbrs):
             for a in abbrs]
 
 
+def interpreted_once(abbr, representative: bool) -> None:
+    """Skip a case of a slow interpreted method (:data:`SLOW_INTERPRETED`: ~15-30 s a case on this
+    CPU) unless it is the ``representative`` one its test keeps here; on a GPU every case runs."""
+    if getattr(abbr, "abbr", abbr) in SLOW_INTERPRETED and not representative:
+        pytest.skip("the interpreted FleetAttention kernel runs one representative case of this "
+                    "test on the CPU (every case on a GPU)")
+
+
 #: where the kernel tests run: a GPU if there is one, else Triton's interpreter on the CPU
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = KERNEL_DEVICE == "cpu"

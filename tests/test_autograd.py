@@ -8,7 +8,7 @@ from leetrepro.bench.gpu_check import frozen_subsets
 from leetrepro.methods import methods
 from leetrepro.reference import TOLERANCE
 
-from conftest import make_inputs, method_params, random_gammas, tolerance
+from conftest import interpreted_once, make_inputs, method_params, random_gammas, tolerance
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
@@ -66,6 +66,7 @@ def _check_gradients(m, dtype, decay, state, shape=SHAPE, opts=None, wanted="BCV
 def test_gradients_of_every_method(method, decay, dtype):
     if not method.supports(dtype, torch.device(DEVICE)):
         pytest.skip(f"{method.abbr} does not run {dtype} here")
+    interpreted_once(method, dtype == torch.float32)
     _check_gradients(method, dtype, decay, state=False)
 
 
@@ -91,6 +92,7 @@ SUBSET_CASES = [pytest.param(m, w, id=f"{m.abbr}-{w}",
 
 @pytest.mark.parametrize("method, wanted", SUBSET_CASES)
 def test_gradients_when_only_some_inputs_require_grad(method, wanted):
+    interpreted_once(method, wanted in ("B", "CV"))
     _check_gradients(method, torch.float32, True, state=method.state, wanted=wanted,
                      shape=(2, 3, 21, 4, 3))
 

@@ -375,7 +375,7 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
     dict(packed=True),
     dict(r=40, d=130, n=100, states=False),
     dict(dtype=torch.float16, gamma=False),
-    dict(r=40, max_r=16),
+    dict(r=40, max_r=16, n=100),
 ]))
 def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     """The gates' gradient summed over the pairs of rows straddling each row

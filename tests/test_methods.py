@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from leetrepro import causal_linear_decoder
 from leetrepro.methods import methods
 
-from conftest import assert_close_to_reference, make_inputs, method_params, quick_lane, random_gammas,\
-    tolerance
+from conftest import (assert_close_to_reference, interpreted_once, make_inputs, method_params, quick_lane,
+                      random_gammas, tolerance)
 
 TORCH_METHODS = [m.name for m in methods() if m.language == "torch"]
 # small blocks so that short test sequences still cross many block boundaries
@@ -85,6 +85,7 @@ def _runnable_methods():
 def test_a_non_finite_row_never_reaches_earlier_rows(method, where, value):
     """Padding with uninitialised memory is common: rows before the first non-finite row of C or V
     equal the reference on the rows before it; every later row is non-finite, as the formula says."""
+    interpreted_once(method, (where, value != value) in (("C", True), ("V", False)))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     B, C, V = make_inputs(2, 2, 150, 8, 5, device=device, seed=4)
     bad = {"C": C.clone(), "V": V.clone()}
