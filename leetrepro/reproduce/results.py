@@ -443,7 +443,8 @@ def ssd(tags: list[str]) -> str:
             for label, g in lm.groupby("method", sort=False):
                 later = g[g.step > 10]  # (past the first steps' compilation and autotuning)
                 lm_rows.append([tag.upper(), label, f"{later.tokens_per_s.median():,.0f}",
-                                f"{g.loss.iloc[-1]:.4f}", str(int(g.step.max())), _commits(g)])
+                                f"{g.loss.iloc[0]:.4f}", f"{g.loss.iloc[-1]:.4f}",
+                                str(int(g.step.max())), _commits(g)])
     if not rows:
         return "Nothing measured yet."
     files = "; ".join(f"`{name}`: {what}" for name, what in SSD_FILES)
@@ -454,8 +455,11 @@ def ssd(tags: list[str]) -> str:
     if lm_rows:
         text += ("\n\nThe byte-level Mamba-2 LM (4 layers × 1024, batch 8 × 2048, bf16 autocast) "
                  "trained from the same weights on the same batches with each SSD: median "
-                 "tokens/s past step 10 and the last logged loss (the mean of its 5 steps):\n\n"
-                 + _table(["GPU", "SSD", "tokens/s", "loss", "steps", "commit"], lm_rows))
+                 "tokens/s past step 10, the first and the last logged loss (each the mean of "
+                 "its 5 steps; a first loss far above ln 256 = 5.55 is an earlier embedding "
+                 "init, NOTES.md):\n\n"
+                 + _table(["GPU", "SSD", "tokens/s", "first loss", "last loss", "steps",
+                           "commit"], lm_rows))
     return text
 
 
