@@ -851,7 +851,7 @@ STRADDLE_WARPS = 4
 STRADDLE_MAX_R = 128
 
 
-def straddle_tiles(r: int, d: int) -> tuple[int, int]:
+def straddle_tiles(r: int) -> tuple[int, int]:
     """``(BLOCK_R, BLOCK_D)`` of the gates' gradient's kernels: all of r (at most
     :data:`STRADDLE_MAX_R`), :data:`STRADDLE_BLOCK_D` value columns a lane."""
     if r > STRADDLE_MAX_R:
@@ -890,12 +890,13 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
         B, C, V, dO = (x.float() for x in (B, C, V, dO))  # (the interpreter's bf16 dot is wrong)
     B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
     seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
-    block_r, block_d = straddle_tiles(r, d)
+    block_r, block_d = straddle_tiles(r)
     n_db = cdiv(d, block_d)
     seg = STRADDLE_BLOCK_N * STRADDLE_SEGMENT_BLOCKS
     slots = cdiv(n, seg) + (0 if cu_seqlens is None else seqs)
-    lanes = (seqs if cu_seqlens is None else 1) * heads * n_db
-    ws = torch.empty(2, lanes, slots, block_r, block_d, dtype=torch.float32, device=V.device)
+    programs = seqs * heads * n_db  # (lanes; packed, the workspace's rows are a head's, shared)
+    ws = torch.empty(2, (seqs if cu_seqlens is None else 1) * heads * n_db, slots, block_r,
+                     block_d, dtype=torch.float32, device=V.device)
     dg = (torch.empty if cu_seqlens is None else torch.zeros)(
         n_db, batch, heads, n, dtype=torch.float32, device=V.device)
     K = tiles.constants(dict(BLOCK_N=STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d),
@@ -907,11 +908,11 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
                   num_warps=STRADDLE_WARPS, num_stages=1)
     # F entering each segment from C, V and S0; R leaving it from B, dO and dS_N (scale left out)
     for reverse, x, y, s, inv in ((False, C, V, initial_state, 1.0), (True, B, dO, dS, 1.0 / scale)):
-        straddle_kernels.segment_states[(seqs * heads * n_db,)](
+        straddle_kernels.segment_states[(programs,)](
             Xt=strided(x), Y=strided(y), WS=ws[int(reverse)], S=state(s), INV_SCALE=inv,
             K=K._replace(REVERSE=reverse, HAS_S0=s is not None,
                          GROUPS=(heads // x.shape[1], 1, 1, 1)), **common)
-    straddle_kernels.straddle_gradient[(seqs * heads * n_db, cdiv(n, seg))](
+    straddle_kernels.straddle_gradient[(programs, cdiv(n, seg))](
         Bt=strided(B), Ct=strided(C), V=strided(V), DO=strided(dO), WF=ws[0], WR=ws[1], DG=dg, K=K,
         **common)
     return (dg.sum(0) if n_db > 1 else dg[0]) * scale

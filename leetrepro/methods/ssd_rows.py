@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from ._gpu import NoTriton, cdiv, launch, next_pow2
+from ._gpu import NoTriton, cdiv, launch, next_pow2, rows_contiguous, strided
 
 try:
     from ..kernels import ssd_rows as row_kernels
@@ -33,11 +33,6 @@ def _on_kernel(x: torch.Tensor) -> bool:
                          and os.environ.get("LEETREPRO_ROWS_KERNEL") == "1")
 
 
-def _rows(t: torch.Tensor | None):
-    """``(tensor, batch, seqlen, head strides)`` of a (batch, seqlen, heads[, headdim]) tensor."""
-    return None if t is None else (t, *t.stride()[:3])
-
-
 @torch.library.custom_op("leetrepro::ssd_rows", mutates_args=())
 def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torch.Tensor | None,
              want_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,8 +46,7 @@ def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torc
         out = (out if add is None else add + out).to(x.dtype).contiguous()
         dw = (x.float() * y.float()).sum(-1) if want_dw else x.new_empty(0, dtype=torch.float32)
         return out, dw
-    x, y, add = (None if t is None else t if t.stride(-1) == 1 else t.contiguous()
-                 for t in (x, y, add))
+    x, y, add = (rows_contiguous(t) for t in (x, y, add))
     rows = batch * n * heads
     out = torch.empty(batch, n, heads, d, dtype=x.dtype, device=x.device)
     dw = torch.empty(batch, n, heads, dtype=torch.float32, device=x.device) if want_dw else \
@@ -60,7 +54,8 @@ def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torc
     block_d = next_pow2(d)
     block_t = max(1, 4096 // block_d)
     launch(row_kernels.axpy_rows, (cdiv(rows, block_t),),
-           dict(X=_rows(x), Y=_rows(y), A=_rows(add), W=_rows(w.float()), OUT=out, DW=dw,
+           # (strided: the (batch, seqlen, heads) strides, as the kernels' (batch, heads, N))
+           dict(X=strided(x), Y=strided(y), A=strided(add), W=strided(w.float()), OUT=out, DW=dw,
                 SIZE=(rows, n, heads, d), BLOCK_T=block_t, BLOCK_D=block_d, HAS_Y=y is not None,
                 HAS_A=add is not None, HAS_DW=want_dw), num_warps=4)
     return out, dw

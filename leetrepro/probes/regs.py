@@ -168,7 +168,7 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
     from ..methods import chunk
     kern = getattr(gate_straddle, kernel)
     strided = (POINTER[dtype], "i64", "i64", "i64")
-    block_r, block_d = chunk.straddle_tiles(r, d)
+    block_r, block_d = chunk.straddle_tiles(r)
     K = Constants(BLOCK_N=chunk.STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d,
                   PRECISION="tf32x3" if dtype == "fp32" else "tf32", HAS_S0=True, REVERSE=True,
                   HALF_RANGE=dtype == "fp16", SEG_BLOCKS=chunk.STRADDLE_SEGMENT_BLOCKS,
