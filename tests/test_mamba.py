@@ -229,8 +229,14 @@ def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype):
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
     assert ssd_rows._on_kernel(x)
     got = run()
-    for name, a, b in zip(["V", "y", "dx", "ddt", "do", "dD"], got, want):
+    # and against float64: V = x·dt, y = o + D·x and their gradients from the same numbers
+    wide = [t.detach().double().requires_grad_() for t in (x, dt, o, D)]
+    xw, dtw, ow, Dw = wide
+    exact = [xw * dtw[..., None], ow + Dw[:, None] * xw]
+    exact += list(torch.autograd.grad(exact, wide, [dv.double(), dy.double()]))
+    for name, a, b, e in zip(["V", "y", "dx", "ddt", "do", "dD"], got, want, exact):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert torch.isfinite(a).all(), name
         assert rel_error(a, b) <= (1e-6 if dtype == torch.float32 else 1e-2), name
+        assert rel_error(a, e) <= (1e-5 if dtype == torch.float32 else 1e-2), name
     torch.library.opcheck(ssd_rows.ssd_rows, (x, dt, dv, o, True))
