@@ -45,7 +45,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-gpu test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab eca related bench-gates gates bench-ssd
+        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab eca related bench-gates gates bench-ssd bench-model
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -74,6 +74,7 @@ help:
 	@echo "make tune      (GPU) Chunk's and LA's launch tables -> data/<gpu>/chunk_config.csv, la_config.csv, Chunk's kernel per head shape -> chunk_kernel.csv, then every method on a grid -> data/<gpu>/dispatch.csv (what method=auto uses)"
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> data/<gpu>/train.csv, train_sweeps.csv, layouts*.csv"
 	@echo "make bench-gates (GPU) per-token gates vs the per-head decay and fla's gated path, eager and graphs -> data/<gpu>/gates.csv"
+	@echo "make bench-model (GPU) a decoder LM (125M, 1.3B) trained with each mixer: tokens/s, peak memory, the operator's share -> data/<gpu>/model.csv, figures/<gpu>/model.png"
 	@echo "make bench-ssd (GPU) Mamba-2's SSD drop-in vs mamba_ssm's Triton kernels and fla, the Mamba-2 block and LM with each -> data/<gpu>/ssd.csv, ssd_lm.csv"
 	@echo "make gates     the paper's methods under per-token gates (notebooks/gates.py; CPU, with the GPU rows of data/<gpu>/gates.csv)"
 	@echo "make layouts   (GPU) method=auto beside Chunk and LA in the layouts and shapes models use, eager and graphs -> data/<gpu>/layouts.csv, layouts_graph.csv; every head shape beside fla -> layouts_shapes*.csv"
@@ -247,6 +248,13 @@ layouts: $(INSTALLED)
 bench-gates: $(INSTALLED)
 	$(needs_gpu)
 	$(PY) -m leetrepro.bench.gates --out $(DATA)
+
+# a decoder language model's training step with its token mixer swapped (this project's operator,
+# its drop-in, fla, softmax SDPA, per-token gates, Mamba-2 with each SSD), eager and compiled
+bench-model: $(INSTALLED)
+	$(needs_gpu)
+	$(PY) -m leetrepro.bench.model --out $(DATA)
+	$(PY) -m leetrepro.reproduce.model_figure
 
 # Mamba-2's SSD (the drop-in) against mamba_ssm's Triton kernels ($$LEETREPRO_PEERS: its public
 # source, or an install) and fla's gated path; the Mamba-2 block and LM with each SSD

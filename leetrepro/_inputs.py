@@ -135,7 +135,11 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
 
 def memo_by_tensor(cache: dict, t: torch.Tensor, make):
     """``make(t)``, cached per tensor object and version (keyed by id, confirmed by a weak
-    reference; at most 256 entries): what a model computes from the same decay tensor every layer."""
+    reference; at most 256 entries): what a model computes from the same decay tensor every layer.
+    While ``torch.compile`` traces, ``make(t)`` itself (a tensor's version is not traceable: the
+    lookup would break the graph at every call)."""
+    if torch.compiler.is_compiling():
+        return make(t)
     key = (id(t), t._version)
     hit = cache.get(key)
     if hit is not None and hit[0]() is t:

@@ -246,6 +246,24 @@ def test_torch_compile_fullgraph_forward_and_backward(gamma):
         torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("decay", ["g_gamma", "g"])
+def test_the_drop_in_traces_whole_with_a_fixed_or_a_per_token_decay(decay):
+    """chunk_simple_gla under torch.compile without a graph break: its per-head decay is looked
+    up in a cache keyed by the tensor's version, which dynamo cannot trace (each layer of a
+    compiled model broke its graph there)."""
+    from leetrepro.compat import chunk_simple_gla
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 40, 2, 8) for _ in range(3))
+    kw = dict(g_gamma=torch.tensor([0.9, 0.5]).log()) if decay == "g_gamma" else \
+        dict(g=torch.nn.functional.logsigmoid(torch.randn(2, 40, 2)))
+
+    def mix(q, k, v):
+        return chunk_simple_gla(q, k, v, scale=1.0, **kw)[0]
+    torch._dynamo.reset()
+    out = torch.compile(mix, fullgraph=True, backend="eager")(q, k, v)
+    torch.testing.assert_close(out, mix(q, k, v))
+
+
 @pytest.mark.slow
 def test_a_compiled_call_tells_auto_whether_its_gradient_is_taken(monkeypatch):
     """The op's forward cannot see autograd: the caller tells it (``differentiable``), so a

@@ -8,6 +8,7 @@ import torch
 
 from leetrepro import _paths
 from leetrepro.bench import related as R
+from leetrepro.models.decoder import DecoderLM
 from leetrepro.reproduce import other_papers as O
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "eca_tables.txt")
@@ -96,6 +97,6 @@ def test_the_decoder_mixes_with_gates_where_the_mixer_takes_them():
     def mix(q, k, v, g):
         seen["g"] = g
         return v
-    model = R.DecoderLM(mix, vocab=20, dim=16, layers=1, heads=2, mlp=32, gated=True)
+    model = DecoderLM(mix, vocab=20, dim=16, layers=1, heads=2, mlp=32, gates="key")
     model(torch.randint(0, 20, (1, 8)))
     assert seen["g"].shape == (1, 8, 2, 8) and (seen["g"] <= 0).all()

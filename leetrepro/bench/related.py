@@ -32,6 +32,7 @@ import torch
 from .. import related
 from .._device import gpu_tag
 from ..methods import eca
+from ..models.decoder import DecoderLM
 from ..reference import reference, rel_error
 from .harness import failed_status, interleaved_medians, peak_above, provenance, sync
 
@@ -201,48 +202,6 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
     return rows
 
 
-class _Block(torch.nn.Module):
-    def __init__(self, dim, heads, mlp, mix, gated):
-        super().__init__()
-        self.heads, self.mix = heads, mix
-        self.norm1, self.norm2 = torch.nn.RMSNorm(dim), torch.nn.RMSNorm(dim)
-        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
-        # GLA's gates: a low-rank projection, log-sigmoid, divided by 16 (the GLA paper's layer)
-        self.gate = torch.nn.Sequential(torch.nn.Linear(dim, 16, bias=False),
-                                        torch.nn.Linear(16, dim)) if gated else None
-        self.out = torch.nn.Linear(dim, dim, bias=False)
-        self.up = torch.nn.Linear(dim, 2 * mlp, bias=False)
-        self.down = torch.nn.Linear(mlp, dim, bias=False)
-
-    def forward(self, x):
-        b, n, dim = x.shape
-        h = self.norm1(x)
-        q, k, v = self.qkv(h).view(b, n, 3, self.heads, dim // self.heads).unbind(2)
-        g = None if self.gate is None else \
-            torch.nn.functional.logsigmoid(self.gate(h).float()).div(16).view(b, n, self.heads, -1)
-        x = x + self.out(self.mix(q, k, v, g).reshape(b, n, dim))
-        a, c = self.up(self.norm2(x)).chunk(2, -1)
-        return x + self.down(torch.nn.functional.silu(a) * c)
-
-
-class DecoderLM(torch.nn.Module):
-    """A pre-norm decoder LM (RMSNorm, fused q/k/v projection, SwiGLU) whose token mixer is
-    ``mix(q, k, v, g)`` on time-major ``(b, N, h, d)`` views (:func:`mixer`)."""
-
-    def __init__(self, mix, *, vocab, dim, layers, heads, mlp, gated=False, **_):
-        super().__init__()
-        self.embed = torch.nn.Embedding(vocab, dim)
-        self.blocks = torch.nn.ModuleList(_Block(dim, heads, mlp, mix, gated) for _ in range(layers))
-        self.norm = torch.nn.RMSNorm(dim)
-        self.head = torch.nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
 def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2):
     """ms per training step and its peak memory, one model per mixer (built, timed, freed)."""
     rows = []
@@ -257,7 +216,8 @@ def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2):
         try:
             torch.manual_seed(0)
             with torch.device(device):  # (initialised in place: 1.4B parameters on a host are slow)
-                model = DecoderLM(mix, gated="gla" in name, **config).to(torch.bfloat16)
+                model = DecoderLM(mix, gates="key" if "gla" in name else None,
+                                  **config).to(torch.bfloat16)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
             params = sum(p.numel() for p in model.parameters())
 

@@ -1,0 +1,286 @@
+"""What a model gets: a decoder language model's training step with its token mixer swapped.
+
+``make bench-model`` (or ``python -m leetrepro.bench.model --out data/<gpu>``) builds
+:class:`leetrepro.models.decoder.DecoderLM` (pre-norm blocks, RMSNorm, a fused q/k/v projection,
+SwiGLU, untied embedding and head, vocabulary 32k; bf16 parameters, fused AdamW) at each size of
+:data:`SIZES`, once per mixer of :data:`MIXERS`, and times a training step (forward, cross-entropy
+in float32, backward, optimizer step) eager and with every block under ``torch.compile`` (the
+blocks are alike, so they share one compilation), the two modes' steps interleaved (medians of
+``--reps`` CUDA-event timings after 2 warm-up steps each, which compile and autotune). One model
+is in memory at a time: mixers are timed one after another in one process, so compare mixers
+within a size and mode.
+
+Writes ``model.csv``: per size, mixer and mode ``ms`` per step, ``tokens_per_s`` (batch · seq /
+step), ``peak_GiB`` (the most allocated during a step: weights, optimizer state, activations),
+``params``, ``vs_leetrepro`` (tokens/s over the ``leetrepro`` mixer's in the same size and mode;
+above 1: faster than it), and the operator's part of the step from ``torch.profiler``:
+``op_ms`` is the GPU time per step of the kernels that the mixer alone launches (profiled on
+its own first, on inputs of the model's shapes; PyTorch's own ATen kernels, the copies and casts
+around an op, and the matrix products of Mamba-2's projections are left out: the operator's
+kernels, not its wrapper; for Mamba-2 the SSD, not its convolution), ``op_share`` that over all
+kernels' GPU time in the step. A mixer
+that fails is a row with its ``status``; the others still run.
+
+Mixers (time-major ``(batch, N, heads, d)`` views of the fused projection, as models hand them):
+
+* ``leetrepro``: :func:`leetrepro.causal_linear_decoder` with the default ``method="auto"`` and
+  per-head decays γ from 0.8 to 0.999 (the operator as this project's users call it);
+* ``leetrepro chunk_simple_gla``: the drop-in :func:`leetrepro.compat.chunk_simple_gla` with
+  ``g_gamma = log γ``, ``scale=1``;
+* ``fla chunk_simple_gla``: flash-linear-attention's, the same arguments (optional ``fla-core``);
+* ``softmax SDPA``: ``scaled_dot_product_attention(is_causal=True)``;
+* ``leetrepro gated``, ``fla gated``: each ``chunk_simple_gla`` with per-token log gates
+  ``g (batch, N, heads)`` from a rank-16 projection (GLA's), no fixed decay;
+* ``Mamba-2 leetrepro``, ``Mamba-2 mamba_ssm``: a :class:`leetrepro.models.Mamba2Block` in the
+  mixer's place (expand 2, headdim 64, the size's d_state and groups), its SSD this project's or
+  mamba_ssm's Triton kernels (from ``$LEETREPRO_PEERS``, see ``make bench-ssd``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Callable
+
+import torch
+
+from .harness import failed_status, fla_chunk_simple_gla, gpu_main, interleaved_medians, \
+    mamba_ssm_peer, sync
+from .layouts import decays
+
+#: name -> the model (vocab, dim, layers, heads, mlp), one GPU's micro-batch (batch × seq), and
+#: the Mamba-2 mixer's state (headdim, d_state, ngroups)
+SIZES = {
+    "125M": dict(vocab=32000, dim=768, layers=12, heads=12, mlp=2048, batch=4, seq=4096,
+                 mamba=dict(headdim=64, d_state=64, ngroups=1)),
+    "1.3B": dict(vocab=32000, dim=2048, layers=24, heads=16, mlp=5632, batch=2, seq=4096,
+                 mamba=dict(headdim=64, d_state=128, ngroups=8)),
+}
+MIXERS = ("leetrepro", "leetrepro chunk_simple_gla", "fla chunk_simple_gla", "softmax SDPA",
+          "leetrepro gated", "fla gated", "Mamba-2 leetrepro", "Mamba-2 mamba_ssm")
+MODES = ("eager", "compile")
+#: kernel names that are not an op's own: PyTorch's ATen kernels (copies, casts, fills,
+#: reductions around a call), copies and fills by the driver, matrix-product libraries (Mamba-2's
+#: projections) and cuDNN (its convolution): left out of the operator's share
+_NOT_THE_OP = re.compile(r"at::native|Memcpy|Memset|gemm|nvjet|cutlass|xmma|cublas|cudnn", re.I)
+
+
+def mixer(name: str, cfg: dict, device, peer=None) -> Callable[[], torch.nn.Module] | None:
+    """``make_mixer()`` for :class:`DecoderLM` (each call a new sub-layer), or None where its
+    peer is not installed."""
+    from .. import causal_linear_decoder
+    from ..compat import chunk_simple_gla
+    from ..models.decoder import AttentionMixer
+    from ..models.mamba2 import Mamba2Block
+    dim, heads = cfg["dim"], cfg["heads"]
+    if name.startswith("Mamba-2"):
+        if name.endswith("mamba_ssm") and peer is None:
+            return None
+        ssd = peer if name.endswith("mamba_ssm") else None
+        return lambda: Mamba2Block(dim, ssd=ssd, **cfg["mamba"])
+    gamma = decays(heads).to(device)
+    log_gamma = gamma.log().float()
+    fla = fla_chunk_simple_gla() if name.startswith("fla") else None
+    if name.startswith("fla") and fla is None:
+        return None
+    if name == "leetrepro":
+        def mix(q, k, v, g):
+            return causal_linear_decoder(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         gamma).transpose(1, 2)
+    elif name == "softmax SDPA":
+        def mix(q, k, v, g):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                is_causal=True).transpose(1, 2)
+    elif name in ("leetrepro chunk_simple_gla", "fla chunk_simple_gla"):
+        op = chunk_simple_gla if fla is None else fla
+
+        def mix(q, k, v, g):
+            return op(q, k, v, g_gamma=log_gamma, scale=1.0)[0]
+    elif name in ("leetrepro gated", "fla gated"):
+        op = chunk_simple_gla if fla is None else fla
+
+        def mix(q, k, v, g):
+            return op(q, k, v, g=g, scale=1.0)[0]
+    else:
+        raise ValueError(f"unknown mixer {name!r}; use one of {MIXERS}")
+    gates = "head" if name.endswith("gated") else None
+    return lambda: AttentionMixer(dim, heads, mix, gates=gates)
+
+
+def kernel_times(fn: Callable, device, calls: int = 2) -> dict:
+    """GPU microseconds per call of each kernel ``fn()`` launches (``torch.profiler``), by name
+    (a trailing ``_<digits>``, which ``torch.compile`` appends to the kernels it wraps, removed)."""
+    from torch.profiler import ProfilerActivity, profile
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    out = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = re.sub(r"_\d+$", "", e.name)
+            out[name] = out.get(name, 0.0) + e.time_range.elapsed_us() / calls
+    return out
+
+
+def op_share(step_kernels: dict, op_kernels: set) -> tuple[float, float]:
+    """``(op_ms, op_share)``: the GPU time per step of the kernels named in ``op_kernels`` (the
+    mixer's own, :data:`_NOT_THE_OP` left out) and its part of all kernels' time."""
+    mine = {k for k in op_kernels if not _NOT_THE_OP.search(k)}
+    total = sum(step_kernels.values())
+    op = sum(t for k, t in step_kernels.items() if k in mine)
+    return op / 1e3, (op / total if total else float("nan"))
+
+
+def _mixer_alone(model, cfg: dict, device) -> Callable:
+    """One forward + backward of the first block's mixer alone, on inputs of the model's shape."""
+    layer = model.blocks[0].mixer
+    x = torch.randn(cfg["batch"], cfg["seq"], cfg["dim"], device=device,
+                    dtype=next(model.parameters()).dtype, requires_grad=True)
+    if hasattr(layer, "mix"):  # (the op alone: not the projections around it)
+        qkv = layer.qkv(x).detach().view(x.shape[0], x.shape[1], 3, layer.heads, -1)
+        q, k, v = (t.requires_grad_() for t in qkv.clone().unbind(2))
+        g = None if layer.gate is None else \
+            torch.nn.functional.logsigmoid(layer.gate(x).float()).detach().requires_grad_()
+
+        def call():
+            o = layer.mix(q, k, v, g)
+            o.backward(torch.ones_like(o))
+        return call
+
+    def call():
+        y = layer(x)
+        y.backward(torch.ones_like(y))
+    return call
+
+
+def measure(size: str, cfg: dict, mixers, modes, reps: int, device, *, peer=None,
+            profile: bool = True, compile_backend: str = "inductor", seed: int = 0,
+            on_mixer: Callable | None = None) -> list[dict]:
+    """The rows of one size: each mixer's model built, timed in each mode, freed;
+    ``on_mixer(rows so far)`` after each (to write them: a run cut short keeps its rows)."""
+    from ..models.decoder import DecoderLM
+    cuda = torch.device(device).type == "cuda"
+    gen = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=gen,
+                        device=device)
+    base = dict(size=size, **{k: v for k, v in cfg.items() if k != "mamba"})
+    rows = []
+    for name in mixers:
+        make = mixer(name, cfg, device, peer)
+        if make is None:
+            rows += [dict(base, mixer=name, mode=m, status="not installed") for m in modes]
+            continue
+        model = opt = steps = None
+        try:
+            torch.manual_seed(seed)
+            # (each mixer's blocks compile anew: the compiled code of one mixer cannot serve
+            # another, and eight mixers' entries would reach dynamo's recompile limit)
+            torch._dynamo.reset()
+            with torch.device(device):  # (initialised in place: a 1.3B model on a host is slow)
+                model = DecoderLM(make_mixer=make, **cfg).to(torch.bfloat16)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+            params = sum(p.numel() for p in model.parameters())
+            compiled = [torch.compile(b, backend=compile_backend) for b in model.blocks] \
+                if "compile" in modes else None
+
+            def step(blocks=None):
+                logits = model(ids[:, :-1], blocks)
+                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                         ids[:, 1:].flatten())
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            steps = {m: (lambda c=compiled if m == "compile" else None: step(c)) for m in modes}
+            times = interleaved_medians(steps, [()], reps, device, warmup=2, shuffle=True)
+            op_kernels = set(kernel_times(_mixer_alone(model, cfg, device), device, 1)) \
+                if profile and cuda else None
+            opt.zero_grad(set_to_none=True)  # (what the mixer alone left in the weights' .grad)
+            for m in modes:
+                row = dict(base, mixer=name, mode=m, params=params, reps=reps,
+                           ms=times[m] * 1e3, tokens_per_s=cfg["batch"] * cfg["seq"] / times[m],
+                           status="ok")
+                if cuda:
+                    sync(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                    steps[m]()
+                    sync(device)
+                    row["peak_GiB"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+                if op_kernels is not None:
+                    row["op_ms"], row["op_share"] = op_share(kernel_times(steps[m], device),
+                                                             op_kernels)
+                rows.append(row)
+        except Exception as err:  # noqa: BLE001  (a mixer that fails is a row)
+            rows += [dict(base, mixer=name, mode=m, status=failed_status(err, 200))
+                     for m in modes if not any(r["mixer"] == name and r["mode"] == m
+                                               for r in rows)]
+        finally:
+            model = opt = steps = compiled = None  # (freed before the next mixer's model)
+            if cuda:
+                torch.cuda.empty_cache()
+        for r in rows[-len(modes):]:
+            print(_line(r), flush=True)
+        if on_mixer is not None:
+            on_mixer(compare(rows))
+    return compare(rows)
+
+
+def compare(rows: list[dict]) -> list[dict]:
+    """``vs_leetrepro`` on each row: its tokens/s over the ``leetrepro`` mixer's in the same size
+    and mode (where both ran)."""
+    for r in rows:
+        ref = next((x for x in rows if x["mixer"] == "leetrepro" and x["mode"] == r["mode"]
+                    and x["size"] == r["size"] and x.get("tokens_per_s")), None)
+        if ref is not None and r.get("tokens_per_s"):
+            r["vs_leetrepro"] = r["tokens_per_s"] / ref["tokens_per_s"]
+    return rows
+
+
+def _line(r: dict) -> str:
+    if r["status"] != "ok":
+        return f"{r['size']:>5} {r['mixer']:28s} {r['mode']:8s} {r['status'][:100]}"
+    share = f"  op {r['op_ms']:6.2f} ms ({r['op_share']:5.1%})" if "op_share" in r else ""
+    peak = f"  peak {r['peak_GiB']:5.1f} GiB" if "peak_GiB" in r else ""
+    return (f"{r['size']:>5} {r['mixer']:28s} {r['mode']:8s} {r['ms']:9.2f} ms/step "
+            f"{r['tokens_per_s'] / 1e3:8.1f}k tokens/s{peak}{share}")
+
+
+def _arguments(p) -> None:
+    p.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--mixers", nargs="*", default=list(MIXERS), choices=list(MIXERS))
+    p.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--batch", type=int, default=None, help="replace each size's batch")
+    p.add_argument("--seq", type=int, default=None, help="replace each size's sequence length")
+    p.add_argument("--no-profile", action="store_true", help="skip the operator's share")
+    p.add_argument("--peers", default=None,
+                   help="folder with mamba_ssm's public source (default $LEETREPRO_PEERS)")
+    p.add_argument("--csv", default="model.csv")
+
+
+def main(argv=None) -> int:
+    import pandas as pd
+
+    args, setup = gpu_main("bench.model", __doc__, argv, _arguments, output="model.csv")
+    if setup is None:
+        return 2
+    device, meta, out = setup
+    peer = mamba_ssm_peer(args.peers) if "Mamba-2 mamba_ssm" in args.mixers else None
+    done = []
+
+    def write(rows):
+        pd.DataFrame(compare(done + rows)).assign(**meta).to_csv(os.path.join(out, args.csv),
+                                                                 index=False)
+    for size in args.sizes:
+        cfg = dict(SIZES[size])
+        cfg.update({k: v for k, v in (("batch", args.batch), ("seq", args.seq)) if v})
+        done += measure(size, cfg, args.mixers, args.modes, args.reps, device, peer=peer,
+                        profile=not args.no_profile, on_mixer=write)
+    print(f"wrote {os.path.join(out, args.csv)} ({len(done)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The model benchmark's machinery on the CPU: every mixer's model trains a step eager and
+compiled (dynamo only: one graph for all blocks, no break), rows as the GPU run writes them,
+and the operator's share from kernel names."""
+import pytest
+import torch
+
+from leetrepro.bench import model as M
+
+TINY = dict(vocab=64, dim=32, layers=3, heads=2, mlp=48, batch=2, seq=40,
+            mamba=dict(headdim=16, d_state=8, ngroups=1))
+OURS = [m for m in M.MIXERS if not m.startswith("fla") and not m.endswith("mamba_ssm")]
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_each_mixer_s_model_steps_eager_and_compiled_in_one_graph(name):
+    torch._dynamo.utils.counters.clear()
+    rows = M.measure("tiny", TINY, [name], M.MODES, 1, torch.device("cpu"),
+                     compile_backend="eager")
+    assert [(r["mixer"], r["mode"], r["status"]) for r in rows] == \
+        [(name, m, "ok") for m in M.MODES]
+    for r in rows:
+        assert r["ms"] > 0 and r["tokens_per_s"] == pytest.approx(2 * 40 / (r["ms"] / 1e3))
+        assert r["params"] > 0 and r["size"] == "tiny"
+    # the blocks are alike: one graph serves them all (a break or a recompile per block would
+    # time PyTorch's eager path under the name of torch.compile)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_rows_compare_with_the_operator_s_row_in_the_same_mode_and_peers_absent_are_rows():
+    rows = M.measure("tiny", TINY, ["leetrepro", "softmax SDPA", "Mamba-2 mamba_ssm"],
+                     ("eager",), 1, torch.device("cpu"), peer=None)
+    by = {r["mixer"]: r for r in rows}
+    assert by["leetrepro"]["vs_leetrepro"] == 1.0
+    assert by["softmax SDPA"]["vs_leetrepro"] == pytest.approx(
+        by["softmax SDPA"]["tokens_per_s"] / by["leetrepro"]["tokens_per_s"])
+    assert by["Mamba-2 mamba_ssm"]["status"] == "not installed"
+
+
+def test_the_operator_s_share_counts_its_own_kernels_only():
+    step = {"_chunk_fwd_kernel": 300.0, "void at::native::vectorized_elementwise_kernel": 100.0,
+            "sm90_xmma_gemm_bf16": 500.0, "triton_poi_fused_add": 100.0}
+    # what the mixer alone launched: its kernel, and a copy PyTorch also makes elsewhere
+    alone = {"_chunk_fwd_kernel", "void at::native::vectorized_elementwise_kernel"}
+    ms, share = M.op_share(step, alone)
+    assert ms == pytest.approx(0.3) and share == pytest.approx(0.3)
+
+
+def test_an_unknown_mixer_is_named():
+    with pytest.raises(ValueError, match="unknown mixer 'nope'"):
+        M.mixer("nope", TINY, torch.device("cpu"))
