@@ -43,6 +43,9 @@ def test_the_operator_s_share_counts_its_own_kernels_only():
     alone = {"_chunk_fwd_kernel", "void at::native::vectorized_elementwise_kernel"}
     ms, share = M.op_share(step, alone)
     assert ms == pytest.approx(0.3) and share == pytest.approx(0.3)
+    flash = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, cutlass::bfloat16_t>>"
+    assert M.op_share({flash: 2.0, "void cutlass::Kernel2<cutlass_80_tensorop_gemm>": 2.0},
+                      {flash})[1] == 0.5
 
 
 def test_an_unknown_mixer_is_named():

@@ -57,12 +57,15 @@ SIZES = {
                  mamba=dict(headdim=64, d_state=128, ngroups=8)),
 }
 MIXERS = ("leetrepro", "leetrepro chunk_simple_gla", "fla chunk_simple_gla", "softmax SDPA",
-          "leetrepro gated", "fla gated", "Mamba-2 leetrepro", "Mamba-2 mamba_ssm")
+          "leetrepro gated", "Mamba-2 leetrepro", "Mamba-2 mamba_ssm", "fla gated")
 MODES = ("eager", "compile")
 #: kernel names that are not an op's own: PyTorch's ATen kernels (copies, casts, fills,
 #: reductions around a call), copies and fills by the driver, matrix-product libraries (Mamba-2's
 #: projections) and cuDNN (its convolution): left out of the operator's share
-_NOT_THE_OP = re.compile(r"at::native|Memcpy|Memset|gemm|nvjet|cutlass|xmma|cublas|cudnn", re.I)
+#: (by the kernel's own name, not its template arguments: FlashAttention's kernels name cutlass
+#: types among theirs)
+_NOT_THE_OP = re.compile(r"^(void )?(at::native::|at::cuda::|cutlass::|cudnn|cublas)|"
+                         r"^(sm\d+_xmma|nvjet|ampere_|Memcpy|Memset)|gemm", re.I)
 
 
 def mixer(name: str, cfg: dict, device, peer=None) -> Callable[[], torch.nn.Module] | None:
