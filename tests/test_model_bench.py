@@ -46,6 +46,9 @@ def test_the_operator_s_share_counts_its_own_kernels_only():
     flash = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, cutlass::bfloat16_t>>"
     assert M.op_share({flash: 2.0, "void cutlass::Kernel2<cutlass_80_tensorop_gemm>": 2.0},
                       {flash})[1] == 0.5
+    cudnn = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wmma_f16_knob_3_64x64x128_4x1x1"
+    assert M.op_share({cudnn: 1.0, "void at::native::conv_depthwise2d_forward_kernel": 1.0},
+                      {cudnn, "void at::native::conv_depthwise2d_forward_kernel"})[1] == 0.5
 
 
 def test_an_unknown_mixer_is_named():

@@ -61,11 +61,11 @@ MIXERS = ("leetrepro", "leetrepro chunk_simple_gla", "fla chunk_simple_gla", "so
 MODES = ("eager", "compile")
 #: kernel names that are not an op's own: PyTorch's ATen kernels (copies, casts, fills,
 #: reductions around a call), copies and fills by the driver, matrix-product libraries (Mamba-2's
-#: projections) and cuDNN (its convolution): left out of the operator's share
-#: (by the kernel's own name, not its template arguments: FlashAttention's kernels name cutlass
-#: types among theirs)
-_NOT_THE_OP = re.compile(r"^(void )?(at::native::|at::cuda::|cutlass::|cudnn|cublas)|"
-                         r"^(sm\d+_xmma|nvjet|ampere_|Memcpy|Memset)|gemm", re.I)
+#: projections) and convolutions (its causal conv): left out of the operator's share. Matched on
+#: the kernel's own name, not its template arguments (FlashAttention's name cutlass types), and
+#: not cuDNN as a whole (its fused attention is softmax SDPA's kernel on Hopper).
+_NOT_THE_OP = re.compile(r"^(void )?(at::native::|at::cuda::|cutlass::|cublas)|"
+                         r"^(sm\d+_xmma|nvjet|ampere_|Memcpy|Memset)|gemm|conv", re.I)
 
 
 def mixer(name: str, cfg: dict, device, peer=None) -> Callable[[], torch.nn.Module] | None:
