@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ._inputs import check_4d, memo_by_tensor
+from ._inputs import check_4d, check_gamma_values, memo_by_tensor
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, skip_rows
 
@@ -171,7 +171,30 @@ def _decay(g_gamma: torch.Tensor) -> torch.Tensor:
     if g_gamma.requires_grad:
         raise ValueError("g_gamma requires grad: the decays are fixed here (no gradient flows to "
                          "them); pass g_gamma.detach() or a buffer")
-    return memo_by_tensor(_DECAYS, g_gamma, lambda t: torch.exp(t.detach().to(torch.float64)))
+    if torch.compiler.is_compiling():
+        # (traced, exp(g_gamma) would be a new tensor at every run of the graph, and the operator,
+        # which checks a gamma it has not seen, would copy it to the host each time: a sync per
+        # layer. The op looks it up when the graph runs, outside the trace.)
+        return decays_from_log(g_gamma)
+    return memo_by_tensor(_DECAYS, g_gamma, _checked_decays)
+
+
+def _checked_decays(g_gamma: torch.Tensor) -> torch.Tensor:
+    gamma = torch.exp(g_gamma.detach().to(torch.float64))
+    check_gamma_values(gamma)  # (once per g_gamma: the operator then finds it checked)
+    return gamma
+
+
+@torch.library.custom_op("leetrepro::decays_from_log", mutates_args=())
+def decays_from_log(g_gamma: torch.Tensor) -> torch.Tensor:
+    """``exp(g_gamma)`` in float64, its values checked in (0, 1] the first time: the same tensor
+    for the same ``g_gamma`` (object and version), which a model passes to every layer."""
+    return memo_by_tensor(_DECAYS, g_gamma, _checked_decays)
+
+
+@decays_from_log.register_fake
+def _(g_gamma):
+    return torch.empty(g_gamma.shape, dtype=torch.float64, device=g_gamma.device)
 
 
 def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,

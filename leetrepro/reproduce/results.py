@@ -463,11 +463,44 @@ def ssd(tags: list[str]) -> str:
     return text
 
 
+def model(tags: list[str]) -> str:
+    """``make bench-model``'s rows: a decoder LM's training step with each token mixer, per GPU,
+    size and mode, and the figure beside them."""
+    rows, figures = [], []
+    for tag in tags:
+        df = _read(tag, "model.csv")
+        if df is None:
+            continue
+        figures.append(f"![{tag.upper()}]({tag}/model.png)")
+        for _, r in df.iterrows():
+            ok = r.status == "ok"
+            rows.append([tag.upper(), r["size"], r.mixer, r["mode"],
+                         f"{r.ms:.1f}" if ok else "-",
+                         f"{r.tokens_per_s / 1e3:.1f}k" if ok else "-",
+                         _x(r.get("vs_leetrepro")) if ok else "-",
+                         f"{r.peak_GiB:.1f}" if ok and r.get("peak_GiB") == r.get("peak_GiB") else "-",
+                         f"{r.op_ms:.2f} ms ({r.op_share:.1%})"
+                         if ok and r.get("op_share") == r.get("op_share") else "-",
+                         "ok" if ok else str(r.status)[:90], r.commit])
+    if not rows:
+        return "Nothing measured yet."
+    return ("A decoder language model (pre-norm, fused q/k/v, SwiGLU, vocabulary 32k, bf16 weights, "
+            "fused AdamW) trained a step at a time with its token mixer swapped, eager and with "
+            "its blocks under `torch.compile`; medians of interleaved steps. `vs leetrepro`: "
+            "tokens/s over the `leetrepro` mixer's in the same size and mode (above 1: faster). "
+            "`operator`: the GPU time per step of the mixer's own kernels and its share of all "
+            "kernels' time (`torch.profiler`; what each is: `leetrepro/bench/model.py`).\n\n"
+            + "\n".join(figures) + "\n\n"
+            + _table(["GPU", "size", "mixer", "mode", "ms/step", "tokens/s", "vs leetrepro",
+                      "peak GiB", "operator", "status", "commit"], rows))
+
+
 def page() -> str:
     tags = gpu_folders()
     gpus = [t for t in tags if "x" not in t and t != "cpu"]
     sections = [
         ("What was measured where", measured_where(tags)),
+        ("What a model gets (`make bench-model`)", model(gpus)),
         ("Correctness against the float64 oracle (`make gpu-check`)", correctness(gpus)),
         ("Distance to the memory floor (`make floor`; heads 32, r = d = 128; time ÷ floor)",
          floor_cells(gpus)),
