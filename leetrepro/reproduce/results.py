@@ -463,24 +463,34 @@ def ssd(tags: list[str]) -> str:
     return text
 
 
+def _given(v) -> bool:
+    """Whether a cell holds a number (not absent, not NaN)."""
+    return v is not None and v == v
+
+
+#: the model benchmark's files: the whole run, then re-measures of some mixers
+MODEL_FILES = ("model.csv", "model_dropin.csv")
+
+
 def model(tags: list[str]) -> str:
     """``make bench-model``'s rows: a decoder LM's training step with each token mixer, per GPU,
     size and mode, and the figure beside them."""
     rows, figures = [], []
-    for tag in tags:
-        df = _read(tag, "model.csv")
+    for tag, name in ((t, n) for t in tags for n in MODEL_FILES):
+        df = _read(tag, name)
         if df is None:
             continue
-        figures.append(f"![{tag.upper()}]({tag}/model.png)")
+        if name == MODEL_FILES[0]:
+            figures.append(f"![{tag.upper()}]({tag}/model.png)")
         for _, r in df.iterrows():
             ok = r.status == "ok"
-            rows.append([tag.upper(), r["size"], r.mixer, r["mode"],
+            rows.append([tag.upper(), name, r["size"], r.mixer, r["mode"],
                          f"{r.ms:.1f}" if ok else "-",
                          f"{r.tokens_per_s / 1e3:.1f}k" if ok else "-",
                          _x(r.get("vs_leetrepro")) if ok else "-",
-                         f"{r.peak_GiB:.1f}" if ok and r.get("peak_GiB") == r.get("peak_GiB") else "-",
+                         f"{r.peak_GiB:.1f}" if ok and _given(r.get("peak_GiB")) else "-",
                          f"{r.op_ms:.2f} ms ({r.op_share:.1%})"
-                         if ok and r.get("op_share") == r.get("op_share") else "-",
+                         if ok and _given(r.get("op_share")) else "-",
                          "ok" if ok else str(r.status)[:90], r.commit])
     if not rows:
         return "Nothing measured yet."
@@ -489,9 +499,11 @@ def model(tags: list[str]) -> str:
             "its blocks under `torch.compile`; medians of interleaved steps. `vs leetrepro`: "
             "tokens/s over the `leetrepro` mixer's in the same size and mode (above 1: faster). "
             "`operator`: the GPU time per step of the mixer's own kernels and its share of all "
-            "kernels' time (`torch.profiler`; what each is: `leetrepro/bench/model.py`).\n\n"
+            "kernels' time (`torch.profiler`; what each is: `leetrepro/bench/model.py`). "
+            "`model_dropin.csv`: the drop-in beside `causal_linear_decoder` again after its "
+            "compiled decays stopped syncing with the host (NOTES.md).\n\n"
             + "\n".join(figures) + "\n\n"
-            + _table(["GPU", "size", "mixer", "mode", "ms/step", "tokens/s", "vs leetrepro",
+            + _table(["GPU", "file", "size", "mixer", "mode", "ms/step", "tokens/s", "vs leetrepro",
                       "peak GiB", "operator", "status", "commit"], rows))
 
 
