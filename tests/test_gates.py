@@ -371,10 +371,10 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
 
 @pytest.mark.parametrize("case", quick_lane([
     dict(),
-    dict(groups=1, scale=0.3),
+    dict(groups=1, scale=0.3, n=100),  # (one segment: the first case crosses segments)
     dict(packed=True),
     dict(r=40, d=130, n=100, states=False),
-    dict(dtype=torch.float16, gamma=False),
+    dict(dtype=torch.float16, gamma=False, n=100),
     dict(r=40, max_r=16, n=100),
 ]))
 def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):

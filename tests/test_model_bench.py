@@ -54,3 +54,12 @@ def test_the_operator_s_share_counts_its_own_kernels_only():
 def test_an_unknown_mixer_is_named():
     with pytest.raises(ValueError, match="unknown mixer 'nope'"):
         M.mixer("nope", TINY, torch.device("cpu"))
+
+
+def test_the_cuda_graph_mode_is_a_row_of_its_own():
+    """``graphs``: the blocks under torch.compile(mode="reduce-overhead") on a GPU, a step
+    marked as a new iteration each time (here dynamo alone: the plumbing, not the graphs)."""
+    rows = M.measure("tiny", TINY, ["leetrepro"], M.ALL_MODES, 1, torch.device("cpu"),
+                     compile_backend="eager")
+    assert [(r["mode"], r["status"], r["vs_leetrepro"]) for r in rows] == \
+        [(m, "ok", 1.0) for m in M.ALL_MODES]

@@ -5,8 +5,9 @@
 SwiGLU, untied embedding and head, vocabulary 32k; bf16 parameters, fused AdamW) at each size of
 :data:`SIZES`, once per mixer of :data:`MIXERS`, and times a training step (forward, cross-entropy
 in float32, backward, optimizer step) eager and with every block under ``torch.compile`` (the
-blocks are alike, so they share one compilation), the two modes' steps interleaved (medians of
-``--reps`` CUDA-event timings after 2 warm-up steps each, which compile and autotune). One model
+blocks are alike, so they share one compilation), the modes' steps interleaved (medians of
+``--reps`` CUDA-event timings after 2 warm-up steps each, which compile and autotune); with
+``--modes ... graphs`` also under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). One model
 is in memory at a time: mixers are timed one after another in one process, so compare mixers
 within a size and mode.
 
@@ -58,7 +59,10 @@ SIZES = {
 }
 MIXERS = ("leetrepro", "leetrepro chunk_simple_gla", "fla chunk_simple_gla", "softmax SDPA",
           "leetrepro gated", "Mamba-2 leetrepro", "Mamba-2 mamba_ssm", "fla gated")
+#: the modes timed by default; ``graphs`` (the blocks under ``torch.compile(mode=
+#: "reduce-overhead")``: inductor's code replayed from CUDA graphs) on request
 MODES = ("eager", "compile")
+ALL_MODES = MODES + ("graphs",)
 #: kernel names that are not an op's own: PyTorch's ATen kernels (copies, casts, fills,
 #: reductions around a call), copies and fills by the driver, matrix-product libraries (Mamba-2's
 #: projections) and convolutions (its causal conv): left out of the operator's share. Matched on
@@ -186,17 +190,19 @@ def measure(size: str, cfg: dict, mixers, modes, reps: int, device, *, peer=None
                 model = DecoderLM(make_mixer=make, **cfg).to(torch.bfloat16)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
             params = sum(p.numel() for p in model.parameters())
-            compiled = [torch.compile(b, backend=compile_backend) for b in model.blocks] \
-                if "compile" in modes else None
+            compiled = {m: [_compiled(b, m, compile_backend) for b in model.blocks]
+                        for m in modes if m != "eager"}
 
-            def step(blocks=None):
+            def step(blocks=None, graphs=False):
+                if graphs:  # (a new iteration: cudagraph trees may reuse the last one's memory)
+                    torch.compiler.cudagraph_mark_step_begin()
                 logits = model(ids[:, :-1], blocks)
                 loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
                                                          ids[:, 1:].flatten())
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            steps = {m: (lambda c=compiled if m == "compile" else None: step(c)) for m in modes}
+            steps = {m: (lambda c=compiled.get(m), g=m == "graphs": step(c, g)) for m in modes}
             times = interleaved_medians(steps, [()], reps, device, warmup=2, shuffle=True)
             op_kernels = set(kernel_times(_mixer_alone(model, cfg, device), device, 1)) \
                 if profile and cuda else None
@@ -241,6 +247,14 @@ def compare(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def _compiled(block, mode: str, backend: str):
+    """``block`` under ``torch.compile`` for ``mode`` (``graphs``: ``mode="reduce-overhead"``,
+    which only inductor takes)."""
+    if mode == "graphs" and backend == "inductor":
+        return torch.compile(block, mode="reduce-overhead")
+    return torch.compile(block, backend=backend)
+
+
 def _line(r: dict) -> str:
     if r["status"] != "ok":
         return f"{r['size']:>5} {r['mixer']:28s} {r['mode']:8s} {r['status'][:100]}"
@@ -253,7 +267,9 @@ def _line(r: dict) -> str:
 def _arguments(p) -> None:
     p.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--mixers", nargs="*", default=list(MIXERS), choices=list(MIXERS))
-    p.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    p.add_argument("--modes", nargs="*", default=list(MODES), choices=list(ALL_MODES),
+                   help="eager, compile (torch.compile of each block) and graphs "
+                        "(mode='reduce-overhead': CUDA graphs); default: eager, compile")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--batch", type=int, default=None, help="replace each size's batch")
     p.add_argument("--seq", type=int, default=None, help="replace each size's sequence length")
