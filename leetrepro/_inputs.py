@@ -136,10 +136,8 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
 def memo_by_tensor(cache: dict, t: torch.Tensor, make):
     """``make(t)``, cached per tensor object and version (keyed by id, confirmed by a weak
     reference; at most 256 entries): what a model computes from the same decay tensor every layer.
-    While ``torch.compile`` traces, ``make(t)`` itself (a tensor's version is not traceable: the
-    lookup would break the graph at every call)."""
-    if torch.compiler.is_compiling():
-        return make(t)
+    Not traceable (a tensor's version breaks a ``torch.compile`` graph): call it where the graph
+    runs (inside a custom op), not where it is traced."""
     key = (id(t), t._version)
     hit = cache.get(key)
     if hit is not None and hit[0]() is t:

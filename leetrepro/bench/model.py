@@ -147,10 +147,10 @@ def _mixer_alone(model, cfg: dict, device) -> Callable:
     x = torch.randn(cfg["batch"], cfg["seq"], cfg["dim"], device=device,
                     dtype=next(model.parameters()).dtype, requires_grad=True)
     if hasattr(layer, "mix"):  # (the op alone: not the projections around it)
-        qkv = layer.qkv(x).detach().view(x.shape[0], x.shape[1], 3, layer.heads, -1)
-        q, k, v = (t.requires_grad_() for t in qkv.clone().unbind(2))
-        g = None if layer.gate is None else \
-            torch.nn.functional.logsigmoid(layer.gate(x).float()).detach().requires_grad_()
+        with torch.no_grad():
+            q, k, v, g = layer.inputs(x)
+        q, k, v = (t.requires_grad_() for t in torch.stack((q, k, v), 2).unbind(2))
+        g = None if g is None else g.requires_grad_()
 
         def call():
             o = layer.mix(q, k, v, g)

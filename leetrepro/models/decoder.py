@@ -37,14 +37,19 @@ class AttentionMixer(nn.Module):
             nn.Linear(dim, 16, bias=False), nn.Linear(16, heads if gates == "head" else dim))
         self.out = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def inputs(self, x: torch.Tensor) -> tuple:
+        """``(q, k, v, g)`` that ``mix`` takes: the projection's ``(b, N, heads, d)`` views and
+        the gates (None without them)."""
         b, n, dim = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, dim // self.heads).unbind(2)
         g = None
         if self.gate is not None:
             g = nn.functional.logsigmoid(self.gate(x).float()) / self.gate_temperature
             g = g.view(b, n, self.heads, -1) if self.gates == "key" else g
-        return self.out(self.mix(q, k, v, g).reshape(b, n, dim))
+        return q, k, v, g
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.mix(*self.inputs(x)).reshape(x.shape))
 
 
 class Block(nn.Module):
