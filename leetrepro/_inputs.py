@@ -17,6 +17,8 @@ import weakref
 
 import torch
 
+from ._device import persistent
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
                torch.float64: "float64"}
@@ -142,7 +144,7 @@ def memo_by_tensor(cache: dict, t: torch.Tensor, make):
     hit = cache.get(key)
     if hit is not None and hit[0]() is t:
         return hit[1]
-    value = make(t)
+    value = persistent(lambda: make(t), t.device)  # (kept: outside a CUDA graph's pool)
     if len(cache) >= 256:
         cache.clear()
     cache[key] = (weakref.ref(t), value)

@@ -324,6 +324,49 @@ def test_torch_compile_reduce_overhead_and_bad_gamma_at_run_time():
         torch.compile(bad, fullgraph=True)(x)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs (cudagraph trees) need a GPU")
+@pytest.mark.parametrize("entry", ["causal_linear_decoder", "chunk_simple_gla"])
+def test_reduce_overhead_training_steps_with_the_kernels(entry):
+    """Training steps under ``torch.compile(mode="reduce-overhead")`` on the GPU kernels: the
+    operator keeps no tensor made while cudagraph trees warm a graph up (its counters and the
+    drop-in's decays live outside the graph's pool), and the replayed steps' gradients are
+    eager's."""
+    from leetrepro import chunk_simple_gla
+    torch._dynamo.reset()
+    heads, dim = 4, 256
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.register_buffer("log_decay", torch.linspace(-0.2, -0.01, heads))
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, heads, dim // heads).unbind(2)
+            if entry == "chunk_simple_gla":
+                o = chunk_simple_gla(q, k, v, g_gamma=self.log_decay, scale=1.0)[0]
+            else:
+                o = causal_linear_decoder(*(t.transpose(1, 2) for t in (q, k, v)),
+                                          self.log_decay.exp()).transpose(1, 2)
+            return o.reshape(b, n, dim)
+
+    torch.manual_seed(0)
+    layer = Layer().to(DEVICE)
+    x = torch.randn(2, 200, dim, device=DEVICE)
+    layer(x).square().mean().backward()
+    want = [p.grad.clone() for p in layer.parameters()]
+    compiled = torch.compile(layer, mode="reduce-overhead")
+    for _ in range(4):  # warm-up, record, replays
+        layer.zero_grad(set_to_none=True)
+        torch.compiler.cudagraph_mark_step_begin()
+        compiled(x).square().mean().backward()
+    for p, w in zip(layer.parameters(), want):
+        assert torch.isfinite(p.grad).all()
+        assert rel_error(p.grad, w) <= 5e-3  # (tf32 products in the kernels)
+
+
 def test_autocast_runs_in_the_autocast_dtype_with_gradients():
     B, C, V = (t.requires_grad_() for t in make_inputs(2, 2, 30, 4, 6, seed=5))
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -25,6 +25,7 @@ import typing
 
 import torch
 
+from .._device import persistent
 from .._inputs import lane_heads
 from ..registry import GPU_DTYPES, on_change, register
 from .. import tuning
@@ -226,7 +227,9 @@ def zeroed_counters(device: torch.device, nflags: int, ring: int) -> tuple:
     entry = _COUNTERS.get(where)
     if entry is None or entry[0].numel() < count:
         grown = max(count, 2 * entry[0].numel() if entry else 4096)
-        entry = _COUNTERS[where] = (torch.zeros(grown, dtype=torch.int32, device=device), {})
+        # (kept across calls: made outside a CUDA graph's pool, or reduce-overhead refuses it)
+        entry = _COUNTERS[where] = (persistent(
+            lambda: torch.zeros(grown, dtype=torch.int32, device=device), device), {})
     views = entry[1].get((nflags, ring))
     if views is None:
         buf = entry[0]
