@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import threading
 from typing import Callable, TypeVar
 
 import torch
@@ -44,28 +45,43 @@ def persistent(make: Callable[[], T], device) -> T:
     """``make()``, for tensors a module keeps across calls (a cache), allocated where no CUDA
     graph's private memory pool takes them.
 
-    ``torch.compile(mode="reduce-overhead")`` (cudagraph trees) runs each graph once on a stream
-    of its own whose allocations go to the graph's pool, and refuses to record while any tensor
-    of that pool outlives the run without being one of the graph's outputs. So where the current
-    stream is not the device's default one, ``make`` runs on the default stream (after the
-    current stream's work, which it may read), and the current stream then waits for it. During
-    a capture (``torch.cuda.graph``) nothing may run outside the captured stream: ``make()`` runs
-    as it is there (callers keep nothing made during a capture, :func:`leetrepro.methods.chunk.\
-zeroed_counters`)."""
+    ``torch.compile(mode="reduce-overhead")`` (cudagraph trees) warms each graph up with every
+    allocation of the calling thread going to the graph's pool, and refuses to record while any
+    tensor of that pool outlives the run without being one of the graph's outputs. So on a GPU
+    ``make`` runs in a thread of its own (its allocations in the ordinary pool; a cache miss
+    only, a fraction of a millisecond), on that thread's default stream after the caller's
+    stream's work, which then waits for it. During a capture (``torch.cuda.graph``) ``make()``
+    runs as it is (callers keep nothing made then)."""
     device = torch.device(device)
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return make()
     current = torch.cuda.current_stream(device)
-    default = torch.cuda.default_stream(device)
-    if current == default:
-        return make()
-    default.wait_stream(current)
-    with torch.cuda.stream(default):
-        value = make()
-    current.wait_stream(default)
+    ready = torch.cuda.Event()
+    ready.record(current)
+    box: dict = {}
+
+    def work():
+        try:
+            with torch.cuda.device(device):
+                stream = torch.cuda.current_stream(device)
+                stream.wait_event(ready)
+                box["value"] = make()
+                done = torch.cuda.Event()
+                done.record(stream)
+                box["done"] = done
+        except BaseException as err:  # (raised again in the caller's thread)
+            box["error"] = err
+
+    worker = threading.Thread(target=work, name="leetrepro-persistent")
+    worker.start()
+    worker.join()
+    if "error" in box:
+        raise box["error"]
+    current.wait_event(box["done"])
+    value = box["value"]
     for t in value if isinstance(value, tuple) else (value,):
         if isinstance(t, torch.Tensor) and t.is_cuda:
-            t.record_stream(current)  # (freed later: not reused before the current stream is done)
+            t.record_stream(current)  # (freed later: not reused before the caller's stream is done)
     return value
 
 

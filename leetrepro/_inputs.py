@@ -17,8 +17,6 @@ import weakref
 
 import torch
 
-from ._device import persistent
-
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
                torch.float64: "float64"}
@@ -125,7 +123,7 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
         g = hit[1]
     else:
         g = _checked_gamma(gamma, heads, device)
-        _mark_checked(g)  # the op, which checks what it is given, need not read it again
+        mark_checked(g)  # the op, which checks what it is given, need not read it again
     if len(_GAMMA_CACHE) >= 256:
         _GAMMA_CACHE.clear()
     if key is not None:
@@ -144,7 +142,7 @@ def memo_by_tensor(cache: dict, t: torch.Tensor, make):
     hit = cache.get(key)
     if hit is not None and hit[0]() is t:
         return hit[1]
-    value = persistent(lambda: make(t), t.device)  # (kept: outside a CUDA graph's pool)
+    value = make(t)
     if len(cache) >= 256:
         cache.clear()
     cache[key] = (weakref.ref(t), value)
@@ -222,10 +220,12 @@ def check_gamma_values(g: torch.Tensor | None) -> None:
     if hit is not None and hit() is g:
         return
     _check_values(g.detach().to(device="cpu", dtype=torch.float64))
-    _mark_checked(g)
+    mark_checked(g)
 
 
-def _mark_checked(g: torch.Tensor) -> None:
+def mark_checked(g: torch.Tensor) -> None:
+    """Record a normalised gamma ``(H,)`` as checked (its values known to lie in (0, 1]), so that
+    the operator does not read it back to the host (:func:`check_gamma_values`)."""
     if len(_CHECKED) >= 256:
         _CHECKED.clear()
     _CHECKED[(id(g), g._version)] = weakref.ref(g)

@@ -18,13 +18,15 @@ import math
 
 import torch
 
-from ._inputs import check_4d, check_gamma_values, memo_by_tensor
+from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, skip_rows
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
 #: same g_gamma hands the operator the same gamma tensor (its checks are then cached: no host sync)
 _DECAYS: dict = {}
+#: the ``g_gamma`` tensors whose values :func:`decays_from_log` has checked (object and version)
+_LOGS_CHECKED: dict = {}
 
 
 def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -187,9 +189,14 @@ def _checked_decays(g_gamma: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("leetrepro::decays_from_log", mutates_args=())
 def decays_from_log(g_gamma: torch.Tensor) -> torch.Tensor:
-    """``exp(g_gamma)`` in float64, its values checked in (0, 1] the first time: the same tensor
-    for the same ``g_gamma`` (object and version), which a model passes to every layer."""
-    return memo_by_tensor(_DECAYS, g_gamma, _checked_decays)
+    """``exp(g_gamma)`` in float64, its values checked in (0, 1] the first time a ``g_gamma``
+    (object and version) is seen, which a model passes to every layer. A new tensor each call: a
+    compiled graph saves it for the backward, and under CUDA graphs (``mode="reduce-overhead"``)
+    what a graph saves must be its own, not a cache's."""
+    gamma = torch.exp(g_gamma.detach().to(torch.float64))
+    memo_by_tensor(_LOGS_CHECKED, g_gamma, lambda _: check_gamma_values(gamma))
+    mark_checked(gamma)  # (the operator then reads nothing back to the host)
+    return gamma
 
 
 @decays_from_log.register_fake
