@@ -122,6 +122,11 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
     if hit is not None and (hit[0] is None or hit[0]() is gamma):
         g = hit[1]
     else:
+        if isinstance(gamma, torch.Tensor) and gamma.is_cuda and \
+                torch.cuda.is_current_stream_capturing():
+            # a gamma computed in the captured code (a new tensor): a capture cannot read it back
+            # to the host, and the warm-up calls every capture needs checked the same computation
+            return _shaped_gamma(gamma.detach(), heads).to(device=device, dtype=torch.float64)
         g = _checked_gamma(gamma, heads, device)
         mark_checked(g)  # the op, which checks what it is given, need not read it again
     if len(_GAMMA_CACHE) >= 256:
@@ -218,6 +223,10 @@ def check_gamma_values(g: torch.Tensor | None) -> None:
     key = (id(g), g._version)
     hit = _CHECKED.get(key)
     if hit is not None and hit() is g:
+        return
+    if g.is_cuda and torch.cuda.is_current_stream_capturing():
+        # a capture cannot read values back to the host; the warm-up runs every capture needs
+        # (cudagraph trees', ``torch.cuda.graph``'s) checked the same computation's values
         return
     _check_values(g.detach().to(device="cpu", dtype=torch.float64))
     mark_checked(g)

@@ -367,6 +367,21 @@ def test_reduce_overhead_training_steps_with_the_kernels(entry):
         assert rel_error(p.grad, w) <= 5e-3  # (tf32 products in the kernels)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_a_gamma_computed_inside_a_captured_call():
+    """A gamma the captured code computes (a new tensor each call) is not read back during the
+    capture (the warm-up calls checked its values), and the replay is eager's."""
+    from leetrepro.bench.harness import capture_graph
+    B, C, V = make_inputs(2, 3, 300, 64, 64, device=DEVICE, dtype=torch.bfloat16, seed=3)
+    log_decay = torch.linspace(-0.3, -0.01, 3, device=DEVICE)
+    out = torch.empty_like(V)
+    graph = capture_graph(lambda: out.copy_(causal_linear_decoder(B, C, V, log_decay.exp())), (),
+                          DEVICE)
+    graph.replay()
+    want = reference(*(t.double() for t in (B, C, V)), log_decay.exp().double())
+    assert rel_error(out, want) <= TOLERANCE[torch.bfloat16]
+
+
 def test_autocast_runs_in_the_autocast_dtype_with_gradients():
     B, C, V = (t.requires_grad_() for t in make_inputs(2, 2, 30, 4, 6, seed=5))
     with torch.autocast("cpu", dtype=torch.bfloat16):
