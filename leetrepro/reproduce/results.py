@@ -469,7 +469,7 @@ def _given(v) -> bool:
 
 
 #: the model benchmark's files: the whole run, then re-measures of some mixers
-MODEL_FILES = ("model.csv", "model_dropin.csv")
+MODEL_FILES = ("model.csv", "model_dropin.csv", "model_graphs.csv")
 
 
 def model(tags: list[str]) -> str:
@@ -501,7 +501,9 @@ def model(tags: list[str]) -> str:
             "`operator`: the GPU time per step of the mixer's own kernels and its share of all "
             "kernels' time (`torch.profiler`; what each is: `leetrepro/bench/model.py`). "
             "`model_dropin.csv`: the drop-in beside `causal_linear_decoder` again after its "
-            "compiled decays stopped syncing with the host (NOTES.md).\n\n"
+            "compiled decays stopped syncing with the host (NOTES.md). `model_graphs.csv`: "
+            "eager, compiled and `graphs` (the blocks under "
+            "`torch.compile(mode=\"reduce-overhead\")`: CUDA graphs replayed) in one run.\n\n"
             + "\n".join(figures) + "\n\n"
             + _table(["GPU", "file", "size", "mixer", "mode", "ms/step", "tokens/s", "vs leetrepro",
                       "peak GiB", "operator", "status", "commit"], rows))
