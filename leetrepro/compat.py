@@ -176,7 +176,8 @@ def _decay(g_gamma: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         # (traced, exp(g_gamma) would be a new tensor at every run of the graph, and the operator,
         # which checks a gamma it has not seen, would copy it to the host each time: a sync per
-        # layer. The op looks it up when the graph runs, outside the trace.)
+        # layer. The op computes it when the graph runs and marks it checked, each g_gamma
+        # checked once.)
         return decays_from_log(g_gamma)
     return memo_by_tensor(_DECAYS, g_gamma, _checked_decays)
 
