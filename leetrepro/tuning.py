@@ -60,7 +60,9 @@ LA_TABLE = {("half", False): (4, 2), ("half", True): (4, 1), ("tf32", False): (4
 #: thread, moved by ``setmaxnreg`` to the two consumer warp groups (240 each) from the loader (24);
 #: the ring's depth follows the tiles (:func:`leetrepro.methods.chunk.hopper_tiles`), at most
 #: MAX_STAGES slots
-HOPPER = dict(BLOCK_N=64, MAX_STAGES=4, num_warps=4, maxnreg=168)
+#: (MIN_SEGMENT: the fewest rows a segment of the Hopper kernel's default split holds, eight
+#: tiles; shorter ones leave its loader/consumer pipeline too few tiles to overlap, NOTES.md)
+HOPPER = dict(BLOCK_N=64, MAX_STAGES=4, num_warps=4, maxnreg=168, MIN_SEGMENT=512)
 
 
 def path(tag: str, name: str) -> str:

@@ -73,7 +73,7 @@ def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():
 def test_hopper_split_cuts_segments_to_fill_the_sms_and_takes_fewer_columns_only_when_asked():
     """The Hopper kernel's split of a call (DC value columns a program, rows per segment): the
     widest DC, N cut so that the units fill their waves of SMs (none once they fill two), the
-    caller's segment in 64-row blocks; ``config``'s DC where the tiles allow it, never for the
+    caller's segment in 64-row blocks, none of the default's under eight tiles; ``config``'s DC where the tiles allow it, never for the
     dual output (one program holds the whole state); a DC it cannot take is a ValueError."""
     from leetrepro.methods.chunk import hopper_split
     split = lambda **kw: hopper_split(**dict(dict(r=128, d=128, dtype=torch.bfloat16, dual=False,  # noqa: E731
@@ -85,6 +85,9 @@ def test_hopper_split_cuts_segments_to_fill_the_sms_and_takes_fewer_columns_only
     assert split(dc=32, dual=True) == (128, 25024)
     assert split(segment=1000) == (128, 1024) and split(segment=4096, dc=64) == (64, 4096)
     assert split(r=256, d=256) == (64, 100000)  # 4 units a lane: 128 programs
+    # no default segment under eight 64-row tiles: 16 lanes at N = 2048 in 4 segments, not 8
+    assert split(lanes=16, n=2048) == (128, 512) and split(lanes=16, n=16384) == (128, 2048)
+    assert split(lanes=16, n=300) == (128, 300) and split(lanes=8, n=4096) == (128, 512)
     for dc in (48, 256):
         with pytest.raises(ValueError, match=f"DC={dc} is invalid"):
             split(dc=dc)
@@ -571,7 +574,7 @@ def test_the_hopper_plan_keeps_a_ring_only_for_its_own_segments(monkeypatch):
     monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
     monkeypatch.setattr(chunk, "_FORCED", ["hopper"])
     monkeypatch.setattr(chunk, "_PLANS", {})
-    B, V = torch.randn(1, 2, 1000, 64), torch.randn(1, 2, 1000, 128)
+    B, V = torch.randn(1, 2, 1100, 64), torch.randn(1, 2, 1100, 128)
     plan = lambda config: chunk.launch_plan(  # noqa: E731
         chunk.Operands(B=B, C=B, V=V, O=torch.empty_like(V), E=None, O2=None, S0=None,
                        GAMMA=None, CU=None), fp32_precision=None, segment=None, config=config,

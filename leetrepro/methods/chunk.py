@@ -304,7 +304,8 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
     programs take consecutive tickets, so they run at once and read its B and C from L2 after
     the first. More programs that way do not pay at batch 1 (NOTES.md: each recomputes the scores
     for fewer columns, and the sweep's chain of MMAs binds). Segments: N cut so that the units
-    fill the SMs (:func:`wave_pieces`), or the caller's ``segment`` in 64-row blocks."""
+    fill the SMs (:func:`wave_pieces`), none shorter than ``HOPPER["MIN_SEGMENT"]`` rows, or the
+    caller's ``segment`` in 64-row blocks."""
     if dc is None or dual:
         dc = hopper_tiles(r, d, dtype, dual)[0]
     else:
@@ -312,6 +313,9 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
     if segment is None:
         units = lanes * (d // dc)
         pieces = 1 if units >= 2 * slots else wave_pieces(units, slots)
+        # no segment under eight tiles: at 8-16 lanes and N ≤ 4096, 512-row segments on half
+        # the SMs beat 256-row ones on all (NOTES.md, "Segments of at least eight tiles")
+        pieces = max(1, min(pieces, n // HOPPER["MIN_SEGMENT"]))
         segment = rows_for_pieces(n, pieces, HOPPER["BLOCK_N"])
     elif segment < n and segment % HOPPER["BLOCK_N"]:  # the portable kernel's, in 64-row blocks
         segment = rows_for_pieces(n, cdiv(n, segment), HOPPER["BLOCK_N"])
