@@ -73,8 +73,9 @@ def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():
 def test_hopper_split_cuts_segments_to_fill_the_sms_and_takes_fewer_columns_only_when_asked():
     """The Hopper kernel's split of a call (DC value columns a program, rows per segment): the
     widest DC, N cut so that the units fill their waves of SMs (none once they fill two), the
-    caller's segment in 64-row blocks, none of the default's under eight tiles; ``config``'s DC where the tiles allow it, never for the
-    dual output (one program holds the whole state); a DC it cannot take is a ValueError."""
+    caller's segment in 64-row blocks, none of the default's under eight tiles; ``config``'s DC
+    where the tiles allow it, never for the dual output (one program holds the whole state); a
+    DC it cannot take is a ValueError."""
     from leetrepro.methods.chunk import hopper_split
     split = lambda **kw: hopper_split(**dict(dict(r=128, d=128, dtype=torch.bfloat16, dual=False,  # noqa: E731
                                                    lanes=32, n=100000, slots=132), **kw))
