@@ -55,6 +55,8 @@ def persistent(make: Callable[[], T], device) -> T:
     device = torch.device(device)
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return make()
+    # (the caller's device by number: a new thread's current device is the first GPU)
+    device = torch.device("cuda", _index(device))
     current = torch.cuda.current_stream(device)
     ready = torch.cuda.Event()
     ready.record(current)
