@@ -267,8 +267,8 @@ def test_the_drop_in_traces_whole_with_a_fixed_or_a_per_token_decay(decay):
 def test_the_compiled_drop_in_checks_its_decays_once_not_at_every_call(monkeypatch):
     """Traced, exp(g_gamma) was a new tensor at every run of the graph, and the operator copied
     each to the host to check it: a host sync per layer and step (a compiled model's steps 7 %
-    slower with the drop-in than with causal_linear_decoder). The decays now come from a lookup
-    that runs with the graph; a bad g_gamma is still refused there."""
+    slower with the drop-in than with causal_linear_decoder). The decays are now made by an op
+    that runs with the graph and checks each g_gamma once; a bad g_gamma is still refused there."""
     from leetrepro import _inputs
     from leetrepro.compat import chunk_simple_gla, decays_from_log
     seen = []
@@ -329,9 +329,9 @@ def test_torch_compile_reduce_overhead_and_bad_gamma_at_run_time():
 @pytest.mark.parametrize("entry", ["causal_linear_decoder", "chunk_simple_gla"])
 def test_reduce_overhead_training_steps_with_the_kernels(entry):
     """Training steps under ``torch.compile(mode="reduce-overhead")`` on the GPU kernels: the
-    operator keeps no tensor made while cudagraph trees warm a graph up (its counters and the
-    drop-in's decays live outside the graph's pool), and the replayed steps' gradients are
-    eager's."""
+    operator keeps no tensor made while cudagraph trees warm a graph up (its counters live
+    outside the graph's pool; the drop-in's decays are a new tensor each call, the graph's own),
+    and the replayed steps' gradients are eager's."""
     from leetrepro import chunk_simple_gla
     torch._dynamo.reset()
     heads, dim = 4, 256

@@ -232,7 +232,7 @@ def measure(size: str, cfg: dict, mixers, modes, reps: int, device, *, peer=None
         for r in rows[-len(modes):]:
             print(_line(r), flush=True)
         if on_mixer is not None:
-            on_mixer(compare(rows))
+            on_mixer(rows)
     return compare(rows)
 
 
