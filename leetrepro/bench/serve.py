@@ -26,13 +26,19 @@ models, beside flash-linear-attention, in one process.
 * ``generation.csv``: each model's first two layers (fp16), the prompts prefilled packed in groups
   of ``--group`` then 128 tokens generated per prompt by greedy steps: time to first token
   (``ttft_ms``: the group's prefill, median over groups), per-token latency (``step_ms``, median
-  step) and ``tokens_per_s`` (sequences ÷ median step), batched (every prompt decoding together) and
-  batch 1 (prompt by prompt, the first ``--batch1-prompts``), per method: ``Chunk`` (packed prefill
-  + ``decode_step``) and ``original`` (each model's own attention for the prefill, its recurrent
-  form in PyTorch for the steps). ``agree``: the share of generated tokens equal to Chunk's.
+  step) and ``tokens_per_s`` (sequences ÷ median step), per method: ``Chunk`` (packed prefill +
+  ``decode_step``) and ``original`` (each model's own attention for the prefill, its recurrent form
+  in PyTorch for the steps). ``mode``: ``batched`` (every prompt decoding together), ``batch1``
+  (prompt by prompt, the first ``--batch1-prompts``, eager) and ``batch1_graph`` (the same, each
+  step one replay of a CUDA graph of the whole step: what a serving engine does at batch 1, where
+  eager Python is most of a step). ``host_us_per_layer``: the host time of one step with the GPU
+  idle, per layer. ``timed`` says what each row's times are; every kernel variant the loop meets
+  (prompt lengths, slots) is compiled by an untimed pass first. ``agree``: the share of generated
+  tokens equal to Chunk's.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -43,8 +49,8 @@ from .._inputs import SHORT_NAMES
 from ..api import causal_linear_decoder
 from ..compat import chunk_simple_gla
 from ..decode import decode_step
-from .harness import (capture_graph, fla_chunk_simple_gla, gpu_main, interleaved_medians, median,
-                      time_calls, wall_per_call)
+from .harness import (capture_graph, fla_chunk_simple_gla, gpu_main, host_seconds,
+                      interleaved_medians, median, sync, time_calls, wall_per_call)
 from .llm import load_prompts
 
 HEADS, RANK, DIM = 32, 128, 128
@@ -165,82 +171,179 @@ def decode_rows(device, bw, reps, meta):
     return rows
 
 
+def _cu(lengths, device) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def _batched(model, ids, group, new_tokens, method, device):
+    """Every prompt decoding together: ``(first tokens, TTFT per group, step seconds, tokens)``."""
+    from ..models.generate import decode, prefill
+
+    pools = model.state_pools(len(ids), device)
+    slots = torch.arange(len(ids), dtype=torch.int32, device=device)
+    groups = [(s, ids[s:s + group]) for s in range(0, len(ids), group)]
+
+    def prefill_all(timed):
+        first, ttft = [], []
+        for s, part in groups:
+            cu = _cu([len(p) for p in part], device)
+            sync(device)
+            t0 = time.perf_counter()
+            first.append(prefill(model, torch.cat(part)[None], cu, pools, slots[s:s + len(part)],
+                                 method))
+            sync(device)
+            ttft.append(time.perf_counter() - t0)
+        return torch.cat(first), ttft
+    prefill_all(False)  # warm: each group's packed length is a kernel variant of its own
+    tokens, ttft = prefill_all(True)
+    positions = torch.tensor([len(p) for p in ids], device=device)
+    warm = [p.clone() for p in pools]
+    decode(model, tokens, positions, warm, slots, method)
+    del warm
+    out, steps = [tokens], []
+    for _ in range(new_tokens - 1):
+        steps.append(time_calls(lambda: out.append(
+            decode(model, out[-1], positions, pools, slots, method)), [()], 1, device)[0])
+        positions = positions + 1
+    return ttft, steps, torch.stack(out, 1)
+
+
+class _Batch1:
+    """Prompt by prompt through one slot of a pool: the prefill, then greedy steps, eager or one
+    step captured in a CUDA graph (``graph=True``: the next token and position written in place
+    by the graph, the host only replays)."""
+
+    def __init__(self, model, method, device, slots):
+        from ..models.generate import decode, prefill
+
+        self.model, self.method, self.device = model, method, device
+        self.pools = model.state_pools(slots, device)
+        self.prefill_fn, self.decode_fn = prefill, decode
+        # the one slot tensor every step names (a server's slot ids live in one device buffer)
+        self.slot = torch.zeros(1, dtype=torch.int32, device=device)
+        self.tok = torch.zeros(1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph = None
+
+    def step(self):
+        nxt = self.decode_fn(self.model, self.tok, self.pos, self.pools, self.slot, self.method)
+        self.tok.copy_(nxt)
+        self.pos.add_(1)
+
+    def capture(self):
+        self.graph = capture_graph(self.step, (), self.device)
+
+    def start(self, prompt, slot: int):
+        """The prompt prefilled into ``slot``; its first token and position set for the steps."""
+        self.slot.fill_(slot)
+        cu = _cu([len(prompt)], self.device)
+        first = self.prefill_fn(self.model, prompt[None], cu, self.pools, self.slot, self.method)
+        self.tok.copy_(first)
+        self.pos.fill_(len(prompt))
+
+    def steps(self, count: int, graph: bool):
+        run = self.graph.replay if graph else self.step
+        for _ in range(count):
+            run()
+
+    def generate(self, prompt, count: int, graph: bool = False) -> torch.Tensor:
+        """The prompt's first ``count`` generated tokens (slot 0)."""
+        self.start(prompt, 0)
+        out = [self.tok.clone()]
+        for _ in range(count - 1):
+            self.steps(1, graph)
+            out.append(self.tok.clone())
+        return torch.cat(out)
+
+
+def _batch1_rows(model, ids, method, new_tokens, device):
+    """``{mode: (TTFT seconds per prompt, step seconds per prompt, host seconds per step)}`` for
+    ``batch1`` (eager) and ``batch1_graph``, after an untimed pass over the same prompts."""
+    b1 = _Batch1(model, method, device, len(ids))
+    for i, prompt in enumerate(ids):  # warm: every prompt length and slot the loop meets
+        b1.start(prompt, i)
+        b1.steps(2, graph=False)
+    modes = [("batch1", False)]
+    if torch.device(device).type == "cuda":
+        b1.capture()
+        modes.append(("batch1_graph", True))
+    out = {}
+    for mode, graph in modes:
+        ttft, steps = [], []
+        for i, prompt in enumerate(ids):
+            sync(device)
+            t0 = time.perf_counter()
+            b1.start(prompt, i)
+            sync(device)
+            ttft.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()  # the steps back to back: the host runs ahead of the GPU
+            b1.steps(new_tokens - 1, graph)
+            sync(device)
+            steps.append((time.perf_counter() - t0) / (new_tokens - 1))
+        run = b1.graph.replay if graph else b1.step
+        out[mode] = ttft, steps, host_seconds(run, (), 20, device)
+    if b1.graph is not None:  # the graph's tokens are the eager steps' (a check, not timed)
+        eager, captured = (b1.generate(ids[0], 8, graph) for graph in (False, True))
+        if not torch.equal(eager, captured):
+            raise RuntimeError(f"{method}: the captured step's tokens {captured.tolist()} differ "
+                               f"from the eager step's {eager.tolist()}")
+    return out
+
+
 def generation_rows(device, meta, group: int, new_tokens: int, batch1_prompts: int):
     from ..models import build
-    from ..models.generate import decode, prefill
 
     prompts = load_prompts()
     rows = []
     for name in ("transnormer", "retnet"):
         model = build(name).to(device=device, dtype=torch.float16).eval()
+        layers = len(model.layers)
         vocab = model.cfg["vocab"]
         ids = [torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(int(s)))
                .to(device) for n, s in zip(prompts.length, prompts.token_seed)]
         reference_tokens = None
         for method in ("Chunk", "original"):
-            # batched: prompts prefilled packed `group` at a time, then every prompt decodes together
-            pools = model.state_pools(len(ids), device)
-            slots = torch.arange(len(ids), dtype=torch.int32, device=device)
-            first, ttft = [], []
-            for s in range(0, len(ids), group):
-                part = ids[s:s + group]
-                cu = torch.tensor([0] + torch.tensor([len(p) for p in part]).cumsum(0).tolist(),
-                                  dtype=torch.int32, device=device)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                first.append(prefill(model, torch.cat(part)[None], cu, pools, slots[s:s + group],
-                                     method))
-                torch.cuda.synchronize()
-                ttft.append(time.perf_counter() - t0)
-            tokens = torch.cat(first)
-            positions = torch.tensor([len(p) for p in ids], device=device)
-            warm = [p.clone() for p in pools]  # one untimed step compiles the step's kernels
-            decode(model, tokens, positions, warm, slots, method)
-            del warm
-            out, steps = [tokens], []
-            for _ in range(new_tokens - 1):
-                steps.append(time_calls(lambda: out.append(
-                    decode(model, out[-1], positions, pools, slots, method)), [()], 1, device)[0])
-                positions = positions + 1
-            generated = torch.stack(out, 1)
+            ttft, steps, generated = _batched(model, ids, group, new_tokens, method, device)
+            if generated.eq(0).all():
+                raise RuntimeError(f"{name} {method}: every generated token is 0 (non-finite "
+                                   "logits?)")
             if reference_tokens is None:
                 reference_tokens = generated
             agree = (generated == reference_tokens).float().mean().item()
             rows.append(dict(meta, model=name, method=method, mode="batched", batch=len(ids),
                              prompts=len(ids), group=group, new_tokens=new_tokens,
                              ttft_ms=median(ttft) * 1e3, step_ms=median(steps) * 1e3,
-                             tokens_per_s=len(ids) / median(steps), agree=agree))
+                             tokens_per_s=len(ids) / median(steps), host_us_per_layer=float("nan"),
+                             agree=agree, timed=TIMED["batched"]))
             print(f"generate {name} {method:8s} batched: TTFT {median(ttft) * 1e3:.1f} ms/group, "
                   f"step {median(steps) * 1e3:.2f} ms, {rows[-1]['tokens_per_s']:.0f} tok/s, "
                   f"agree {agree:.3f}", flush=True)
-            # batch 1: prompt by prompt
-            ttft1, steps1 = [], []
-            for i in range(min(batch1_prompts, len(ids))):
-                slot = slots[i:i + 1]
-                cu = torch.tensor([0, len(ids[i])], dtype=torch.int32, device=device)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                tok = prefill(model, ids[i][None], cu, pools, slot, method)
-                torch.cuda.synchronize()
-                ttft1.append(time.perf_counter() - t0)
-                pos = torch.tensor([len(ids[i])], device=device)
-                t0 = time.perf_counter()
-                for _ in range(new_tokens - 1):
-                    tok = decode(model, tok, pos, pools, slot, method)
-                    pos = pos + 1
-                torch.cuda.synchronize()
-                steps1.append((time.perf_counter() - t0) / (new_tokens - 1))
-            rows.append(dict(meta, model=name, method=method, mode="batch1", batch=1,
-                             prompts=len(ttft1), group=1, new_tokens=new_tokens,
-                             ttft_ms=median(ttft1) * 1e3, step_ms=median(steps1) * 1e3,
-                             tokens_per_s=1 / median(steps1), agree=float("nan")))
-            print(f"generate {name} {method:8s} batch 1: TTFT {median(ttft1) * 1e3:.1f} ms, step "
-                  f"{median(steps1) * 1e3:.2f} ms, {1 / median(steps1):.0f} tok/s", flush=True)
-            pools = None  # the memory freed before the next shape
+            for mode, (ttft1, steps1, host) in _batch1_rows(
+                    model, ids[:batch1_prompts], method, new_tokens, device).items():
+                rows.append(dict(meta, model=name, method=method, mode=mode, batch=1,
+                                 prompts=len(ttft1), group=1, new_tokens=new_tokens,
+                                 ttft_ms=median(ttft1) * 1e3, step_ms=median(steps1) * 1e3,
+                                 tokens_per_s=1 / median(steps1),
+                                 host_us_per_layer=host / layers * 1e6, agree=float("nan"),
+                                 timed=TIMED[mode]))
+                print(f"generate {name} {method:8s} {mode}: TTFT {median(ttft1) * 1e3:.1f} ms, "
+                      f"step {median(steps1) * 1e3:.2f} ms, {1 / median(steps1):.0f} tok/s, host "
+                      f"{host / layers * 1e6:.0f} us per layer", flush=True)
             torch.cuda.empty_cache()
         model = None  # the memory freed before the next model
         torch.cuda.empty_cache()
     return rows
+
+
+#: what each generation row's times are (its ``timed`` column)
+TIMED = {
+    "batched": "after an untimed pass over the groups' prefills and one step; TTFT: wall per "
+               "group, synchronised; step: GPU time (CUDA events) of each step",
+    "batch1": "after an untimed pass over the same prompts (prefill + 2 steps each); TTFT: wall, "
+              "synchronised; step: wall of the steps back to back per prompt, eager",
+    "batch1_graph": "as batch1, each step one replay of a CUDA graph of the whole step (both "
+                    "layers and the greedy choice)",
+}
 
 
 def _arguments(p) -> None:
@@ -248,7 +351,7 @@ def _arguments(p) -> None:
     p.add_argument("--parts", nargs="*", default=["prefill", "decode", "generation"])
     p.add_argument("--group", type=int, default=10, help="prompts per packed prefill (generation)")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--batch1-prompts", type=int, default=100)
+    p.add_argument("--batch1-prompts", type=int, default=20)
 
 
 def main(argv=None) -> int:

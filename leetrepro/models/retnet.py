@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .._decay import causal_mask
-from .attention import linear_attention
+from .attention import Float64Buffers, linear_attention
 from ._generative import Generative
 
 
@@ -30,7 +30,9 @@ def _rotate(x, sin, cos):
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-class MultiScaleRetention(nn.Module):
+class MultiScaleRetention(Float64Buffers):
+    float64_buffers = ("gamma", "freq")
+
     def __init__(self, cfg: dict):
         super().__init__()
         d, h = cfg["dim"], cfg["heads"]

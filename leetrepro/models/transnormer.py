@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .._decay import causal_mask, powers
-from .attention import linear_attention
+from .attention import Float64Buffers, linear_attention
 from ._generative import Generative
 
 
@@ -35,7 +35,9 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return torch.pow(2.0, -8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads)
 
 
-class GatedLinearAttention(nn.Module):
+class GatedLinearAttention(Float64Buffers):
+    float64_buffers = ("gamma",)
+
     def __init__(self, cfg: dict, layer: int):
         super().__init__()
         d, h = cfg["dim"], cfg["heads"]
