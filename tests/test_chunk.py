@@ -586,3 +586,26 @@ def test_the_hopper_plan_keeps_a_ring_only_for_its_own_segments(monkeypatch):
     narrow = plan({"DC": 32})  # 8 programs, one pass
     assert narrow.hopper.grid == (8,) and narrow.hopper.consts.SPLIT is False
     assert narrow.ring == 0 and narrow.ws_shape is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="a race between a GPU program's warps")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_chunk_repair_launch_of_long_wide_lanes_runs(dtype):
+    """RetNet's head shape (r = 256, d = 512, eight lanes a head) at N = 40000, batch 1, a NaN in
+    the first head's C: the repair launch's programs read their lane's flag and zero it, and once
+    a warp's store raced another's load, so that warps of one program ran different sweeps (an
+    illegal instruction on the H100). Against the same call without the NaN: every other head
+    the same, the first the same before the NaN and non-finite from it on."""
+    from leetrepro.reference import rel_error
+
+    b, h, n, r, d = 1, 4, 40000, 256, 512
+    B, C, V = make_inputs(b, h, n, r, d, dtype=dtype, device=DEVICE, seed=7)
+    g = 1 - torch.pow(2.0, -5.0 - torch.arange(h, dtype=torch.float64, device=DEVICE))
+    clean = causal_linear_decoder(B, C, V, g, method="Chunk")
+    C[0, 0, n // 2, 1] = float("nan")
+    o = causal_linear_decoder(B, C, V, g, method="Chunk")
+    torch.cuda.synchronize()
+    assert torch.equal(o[:, 1:], clean[:, 1:])
+    assert rel_error(o[0, 0, : n // 2], clean[0, 0, : n // 2]) <= tolerance(dtype)
+    assert (~torch.isfinite(o[0, 0, n // 2:])).any(-1).all()

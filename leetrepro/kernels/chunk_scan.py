@@ -123,9 +123,12 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     go = (start < n) | (seg == 0)
     if REPAIR:
         if FLAGS is not None:  # only the lanes whose outputs came out non-finite
-            go = go & (tl.load(FLAGS + lane) != 0)
+            # read and zeroed (for the next launch) in one atomic, whose one value every thread
+            # gets: a load followed by a store raced between warps, and a warp that read after
+            # another's store skipped the sweep its program's other warps ran (their barriers
+            # and tensor-core products apart: an illegal instruction on Hopper)
+            go = go & (tl.atomic_xchg(FLAGS + lane, 0) != 0)
             end = tl.where(go, end, start)
-            tl.store(FLAGS + lane, 0)  # (zero again for the next launch)
     state_off, state_ok = _state_tile(bh, cols, R, D)
 
     # 1. this segment's own state (a first read of its C and V rows)
