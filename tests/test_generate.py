@@ -15,28 +15,28 @@ def _greedy_full(model, ids, method):
 @pytest.mark.parametrize("name", ["transnormer", "retnet"])
 @pytest.mark.parametrize("method", ["LA_torch", "Chunk", "original"])
 def test_prefill_then_decode_equals_the_whole_sequence(name, method):
-    if method == "Chunk" and torch.cuda.is_available() is False:
-        dtype = torch.float32          # the interpreted kernel: fp32 (ieee products not needed)
-    else:
-        dtype = torch.float64 if method != "Chunk" else torch.float32
-    model = build(name, config(name, tiny=True)).to(dtype)
+    # Chunk: fp32 (the interpreted kernel on the CPU, the kernel itself on a GPU); else float64
+    dtype = torch.float32 if method == "Chunk" else torch.float64
+    device = "cuda" if method == "Chunk" and torch.cuda.is_available() else "cpu"
+    model = build(name, config(name, tiny=True)).to(device=device, dtype=dtype)
     lengths = [7, 1, 12]
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 100, (n,), generator=gen) for n in lengths]
     cu = torch.tensor([0, 7, 8, 20], dtype=torch.int32)
     assert positions_of(cu).tolist() == list(range(7)) + [0] + list(range(12))
-    pools = model.state_pools(5, "cpu")
-    slots = torch.tensor([3, 0, 4], dtype=torch.int32)
-    tokens = prefill(model, torch.cat(prompts)[None], cu, pools, slots, method)
+    pools = model.state_pools(5, device)
+    slots = torch.tensor([3, 0, 4], dtype=torch.int32, device=device)
+    tokens = prefill(model, torch.cat(prompts)[None].to(device), cu.to(device), pools, slots,
+                     method)
     seqs = [p.tolist() + [t] for p, t in zip(prompts, tokens.tolist())]
     for step in range(3):
-        positions = torch.tensor([len(s) - 1 for s in seqs])
+        positions = torch.tensor([len(s) - 1 for s in seqs], device=device)
         tokens = decode(model, tokens, positions, pools, slots, method)
         for s, t in zip(seqs, tokens.tolist()):
             s.append(t)
     ref_method = "reference" if name == "transnormer" else "LA_torch"
     for s in seqs:  # the whole sequence, one forward pass each, greedy at every generated position
-        ids = torch.tensor(s)
+        ids = torch.tensor(s, device=device)
         for cut in range(len(s) - 4, len(s)):
             assert _greedy_full(model, ids[:cut], ref_method).item() == s[cut]
 
@@ -63,10 +63,10 @@ def test_half_precision_generation_is_finite_and_agrees_with_float64(name, dtype
     """A model in fp16 or bf16 (eight heads: RetNet's decays reach 1 − 2⁻¹²) gives finite logits
     close to the float64 model's, and the same first tokens wherever float64's choice is clear."""
     cfg = config(name, tiny=True, heads=8)
-    lengths = [40, 3, 75]
+    lengths = [40, 3, 1100]  # (positions past 256: bf16 holds integers exactly only up to 256)
     gen = torch.Generator().manual_seed(1)
     ids = torch.cat([torch.randint(0, cfg["vocab"], (n,), generator=gen) for n in lengths])[None]
-    cu = torch.tensor([0, 40, 43, 118], dtype=torch.int32)
+    cu = torch.tensor([0, 40, 43, 1143], dtype=torch.int32)
     logits = {}
     for dt in (torch.float64, dtype):
         model = build(name, cfg).to(dt)

@@ -68,10 +68,15 @@ class GatedLinearAttention(Float64Buffers):
         if self.lrpe:
             if positions is None:
                 positions = torch.arange(n, device=x.device)
-            angle = positions.to(x.dtype)[..., None] * self.theta.to(x.dtype)  # (…, n, head_dim)
+            # the angles in fp32 at least, whatever the model's dtype: positions past 256 are not
+            # integers in bf16 (past 2048 in fp16), and an angle of thousands of radians loses
+            # its phase
+            at = torch.promote_types(x.dtype, torch.float32)
+            angle = positions.to(at)[..., None] * self.theta.to(at)  # (…, n, head_dim)
             if angle.dim() == 3:
                 angle = angle[:, None]
-            q, k = (torch.cat([t * angle.cos(), t * angle.sin()], dim=-1) for t in (q, k))
+            cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+            q, k = (torch.cat([t * cos, t * sin], dim=-1) for t in (q, k))
         return q, k, v, u
 
     def mix(self, x, attend, positions=None):
