@@ -69,14 +69,18 @@ fig.savefig(os.path.join(fig_dir, "serve.png"), dpi=120)
 
 # %% [markdown]
 # ## Generation in Tables 7-8's models
-# `ttft_ms`: time to first token (the prefill of one packed group of 10 prompts, batched; one prompt, batch 1); `step_ms`: one generated token for every sequence; `agree`: the share of generated tokens equal to those of the Chunk path (greedy decoding with random weights amplifies last-bit differences: one flipped token changes everything after it).
+# `ttft_ms`: time to first token (the prefill of one packed group of 10 prompts, batched; one prompt, batch 1); `step_ms`: one generated token for every sequence (`batch1_graph`: each step one replay of a CUDA graph of the whole step); `host_us_per_layer`: a step's host time per layer, the GPU idle; `agree`: the share of generated tokens equal to those of the Chunk path (greedy decoding with random weights amplifies last-bit differences: one flipped token changes everything after it).
 
 # %%
 if gen is None:  # `make bench-serve`'s generation part was not run on this GPU
     display(Markdown(f"No `generation.csv` under `data/{gpu}/`: generation was not measured here."))
 else:
-    display(gen[["model", "method", "mode", "prompts", "ttft_ms", "step_ms", "tokens_per_s",
-                 "agree"]].round(3))
+    cols = [c for c in ("model", "method", "mode", "prompts", "ttft_ms", "step_ms", "tokens_per_s",
+                        "host_us_per_layer", "agree") if c in gen.columns]
+    display(gen[cols].round(3))
+    if "timed" in gen.columns:  # what each mode's times are
+        display(Markdown("\n".join(f"* `{m}`: {t}" for m, t in
+                                    gen.drop_duplicates("mode").set_index("mode").timed.items())))
 
 # %% [markdown]
 # ## Conclusions (written from the data above)
@@ -122,5 +126,8 @@ for (model, mode), g in ([] if gen is None else gen.groupby(["model", "mode"])):
         lines.append(f"* Generation, {model}, {mode}: {t.loc['Chunk', 'tokens_per_s']:,.0f} tokens/s "
                      f"with Chunk + decode_step against {t.loc['original', 'tokens_per_s']:,.0f} "
                      f"with the model's own path; time to first token {t.loc['Chunk', 'ttft_ms']:.1f} "
-                     f"against {t.loc['original', 'ttft_ms']:.1f} ms.")
+                     f"against {t.loc['original', 'ttft_ms']:.1f} ms"
+                     + (f"; host {t.loc['Chunk', 'host_us_per_layer']:.0f} µs per layer a step"
+                        if t.loc['Chunk', 'host_us_per_layer'] == t.loc['Chunk', 'host_us_per_layer']
+                        else "") + ".")
 display(Markdown("\n".join(lines)))

@@ -299,12 +299,18 @@ def serving(tags: list[str]) -> str:
                 ["case", "method", "dtype", "batch", "time", "× floor", "host µs"], rows))
         gen = _read(tag, "generation.csv")
         if gen is not None:
+            host = gen.get("host_us_per_layer")
             rows = [[r.model, r.method, r.mode, r.batch, f"{r.ttft_ms:.1f}", f"{r.step_ms:.2f}",
-                     f"{r.tokens_per_s:,.0f}", "-" if r.agree != r.agree else f"{r.agree:.0%}"]
-                    for r in gen.itertuples()]
+                     f"{r.tokens_per_s:,.0f}",
+                     "-" if host is None or host[i] != host[i] else f"{host[i]:.0f}",
+                     "-" if r.agree != r.agree else f"{r.agree:.0%}"]
+                    for i, r in zip(gen.index, gen.itertuples())]
+            timed = "" if "timed" not in gen.columns else "\n\n" + "\n".join(
+                f"- `{m}`: {t}" for m, t in gen.drop_duplicates("mode").set_index("mode").timed.items())
             parts.append(f"Generation in Tables 7-8's models, {tag.upper()} ({_run(gen)}):\n\n"
                          + _table(["model", "method", "mode", "batch", "first token, ms",
-                                   "step, ms", "tokens/s", "tokens agreeing"], rows))
+                                   "step, ms", "tokens/s", "host µs a layer", "tokens agreeing"],
+                                  rows) + timed)
     return "\n\n".join(parts) or "(no serve.csv measured yet: `make bench-serve` on a GPU)"
 
 
