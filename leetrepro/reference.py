@@ -41,7 +41,7 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
     gam = normalize_gamma(gamma, V.shape[1], B.device)
     B, C = (expand_groups(t, V.shape[1]) for t in (B, C))  # (groups: a head each)
     gate = fold_gates(g, gam, torch.float64)
-    G = None if gate is None else gate.cumsum(-1)
+    G, run = _runs(gate)
     lg = None if G is not None else log_gamma(gam, torch.float64)
     B, C, V = (t.to(torch.float64) for t in (B, C, V))
     C, V, bad_out, bad_state = _nonfinite(C, V)
@@ -55,13 +55,33 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
                                row_offset=s)
         else:
             mask = gate_mask(G[..., s:e], G_cols=G[..., :e], dtype=torch.float64, row_offset=s)
+            if run is not None:  # nothing reaches across a hard reset
+                mask = mask * (run[..., s:e, None] == run[..., None, :e])
         out[:, :, s:e] = ((B[:, :, s:e] @ C[:, :, :e].transpose(-1, -2)) * mask) @ V[:, :, :e]
     S0 = None if initial_state is None else initial_state.to(torch.float64)
-    out = add_initial_state(out, B, S0, lg, G)
+    G0 = G if run is None else torch.where(run > 0, -torch.inf, G)  # S0 is gone after a reset
+    out = add_initial_state(out, B, S0, lg, G0)
     out = torch.where(bad_out, torch.nan, out)
     if not output_final_state:
         return out
+    if run is not None:  # S_N: the rows of the last run, S0 only where no reset came
+        last = run == run[..., -1:]
+        C = C * last[..., None]
+        S0 = None if S0 is None else S0 * (run[..., -1] == 0)[..., None, None]
     return out, torch.where(bad_state, torch.nan, final_state(C, V, lg, S0, G))
+
+
+def _runs(gate: torch.Tensor | None):
+    """``(G, run)``: the gates' running sums and, where a gate is −inf (log 0: a hard reset, the
+    state emptied before the token's own key enters it), which run of rows between resets each
+    row is in (None without one). G sums within a run (a reset counts 0 there), so a weight
+    exp(G_i − G_j) is never −inf − (−inf); rows of different runs do not see each other."""
+    if gate is None:
+        return None, None
+    reset = torch.isneginf(gate)
+    if not reset.any():
+        return gate.cumsum(-1), None
+    return torch.where(reset, 0.0, gate).cumsum(-1), reset.cumsum(-1)
 
 
 def ssd_reference(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=None,

@@ -129,6 +129,32 @@ def test_a_hard_reset_cuts_the_sequence_exactly(abbr):
     assert rel_error(out[:, :, :40], before) <= 1e-5
 
 
+def test_the_oracle_takes_a_minus_inf_gate_as_the_methods_do():
+    """A gate of −inf (log 0: a hard reset written the natural way): the oracle's rows, gradients
+    and final state are finite and equal those of −1e4 (whose weights across are exactly 0), with
+    an initial state, in two lanes of which one resets twice; the methods agree."""
+    B, C, V = make_inputs(2, 2, 12, 4, 5, seed=23)
+    g = _gates(2, 2, 12, seed=24)
+    s0 = torch.randn(2, 2, 4, 5, generator=torch.Generator().manual_seed(25))
+    hard, soft = g.clone(), g.clone()
+    for t, lanes in ((3, (0, 0)), (9, (0, 0)), (5, (1, 1))):
+        hard[lanes + (t,)], soft[lanes + (t,)] = -torch.inf, -1e4
+    want_o, want_s = reference(B, C, V, g=soft, initial_state=s0, output_final_state=True)
+    x = [t.double().requires_grad_() for t in (B, C, V)]
+    got_o, got_s = reference(*x, g=hard, initial_state=s0, output_final_state=True)
+    assert torch.isfinite(got_o).all() and torch.isfinite(got_s).all()
+    torch.testing.assert_close(got_o, want_o, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got_s, want_s, rtol=0, atol=1e-12)
+    (got_o.sum() + got_s.sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in x)
+    o, s = causal_linear_decoder(B, C, V, g=hard, method="LA_torch", initial_state=s0,
+                                 output_final_state=True, **OPTIONS["LA_torch"])
+    assert rel_error(o, got_o) <= 1e-5 and rel_error(s, got_s) <= 1e-5
+    for abbr in ("Bb", "Vanilla", "Recur"):  # (no state in or out)
+        o = causal_linear_decoder(B, C, V, g=hard, method=abbr, **OPTIONS.get(abbr, {}))
+        assert rel_error(o, reference(B, C, V, g=hard)) <= 1e-5, abbr
+
+
 @pytest.mark.parametrize("abbr", quick_lane(["Chunk", "Bb"], keep=(1,)))
 def test_strong_gates_over_a_long_sequence_stay_finite_and_exact(abbr):
     """Gates of about −3 a token sum to −3N: exp(+G) would overflow after 30 tokens. Chunked
