@@ -212,3 +212,22 @@ def test_make_help_quotes_no_timings_and_marks_gpu_only_targets_only():
         target = line.split()[1] if line.startswith("make ") and len(line.split()) > 1 else None
         if "(GPU" in line and target not in GPU_ONLY_TARGETS:
             assert "re-render" in line or "no GPU" in line, line
+
+
+def test_the_oracle_is_its_module_and_its_function():
+    """``leetrepro.reference`` is callable (the float64 oracle) and is the module whose names
+    the README cites (``GATE_GRAD_TOLERANCE``, ``ssd_reference``): a function of that name once
+    shadowed the module, and ``import leetrepro.reference as R; R.ssd_reference`` failed."""
+    import inspect
+
+    import torch
+
+    import leetrepro
+    import leetrepro.reference as R
+    from leetrepro.reference import reference as fn
+
+    assert R is leetrepro.reference
+    assert R.GATE_GRAD_TOLERANCE[torch.float32] > 0 and callable(R.ssd_reference)
+    B = torch.randn(1, 2, 5, 3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(leetrepro.reference(B, B, B, 0.9), fn(B, B, B, 0.9))
+    assert list(inspect.signature(leetrepro.reference).parameters)[:4] == ["B", "C", "V", "gamma"]
