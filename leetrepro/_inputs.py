@@ -301,9 +301,12 @@ def check_gates(g, B: torch.Tensor) -> None:
     """Raise a TypeError/ValueError naming ``g`` unless it is None or the per-token log gates of
     B's rows: a floating tensor ``(batch, heads, N)`` on B's device, any strides (a time-major
     ``(batch, N, heads)`` tensor passed as ``g.transpose(1, 2)`` is read in place). Gate values
-    are log decays, ≤ 0 in every model that uses them (``log a_t``, a_t in (0, 1]); they are not
-    read here (a host synchronisation per call). A positive gate is a growth the operator
-    computes as given, whose products may overflow."""
+    are log decays, ≤ 0 in every model that uses them (``log a_t``, a_t in (0, 1]; −inf a hard
+    reset). On the CPU they are read (no synchronisation to pay) and a positive gate, most often
+    a decay passed without its log, is refused; on a GPU they are not read (a host
+    synchronisation per call): a positive gate there is a growth computed as given, whose rows
+    turn non-finite once the growth passes the dtype's range (e^(3·40) at g = +3 over 40 rows
+    already overflows float32)."""
     if g is None:
         return
     if not isinstance(g, torch.Tensor):
@@ -320,6 +323,12 @@ def check_gates(g, B: torch.Tensor) -> None:
         raise TypeError(f"g (the per-token log gates) must be floating point, got {g.dtype}")
     if g.device != B.device:
         raise ValueError(f"g is on {g.device}, the inputs on {B.device}")
+    if g.device.type == "cpu" and g.numel() and not torch.compiler.is_compiling():
+        top = g.detach().max().item()
+        if top > 0:
+            raise ValueError(f"g (the per-token log gates) must be ≤ 0 (log decays, log a_t with "
+                             f"a_t in (0, 1]); its largest is {top:g}: pass torch.log(a) if these "
+                             f"are the decays a_t themselves")
 
 
 def gate_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -169,7 +169,7 @@ def _check_fla(q, k, v, g_gamma, initial_state, head_first: bool, state_v_first:
 
 def _decay(g_gamma: torch.Tensor) -> torch.Tensor:
     if not isinstance(g_gamma, torch.Tensor):
-        return torch.exp(torch.as_tensor(g_gamma, dtype=torch.float64))
+        return _checked_decays(torch.as_tensor(g_gamma, dtype=torch.float64))
     if g_gamma.requires_grad:
         raise ValueError("g_gamma requires grad: the decays are fixed here (no gradient flows to "
                          "them); pass g_gamma.detach() or a buffer")
@@ -184,8 +184,22 @@ def _decay(g_gamma: torch.Tensor) -> torch.Tensor:
 
 def _checked_decays(g_gamma: torch.Tensor) -> torch.Tensor:
     gamma = torch.exp(g_gamma.detach().to(torch.float64))
-    check_gamma_values(gamma)  # (once per g_gamma: the operator then finds it checked)
+    _check_log_decays(g_gamma, gamma)  # (once per g_gamma: the operator then finds it checked)
     return gamma
+
+
+def _check_log_decays(g_gamma: torch.Tensor, gamma: torch.Tensor) -> None:
+    """The operator's check of λ = exp(g_gamma), its error in g_gamma's own terms."""
+    try:
+        check_gamma_values(gamma)
+    except ValueError:
+        values = g_gamma.detach().flatten()[:8].tolist()
+        hint = ("; these look like the decays themselves: pass torch.log(decays)"
+                if all(0 < v <= 1 for v in values) else "")
+        raise ValueError(f"g_gamma is the log decay per head, each ≤ 0 (λ = exp(g_gamma) in "
+                         f"(0, 1]) and finite; got g_gamma = "
+                         f"{[round(v, 6) for v in values]}{' …' if g_gamma.numel() > 8 else ''}"
+                         f"{hint}") from None
 
 
 @torch.library.custom_op("leetrepro::decays_from_log", mutates_args=())
@@ -195,7 +209,7 @@ def decays_from_log(g_gamma: torch.Tensor) -> torch.Tensor:
     compiled graph saves it for the backward, and under CUDA graphs (``mode="reduce-overhead"``)
     what a graph saves must be its own, not a cache's."""
     gamma = torch.exp(g_gamma.detach().to(torch.float64))
-    memo_by_tensor(_LOGS_CHECKED, g_gamma, lambda _: check_gamma_values(gamma))
+    memo_by_tensor(_LOGS_CHECKED, g_gamma, lambda _: _check_log_decays(g_gamma, gamma))
     mark_checked(gamma)  # (the operator then reads nothing back to the host)
     return gamma
 
@@ -249,6 +263,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_dt_limit(dt_limit)
     _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     batch, seqlen, heads, headdim = x.shape
     dt = dt.float()
@@ -285,6 +300,17 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     return (y, states) if not return_final_states else (y, final, states)
 
 
+def check_dt_limit(dt_limit) -> None:
+    """A ValueError unless ``dt_limit`` is a pair ``(low, high)`` with 0 ≤ low ≤ high."""
+    try:
+        low, high = (float(v) for v in dt_limit)
+    except (TypeError, ValueError):
+        raise ValueError(f"dt_limit must be a pair (low, high), got {dt_limit!r}") from None
+    if not 0 <= low <= high:
+        raise ValueError(f"dt_limit = {tuple(dt_limit)} must satisfy 0 ≤ low ≤ high (dt is "
+                         f"clamped to [low, high])" + ("; reversed?" if high < low else ""))
+
+
 def _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens) -> None:
     """mamba_chunk_scan_combined's inputs checked in its own terms (x, dt, A, B, C, …)."""
     for name, t, dims in (("x", x, 4), ("dt", dt, 3), ("A", A, 1), ("B", B, 4), ("C", C, 4)):
@@ -292,6 +318,22 @@ def _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seql
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != dims:
             raise ValueError(f"{name} must be {dims}-D, got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    optional = (("D", D), ("z", z), ("dt_bias", dt_bias), ("initial_states", initial_states),
+                ("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens))
+    for name, t in optional:
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    for name, t in (("dt", dt), ("A", A), ("B", B), ("C", C)) + optional:
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}: every input on one device")
+    if not x.dtype == B.dtype == C.dtype:
+        raise TypeError(f"x, B and C must share one dtype (the operator's rows are dt·x, B and "
+                        f"C), got x {x.dtype}, B {B.dtype}, C {C.dtype}")
+    for name, t in (("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)):
+        if t is not None and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
+            raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
     batch, seqlen, heads, headdim = x.shape
     shapes = f"x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, B {tuple(B.shape)}"
     if tuple(dt.shape) != (batch, seqlen, heads) or tuple(A.shape) != (heads,):

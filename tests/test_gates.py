@@ -189,6 +189,9 @@ def test_bad_gates_are_errors_that_name_g():
         causal_linear_decoder(B, C, V, g=torch.zeros(2, 3, 10, dtype=torch.int32))
     with pytest.raises(TypeError, match="torch.Tensor"):
         causal_linear_decoder(B, C, V, g=0.5)
+    # a positive gate (a decay passed without its log, say) is refused where reading it is free
+    with pytest.raises(ValueError, match=r"g \(the per-token log gates\) must be ≤ 0.*largest is 3"):
+        causal_linear_decoder(B, C, V, g=torch.full((2, 3, 10), 3.0), method="LA_torch")
 
 
 def test_auto_picks_a_method_that_takes_gates():

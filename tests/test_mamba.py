@@ -137,6 +137,43 @@ def test_bad_arguments_name_mamba_s_own():
         mamba_chunk_scan_combined(x, dt, A, B, C, 64, D=torch.ones(3))
     with pytest.raises(ValueError, match="initial_states"):
         mamba_chunk_scan_combined(x, dt, A, B, C, 64, initial_states=torch.zeros(1, 4, 16, 8))
+    # dtypes, devices and types in the caller's names (once: the operator's B called C, and so on)
+    with pytest.raises(TypeError, match=r"x, B and C must share one dtype.*B torch.float16"):
+        mamba_chunk_scan_combined(x, dt, A, B.half(), C, 64)
+    with pytest.raises(ValueError, match="^C is on meta, x on cpu"):
+        mamba_chunk_scan_combined(x, dt, A, B, C.to("meta"), 64)
+    with pytest.raises(TypeError, match="^x must be floating point"):
+        mamba_chunk_scan_combined(x.long(), dt, A, B, C, 64)
+    for name in ("A", "dt"):
+        args = dict(x=x, dt=dt, A=A, B=B, C=C)
+        args[name] = args[name].to("meta")
+        with pytest.raises(ValueError, match=f"^{name} is on meta"):
+            mamba_chunk_scan_combined(**args, chunk_size=64)
+    with pytest.raises(TypeError, match="seq_idx must be a torch.Tensor or None, got list"):
+        mamba_chunk_scan_combined(x, dt, A, B, C, 64, seq_idx=[[0] * 10])
+    with pytest.raises(TypeError, match="seq_idx must be an integer tensor"):
+        mamba_chunk_scan_combined(x, dt, A, B, C, 64, seq_idx=torch.rand(1, 10))
+    with pytest.raises(ValueError, match=r"dt_limit = \(0.1, 0.001\).*reversed"):
+        mamba_chunk_scan_combined(x, dt, A, B, C, 64, dt_limit=(0.1, 0.001))
+
+
+def test_the_mamba2_block_names_its_own_bad_arguments():
+    """An unknown method at construction (not at the first forward), a reversed dt_limit, and
+    step's u, conv_state and pool shapes in step's terms (not an ``expand`` from inside)."""
+    from leetrepro.models import Mamba2Block
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        Mamba2Block(32, d_state=8, headdim=8, method="nope")
+    with pytest.raises(ValueError, match="dt_limit"):
+        Mamba2Block(32, d_state=8, headdim=8, dt_limit=(0.1, 0.01))
+    block = Mamba2Block(32, d_state=8, headdim=8, method="LA_torch")
+    _, conv_state, state = block.prefill(torch.randn(2, 5, 32))
+    pool, slots = torch.zeros(4, *state.shape[1:]), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match=r"u must be one token per sequence.*pass u\[:, 0\]"):
+        block.step(torch.randn(2, 1, 32), conv_state, pool, slots)
+    with pytest.raises(ValueError, match=r"conv_state must be .* = \(2, 80, 4\)"):
+        block.step(torch.randn(2, 32), conv_state[..., :2], pool, slots)
+    with pytest.raises(ValueError, match=r"pool must be \(slots, heads, d_state, headdim\)"):
+        block.step(torch.randn(2, 32), conv_state, pool.transpose(-1, -2)[..., :3], slots)
 
 
 def test_a_mamba2_block_trains_and_decodes_what_it_prefills():

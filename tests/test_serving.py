@@ -302,6 +302,12 @@ def test_chunk_simple_gla_errors_speak_fla_names_and_layouts():
         chunk_simple_gla(q, k, v.double())
     with pytest.raises(TypeError, match="k must be floating point"):
         chunk_simple_gla(q, k.long(), v)
+    # a decay passed without its log: said in g_gamma's terms, not gamma's
+    with pytest.raises(ValueError, match=r"g_gamma is the log decay per head, each ≤ 0.*"
+                                         r"\[0.9, 0.9, 0.9\].*pass torch.log"):
+        chunk_simple_gla(q, k, v, g_gamma=torch.full((3,), 0.9))
+    with pytest.raises(ValueError, match="g_gamma is the log decay"):
+        chunk_simple_gla(q, k, v, g_gamma=[0.5, -0.1, -0.2])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="flash-linear-attention runs on a GPU only")

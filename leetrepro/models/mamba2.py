@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .._inputs import expand_groups
-from ..compat import mamba_chunk_scan_combined
+from ..compat import check_dt_limit, mamba_chunk_scan_combined
 from ..decode import decode_step
 
 
@@ -41,6 +41,10 @@ class Mamba2Block(nn.Module):
         if self.heads % ngroups:
             raise ValueError(f"ngroups {ngroups} must divide the heads {self.heads}")
         self.d_inner, self.d_conv, self.dt_limit, self.chunk_size = d_inner, d_conv, dt_limit, chunk_size
+        check_dt_limit(dt_limit)
+        if ssd is None and method != "auto":
+            from ..registry import get
+            get(method)  # (an unknown method named now, not at the first forward)
         self.method, self.options, self.ssd = method, options, ssd
         conv_dim = d_inner + 2 * ngroups * d_state
         self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + self.heads, bias=False)
@@ -102,6 +106,7 @@ class Mamba2Block(nn.Module):
         channels, d_conv)`` shifted in place; the SSM states at ``pool[slots]`` (float32
         ``(slots, heads, d_state, headdim)``) stepped in place by :func:`leetrepro.decode_step`
         with the token's gate dt·A. Returns ``(batch, d_model)``."""
+        self._check_step(u, conv_state, pool, slots)
         z, xbc, dt = self._split(self.in_proj(u))
         conv_state.copy_(torch.roll(conv_state, -1, -1))
         conv_state[..., -1] = xbc
@@ -118,3 +123,24 @@ class Mamba2Block(nn.Module):
                         g=(dt * -torch.exp(self.A_log.float()))[..., None])[:, :, 0]
         y = y + self.D[:, None].to(y.dtype) * x
         return self._out(y.reshape(u.shape[0], self.d_inner), z)
+
+    def _check_step(self, u, conv_state, pool, slots) -> None:
+        """:meth:`step`'s inputs in its own terms (the decode step checks the pool and slots)."""
+        d_model = self.in_proj.in_features
+        if not isinstance(u, torch.Tensor) or u.dim() != 2 or u.shape[1] != d_model:
+            got = tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__
+            raise ValueError(f"u must be one token per sequence, (batch, d_model) = (batch, "
+                             f"{d_model}), got {got}"
+                             + ("; for (batch, 1, d_model) pass u[:, 0]" if isinstance(
+                                 u, torch.Tensor) and u.dim() == 3 and u.shape[1] == 1 else ""))
+        want = (u.shape[0], self.conv1d.in_channels, self.d_conv)
+        if not isinstance(conv_state, torch.Tensor) or tuple(conv_state.shape) != want:
+            got = tuple(conv_state.shape) if isinstance(conv_state, torch.Tensor) else \
+                type(conv_state).__name__
+            raise ValueError(f"conv_state must be (batch, conv channels, d_conv) = {want}, as "
+                             f"prefill returns it, got {got}")
+        want = (self.heads, self.d_state, self.headdim)
+        if not isinstance(pool, torch.Tensor) or pool.dim() != 4 or tuple(pool.shape[1:]) != want:
+            got = tuple(pool.shape) if isinstance(pool, torch.Tensor) else type(pool).__name__
+            raise ValueError(f"pool must be (slots, heads, d_state, headdim) = (slots, "
+                             f"{', '.join(map(str, want))}), got {got}")
