@@ -82,11 +82,13 @@ help:
 	@echo "make train     a byte-level LM trained with every method (notebook; GPU, or re-rendered)"
 	@echo "make wheelhouse  wheels of the notebook stack for an offline GPU host -> wheelhouse/"
 
+# (pip without the exported PYTHONPATH: through it pip would see the checkout's egg-info and
+# report its requirements missing from a venv still being built)
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e ".[dev]"
+	PYTHONPATH= $(PIP) install -q --upgrade pip
+	PYTHONPATH= $(PIP) install -q $(TORCH)
+	PYTHONPATH= $(PIP) install -q -e ".[dev]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -155,6 +157,11 @@ define run_notebook
 	$(NB) notebooks/$(1).ipynb $(RESULTS)/figures/$(3)/$(2).ipynb -p out_root $(RESULTS) $(4) $(NBFLAGS)
 endef
 
+# said after a target that times on a GPU and, on a machine without one, only re-rendered
+define rerendered_note
+	@$(if $(filter cpu,$(HERE)),echo "$@: NO GPU HERE: nothing was timed; re-rendered from the committed data/$(GPU)/ into $(RESULTS)/figures/$(GPU)/",true)
+endef
+
 NO_GPU_NOTE = NO GPU HERE: nothing was timed on a GPU. The GPU tables and claims were RE-RENDERED from the committed data/$(GPU)/ into $(RESULTS)/; Lemma 3.1 was timed on this CPU ($(RESULTS)/data/cpu/).
 
 reproduce: derivations lemma31 $(TABLES) table9 long-prompts table7 table8 claims floor eca related
@@ -208,6 +215,7 @@ floor: $(INSTALLED)
 	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.floor --out $(RESULTS)/data/$(GPU))
 	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.layouts --out $(RESULTS)/data/$(GPU))
 	$(call run_notebook,floor,floor,$(GPU),-p gpu $(GPU))
+	$(rerendered_note)
 
 # what limits each floor cell still short of its target: Nsight Compute over one call of Chunk as
 # it ships, per cell (GPU and ncu only) -> data/<gpu>/ncu_limits.txt
@@ -277,6 +285,7 @@ bench-layer: $(INSTALLED)
 bench-serve: $(INSTALLED)
 	$(if $(filter cpu,$(HERE)),,$(PY) -m leetrepro.bench.serve --out $(RESULTS)/data/$(GPU))
 	$(call run_notebook,serve,serve,$(GPU),-p gpu $(GPU))
+	$(rerendered_note)
 
 # sequence parallelism over the GPUs of this host (GPUS of them), one torchrun job -> data/<gpu>x<GPUS>/sp.csv
 GPUS ?= $(shell nvidia-smi -L 2>/dev/null | wc -l)
@@ -298,6 +307,7 @@ results: $(INSTALLED)
 # a small byte-level language model trained once per method (GPU: measured; else re-rendered)
 train: $(INSTALLED)
 	$(call run_notebook,train,train,$(GPU),-p gpu $(GPU))
+	$(rerendered_note)
 
 derivations: $(INSTALLED)
 	$(call run_notebook,derivations,derivations,derivations,)

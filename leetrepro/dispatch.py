@@ -97,14 +97,30 @@ def table_path(tag: str) -> str:
     return _OVERRIDE[0] or tuning.path(tag, "dispatch.csv")
 
 
-def auto_method(n: int, dtype: torch.dtype, device, *, batch: int = 1, decay: bool = False,
+def auto_method(n, dtype=None, device=None, *, batch: int = 1, decay: bool = False,
                 state: bool = False, heads: int = 32, r: int = 128, d: int = 128,
                 grad: bool = False, head_major: bool = True,
                 gates: bool = False) -> registry.Method:
     """The method ``method="auto"`` uses for these inputs (N rows, ``dtype`` on ``device``, the
     rest of the signature as :class:`Call`): the measured table's choice where it speaks for the
     call, else the rule above; with ``state``, only methods that take and return the recurrent
-    state; with ``gates``, only methods that take per-token gates."""
+    state; with ``gates``, only methods that take per-token gates.
+
+    Or from the call's own tensors: ``auto_method(B, C, V)`` (B ``(batch, heads, N, r)``, V
+    ``(batch, heads, N, d)``; N, dtype, device, shapes, layout and whether any requires grad read
+    off them; ``decay``, ``state`` and ``gates`` as keywords)."""
+    if isinstance(n, torch.Tensor):
+        tensors = (n, dtype, device)
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+            raise TypeError("auto_method takes (n, dtype, device) or the tensors (B, C, V), "
+                            "each (batch, heads, N, ·)")
+        B, _, V = tensors
+        call = call_of(B, V, decay=decay, state=state, gates=gates,
+                       grad=grad or any(t.requires_grad for t in tensors))
+        return method_for(V.shape[2], V.dtype, V.device, call)
+    if not isinstance(dtype, torch.dtype) or device is None:
+        raise TypeError(f"auto_method takes (n, dtype, device) or the tensors (B, C, V); got "
+                        f"n={n!r}, dtype={dtype!r}, device={device!r}")
     return method_for(n, dtype, torch.device(device),
                       Call(batch, heads, r, d, bool(decay), bool(state), bool(grad),
                            bool(head_major), bool(gates)))

@@ -61,6 +61,19 @@ def test_auto_picks_a_correct_method_on_cpu():
     assert leetrepro.auto_method(4096, torch.float32, torch.device("cpu")).abbr == "LA_torch"
 
 
+def test_auto_method_reads_the_call_off_its_tensors():
+    """``auto_method(B, C, V)``: the method ``method="auto"`` runs for those tensors (once a
+    ``torch.device()`` TypeError from inside); anything else is a TypeError saying both forms."""
+    for n, kw in ((64, {}), (4096, {}), (4096, dict(state=True)), (4096, dict(gates=True))):
+        B, C, V = make_inputs(1, 2, n, 8, 4)
+        assert leetrepro.auto_method(B, C, V, **kw) is leetrepro.auto_method(
+            n, torch.float32, "cpu", heads=2, r=8, d=4, **kw)
+    with pytest.raises(TypeError, match=r"\(n, dtype, device\) or the tensors \(B, C, V\)"):
+        leetrepro.auto_method(300)
+    with pytest.raises(TypeError, match=r"the tensors \(B, C, V\)"):
+        leetrepro.auto_method(B, C)
+
+
 def test_n_zero_returns_empty_and_non_contiguous_inputs_work():
     B, C, V = make_inputs(2, 3, 0, 4, 5)
     out = causal_linear_decoder(B, C, V, 0.5, method="Bb")
