@@ -123,7 +123,8 @@ for ax, m in zip(axes[0], machines):
         ax.plot(g.N, g.median_s * 1e3, "o-", label=entry, color=f"C{i}")
     ax.set(xscale="log", yscale="log", xlabel="N", ylabel="ms (median)",
            title=f"{t.gpu.iloc[0]}" + (f", {int(t.threads.iloc[0])} threads" if "threads" in t else ""))
-    ax.grid(alpha=0.3); ax.legend(fontsize=7)
+    # (upper left: the curves rise to the right, where the slowest entries' points are)
+    ax.grid(alpha=0.3); ax.legend(fontsize=7, loc="upper left")
 fig.suptitle("ECA against the standard products (forward, r = d = 64, fp32)")
 fig.tight_layout()
 stamp(fig, pd.concat(times.values()))

@@ -129,6 +129,9 @@ def measure_eca_stages(device, reps: int = 10):
         for (stage, entry), (t, status) in _timed(fns, reps, device, seed=i).items():
             rows.append(dict(stage=stage, entry=entry, L=n, d=k, dtype="fp32", reps=reps,
                              median_s=t, status=status))
+        print(f"eca stages L={n} d={k} ({i + 1}/{len(STAGE_SHAPES[device.type])}): "
+              + ", ".join(f"{r['stage']} {r['entry']} {r['median_s'] or float('nan'):.4g} s"
+                          for r in rows[-len(fns):]), flush=True)
     return rows
 
 

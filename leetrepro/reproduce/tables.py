@@ -137,6 +137,7 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
         if speedup:
             ax.axhline(1, color="gray", lw=0.8)
         ax.set(xscale="log", yscale="log", title=method)
+        readable_log(ax, "y")  # (a panel spanning under a decade showed one label, or none)
         ax.grid(True, which="both", alpha=0.3)
     for ax in axes.flat[len(methods):]:
         ax.axis("off")
@@ -159,9 +160,17 @@ def plot_latency(measured, title: str, path_stem: str | None = None, paper_table
 def readable_log(ax, axis: str = "y") -> None:
     """A log axis labelled in plain numbers at 1-2-5 steps: matplotlib labels only powers of ten,
     so an axis spanning less than a decade shows one labelled tick or none."""
+    import math
+
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    ax.autoscale_view()  # (the limits are otherwise computed lazily, at the first draw)
     for a in ((ax.yaxis,) if axis == "y" else (ax.xaxis,) if axis == "x" else (ax.xaxis, ax.yaxis)):
-        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        lo, hi = sorted(a.get_view_interval())
+        # under about a decade in view (the data plotted first): every integer step, so that
+        # such a panel still shows three or more labels
+        narrow = lo > 0 and math.log10(hi / lo) < 1.2
+        a.set_major_locator(LogLocator(base=10, subs=(1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9) if narrow
+                                       else (1.0, 2.0, 5.0)))
         a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         a.set_minor_formatter(NullFormatter())
 
