@@ -52,8 +52,9 @@ straddle row t (the initial state a column before the first row, dS_N a row afte
 each term with its own sign: the straddle kernel (:func:`leetrepro.methods.chunk.gate_gradient`,
 ``kernels/gate_straddle.py``) sums them by segments from the forward and backward states at the
 segments' ends, in the inputs' dtype, and asks for no sweep (frozen B and C cost nothing). Where
-it does not run (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on fp32
-copies at fp32-exact dots and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
+it does not run (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on
+float64 copies (the PyTorch methods; fp32 copies at fp32-exact dots for a method without float64)
+and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
 
 **Groups**: B and C may have fewer heads than V (each shared by a group of heads, Mamba-2's
 B and C): a method with ``Method.groups`` (Chunk) reads a group's rows for each head in place and
@@ -455,16 +456,20 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     straddle = need_g and _straddles(m, V)
     if need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
-    if need_g and not straddle and not _exact_dots(m, opts, B.dtype) and \
-            (B.dtype != torch.float32 or "fp32_precision" in m.options):
+    wide_dtype = torch.float64 if torch.float64 in m.dtypes else torch.float32
+    if need_g and not straddle and B.dtype != torch.float64 and (
+            wide_dtype == torch.float64 or not _exact_dots(m, opts, B.dtype) and
+            (B.dtype != torch.float32 or "fp32_precision" in m.options)):
         # without the straddle kernel (PyTorch methods on a CPU), dg is the row dots'
         # running sum to the end of the sequence, of terms whose exact sum is small, and a
         # parameter that sums dg over the rows (Mamba-2's A and dt_bias) sums that running sum
-        # again: any rounding inside the sweeps' products (fp16/bf16 operands, tf32) adds up to
-        # a wrong direction there (measured: dA 0.2-3 relative in bf16, NOTES.md). So that
-        # backward runs on fp32 copies with fp32-exact dots (the PyTorch methods: exact fp32),
-        # its gradients rounded back
-        wide = [x.float() for x in (dO, B, C, V)]
+        # again: any rounding inside the sweeps' products (fp16/bf16 operands, tf32, and fp32's
+        # own: dA 5e-4 relative at 200 rows through LA_torch in fp32, 3e-3 through Bb) adds up
+        # to a wrong direction there (dA 0.2-3 relative in bf16, NOTES.md). So that backward
+        # runs on copies of the widest dtype the method takes (float64 for the PyTorch methods,
+        # else fp32 with fp32-exact dots), its gradients rounded back
+        wide = [x.to(wide_dtype) for x in (dO, B, C, V)]
+        gate = gate.to(wide_dtype)
         exact = dict(opts, fp32_precision="tf32x3") if "fp32_precision" in m.options else opts
         if dS is not None and SN is not None and SN.numel():
             # the forward's final state enters every row's dg through ⟨dS_N, S_N⟩ (and A's
