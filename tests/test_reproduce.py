@@ -389,16 +389,24 @@ def test_every_parameter_a_notebook_assigns_is_one_papermill_sees(name):
     assert assigned == seen, sorted(assigned - seen)
 
 
-def test_results_page_is_written_from_the_data():
-    """``figures/results.md`` is what ``make results`` writes from the committed ``data/``: no
-    number on it is typed by hand or left behind by an older run."""
+def test_results_pages_are_written_from_the_data():
+    """``figures/results.md`` and its topic pages are what ``make results`` writes from the
+    committed ``data/``: no number on them is typed by hand or left behind by an older run. The
+    main page opens with the answers and stays a page, not a grid."""
     from leetrepro import _paths
     from leetrepro.reproduce import results
-    page = results.page()
-    with open(os.path.join(_paths.ROOT, results.PAGE), encoding="utf-8") as f:
-        assert f.read() == page, "figures/results.md is stale: run `make results`"
-    for section in ("Correctness", "memory floor", "Training", "Serving", "claims"):
-        assert section in page
+    pages = results.pages()
+    for rel, text in pages.items():
+        with open(os.path.join(_paths.ROOT, rel), encoding="utf-8") as f:
+            assert f.read() == text, f"{rel} is stale: run `make results`"
+    on_disk = {os.path.join(results.TOPIC_DIR, n)
+               for n in os.listdir(os.path.join(_paths.ROOT, results.TOPIC_DIR))}
+    assert on_disk == set(pages) - {results.PAGE}, "a topic page no longer written is left behind"
+    main = pages[results.PAGE]
+    assert main.index("## Answers") < main.index("## Correctness") and main.count("\n") < 250
+    for section in ("Correctness", "memory floor", "claims", "results/training.md",
+                    "results/serving.md"):
+        assert section in main
 
 
 def test_results_tables_name_gpu_commit_and_date(tmp_path, monkeypatch):

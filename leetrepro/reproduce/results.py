@@ -7,7 +7,11 @@ counts, the distance to the memory floor beside flash-linear-attention, training
 sequence parallelism and the paper's claims per GPU. Nothing on the page is typed by hand; a test
 holds the committed page to what this module writes from the committed data.
 
-    python -m leetrepro.reproduce.results [--out figures/results.md] [--check]
+``figures/results.md`` opens with one screen of answers (this project against the best peer
+measured, per area and GPU) and the short sections; the long grids are pages of their own in
+``figures/results/``, linked from it.
+
+    python -m leetrepro.reproduce.results [--root .] [--check]
 """
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ import sys
 
 from .. import _paths
 
-#: the page, relative to the repository root
+#: the main page, relative to the repository root, and the folder of its topic pages
 PAGE = os.path.join("figures", "results.md")
+TOPIC_DIR = os.path.join("figures", "results")
 #: data folders that hold no GPU's own measurements
 NOT_GPUS = ("paper", "anchors", "prompts")
 #: the floor's target cells: (dtype, batch, N, Chunk's entry), both masks each; fp32 through
@@ -487,7 +492,7 @@ def model(tags: list[str]) -> str:
         if df is None:
             continue
         if name == MODEL_FILES[0]:
-            figures.append(f"![{tag.upper()}]({tag}/model.png)")
+            figures.append(f"![{tag.upper()}](../{tag}/model.png)")  # (from figures/results/)
         for _, r in df.iterrows():
             ok = r.status == "ok"
             rows.append([tag.upper(), name, r["size"], r.mixer, r["mode"],
@@ -515,48 +520,206 @@ def model(tags: list[str]) -> str:
                       "peak GiB", "operator", "status", "commit"], rows))
 
 
-def page() -> str:
+def _geo(values) -> float:
+    """Geometric mean of the finite positive values (NaN if none)."""
+    vals = [float(v) for v in values if v == v and v > 0 and v != math.inf]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else math.nan
+
+
+def _speed(ratio: float) -> str:
+    """``their time ÷ ours`` as words: "1.9× faster" or "1.4× slower"."""
+    if ratio != ratio:
+        return "-"
+    return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
+
+
+def _answer_cells(tag: str) -> dict:
+    """One GPU's answers: ``{area: "ratio (detail; commit)"}`` from its committed data."""
+    out = {}
+    floor = _read(tag, "floor.csv")
+    if floor is not None:
+        big = floor[(floor.N >= 8192) & floor.dtype.isin(["fp16", "bf16"])]
+        ours = big[big.method == "Chunk"]
+        if len(ours):
+            out["forward"] = (f"{_speed(1 / _geo(ours.vs_fla))} (Chunk {ours.floor_ratio.min():.2f}"
+                              f"-{ours.floor_ratio.max():.2f}× its floor; {_commits(big)})")
+    train = _read(tag, "train.csv")
+    if train is not None:
+        g = train[(train["mode"] == "graph") & (train.status == "ok")]
+        key = ["dtype", "batch", "N"]
+        pair = g[g.method == "Chunk"].merge(g[g.method == "fla"], on=key, suffixes=("", "_fla"))
+        if len(pair):
+            out["training"] = (f"{_speed(_geo(pair.fwd_bwd_ms_fla / pair.fwd_bwd_ms))} (Chunk "
+                               f"{pair.floor_ratio.min():.2f}-{pair.floor_ratio.max():.2f}× its "
+                               f"floor; {_commits(g)})")
+    serve = _read(tag, "serve.csv")
+    if serve is not None:
+        t = serve.set_index(["case", "method", "dtype", "batch"]).ms
+
+        def ratio(case, ours, theirs):
+            both = [(t[k[:1] + (theirs,) + k[2:]], t[k]) for k in t.index
+                    if k[0] == case and k[1] == ours and k[:1] + (theirs,) + k[2:] in t.index]
+            return _geo([a / b for a, b in both])
+        out["prefill"] = f"{_speed(ratio('prefill_varlen', 'Chunk', 'fla'))} ({_commits(serve)})"
+        out["decode"] = (f"{_speed(ratio('decode', 'decode_step_graph8', 'fla_graph8'))} "
+                         f"({_commits(serve)})")
+    gates = _read(tag, "gates.csv")
+    if gates is not None:
+        g = gates[(gates["pass"] == "fwd+bwd") & (gates["mode"] == "graph") &
+                  (gates.entry == "gates")]
+        f = gates[(gates["pass"] == "fwd") & (gates["mode"] == "graph") & (gates.entry == "gates")]
+        if len(g):
+            out["gates"] = (f"{_geo(g.vs_gamma):.2f}× the per-head decay's time forward + "
+                            f"backward, {_geo(f.vs_gamma):.2f}× forward ({_commits(gates)})")
+    ssd_df = _read(tag, "ssd.csv")
+    if ssd_df is not None:
+        ours = ssd_df[(ssd_df.entry == "ours") & (ssd_df["mode"] == "graph")]
+        fb, fw = ours[ours["pass"] == "fwd+bwd"], ours[ours["pass"] == "fwd"]
+        if len(fb):
+            out["ssd"] = (f"{_speed(1 / _geo(fb.vs_peer))} forward + backward, "
+                          f"{_speed(1 / _geo(fw.vs_peer))} forward ({_commits(ssd_df)})")
+    lm = _read(tag, "model.csv")
+    if lm is not None:
+        ok = lm[lm.status == "ok"].set_index(["size", "mode", "mixer"]).tokens_per_s
+
+        def lm_ratio(ours, theirs):
+            return _geo([ok[k] / ok[k[:2] + (theirs,)] for k in ok.index
+                         if k[2] == ours and k[:2] + (theirs,) in ok.index])
+        out["model"] = (f"{_speed(lm_ratio('leetrepro', 'softmax SDPA'))} than softmax SDPA; "
+                        f"Mamba-2 {_speed(lm_ratio('Mamba-2 leetrepro', 'Mamba-2 mamba_ssm'))} "
+                        f"than mamba_ssm's ({_commits(lm)})")
+    import pandas as pd
+    checks = [_read(tag, os.path.basename(p))
+              for p in sorted(glob.glob(_paths.data(tag, "correctness*.csv")))]
+    if checks:
+        status = pd.concat([c.status.astype(str) for c in checks])
+        judged = int((~status.str.startswith("unsafe")).sum())
+        failed = int(status.str.startswith("FAIL").sum())
+        out["correctness"] = (f"{judged - failed} of {judged} cases pass, in {len(checks)} files "
+                              f"(commits in [correctness](#correctness-against-the-float64-oracle))")
+    return out
+
+
+#: the answers' rows: (key, what is compared); tokens/s or time, geometric means over the cells
+ANSWERS = (
+    ("forward", "Forward at N ≥ 8192, fp16/bf16, against flash-linear-attention ([floor](#distance-to-the-memory-floor))"),
+    ("training", "Training step (forward + backward), CUDA graphs, against flash-linear-attention ([training](results/training.md))"),
+    ("prefill", "Packed prefill of 100 prompts against flash-linear-attention ([serving](results/serving.md))"),
+    ("decode", "Decode step, eight layers a graph, against flash-linear-attention ([serving](results/serving.md))"),
+    ("gates", "Per-token gates (simple GLA, Mamba-2 shapes) against the per-head decay, graphs ([gates](results/gates.md))"),
+    ("ssd", "Mamba-2's SSD against mamba_ssm's Triton kernels, graphs ([SSD](results/ssd.md))"),
+    ("model", "A decoder LM's tokens/s with this operator as its mixer ([model](results/model.md))"),
+    ("correctness", "Every method against the float64 oracle ([correctness](#correctness-against-the-float64-oracle))"),
+)
+
+
+def answers(tags: list[str]) -> str:
+    """One screen: per area, this project against the best peer measured, per GPU, with the
+    commits of the rows behind each cell."""
+    cells = {tag: _answer_cells(tag) for tag in tags}
+    rows = [[what] + [cells[tag].get(key, "not measured") for tag in tags] for key, what in ANSWERS]
+    return ("Geometric means over each table's cells; every ratio is the peer's time (or our "
+            "tokens/s) over ours, measured in one process, like with like. The sections and "
+            "pages below hold every cell.\n\n"
+            + _table(["area"] + [t.upper() for t in tags], rows))
+
+
+def gates(tags: list[str]) -> str:
+    """``make bench-gates``' cells: per-token gates beside the per-head decay at the same shape,
+    per pass and mode, each × its floor, and gated ÷ γ."""
+    rows = []
+    for tag in tags:
+        df = _read(tag, "gates.csv")
+        if df is None:
+            continue
+        for (shape, pass_, mode), g in df.groupby(["shape", "pass", "mode"], sort=False):
+            cell = g.set_index("entry")
+            if not {"gamma", "gates"} <= set(cell.index):
+                continue
+            first = g.iloc[0]
+            rows.append([tag.upper(), f"{shape} (b{first.batch} N{first.N} h{first.heads} "
+                         f"{first.K}/{first.V})", pass_, mode,
+                         f"{cell.median_ms['gamma']:.3f} ms ({cell.vs_floor['gamma']:.2f}×)",
+                         f"{cell.median_ms['gates']:.3f} ms ({cell.vs_floor['gates']:.2f}×)",
+                         _x(cell.vs_gamma["gates"]), _commits(g)])
+    if not rows:
+        return "Nothing measured yet."
+    return ("bf16, time-major model layout; each time × its memory floor; `gated ÷ γ`: the "
+            "gated call's time over the per-head decay's at the same shape (NOTES.md, the gated "
+            "backward's sections):\n\n"
+            + _table(["GPU", "shape", "pass", "mode", "per-head decay γ", "per-token gates",
+                      "gated ÷ γ", "commit"], rows))
+
+
+#: the pages beside the main one, in figures/results/: (file, title, body)
+TOPICS = (
+    ("provenance.md", "What was measured where", lambda tags, gpus: measured_where(tags)),
+    ("model.md", "What a model gets (`make bench-model`)", lambda tags, gpus: model(gpus)),
+    ("training.md", "Training (`make bench-train`, `make train`)", lambda tags, gpus: training(gpus)),
+    ("layouts.md", "The layouts models hand the operator (`make layouts`, `make bench-layer`)",
+     lambda tags, gpus: layouts(gpus)),
+    ("serving.md", "Serving (`make bench-serve`)", lambda tags, gpus: serving(gpus)),
+    ("gates.md", "Per-token gates against the per-head decay (`make bench-gates`)",
+     lambda tags, gpus: gates(gpus)),
+    ("ssd.md", "Mamba-2's SSD against mamba_ssm (`make bench-ssd`)", lambda tags, gpus: ssd(gpus)),
+    ("sequence_parallel.md", "Sequence parallelism (`make bench-sp`)",
+     lambda tags, gpus: sequence_parallel([t for t in tags if "x" in t])),
+)
+
+
+def pages() -> dict:
+    """``{path relative to the repository: text}``: the main page (figures/results.md: the
+    answers, then the short sections) and one page per topic in figures/results/."""
     tags = gpu_folders()
     gpus = [t for t in tags if "x" not in t and t != "cpu"]
     sections = [
-        ("What was measured where", measured_where(tags)),
-        ("What a model gets (`make bench-model`)", model(gpus)),
-        ("Correctness against the float64 oracle (`make gpu-check`)", correctness(gpus)),
-        ("Distance to the memory floor (`make floor`; heads 32, r = d = 128; time ÷ floor)",
-         floor_cells(gpus)),
+        ("Answers", answers(gpus)),
+        ("Correctness against the float64 oracle", "`make gpu-check`, `make test-gpu`.\n\n"
+         + correctness(gpus)),
+        ("Distance to the memory floor", "`make floor`; heads 32, r = d = 128; time ÷ floor.\n\n"
+         + floor_cells(gpus)),
         ("`method=\"auto\"` (`make tune`)", dispatch(gpus)),
-        ("Training (`make bench-train`, `make train`)", training(gpus)),
-        ("The layouts models hand the operator (`make layouts`, `make bench-layer`)",
-         layouts(gpus)),
-        ("Serving (`make bench-serve`)", serving(gpus)),
-        ("Sequence parallelism (`make bench-sp`)", sequence_parallel([t for t in tags if "x" in t])),
-        ("Mamba-2's SSD against mamba_ssm (`make bench-ssd`)", ssd(gpus)),
         ("The paper's claims (`make claims`)", claims(gpus)),
         ("The other papers (`make eca`, `make related`)",
          other_papers([t for t in tags if t == "cpu"] + gpus)),
+        ("More pages", "\n".join(f"- [{title}](results/{name})" for name, title, _ in TOPICS)),
     ]
     head = ("# Results\n\nWritten by `make results` from `data/` alone; do not edit by hand. Every "
             "table names the GPU, commit and date of its rows. How each number came about, and "
-            "what it was predicted to be, is in `NOTES.md`.\n")
-    return head + "".join(f"\n## {title}\n\n{body}\n" for title, body in sections)
+            "what it was predicted to be, is in [`notes/`](../notes/README.md).\n")
+    out = {PAGE: head + "".join(f"\n## {title}\n\n{body}\n" for title, body in sections)}
+    for name, title, body in TOPICS:
+        out[os.path.join(TOPIC_DIR, name)] = (
+            f"# {title}\n\nWritten by `make results` from `data/` alone; part of the "
+            f"[results](../results.md).\n\n{body(tags, gpus)}\n")
+    return out
+
+
+def page() -> str:
+    """The main page's text (:func:`pages` has every page)."""
+    return pages()[PAGE]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=os.path.join(_paths.ROOT, PAGE))
+    p.add_argument("--root", default=_paths.ROOT, help="where figures/ is written")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 if the page on disk differs from what the data give")
+                   help="exit 1 if a page on disk differs from what the data give")
     args = p.parse_args(argv)
-    text = page()
+    stale = []
+    for rel, text in pages().items():
+        path = os.path.join(args.root, rel)
+        if args.check:
+            if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
+                stale.append(rel)
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {path}")
     if args.check:
-        with open(args.out, encoding="utf-8") as f:
-            same = f.read() == text
-        print(f"{args.out}: " + ("up to date" if same else "differs from data/ (make results)"))
-        return 0 if same else 1
-    with open(args.out, "w", encoding="utf-8") as f:
-        f.write(text)
-    print(f"wrote {args.out}")
-    return 0
+        print("up to date" if not stale else f"differ from data/ (make results): {stale}")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
