@@ -686,7 +686,7 @@ def pages() -> dict:
     ]
     head = ("# Results\n\nWritten by `make results` from `data/` alone; do not edit by hand. Every "
             "table names the GPU, commit and date of its rows. How each number came about, and "
-            "what it was predicted to be, is in [`notes/`](../notes/README.md).\n")
+            "what it was predicted to be, is in [`NOTES.md`](../NOTES.md) and [`notes/`](../notes/).\n")
     out = {PAGE: head + "".join(f"\n## {title}\n\n{body}\n" for title, body in sections)}
     for name, title, body in TOPICS:
         out[os.path.join(TOPIC_DIR, name)] = (
