@@ -77,13 +77,19 @@ def test_half_precision_generation_is_finite_and_agrees_with_float64(name, dtype
         # the generation loop's own first tokens, from the same prefill
         first = prefill(model, ids, cu, model.state_pools(3, "cpu"), torch.arange(3), "LA_torch")
         assert torch.equal(first, logits[dt].argmax(-1))
-    ref, got = logits[torch.float64], logits[dtype]
+    _agree(logits[dtype], logits[torch.float64], 3e-2)
+
+
+def _agree(got, ref, bound, some_clear=True):
+    """Finite logits within ``bound`` of the float64 model's largest, and the same greedy token
+    wherever float64's top two are further apart than twice the error (``some_clear``: and
+    somewhere they are)."""
     assert torch.isfinite(got).all()
     err = (got - ref).abs().max().item()
-    assert err <= 3e-2 * ref.abs().max().item(), err
+    assert err <= bound * ref.abs().max().item(), err
     top2 = ref.topk(2, -1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * err
-    assert clear.any()
+    assert clear.any() or not some_clear
     assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
 
 
@@ -140,10 +146,4 @@ def test_published_models_generate_finite_tokens_on_the_gpu(name, dtype):
             decode(model, first, cu[1:] - cu[:-1], pools, slots, "Chunk")
             assert all(torch.isfinite(p).all() for p in pools)
         del model
-    ref, got = logits[torch.float64], logits[dtype]
-    assert torch.isfinite(got).all()
-    err = (got - ref).abs().max().item()
-    assert err <= 5e-2 * ref.abs().max().item(), err
-    top2 = ref.topk(2, -1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 2 * err
-    assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
+    _agree(logits[dtype], logits[torch.float64], 5e-2, some_clear=False)
