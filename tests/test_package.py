@@ -108,6 +108,8 @@ def test_a_target_rerenders_without_a_gpu_and_leaves_the_tree_as_it_was(target):
                          env=dict(os.environ, MPLBACKEND="Agg"))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     folder = {"scaling": "h200x2"}.get(target, "h100")
+    if target == "train":  # (said on the terminal, not only inside the executed notebook)
+        assert "train: NO GPU HERE: nothing was timed; re-rendered" in out.stdout, out.stdout[-500:]
     if target != "results":  # (results rewrites figures/results.md from data/: the same page)
         assert os.path.exists(os.path.join(ROOT, "rerendered", "figures", folder, f"{target}.ipynb"))
     assert git_status() == status
@@ -231,3 +233,42 @@ def test_the_oracle_is_its_module_and_its_function():
     B = torch.randn(1, 2, 5, 3, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(leetrepro.reference(B, B, B, 0.9), fn(B, B, B, 0.9))
     assert list(inspect.signature(leetrepro.reference).parameters)[:4] == ["B", "C", "V", "gamma"]
+
+
+def test_pip_runs_without_the_checkouts_pythonpath():
+    """The Makefile exports PYTHONPATH (the checkout) for everything it runs; pip under it saw the
+    checkout's egg-info and printed "ERROR: pip's dependency resolver … leetrepro requires
+    pandas" into a green CI run while a virtualenv was still being built."""
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        installs = [line.strip() for line in f if "$(PIP) install" in line]
+    assert installs and all(line.startswith("PYTHONPATH= $(PIP) install") for line in installs), \
+        installs
+
+
+def test_a_narrow_log_axis_shows_several_labels():
+    """Table 3's speed-up panels spanning under a decade showed one label, or none."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from leetrepro.reproduce.tables import readable_log
+    fig, ax = plt.subplots()
+    ax.plot([1e2, 1e3, 1e4], [0.6, 1.0, 1.8])
+    ax.set(xscale="log", yscale="log")
+    readable_log(ax, "y")
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    shown = [t for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
+    plt.close(fig)
+    assert len(shown) >= 3, [t.get_text() for t in shown]
+
+
+def test_the_eca_stage_timings_say_their_progress(monkeypatch, capsys):
+    """The ECA notebook's longest cell times the stages shape by shape: each says so as it ends."""
+    import torch
+
+    from leetrepro.bench import related
+    monkeypatch.setitem(related.STAGE_SHAPES, "cpu", ((64, 16), (128, 16)))
+    rows = related.measure_eca_stages(torch.device("cpu"), reps=1)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eca stages")]
+    assert len(lines) == 2 and "(2/2)" in lines[1] and len(rows) == 12
