@@ -602,14 +602,21 @@ def _answer_cells(tag: str) -> dict:
 
 #: the answers' rows: (key, what is compared); tokens/s or time, geometric means over the cells
 ANSWERS = (
-    ("forward", "Forward at N ≥ 8192, fp16/bf16, against flash-linear-attention ([floor](#distance-to-the-memory-floor))"),
-    ("training", "Training step (forward + backward), CUDA graphs, against flash-linear-attention ([training](results/training.md))"),
-    ("prefill", "Packed prefill of 100 prompts against flash-linear-attention ([serving](results/serving.md))"),
-    ("decode", "Decode step, eight layers a graph, against flash-linear-attention ([serving](results/serving.md))"),
-    ("gates", "Per-token gates (simple GLA, Mamba-2 shapes) against the per-head decay, graphs ([gates](results/gates.md))"),
+    ("forward", "Forward at N ≥ 8192, fp16/bf16, against flash-linear-attention "
+                "([floor](#distance-to-the-memory-floor))"),
+    ("training", "Training step (forward + backward), CUDA graphs, against "
+                 "flash-linear-attention ([training](results/training.md))"),
+    ("prefill", "Packed prefill of 100 prompts against flash-linear-attention "
+                "([serving](results/serving.md))"),
+    ("decode", "Decode step, eight layers a graph, against flash-linear-attention "
+               "([serving](results/serving.md))"),
+    ("gates", "Per-token gates (simple GLA, Mamba-2 shapes) against the per-head decay, graphs "
+              "([gates](results/gates.md))"),
     ("ssd", "Mamba-2's SSD against mamba_ssm's Triton kernels, graphs ([SSD](results/ssd.md))"),
-    ("model", "A decoder LM's tokens/s with this operator as its mixer ([model](results/model.md))"),
-    ("correctness", "Every method against the float64 oracle ([correctness](#correctness-against-the-float64-oracle))"),
+    ("model", "A decoder LM's tokens/s with this operator as its mixer "
+              "([model](results/model.md))"),
+    ("correctness", "Every method against the float64 oracle "
+                    "([correctness](#correctness-against-the-float64-oracle))"),
 )
 
 
