@@ -126,3 +126,72 @@ back = pd.DataFrame([dict(gradient=k, rel_error=((formula[k] - a).norm() / a.nor
                      for k, a in zip(("dB", "dC", "dV"), auto_grads)])
 assert (back.rel_error < 1e-12).all(), back
 back
+
+# %% [markdown]
+# ## The gates' gradient from the pieces the backward's sweeps hold
+# With per-token log gates $g$ and $G$ their running sum, $M_{ij} = e^{G_i - G_j}$ ($i \ge j$),
+# $\partial L/\partial g_t = \sum_{j < t \le i} P_{ij}$ with $P_{ij} = M_{ij}\,(b_i \cdot c_j)(dO_i \cdot v_j)$:
+# the pairs that straddle row $t$ (an initial state is a column before the first row, $dS_N$ a
+# row after the last). Cut the rows into chunks $[s, e)$; for $t$ in a chunk the pairs fall in four
+# kinds:
+#
+# * **I**, both in the chunk: $\sum_{i \in [t, e)} \sum_{j \in [s, t)} P_{ij}$, from the chunk's own pair tile;
+# * **II**, $j$ before the chunk: $\sum_{i \in [t, e)} e_i$ with $e_i = e^{G_i - G_{s-1}} (b_i F_s) \cdot dO_i$,
+#   $F_s$ the forward state entering the chunk (what a forward-time sweep carries);
+# * **III**, $i$ after the chunk: $\sum_{j \in [s, t)} f_j$ with $f_j = e^{G_{e-1} - G_j} (c_j R_e) \cdot v_j$,
+#   $R_e$ the backward state $\sum_{i \ge e} e^{G_i - G_{e-1}} b_i^\top dO_i$ (+ $dS_N$) leaving it (what a
+#   reverse-time sweep carries);
+# * **IV**, $j$ before and $i$ after: one number per chunk, $K_c$. With $T_b = \sum_{j < b \le i} P_{ij}$ the
+#   pairs straddling a boundary, $T_s = E_c + K_c$ and $T_e = K_c + F'_c$ ($E_c = \sum e_i$, $F'_c = \sum f_j$),
+#   so $K_c = T_e - F'_c$ and $T_s = T_e - F'_c + E_c$ from $T_N = \langle dS_N, S_N\rangle$: a recursion over
+#   chunks, O(chunks) numbers per lane, no state kept.
+#
+# So a forward sweep gives I + II and $E_c$, a reverse sweep III and $F'_c$ and runs the recursion
+# as it goes: no separate kernel and no stored state. Checked below against float64 autograd
+# through the oracle, with an initial state, a final state's gradient and a hard reset.
+
+# %%
+def dg_by_chunks(B, C, V, dO, g, S0, dSN, L):
+    """∂L/∂g of one lane by the four kinds of pairs above (float64, chunks of L rows)."""
+    N = B.shape[0]
+    G = torch.cumsum(g, 0)
+    Gm = lambda k: G[k] if k >= 0 else G.new_zeros(())                  # G_(-1) = 0
+    bounds = [(s, min(s + L, N)) for s in range(0, N, L)]
+    F, part, E = S0.clone(), torch.zeros(N, dtype=G.dtype), []
+    for s, e in bounds:                                                 # forward: I, II, E_c
+        rows = torch.arange(s, e)
+        W = torch.exp(G[rows, None] - G[None, rows]) * (rows[:, None] >= rows[None, :])
+        P = W * (B[s:e] @ C[s:e].T) * (dO[s:e] @ V[s:e].T)
+        ei = torch.exp(G[s:e] - Gm(s - 1)) * ((B[s:e] @ F) * dO[s:e]).sum(-1)
+        for t in range(s, e):
+            k = t - s
+            part[t] = P[k:, :k].sum() + ei[k:].sum()
+        E.append(ei.sum())
+        F = torch.exp(Gm(e - 1) - Gm(s - 1)) * F + (C[s:e] * torch.exp(Gm(e - 1) - G[s:e])[:, None]).T @ V[s:e]
+    T = (dSN * F).sum()                                                 # T_N = <dS_N, S_N>
+    R, dg = dSN.clone(), part.clone()
+    for c in range(len(bounds) - 1, -1, -1):                            # reverse: III, F'_c, K_c
+        s, e = bounds[c]
+        fj = torch.exp(Gm(e - 1) - G[s:e]) * ((C[s:e] @ R) * V[s:e]).sum(-1)
+        K = T - fj.sum()
+        for t in range(s, e):
+            dg[t] += fj[:t - s].sum() + K
+        T = K + E[c]
+        R = torch.exp(Gm(e - 1) - Gm(s - 1)) * R + (B[s:e] * torch.exp(G[s:e] - Gm(s - 1))[:, None]).T @ dO[s:e]
+    return dg
+
+
+gen = torch.Generator().manual_seed(seed + 11)
+Bg, Cg, Vg, dOg = (torch.randn(n, k, dtype=torch.float64, generator=gen) for k in (r, r, d, d))
+S0g, dSNg = (torch.randn(r, d, dtype=torch.float64, generator=gen) for _ in range(2))
+gg = torch.nn.functional.logsigmoid(torch.randn(n, dtype=torch.float64, generator=gen) + 2)
+gg[n // 3] = -1e4                                                       # a hard reset
+gl = gg.clone().requires_grad_()
+o, sn = reference(Bg[None, None], Cg[None, None], Vg[None, None], g=gl[None, None],
+                  initial_state=S0g[None, None], output_final_state=True)
+(auto_dg,) = torch.autograd.grad((o[0, 0] * dOg).sum() + (sn[0, 0] * dSNg).sum(), gl)
+pairs = pd.DataFrame([dict(chunk=L, rel_error=((dg_by_chunks(Bg, Cg, Vg, dOg, gg, S0g, dSNg, L)
+                                                - auto_dg).norm() / auto_dg.norm()).item())
+                      for L in (1, 7, 16, n)])
+assert (pairs.rel_error < 1e-12).all(), pairs
+pairs
