@@ -102,12 +102,13 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check leetrepro tests notebooks
 
-# the correctness matrix on this machine's GPU (pytest -m gpu; GPU_MATRIX=full for the whole of
+# the correctness matrix on this machine's GPU and every other test marked gpu (pytest -m gpu:
+# the published models' generation, Chunk's repair launch at long wide lanes; GPU_MATRIX=full for the whole of
 # make gpu-check's cases and the head shapes, about half an hour on an H100 in 8 processes)
 GPU_MATRIX ?= quick
 test-gpu: $(VENV)/.installed
 	$(needs_gpu)
-	LEETREPRO_GPU_MATRIX=$(GPU_MATRIX) $(PY) -m pytest -q -m gpu -n $(GPU_TEST_JOBS) tests/test_gpu.py $(PYTEST_ARGS)
+	LEETREPRO_GPU_MATRIX=$(GPU_MATRIX) $(PY) -m pytest -q -m gpu -n $(GPU_TEST_JOBS) tests/ $(PYTEST_ARGS)
 GPU_TEST_JOBS ?= 8
 
 test-fast: $(VENV)/.installed
