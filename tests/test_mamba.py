@@ -183,6 +183,8 @@ def test_bad_arguments_name_mamba_s_own():
         mamba_chunk_scan_combined(x, dt, A, B, C, 64, seq_idx=torch.rand(1, 10))
     with pytest.raises(ValueError, match=r"dt_limit = \(0.1, 0.001\).*reversed"):
         mamba_chunk_scan_combined(x, dt, A, B, C, 64, dt_limit=(0.1, 0.001))
+    with pytest.raises(ValueError, match="A must be negative"):
+        mamba_chunk_scan_combined(x, dt, -A, B, C, 64)
 
 
 def test_the_mamba2_block_names_its_own_bad_arguments():

@@ -389,6 +389,7 @@ def test_every_parameter_a_notebook_assigns_is_one_papermill_sees(name):
     assert assigned == seen, sorted(assigned - seen)
 
 
+@pytest.mark.slow  # (every page written again: 3 s, the quick lane's longest)
 def test_results_pages_are_written_from_the_data():
     """``figures/results.md`` and its topic pages are what ``make results`` writes from the
     committed ``data/``: no number on them is typed by hand or left behind by an older run. The
