@@ -128,6 +128,7 @@ for (model, mode), g in ([] if gen is None else gen.groupby(["model", "mode"])):
                      f"with the model's own path; time to first token {t.loc['Chunk', 'ttft_ms']:.1f} "
                      f"against {t.loc['original', 'ttft_ms']:.1f} ms"
                      + (f"; host {t.loc['Chunk', 'host_us_per_layer']:.0f} µs per layer a step"
-                        if t.loc['Chunk', 'host_us_per_layer'] == t.loc['Chunk', 'host_us_per_layer']
+                        if "host_us_per_layer" in t.columns  # (rows from before it was measured)
+                        and t.loc['Chunk', 'host_us_per_layer'] == t.loc['Chunk', 'host_us_per_layer']
                         else "") + ".")
 display(Markdown("\n".join(lines)))

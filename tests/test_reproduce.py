@@ -154,6 +154,16 @@ def test_notebook_runs_on_tiny_parameters(name, tmp_path):
         assert "this GPU" not in outputs.replace("this GPU (", ""), name
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu", sorted(
+    g for g in os.listdir(os.path.join(ROOT, "data"))
+    if g != "h100" and os.path.exists(os.path.join(ROOT, "data", g, "serve.csv"))))
+def test_the_serving_notebook_renders_each_gpus_committed_rows(gpu, tmp_path):
+    """``make bench-serve GPU=h200`` without a GPU: that GPU's rows, measured before a column the
+    notebook now reads (``host_us_per_layer``), once raised a KeyError (h100 is TINY's case)."""
+    _execute("serve", tmp_path, ["-p", "gpu", gpu])
+
+
 def test_floor_targets_from_a_constructed_table():
     import pandas as pd
     from leetrepro.bench.floor import targets
