@@ -109,7 +109,7 @@ display(Markdown(f"Every gated method stays within **{worst:.1e}** of float64 ov
 
 # %% [markdown]
 # ## What the gates cost the kernels
-# `make bench-gates` (`leetrepro/bench/gates.py`): bf16, the layout a model hands the operator (time-major slices of one projection, the gates time-major), simple GLA's shape (batch 8 × 32 heads × N 8192, K = V = 128) and a Mamba-2-like one (batch 2 × 64 heads, K = 128, V = 64); the gated call against the same call with one γ per head (`vs_gamma`) and against flash-linear-attention's `chunk_simple_gla(g=…)` (`vs_fla`), eager and in CUDA graphs, each against its memory floor. flash-linear-attention's gated backward refuses Triton 3.4-3.7.0 on Hopper: its rows say so.
+# `make bench-gates` (`leetrepro/bench/gates.py`): bf16, in the layout a model hands the operator (`model`: time-major slices of one projection taken in each step, the gates time-major) and in three separate time-major tensors (`separate`: the operator's own cost, without the pass both entries pay to concatenate the slices' gradients), simple GLA's shape (batch 8 × 32 heads × N 8192, K = V = 128) and a Mamba-2-like one (batch 2 × 64 heads, K = 128, V = 64); the gated call against the same call with one γ per head (`vs_gamma`) and against flash-linear-attention's `chunk_simple_gla(g=…)` (`vs_fla`), eager and in CUDA graphs, each against its memory floor. flash-linear-attention's gated backward refuses Triton 3.4-3.7.0 on Hopper: its rows say so.
 
 # %%
 tags = gpu if gpu is not None else sorted(t for t in os.listdir(committed())
@@ -117,19 +117,21 @@ tags = gpu if gpu is not None else sorted(t for t in os.listdir(committed())
 tags = [tags] if isinstance(tags, str) else tags
 frames = [pd.read_csv(committed(t, "gates.csv")).assign(tag=t) for t in tags]
 timing = pd.concat(frames) if frames else pd.DataFrame()
+if len(timing) and "layout" not in timing:  # (rows from before the layouts were two)
+    timing = timing.assign(layout="model")
 if len(timing):
     for t, df in timing.groupby("tag"):
         meta = df.iloc[0]
         display(Markdown(f"**{meta.gpu}** ({t}), source {meta.source}, {meta.date}"))
-        show = df[["shape", "pass", "mode", "entry", "median_ms", "floor_ms", "vs_floor", "vs_gamma",
-                   "vs_fla", "status"]].copy()
+        show = df[["shape", "layout", "pass", "mode", "entry", "median_ms", "floor_ms", "vs_floor",
+                   "vs_gamma", "vs_fla", "status"]].copy()
         show["status"] = show.status.astype(str).str[:60]
-        display(show.set_index(["shape", "pass", "mode", "entry"]).style.format(
+        display(show.set_index(["shape", "layout", "pass", "mode", "entry"]).style.format(
             {"median_ms": "{:.3f}", "floor_ms": "{:.3f}", "vs_floor": "{:.2f}", "vs_gamma": "{:.2f}",
              "vs_fla": "{:.2f}"}, na_rep="—"))
     ok = timing[(timing.entry == "gates") & timing.vs_gamma.notna()]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    labels = [f"{r.tag} {r.shape}\n{r['pass']} {r['mode']}" for _, r in ok.iterrows()]
+    labels = [f"{r.tag} {r.shape} {r.layout}\n{r['pass']} {r['mode']}" for _, r in ok.iterrows()]
     ax.bar(range(len(ok)), ok.vs_gamma, color=["C0" if m == "graph" else "C1" for m in ok["mode"]])
     ax.axhline(1.10, color="k", ls="--", lw=0.8, label="forward target 1.10×")
     ax.axhline(1.20, color="gray", ls=":", lw=0.8, label="forward + backward target 1.20×")

@@ -520,3 +520,29 @@ def test_the_gpu_matrix_is_one_list_of_named_cases():
         inspect.signature(c.run).bind(rows=[], meta={})
     assert not any(c.large for c in quick) and any(c.large for c in full)
     assert all(c.large == (c.shape[0] * c.shape[1] * c.shape[2] >= 2 ** 17) for c in full)
+
+
+def test_the_gates_bench_entries_agree_in_both_layouts():
+    """``bench.gates``' entries on the CPU at a tiny shape: the fused projection sliced in each
+    step and three separate tensors give the same outputs (the layouts differ in what they cost,
+    not in what they compute); each backward reaches every input it names (``autograd.grad``
+    raises otherwise)."""
+    from leetrepro.bench import gates
+    outs = {}
+    for layout in gates.LAYOUTS:
+        torch.manual_seed(0)
+        src, g, gamma = gates._inputs(2, 3, 40, 8, 6, "cpu", True, layout)
+        dO = torch.randn(2, 40, 3, 6).to(torch.bfloat16).transpose(1, 2)
+        B, C, V = gates._views(src, 8, 6)
+        assert B.shape == (2, 3, 40, 8) and V.shape == (2, 3, 40, 6)
+        if layout == "separate":  # the same numbers as the projection's slices, to compare
+            x = outs["model"][0]
+            for t, part in zip(src, x.split([8, 8, 6], -1)):
+                t.data.copy_(part)
+            g.data.copy_(outs["model"][1])
+        entries = gates._entries(None, True, 8, 6)
+        o = {name: fn(src, g, gamma, dO).float() for name, fn in entries.items()}
+        outs[layout] = (src[0].detach(), g.detach(), o)
+    for name in ("gamma", "gates"):
+        torch.testing.assert_close(outs["separate"][2][name], outs["model"][2][name])
+    assert not torch.equal(outs["model"][2]["gamma"], outs["model"][2]["gates"])

@@ -1,9 +1,17 @@
 """Per-token gates against the per-head decay and against flash-linear-attention's gated path, in
 one process: ``make bench-gates`` (or ``python -m leetrepro.bench.gates --out data/<gpu>``).
 
-Per cell (shape × pass × mode), in the layout a model hands the operator (B, C, V time-major
-slices of one fused projection ``(batch, N, heads, 2K + V)``, the gates a ``(batch, N, heads)``
-float32 tensor read through ``transpose(1, 2)``), bf16, the entries
+Per cell (shape × layout × pass × mode), bf16, the gates a ``(batch, N, heads)`` float32 tensor
+read through ``transpose(1, 2)``, in two layouts (``layout``):
+
+* ``model``: B, C, V time-major slices of one fused projection ``(batch, N, heads, 2K + V)``,
+  sliced in each step as a model does; their gradients reach the projection through autograd's
+  concatenation of the slices (one more pass over the projection's gradient, in both entries);
+* ``separate``: B, C, V time-major views of three tensors ``(batch, N, heads, K or V)``, their
+  gradients written once: the operator's own cost, so that ``gated ÷ γ`` is not flattened by a
+  pass both entries pay;
+
+and the entries
 
 * ``gamma``: :func:`leetrepro.causal_linear_decoder` with one decay per head (the γ path, the
   fastest kernel this GPU has for it);
@@ -33,53 +41,57 @@ SHAPES = [("gla", 8, 32, 8192, 128, 128), ("mamba2", 2, 64, 8192, 128, 64),
           ("mamba2-64", 2, 64, 8192, 64, 64)]
 
 
-def _inputs(batch, heads, n, k, v, device, grad):
-    """B, C, V as time-major slices of one projection, the gates time-major, per-head γ (drawn on
-    the host: a capture that failed leaves the GPU's generator unusable for the next cell)."""
-    x = (torch.randn(batch, n, heads, 2 * k + v) * 0.3).to(device=device, dtype=torch.bfloat16)
-    B, C, V = _split(x, k, v)
+#: the layouts the entries read (module docstring)
+LAYOUTS = ("model", "separate")
+
+
+def _inputs(batch, heads, n, k, v, device, grad, layout="model"):
+    """``(src, g, gamma)``: the layout's tensors (``(x,)``, one projection, or ``(q, k, v)``), the
+    gates time-major, per-head γ (drawn on the host: a capture that failed leaves the GPU's
+    generator unusable for the next cell). B, C, V are made from ``src`` by :func:`_views`."""
+    widths = (2 * k + v,) if layout == "model" else (k, k, v)
+    src = tuple((torch.randn(batch, n, heads, w) * 0.3).to(device=device, dtype=torch.bfloat16)
+                for w in widths)
     logits = torch.randn(batch, n, heads).to(device) + 3.0
     g = torch.nn.functional.logsigmoid(logits)  # (batch, N, heads): mostly ~ −0.05
     if grad:
-        x.requires_grad_()
-        g.requires_grad_()
+        for t in src + (g,):
+            t.requires_grad_()
     gamma = torch.linspace(0.95, 0.999, heads, dtype=torch.float64, device=device)
-    return x, B, C, V, g, gamma
+    return src, g, gamma
 
 
-def _split(x, k, v):
-    """B, C, V: the time-major slices of the projection x, viewed head-major."""
-    return tuple(t.transpose(1, 2) for t in x.split([k, k, v], -1))
+def _views(src, k, v):
+    """B, C, V head-major views of the layout's tensors: the projection's slices, or the three."""
+    if len(src) == 1:
+        return tuple(t.transpose(1, 2) for t in src[0].split([k, k, v], -1))
+    return tuple(t.transpose(1, 2) for t in src)
 
 
-def _entries(fla, grad: bool) -> dict:
-    """name -> fn(x, B, C, V, g, gamma, dO): one pass of the entry. With gradients each pass
-    slices x itself, as a model's step does: slices made once outside would carry their
-    backward on the stream that made them, which a CUDA graph's capture refuses to wait on
-    (every fwd+bwd capture failed so)."""
+def _entries(fla, grad: bool, k: int, v: int) -> dict:
+    """name -> fn(src, g, gamma, dO): one pass of the entry. B, C, V are made from ``src`` inside
+    each pass, as a model's step does: views made once outside would carry their backward on the
+    stream that made them, which a CUDA graph's capture refuses to wait on (every fwd+bwd
+    capture failed so)."""
     from .. import causal_linear_decoder
 
     def ours(gated):
-        def call(x, B, C, V, g, gamma, dO):
-            if grad:
-                B, C, V = _split(x, B.shape[-1], V.shape[-1])
+        def call(src, g, gamma, dO):
+            B, C, V = _views(src, k, v)
             o = causal_linear_decoder(B, C, V, None if gated else gamma,
                                       g=g.transpose(1, 2) if gated else None)
             if grad:
-                leaves = (x, g) if gated else (x,)
-                torch.autograd.grad(o, leaves, dO)
+                torch.autograd.grad(o, src + ((g,) if gated else ()), dO)
             return o
         return call
 
     out = {"gamma": ours(False), "gates": ours(True)}
     if fla is not None:
-        def peer(x, B, C, V, g, gamma, dO):
+        def peer(src, g, gamma, dO):
+            q, kk, vv = (t.transpose(1, 2) for t in _views(src, k, v))
+            o, _ = fla(q, kk, vv, g=g, scale=1.0)
             if grad:
-                B, C, V = _split(x, B.shape[-1], V.shape[-1])
-            q, k, v = (t.transpose(1, 2) for t in (B, C, V))
-            o, _ = fla(q, k, v, g=g, scale=1.0)
-            if grad:
-                torch.autograd.grad(o, (x, g), dO.transpose(1, 2))
+                torch.autograd.grad(o, src + (g,), dO.transpose(1, 2))
             return o
         out["fla"] = peer
     return out
@@ -94,44 +106,52 @@ def floor_bytes(batch, heads, n, k, v, grad: bool, gated: bool) -> int:
     return fwd + rows * (4 * k + 3 * v) * 2 + (rows * 8 if gated else 0)
 
 
-def measure(shape, device, bw, reps: int, meta: dict, fla) -> list[dict]:
+def measure(shape, device, bw, reps: int, meta: dict, fla, layouts=LAYOUTS) -> list[dict]:
     label, batch, heads, n, k, v = shape
     rows = []
-    for grad in (False, True):
-        x, B, C, V, g, gamma = _inputs(batch, heads, n, k, v, device, grad)
-        dO = torch.randn(batch, n, heads, v).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
-        args = (x, B, C, V, g, gamma, dO)
-        entries = _entries(fla, grad)
-        # (ours first, then the peer)
-        by_mode, status = timed_entries(
-            dict(sorted(entries.items(), key=lambda kv: kv[0] == "fla")), args, reps, device,
-            seed=hash((label, grad)) % 1000)
-        for mode in ("graph", "eager"):
-            times = by_mode[mode]
-            base, peer = times.get("gamma"), times.get("fla")
-            for name in entries:
-                t = times.get(name)
-                fb = floor_bytes(batch, heads, n, k, v, grad, name != "gamma")
-                row = dict(meta, shape=label, batch=batch, heads=heads, N=n, K=k, V=v,
-                           dtype="bf16", layout="model", entry=name,
-                           **{"pass": "fwd+bwd" if grad else "fwd"}, mode=mode,
-                           median_ms=None if t is None else t * 1e3,
-                           floor_ms=fb / bw * 1e3,
-                           status=status.get(f"{name}/graph" if mode == "graph" else name,
-                                             status.get(name, "ok")))
-                row["vs_floor"] = None if t is None else row["median_ms"] / row["floor_ms"]
-                row["vs_gamma"] = None if t is None or base is None or name == "gamma" \
-                    else t / base
-                row["vs_fla"] = None if t is None or peer is None or name == "fla" else t / peer
-                rows.append(row)
-                print(f"{label:10s} {row['pass']:8s} {mode:6s} {name:6s} "
-                      f"{row['median_ms'] if t is not None else float('nan'):8.3f} ms"
-                      f"  floor×{row['vs_floor'] or float('nan'):5.2f}"
-                      f"  vs_gamma {row['vs_gamma'] or float('nan'):5.2f}"
-                      f"  vs_fla {row['vs_fla'] or float('nan'):5.2f}  {row['status'][:60]}",
-                      flush=True)
-        del x, B, C, V, g, dO, args
-        torch.cuda.empty_cache()
+    for layout in layouts:
+        for grad in (False, True):
+            rows += _cell(shape, layout, grad, device, bw, reps, meta, fla)
+    return rows
+
+
+def _cell(shape, layout, grad, device, bw, reps, meta, fla) -> list[dict]:
+    label, batch, heads, n, k, v = shape
+    src, g, gamma = _inputs(batch, heads, n, k, v, device, grad, layout)
+    dO = torch.randn(batch, n, heads, v).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
+    args = (src, g, gamma, dO)
+    entries = _entries(fla, grad, k, v)
+    # (ours first, then the peer)
+    by_mode, status = timed_entries(
+        dict(sorted(entries.items(), key=lambda kv: kv[0] == "fla")), args, reps, device,
+        seed=hash((label, layout, grad)) % 1000)
+    rows = []
+    for mode in ("graph", "eager"):
+        times = by_mode[mode]
+        base, peer = times.get("gamma"), times.get("fla")
+        for name in entries:
+            t = times.get(name)
+            fb = floor_bytes(batch, heads, n, k, v, grad, name != "gamma")
+            row = dict(meta, shape=label, batch=batch, heads=heads, N=n, K=k, V=v,
+                       dtype="bf16", layout=layout, entry=name,
+                       **{"pass": "fwd+bwd" if grad else "fwd"}, mode=mode,
+                       median_ms=None if t is None else t * 1e3,
+                       floor_ms=fb / bw * 1e3,
+                       status=status.get(f"{name}/graph" if mode == "graph" else name,
+                                         status.get(name, "ok")))
+            row["vs_floor"] = None if t is None else row["median_ms"] / row["floor_ms"]
+            row["vs_gamma"] = None if t is None or base is None or name == "gamma" \
+                else t / base
+            row["vs_fla"] = None if t is None or peer is None or name == "fla" else t / peer
+            rows.append(row)
+            print(f"{label:10s} {layout:8s} {row['pass']:8s} {mode:6s} {name:6s} "
+                  f"{row['median_ms'] if t is not None else float('nan'):8.3f} ms"
+                  f"  floor×{row['vs_floor'] or float('nan'):5.2f}"
+                  f"  vs_gamma {row['vs_gamma'] or float('nan'):5.2f}"
+                  f"  vs_fla {row['vs_fla'] or float('nan'):5.2f}  {row['status'][:60]}",
+                  flush=True)
+    del src, g, dO, args
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -140,6 +160,7 @@ def _arguments(p) -> None:
     p.add_argument("--shapes", nargs="*", default=[s[0] for s in SHAPES],
                    choices=[s[0] for s in SHAPES])
     p.add_argument("--no-fla", action="store_true", help="leave flash-linear-attention out")
+    p.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=LAYOUTS)
 
 
 def main(argv=None) -> int:
@@ -156,7 +177,7 @@ def main(argv=None) -> int:
     rows = []
     for shape in SHAPES:
         if shape[0] in args.shapes:
-            rows += measure(shape, device, bw, args.reps, meta, fla)
+            rows += measure(shape, device, bw, args.reps, meta, fla, args.layouts)
             pd.DataFrame(rows).to_csv(os.path.join(out, "gates.csv"), index=False)
     print(f"-> {out}/gates.csv")
     return 0

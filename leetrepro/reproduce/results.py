@@ -565,12 +565,18 @@ def _answer_cells(tag: str) -> dict:
                          f"({_commits(serve)})")
     gates = _read(tag, "gates.csv")
     if gates is not None:
+        # (the operator's own cost where it was measured apart from the projection's slicing)
+        if "layout" not in gates:
+            gates = gates.assign(layout="model")
+        layout = "separate" if "separate" in set(gates.layout) else "model"
+        gates = gates[gates.layout == layout]
         g = gates[(gates["pass"] == "fwd+bwd") & (gates["mode"] == "graph") &
                   (gates.entry == "gates")]
         f = gates[(gates["pass"] == "fwd") & (gates["mode"] == "graph") & (gates.entry == "gates")]
         if len(g):
             out["gates"] = (f"{_geo(g.vs_gamma):.2f}× the per-head decay's time forward + "
-                            f"backward, {_geo(f.vs_gamma):.2f}× forward ({_commits(gates)})")
+                            f"backward, {_geo(f.vs_gamma):.2f}× forward ({layout} layout; "
+                            f"{_commits(gates)})")
     ssd_df = _read(tag, "ssd.csv")
     if ssd_df is not None:
         ours = ssd_df[(ssd_df.entry == "ours") & (ssd_df["mode"] == "graph")]
@@ -639,23 +645,27 @@ def gates(tags: list[str]) -> str:
         df = _read(tag, "gates.csv")
         if df is None:
             continue
-        for (shape, pass_, mode), g in df.groupby(["shape", "pass", "mode"], sort=False):
+        if "layout" not in df:
+            df = df.assign(layout="model")
+        for (shape, layout, pass_, mode), g in df.groupby(["shape", "layout", "pass", "mode"],
+                                                         sort=False):
             cell = g.set_index("entry")
             if not {"gamma", "gates"} <= set(cell.index):
                 continue
             first = g.iloc[0]
             rows.append([tag.upper(), f"{shape} (b{first.batch} N{first.N} h{first.heads} "
-                         f"{first.K}/{first.V})", pass_, mode,
+                         f"{first.K}/{first.V})", layout, pass_, mode,
                          f"{cell.median_ms['gamma']:.3f} ms ({cell.vs_floor['gamma']:.2f}×)",
                          f"{cell.median_ms['gates']:.3f} ms ({cell.vs_floor['gates']:.2f}×)",
                          _x(cell.vs_gamma["gates"]), _commits(g)])
     if not rows:
         return "Nothing measured yet."
-    return ("bf16, time-major model layout; each time × its memory floor; `gated ÷ γ`: the "
-            "gated call's time over the per-head decay's at the same shape (NOTES.md, the gated "
-            "backward's sections):\n\n"
-            + _table(["GPU", "shape", "pass", "mode", "per-head decay γ", "per-token gates",
-                      "gated ÷ γ", "commit"], rows))
+    return ("bf16, time-major; `model`: slices of one fused projection taken in each step, "
+            "`separate`: three tensors (the operator's own cost; `bench/gates.py` says why both); "
+            "each time × its memory floor; `gated ÷ γ`: the gated call's time over the per-head "
+            "decay's at the same shape and layout (NOTES.md, the gated backward's sections):\n\n"
+            + _table(["GPU", "shape", "layout", "pass", "mode", "per-head decay γ",
+                      "per-token gates", "gated ÷ γ", "commit"], rows))
 
 
 #: the pages beside the main one, in figures/results/: (file, title, body)
