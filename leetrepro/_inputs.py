@@ -323,12 +323,20 @@ def check_gates(g, B: torch.Tensor) -> None:
         raise TypeError(f"g (the per-token log gates) must be floating point, got {g.dtype}")
     if g.device != B.device:
         raise ValueError(f"g is on {g.device}, the inputs on {B.device}")
-    if g.device.type == "cpu" and g.numel() and not torch.compiler.is_compiling():
-        top = g.detach().max().item()
-        if top > 0:
-            raise ValueError(f"g (the per-token log gates) must be ≤ 0 (log decays, log a_t with "
-                             f"a_t in (0, 1]); its largest is {top:g}: pass torch.log(a) if these "
-                             f"are the decays a_t themselves")
+    top = positive_where_free(g)
+    if top is not None:
+        raise ValueError(f"g (the per-token log gates) must be ≤ 0 (log decays, log a_t with "
+                         f"a_t in (0, 1]); its largest is {top:g}: pass torch.log(a) if these "
+                         f"are the decays a_t themselves")
+
+
+def positive_where_free(t: torch.Tensor) -> float | None:
+    """The largest entry of ``t`` if it is positive and reading it costs no synchronisation (a
+    CPU tensor, outside a compiled graph's tracing); else None (fine, or not read)."""
+    if t.device.type != "cpu" or not t.numel() or torch.compiler.is_compiling():
+        return None
+    top = t.detach().max().item()
+    return top if top > 0 else None
 
 
 def gate_dtype(dtype: torch.dtype) -> torch.dtype:

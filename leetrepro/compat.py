@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor
+from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor, positive_where_free
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, skip_rows
 
@@ -334,10 +334,10 @@ def _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seql
     for name, t in (("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens)):
         if t is not None and (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool):
             raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
-    if A.device.type == "cpu" and A.numel() and not torch.compiler.is_compiling() and \
-            A.detach().max().item() > 0:  # (read where it is free, as the operator reads g)
+    top = positive_where_free(A)  # (read where it is free, as the operator reads g)
+    if top is not None:
         raise ValueError(f"A must be negative (A = −exp(A_log): the decay exp(dt·A) ≤ 1), got "
-                         f"{A.detach().max().item():g} among its entries")
+                         f"{top:g} among its entries")
     batch, seqlen, heads, headdim = x.shape
     shapes = f"x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, B {tuple(B.shape)}"
     if tuple(dt.shape) != (batch, seqlen, heads) or tuple(A.shape) != (heads,):

@@ -176,14 +176,15 @@ def _cu(lengths, device) -> torch.Tensor:
 
 
 def _batched(model, ids, group, new_tokens, method, device):
-    """Every prompt decoding together: ``(first tokens, TTFT per group, step seconds, tokens)``."""
+    """Every prompt decoding together: ``(TTFT seconds per group, seconds per step, the generated
+    tokens (prompts, new_tokens))``, the prefills timed after an untimed pass over the groups."""
     from ..models.generate import decode, prefill
 
     pools = model.state_pools(len(ids), device)
     slots = torch.arange(len(ids), dtype=torch.int32, device=device)
     groups = [(s, ids[s:s + group]) for s in range(0, len(ids), group)]
 
-    def prefill_all(timed):
+    def prefill_all():
         first, ttft = [], []
         for s, part in groups:
             cu = _cu([len(p) for p in part], device)
@@ -194,8 +195,8 @@ def _batched(model, ids, group, new_tokens, method, device):
             sync(device)
             ttft.append(time.perf_counter() - t0)
         return torch.cat(first), ttft
-    prefill_all(False)  # warm: each group's packed length is a kernel variant of its own
-    tokens, ttft = prefill_all(True)
+    prefill_all()  # warm: each group's packed length is a kernel variant of its own
+    tokens, ttft = prefill_all()
     positions = torch.tensor([len(p) for p in ids], device=device)
     warm = [p.clone() for p in pools]
     decode(model, tokens, positions, warm, slots, method)

@@ -533,6 +533,13 @@ def _speed(ratio: float) -> str:
     return f"{ratio:.2f}× faster" if ratio >= 1 else f"{1 / ratio:.2f}× slower"
 
 
+def _gates_rows(tag: str):
+    """``gates.csv`` of a GPU, or None; rows from before the bench timed two layouts are the
+    ``model`` layout's."""
+    df = _read(tag, "gates.csv")
+    return df if df is None or "layout" in df else df.assign(layout="model")
+
+
 def _answer_cells(tag: str) -> dict:
     """One GPU's answers: ``{area: "ratio (detail; commit)"}`` from its committed data."""
     out = {}
@@ -563,11 +570,9 @@ def _answer_cells(tag: str) -> dict:
         out["prefill"] = f"{_speed(ratio('prefill_varlen', 'Chunk', 'fla'))} ({_commits(serve)})"
         out["decode"] = (f"{_speed(ratio('decode', 'decode_step_graph8', 'fla_graph8'))} "
                          f"({_commits(serve)})")
-    gates = _read(tag, "gates.csv")
+    gates = _gates_rows(tag)
     if gates is not None:
         # (the operator's own cost where it was measured apart from the projection's slicing)
-        if "layout" not in gates:
-            gates = gates.assign(layout="model")
         layout = "separate" if "separate" in set(gates.layout) else "model"
         gates = gates[gates.layout == layout]
         g = gates[(gates["pass"] == "fwd+bwd") & (gates["mode"] == "graph") &
@@ -642,11 +647,9 @@ def gates(tags: list[str]) -> str:
     per pass and mode, each × its floor, and gated ÷ γ."""
     rows = []
     for tag in tags:
-        df = _read(tag, "gates.csv")
+        df = _gates_rows(tag)
         if df is None:
             continue
-        if "layout" not in df:
-            df = df.assign(layout="model")
         for (shape, layout, pass_, mode), g in df.groupby(["shape", "layout", "pass", "mode"],
                                                          sort=False):
             cell = g.set_index("entry")
