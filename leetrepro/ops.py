@@ -188,7 +188,8 @@ def _accepted_options(fn) -> frozenset | None:
     return frozenset(p.name for p in params[4:]
                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
                      and p.name not in ("initial_state", "output_final_state", "reverse", "dual",
-                                        "cu_seqlens", "scale", "out", "out2", "g", "gate"))
+                                        "cu_seqlens", "scale", "out", "out2", "g", "gate",
+                                        "gate_pieces"))
 
 
 def encode_options(options: dict) -> str:
@@ -212,7 +213,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         output_final_state: bool, dual: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
         out: torch.Tensor | None = None, out2: torch.Tensor | None = None,
-        g: torch.Tensor | None = None, folded: bool = False):
+        g: torch.Tensor | None = None, folded: bool = False, gate_pieces: tuple | None = None):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
     with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
     ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
@@ -228,7 +229,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     method gets them shifted (:func:`shift_gates`).
     Operands of fewer heads than the call (groups, :mod:`leetrepro._inputs`) go to a method with
     ``Method.groups`` as they are (its outputs a head each, dense where their like is grouped),
-    to others expanded."""
+    to others expanded. ``gate_pieces``: Chunk's gated backward sweeps' (:func:`_gradients`)."""
     # (plain comparisons, no call: the host path of every call runs them)
     if B.shape[1] != V.shape[1] or C.shape[1] != V.shape[1] or \
             (dual is not None and dual.shape[1] != V.shape[1]):
@@ -260,6 +261,8 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         kw["reverse"] = True
     if dual is not None:
         kw["dual"] = dual
+    if gate_pieces is not None:
+        kw["gate_pieces"] = gate_pieces
     if cu_seqlens is not None:
         kw["cu_seqlens"] = cu_seqlens
     if g is not None:
@@ -453,11 +456,16 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             raise ValueError("the operator in reverse time with gates has no backward here")
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
-    straddle = need_g and _straddles(m, V)
-    if need_g and not straddle:
+    # (dg alone, B, C and V frozen: the straddle kernel, which writes no gradient it drops)
+    pieces = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, V)
+    straddle = need_g and not pieces and _straddles(m, V)
+    if pieces:  # (the dB sweep and a reverse one carry dg's pieces: both run)
+        need_b, need_v = True, need_v or not need_c
+        opts, pieces = _piece_sweeps(opts, B, V, gate, need_c, cu_seqlens)
+    elif need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     wide_dtype = torch.float64 if torch.float64 in m.dtypes else torch.float32
-    if need_g and not straddle and B.dtype != torch.float64 and (
+    if need_g and not straddle and not pieces and B.dtype != torch.float64 and (
             wide_dtype == torch.float64 or not _exact_dots(m, opts, B.dtype) and
             (B.dtype != torch.float32 or "fp32_precision" in m.options)):
         # without the straddle kernel (PyTorch methods on a CPU), dg is the row dots'
@@ -497,6 +505,14 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
+    # (gated, in the sweeps: the first reverse sweep writes its pieces, with V's rows as dV's
+    # row vectors (the dual sweep's E) or C's as dC's, and the dB sweep its own, with B's)
+    def rev_pieces(w, width):
+        if not pieces:
+            return None
+        pieces["reverse"] = pieces["reverse"](width, r + d - width, w is None)
+        return (w,) + pieces["reverse"]
+    r, d = B.shape[-1], V.shape[-1]
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -507,23 +523,33 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
         (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                          out=dv_out, out2=dC, **call)
+                          out=dv_out, out2=dC, gate_pieces=rev_pieces(None, d), **call)
     else:
         if need_v or (need_s0 and not need_c):
-            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV, **call)
+            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
+                        gate_pieces=rev_pieces(V, d), **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                         out=dC, **call)
+                         out=dC, gate_pieces=rev_pieces(C, r) if not need_v else None, **call)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
         R = _per_head(R, gamma, 1) if gate is None else R * _first_decay(gate, cu_seqlens)
         dS0 = _into((R * scale).to(initial_state.dtype), initial_state, None)
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call)
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB,
+                    gate_pieces=None if not pieces else (B,) + pieces["forward"], **call)
     dg = None
-    if straddle:
+    if pieces:
+        from .methods import chunk
+        tail = None
+        if dS is not None and SN is not None and SN.numel():
+            tail = (dS.to(torch.float64) * SN.to(torch.float64)).sum((-1, -2)) / scale
+        dg = _into(chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
+                                                   pieces["block"], cu_seqlens, tail, scale)
+                   .to(g.dtype), g, None)
+    elif straddle:
         dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
                    .to(g.dtype), g, None)
     elif need_g:
@@ -548,6 +574,43 @@ def _straddles(m: Method, V: torch.Tensor) -> bool:
     from .methods import chunk
     return V.dtype in (torch.float16, torch.bfloat16, torch.float32) and chunk.HAS_TRITON and \
         (V.is_cuda or (m.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1"))
+
+
+def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
+    """Whether the gates' gradient comes from Chunk's backward sweeps (their pieces,
+    :func:`leetrepro.methods.chunk.gate_gradient_from_pieces`): Chunk on its portable kernel
+    (not ``kernel="hopper"``) on a GPU or under Triton's interpreter, with products exact enough
+    for the gradient's contract: fp16/bf16 operands (fp32 products of them), fp32 with
+    ``fp32_precision`` "tf32x3" or "ieee". fp32 through tf32 takes the straddle kernel."""
+    from .methods import chunk
+    return m.fn is chunk.chunk_scan and chunk.HAS_TRITON and opts.get("kernel") != "hopper" and \
+        (V.dtype in (torch.float16, torch.bfloat16) or
+         V.dtype == torch.float32 and _exact_dots(m, opts, V.dtype)) and \
+        (V.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _piece_sweeps(opts: dict, B, V, gate, need_c: bool, cu_seqlens) -> tuple:
+    """``(opts, pieces)`` of a gated backward whose sweeps carry dg's pieces: the options with
+    the row block both sweeps take (:func:`leetrepro.methods.chunk.gate_grad_block`), and
+    ``pieces``: the dB sweep's buffers (``forward``: r value columns beside d-wide rows), the
+    ``block`` and ``reverse``, which makes the reverse sweep's (``reverse(width, row)``)."""
+    from .methods import chunk
+    from .methods._gpu import dot_precision
+    r, d = B.shape[-1], V.shape[-1]
+    batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
+    dual = need_c and _dual_fits(B, V)
+    precision = dot_precision(V.dtype, opts.get("fp32_precision", "tf32"))
+    # (a row block the caller's config names serves both)
+    config = dict(BLOCK_N=chunk.gate_grad_block(r, d, V.dtype, precision, dual, V.device)) | \
+        (opts.get("config") or {})
+    block = config["BLOCK_N"]
+    seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+
+    def buffers(width, row, dual=False):
+        return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
+                                        precision=precision, dual=dual, device=V.device,
+                                        config=config)
+    return dict(opts, config=config), dict(forward=buffers(r, d), block=block, reverse=buffers)
 
 
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):

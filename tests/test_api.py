@@ -8,7 +8,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder, ops, reference
 from leetrepro.methods import available, register, unregister
 
-from conftest import assert_close_to_reference, make_inputs, quick_lane
+from conftest import KERNEL_DEVICE, assert_close_to_reference, make_inputs, quick_lane
 
 
 def test_listing2_runs_unchanged_on_cpu():
@@ -454,11 +454,12 @@ def test_a_refused_gamma_shows_what_was_typed_and_a_list_is_one_decay_per_head()
 
 
 def test_a_triton_method_refuses_float64_naming_the_methods_that_take_it():
-    """Under the interpreter a Triton method runs on the CPU but not in float64: the message
-    names the dtype and the methods that take it there, not "cpu … on ['cpu', 'cuda']"."""
-    B, C, V = (t.double() for t in make_inputs(1, 2, 8, 3, 3))
+    """A Triton method runs on its kernels' device (the GPU, or the CPU under the interpreter)
+    but not in float64: the message names the dtype and the methods that take it there, not
+    "cpu … on ['cpu', 'cuda']"."""
+    B, C, V = (t.double() for t in make_inputs(1, 2, 8, 3, 3, device=KERNEL_DEVICE))
     with pytest.raises(ValueError, match=r"does not take torch.float64 inputs.*methods that take "
-                       r"torch.float64 on cpu: .*Vanilla") as err:
+                       rf"torch.float64 on {KERNEL_DEVICE}: .*Vanilla") as err:
         causal_linear_decoder(B, C, V, 0.9, method="LA")
     assert "['cpu'" not in str(err.value)
 

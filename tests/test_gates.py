@@ -303,11 +303,13 @@ def test_opcheck_with_gates():
     gam = torch.tensor([0.9, 0.8, 1.0], dtype=torch.float64)
     g = _gates(2, 3, 21, seed=8)
     S0 = torch.randn(2, 3, 4, 5)
-    tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V, g.unsqueeze(-1))]
+    # (Chunk on its kernels' device: the GPU, or the CPU under the interpreter)
+    tm = [t.transpose(1, 2).contiguous().transpose(1, 2).to(KERNEL_DEVICE)
+          for t in (B, C, V, g.unsqueeze(-1))]
     cases = [(B, C, V, None, None, "LA_torch", "", False, False, None, 1.0, True, g),
              (B, C, V, gam, S0, "LA_torch", "", False, True, None, 0.5, True, g),
-             (*tm[:3], gam, S0, "Chunk", '{"fp32_precision": "ieee"}', False, True, None, 1.0,
-              True, tm[3].squeeze(-1))]
+             (*tm[:3], gam.to(KERNEL_DEVICE), S0.to(KERNEL_DEVICE), "Chunk",
+              '{"fp32_precision": "ieee"}', False, True, None, 1.0, True, tm[3].squeeze(-1))]
     for args in cases:
         args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor)
                      and a.dtype != torch.float64 else a for a in args)
@@ -453,6 +455,76 @@ def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     assert got.dtype == torch.float32 and got.shape == g.shape
     assert torch.isfinite(got).all()
     assert rel_error(got.cpu(), want) <= (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+#: the sweeps' dg cases: (label, call's keyword changes, which inputs want gradients)
+PIECE_CASES = [
+    ("all", {}, "BCVg"),
+    ("states", dict(states=True), "BCVg"),
+    ("packed", dict(packed=True, states=True), "BCVg"),
+    ("groups", dict(groups=True), "BCVg"),
+    ("segments", dict(options=dict(segment=16), states=True), "BCVg"),
+    ("column-blocks", dict(options=dict(config={"BLOCK_D": 4})), "BVg"),  # (no dual sweep)
+    ("dC-sweep", {}, "Cg"),
+    ("dB-only", {}, "Bg"),
+    ("hard-reset", dict(reset=True, states=True), "BCVg"),
+    ("fp16", dict(dtype=torch.float16, states=True), "BCVg"),
+    pytest.param("bf16", dict(dtype=torch.bfloat16, states=True, packed=True), "BCVg",
+                 marks=pytest.mark.skipif(INTERPRETED, reason="bf16 dot kernels are refused "
+                                          "under TRITON_INTERPRET=1")),
+]
+
+
+@pytest.mark.parametrize("label, change, want", quick_lane(PIECE_CASES, keep=(2,), unpack=True),
+                         ids=[(c.values if hasattr(c, "values") else c)[0] for c in PIECE_CASES])
+def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, want):
+    """Chunk's gated backward takes dg from the pieces its sweeps hold (never the straddle
+    kernel), within GATE_GRAD_TOLERANCE of float64 with states, packed sequences, groups,
+    segments, lanes of value-column blocks, a hard reset, any subset of gradients; the same
+    inputs give the same bits."""
+    from leetrepro.methods import chunk
+    monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: pytest.fail("straddle kernel"))
+    dtype = change.get("dtype", torch.float32)
+    n, heads, batch, cu = 70, 4, 2, None
+    if change.get("packed"):  # (lengths 0, 9, 40, 21, 70: shorter and longer than a chunk)
+        n, batch, cu = 140, 1, torch.tensor([0, 0, 9, 49, 70, 140])
+    B, C, V = make_inputs(batch, heads, n, 8, 12, seed=91)
+    if change.get("groups"):
+        B, C = B[:, :2], C[:, 1:3]
+    g = _gates(batch, heads, n, seed=92)
+    if change.get("reset"):
+        g[:, :, 37] = -1e4
+    seqs = B.shape[0] if cu is None else cu.numel() - 1
+    gen = torch.Generator().manual_seed(93)
+    S0 = torch.randn(seqs, heads, 8, 12, generator=gen) if change.get("states") else None
+    dO = torch.randn(*V.shape, generator=gen, dtype=torch.float64)
+    dS = torch.randn(seqs, heads, 8, 12, generator=gen, dtype=torch.float64) \
+        if change.get("states") else None
+
+    def grads(inputs, method, **options):
+        xs = [x.clone().requires_grad_(name in want) for x, name in zip(inputs[:4], "BCVg")]
+        out = causal_linear_decoder(*xs[:3], g=xs[3], method=method, cu_seqlens=cu,
+                                    initial_state=None if S0 is None else inputs[4],
+                                    output_final_state=S0 is not None, **options)
+        o, sn = out if S0 is not None else (out, None)
+        loss = (o.double() * dO.to(o.device)).sum() + \
+            (0.0 if sn is None else (sn.double() * dS.to(sn.device)).sum())
+        return torch.autograd.grad(loss, [x for x in xs if x.requires_grad])
+
+    ref = grads([t.double() for t in (B, C, V, g)] + [None if S0 is None else S0.double()],
+                "LA_torch")
+    dev = KERNEL_DEVICE
+    ours = [t.to(dev, dtype) for t in (B, C, V)] + [g.to(dev)] + \
+        [None if S0 is None else S0.to(dev, dtype)]
+    options = dict(fp32_precision="ieee") if dtype == torch.float32 else {}
+    options.update(change.get("options", {}))
+    got = grads(ours, "Chunk", **options)
+    for name, a, b in zip([x for x in "BCVg" if x in want], got, ref):
+        tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
+        assert torch.isfinite(a).all(), name
+        assert rel_error(a.cpu(), b) <= tol, f"{label} d{name}: {rel_error(a.cpu(), b):.2e}"
+    again = grads(ours, "Chunk", **options)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
 def test_a_backward_asked_for_the_gates_alone_runs_no_sweep(monkeypatch):

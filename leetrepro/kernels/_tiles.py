@@ -41,11 +41,12 @@ import triton.language as tl
 #: and E, in that order: 1 where a tensor has a head per lane; more where its heads are groups
 #: read in place by every lane of the group (Mamba-2's B and C; grouped-query attention).
 #: The gates' gradient (``gate_straddle.py``): ``SEG_BLOCKS`` the BLOCK_N blocks of its
-#: segments
+#: segments. ``GATE_GRAD``: a backward sweep also writes the gates' gradient's pieces
+#: (:func:`gate_pieces`).
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS",
-    defaults=(False,) * 8 + ((1, 1, 1, 1), 1))
+                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD",
+    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False))
 
 
 def constants(cfg: dict, **flags) -> Constants:
@@ -56,14 +57,17 @@ def constants(cfg: dict, **flags) -> Constants:
 
 
 @triton.jit
-def row_positions(s, N, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr):
-    """Logical rows s..s+BLOCK_N-1: (in range, physical row as int64)."""
+def row_positions(s, N, BLOCK_N: tl.constexpr, REVERSE: tl.constexpr, PAD=0):
+    """Logical rows s..s+BLOCK_N-1: (in range, physical row as int64). ``PAD`` (reverse time): N
+    counts that many rows before the first physical one (N-1 in reverse), which are out of range:
+    the reverse sweep's chunks then end where the forward's do (the gates' gradient's pieces,
+    :func:`gate_pieces`)."""
     rows = s + tl.arange(0, BLOCK_N)
     if REVERSE:
         phys = N - 1 - rows
     else:
         phys = rows
-    return rows < N, phys.to(tl.int64)
+    return (rows < N) & (rows >= PAD), phys.to(tl.int64)
 
 
 @triton.jit
@@ -216,13 +220,14 @@ def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISI
 
 
 @triton.jit
-def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: tl.constexpr):
+def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: tl.constexpr,
+                  PAD=0):
     """``(S, log decay)``: S = Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32
     [BLOCK_R, BLOCK_D]), the state a segment adds from zero, and the log of the segment's own
     decay (``(end - start)·log λ``; with gates their sum; 0 for the 0-1 mask). ``end - start``
     is a multiple of BLOCK_N unless end = N. ``g_rows``: the lane's gate rows (``HAS_GATE``) or
     None. ``K``: the kernel's constants (``BLOCK_N``, ``BLOCK_R``, ``BLOCK_D``, ``HAS_DECAY``,
-    ``HAS_GATE``, ``REVERSE``, ``PRECISION`` read here)."""
+    ``HAS_GATE``, ``REVERSE``, ``PRECISION`` read here); ``PAD``: :func:`row_positions`'."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_N: tl.constexpr = K.BLOCK_N
     BLOCK_R: tl.constexpr = K.BLOCK_R
@@ -233,7 +238,7 @@ def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: 
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     total = tl.full([], 0.0, tl.float32)
     for s in range(start, end, BLOCK_N):
-        ok, phys = row_positions(s, N, BLOCK_N, REVERSE)
+        ok, phys = row_positions(s, N, BLOCK_N, REVERSE, PAD)
         c = load_rows(c_rows, phys, ok, cols_r)  # [BLOCK_N, BLOCK_R]
         v = load_rows(v_rows, phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
         if HAS_GATE:
@@ -266,15 +271,50 @@ def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
     incoming state as an operand (:func:`state_operand`). The operator's output is
     (x, y, z) = (b, c, v) with H the state; its dual op(E, V, C) is (e, v, c) with Hᵀ. The decay
     scales the fp32 product, not the operand x (no round trip of x through fp32)."""
-    out = tl.dot(x, h, input_precision=PRECISION)
+    inter, scores, own = chunk_parts(x, y, z, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
+                                     PRECISION)
+    return inter + own
+
+
+@triton.jit
+def chunk_parts(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
+                HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`chunk_output` in its parts, fp32: ``(inter, scores, own)``, the rows' part from the
+    incoming state diag(w_in) x·H, the masked scores x yᵀ ⊙ mask ([BLOCK_N, BLOCK_N], exactly 0
+    above the diagonal) and the chunk's own part scores·z."""
+    inter = tl.dot(x, h, input_precision=PRECISION)
     if HALF_RANGE:
-        out = out * h_scale
+        inter = inter * h_scale
     if HAS_DECAY:
-        out = out * w_in[:, None]
+        inter = inter * w_in[:, None]
     # where, not a product: a non-finite y_j must not reach rows i < j through 0 × NaN
     scores = tl.where(intra != 0.0, tl.dot(x, tl.trans(y), input_precision=PRECISION) * intra, 0.0)
     if HALF_RANGE:
         p, p_scale = half_operand(scores, z.dtype)
-        return out + tl.dot(p, z, input_precision=PRECISION) * p_scale
+        return inter, scores, tl.dot(p, z, input_precision=PRECISION) * p_scale
     else:
-        return out + tl.dot(scores.to(z.dtype), z, input_precision=PRECISION)
+        return inter, scores, tl.dot(scores.to(z.dtype), z, input_precision=PRECISION)
+
+
+@triton.jit
+def gate_pieces(inter, scores, w, z, REVERSE: tl.constexpr, PRECISION: tl.constexpr):
+    """The gates' gradient's pieces a sweep's chunk holds (``notebooks/derivations.py``, "The
+    gates' gradient from the pieces the backward's sweeps hold"): ``(rows, total)``, fp32.
+
+    Per row, e = w · inter (the row's pairs with a column before the chunk: w_i = b_i and inter
+    = dB's part from the state in the forward-time dB sweep, where (x, y, z) = (dO, v, c); v_j
+    and dV's part, or c_j and dC's, in the reverse sweep: pairs with a row after the chunk), and
+    their chunk total. Forward time, each row t gets Σ_(i ≥ t) e_i (II) plus the chunk's own
+    pairs j < t ≤ i (I: the masked scores (dO_i·v_j) times b_i·c_j, summed over i ≥ t and then
+    j < t); reverse time, the e of the rows logically after it (III: physical j < t). A lane
+    holding a block of the value columns gets its block's part of each (every term is a sum
+    over those columns)."""
+    e = tl.sum(inter * w.to(tl.float32), axis=1)  # [BLOCK_N]
+    after = tl.cumsum(e, axis=0, reverse=True)
+    if REVERSE:
+        return after - e, tl.sum(e, axis=0)
+    pairs = scores * tl.dot(w, tl.trans(z), input_precision=PRECISION)  # [i, j]
+    below = tl.cumsum(pairs, axis=0, reverse=True)  # [t, j]: Σ_(i ≥ t) pairs
+    rows = tl.arange(0, pairs.shape[0])
+    own = tl.sum(tl.where(rows[None, :] < rows[:, None], below, 0.0), axis=1)
+    return own + after, tl.sum(e, axis=0)

@@ -26,6 +26,13 @@ shaped like V: its state Σ v_jᵀ c_j is the transpose of this one, so one swee
 backward's dV and dC). ``REVERSE`` runs the same recurrence over the rows read
 backwards (logical row t = physical row N-1-t): the backward pass's dV and dC.
 
+``GATE_GRAD`` (gated backward sweeps): E, shaped like O, is the row vectors w whose dot with
+each row's part from the state, and in forward time the chunk's own pairs, make the gates'
+gradient's pieces (``_tiles.gate_pieces``): a float32 row per lane and one number per chunk, no
+state kept. In reverse time a lane's rows are padded at their logical start to whole chunks
+(``PAD``), so that its chunks are the forward sweep's; the launcher adds the pieces up
+(``leetrepro.methods.chunk.gate_gradient_from_pieces``).
+
 ``SCALE`` multiplies the outputs as they are stored (flash-linear-attention's query scale, free).
 Packed sequences (``VARLEN``): lane (sequence, head) reads rows CU[seq]..CU[seq+1]-1 of a batch of
 one. Every tensor is addressed through its own strides, so time-major views and the slices of a
@@ -48,14 +55,15 @@ already, earlier ones' exact. Shared tile code: ``_tiles.py``. Launcher:
 import triton
 import triton.language as tl
 
-from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_output, chunk_weights,
-                     columns, has_nonfinite, intra_mask, lane_rows, load_chunk, load_rows,
-                     row_positions, segment_state, state_operand, store_rows)
+from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_output, chunk_parts,
+                     chunk_weights, columns, gate_pieces, has_nonfinite, intra_mask, lane_rows,
+                     load_chunk, load_rows, row_positions, segment_state, state_operand,
+                     store_rows)
 
 
 @triton.jit
 def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr,
-                      SPLIT: tl.constexpr, REPAIR: tl.constexpr):
+                      SPLIT: tl.constexpr, REPAIR: tl.constexpr, DG=None):
     """Tensors ``B, C, V, O`` (and with ``K.DUAL`` ``E, O2``, else None) each as
     ``(pointer, batch stride, head stride, row stride)`` (elements; the last dimension
     contiguous): any such layout is read and written in place (time-major views, slices of one
@@ -66,6 +74,9 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``); 0 for each the call
     has not.
     ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
+    ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
+    head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
+    N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.
     ``K``: :data:`_tiles.Constants`; ``SPLIT``:
     segments chained through the ring; ``REPAIR``: rows recomputed with non-finite rows handled
     (the repair launch)."""
@@ -78,7 +89,7 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     else:
         t = tl.program_id(0)
     io = (B, C, V, O, E, O2)
-    fix = _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K, SPLIT, REPAIR)
+    fix = _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K, SPLIT, REPAIR, DG)
     if FLAGS is None:  # (no repair launch follows)
         if fix:  # the lane's first non-finite row is in this segment: its rows again
             _repair(t, io, STATES, DECAY, CU, SIZE, SCALE, K)
@@ -94,7 +105,7 @@ def _repair(t, io, STATES, DECAY, CU, SIZE, SCALE, K: tl.constexpr):
 
 @triton.jit
 def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: tl.constexpr,
-          REPAIR: tl.constexpr):
+          REPAIR: tl.constexpr, DG=None):
     """Segment t // LANES of lane t % LANES: steps 1-4 of the module docstring. Returns, outside
     ``REPAIR``, whether the lane's first non-finite row is in this segment (its entering state
     finite, its leaving state not): then its rows must be computed again. ``REPAIR``: the
@@ -114,6 +125,12 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     bh = lane // n_db
     # the lane's rows of each tensor, through that tensor's own strides
     rows, n, lg = _lane_io(io, DECAY, bh, H, N, CU, K)
+    GATE_GRAD: tl.constexpr = K.GATE_GRAD
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    pad = 0
+    if GATE_GRAD and K.REVERSE:  # (whole chunks ending where the forward sweep's do)
+        pad = (BLOCK_N - n % BLOCK_N) % BLOCK_N
+        n = n + pad
     cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
     start = seg * SEG
     end = tl.minimum(start + SEG, n)
@@ -137,7 +154,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     if SPLIT:
         if not last:
             local, seg_log = segment_state(rows[1], rows[2], rows[6], start, end, n, lg,
-                                           cols[0], cols[1], K)
+                                           cols[0], cols[1], K, pad)
 
     # 2. the state entering the segment
     if HAS_S0:
@@ -148,7 +165,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
         if FLAGS is None:  # the state entering the segment, from the rows before it
             if start > 0:
                 before, before_log = segment_state(rows[1], rows[2], rows[6], 0, start, n, lg,
-                                                   cols[0], cols[1], K)
+                                                   cols[0], cols[1], K, pad)
                 state = state * tl.exp(before_log) + before
     if SPLIT:  # ... from the previous segment, then 3. this one's published
         state = _chain(state, local, RING, lane, seg, last, go, seg_log, K)
@@ -160,7 +177,13 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
                 entering_ok = has_nonfinite(state) == 0
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
-    state = _sweep(state, rows, (start, end, n), lg, cols, SCALE, K, REPAIR)
+    pieces = 0
+    if GATE_GRAD:  # (the lane's rows of the pieces, its block's totals)
+        blk = lane % n_db
+        pieces = (lane_rows((DG[0] + blk * DG[1], DG[2], DG[3], DG[4]), bh // H,
+                            (bh % H).to(tl.int64), _bos(CU, bh // H, K.VARLEN), K.VARLEN),
+                  DG[5] + (blk * (LANES // n_db) + bh).to(tl.int64) * DG[6])
+    state = _sweep(state, rows, (start, end, n, pad), lg, cols, SCALE, K, REPAIR, pieces)
     fix = False
     if not REPAIR:  # a non-finite c or v leaves the state non-finite for good, and every later
         # segment's with it: one check
@@ -192,11 +215,10 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
         lg = 0.0
     seq = bh // H
     head = (bh % H).to(tl.int64)
+    bos = _bos(CU, seq, VARLEN)
     if VARLEN:
-        bos = tl.load(CU + seq).to(tl.int64)
         n = (tl.load(CU + seq + 1) - bos).to(tl.int32)
     else:
-        bos = 0
         n = N
     # (a grouped tensor's head: the group the lane's head reads, in place)
     GB: tl.constexpr = K.GROUPS[0]
@@ -209,6 +231,8 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
     if DUAL:
         rows = rows + (lane_rows(E, seq, head // GE, bos, VARLEN),
                        lane_rows(O2, seq, head, bos, VARLEN))
+    elif K.GATE_GRAD:  # (E: the gates' gradient's row vectors)
+        rows = rows + (lane_rows(E, seq, head // GE, bos, VARLEN), 0)
     else:
         rows = rows + (0, 0)
     if HAS_GATE:
@@ -216,6 +240,15 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
     else:
         rows = rows + (0,)
     return rows, n, lg
+
+
+@triton.jit
+def _bos(CU, seq, VARLEN: tl.constexpr):
+    """The first row of packed sequence ``seq`` (``VARLEN``), else 0."""
+    if VARLEN:
+        return tl.load(CU + seq).to(tl.int64)
+    else:
+        return 0
 
 
 @triton.jit
@@ -257,24 +290,27 @@ def _chain(state, local, RING, lane, seg, last, go, seg_log, K: tl.constexpr):
 
 
 @triton.jit
-def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.constexpr):
-    """Step 4: the outputs of logical rows ``span = (start, end, n)`` chunk by chunk from the
+def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.constexpr, pieces):
+    """Step 4: the outputs of logical rows ``span = (start, end, n, pad)`` chunk by chunk from the
     entering ``state``, which it returns carried to ``end``. ``REPAIR``: c and v with their
-    non-finite entries zeroed, every row from the first non-finite one on NaN."""
+    non-finite entries zeroed, every row from the first non-finite one on NaN. ``pieces``
+    (``K.GATE_GRAD``): the lane's rows of the gates' gradient's pieces and its totals' pointer
+    (``_scan``), where each chunk writes its own."""
     BLOCK_N: tl.constexpr = K.BLOCK_N
     DUAL: tl.constexpr = K.DUAL
     HALF_RANGE: tl.constexpr = K.HALF_RANGE
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
     HAS_GATE: tl.constexpr = K.HAS_GATE
+    GATE_GRAD: tl.constexpr = K.GATE_GRAD
     PRECISION: tl.constexpr = K.PRECISION
     REVERSE: tl.constexpr = K.REVERSE
     WEIGHTED: tl.constexpr = HAS_DECAY or HAS_GATE
     b_rows, c_rows, v_rows, o_rows = rows[0], rows[1], rows[2], rows[3]
-    start, end, n = span
+    start, end, n, pad = span
     cols_r, cols_d = cols
     intra = intra_mask(lg, BLOCK_N, HAS_DECAY)  # [BLOCK_N, BLOCK_N] (γ: one for every chunk)
     for s in range(start, end, BLOCK_N):
-        ok, phys = row_positions(s, n, BLOCK_N, REVERSE)
+        ok, phys = row_positions(s, n, BLOCK_N, REVERSE, pad)
         # b, c: [BLOCK_N, BLOCK_R]; v: [BLOCK_N, BLOCK_D]
         b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)
         if HAS_GATE:  # (the chunk's own mask and weights, from its gates)
@@ -283,14 +319,25 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
             mask = intra
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
-        out = chunk_output(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE,
-                           PRECISION)  # [BLOCK_N, BLOCK_D]
+        inter, scores, own = chunk_parts(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE,
+                                         PRECISION)
+        out = inter + own  # [BLOCK_N, BLOCK_D]
         if REPAIR:  # NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
         store_rows(o_rows, phys, ok, cols_d, out * SCALE)
-        if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
+        if DUAL or GATE_GRAD:
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+        if GATE_GRAD:
+            part, total = gate_pieces(inter, scores, e, v, REVERSE, PRECISION)
+            dg_ptr, dg_base, dg_stride = pieces[0]
+            tl.store(dg_ptr + dg_base + phys * dg_stride, part, mask=ok)
+            if REVERSE:  # (the chunk's place in physical order)
+                chunk = (n - s) // BLOCK_N - 1
+            else:
+                chunk = s // BLOCK_N
+            tl.store(pieces[1] + chunk, total)
+        if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, mask, WEIGHTED,
                                 HALF_RANGE, PRECISION)  # [BLOCK_N, BLOCK_R]
             if REPAIR:

@@ -129,7 +129,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                reverse: bool = False, dual: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
                config: dict | None = None, out: torch.Tensor | None = None,
-               out2: torch.Tensor | None = None, g: torch.Tensor | None = None):
+               out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
+               gate_pieces: tuple | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -160,6 +161,11 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     portable one).
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
+
+    ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
+    shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the
+    gates' gradient's pieces, written into ``rows`` and ``totals``
+    (:func:`gate_piece_buffers`, :func:`gate_gradient_from_pieces`).
     """
     # every tensor is read and written in its own layout (its own strides): only a last dimension
     # that is not contiguous is copied
@@ -177,6 +183,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
                        G=None if g is None else g.to(torch.float32))
+    if gate_pieces is not None:
+        w, rows, totals = gate_pieces
+        tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
+                                   DG=(rows, totals))
     plan = launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
                        output_final_state=output_final_state, reverse=reverse, kernel=kernel)
     sn = plan.run(tensors, float(scale))
@@ -484,6 +494,9 @@ class Operands(typing.NamedTuple):
     GAMMA: torch.Tensor | None
     CU: torch.Tensor | None
     G: torch.Tensor | None = None
+    #: the gates' gradient's pieces ``(rows, totals)`` a backward sweep writes
+    #: (:func:`gate_piece_buffers`; its row vectors are E), or None
+    DG: tuple | None = None
 
 
 class HopperLaunch:
@@ -627,7 +640,8 @@ class LaunchPlan:
         if not self.self_repair:
             # the lanes flagged non-finite, recomputed by the portable kernel so that no row
             # meets a later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is
-            size = self.size[:5] + (self.size[0],)  # (one segment a lane)
+            # (one segment a lane: all its rows, a reverse sweep's padding too)
+            size = self.size[:5] + (self.size[0] + self.consts.BLOCK_N,)
             launch(scan_kernels.chunk_scan_kernel, (self.lanes,),
                    self._arguments(t, (t.S0, sn), (None, None, flags), scale, size, False, True),
                    (self.serial, True), num_warps=self.options["num_warps"], num_stages=1)
@@ -657,10 +671,14 @@ class LaunchPlan:
         # (0 for what the call has not; the gates last: Triton 3.6 mis-binds a tuple's members
         # after a nested tuple followed by a constant, measured on the H100 and the H200)
         decay = (0 if t.GAMMA is None else t.GAMMA, 0 if g is None else (t.G, *g))
-        return dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
+        args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
-                    SIZE=size, SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair)
+                    SIZE=size, SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair, DG=None)
+        if t.DG is not None:
+            rows, totals = t.DG
+            args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1])
+        return args
 
 
 class ApartPlan:
@@ -706,14 +724,15 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     grouped = t.B.shape[1] != heads or t.C.shape[1] != heads or t.V.shape[1] != heads
     signature = (n, r, d, batch, heads, groups_of(t, heads) if grouped else _UNGROUPED, t.V.dtype,
                  dot_precision(t.V.dtype, fp32_precision),
-                 t.GAMMA is not None, t.E is not None, t.V.device, segment,
+                 t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
-                 t.S0 is not None, output_final_state, reverse, t.G is not None)
+                 t.S0 is not None, output_final_state, reverse, t.G is not None,
+                 t.DG is not None)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
     # (the gates only where the call has them: a call's host path)
-    for x in t if t.G is not None else t[:9]:
+    for x in t[:10] if t.G is not None else t[:9]:
         if x is not None:
             strides.append(x.stride())
             if x.data_ptr() % 16 == 0:
@@ -736,7 +755,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
-     varlen, has_s0, store_sn, reverse, gates) = signature
+     varlen, has_s0, store_sn, reverse, gates, gate_grad) = signature
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -754,8 +773,15 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     if dual and (lanes != batch * heads or cfg["BLOCK_R"] < r):
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
-    hopper = _use_hopper(kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E, cu_seqlens=t.CU,
-                         precision=precision, outputs=(t.O, t.O2), gates=gates)
+    if gate_grad:
+        if kernel == "hopper":
+            raise ValueError("kernel='hopper' cannot run this call: the gates' gradient's pieces "
+                             "are the portable kernel's")
+        if segment >= n:  # (one segment: whole chunks, for the reverse sweep's padded rows)
+            segment = cdiv(n, cfg["BLOCK_N"]) * cfg["BLOCK_N"]
+    hopper = not gate_grad and _use_hopper(
+        kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E if dual else None, cu_seqlens=t.CU,
+        precision=precision, outputs=(t.O, t.O2), gates=gates)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
@@ -790,7 +816,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision,
-                              HAS_GATE=gates, GROUPS=groups),
+                              HAS_GATE=gates, GROUPS=groups, GATE_GRAD=gate_grad),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 
@@ -844,6 +870,61 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
         s = torch.einsum("bhksrd,hs->bhkrd", ws, w.to(torch.float32))
     # (batch, heads, d blocks, BLOCK_R, BLOCK_D) -> (batch, heads, r, d)
     return s.permute(0, 1, 3, 2, 4).reshape(batch, heads, cfg["BLOCK_R"], -1)[:, :, :r, :d].contiguous()
+
+
+def gate_grad_block(r: int, d: int, dtype: torch.dtype, precision: str, dual: bool,
+                    device) -> int:
+    """The row block (chunk) both sweeps of a gated backward take, so that their chunks are the
+    same rows: the smaller of the forward-time dB sweep's (an r-column operator on d-wide rows)
+    and the reverse sweep's (``dual``: dV and dC in one)."""
+    return min(chunk_config(d, r, dtype, precision, True, device=device)["BLOCK_N"],
+               chunk_config(r, d, dtype, precision, True, dual=dual, device=device)["BLOCK_N"])
+
+
+def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, n: int, *,
+                       dtype: torch.dtype, precision: str, dual: bool, device,
+                       config: dict) -> tuple:
+    """``(rows, totals)`` for one sweep's gates' gradient's pieces (``kernels/chunk_scan.py``,
+    ``GATE_GRAD``): float32 ``(blocks, batch, heads, N)`` and ``(blocks, seqs·heads, chunks)``,
+    a block per lane of the sweep's value columns (``width`` of them beside ``row``-wide rows,
+    ``BLOCK_D`` of :func:`chunk_config` with the sweep's ``config``), chunks of its ``BLOCK_N``
+    rows (packed sequences: each sequence's from its first row, zeros past its last)."""
+    cfg = chunk_config(row, width, dtype, precision, True, dual=dual, device=device, config=config)
+    blocks, block_n = cdiv(width, cfg["BLOCK_D"]), cfg["BLOCK_N"]
+    rows = torch.empty(blocks, batch, heads, n, dtype=torch.float32, device=device)
+    size = (blocks, seqs * heads, max(cdiv(n, block_n), 1))
+    return rows, (torch.zeros if seqs != batch else torch.empty)(size, dtype=torch.float32,
+                                                                  device=device)
+
+
+def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,
+                              cu_seqlens: torch.Tensor | None = None,
+                              tail: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """dg, float32 ``(batch, heads, N)``, from the pieces of the forward-time dB sweep and of the
+    reverse sweep (:func:`gate_piece_buffers`, chunks of ``block_n`` rows): each row's pieces
+    (I + II, III) plus its chunk's K_c, the pairs with a column before the chunk and a row after
+    it, K_c = T_N + Σ_(c' > c) E_c' − Σ_(c' ≥ c) F'_c' (``notebooks/derivations.py``: E the
+    forward's chunk totals, F' the reverse's), in float64 over the chunks; ``tail``: T_N =
+    ⟨dS_N, S_N⟩ / scale per (batch or sequence, head), or None. Every sum in a fixed order: the
+    same inputs give the same bits."""
+    (rows_f, tot_f), (rows_r, tot_r) = forward, backward
+    _, batch, heads, n = rows_f.shape
+    e, f = (t.sum(0, dtype=torch.float64) for t in (tot_f, tot_r))  # (seqs·heads, chunks)
+    after = torch.nn.functional.pad(e.flip(-1).cumsum(-1).flip(-1)[:, 1:], (0, 1))
+    k = after - f.flip(-1).cumsum(-1).flip(-1)
+    if tail is not None:
+        k = k + tail.reshape(-1, 1).to(torch.float64)
+    k = k.to(torch.float32).view(-1, heads, k.shape[-1])
+    if cu_seqlens is None:
+        per_row = k.repeat_interleave(block_n, -1)[..., :n]
+    else:  # (each row's sequence and its chunk there)
+        pos = torch.arange(n, device=rows_f.device)
+        seq = torch.searchsorted(cu_seqlens[1:].to(torch.long), pos, right=True)
+        chunk = (pos - cu_seqlens.to(torch.long)[seq]) // block_n
+        per_row = k[seq.clamp_max(k.shape[0] - 1), :, chunk].T[None]
+    dg = (rows_f[0] if rows_f.shape[0] == 1 else rows_f.sum(0)) + \
+        (rows_r[0] if rows_r.shape[0] == 1 else rows_r.sum(0)) + per_row
+    return dg * scale if scale != 1.0 else dg
 
 
 #: the gates' gradient's launch: row blocks, blocks per segment (one workspace state per
