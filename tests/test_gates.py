@@ -464,7 +464,7 @@ PIECE_CASES = [
     ("packed", dict(packed=True, states=True), "BCVg"),
     ("groups", dict(groups=True), "BCVg"),
     ("segments", dict(options=dict(segment=16), states=True), "BCVg"),
-    ("column-blocks", dict(options=dict(config={"BLOCK_D": 4})), "BVg"),  # (no dual sweep)
+    ("column-blocks", dict(d=40, options=dict(config={"BLOCK_D": 16})), "BVg"),  # (no dual)
     ("dC-sweep", {}, "Cg"),
     ("dB-only", {}, "Bg"),
     ("hard-reset", dict(reset=True, states=True), "BCVg"),
@@ -485,10 +485,10 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
     from leetrepro.methods import chunk
     monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: pytest.fail("straddle kernel"))
     dtype = change.get("dtype", torch.float32)
-    n, heads, batch, cu = 70, 4, 2, None
+    n, heads, batch, cu, d = 70, 4, 2, None, change.get("d", 12)
     if change.get("packed"):  # (lengths 0, 9, 40, 21, 70: shorter and longer than a chunk)
         n, batch, cu = 140, 1, torch.tensor([0, 0, 9, 49, 70, 140])
-    B, C, V = make_inputs(batch, heads, n, 8, 12, seed=91)
+    B, C, V = make_inputs(batch, heads, n, 8, d, seed=91)
     if change.get("groups"):
         B, C = B[:, :2], C[:, 1:3]
     g = _gates(batch, heads, n, seed=92)
@@ -496,14 +496,15 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
         g[:, :, 37] = -1e4
     seqs = B.shape[0] if cu is None else cu.numel() - 1
     gen = torch.Generator().manual_seed(93)
-    S0 = torch.randn(seqs, heads, 8, 12, generator=gen) if change.get("states") else None
+    S0 = torch.randn(seqs, heads, 8, d, generator=gen) if change.get("states") else None
     dO = torch.randn(*V.shape, generator=gen, dtype=torch.float64)
-    dS = torch.randn(seqs, heads, 8, 12, generator=gen, dtype=torch.float64) \
+    dS = torch.randn(seqs, heads, 8, d, generator=gen, dtype=torch.float64) \
         if change.get("states") else None
 
     def grads(inputs, method, **options):
         xs = [x.clone().requires_grad_(name in want) for x, name in zip(inputs[:4], "BCVg")]
-        out = causal_linear_decoder(*xs[:3], g=xs[3], method=method, cu_seqlens=cu,
+        out = causal_linear_decoder(*xs[:3], g=xs[3], method=method,
+                                    cu_seqlens=None if cu is None else cu.to(xs[0].device),
                                     initial_state=None if S0 is None else inputs[4],
                                     output_final_state=S0 is not None, **options)
         o, sn = out if S0 is not None else (out, None)
