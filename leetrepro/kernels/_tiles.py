@@ -297,23 +297,6 @@ def chunk_parts(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
 
 
 @triton.jit
-def state_remainder(x, state, h, h_scale, w_in, HAS_DECAY: tl.constexpr,
-                    PRECISION: tl.constexpr):
-    """x·(what the operand h of the fp32 state rounds away), scaled as :func:`chunk_parts`'
-    ``inter``: added to it, the rows' part from the state as if the state were an fp32 operand
-    (fp16/bf16 operands; 0 for fp32 ones, which hold the state exactly). For the gates'
-    gradient, whose chunk totals enter a running sum over the chunks: a 16-bit state's rounding
-    (2^-9 of each entry in bf16) otherwise puts dg 1.2e-2 from float64 in bf16 (H100)."""
-    if h.dtype == tl.float32:
-        return tl.zeros((x.shape[0], h.shape[1]), dtype=tl.float32)
-    rest = tl.dot(x, (state / h_scale - h.to(tl.float32)).to(h.dtype),
-                  input_precision=PRECISION) * h_scale
-    if HAS_DECAY:
-        rest = rest * w_in[:, None]
-    return rest
-
-
-@triton.jit
 def gate_pieces(inter, scores, w, z, REVERSE: tl.constexpr, PRECISION: tl.constexpr):
     """The gates' gradient's pieces a sweep's chunk holds (``notebooks/derivations.py``, "The
     gates' gradient from the pieces the backward's sweeps hold"): ``(rows, total)``, fp32.

@@ -58,7 +58,7 @@ import triton.language as tl
 from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_output, chunk_parts,
                      chunk_weights, columns, gate_pieces, has_nonfinite, intra_mask, lane_rows,
                      load_chunk, load_rows, row_positions, segment_state, state_operand,
-                     state_remainder, store_rows)
+                     store_rows)
 
 
 @triton.jit
@@ -329,7 +329,6 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         if DUAL or GATE_GRAD:
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
         if GATE_GRAD:
-            inter += state_remainder(b, state, h, h_scale, w_in, WEIGHTED, PRECISION)
             part, total = gate_pieces(inter, scores, e, v, REVERSE, PRECISION)
             dg_ptr, dg_base, dg_stride = pieces[0]
             tl.store(dg_ptr + dg_base + phys * dg_stride, part, mask=ok)
