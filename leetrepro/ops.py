@@ -459,9 +459,9 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     # (dg alone, B, C and V frozen: the straddle kernel, which writes no gradient it drops)
     pieces = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, V)
     straddle = need_g and not pieces and _straddles(m, V)
-    if pieces:  # (the dB sweep and a reverse one carry dg's pieces: both run)
-        need_b, need_v = True, need_v or not need_c
-        opts, pieces = _piece_sweeps(opts, B, V, gate, need_c, cu_seqlens)
+    if pieces:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
+        need_b, need_v = True, True
+        opts, pieces = _piece_sweeps(opts, B, V, need_c and m.dual and m.reverse, cu_seqlens)
     elif need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     wide_dtype = torch.float64 if torch.float64 in m.dtypes else torch.float32
@@ -505,14 +505,11 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
-    # (gated, in the sweeps: the first reverse sweep writes its pieces, with V's rows as dV's
-    # row vectors (the dual sweep's E) or C's as dC's, and the dB sweep its own, with B's)
-    def rev_pieces(w, width):
-        if not pieces:
-            return None
-        pieces["reverse"] = pieces["reverse"](width, r + d - width, w is None)
-        return (w,) + pieces["reverse"]
-    r, d = B.shape[-1], V.shape[-1]
+    s0t = None if initial_state is None else initial_state.transpose(-1, -2)
+    if pieces:  # (gated, in the sweeps: the dB sweep first, its anchors for the reverse one)
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB,
+                    gate_pieces=(B, *pieces["forward"], pieces["anchors"]), **call)
+        rev = (V if not pieces["dual"] else None, *pieces["reverse"], pieces["anchors"])
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -523,23 +520,21 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
         (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                          out=dv_out, out2=dC, gate_pieces=rev_pieces(None, d), **call)
+                          out=dv_out, out2=dC, gate_pieces=rev if pieces else None, **call)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
-                        gate_pieces=rev_pieces(V, d), **call)
+                        gate_pieces=rev if pieces else None, **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                         out=dC, gate_pieces=rev_pieces(C, r) if not need_v else None, **call)
+                         out=dC, **call)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
         R = _per_head(R, gamma, 1) if gate is None else R * _first_decay(gate, cu_seqlens)
         dS0 = _into((R * scale).to(initial_state.dtype), initial_state, None)
-    if need_b:
-        s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB,
-                    gate_pieces=None if not pieces else (B,) + pieces["forward"], **call)
+    if need_b and not pieces:
+        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call)
     dg = None
     if pieces:
         from .methods import chunk
@@ -547,7 +542,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         if dS is not None and SN is not None and SN.numel():
             tail = (dS.to(torch.float64) * SN.to(torch.float64)).sum((-1, -2)) / scale
         dg = _into(chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
-                                                   pieces["block"], cu_seqlens, tail, scale)
+                                                   pieces["anchors"], pieces["block"],
+                                                   cu_seqlens, tail, scale)
                    .to(g.dtype), g, None)
     elif straddle:
         dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
@@ -592,16 +588,17 @@ def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
         (V.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def _piece_sweeps(opts: dict, B, V, gate, need_c: bool, cu_seqlens) -> tuple:
+def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
     """``(opts, pieces)`` of a gated backward whose sweeps carry dg's pieces: the options with
     the row block both sweeps take (:func:`leetrepro.methods.chunk.gate_grad_block`), and
     ``pieces``: the dB sweep's buffers (``forward``: r value columns beside d-wide rows), the
-    ``block`` and ``reverse``, which makes the reverse sweep's (``reverse(width, row)``)."""
+    reverse sweep's (dV's d columns beside r-wide rows; ``dual``: with dC's, where the dual
+    sweep can take them), their shared ``anchors`` and the ``block``."""
     from .methods import chunk
     from .methods._gpu import dot_precision
     r, d = B.shape[-1], V.shape[-1]
     batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
-    dual = need_c and _dual_fits(B, V)
+    dual = dual and _dual_fits(B, V)
     precision = dot_precision(V.dtype, opts.get("fp32_precision", "tf32"))
     # (a row block the caller's config names serves both)
     config = dict(BLOCK_N=chunk.gate_grad_block(r, d, V.dtype, precision, dual, V.device)) | \
@@ -613,7 +610,11 @@ def _piece_sweeps(opts: dict, B, V, gate, need_c: bool, cu_seqlens) -> tuple:
         return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
                                         precision=precision, dual=dual, device=V.device,
                                         config=config)
-    return dict(opts, config=config), dict(forward=buffers(r, d), block=block, reverse=buffers)
+    reverse = buffers(d, r, dual)
+    anchors = chunk.gate_anchor_buffers(seqs, heads, n, r, d, block, reverse[0].shape[0],
+                                        V.device)
+    return dict(opts, config=config), dict(forward=buffers(r, d), reverse=reverse,
+                                           anchors=anchors, block=block, dual=dual)
 
 
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):

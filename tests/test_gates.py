@@ -468,6 +468,10 @@ PIECE_CASES = [
     ("dC-sweep", {}, "Cg"),
     ("dB-only", {}, "Bg"),
     ("hard-reset", dict(reset=True, states=True), "BCVg"),
+    # (anchors every 2 chunks of 16 rows: T from the two sweeps' states at rows 32, 64)
+    ("anchors", dict(anchors=2, states=True), "BCVg"),
+    ("anchors-packed", dict(anchors=2, packed=True, states=True), "BCVg"),
+    ("anchors-segments", dict(anchors=1, options=dict(segment=32), reset=True), "BCVg"),
 ]
 
 
@@ -480,6 +484,7 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
     gradients; the same inputs give the same bits."""
     from leetrepro.methods import chunk
     monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: pytest.fail("straddle kernel"))
+    monkeypatch.setattr(chunk, "GATE_ANCHOR_CHUNKS", change.get("anchors", 1000))
     dtype = torch.float32
     n, heads, batch, cu, d = 70, 4, 2, None, change.get("d", 12)
     if change.get("packed"):  # (lengths 0, 9, 40, 21, 70: shorter and longer than a chunk)
@@ -521,6 +526,37 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
         assert rel_error(a.cpu(), b) <= tol, f"{label} d{name}: {rel_error(a.cpu(), b):.2e}"
     again = grads(ours, "Chunk", **options)
     assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
+@pytest.mark.slow  # (~30 s interpreted)
+def test_anchors_bound_the_rounding_the_pieces_add_up_in_16_bit(monkeypatch):
+    """The pieces' running sum over the chunks adds up each chunk's rounding, √(chunks) of it in
+    fp16; T taken exactly at every chunk's anchor takes dg back to the straddle kernel's error.
+    (The sweeps' pieces are forced for fp16 here: the default keeps the straddle kernel there
+    until the GPU's bf16 rows say otherwise, NOTES.md.)"""
+    from leetrepro import ops
+    from leetrepro.methods import chunk
+    monkeypatch.setattr(ops, "_in_sweeps", lambda m, opts, V: m.fn is chunk.chunk_scan)
+    n = 2048  # (32 chunks of 64 rows in fp16)
+    gen = torch.Generator().manual_seed(17)
+    B, C, V = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64) * 0.5 for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 2, n, generator=gen, dtype=torch.float64) + 4)
+    dO = torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64)
+
+    def dg(dtype, method):
+        # (B's gradient too: dg alone takes the straddle kernel)
+        xs = [t.to(KERNEL_DEVICE, dtype).requires_grad_() for t in (B, C, V)] + \
+            [g.to(KERNEL_DEVICE, torch.float32 if dtype != torch.float64 else dtype)
+             .requires_grad_()]
+        out = causal_linear_decoder(*xs[:3], g=xs[3], method=method)
+        return torch.autograd.grad((out.double() * dO.to(out.device)).sum(), xs)[3].cpu()
+    want = dg(torch.float64, "LA_torch")
+    errors = {}
+    for anchors in (1000, 1):
+        monkeypatch.setattr(chunk, "GATE_ANCHOR_CHUNKS", anchors)
+        errors[anchors] = rel_error(dg(torch.float16, "Chunk"), want)
+    assert errors[1] <= 0.6 * errors[1000], errors
+    assert errors[1] <= GATE_GRAD_TOLERANCE[torch.float16] / 10, errors
 
 
 @pytest.mark.parametrize("dtype, options", [(torch.float16, {}), (torch.float32, {})],

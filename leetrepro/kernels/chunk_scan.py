@@ -75,8 +75,12 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     has not.
     ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
     ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
-    head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
-    N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.
+    head stride, row stride, totals, chunks, anchors, anchor totals, A, anchors a lane)``:
+    float32 rows (value-column blocks, batch, heads, N) and totals (value-column blocks,
+    batch·heads, chunks), each lane writing its block's; every A chunks an anchor, where the
+    forward-time sweep stores its state (batch·heads, anchors, R, D) decayed into the anchor's
+    row and the reverse sweep, its own state there in hand, sums the pairs straddling that row
+    from the two (its block's part, into the anchor totals).
     ``K``: :data:`_tiles.Constants`; ``SPLIT``:
     segments chained through the ring; ``REPAIR``: rows recomputed with non-finite rows handled
     (the repair launch)."""
@@ -178,11 +182,13 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
     pieces = 0
-    if GATE_GRAD:  # (the lane's rows of the pieces, its block's totals)
+    if GATE_GRAD:  # (the lane's rows of the pieces, its block's totals, its anchors)
         blk = lane % n_db
+        at = (blk * (LANES // n_db) + bh).to(tl.int64)
         pieces = (lane_rows((DG[0] + blk * DG[1], DG[2], DG[3], DG[4]), bh // H,
                             (bh % H).to(tl.int64), _bos(CU, bh // H, K.VARLEN), K.VARLEN),
-                  DG[5] + (blk * (LANES // n_db) + bh).to(tl.int64) * DG[6])
+                  DG[5] + at * DG[6], DG[7] + bh.to(tl.int64) * DG[10] * R * D,
+                  DG[8] + at * DG[10], DG[9], R, D)
     state = _sweep(state, rows, (start, end, n, pad), lg, cols, SCALE, K, REPAIR, pieces)
     fix = False
     if not REPAIR:  # a non-finite c or v leaves the state non-finite for good, and every later
@@ -294,8 +300,8 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
     """Step 4: the outputs of logical rows ``span = (start, end, n, pad)`` chunk by chunk from the
     entering ``state``, which it returns carried to ``end``. ``REPAIR``: c and v with their
     non-finite entries zeroed, every row from the first non-finite one on NaN. ``pieces``
-    (``K.GATE_GRAD``): the lane's rows of the gates' gradient's pieces and its totals' pointer
-    (``_scan``), where each chunk writes its own."""
+    (``K.GATE_GRAD``): the lane's rows of the gates' gradient's pieces, its totals' and its
+    anchors' pointers, A, and the state's R and D (``_scan``), where each chunk writes its own."""
     BLOCK_N: tl.constexpr = K.BLOCK_N
     DUAL: tl.constexpr = K.DUAL
     HALF_RANGE: tl.constexpr = K.HALF_RANGE
@@ -318,6 +324,12 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         else:
             w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
             mask = intra
+        if GATE_GRAD:
+            if REVERSE:  # (the chunk's place in physical order)
+                chunk = (n - s) // BLOCK_N - 1
+            else:
+                chunk = s // BLOCK_N
+                _store_anchor(state, w_in, chunk, pieces, cols)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
         inter, scores, own = chunk_parts(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE,
                                          PRECISION)
@@ -332,10 +344,6 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             part, total = gate_pieces(inter, scores, e, v, REVERSE, PRECISION)
             dg_ptr, dg_base, dg_stride = pieces[0]
             tl.store(dg_ptr + dg_base + phys * dg_stride, part, mask=ok)
-            if REVERSE:  # (the chunk's place in physical order)
-                chunk = (n - s) // BLOCK_N - 1
-            else:
-                chunk = s // BLOCK_N
             tl.store(pieces[1] + chunk, total)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, mask, WEIGHTED,
@@ -346,4 +354,36 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         state = accumulate_state(state, c, v, w_out, decay, WEIGHTED, PRECISION)
         if REPAIR:
             state += tl.sum(bad, axis=0)
+        if GATE_GRAD:
+            if REVERSE:
+                _read_anchor(state, chunk, pieces, cols)
     return state
+
+
+@triton.jit
+def _store_anchor(state, w_in, chunk, pieces, cols):
+    """Forward time, at an anchor (a chunk whose index is a positive multiple of A): the state
+    entering the chunk, decayed into its first row (by that row's gate, e^(g_s) = w_in[0]), into
+    the lane's anchors as (R, D) tiles: F_s e^(g_s), whose product with the reverse sweep's state
+    there is every pair straddling row s."""
+    anchors, A, R, D = pieces[2], pieces[4], pieces[5], pieces[6]
+    if (chunk % A == 0) & (chunk > 0):
+        first = tl.sum(tl.where(tl.arange(0, w_in.shape[0]) == 0, w_in, 0.0), axis=0)
+        cols_r, r_ok = cols[0]
+        cols_d, d_ok = cols[1]
+        tl.store(anchors + ((chunk // A - 1) * R + cols_r[:, None]) * D + cols_d[None, :],
+                 (state * first).to(anchors.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _read_anchor(state, chunk, pieces, cols):
+    """Reverse time, the chunk's rows taken in (the state: the rows from its first on), at an
+    anchor: T_s, the pairs straddling its first row, from the forward sweep's anchor (its
+    (D, R) tiles, this sweep's R and D swapped) and this state, the lane's block's part."""
+    anchors, totals, A, R, D = pieces[2], pieces[3], pieces[4], pieces[5], pieces[6]
+    if (chunk % A == 0) & (chunk > 0):
+        cols_r, r_ok = cols[0]
+        cols_d, d_ok = cols[1]
+        f = tl.load(anchors + ((chunk // A - 1) * D + cols_d[None, :]) * R + cols_r[:, None],
+                    mask=r_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        tl.store(totals + chunk // A - 1, tl.sum(tl.sum(state * f, axis=1), axis=0))

@@ -162,10 +162,12 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
 
-    ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
-    shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the
-    gates' gradient's pieces, written into ``rows`` and ``totals``
-    (:func:`gate_piece_buffers`, :func:`gate_gradient_from_pieces`).
+    ``gate_pieces``: ``(W, rows, totals, anchors)`` (a gated backward sweep, the portable
+    kernel): W, shaped like O (None with ``dual``, whose E serves), the row vectors whose dots
+    make the gates' gradient's pieces, written into ``rows`` and ``totals``
+    (:func:`gate_piece_buffers`), and the anchors both sweeps share (:func:`gate_anchor_buffers`:
+    the forward-time sweep writes them, the reverse one, run after it, reads them;
+    :func:`gate_gradient_from_pieces`).
     """
     # every tensor is read and written in its own layout (its own strides): only a last dimension
     # that is not contiguous is copied
@@ -184,9 +186,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                        GAMMA=gamma, CU=cu_seqlens,
                        G=None if g is None else g.to(torch.float32))
     if gate_pieces is not None:
-        w, rows, totals = gate_pieces
+        w, rows, totals, anchors = gate_pieces
         tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
-                                   DG=(rows, totals))
+                                   DG=(rows, totals, anchors))
     plan = launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
                        output_final_state=output_final_state, reverse=reverse, kernel=kernel)
     sn = plan.run(tensors, float(scale))
@@ -494,8 +496,8 @@ class Operands(typing.NamedTuple):
     GAMMA: torch.Tensor | None
     CU: torch.Tensor | None
     G: torch.Tensor | None = None
-    #: the gates' gradient's pieces ``(rows, totals)`` a backward sweep writes
-    #: (:func:`gate_piece_buffers`; its row vectors are E), or None
+    #: the gates' gradient's pieces ``(rows, totals, anchors)`` a backward sweep writes
+    #: (:func:`gate_piece_buffers`, :func:`gate_anchor_buffers`; its row vectors are E), or None
     DG: tuple | None = None
 
 
@@ -676,8 +678,9 @@ class LaunchPlan:
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
                     SIZE=size, SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair, DG=None)
         if t.DG is not None:
-            rows, totals = t.DG
-            args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1])
+            rows, totals, (anchors, anchor_totals, size) = t.DG
+            args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1], anchors,
+                          anchor_totals, size, anchor_totals.shape[-1])
         return args
 
 
@@ -897,24 +900,57 @@ def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, 
                                                                   device=device)
 
 
-def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,
+#: the chunks between two anchors of a gated backward's pieces (``kernels/chunk_scan.py``): the
+#: pairs spanning a chunk come from a running sum of the chunks' totals from the next anchor,
+#: whose rounding grows with the square root of the chunks it spans (NOTES.md)
+GATE_ANCHOR_CHUNKS = 16
+
+
+def gate_anchor_buffers(seqs: int, heads: int, n: int, r: int, d: int, block_n: int,
+                        blocks: int, device) -> tuple:
+    """``(anchors, totals, A)``: the forward sweep's states at every A-th chunk boundary
+    (float32 ``(seqs·heads, anchors, d, r)``: stored in bf16, their rounding put dg 2e-3 from
+    float64 at r = d = 16 in fp16, interpreted) and the reverse sweep's sums there (float32
+    ``(blocks, seqs·heads, anchors)``, a block per lane of its value columns),
+    A = :data:`GATE_ANCHOR_CHUNKS`; at least one anchor's room (a pointer for the kernel)."""
+    count = max((cdiv(n, block_n) - 1) // GATE_ANCHOR_CHUNKS, 1)
+    return (torch.empty(seqs * heads, count, d, r, dtype=torch.float32, device=device),
+            torch.zeros(blocks, seqs * heads, count, dtype=torch.float32, device=device),
+            GATE_ANCHOR_CHUNKS)
+
+
+def gate_gradient_from_pieces(forward: tuple, backward: tuple, anchors: tuple, block_n: int,
                               cu_seqlens: torch.Tensor | None = None,
                               tail: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
     """dg, float32 ``(batch, heads, N)``, from the pieces of the forward-time dB sweep and of the
-    reverse sweep (:func:`gate_piece_buffers`, chunks of ``block_n`` rows): each row's pieces
-    (I + II, III) plus its chunk's K_c, the pairs with a column before the chunk and a row after
-    it, K_c = T_N + Σ_(c' > c) E_c' − Σ_(c' ≥ c) F'_c' (``notebooks/derivations.py``: E the
-    forward's chunk totals, F' the reverse's), in float64 over the chunks; ``tail``: T_N =
-    ⟨dS_N, S_N⟩ / scale per (batch or sequence, head), or None. Every sum in a fixed order: the
-    same inputs give the same bits."""
+    reverse sweep (:func:`gate_piece_buffers`, chunks of ``block_n`` rows) and their anchors
+    (:func:`gate_anchor_buffers`): each row's pieces (I + II, III) plus its chunk's K_c, the
+    pairs with a column before the chunk and a row after it (``notebooks/derivations.py``):
+    K_c = T_e − F'_c with T_e, the pairs straddling the chunk's end, T at the next anchor (the
+    sums the reverse sweep took there; at a sequence's end ``tail``, T_N = ⟨dS_N, S_N⟩ / scale
+    per (batch or sequence, head), or 0) plus Σ (E − F') over the chunks between (E the
+    forward's chunk totals, F' the reverse's), in float64 over the chunks. Every sum in a fixed
+    order: the same inputs give the same bits."""
     (rows_f, tot_f), (rows_r, tot_r) = forward, backward
     _, batch, heads, n = rows_f.shape
+    at, size = anchors[1].sum(0, dtype=torch.float64), anchors[2]
     e, f = (t.sum(0, dtype=torch.float64) for t in (tot_f, tot_r))  # (seqs·heads, chunks)
-    after = torch.nn.functional.pad(e.flip(-1).cumsum(-1).flip(-1)[:, 1:], (0, 1))
-    k = after - f.flip(-1).cumsum(-1).flip(-1)
-    if tail is not None:
-        k = k + tail.reshape(-1, 1).to(torch.float64)
-    k = k.to(torch.float32).view(-1, heads, k.shape[-1])
+    chunks = e.shape[-1]
+    groups = cdiv(chunks, size)
+    # T at each group's end: the anchor there, or the tail at the last group of each sequence
+    ends = torch.nn.functional.pad(at[:, :groups - 1], (0, 1))
+    if cu_seqlens is None:
+        last = torch.full((ends.shape[0],), groups - 1, device=ends.device)
+    else:
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.long)
+        last = ((lengths + block_n - 1) // block_n - 1).clamp_min(0) // size
+        last = last.repeat_interleave(heads)
+    value = tail.reshape(-1).to(torch.float64) if tail is not None else ends.new_zeros(())
+    ends = ends.scatter(1, last[:, None], value.expand(ends.shape[0])[:, None])
+    step = torch.nn.functional.pad(e - f, (0, groups * size - chunks)).view(-1, groups, size)
+    between = torch.nn.functional.pad(step.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))
+    k = (ends[..., None] + between).view(-1, groups * size)[:, :chunks] - f
+    k = k.to(torch.float32).view(-1, heads, chunks)
     if cu_seqlens is None:
         per_row = k.repeat_interleave(block_n, -1)[..., :n]
     else:  # (each row's sequence and its chunk there)
