@@ -42,11 +42,11 @@ import triton.language as tl
 #: read in place by every lane of the group (Mamba-2's B and C; grouped-query attention).
 #: The gates' gradient (``gate_straddle.py``): ``SEG_BLOCKS`` the BLOCK_N blocks of its
 #: segments. ``GATE_GRAD``: a backward sweep also writes the gates' gradient's pieces
-#: (:func:`gate_pieces`).
+#: (:func:`gate_pieces`). ``SPLIT``: the chunk-scan kernel's segments chained through its ring.
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD",
-    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False))
+                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD SPLIT",
+    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False, False))
 
 
 def constants(cfg: dict, **flags) -> Constants:

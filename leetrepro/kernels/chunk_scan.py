@@ -63,7 +63,7 @@ from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_output, chun
 
 @triton.jit
 def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr,
-                      SPLIT: tl.constexpr, REPAIR: tl.constexpr, DG=None):
+                      REPAIR: tl.constexpr, DG=None):
     """Tensors ``B, C, V, O`` (and with ``K.DUAL`` ``E, O2``, else None) each as
     ``(pointer, batch stride, head stride, row stride)`` (elements; the last dimension
     contiguous): any such layout is read and written in place (time-major views, slices of one
@@ -81,10 +81,11 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     forward-time sweep stores its state (batch·heads, anchors, R, D) decayed into the anchor's
     row and the reverse sweep, its own state there in hand, sums the pairs straddling that row
     from the two (its block's part, into the anchor totals).
-    ``K``: :data:`_tiles.Constants`; ``SPLIT``:
-    segments chained through the ring; ``REPAIR``: rows recomputed with non-finite rows handled
+    ``K``: :data:`_tiles.Constants` (``K.SPLIT``:
+    segments chained through the ring); ``REPAIR``: rows recomputed with non-finite rows handled
     (the repair launch)."""
     WS, SYNC, FLAGS = RING
+    SPLIT: tl.constexpr = K.SPLIT
     if SPLIT:
         LANES = SIZE[4]
         t = tl.atomic_add(SYNC + LANES, 1)  # ticket, in the order programs actually start
@@ -129,12 +130,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     bh = lane // n_db
     # the lane's rows of each tensor, through that tensor's own strides
     rows, n, lg = _lane_io(io, DECAY, bh, H, N, CU, K)
-    GATE_GRAD: tl.constexpr = K.GATE_GRAD
-    BLOCK_N: tl.constexpr = K.BLOCK_N
-    pad = 0
-    if GATE_GRAD and K.REVERSE:  # (whole chunks ending where the forward sweep's do)
-        pad = (BLOCK_N - n % BLOCK_N) % BLOCK_N
-        n = n + pad
+    n, pad, pieces = _lane_pieces(DG, lane, bh, n, n_db, SIZE, CU, K)
     cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
     start = seg * SEG
     end = tl.minimum(start + SEG, n)
@@ -181,14 +177,6 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
                 entering_ok = has_nonfinite(state) == 0
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
-    pieces = 0
-    if GATE_GRAD:  # (the lane's rows of the pieces, its block's totals, its anchors)
-        blk = lane % n_db
-        at = (blk * (LANES // n_db) + bh).to(tl.int64)
-        pieces = (lane_rows((DG[0] + blk * DG[1], DG[2], DG[3], DG[4]), bh // H,
-                            (bh % H).to(tl.int64), _bos(CU, bh // H, K.VARLEN), K.VARLEN),
-                  DG[5] + at * DG[6], DG[7] + bh.to(tl.int64) * DG[10] * R * D,
-                  DG[8] + at * DG[10], DG[9], R, D)
     state = _sweep(state, rows, (start, end, n, pad), lg, cols, SCALE, K, REPAIR, pieces)
     fix = False
     if not REPAIR:  # a non-finite c or v leaves the state non-finite for good, and every later
@@ -246,6 +234,29 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
     else:
         rows = rows + (0,)
     return rows, n, lg
+
+
+@triton.jit
+def _lane_pieces(DG, lane, bh, n, n_db, SIZE, CU, K: tl.constexpr):
+    """``(n, pad, pieces)`` of a lane of n rows: with ``K.GATE_GRAD``, in reverse time its rows
+    padded at their logical start to whole chunks (ending where the forward sweep's do), and its
+    rows of the gates' gradient's pieces, its block's totals and anchors, A and the state's R, D
+    (``_sweep``'s ``pieces``); else n, 0 and 0."""
+    GATE_GRAD: tl.constexpr = K.GATE_GRAD
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    N, R, D, H, LANES, SEG = SIZE
+    pad = 0
+    pieces = 0
+    if GATE_GRAD:
+        if K.REVERSE:
+            pad = (BLOCK_N - n % BLOCK_N) % BLOCK_N
+        blk = lane % n_db
+        at = (blk * (LANES // n_db) + bh).to(tl.int64)
+        pieces = (lane_rows((DG[0] + blk * DG[1], DG[2], DG[3], DG[4]), bh // H,
+                            (bh % H).to(tl.int64), _bos(CU, bh // H, K.VARLEN), K.VARLEN),
+                  DG[5] + at * DG[6], DG[7] + bh.to(tl.int64) * DG[10] * R * D,
+                  DG[8] + at * DG[10], DG[9], R, D)
+    return n + pad, pad, pieces
 
 
 @triton.jit

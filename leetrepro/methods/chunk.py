@@ -676,7 +676,8 @@ class LaunchPlan:
         args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
-                    SIZE=size, SCALE=scale, K=self.consts, SPLIT=split, REPAIR=repair, DG=None)
+                    SIZE=size, SCALE=scale, K=self.consts._replace(SPLIT=split), REPAIR=repair,
+                    DG=None)
         if t.DG is not None:
             rows, totals, (anchors, anchor_totals, size) = t.DG
             args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1], anchors,

@@ -28,9 +28,16 @@ DEFAULT = ["fp16:0-1:64:3", "fp16:decay:64:3", "fp16:decay:32:3", "fp32:0-1:32:2
 
 
 def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool = True,
-                arch: int = 90, precision: str = "tf32", groups: tuple = (1, 1, 1, 1)) -> str:
+                arch: int = 90, precision: str = "tf32", groups: tuple = (1, 1, 1, 1),
+                gate_grad: bool = False, reverse: bool = False, dual: bool = False) -> str:
     """The PTX of ``chunk_scan_kernel`` for one configuration (forward, no state in or out;
-    ``groups``: the kernel's ``GROUPS``, B, C, V, E read by groups of heads)."""
+    ``groups``: the kernel's ``GROUPS``, B, C, V, E read by groups of heads). ``gate_grad``: a
+    gated backward sweep with the gates' gradient's pieces instead (per-token gates, the
+    repair launch's flags; ``reverse``, ``dual``: the reverse sweep, with dC's output), as
+    ``leetrepro.ops`` launches it."""
+    if gate_grad:
+        return _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse,
+                                      dual)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -44,19 +51,50 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
                STATES=("constexpr", "constexpr"),
                RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
                DECAY=("*fp64" if decay else "constexpr", "constexpr"), CU="constexpr",
-               SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", SPLIT="constexpr",
-               REPAIR="constexpr")
+               SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", REPAIR="constexpr")
     const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None,
              (9,): None,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
-                              HAS_DECAY=decay, HALF_RANGE=dtype != "fp32", GROUPS=groups),
-             (13,): split, (14,): False}
+                              HAS_DECAY=decay, HALF_RANGE=dtype != "fp32", GROUPS=groups,
+                              SPLIT=split),
+             (13,): False}
     if not split:
         const.update({(7, 0): None, (7, 1): None})
     if not decay:
         const[(8, 0)] = None
     src = ASTSource(fn=kern, signature=sig, constexprs=const)
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=8, num_stages=stages))
+    return compiled.asm["ptx"]
+
+
+def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse, dual) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..kernels._tiles import Constants
+    from ..methods.chunk import scan_kernels
+    p = POINTER[dtype]
+    strided = (p, "i64", "i64", "i64")
+    sig = dict(B=strided, C=strided, V=strided, O=strided, E=strided,
+               O2=strided if dual else "constexpr", STATES=("constexpr", "constexpr"),
+               RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
+               DECAY=("constexpr", ("*fp32", "i64", "i64", "i64")), CU="constexpr",
+               SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", REPAIR="constexpr",
+               DG=("*fp32", "i64", "i64", "i64", "i64", "*fp32", "i32", "*fp32", "*fp32", "i32",
+                   "i32"))
+    const = {(6, 0): None, (6, 1): None, (8, 0): None, (9,): None, (13,): False,
+             (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
+                              PRECISION=precision if dtype == "fp32" else "tf32",
+                              HALF_RANGE=dtype != "fp32", HAS_GATE=True, REVERSE=reverse,
+                              DUAL=dual, GATE_GRAD=True, SPLIT=split)}
+    if not dual:
+        const[(5,)] = None
+    if not split:
+        const.update({(7, 0): None, (7, 1): None})
+    src = ASTSource(fn=scan_kernels.chunk_scan_kernel, signature=sig, constexprs=const)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=8, num_stages=stages))
     return compiled.asm["ptx"]
