@@ -116,8 +116,13 @@ test-fast: $(VENV)/.installed
 
 # the tests under the newest Triton's interpreter (CI runs its quick lane: NEXT_ARGS='-m "not slow"')
 NEXT_ARGS ?=
-test-triton-next:
-	$(MAKE) --no-print-directory install VENV=.venv-triton-next TRITON=$(TRITON_NEXT)
+# (its own virtualenv holds only that Triton; every other package, leetrepro's editable install
+# included, is read from $(VENV)'s, through a .pth file: no second torch to download and install)
+test-triton-next: $(VENV)/.installed
+	test -x .venv-triton-next/bin/python || $(PYTHON) -m venv .venv-triton-next
+	.venv-triton-next/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/leetrepro-main-venv.pth', 'w').write('import site; site.addsitedir(%r)\\n' % sys.argv[1])" \
+		"$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
+	PYTHONPATH= .venv-triton-next/bin/python -m pip install -q triton==$(TRITON_NEXT)
 	.venv-triton-next/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_NEXT)', triton.__version__"
 	.venv-triton-next/bin/python -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
 
