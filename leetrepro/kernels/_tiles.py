@@ -271,45 +271,49 @@ def chunk_output(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
     incoming state as an operand (:func:`state_operand`). The operator's output is
     (x, y, z) = (b, c, v) with H the state; its dual op(E, V, C) is (e, v, c) with Hᵀ. The decay
     scales the fp32 product, not the operand x (no round trip of x through fp32)."""
-    inter, scores, own = chunk_parts(x, y, z, h, h_scale, w_in, intra, HAS_DECAY, HALF_RANGE,
-                                     PRECISION)
-    return inter + own
+    out = chunk_inter(x, h, h_scale, w_in, HAS_DECAY, HALF_RANGE, PRECISION)
+    scores, own = chunk_intra(x, y, z, intra, HALF_RANGE, PRECISION)
+    return out + own
 
 
 @triton.jit
-def chunk_parts(x, y, z, h, h_scale, w_in, intra, HAS_DECAY: tl.constexpr,
-                HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
-    """:func:`chunk_output` in its parts, fp32: ``(inter, scores, own)``, the rows' part from the
-    incoming state diag(w_in) x·H, the masked scores x yᵀ ⊙ mask ([BLOCK_N, BLOCK_N], exactly 0
-    above the diagonal) and the chunk's own part scores·z."""
+def chunk_inter(x, h, h_scale, w_in, HAS_DECAY: tl.constexpr, HALF_RANGE: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """:func:`chunk_output`'s rows from the incoming state, diag(w_in) x·H (fp32)."""
     inter = tl.dot(x, h, input_precision=PRECISION)
     if HALF_RANGE:
         inter = inter * h_scale
     if HAS_DECAY:
         inter = inter * w_in[:, None]
+    return inter
+
+
+@triton.jit
+def chunk_intra(x, y, z, intra, HALF_RANGE: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`chunk_output`'s chunk's own part, ``(scores, own)``: the masked scores x yᵀ ⊙ mask
+    ([BLOCK_N, BLOCK_N] fp32, exactly 0 above the diagonal) and scores·z."""
     # where, not a product: a non-finite y_j must not reach rows i < j through 0 × NaN
     scores = tl.where(intra != 0.0, tl.dot(x, tl.trans(y), input_precision=PRECISION) * intra, 0.0)
     if HALF_RANGE:
         p, p_scale = half_operand(scores, z.dtype)
-        return inter, scores, tl.dot(p, z, input_precision=PRECISION) * p_scale
+        return scores, tl.dot(p, z, input_precision=PRECISION) * p_scale
     else:
-        return inter, scores, tl.dot(scores.to(z.dtype), z, input_precision=PRECISION)
+        return scores, tl.dot(scores.to(z.dtype), z, input_precision=PRECISION)
 
 
 @triton.jit
-def gate_pieces(inter, scores, w, z, REVERSE: tl.constexpr, PRECISION: tl.constexpr):
+def gate_pieces(e, scores, w, z, REVERSE: tl.constexpr, PRECISION: tl.constexpr):
     """The gates' gradient's pieces a sweep's chunk holds (``notebooks/derivations.py``, "The
     gates' gradient from the pieces the backward's sweeps hold"): ``(rows, total)``, fp32.
 
-    Per row, e = w · inter (the row's pairs with a column before the chunk: w_i = b_i and inter
-    = dB's part from the state in the forward-time dB sweep, where (x, y, z) = (dO, v, c); v_j
-    and dV's part, or c_j and dC's, in the reverse sweep: pairs with a row after the chunk), and
-    their chunk total. Forward time, each row t gets Σ_(i ≥ t) e_i (II) plus the chunk's own
-    pairs j < t ≤ i (I: the masked scores (dO_i·v_j) times b_i·c_j, summed over i ≥ t and then
-    j < t); reverse time, the e of the rows logically after it (III: physical j < t). A lane
-    holding a block of the value columns gets its block's part of each (every term is a sum
-    over those columns)."""
-    e = tl.sum(inter * w.to(tl.float32), axis=1)  # [BLOCK_N]
+    Per row, e = w · inter (``e``, [BLOCK_N] fp32, taken as soon as :func:`chunk_inter` is: the
+    row's pairs with a column before the chunk, w_i = b_i and inter = dB's part from the state in
+    the forward-time dB sweep, where (x, y, z) = (dO, v, c); v_j and dV's part in the reverse
+    sweep: pairs with a row after the chunk), and their chunk total. Forward time, each row t
+    gets Σ_(i ≥ t) e_i (II) plus the chunk's own pairs j < t ≤ i (I: the masked scores
+    (dO_i·v_j) times b_i·c_j, summed over i ≥ t and then j < t); reverse time, the e of the rows
+    logically after it (III: physical j < t). A lane holding a block of the value columns gets
+    its block's part of each (every term is a sum over those columns)."""
     after = tl.cumsum(e, axis=0, reverse=True)
     if REVERSE:
         return after - e, tl.sum(e, axis=0)

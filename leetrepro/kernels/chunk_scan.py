@@ -55,10 +55,10 @@ already, earlier ones' exact. Shared tile code: ``_tiles.py``. Launcher:
 import triton
 import triton.language as tl
 
-from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_output, chunk_parts,
-                     chunk_weights, columns, gate_pieces, has_nonfinite, intra_mask, lane_rows,
-                     load_chunk, load_rows, row_positions, segment_state, state_operand,
-                     store_rows)
+from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_inter, chunk_intra,
+                     chunk_output, chunk_weights, columns, gate_pieces, has_nonfinite, intra_mask,
+                     lane_rows, load_chunk, load_rows, row_positions, segment_state,
+                     state_operand, store_rows)
 
 
 @triton.jit
@@ -342,17 +342,23 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
                 chunk = s // BLOCK_N
                 _store_anchor(state, w_in, chunk, pieces, cols)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
-        inter, scores, own = chunk_parts(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE,
-                                         PRECISION)
-        out = inter + own  # [BLOCK_N, BLOCK_D]
+        if GATE_GRAD:  # (the rows' dots with the part from the state as soon as it is made, so
+            # that it joins the output at once: fewer spills than keeping it apart)
+            e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+            out = chunk_inter(b, h, h_scale, w_in, WEIGHTED, HALF_RANGE, PRECISION)
+            e_rows = tl.sum(out * e.to(tl.float32), axis=1)
+            scores, own = chunk_intra(b, c, v, mask, HALF_RANGE, PRECISION)
+            out += own  # [BLOCK_N, BLOCK_D]
+        else:
+            out = chunk_output(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE, PRECISION)
         if REPAIR:  # NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
         store_rows(o_rows, phys, ok, cols_d, out * SCALE)
-        if DUAL or GATE_GRAD:
+        if DUAL and not GATE_GRAD:  # (E loaded late: the plain dual sweep spills less so)
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
         if GATE_GRAD:
-            part, total = gate_pieces(inter, scores, e, v, REVERSE, PRECISION)
+            part, total = gate_pieces(e_rows, scores, e, v, REVERSE, PRECISION)
             dg_ptr, dg_base, dg_stride = pieces[0]
             tl.store(dg_ptr + dg_base + phys * dg_stride, part, mask=ok)
             tl.store(pieces[1] + chunk, total)
