@@ -576,16 +576,20 @@ def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
     """Whether the gates' gradient comes from Chunk's backward sweeps (their pieces,
     :func:`leetrepro.methods.chunk.gate_gradient_from_pieces`) rather than the straddle kernel:
     Chunk on its portable kernel (not ``kernel="hopper"``) on a GPU or under Triton's
-    interpreter, fp32 inputs with ``fp32_precision`` "tf32x3" or "ieee". The pairs that span a
-    whole chunk come from a running sum of the chunks' totals, which adds up their rounding: in
-    fp32 that stays near 1e-6, but with 16-bit operands (the state's weighted rows rounded as
-    they enter it) it grows with the square root of the chunks, 1.4e-2 from float64 in bf16 at
-    64 chunks (H100, NOTES.md), past the contract. fp16, bf16 and tf32 keep the straddle kernel,
-    which sums each row's pairs directly."""
+    interpreter, where its option ``gate_grad`` says so: ``"sweeps"``, or ``"auto"`` with fp32
+    inputs and ``fp32_precision`` "tf32x3" or "ieee". The pairs that span a whole chunk come from
+    a running sum of the chunks' totals, which adds up their rounding: in fp32 that stays near
+    1e-6, but with 16-bit operands (the state's weighted rows rounded as they enter it) it grows
+    with the square root of the chunks between anchors, 1.4e-2 from float64 in bf16 at 64
+    chunks without them (H100, NOTES.md). So ``"auto"`` keeps the straddle kernel for fp16, bf16
+    and tf32, which sums each row's pairs directly."""
     from .methods import chunk
-    return m.fn is chunk.chunk_scan and chunk.HAS_TRITON and opts.get("kernel") != "hopper" and \
-        V.dtype == torch.float32 and _exact_dots(m, opts, V.dtype) and \
-        (V.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    if m.fn is not chunk.chunk_scan or not chunk.HAS_TRITON or opts.get("kernel") == "hopper" \
+            or opts.get("gate_grad", "auto") == "straddle" or not \
+            (V.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    return opts.get("gate_grad", "auto") == "sweeps" or \
+        V.dtype == torch.float32 and _exact_dots(m, opts, V.dtype)
 
 
 def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:

@@ -35,6 +35,8 @@ OPTION_RULES = {
                 lambda v: v is None or _positive_int(v)),
     "fp32_precision": (f"None or one of {FP32_PRECISIONS}", lambda v: v is None or v in FP32_PRECISIONS),
     "kernel": ("one of 'auto', 'portable', 'hopper'", lambda v: v in ("auto", "portable", "hopper")),
+    "gate_grad": ("one of 'auto', 'sweeps', 'straddle'",
+                  lambda v: v in ("auto", "sweeps", "straddle")),
     "config": ("None or a dict of launch settings (BLOCK_N, num_warps, num_stages, segment; DC: "
                "the Hopper kernel's value columns a program)",
                lambda v: v is None or isinstance(v, dict)),

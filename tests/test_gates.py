@@ -555,11 +555,9 @@ def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
 def test_anchors_bound_the_rounding_the_pieces_add_up_in_16_bit(monkeypatch):
     """The pieces' running sum over the chunks adds up each chunk's rounding, √(chunks) of it in
     fp16; T taken exactly at every chunk's anchor takes dg back to the straddle kernel's error.
-    (The sweeps' pieces are forced for fp16 here: the default keeps the straddle kernel there
-    until the GPU's bf16 rows say otherwise, NOTES.md.)"""
-    from leetrepro import ops
+    (``gate_grad="sweeps"``: the default keeps the straddle kernel in 16-bit until the GPU's bf16
+    rows say otherwise, NOTES.md.)"""
     from leetrepro.methods import chunk
-    monkeypatch.setattr(ops, "_in_sweeps", lambda m, opts, V: m.fn is chunk.chunk_scan)
     n = 2048  # (32 chunks of 64 rows in fp16)
     gen = torch.Generator().manual_seed(17)
     B, C, V = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64) * 0.5 for _ in range(3))
@@ -571,7 +569,8 @@ def test_anchors_bound_the_rounding_the_pieces_add_up_in_16_bit(monkeypatch):
         xs = [t.to(KERNEL_DEVICE, dtype).requires_grad_() for t in (B, C, V)] + \
             [g.to(KERNEL_DEVICE, torch.float32 if dtype != torch.float64 else dtype)
              .requires_grad_()]
-        out = causal_linear_decoder(*xs[:3], g=xs[3], method=method)
+        out = causal_linear_decoder(*xs[:3], g=xs[3], method=method,
+                                    **(dict(gate_grad="sweeps") if method == "Chunk" else {}))
         return torch.autograd.grad((out.double() * dO.to(out.device)).sum(), xs)[3].cpu()
     want = dg(torch.float64, "LA_torch")
     errors = {}
@@ -582,12 +581,15 @@ def test_anchors_bound_the_rounding_the_pieces_add_up_in_16_bit(monkeypatch):
     assert errors[1] <= GATE_GRAD_TOLERANCE[torch.float16] / 10, errors
 
 
-@pytest.mark.parametrize("dtype, options", [(torch.float16, {}), (torch.float32, {})],
-                         ids=["fp16", "fp32-tf32"])
-def test_16_bit_and_tf32_gated_backwards_keep_the_straddle_kernel(monkeypatch, dtype, options):
-    """Where the sweeps' products round (16-bit operands, tf32), the chunks' totals would carry
-    that rounding into a running sum: dg comes from the straddle kernel, the sweeps' pieces stay
-    off."""
+@pytest.mark.parametrize("dtype, options, straddle", [
+    (torch.float16, {}, True), (torch.float32, {}, True),
+    (torch.float32, dict(fp32_precision="ieee", gate_grad="straddle"), True),
+    (torch.float16, dict(gate_grad="sweeps"), False)],
+    ids=["fp16", "fp32-tf32", "asked-straddle", "asked-sweeps"])
+def test_where_the_gates_gradient_comes_from(monkeypatch, dtype, options, straddle):
+    """``gate_grad="auto"``: where the sweeps' products round (16-bit operands, tf32), the chunks'
+    totals would carry that rounding into a running sum, so dg comes from the straddle kernel;
+    the option names either source outright."""
     from leetrepro.methods import chunk
     calls = []
     real = chunk.gate_gradient
@@ -597,7 +599,14 @@ def test_16_bit_and_tf32_gated_backwards_keep_the_straddle_kernel(monkeypatch, d
     g = _gates(1, 2, 40, seed=6, device=KERNEL_DEVICE).requires_grad_()
     out = causal_linear_decoder(B, C, V, g=g, method="Chunk", **options)
     torch.autograd.grad(out.float().sum(), (B, g))
-    assert calls == [1]
+    assert calls == ([1] if straddle else [])
+
+
+def test_a_bad_gate_grad_option_is_an_error_that_names_it():
+    B, C, V = make_inputs(1, 2, 8, 4, 4, device=KERNEL_DEVICE)
+    with pytest.raises(ValueError, match="gate_grad.*'auto', 'sweeps', 'straddle'"):
+        causal_linear_decoder(B, C, V, g=_gates(1, 2, 8, seed=1, device=KERNEL_DEVICE),
+                              method="Chunk", gate_grad="pieces")
 
 
 def test_a_backward_asked_for_the_gates_alone_runs_no_sweep(monkeypatch):

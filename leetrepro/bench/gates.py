@@ -16,6 +16,9 @@ and the entries
 * ``gamma``: :func:`leetrepro.causal_linear_decoder` with one decay per head (the γ path, the
   fastest kernel this GPU has for it);
 * ``gates``: the same call with per-token gates ``g`` (logsigmoid of a random logit) instead;
+* ``gates_sweeps`` (forward + backward, on a GPU): that call on Chunk with ``gate_grad="sweeps"``,
+  dg from the backward sweeps' pieces instead of the straddle kernel (``auto`` takes the pieces
+  in fp32 with exact products only, NOTES.md);
 * ``fla``: ``fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=…)`` (the optional peer ``fla-core``),
   on the same time-major views;
 
@@ -75,17 +78,20 @@ def _entries(fla, grad: bool, k: int, v: int) -> dict:
     capture failed so)."""
     from .. import causal_linear_decoder
 
-    def ours(gated):
+    def ours(gated, **options):
         def call(src, g, gamma, dO):
             B, C, V = _views(src, k, v)
             o = causal_linear_decoder(B, C, V, None if gated else gamma,
-                                      g=g.transpose(1, 2) if gated else None)
+                                      g=g.transpose(1, 2) if gated else None,
+                                      method="Chunk" if options else "auto", **options)
             if grad:
                 torch.autograd.grad(o, src + ((g,) if gated else ()), dO)
             return o
         return call
 
     out = {"gamma": ours(False), "gates": ours(True)}
+    if grad and torch.cuda.is_available():
+        out["gates_sweeps"] = ours(True, gate_grad="sweeps")
     if fla is not None:
         def peer(src, g, gamma, dO):
             q, kk, vv = (t.transpose(1, 2) for t in _views(src, k, v))

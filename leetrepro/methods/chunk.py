@@ -123,14 +123,15 @@ def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segmen
           scale=True, out=True, gates=True, groups=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
-          options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None})
+          options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None,
+                   "gate_grad": "auto"})
 def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                reverse: bool = False, dual: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
                config: dict | None = None, out: torch.Tensor | None = None,
                out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
-               gate_pieces: tuple | None = None):
+               gate_pieces: tuple | None = None, gate_grad: str = "auto"):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -161,6 +162,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     portable one).
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
+
+    ``gate_grad`` (the backward with per-token gates): where the gates' gradient comes from.
+    ``"auto"``: from the sweeps' pieces in fp32 with exact products (``fp32_precision`` "ieee" or
+    "tf32x3"), else from the straddle kernel; ``"sweeps"``: from the pieces always (one kernel
+    fewer and no workspace beyond a float32 state per 16 chunks: faster, but their running sum
+    adds up 16-bit rounding, dg up to about 1.4e-2 from float64 in bf16 without its anchors,
+    NOTES.md); ``"straddle"``: from the straddle kernel always (:func:`gate_gradient`).
 
     ``gate_pieces``: ``(W, rows, totals, anchors)`` (a gated backward sweep, the portable
     kernel): W, shaped like O (None with ``dual``, whose E serves), the row vectors whose dots
