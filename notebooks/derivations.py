@@ -195,3 +195,32 @@ pairs = pd.DataFrame([dict(chunk=L, rel_error=((dg_by_chunks(Bg, Cg, Vg, dOg, gg
                       for L in (1, 7, 16, n)])
 assert (pairs.rel_error < 1e-12).all(), pairs
 pairs
+
+# %% [markdown]
+# The running sum over the chunks adds up each chunk's rounding: with 16-bit operands the
+# kernels' $E_c$ and $F'_c$ each carry about $2^{-9}$ of $|T|$, and $K_c$ then carries
+# $\sqrt{\text{chunks}}$ of that. An **anchor** resets it: at a boundary $s$ the pairs straddling
+# it are exactly $T_s = \langle F_s e^{g_s}, R_s \rangle$, with $F_s$ the forward state entering the
+# chunk and $R_s = \sum_{i \ge s} e^{G_i - G_s} b_i^\top dO_i$ the reverse sweep's state once it
+# has taken in the chunk's rows (decayed to row $s$, as the reverse sweep's shifted gates leave
+# it). Every $A$ chunks the forward sweep stores $F_s e^{g_s}$ and the reverse sweep forms the
+# product, so the running sum spans at most $A$ chunks. Checked below: $T_s$ from the two states
+# equals the pairs straddling $s$ summed directly.
+
+# %%
+Gs = torch.cumsum(gg, 0)
+P = torch.exp(torch.tril(Gs[:, None] - Gs[None, :])) * torch.tril(torch.ones(n, n)) * \
+    (Bg @ Cg.T) * (dOg @ Vg.T)                                          # P_ij, i ≥ j
+anchor_rows = [s for s in (n // 4, n // 2, 3 * n // 4) if s != n // 3 and s != n // 3 + 1]
+check = []
+for s in anchor_rows:
+    F = torch.exp(Gs[s - 1]) * S0g + (Cg[:s] * torch.exp(Gs[s - 1] - Gs[:s])[:, None]).T @ Vg[:s]
+    R = torch.exp(Gs[n - 1] - Gs[s]) * dSNg + (Bg[s:] * torch.exp(Gs[s:] - Gs[s])[:, None]).T @ dOg[s:]
+    direct = P[s:, :s].sum() + (torch.exp(Gs[s:])[:, None] * (Bg[s:] @ S0g) * dOg[s:]).sum() + \
+        (dSNg * ((Cg[:s] * torch.exp(Gs[n - 1] - Gs[:s])[:, None]).T @ Vg[:s])).sum() + \
+        torch.exp(Gs[n - 1]) * (S0g * dSNg).sum()
+    check.append(dict(row=s, T_from_states=(F * torch.exp(gg[s]) * R).sum().item(),
+                      T_summed=direct.item()))
+check = pd.DataFrame(check)
+assert ((check.T_from_states - check.T_summed).abs() <= 1e-9 * check.T_summed.abs().max()).all(), check
+check
