@@ -457,15 +457,16 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     # (dg alone, B, C and V frozen: the straddle kernel, which writes no gradient it drops)
-    pieces = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, V)
-    straddle = need_g and not pieces and _straddles(m, V)
-    if pieces:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
+    in_sweeps = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, V)
+    straddle = need_g and not in_sweeps and _straddles(m, V)
+    pieces = None
+    if in_sweeps:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
         need_b, need_v = True, True
         opts, pieces = _piece_sweeps(opts, B, V, need_c and m.dual and m.reverse, cu_seqlens)
     elif need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     wide_dtype = torch.float64 if torch.float64 in m.dtypes else torch.float32
-    if need_g and not straddle and not pieces and B.dtype != torch.float64 and (
+    if need_g and not straddle and not in_sweeps and B.dtype != torch.float64 and (
             wide_dtype == torch.float64 or not _exact_dots(m, opts, B.dtype) and
             (B.dtype != torch.float32 or "fp32_precision" in m.options)):
         # without the straddle kernel (PyTorch methods on a CPU), dg is the row dots'
@@ -505,10 +506,13 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
-    s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-    if pieces:  # (gated, in the sweeps: the dB sweep first, its anchors for the reverse one)
+    rev = None
+    if need_b:  # (first: with dg's pieces, its anchors are the reverse sweep's to read)
+        s0t = None if initial_state is None else initial_state.transpose(-1, -2)
         dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB,
-                    gate_pieces=(B, *pieces["forward"], pieces["anchors"]), **call)
+                    gate_pieces=None if pieces is None else
+                    (B, *pieces["forward"], pieces["anchors"]), **call)
+    if pieces is not None:
         rev = (V if not pieces["dual"] else None, *pieces["reverse"], pieces["anchors"])
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
@@ -520,11 +524,11 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
         (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
-                          out=dv_out, out2=dC, gate_pieces=rev if pieces else None, **call)
+                          out=dv_out, out2=dC, gate_pieces=rev, **call)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
-                        gate_pieces=rev if pieces else None, **call)
+                        gate_pieces=rev, **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
@@ -533,17 +537,13 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
         R = _per_head(R, gamma, 1) if gate is None else R * _first_decay(gate, cu_seqlens)
         dS0 = _into((R * scale).to(initial_state.dtype), initial_state, None)
-    if need_b and not pieces:
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB, **call)
     dg = None
-    if pieces:
+    if pieces is not None:
         from .methods import chunk
-        tail = None
-        if dS is not None and SN is not None and SN.numel():
-            tail = (dS.to(torch.float64) * SN.to(torch.float64)).sum((-1, -2)) / scale
+        tail = _final_pairs(dS, SN)
         dg = _into(chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
-                                                   pieces["anchors"], pieces["block"],
-                                                   cu_seqlens, tail, scale)
+                                                   pieces["anchors"], pieces["block"], cu_seqlens,
+                                                   None if tail is None else tail / scale, scale)
                    .to(g.dtype), g, None)
     elif straddle:
         dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
@@ -610,9 +610,9 @@ def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
     block = config["BLOCK_N"]
     seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
 
-    def buffers(width, row, dual=False):
+    def buffers(width, row, with_dc=False):
         return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
-                                        precision=precision, dual=dual, device=V.device,
+                                        precision=precision, dual=with_dc, device=V.device,
                                         config=config)
     reverse = buffers(d, r, dual)
     anchors = chunk.gate_anchor_buffers(seqs, heads, n, r, d, block, reverse[0].shape[0],
@@ -651,6 +651,15 @@ def _first_decay(gate: torch.Tensor, cu_seqlens) -> torch.Tensor:
     return torch.exp(first)[..., None, None]
 
 
+def _final_pairs(dS: torch.Tensor | None, SN: torch.Tensor | None) -> torch.Tensor | None:
+    """⟨dS_N, S_N⟩ in float64 per (batch or sequence, head): the pairs of the final state's
+    gradient with every row, which straddle each row's gate; None without a final state's
+    gradient."""
+    if dS is None or SN is None or not SN.numel():
+        return None
+    return (dS.to(torch.float64) * SN.to(torch.float64)).sum((-1, -2))
+
+
 def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None) -> torch.Tensor:
     """dg ``(batch, heads, N)`` (float64) from the gradients of B and C (module docstring), where
     the straddle kernel cannot run: dG_i = b_i·db_i − c_i·dc_i (+ ⟨dS_N, S_N⟩ at each
@@ -660,8 +669,8 @@ def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None) -> torch.Tens
     dt = torch.float64  # (a difference of dot products, then a long sum: both cancel)
     dG = (B.to(dt) * dB.to(dt)).sum(-1) - (C.to(dt) * dC.to(dt)).sum(-1)
     n = dG.shape[-1]
-    if dS is not None and SN is not None and SN.numel() and n:
-        tail = (dS.to(dt) * SN.to(dt)).sum((-1, -2))  # (batch or sequences, heads)
+    tail = _final_pairs(dS, SN)
+    if tail is not None and n:
         if cu_seqlens is None:
             dG[..., -1] += tail
         else:

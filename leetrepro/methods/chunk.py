@@ -687,9 +687,9 @@ class LaunchPlan:
                     SIZE=size, SCALE=scale, K=self.consts._replace(SPLIT=split), REPAIR=repair,
                     DG=None)
         if t.DG is not None:
-            rows, totals, (anchors, anchor_totals, size) = t.DG
+            rows, totals, (anchors, anchor_totals, every) = t.DG
             args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1], anchors,
-                          anchor_totals, size, anchor_totals.shape[-1])
+                          anchor_totals, every, anchor_totals.shape[-1])
         return args
 
 

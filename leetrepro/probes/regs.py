@@ -38,13 +38,7 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     if gate_grad:
         return _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse,
                                       dual)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from ..kernels._tiles import Constants
-    from ..methods.chunk import scan_kernels
-    kern = scan_kernels.chunk_scan_kernel
     p = POINTER[dtype]
     strided = (p, "i64", "i64", "i64")
     sig = dict(B=strided, C=strided, V=strided, O=strided, E="constexpr", O2="constexpr",
@@ -63,19 +57,25 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
         const.update({(7, 0): None, (7, 1): None})
     if not decay:
         const[(8, 0)] = None
-    src = ASTSource(fn=kern, signature=sig, constexprs=const)
+    return _scan_ptx(sig, const, stages, arch)
+
+
+def _scan_ptx(sig: dict, const: dict, stages: int, arch: int) -> str:
+    """``chunk_scan_kernel``'s PTX for a signature and its constants, as Chunk launches it (8
+    warps)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..methods.chunk import scan_kernels
+    src = ASTSource(fn=scan_kernels.chunk_scan_kernel, signature=sig, constexprs=const)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=8, num_stages=stages))
     return compiled.asm["ptx"]
 
 
 def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse, dual) -> str:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from ..kernels._tiles import Constants
-    from ..methods.chunk import scan_kernels
     p = POINTER[dtype]
     strided = (p, "i64", "i64", "i64")
     sig = dict(B=strided, C=strided, V=strided, O=strided, E=strided,
@@ -94,10 +94,7 @@ def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, rever
         const[(5,)] = None
     if not split:
         const.update({(7, 0): None, (7, 1): None})
-    src = ASTSource(fn=scan_kernels.chunk_scan_kernel, signature=sig, constexprs=const)
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=8, num_stages=stages))
-    return compiled.asm["ptx"]
+    return _scan_ptx(sig, const, stages, arch)
 
 
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
