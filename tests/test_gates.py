@@ -530,6 +530,28 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
     assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
+def test_a_sweep_with_other_anchors_gets_its_own_launch_plan(monkeypatch):
+    """The anchors' spacing A and count reach the kernel as integers Triton specialises on (1
+    folded into the code): a plan made for one A, replayed for another on a GPU, stored and read
+    the anchors at the first one's places (dg 1.2 from float64 on the H200). The plans' key holds
+    them: each spacing its own plans."""
+    from leetrepro.methods import chunk
+    monkeypatch.setattr(chunk, "_PLANS", {})
+    B, C, V = make_inputs(1, 2, 70, 8, 12, seed=5, device=KERNEL_DEVICE)
+    g = _gates(1, 2, 70, seed=6, device=KERNEL_DEVICE)
+
+    def plans_after(anchors):
+        monkeypatch.setattr(chunk, "GATE_ANCHOR_CHUNKS", anchors)
+        xs = [x.clone().requires_grad_() for x in (B, C, V, g)]
+        out = causal_linear_decoder(*xs[:3], g=xs[3], method="Chunk", fp32_precision="ieee",
+                                    config={"BLOCK_N": 16})
+        torch.autograd.grad(out.sum(), xs)
+        return set(chunk._PLANS)
+    first = plans_after(1000)
+    assert len(plans_after(2) - first) == 2  # (the dB sweep's and the reverse sweep's)
+    assert len(plans_after(2) - first) == 2  # (and replayed for the same A)
+
+
 @pytest.mark.slow  # (~10 s: Triton's code generation for sm_90 and ptxas)
 def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
     """The sweeps that carry the gates' gradient's pieces by default (fp32 with exact products:

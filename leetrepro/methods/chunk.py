@@ -739,7 +739,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 t.DG is not None)
+                 _piece_key(t.DG))
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -763,6 +763,17 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
             _PLANS.clear()
         plan = _PLANS[cache_key] = _new_plan(signature, t, kernel, short)
     return plan
+
+
+def _piece_key(dg) -> tuple | None:
+    """What a plan's kernel specialises on in the gates' gradient's pieces (``Operands.DG``),
+    beyond N and the tiles the rest of its key holds: A and the anchors a lane (Triton folds an
+    integer equal to 1 into the code and specialises on divisibility by 16; a plan replayed with
+    another A read its anchors at the first one's places). None without pieces."""
+    if dg is None:
+        return None
+    anchors, anchor_totals, every = dg[2]
+    return every, anchor_totals.shape[-1]
 
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
