@@ -550,6 +550,8 @@ def test_a_sweep_with_other_anchors_gets_its_own_launch_plan(monkeypatch):
     first = plans_after(1000)
     assert len(plans_after(2) - first) == 2  # (the dB sweep's and the reverse sweep's)
     assert len(plans_after(2) - first) == 2  # (and replayed for the same A)
+    # (the kernel's flag stays a bool: a tuple there compiled under the interpreter only)
+    assert {type(plan.consts.GATE_GRAD) for plan in chunk._PLANS.values()} == {bool}
 
 
 @pytest.mark.slow  # (~10 s: Triton's code generation for sm_90 and ptxas)

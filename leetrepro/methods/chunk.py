@@ -839,7 +839,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision,
-                              HAS_GATE=gates, GROUPS=groups, GATE_GRAD=gate_grad),
+                              HAS_GATE=gates, GROUPS=groups, GATE_GRAD=gate_grad is not None),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 
