@@ -507,13 +507,12 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     dS0 = R = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
     rev = None
-    if need_b:  # (first: with dg's pieces, its anchors are the reverse sweep's to read)
+    if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
         dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB,
-                    gate_pieces=None if pieces is None else
-                    (B, *pieces["forward"], pieces["anchors"]), **call)
+                    gate_pieces=None if pieces is None else (B, *pieces["forward"]), **call)
     if pieces is not None:
-        rev = (V if not pieces["dual"] else None, *pieces["reverse"], pieces["anchors"])
+        rev = (V if not pieces["dual"] else None, *pieces["reverse"])
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -542,7 +541,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         from .methods import chunk
         tail = _final_pairs(dS, SN)
         dg = _into(chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
-                                                   pieces["anchors"], pieces["block"], cu_seqlens,
+                                                   pieces["block"], cu_seqlens,
                                                    None if tail is None else tail / scale, scale)
                    .to(g.dtype), g, None)
     elif straddle:
@@ -578,11 +577,14 @@ def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
     Chunk on its portable kernel (not ``kernel="hopper"``) on a GPU or under Triton's
     interpreter, where its option ``gate_grad`` says so: ``"sweeps"``, or ``"auto"`` with fp32
     inputs and ``fp32_precision`` "tf32x3" or "ieee". The pairs that span a whole chunk come from
-    a running sum of the chunks' totals, which adds up their rounding: in fp32 that stays near
-    1e-6, but with 16-bit operands (the state's weighted rows rounded as they enter it) it grows
-    with the square root of the chunks between anchors, 1.4e-2 from float64 in bf16 at 64
-    chunks without them (H100, NOTES.md). So ``"auto"`` keeps the straddle kernel for fp16, bf16
-    and tf32, which sums each row's pairs directly."""
+    a running sum of the chunks' totals, which adds up any rounding of the states the totals are
+    taken from: the state as a 16-bit dot operand and its update's weighted rows rounded to 16
+    bits put bf16 dg 1.4e-2 from float64 at 64 chunks (H100, NOTES.md). The sweeps carrying the
+    pieces in fp16/bf16 therefore take each of those two products twice, the rounding's
+    remainder as a second operand (``kernels/_tiles.py``: ``state_remainder``,
+    ``accumulate_state``'s ``EXACT``): fp16 dg then within 1.4× of its inputs' own rounding at
+    N = 32768 (interpreted). ``"auto"`` keeps the straddle kernel for fp16, bf16 (until a GPU's
+    bf16 rows confirm the same there) and tf32 (whose rounding the sweeps do not take back)."""
     from .methods import chunk
     if m.fn is not chunk.chunk_scan or not chunk.HAS_TRITON or opts.get("kernel") == "hopper" \
             or opts.get("gate_grad", "auto") == "straddle" or not \
@@ -597,7 +599,7 @@ def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
     the row block both sweeps take (:func:`leetrepro.methods.chunk.gate_grad_block`), and
     ``pieces``: the dB sweep's buffers (``forward``: r value columns beside d-wide rows), the
     reverse sweep's (dV's d columns beside r-wide rows; ``dual``: with dC's, where the dual
-    sweep can take them), their shared ``anchors`` and the ``block``."""
+    sweep can take them) and the ``block``."""
     from .methods import chunk
     from .methods._gpu import dot_precision
     r, d = B.shape[-1], V.shape[-1]
@@ -614,11 +616,8 @@ def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
         return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
                                         precision=precision, dual=with_dc, device=V.device,
                                         config=config)
-    reverse = buffers(d, r, dual)
-    anchors = chunk.gate_anchor_buffers(seqs, heads, n, r, d, block, reverse[0].shape[0],
-                                        V.device)
-    return dict(opts, config=config), dict(forward=buffers(r, d), reverse=reverse,
-                                           anchors=anchors, block=block, dual=dual)
+    return dict(opts, config=config), dict(forward=buffers(r, d), reverse=buffers(d, r, dual),
+                                           block=block, dual=dual)
 
 
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):

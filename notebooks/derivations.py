@@ -151,8 +151,13 @@ back
 # through the oracle, with an initial state, a final state's gradient and a hard reset.
 
 # %%
-def dg_by_chunks(B, C, V, dO, g, S0, dSN, L):
-    """∂L/∂g of one lane by the four kinds of pairs above (float64, chunks of L rows)."""
+def dg_by_chunks(B, C, V, dO, g, S0, dSN, L, operand=None, weighted=None):
+    """∂L/∂g of one lane by the four kinds of pairs above (float64, chunks of L rows).
+    ``operand``, ``weighted``: what a kernel's dot does to the state as its operand and to the
+    weighted rows entering the state (a rounding; None: nothing), the sweeps' only roundings
+    beyond their inputs'."""
+    operand = operand or (lambda x: x)
+    weighted = weighted or (lambda x: x)
     N = B.shape[0]
     G = torch.cumsum(g, 0)
     Gm = lambda k: G[k] if k >= 0 else G.new_zeros(())                  # G_(-1) = 0
@@ -162,22 +167,22 @@ def dg_by_chunks(B, C, V, dO, g, S0, dSN, L):
         rows = torch.arange(s, e)
         W = torch.exp(G[rows, None] - G[None, rows]) * (rows[:, None] >= rows[None, :])
         P = W * (B[s:e] @ C[s:e].T) * (dO[s:e] @ V[s:e].T)
-        ei = torch.exp(G[s:e] - Gm(s - 1)) * ((B[s:e] @ F) * dO[s:e]).sum(-1)
+        ei = torch.exp(G[s:e] - Gm(s - 1)) * ((B[s:e] @ operand(F)) * dO[s:e]).sum(-1)
         for t in range(s, e):
             k = t - s
             part[t] = P[k:, :k].sum() + ei[k:].sum()
         E.append(ei.sum())
-        F = torch.exp(Gm(e - 1) - Gm(s - 1)) * F + (C[s:e] * torch.exp(Gm(e - 1) - G[s:e])[:, None]).T @ V[s:e]
+        F = torch.exp(Gm(e - 1) - Gm(s - 1)) * F + weighted(C[s:e] * torch.exp(Gm(e - 1) - G[s:e])[:, None]).T @ V[s:e]
     T = (dSN * F).sum()                                                 # T_N = <dS_N, S_N>
     R, dg = dSN.clone(), part.clone()
     for c in range(len(bounds) - 1, -1, -1):                            # reverse: III, F'_c, K_c
         s, e = bounds[c]
-        fj = torch.exp(Gm(e - 1) - G[s:e]) * ((C[s:e] @ R) * V[s:e]).sum(-1)
+        fj = torch.exp(Gm(e - 1) - G[s:e]) * ((C[s:e] @ operand(R)) * V[s:e]).sum(-1)
         K = T - fj.sum()
         for t in range(s, e):
             dg[t] += fj[:t - s].sum() + K
         T = K + E[c]
-        R = torch.exp(Gm(e - 1) - Gm(s - 1)) * R + (B[s:e] * torch.exp(G[s:e] - Gm(s - 1))[:, None]).T @ dO[s:e]
+        R = torch.exp(Gm(e - 1) - Gm(s - 1)) * R + weighted(B[s:e] * torch.exp(G[s:e] - Gm(s - 1))[:, None]).T @ dO[s:e]
     return dg
 
 
@@ -197,23 +202,25 @@ assert (pairs.rel_error < 1e-12).all(), pairs
 pairs
 
 # %% [markdown]
-# The running sum over the chunks adds up each chunk's rounding: with 16-bit operands the
-# kernels' $E_c$ and $F'_c$ each carry about $2^{-9}$ of $|T|$, and $K_c$ then carries
-# $\sqrt{\text{chunks}}$ of that. An **anchor** resets it: at a boundary $s$ the pairs straddling
-# it are exactly $T_s = \langle F_s e^{g_s}, R_s \rangle$, with $F_s$ the forward state entering the
-# chunk and $R_s = \sum_{i \ge s} e^{G_i - G_s} b_i^\top dO_i$ the reverse sweep's state once it
-# has taken in the chunk's rows (decayed to row $s$, as the reverse sweep's shifted gates leave
-# it). Every $A$ chunks the forward sweep stores $F_s e^{g_s}$ and the reverse sweep forms the
-# product, so the running sum spans at most $A$ chunks. Checked below: $T_s$ from the two states
-# equals the pairs straddling $s$ summed directly.
+# The running sum over the chunks telescopes: $K_c$ is right only while the totals $E_c$, $F'_c$
+# come from states that agree with each other to the sum's last bit. With 16-bit operands the
+# kernels round the state where it is a dot operand and its update's weighted rows as they enter
+# it (each about $2^{-9}$ of them in bf16), and $K_c$ then carries $\sqrt{\text{chunks}}$ of
+# that. So the 16-bit sweeps that carry the pieces take each of those two products twice, the
+# second with the rounding's remainder, and their states are fp32's. The straddle kernel has
+# no running sum: the pairs straddling a row $s$ are $T_s = \langle F_s e^{g_s}, R_s \rangle$,
+# with $F_s$ the forward state entering row $s$ and
+# $R_s = \sum_{i \ge s} e^{G_i - G_s} b_i^\top dO_i$ the reverse state from it on (with the
+# initial state and the final state's gradient in them). Checked below: $T_s$ from the two
+# states equals the pairs straddling $s$ summed directly.
 
 # %%
 Gs = torch.cumsum(gg, 0)
 P = torch.exp(torch.tril(Gs[:, None] - Gs[None, :])) * torch.tril(torch.ones(n, n)) * \
     (Bg @ Cg.T) * (dOg @ Vg.T)                                          # P_ij, i ≥ j
-anchor_rows = [s for s in (n // 4, n // 2, 3 * n // 4) if s != n // 3 and s != n // 3 + 1]
+rows_s = [s for s in (n // 4, n // 2, 3 * n // 4) if s != n // 3 and s != n // 3 + 1]
 check = []
-for s in anchor_rows:
+for s in rows_s:
     F = torch.exp(Gs[s - 1]) * S0g + (Cg[:s] * torch.exp(Gs[s - 1] - Gs[:s])[:, None]).T @ Vg[:s]
     R = torch.exp(Gs[n - 1] - Gs[s]) * dSNg + (Bg[s:] * torch.exp(Gs[s:] - Gs[s])[:, None]).T @ dOg[s:]
     direct = P[s:, :s].sum() + (torch.exp(Gs[s:])[:, None] * (Bg[s:] @ S0g) * dOg[s:]).sum() + \
@@ -224,3 +231,32 @@ for s in anchor_rows:
 check = pd.DataFrame(check)
 assert ((check.T_from_states - check.T_summed).abs() <= 1e-9 * check.T_summed.abs().max()).all(), check
 check
+
+# %% [markdown]
+# What each rounding costs, with bf16 inputs (B, C, V, dO and the initial state rounded to bf16)
+# over 64 chunks of 64 rows (r = d = 64): dg from the float64 answer of the unrounded inputs, the pieces as
+# above with the state rounded to bf16 where it is a dot operand, its update's weighted rows
+# rounded to bf16, both, and both taken back by a second product of each rounding's remainder
+# (a hi and a lo bf16 operand, what the 16-bit sweeps do). "inputs" is the floor: the float64
+# answer of the rounded inputs, what any kernel inherits.
+
+# %%
+bf16 = lambda x: x.to(torch.bfloat16).to(torch.float64)
+split = lambda x: bf16(x) + bf16(x - bf16(x))
+gen = torch.Generator().manual_seed(seed + 13)
+Nr, Lr, rr = 4096, 64, 64
+Br, Cr = (torch.randn(Nr, rr, dtype=torch.float64, generator=gen) / rr ** 0.5 for _ in range(2))
+Vr, dOr = (torch.randn(Nr, rr, dtype=torch.float64, generator=gen) for _ in range(2))
+S0r, dSr = (torch.randn(rr, rr, dtype=torch.float64, generator=gen) for _ in range(2))
+gr = torch.nn.functional.logsigmoid(2 * torch.randn(Nr, dtype=torch.float64, generator=gen))
+exact = dg_by_chunks(Br, Cr, Vr, dOr, gr, S0r, dSr, Lr)
+rounded = [bf16(x) for x in (Br, Cr, Vr, dOr)]
+rel = lambda x: ((x - exact).norm() / exact.norm()).item()
+cases = {"inputs": (None, None), "state operand": (bf16, None), "weighted rows": (None, bf16),
+         "both": (bf16, bf16), "both, remainders taken back": (split, split)}
+rounding = pd.DataFrame([dict(rounded=name, dg_rel_error=rel(dg_by_chunks(*rounded, gr, bf16(S0r), dSr,
+                                                                          Lr, *ops)))
+                         for name, ops in cases.items()])
+floor = rounding.dg_rel_error[0]
+assert (rounding.dg_rel_error[1:4] > 1.5 * floor).all() and rounding.dg_rel_error[4] < 1.05 * floor, rounding
+rounding

@@ -211,11 +211,20 @@ def half_operand(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISION: tl.constexpr):
-    """state ← λ^len state + (diag(w_out) c)ᵀ v, on the tensor cores, accumulated in fp32."""
+def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISION: tl.constexpr,
+                     EXACT: tl.constexpr = False):
+    """state ← λ^len state + (diag(w_out) c)ᵀ v, on the tensor cores, accumulated in fp32.
+    ``EXACT`` (16-bit c): the weighted rows' rounding to 16 bits taken back by a second product
+    of its remainder, the update then fp32's (the gates' gradient's pieces telescope across
+    chunks and add up that rounding otherwise: NOTES.md)."""
     if HAS_DECAY:
         state = state * decay
-        c = (c.to(tl.float32) * w_out[:, None]).to(c.dtype)
+        cw = c.to(tl.float32) * w_out[:, None]
+        c = cw.to(c.dtype)
+        if EXACT:
+            if c.dtype != tl.float32:
+                state = tl.dot(tl.trans((cw - c.to(tl.float32)).to(c.dtype)), v, acc=state,
+                               input_precision=PRECISION)
     return tl.dot(tl.trans(c), v, acc=state, input_precision=PRECISION)
 
 
@@ -245,7 +254,8 @@ def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: 
             gk = load_gates(g_rows, phys, ok)
             last = tl.sum(gk, axis=0)
             w_out = tl.where(ok, tl.exp(last - tl.cumsum(gk, axis=0)), 0.0)
-            local = accumulate_state(local, c, v, w_out, tl.exp(last), True, PRECISION)
+            local = accumulate_state(local, c, v, w_out, tl.exp(last), True, PRECISION,
+                                     K.GATE_GRAD)
             total += last
         else:
             w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
@@ -262,6 +272,14 @@ def state_operand(state, dtype: tl.constexpr, HALF_RANGE: tl.constexpr):
         return half_operand(state, dtype)
     else:
         return state.to(dtype), 1.0
+
+
+@triton.jit
+def state_remainder(state, h, h_scale):
+    """What the fp32 state loses as the 16-bit operand ``h`` (:func:`state_operand`): the
+    remainder, an operand of the same scale, whose product added to h's is the fp32 state's to
+    about 2^-16."""
+    return (state * (1.0 / h_scale) - h.to(tl.float32)).to(h.dtype)
 
 
 @triton.jit

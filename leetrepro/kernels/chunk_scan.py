@@ -58,7 +58,7 @@ import triton.language as tl
 from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_inter, chunk_intra,
                      chunk_output, chunk_weights, columns, gate_pieces, has_nonfinite, intra_mask,
                      lane_rows, load_chunk, load_rows, row_positions, segment_state,
-                     state_operand, store_rows)
+                     state_operand, state_remainder, store_rows)
 
 
 @triton.jit
@@ -75,12 +75,8 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     has not.
     ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
     ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
-    head stride, row stride, totals, chunks, anchors, anchor totals, A, anchors a lane)``:
-    float32 rows (value-column blocks, batch, heads, N) and totals (value-column blocks,
-    batch·heads, chunks), each lane writing its block's; every A chunks an anchor, where the
-    forward-time sweep stores its state (batch·heads, anchors, R, D) decayed into the anchor's
-    row and the reverse sweep, its own state there in hand, sums the pairs straddling that row
-    from the two (its block's part, into the anchor totals).
+    head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
+    N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.
     ``K``: :data:`_tiles.Constants` (``K.SPLIT``:
     segments chained through the ring); ``REPAIR``: rows recomputed with non-finite rows handled
     (the repair launch)."""
@@ -240,8 +236,8 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
 def _lane_pieces(DG, lane, bh, n, n_db, SIZE, CU, K: tl.constexpr):
     """``(n, pad, pieces)`` of a lane of n rows: with ``K.GATE_GRAD``, in reverse time its rows
     padded at their logical start to whole chunks (ending where the forward sweep's do), and its
-    rows of the gates' gradient's pieces, its block's totals and anchors, A and the state's R, D
-    (``_sweep``'s ``pieces``); else n, 0 and 0."""
+    rows of the gates' gradient's pieces and its block's totals (``_sweep``'s ``pieces``); else
+    n, 0 and 0."""
     GATE_GRAD: tl.constexpr = K.GATE_GRAD
     BLOCK_N: tl.constexpr = K.BLOCK_N
     N, R, D, H, LANES, SEG = SIZE
@@ -251,11 +247,9 @@ def _lane_pieces(DG, lane, bh, n, n_db, SIZE, CU, K: tl.constexpr):
         if K.REVERSE:
             pad = (BLOCK_N - n % BLOCK_N) % BLOCK_N
         blk = lane % n_db
-        at = (blk * (LANES // n_db) + bh).to(tl.int64)
         pieces = (lane_rows((DG[0] + blk * DG[1], DG[2], DG[3], DG[4]), bh // H,
                             (bh % H).to(tl.int64), _bos(CU, bh // H, K.VARLEN), K.VARLEN),
-                  DG[5] + at * DG[6], DG[7] + bh.to(tl.int64) * DG[10] * R * D,
-                  DG[8] + at * DG[10], DG[9], R, D)
+                  DG[5] + (blk * (LANES // n_db) + bh).to(tl.int64) * DG[6])
     return n + pad, pad, pieces
 
 
@@ -311,8 +305,8 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
     """Step 4: the outputs of logical rows ``span = (start, end, n, pad)`` chunk by chunk from the
     entering ``state``, which it returns carried to ``end``. ``REPAIR``: c and v with their
     non-finite entries zeroed, every row from the first non-finite one on NaN. ``pieces``
-    (``K.GATE_GRAD``): the lane's rows of the gates' gradient's pieces, its totals' and its
-    anchors' pointers, A, and the state's R and D (``_scan``), where each chunk writes its own."""
+    (``K.GATE_GRAD``): the lane's rows of the gates' gradient's pieces and its totals' pointer
+    (``_scan``), where each chunk writes its own."""
     BLOCK_N: tl.constexpr = K.BLOCK_N
     DUAL: tl.constexpr = K.DUAL
     HALF_RANGE: tl.constexpr = K.HALF_RANGE
@@ -335,17 +329,15 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         else:
             w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
             mask = intra
-        if GATE_GRAD:
-            if REVERSE:  # (the chunk's place in physical order)
-                chunk = (n - s) // BLOCK_N - 1
-            else:
-                chunk = s // BLOCK_N
-                _store_anchor(state, w_in, chunk, pieces, cols)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
         if GATE_GRAD:  # (the rows' dots with the part from the state as soon as it is made, so
             # that it joins the output at once: fewer spills than keeping it apart)
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
             out = chunk_inter(b, h, h_scale, w_in, WEIGHTED, HALF_RANGE, PRECISION)
+            if b.dtype != tl.float32:  # (the state's 16-bit rounding would add up across the
+                # chunks the pieces telescope over: its remainder's product too, NOTES.md)
+                out += chunk_inter(b, state_remainder(state, h, h_scale), h_scale, w_in,
+                                   WEIGHTED, HALF_RANGE, PRECISION)
             e_rows = tl.sum(out * e.to(tl.float32), axis=1)
             scores, own = chunk_intra(b, c, v, mask, HALF_RANGE, PRECISION)
             out += own  # [BLOCK_N, BLOCK_D]
@@ -361,6 +353,10 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             part, total = gate_pieces(e_rows, scores, e, v, REVERSE, PRECISION)
             dg_ptr, dg_base, dg_stride = pieces[0]
             tl.store(dg_ptr + dg_base + phys * dg_stride, part, mask=ok)
+            if REVERSE:  # (the chunk's place in physical order)
+                chunk = (n - s) // BLOCK_N - 1
+            else:
+                chunk = s // BLOCK_N
             tl.store(pieces[1] + chunk, total)
         if DUAL:  # op(E, V, C) from the transposed state: the backward's dC beside dV
             out2 = chunk_output(e, v, c, tl.trans(h), h_scale, w_in, mask, WEIGHTED,
@@ -368,39 +364,8 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             if REPAIR:
                 out2 += poison
             store_rows(rows[5], phys, ok, cols_r, out2 * SCALE)
-        state = accumulate_state(state, c, v, w_out, decay, WEIGHTED, PRECISION)
+        state = accumulate_state(state, c, v, w_out, decay, WEIGHTED, PRECISION, GATE_GRAD)
         if REPAIR:
             state += tl.sum(bad, axis=0)
-        if GATE_GRAD:
-            if REVERSE:
-                _read_anchor(state, chunk, pieces, cols)
     return state
 
-
-@triton.jit
-def _store_anchor(state, w_in, chunk, pieces, cols):
-    """Forward time, at an anchor (a chunk whose index is a positive multiple of A): the state
-    entering the chunk, decayed into its first row (by that row's gate, e^(g_s) = w_in[0]), into
-    the lane's anchors as (R, D) tiles: F_s e^(g_s), whose product with the reverse sweep's state
-    there is every pair straddling row s."""
-    anchors, A, R, D = pieces[2], pieces[4], pieces[5], pieces[6]
-    if (chunk % A == 0) & (chunk > 0):
-        first = tl.sum(tl.where(tl.arange(0, w_in.shape[0]) == 0, w_in, 0.0), axis=0)
-        cols_r, r_ok = cols[0]
-        cols_d, d_ok = cols[1]
-        tl.store(anchors + ((chunk // A - 1) * R + cols_r[:, None]) * D + cols_d[None, :],
-                 (state * first).to(anchors.dtype.element_ty), mask=r_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _read_anchor(state, chunk, pieces, cols):
-    """Reverse time, the chunk's rows taken in (the state: the rows from its first on), at an
-    anchor: T_s, the pairs straddling its first row, from the forward sweep's anchor (its
-    (D, R) tiles, this sweep's R and D swapped) and this state, the lane's block's part."""
-    anchors, totals, A, R, D = pieces[2], pieces[3], pieces[4], pieces[5], pieces[6]
-    if (chunk % A == 0) & (chunk > 0):
-        cols_r, r_ok = cols[0]
-        cols_d, d_ok = cols[1]
-        f = tl.load(anchors + ((chunk // A - 1) * D + cols_d[None, :]) * R + cols_r[:, None],
-                    mask=r_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        tl.store(totals + chunk // A - 1, tl.sum(tl.sum(state * f, axis=1), axis=0))

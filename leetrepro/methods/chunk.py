@@ -166,15 +166,14 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``gate_grad`` (the backward with per-token gates): where the gates' gradient comes from.
     ``"auto"``: from the sweeps' pieces in fp32 with exact products (``fp32_precision`` "ieee" or
     "tf32x3"), else from the straddle kernel; ``"sweeps"``: from the pieces always (one kernel
-    fewer and no workspace beyond a float32 state per 16 chunks: faster, but their running sum
-    adds up 16-bit rounding, dg up to about 1.4e-2 from float64 in bf16 without its anchors,
-    NOTES.md); ``"straddle"``: from the straddle kernel always (:func:`gate_gradient`).
+    fewer and no workspace beyond a float per row: faster; in fp16/bf16 the sweeps then take
+    two more 16-bit products a chunk, so that the state's rounding does not add up across the
+    chunks the pieces telescope over, NOTES.md); ``"straddle"``: from the straddle kernel always
+    (:func:`gate_gradient`).
 
-    ``gate_pieces``: ``(W, rows, totals, anchors)`` (a gated backward sweep, the portable
-    kernel): W, shaped like O (None with ``dual``, whose E serves), the row vectors whose dots
-    make the gates' gradient's pieces, written into ``rows`` and ``totals``
-    (:func:`gate_piece_buffers`), and the anchors both sweeps share (:func:`gate_anchor_buffers`:
-    the forward-time sweep writes them, the reverse one, run after it, reads them;
+    ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
+    shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the gates'
+    gradient's pieces, written into ``rows`` and ``totals`` (:func:`gate_piece_buffers`,
     :func:`gate_gradient_from_pieces`).
     """
     # every tensor is read and written in its own layout (its own strides): only a last dimension
@@ -194,9 +193,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                        GAMMA=gamma, CU=cu_seqlens,
                        G=None if g is None else g.to(torch.float32))
     if gate_pieces is not None:
-        w, rows, totals, anchors = gate_pieces
+        w, rows, totals = gate_pieces
         tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
-                                   DG=(rows, totals, anchors))
+                                   DG=(rows, totals))
     plan = launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
                        output_final_state=output_final_state, reverse=reverse, kernel=kernel)
     sn = plan.run(tensors, float(scale))
@@ -504,8 +503,8 @@ class Operands(typing.NamedTuple):
     GAMMA: torch.Tensor | None
     CU: torch.Tensor | None
     G: torch.Tensor | None = None
-    #: the gates' gradient's pieces ``(rows, totals, anchors)`` a backward sweep writes
-    #: (:func:`gate_piece_buffers`, :func:`gate_anchor_buffers`; its row vectors are E), or None
+    #: the gates' gradient's pieces ``(rows, totals)`` a backward sweep writes
+    #: (:func:`gate_piece_buffers`; its row vectors are E), or None
     DG: tuple | None = None
 
 
@@ -687,9 +686,8 @@ class LaunchPlan:
                     SIZE=size, SCALE=scale, K=self.consts._replace(SPLIT=split), REPAIR=repair,
                     DG=None)
         if t.DG is not None:
-            rows, totals, (anchors, anchor_totals, every) = t.DG
-            args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1], anchors,
-                          anchor_totals, every, anchor_totals.shape[-1])
+            rows, totals = t.DG
+            args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1])
         return args
 
 
@@ -739,7 +737,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 _piece_key(t.DG))
+                 t.DG is not None)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -763,17 +761,6 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
             _PLANS.clear()
         plan = _PLANS[cache_key] = _new_plan(signature, t, kernel, short)
     return plan
-
-
-def _piece_key(dg) -> tuple | None:
-    """What a plan's kernel specialises on in the gates' gradient's pieces (``Operands.DG``),
-    beyond N and the tiles the rest of its key holds: A and the anchors a lane (Triton folds an
-    integer equal to 1 into the code and specialises on divisibility by 16; a plan replayed with
-    another A read its anchors at the first one's places). None without pieces."""
-    if dg is None:
-        return None
-    anchors, anchor_totals, every = dg[2]
-    return every, anchor_totals.shape[-1]
 
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
@@ -839,7 +826,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision,
-                              HAS_GATE=gates, GROUPS=groups, GATE_GRAD=gate_grad is not None),
+                              HAS_GATE=gates, GROUPS=groups, GATE_GRAD=gate_grad),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 
@@ -920,57 +907,24 @@ def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, 
                                                                   device=device)
 
 
-#: the chunks between two anchors of a gated backward's pieces (``kernels/chunk_scan.py``): the
-#: pairs spanning a chunk come from a running sum of the chunks' totals from the next anchor,
-#: whose rounding grows with the square root of the chunks it spans (NOTES.md)
-GATE_ANCHOR_CHUNKS = 16
-
-
-def gate_anchor_buffers(seqs: int, heads: int, n: int, r: int, d: int, block_n: int,
-                        blocks: int, device) -> tuple:
-    """``(anchors, totals, A)``: the forward sweep's states at every A-th chunk boundary
-    (float32 ``(seqs·heads, anchors, d, r)``: stored in bf16, their rounding put dg 2e-3 from
-    float64 at r = d = 16 in fp16, interpreted) and the reverse sweep's sums there (float32
-    ``(blocks, seqs·heads, anchors)``, a block per lane of its value columns),
-    A = :data:`GATE_ANCHOR_CHUNKS`; at least one anchor's room (a pointer for the kernel)."""
-    count = max((cdiv(n, block_n) - 1) // GATE_ANCHOR_CHUNKS, 1)
-    return (torch.empty(seqs * heads, count, d, r, dtype=torch.float32, device=device),
-            torch.zeros(blocks, seqs * heads, count, dtype=torch.float32, device=device),
-            GATE_ANCHOR_CHUNKS)
-
-
-def gate_gradient_from_pieces(forward: tuple, backward: tuple, anchors: tuple, block_n: int,
+def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,
                               cu_seqlens: torch.Tensor | None = None,
                               tail: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
     """dg, float32 ``(batch, heads, N)``, from the pieces of the forward-time dB sweep and of the
-    reverse sweep (:func:`gate_piece_buffers`, chunks of ``block_n`` rows) and their anchors
-    (:func:`gate_anchor_buffers`): each row's pieces (I + II, III) plus its chunk's K_c, the
-    pairs with a column before the chunk and a row after it (``notebooks/derivations.py``):
-    K_c = T_e − F'_c with T_e, the pairs straddling the chunk's end, T at the next anchor (the
-    sums the reverse sweep took there; at a sequence's end ``tail``, T_N = ⟨dS_N, S_N⟩ / scale
-    per (batch or sequence, head), or 0) plus Σ (E − F') over the chunks between (E the
-    forward's chunk totals, F' the reverse's), in float64 over the chunks. Every sum in a fixed
-    order: the same inputs give the same bits."""
+    reverse sweep (:func:`gate_piece_buffers`, chunks of ``block_n`` rows): each row's pieces
+    (I + II, III) plus its chunk's K_c, the pairs with a column before the chunk and a row after
+    it, K_c = T_N + Σ_(c' > c) E_c' − Σ_(c' ≥ c) F'_c' (``notebooks/derivations.py``: E the
+    forward's chunk totals, F' the reverse's), in float64 over the chunks; ``tail``: T_N =
+    ⟨dS_N, S_N⟩ / scale per (batch or sequence, head), or None. Every sum in a fixed order: the
+    same inputs give the same bits."""
     (rows_f, tot_f), (rows_r, tot_r) = forward, backward
     _, batch, heads, n = rows_f.shape
-    at, size = anchors[1].sum(0, dtype=torch.float64), anchors[2]
     e, f = (t.sum(0, dtype=torch.float64) for t in (tot_f, tot_r))  # (seqs·heads, chunks)
-    chunks = e.shape[-1]
-    groups = cdiv(chunks, size)
-    # T at each group's end: the anchor there, or the tail at the last group of each sequence
-    ends = torch.nn.functional.pad(at[:, :groups - 1], (0, 1))
-    if cu_seqlens is None:
-        last = torch.full((ends.shape[0],), groups - 1, device=ends.device)
-    else:
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.long)
-        last = ((lengths + block_n - 1) // block_n - 1).clamp_min(0) // size
-        last = last.repeat_interleave(heads)
-    value = tail.reshape(-1).to(torch.float64) if tail is not None else ends.new_zeros(())
-    ends = ends.scatter(1, last[:, None], value.expand(ends.shape[0])[:, None])
-    step = torch.nn.functional.pad(e - f, (0, groups * size - chunks)).view(-1, groups, size)
-    between = torch.nn.functional.pad(step.flip(-1).cumsum(-1).flip(-1)[..., 1:], (0, 1))
-    k = (ends[..., None] + between).view(-1, groups * size)[:, :chunks] - f
-    k = k.to(torch.float32).view(-1, heads, chunks)
+    after = torch.nn.functional.pad(e.flip(-1).cumsum(-1).flip(-1)[:, 1:], (0, 1))
+    k = after - f.flip(-1).cumsum(-1).flip(-1)
+    if tail is not None:
+        k = k + tail.reshape(-1, 1).to(torch.float64)
+    k = k.to(torch.float32).view(-1, heads, k.shape[-1])
     if cu_seqlens is None:
         per_row = k.repeat_interleave(block_n, -1)[..., :n]
     else:  # (each row's sequence and its chunk there)

@@ -83,8 +83,7 @@ def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, rever
                RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
                DECAY=("constexpr", ("*fp32", "i64", "i64", "i64")), CU="constexpr",
                SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", REPAIR="constexpr",
-               DG=("*fp32", "i64", "i64", "i64", "i64", "*fp32", "i32", "*fp32", "*fp32", "i32",
-                   "i32"))
+               DG=("*fp32", "i64", "i64", "i64", "i64", "*fp32", "i32"))
     const = {(6, 0): None, (6, 1): None, (8, 0): None, (9,): None, (13,): False,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
