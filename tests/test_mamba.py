@@ -9,7 +9,7 @@ from leetrepro import rel_error
 from leetrepro.compat import mamba_chunk_scan_combined
 from leetrepro.reference import GATE_GRAD_TOLERANCE, reference, ssd_reference
 
-from conftest import KERNEL_DEVICE, quick_lane
+from conftest import BF16, INTERPRETED, KERNEL_DEVICE, quick_lane
 
 METHODS = {"Chunk": dict(method="Chunk", fp32_precision="ieee"),
            "LA_torch": dict(method="LA_torch", block_size=16)}
@@ -112,6 +112,36 @@ def test_the_clamp_stops_the_gradient_where_it_acts():
     sp = torch.nn.functional.softplus(dt.detach())
     outside = (sp < 0.2) | (sp > 0.5)
     assert outside.any() and (grad[outside] == 0).all() and (grad[~outside] != 0).any()
+
+
+@pytest.mark.parametrize("dtype, options", quick_lane([
+    (torch.float16, {}), (torch.float16, dict(gate_grad="sweeps")),
+    (torch.float32, dict(fp32_precision="ieee")), (torch.float32, {}),
+    pytest.param(BF16.values[0], {}, marks=BF16.marks),
+    pytest.param(BF16.values[0], dict(gate_grad="sweeps"), marks=BF16.marks)], unpack=True),
+    ids=["fp16", "fp16-sweeps", "fp32-exact", "fp32", "bf16", "bf16-sweeps"])
+def test_two_backward_passes_give_the_same_bits(dtype, options):
+    """Mamba-2's SSD backward, every gradient (the gates' through the straddle kernel or the
+    sweeps' pieces, D, dt_bias, the initial state), twice on the same inputs: the same bits (no
+    atomics in the sums, every reduction in a fixed order). On a GPU at a length whose lanes are
+    cut into segments chained through the ring."""
+    batch, length, heads, headdim, dstate = (2, 150, 2, 8, 16) if INTERPRETED else \
+        (1, 8192, 4, 64, 64)
+    leaves = dict(zip(("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"),
+                      _inputs(batch, length, heads, headdim, 1, dstate, seed=8,
+                              device=KERNEL_DEVICE)))
+    leaves.update({k: leaves[k].to(dtype) for k in ("x", "B", "C", "z")})
+    gen = torch.Generator().manual_seed(9)
+    dy = torch.randn(batch, length, heads, headdim, generator=gen).to(KERNEL_DEVICE, dtype)
+
+    def grads():
+        xs = {k: v.detach().clone().requires_grad_() for k, v in leaves.items()}
+        y = mamba_chunk_scan_combined(**xs, chunk_size=64, dt_softplus=True, method="Chunk",
+                                      **options)
+        return torch.autograd.grad(y, list(xs.values()), dy)
+    first, second = grads(), grads()
+    assert all(torch.isfinite(a).all() for a in first)
+    assert [torch.equal(a, b) for a, b in zip(first, second)] == [True] * len(first)
 
 
 def test_seq_idx_and_packed_sequences_with_their_states():
