@@ -586,12 +586,12 @@ def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
     N = 32768 (interpreted). ``"auto"`` keeps the straddle kernel for fp16, bf16 (until a GPU's
     bf16 rows confirm the same there) and tf32 (whose rounding the sweeps do not take back)."""
     from .methods import chunk
-    if m.fn is not chunk.chunk_scan or not chunk.HAS_TRITON or opts.get("kernel") == "hopper" \
-            or opts.get("gate_grad", "auto") == "straddle" or not \
-            (V.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    source = opts.get("gate_grad", "auto")
+    # (where the straddle kernel could run: the sweeps' pieces are the alternative there)
+    if m.fn is not chunk.chunk_scan or opts.get("kernel") == "hopper" or source == "straddle" \
+            or not _straddles(m, V):
         return False
-    return opts.get("gate_grad", "auto") == "sweeps" or \
-        V.dtype == torch.float32 and _exact_dots(m, opts, V.dtype)
+    return source == "sweeps" or V.dtype == torch.float32 and _exact_dots(m, opts, V.dtype)
 
 
 def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
