@@ -582,16 +582,17 @@ def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
     bits put bf16 dg 1.4e-2 from float64 at 64 chunks (H100, NOTES.md). The sweeps carrying the
     pieces in fp16/bf16 therefore take each of those two products twice, the rounding's
     remainder as a second operand (``kernels/_tiles.py``: ``state_remainder``,
-    ``accumulate_state``'s ``EXACT``): fp16 dg then within 1.4× of its inputs' own rounding at
-    N = 32768 (interpreted). ``"auto"`` keeps the straddle kernel for fp16, bf16 (until a GPU's
-    bf16 rows confirm the same there) and tf32 (whose rounding the sweeps do not take back)."""
+    ``accumulate_state``'s ``EXACT``): bf16 and fp16 dg then within 1.3× of the straddle
+    kernel's error, up to N = 32768 with strong gates (H100, NOTES.md). ``"auto"`` keeps the
+    straddle kernel for tf32 only (fp32 inputs at ``fp32_precision="tf32"``, whose rounding the
+    sweeps do not take back)."""
     from .methods import chunk
     source = opts.get("gate_grad", "auto")
     # (where the straddle kernel could run: the sweeps' pieces are the alternative there)
     if m.fn is not chunk.chunk_scan or opts.get("kernel") == "hopper" or source == "straddle" \
             or not _straddles(m, V):
         return False
-    return source == "sweeps" or V.dtype == torch.float32 and _exact_dots(m, opts, V.dtype)
+    return source == "sweeps" or V.dtype != torch.float32 or _exact_dots(m, opts, V.dtype)
 
 
 def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:

@@ -164,11 +164,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
 
     ``gate_grad`` (the backward with per-token gates): where the gates' gradient comes from.
-    ``"auto"``: from the sweeps' pieces in fp32 with exact products (``fp32_precision`` "ieee" or
-    "tf32x3"), else from the straddle kernel; ``"sweeps"``: from the pieces always (one kernel
-    fewer and no workspace beyond a float per row: faster; in fp16/bf16 the sweeps then take
-    two more 16-bit products a chunk, so that the state's rounding does not add up across the
-    chunks the pieces telescope over, NOTES.md); ``"straddle"``: from the straddle kernel always
+    ``"auto"``: from the sweeps' pieces (one kernel fewer and no workspace beyond a float per
+    row: faster), except for fp32 inputs at ``fp32_precision="tf32"``, whose rounding the
+    pieces would add up across the chunks they telescope over; there from the straddle kernel.
+    In fp16/bf16 the sweeps carrying the pieces take two more 16-bit products a chunk (what the
+    state's operand and its update's rows round away), which keeps dg within 1.3× of the
+    straddle kernel's error (NOTES.md). ``"sweeps"``: from the pieces always; ``"straddle"``:
+    from the straddle kernel always
     (:func:`gate_gradient`).
 
     ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
