@@ -509,8 +509,14 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     rev = None
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        dB, _ = run(m, opts, dO, V, C, gamma, s0t, reverse, False, out=dB,
-                    gate_pieces=None if pieces is None else (B, *pieces["forward"]), **call)
+        # (with the pieces, the dB sweep's final state is S_Nᵀ, carried with its rounding taken
+        # back: the forward's S_N, rounded as 16-bit sweeps round it, would put that rounding
+        # into ⟨dS_N, S_N⟩, which joins every row's dg)
+        exact_sn = pieces is not None and dS is not None
+        dB, SNt = run(m, opts, dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
+                      gate_pieces=None if pieces is None else (B, *pieces["forward"]), **call)
+        if exact_sn:
+            SN = SNt.transpose(-1, -2)
     if pieces is not None:
         rev = (V if not pieces["dual"] else None, *pieces["reverse"])
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse

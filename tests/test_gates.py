@@ -552,31 +552,33 @@ def test_the_pieces_in_16_bit_are_as_accurate_as_the_straddle_kernel():
     """The pieces telescope across the chunks, so any rounding of the states their totals come
     from adds up (√chunks of it): with the state as a plain 16-bit operand and its update's
     weighted rows rounded to 16 bits, fp16 dg was 2.3e-3 from float64 at 64 chunks, the straddle
-    kernel's 4.3e-4. The 16-bit sweeps take both roundings' remainders as second products:
-    dg within 1.5× of the straddle kernel's error, states in and out. (``gate_grad="sweeps"``:
-    the default keeps the straddle kernel in 16-bit until a GPU's bf16 rows say otherwise,
-    NOTES.md.)"""
+    kernel's 4.3e-4. The 16-bit sweeps take both roundings' remainders as second products, and
+    ⟨dS_N, S_N⟩, which joins every row's dg, is taken from the dB sweep's exact state rather
+    than the forward's rounded S_N (that rounding put bf16 dg at 1.2e-2 on the GPU, the straddle
+    kernel's 1.7e-3). Measured against float64 on the same rounded inputs (the kernel's own
+    error, not hidden under the inputs' rounding), the initial state in fp32 as a model keeps
+    it, states in and out: dg within 1.3× of the straddle kernel's."""
     n = 2048  # (32 chunks of 64 rows in fp16)
     gen = torch.Generator().manual_seed(17)
-    B, C, V = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64) * 0.5 for _ in range(3))
-    g = torch.nn.functional.logsigmoid(torch.randn(1, 2, n, generator=gen, dtype=torch.float64) + 4)
+    B, C, V = (torch.randn(1, 2, n, 16, generator=gen).half().double() for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(1, 2, n, generator=gen) + 4).double()
     S0, dS = (torch.randn(1, 2, 16, 16, generator=gen, dtype=torch.float64) for _ in range(2))
     dO = torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64)
 
     def dg(dtype, method, **options):
         # (B's gradient too: dg alone takes the straddle kernel)
+        wide = torch.float64 if dtype == torch.float64 else torch.float32
         xs = [t.to(KERNEL_DEVICE, dtype).requires_grad_() for t in (B, C, V)] + \
-            [g.to(KERNEL_DEVICE, torch.float32 if dtype != torch.float64 else dtype)
-             .requires_grad_()]
+            [g.to(KERNEL_DEVICE, wide).requires_grad_()]
         out, sn = causal_linear_decoder(*xs[:3], g=xs[3], method=method,
-                                        initial_state=S0.to(KERNEL_DEVICE, dtype),
+                                        initial_state=S0.to(KERNEL_DEVICE, wide),
                                         output_final_state=True, **options)
         loss = (out.double() * dO.to(out.device)).sum() + (sn.double() * dS.to(sn.device)).sum()
         return torch.autograd.grad(loss, xs)[3].cpu()
     want = dg(torch.float64, "LA_torch")
     errors = {source: rel_error(dg(torch.float16, "Chunk", gate_grad=source), want)
               for source in ("straddle", "sweeps")}
-    assert errors["sweeps"] <= 1.5 * errors["straddle"], errors
+    assert errors["sweeps"] <= 1.3 * errors["straddle"], errors
     assert errors["sweeps"] <= GATE_GRAD_TOLERANCE[torch.float16] / 10, errors
 
 
