@@ -16,9 +16,9 @@ and the entries
 * ``gamma``: :func:`leetrepro.causal_linear_decoder` with one decay per head (the γ path, the
   fastest kernel this GPU has for it);
 * ``gates``: the same call with per-token gates ``g`` (logsigmoid of a random logit) instead;
-* ``gates_sweeps`` (forward + backward, on a GPU): that call on Chunk with ``gate_grad="sweeps"``,
-  dg from the backward sweeps' pieces instead of the straddle kernel (``auto`` takes the pieces
-  in fp32 with exact products only, NOTES.md);
+* ``gates_straddle`` (forward + backward, on a GPU): that call on Chunk with
+  ``gate_grad="straddle"``, dg from the straddle kernel instead of the backward sweeps' pieces
+  (the default in bf16, NOTES.md);
 * ``fla``: ``fla.ops.simple_gla.chunk_simple_gla(q, k, v, g=…)`` (the optional peer ``fla-core``),
   on the same time-major views;
 
@@ -91,7 +91,7 @@ def _entries(fla, grad: bool, k: int, v: int) -> dict:
 
     out = {"gamma": ours(False), "gates": ours(True)}
     if grad and torch.cuda.is_available():
-        out["gates_sweeps"] = ours(True, gate_grad="sweeps")
+        out["gates_straddle"] = ours(True, gate_grad="straddle")
     if fla is not None:
         def peer(src, g, gamma, dO):
             q, kk, vv = (t.transpose(1, 2) for t in _views(src, k, v))
