@@ -204,6 +204,19 @@ def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     assert regime(True, SHORT_SPLIT_N, dual=True) == "dual-split"
 
 
+def _kernel_table_in_use(table, tmp_path, monkeypatch):
+    """``table`` written where Chunk's kernel choice reads this GPU's (the caller clears
+    ``tuning``'s cache once done); its path."""
+    from leetrepro import tuning
+    from leetrepro.methods import chunk
+    path = tmp_path / "chunk_kernel.csv"
+    table.to_csv(path, index=False)
+    monkeypatch.setattr(chunk, "gpu_tag", lambda device: "test-gpu")
+    monkeypatch.setattr(tuning, "path", lambda tag, name: str(path))
+    tuning.clear()
+    return path
+
+
 def test_kernel_table_has_rows_per_head_shape_and_the_kernel_choice_reads_them(tmp_path,
                                                                               monkeypatch):
     """Each head shape has its own rows in the kernel table (the state split over programs and the
@@ -223,12 +236,8 @@ def test_kernel_table_has_rows_per_head_shape_and_the_kernel_choice_reads_them(t
     got = {(t.regime, t.r, t.d): t.kernel for t in table.itertuples()}
     assert got == {("one", 128, 128): "hopper", ("one", 64, 64): "portable",
                    ("dual-one", 128, 64): "hopper"}
-    path = tmp_path / "chunk_kernel.csv"
-    table.to_csv(path, index=False)
-    monkeypatch.setattr(chunk, "gpu_tag", lambda device: "test-gpu")
+    path = _kernel_table_in_use(table, tmp_path, monkeypatch)
     from leetrepro import tuning
-    monkeypatch.setattr(tuning, "path", lambda tag, name: str(path))
-    tuning.clear()
     try:
         wins = lambda r, d, dual=False: chunk.hopper_wins(  # noqa: E731
             None, torch.bfloat16, True, False, 25600, dual, r, d)
@@ -247,6 +256,45 @@ def test_kernel_table_has_rows_per_head_shape_and_the_kernel_choice_reads_them(t
     assert [s[:2] for s in head_shapes(["64x64", "128x256"])] == [(64, 64), (128, 256)]
     with pytest.raises(ValueError, match="--heads 96x96"):
         head_shapes(["96x96"])
+
+
+def test_a_micro_batch_has_its_own_kernel_rows_and_each_one_pass_regime_falls_back_to_the_other(
+        tmp_path, monkeypatch):
+    """One pass per lane over fewer lanes than a few waves of SMs (a training micro-batch) is a
+    regime of its own: at r = d = 64 the two kernels tie over 1024 lanes while the Hopper kernel
+    is 1.3-1.95× faster over 128-320 (H200, NOTES.md). Each one-pass regime without rows of its
+    own reads the other's (tables from before the regime; head shapes whose every measured shape
+    had few lanes); blank ``few`` cells (older rows merged with newer) are many lanes."""
+    import pandas as pd
+
+    from leetrepro.bench.sweep import kernel_table
+    from leetrepro.methods import chunk
+
+    assert chunk.regime(False, 4096, few=True) == "one-few"
+    assert chunk.regime(False, 4096, dual=True, few=True) == "dual-one-few"
+    assert chunk.regime(True, 4096, few=True) == "split-short"   # (segments: lanes are filled)
+    sms = chunk.sm_count("cpu")
+    assert chunk.few_lanes(chunk.FEW_LANES_WAVES * sms - 1, "cpu")
+    assert not chunk.few_lanes(chunk.FEW_LANES_WAVES * sms, "cpu")
+    rows = [dict(kind="half", decay=True, split=False, dual=False, few=fw, r=r, d=d, N=n,
+                 portable_ms=p, hopper_ms=h, gpu="test", commit="abc")
+            for r, d, fw, n, p, h in [(64, 64, False, 25600, 2.0, 2.02), (64, 64, True, 4096, 0.45, 0.34),
+                                      (128, 256, True, 25600, 5.0, 3.0)]]
+    rows.append(dict(rows[0], few=None, r=128, d=128, portable_ms=5.0, hopper_ms=4.0))
+    table = kernel_table(pd.DataFrame(rows))
+    got = {(t.regime, t.r, t.d): t.kernel for t in table.itertuples()}
+    assert got == {("one", 64, 64): "portable", ("one-few", 64, 64): "hopper",
+                   ("one-few", 128, 256): "hopper", ("one", 128, 128): "hopper"}
+    _kernel_table_in_use(table, tmp_path, monkeypatch)
+    from leetrepro import tuning
+    try:
+        wins = lambda r, d, few: chunk.hopper_wins(  # noqa: E731
+            None, torch.bfloat16, True, False, 4096, False, r, d, few)
+        assert wins(64, 64, True) and not wins(64, 64, False)     # each its own row
+        assert wins(128, 256, False) and wins(128, 128, True)      # the other regime's row
+    finally:
+        monkeypatch.undo()
+        tuning.clear()
 
 
 def test_segments_fill_the_last_wave_of_programs():

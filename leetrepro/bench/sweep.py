@@ -10,8 +10,10 @@ do not fit the GPU's shared memory are skipped.
 
 On an sm_90 GPU, ``kernel`` then times Chunk's two forward kernels against each other (the
 portable Triton kernel and the warp-specialised Hopper one, :func:`kernel_rows`), interleaved, at
-the shapes of each regime: one pass per lane (batch 16, N = 25600) and N cut into segments
-(batch 1, N = 100000 and 8192), fp16, bf16 and fp32 (tf32), both masks, the forward and the
+the shapes of each regime: one pass per lane over many waves of lanes (batch 16, N = 25600)
+and over a training micro-batch's few (batch 4, N = 4096: its own regime,
+``chunk.few_lanes``), and N cut into segments (batch 1, N = 100000 and 8192), fp16, bf16 and
+fp32 (tf32), both masks, the forward and the
 backward's dual sweep, at each head shape models use (:func:`head_shapes`: the state split over
 programs at r or d = 256 and two plain sweeps for a dual call at r ≠ d change the balance).
 ``chunk_kernel.csv`` names, per operand kind, mask, regime (one pass; split, long or short N;
@@ -88,8 +90,9 @@ def sweep(method: str, device, meta: dict, reps: int, kinds=None) -> list[dict]:
     return rows
 
 
-#: the shapes that decide Chunk's kernel, per regime (split: N cut into segments)
-KERNEL_SHAPES = {False: ((16, 25600),), True: ((1, 100000), (1, 8192))}
+#: the shapes that decide Chunk's kernel, per regime (split: N cut into segments; one pass per
+#: lane over many waves of lanes and over a training micro-batch's few, ``chunk.few_lanes``)
+KERNEL_SHAPES = {False: ((16, 25600), (4, 4096)), True: ((1, 100000), (1, 8192))}
 
 
 def head_shapes(names=None) -> tuple:
@@ -116,7 +119,7 @@ def kernel_rows(device, meta: dict, reps: int, heads=None) -> list[dict]:
     portable kernel's one dual sweep; ``dual`` column; only where the backward runs a dual sweep,
     r and d ≤ 128). A cell the Hopper kernel cannot take
     (fp32 at r = 256) is left out: the table has no row for it, and the portable kernel runs it."""
-    from ..methods.chunk import chunk_scan, operand_kind
+    from ..methods.chunk import chunk_scan, few_lanes, operand_kind
     from ..ops import _dual_fits
     from .harness import interleaved_medians
     rows = []
@@ -126,13 +129,18 @@ def kernel_rows(device, meta: dict, reps: int, heads=None) -> list[dict]:
                 for dtype in (torch.float16, torch.bfloat16, torch.float32):
                     B, C, V = random_inputs(batch, h, n, r, d, dtype=dtype, device=device)
                     dO = torch.randn_like(V)
+                    # (one pass per lane asked for outright: at a micro-batch's few lanes the
+                    # launcher might cut N into segments, another regime's rows)
+                    one = {} if split else dict(segment=n)
+                    few = not split and few_lanes(batch * h, device)
                     for decay in (False, True):
                         g = alibi_gammas(h).to(device) if decay else None
                         calls = {
                             False: {k: (lambda k=k: causal_linear_decoder(
-                                B, C, V, g, method="Chunk", kernel=k)) for k in ("portable", "hopper")},
+                                B, C, V, g, method="Chunk", kernel=k, **one))
+                                for k in ("portable", "hopper")},
                             True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V,
-                                                              kernel=k))
+                                                              kernel=k, **one))
                                    for k in ("portable", "hopper")}}
                         if not _dual_fits(B, V):  # the backward runs its sweeps apart there
                             del calls[True]
@@ -144,7 +152,8 @@ def kernel_rows(device, meta: dict, reps: int, heads=None) -> list[dict]:
                             med = interleaved_medians(fns, [()], reps, device, warmup=2)
                             rows.append(dict(meta, kind=operand_kind(dtype, "tf32"),
                                              dtype=str(dtype).split(".")[-1], r=r, d=d, heads=h,
-                                             decay=decay, split=split, dual=dual, batch=batch,
+                                             decay=decay, split=split, dual=dual, few=few,
+                                             batch=batch,
                                              N=n, portable_ms=med["portable"] * 1e3,
                                              hopper_ms=med["hopper"] * 1e3))
                             print(f"kernel {r}x{d} h{h} {dtype} b{batch} N={n} "
@@ -171,7 +180,10 @@ def kernel_table(df, meta: dict | None = None):
         meta = {k: df[k].iloc[0] for k in ("gpu", "commit", "commit_origin", "source", "date",
                                             "torch", "triton", "cuda", "python") if k in df}
     dual = df["dual"] if "dual" in df else [False] * len(df)  # tables measured before the dual
-    df = df.assign(regime=[regime(sp, n, bool(du)) for sp, n, du in zip(df.split, df.N, dual)],
+    # (rows measured before the micro-batch regime: none, or blank where merged with newer ones)
+    few = df["few"].fillna(False) if "few" in df else [False] * len(df)
+    df = df.assign(regime=[regime(sp, n, bool(du), bool(fw))
+                           for sp, n, du, fw in zip(df.split, df.N, dual, few)],
                    r=df["r"] if "r" in df else 128, d=df["d"] if "d" in df else 128)
     out = []
     for (kind, decay, reg, r, d), g in df.groupby(["kind", "decay", "regime", "r", "d"]):

@@ -382,7 +382,8 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
                        config=config)
     split = _lanes_and_segment(cfg, batch, heads, n, V.shape[-1], segment, V.device)[1] < n
     if kernel == "auto" and _FORCED[0] is None:  # the table's dual row: two sweeps against one
-        return hopper_wins(V.device, V.dtype, gamma is not None, split, n, True, r, V.shape[-1])
+        return hopper_wins(V.device, V.dtype, gamma is not None, split, n, True, r, V.shape[-1],
+                           _few(B, C, V, cu_seqlens))
     return _use_hopper(kernel, B, C, V, gamma, split, **call)
 
 
@@ -428,32 +429,55 @@ def _capability(index: int) -> tuple:
 SHORT_SPLIT_N = 32768
 
 
-def regime(split: bool, n: int, dual: bool = False) -> str:
-    """``"one"`` (one pass per lane), ``"split"`` (N cut into segments) or ``"split-short"``
-    (segments, N < :data:`SHORT_SPLIT_N`), prefixed ``"dual-"`` for a dual output (the
-    backward's dV and dC in one sweep, on either kernel): the rows of
-    the kernel table. Reverse time shares the forward's rows (the same kernel, the same work)."""
-    name = "one" if not split else ("split" if n >= SHORT_SPLIT_N else "split-short")
+#: one pass per lane over fewer lanes than this many waves of the GPU's SMs (a training
+#: micro-batch: batch × heads of a few hundred) is a regime of its own in the kernel table: there
+#: each lane's chunk loop is the whole time, where at many waves the two kernels' throughput is
+#: (at r = d = 64 the Hopper kernel 1.3-1.95× faster at 128-320 lanes on the H200, tied at 1024,
+#: NOTES.md)
+FEW_LANES_WAVES = 3
+
+
+def few_lanes(lanes: int, device) -> bool:
+    """Whether ``lanes`` (batch × heads, or sequences × heads) are fewer than
+    :data:`FEW_LANES_WAVES` waves of ``device``'s SMs."""
+    return lanes < FEW_LANES_WAVES * sm_count(device)
+
+
+def regime(split: bool, n: int, dual: bool = False, few: bool = False) -> str:
+    """``"one"`` (one pass per lane; ``"one-few"`` over :func:`few_lanes`), ``"split"`` (N cut
+    into segments) or ``"split-short"`` (segments, N < :data:`SHORT_SPLIT_N`), prefixed
+    ``"dual-"`` for a dual output (the backward's dV and dC in one sweep, on either kernel): the
+    rows of the kernel table. Reverse time shares the forward's rows (the same kernel, the same
+    work)."""
+    if split:
+        name = "split" if n >= SHORT_SPLIT_N else "split-short"
+    else:
+        name = "one-few" if few else "one"
     return "dual-" + name if dual else name
 
 
 def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int,
-                dual: bool = False, r: int = 128, d: int = 128) -> bool:
+                dual: bool = False, r: int = 128, d: int = 128, few: bool = False) -> bool:
     """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
     for this operand kind, mask, :func:`regime` and head shape r × d (``data/<gpu>/chunk_kernel.csv``,
     :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured. A dual row
     compares what ``kernel="hopper"`` runs for a dual call (its dual sweep at r = d ≤ 128, else
     two of its plain sweeps) with the portable dual sweep. A head shape the table has no rows
     for reads r = d = 128's (tables measured before the shapes were swept hold only those); a
-    dual call without its own row reads the plain sweep's."""
+    dual call without its own row reads the plain sweep's; one pass per lane over
+    :func:`few_lanes` (``few``) or over more, without rows of its own (tables measured before
+    the micro-batch regime; head shapes whose every measured shape had few lanes), reads the
+    other's."""
     kind = "half" if dtype != torch.float32 else "tf32"
     table = tuning.kernel_table(gpu_tag(device))
     shape = (r, d) if (r, d) in table["shapes"] else (128, 128)
     rows = table["rows"]
-    key = (kind, decay, regime(split, n, dual), *shape)
-    if key not in rows and dual:
-        key = (kind, decay, regime(split, n), *shape)
-    return rows.get(key) == "hopper"
+    for du in ((dual, False) if dual else (False,)):
+        for fw in ((False,) if split else (few, not few)):
+            key = (kind, decay, regime(split, n, du, fw), *shape)
+            if key in rows:
+                return rows[key] == "hopper"
+    return False
 
 
 def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
@@ -474,7 +498,14 @@ def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
         return _FORCED[0] == "hopper"
     # (gates read the decay's rows: their work per chunk is the decay's, not the 0-1 mask's)
     return hopper_wins(V.device, V.dtype, gamma is not None or bool(call.get("gates")), split,
-                       B.shape[2], call.get("dual") is not None, B.shape[-1], V.shape[-1])
+                       B.shape[2], call.get("dual") is not None, B.shape[-1], V.shape[-1],
+                       _few(B, C, V, call.get("cu_seqlens")))
+
+
+def _few(B, C, V, cu_seqlens) -> bool:
+    """:func:`few_lanes` of a call: its sequences × heads."""
+    seqs = B.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    return few_lanes(seqs * lane_heads(B, C, V), V.device)
 
 
 #: the kernel ``kernel="auto"`` takes wherever it can run, whatever the table says (None: the table)
