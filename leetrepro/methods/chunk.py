@@ -431,8 +431,8 @@ SHORT_SPLIT_N = 32768
 
 #: one pass per lane over fewer lanes than this many waves of the GPU's SMs (a training
 #: micro-batch: batch × heads of a few hundred) is a regime of its own in the kernel table: there
-#: each lane's chunk loop is the whole time, where at many waves the two kernels' throughput is
-#: (at r = d = 64 the Hopper kernel 1.3-1.95× faster at 128-320 lanes on the H200, tied at 1024,
+#: the time is each lane's chunk loop, where over many waves it is the kernels' throughput (at
+#: r = d = 64 the Hopper kernel 1.3-1.95× faster at 128-320 lanes on the H200, tied at 1024,
 #: NOTES.md)
 FEW_LANES_WAVES = 3
 
