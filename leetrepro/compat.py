@@ -20,7 +20,7 @@ import torch
 
 from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor, positive_where_free
 from .api import causal_linear_decoder
-from .methods.ssd_rows import scale_rows, skip_rows
+from .methods.ssd_rows import scale_rows, scale_rows_and_alias, skip_rows
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
 #: same g_gamma hands the operator the same gamma tensor (its checks are then cached: no host sync)
@@ -277,7 +277,10 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
         cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
         g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
-    V = scale_rows(x, dt)  # (one pass over x: dt rounded to x's dtype, as x itself is)
+    # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, x's gradient from
+    # it is added in the backward's pass for dt·dV')
+    skip = D is not None and D.dim() == 1
+    V, x_skip = scale_rows_and_alias(x, dt) if skip else (scale_rows(x, dt), x)
     s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
     want_state = return_final_states or return_varlen_states
     # the query C and the key B as (batch, groups, seqlen, dstate) views: read in place
@@ -287,7 +290,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     o, states = res if want_state else (res, None)
     y = o.transpose(1, 2)
     if D is not None:  # (one pass, in x's dtype)
-        y = skip_rows(y, x, D)
+        y = skip_rows(y, x_skip, D)
     if z is not None:
         y = y * torch.nn.functional.silu(z)
     y = y.to(x.dtype)

@@ -69,19 +69,22 @@ def _(x, w, y, add, want_dw):
 
 
 class _ScaleRows(torch.autograd.Function):
-    """V' = dt·x; backward dx = dt·dV' and ddt = Σ_d x·dV' in one pass."""
+    """V' = dt·x; backward dx = dt·dV' and ddt = Σ_d x·dV' in one pass. With ``alias``, x is a
+    second output (a view), whose gradient (the skip's D·dy) is added to dx in that same pass:
+    autograd would otherwise sum the two dx in a pass of its own (read two, write one)."""
 
     @staticmethod
-    def forward(ctx, x, dt):
+    def forward(ctx, x, dt, alias):
         ctx.save_for_backward(x, dt)
-        return ssd_rows(x, dt, None, None, False)[0]
+        v = ssd_rows(x, dt, None, None, False)[0]
+        return (v, x.view_as(x)) if alias else v
 
     @staticmethod
-    def backward(ctx, dv):
+    def backward(ctx, dv, dx_other=None):
         x, dt = ctx.saved_tensors
-        dx, ddt = ssd_rows(x, dt, dv, None, ctx.needs_input_grad[1])
+        dx, ddt = ssd_rows(x, dt, dv, dx_other, ctx.needs_input_grad[1])
         return (dx if ctx.needs_input_grad[0] else None,
-                ddt if ctx.needs_input_grad[1] else None)
+                ddt if ctx.needs_input_grad[1] else None, None)
 
 
 class _Skip(torch.autograd.Function):
@@ -106,7 +109,14 @@ class _Skip(torch.autograd.Function):
 
 def scale_rows(x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
     """``x · dt[..., None]`` (dt rounded to x's dtype), contiguous; differentiable in both."""
-    return _ScaleRows.apply(x, dt)
+    return _ScaleRows.apply(x, dt, False)
+
+
+def scale_rows_and_alias(x: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scale_rows(x, dt), x')``, x' a view of x to use in x's other place (the skip
+    :func:`skip_rows`): x's two gradients are then summed in the pass that makes dt·dV', not in
+    a pass of their own."""
+    return _ScaleRows.apply(x, dt, True)
 
 
 def skip_rows(o: torch.Tensor, x: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
