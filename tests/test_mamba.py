@@ -299,8 +299,9 @@ def test_the_ssd_bench_s_entries_and_floor():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
-@pytest.mark.parametrize("dtype, alias", [(torch.float32, False), (torch.float32, True),
-                                          (torch.float16, True), (torch.bfloat16, True)])
+@pytest.mark.parametrize("dtype, alias", quick_lane([
+    (torch.float32, False), (torch.float32, True), (torch.float16, True), (torch.bfloat16, True)],
+    keep=(1,), unpack=True))
 def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, alias):
     """``methods.ssd_rows``' one-pass kernel (interpreted here) against the PyTorch expressions
     it replaces, forward and every gradient, on slices of a fused projection (row strides wider
