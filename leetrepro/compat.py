@@ -278,9 +278,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
         g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
     # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, x's gradient from
-    # it is added in the backward's pass for dt·dV')
-    skip = D is not None and D.dim() == 1
-    V, x_skip = scale_rows_and_alias(x, dt) if skip else (scale_rows(x, dt), x)
+    # it is added in the backward's pass for dt·dV', whichever way the skip is taken)
+    V, x_skip = scale_rows_and_alias(x, dt) if D is not None else (scale_rows(x, dt), x)
     s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
     want_state = return_final_states or return_varlen_states
     # the query C and the key B as (batch, groups, seqlen, dstate) views: read in place
