@@ -953,8 +953,7 @@ def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,
     (rows_f, tot_f), (rows_r, tot_r) = forward, backward
     _, batch, heads, n = rows_f.shape
     e, f = (t.sum(0, dtype=torch.float64) for t in (tot_f, tot_r))  # (seqs·heads, chunks)
-    after = torch.nn.functional.pad(e.flip(-1).cumsum(-1).flip(-1)[:, 1:], (0, 1))
-    k = after - f.flip(-1).cumsum(-1).flip(-1)
+    k = (e - f).flip(-1).cumsum(-1).flip(-1) - e  # (Σ_(c' ≥ c) of E − F', less E_c)
     if tail is not None:
         k = k + tail.reshape(-1, 1).to(torch.float64)
     k = k.to(torch.float32).view(-1, heads, k.shape[-1])
