@@ -13,7 +13,7 @@ file                   key → value                                  read by
 ``chunk_config.csv``   (operand kind, decay) → (BLOCK_N, stages)    :func:`launch_table`
                                                                     (Chunk's portable kernel)
 ``la_config.csv``      (operand kind, decay) → (warps, stages)      :func:`launch_table` (LA)
-``chunk_kernel.csv``   (kind, decay, regime, r, d) → kernel         :func:`kernel_table`
+``chunk_kernel.csv``   (kind, dtype, decay, regime, r, d) → kernel        :func:`kernel_table`
                                                                     (Chunk: portable or Hopper)
 =====================  ==========================================  ===========================
 
@@ -97,11 +97,13 @@ def _launch_table(tag: str, name: str, columns: tuple[str, str]) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def kernel_table(tag: str) -> dict:
-    """``{"rows": {(kind, decay, regime, r, d): kernel}, "shapes": {(r, d), ...}}`` of this GPU's
-    ``chunk_kernel.csv`` (rows without r and d columns are r = d = 128's)."""
-    found = {(r["kind"], r["decay"] == "True", r["regime"], int(r.get("r") or 128),
-              int(r.get("d") or 128)): r["kernel"] for r in rows(path(tag, "chunk_kernel.csv"))}
-    return dict(rows=found, shapes={k[3:] for k in found})
+    """``{"rows": {(kind, dtype, decay, regime, r, d): kernel}, "shapes": {(r, d), ...}}`` of this
+    GPU's ``chunk_kernel.csv`` (rows without r and d columns are r = d = 128's; without a dtype,
+    ``""``: the kind's every dtype)."""
+    found = {(r["kind"], r.get("dtype") or "", r["decay"] == "True", r["regime"],
+              int(r.get("r") or 128), int(r.get("d") or 128)): r["kernel"]
+             for r in rows(path(tag, "chunk_kernel.csv"))}
+    return dict(rows=found, shapes={k[4:] for k in found})
 
 
 #: the regime a dispatch table was measured in where its rows do not say (``make tune``'s)

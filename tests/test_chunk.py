@@ -174,7 +174,7 @@ def test_dual_output_runs_apart_only_where_the_hopper_kernel_would_run_both_swee
 
 def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     """``make tune``'s choice of Chunk's kernel per (kind, mask, regime): Hopper only where it was
-    faster at every shape and dtype of the regime (one pass; segments at long N; segments at short
+    faster at every shape of the regime (one pass; segments at long N; segments at short
     N, where host time weighs); the table's provenance is the run's."""
     import pandas as pd
 
@@ -295,6 +295,65 @@ def test_a_micro_batch_has_its_own_kernel_rows_and_each_one_pass_regime_falls_ba
     finally:
         monkeypatch.undo()
         tuning.clear()
+
+
+def test_fp16_and_bf16_and_grouped_b_and_c_each_have_their_own_kernel_rows(tmp_path, monkeypatch):
+    """The Hopper kernel keeps an fp16 state in range with a scale a chunk that bf16 does not
+    need, and reads B and C in groups once for all heads where the portable kernel's loop does
+    not change: the table decides each dtype, and a micro-batch's grouped B and C, apart (H200:
+    at 64 × 64 fp16 0.8× the portable kernel where bf16 is 1.1-1.3×, NOTES.md). A grouped call
+    without rows of its own reads a head each's; a table without a dtype column, one row for
+    both dtypes."""
+    import pandas as pd
+
+    from leetrepro.bench.sweep import kernel_table
+    from leetrepro.methods import chunk
+
+    assert chunk.regime(False, 4096, few=True, grouped=True) == "one-few-groups"
+    assert chunk.regime(True, 100000, grouped=True) == "split"   # (segments: no grouped rows)
+    rows = [dict(kind="half", dtype=dt, decay=True, split=False, dual=False, few=True, groups=gr,
+                 r=64, d=64, N=4096, portable_ms=p, hopper_ms=h, gpu="test", commit="abc")
+            for dt, gr, p, h in [("float16", 0, 0.22, 0.26), ("bfloat16", 0, 0.23, 0.22),
+                                 ("float16", 1, 0.33, 0.25), ("bfloat16", 1, 0.20, 0.26)]]
+    table = kernel_table(pd.DataFrame(rows))
+    got = {(t.dtype, t.regime): t.kernel for t in table.itertuples()}
+    assert got == {("float16", "one-few"): "portable", ("bfloat16", "one-few"): "hopper",
+                   ("float16", "one-few-groups"): "hopper",
+                   ("bfloat16", "one-few-groups"): "portable"}
+    path = _kernel_table_in_use(table[table.regime == "one-few"], tmp_path, monkeypatch)
+    from leetrepro import tuning
+    try:
+        wins = lambda dtype, grouped: chunk.hopper_wins(  # noqa: E731
+            None, dtype, True, False, 4096, False, 64, 64, True, grouped)
+        assert wins(torch.bfloat16, False) and not wins(torch.float16, False)
+        assert wins(torch.bfloat16, True)       # no grouped rows: a head each's
+        table.to_csv(path, index=False)
+        tuning.clear()
+        assert wins(torch.float16, True) and not wins(torch.bfloat16, True)
+        table[table.dtype == "float16"].drop(columns=["dtype"]).to_csv(path, index=False)
+        tuning.clear()  # a table from before the dtype column: the kind's one row for both
+        assert wins(torch.bfloat16, True) and not wins(torch.bfloat16, False)
+    finally:
+        monkeypatch.undo()
+        tuning.clear()
+
+
+def test_a_kernel_sweep_of_some_kinds_and_head_shapes_replaces_only_what_it_measured(tmp_path):
+    """``sweep --kinds half --heads 64x64`` replaces the half rows of 64 × 64 and keeps the rest:
+    tf32's rows of 64 × 64 and every row of other head shapes, digit for digit."""
+    import pandas as pd
+
+    from leetrepro.bench.sweep import write_rows
+
+    path = tmp_path / "t.csv"
+    pd.DataFrame([dict(kind=k, r=r, d=r, ms=v) for k, r, v in
+                  [("half", 64, "1.25"), ("tf32", 64, "2.5"), ("half", 128, "3.125")]]
+                 ).to_csv(path, index=False)
+    write_rows(pd.DataFrame([dict(kind="half", r=64, d=64, ms=9.0)]), str(path), ["half"],
+               {(64, 64)})
+    got = pd.read_csv(path, dtype=str)
+    assert sorted(zip(got.kind, got.r, got.ms)) == [("half", "128", "3.125"), ("half", "64", "9.0"),
+                                                    ("tf32", "64", "2.5")]
 
 
 def test_segments_fill_the_last_wave_of_programs():

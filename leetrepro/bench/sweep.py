@@ -12,13 +12,14 @@ On an sm_90 GPU, ``kernel`` then times Chunk's two forward kernels against each 
 portable Triton kernel and the warp-specialised Hopper one, :func:`kernel_rows`), interleaved, at
 the shapes of each regime: one pass per lane over many waves of lanes (batch 16, N = 25600)
 and over a training micro-batch's few (batch 4, N = 4096: its own regime,
-``chunk.few_lanes``), and N cut into segments (batch 1, N = 100000 and 8192), fp16, bf16 and
-fp32 (tf32), both masks, the forward and the
-backward's dual sweep, at each head shape models use (:func:`head_shapes`: the state split over
-programs at r or d = 256 and two plain sweeps for a dual call at r ≠ d change the balance).
-``chunk_kernel.csv`` names, per operand kind, mask, regime (one pass; split, long or short N;
-each forward or dual) and head shape, the Hopper kernel where it was faster at every shape and
-dtype of the regime, else the portable one; ``method="Chunk"`` follows it (``kernel="auto"``).
+``chunk.few_lanes``; again with B and C in one group, as Mamba-2 reads them), and N cut into
+segments (batch 1, N = 100000 and 8192), fp16, bf16 and fp32 (tf32), both masks, the forward
+and the backward's dual sweep, at each head shape models use (:func:`head_shapes`: the state
+split over programs at r or d = 256 and two plain sweeps for a dual call at r ≠ d change the
+balance). ``chunk_kernel.csv`` names, per operand kind, dtype, mask, regime (one pass over many
+lanes or few, a head each or in groups; split, long or short N; each forward or dual) and head
+shape, the Hopper kernel where it was faster at every shape of the regime, else the portable
+one; ``method="Chunk"`` follows it (``kernel="auto"``). Rows are written after each head shape.
 ``--heads 64x64 …`` measures some head shapes and keeps the others' rows;
 ``python -m leetrepro.bench.sweep --table-from data/<gpu>`` rewrites the table from the timings
 already there (``chunk_kernel_sweep.csv``), no GPU needed.
@@ -110,68 +111,91 @@ def head_shapes(names=None) -> tuple:
     return tuple(known[x] for x in names)
 
 
-def kernel_rows(device, meta: dict, reps: int, heads=None) -> list[dict]:
+#: the groups of B and C at the micro-batch shape's second measure (Mamba-2's one group: B and C
+#: read once for all heads, so the Hopper kernel's TMA stream halves where the portable one's
+#: latency-bound loop does not change, H200 NOTES.md)
+KERNEL_GROUPS = 1
+
+
+def kernel_rows(device, meta: dict, reps: int, heads=None, kinds=None) -> list[dict]:
     """Chunk's portable and Hopper kernels at every regime's shapes, each head shape of
-    :func:`head_shapes` (``heads``), fp16/bf16 and fp32 (tf32), both masks: one row per cell with
-    both medians (calls interleaved in one process). Each cell twice: the forward, and the
-    backward's dual sweep (dV and dC in reverse time: what ``kernel="hopper"`` runs for it, its own
-    dual sweep at r = d ≤ 128 in fp16/bf16, elsewhere two of its plain sweeps, against the
-    portable kernel's one dual sweep; ``dual`` column; only where the backward runs a dual sweep,
-    r and d ≤ 128). A cell the Hopper kernel cannot take
-    (fp32 at r = 256) is left out: the table has no row for it, and the portable kernel runs it."""
-    from ..methods.chunk import chunk_scan, few_lanes, operand_kind
-    from ..ops import _dual_fits
-    from .harness import interleaved_medians
+    :func:`head_shapes` (``heads``), fp16/bf16 and fp32 (tf32; ``kinds``: those operand kinds
+    only), both masks: one row per cell with both medians (calls interleaved in one process). Each
+    cell twice: the forward, and the backward's dual sweep (dV and dC in reverse time: what
+    ``kernel="hopper"`` runs for it, its own dual sweep at r = d ≤ 128 in fp16/bf16, elsewhere two
+    of its plain sweeps, against the portable kernel's one dual sweep; ``dual`` column; only where
+    the backward runs a dual sweep, r and d ≤ 128). The micro-batch shape is measured again with
+    B and C in :data:`KERNEL_GROUPS` groups (``groups`` column; 0: a head each). A cell the Hopper
+    kernel cannot take (fp32 at r = 256) is left out: the table has no row for it, and the
+    portable kernel runs it."""
+    from ..methods.chunk import few_lanes, operand_kind
     rows = []
+    dtypes = [t for t in (torch.float16, torch.bfloat16, torch.float32)
+              if kinds is None or operand_kind(t, "tf32") in kinds]
     for r, d, h in head_shapes(heads):
         for split, shapes in KERNEL_SHAPES.items():
             for batch, n in shapes:
-                for dtype in (torch.float16, torch.bfloat16, torch.float32):
-                    B, C, V = random_inputs(batch, h, n, r, d, dtype=dtype, device=device)
-                    dO = torch.randn_like(V)
-                    # (one pass per lane asked for outright: at a micro-batch's few lanes the
-                    # launcher might cut N into segments, another regime's rows)
-                    one = {} if split else dict(segment=n)
-                    few = not split and few_lanes(batch * h, device)
-                    for decay in (False, True):
-                        g = alibi_gammas(h).to(device) if decay else None
-                        calls = {
-                            False: {k: (lambda k=k: causal_linear_decoder(
-                                B, C, V, g, method="Chunk", kernel=k, **one))
-                                for k in ("portable", "hopper")},
-                            True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V,
-                                                              kernel=k, **one))
-                                   for k in ("portable", "hopper")}}
-                        if not _dual_fits(B, V):  # the backward runs its sweeps apart there
-                            del calls[True]
-                        for dual, fns in calls.items():
-                            try:
-                                fns["hopper"]()
-                            except ValueError:  # the Hopper kernel cannot take this cell
-                                continue
-                            med = interleaved_medians(fns, [()], reps, device, warmup=2)
-                            rows.append(dict(meta, kind=operand_kind(dtype, "tf32"),
-                                             dtype=str(dtype).split(".")[-1], r=r, d=d, heads=h,
-                                             decay=decay, split=split, dual=dual, few=few,
-                                             batch=batch,
-                                             N=n, portable_ms=med["portable"] * 1e3,
-                                             hopper_ms=med["hopper"] * 1e3))
-                            print(f"kernel {r}x{d} h{h} {dtype} b{batch} N={n} "
-                                  f"decay={decay!s:5s} {'dual' if dual else 'fwd '} portable "
-                                  f"{med['portable'] * 1e3:8.3f} ms  hopper "
-                                  f"{med['hopper'] * 1e3:8.3f} ms", flush=True)
-                    B = C = V = dO = None  # the memory freed before the next shape
-                    torch.cuda.empty_cache()
+                few = not split and few_lanes(batch * h, device)
+                for groups in ((0, KERNEL_GROUPS) if few else (0,)):
+                    for dtype in dtypes:
+                        rows += _kernel_cell(device, meta, reps, r, d, h, split, batch, n, few,
+                                             groups, dtype)
+    return rows
+
+
+def _kernel_cell(device, meta, reps, r, d, h, split, batch, n, few, groups, dtype) -> list[dict]:
+    """:func:`kernel_rows`' rows of one shape and dtype: each mask, forward and dual sweep."""
+    from ..methods.chunk import chunk_scan, operand_kind
+    from ..ops import _dual_fits
+    from .harness import interleaved_medians
+    B, C, V = random_inputs(batch, h, n, r, d, dtype=dtype, device=device)
+    if groups:  # (each group's rows those of its first head: the same values a head reads)
+        B, C = (x[:, ::h // groups].contiguous() for x in (B, C))
+    dO = torch.randn_like(V)
+    # (one pass per lane asked for outright: at a micro-batch's few lanes the launcher might
+    # cut N into segments, another regime's rows)
+    one = {} if split else dict(segment=n)
+    rows = []
+    for decay in (False, True):
+        g = alibi_gammas(h).to(device) if decay else None
+        calls = {
+            False: {k: (lambda k=k: causal_linear_decoder(B, C, V, g, method="Chunk", kernel=k,
+                                                          **one))
+                    for k in ("portable", "hopper")},
+            True: {k: (lambda k=k: chunk_scan(C, B, dO, g, reverse=True, dual=V, kernel=k, **one))
+                   for k in ("portable", "hopper")}}
+        if not _dual_fits(B, V):  # the backward runs its sweeps apart there
+            del calls[True]
+        for dual, fns in calls.items():
+            try:
+                fns["hopper"]()
+            except ValueError:  # the Hopper kernel cannot take this cell
+                continue
+            med = interleaved_medians(fns, [()], reps, device, warmup=2)
+            rows.append(dict(meta, kind=operand_kind(dtype, "tf32"), dtype=str(dtype).split(".")[-1],
+                             r=r, d=d, heads=h, groups=groups, decay=decay, split=split,
+                             dual=dual, few=few, batch=batch, N=n,
+                             portable_ms=med["portable"] * 1e3, hopper_ms=med["hopper"] * 1e3))
+            print(f"kernel {r}x{d} h{h}{f' g{groups}' if groups else ''} {dtype} b{batch} N={n} "
+                  f"decay={decay!s:5s} {'dual' if dual else 'fwd '} portable "
+                  f"{med['portable'] * 1e3:8.3f} ms  hopper {med['hopper'] * 1e3:8.3f} ms",
+                  flush=True)
+    B = C = V = dO = None  # the memory freed before the next shape
+    torch.cuda.empty_cache()
     return rows
 
 
 def kernel_table(df, meta: dict | None = None):
-    """Per (kind, decay, regime, head shape r × d): ``hopper`` where it beat the portable kernel
-    at every shape and dtype of the regime, else ``portable``; ``speedup``: the geometric mean of
-    portable ÷ hopper. Regimes (:func:`leetrepro.methods.chunk.regime`): one pass per lane; N
-    split into segments, long (N ≥ ``chunk.SHORT_SPLIT_N``) or short, where an eager call's host
-    time weighs; each for the forward and the dual sweep. Timings without r and d columns (made
-    before the head shapes were swept) are r = d = 128's. ``meta``: the run's provenance
+    """Per (kind, dtype, decay, regime, head shape r × d): ``hopper`` where it beat the portable
+    kernel at every shape of the regime, else ``portable``; ``speedup``: the geometric mean of
+    portable ÷ hopper. fp16 and bf16 are decided apart: the Hopper kernel keeps an fp16 state in
+    range with a scale a chunk that bf16 does not need (0.8× the portable kernel at 64 × 64 in
+    fp16 where bf16 is 1.1-1.3×, H200). Regimes (:func:`leetrepro.methods.chunk.regime`): one
+    pass per lane, over many waves of lanes or a micro-batch's few (these with B and C a head
+    each or in groups); N split into segments, long (N ≥ ``chunk.SHORT_SPLIT_N``) or short,
+    where an eager call's host time weighs; each for the forward and the dual sweep. Timings
+    without r and d columns (made before the head shapes were swept) are r = d = 128's; without
+    a dtype column, the kind's rows stand for each of its dtypes. ``meta``: the run's provenance
     (default: the rows' own)."""
     import pandas as pd
 
@@ -179,16 +203,19 @@ def kernel_table(df, meta: dict | None = None):
     if meta is None:
         meta = {k: df[k].iloc[0] for k in ("gpu", "commit", "commit_origin", "source", "date",
                                             "torch", "triton", "cuda", "python") if k in df}
-    dual = df["dual"] if "dual" in df else [False] * len(df)  # tables measured before the dual
-    # (rows measured before the micro-batch regime: none, or blank where merged with newer ones)
-    few = df["few"].fillna(False) if "few" in df else [False] * len(df)
-    df = df.assign(regime=[regime(sp, n, bool(du), bool(fw))
-                           for sp, n, du, fw in zip(df.split, df.N, dual, few)],
-                   r=df["r"] if "r" in df else 128, d=df["d"] if "d" in df else 128)
+
+    def column(name, default):  # (blank where rows from before the column were merged in)
+        return df[name].fillna(default) if name in df else pd.Series([default] * len(df), df.index)
+
+    dual, few, groups = column("dual", False), column("few", False), column("groups", 0)
+    df = df.assign(regime=[regime(sp, n, bool(du), bool(fw), bool(gr))
+                           for sp, n, du, fw, gr in zip(df.split, df.N, dual, few, groups)],
+                   r=column("r", 128), d=column("d", 128), dtype=column("dtype", ""))
     out = []
-    for (kind, decay, reg, r, d), g in df.groupby(["kind", "decay", "regime", "r", "d"]):
+    for (kind, dtype, decay, reg, r, d), g in df.groupby(["kind", "dtype", "decay", "regime",
+                                                          "r", "d"]):
         ratio = g.portable_ms / g.hopper_ms
-        out.append(dict(kind=kind, decay=decay, regime=reg, r=r, d=d,
+        out.append(dict(kind=kind, dtype=dtype, decay=decay, regime=reg, r=r, d=d,
                         kernel="hopper" if (ratio > 1).all() else "portable",
                         speedup=math.exp(ratio.map(math.log).mean()), **meta))
     return pd.DataFrame(out)
@@ -211,21 +238,24 @@ def best_table(df, params: tuple[str, str], meta: dict):
 
 
 def write_rows(frame, path: str, kinds=None, shapes=None) -> None:
-    """``frame`` to ``path``; with ``kinds`` (a run that measured those operand kinds only) or
-    ``shapes`` (those head shapes ``(r, d)`` only) the other rows already in ``path`` are kept, as
-    they were measured (rows without r and d columns are r = d = 128's)."""
+    """``frame`` to ``path``; with ``kinds`` (a run that measured those operand kinds only) and/or
+    ``shapes`` (those head shapes ``(r, d)`` only) the rows already in ``path`` outside what was
+    measured (another kind, or another head shape) are kept, as they were measured (rows without
+    r and d columns are r = d = 128's)."""
     import pandas as pd
 
     if (kinds is not None or shapes is not None) and os.path.exists(path):
         kept = pd.read_csv(path, dtype=str, keep_default_na=False)  # as written, digit for digit
+        measured = pd.Series(True, index=kept.index)
         if kinds is not None:
-            kept = kept[~kept.kind.isin(kinds)]
+            measured &= kept.kind.isin(kinds)
         if shapes is not None:
             for col in ("r", "d"):
                 if col not in kept:
                     kept[col] = "128"
-            kept = kept[[(int(r), int(d)) not in shapes for r, d in zip(kept.r, kept.d)]]
-        frame = pd.concat([kept, frame.astype(str)], ignore_index=True)
+            measured &= pd.Series([(int(r), int(d)) in shapes for r, d in zip(kept.r, kept.d)],
+                                  index=kept.index)
+        frame = pd.concat([kept[~measured], frame.astype(str)], ignore_index=True)
     frame.to_csv(path, index=False)
 
 
@@ -234,8 +264,9 @@ def _arguments(p) -> None:
                    choices=[*SWEEPS, "kernel"],
                    help="the launch tables to measure (kernel: Chunk's forward kernel, sm_90 only)")
     p.add_argument("--kinds", nargs="*", choices=list(KINDS), default=None,
-                   help="measure these operand kinds only; the other kinds' rows already in the "
-                        "output folder's tables are kept (with their own provenance)")
+                   help="measure these operand kinds only (kernel: half, tf32); the other kinds' "
+                        "rows already in the output folder's tables are kept (with their own "
+                        "provenance)")
     p.add_argument("--heads", nargs="*", default=None, metavar="RxD",
                    help="kernel: measure these head shapes only (default: every one of "
                         "bench.layouts.HEAD_SHAPES); the table's rows of the others are kept")
@@ -262,13 +293,18 @@ def main(argv=None) -> int:
             if torch.cuda.get_device_capability(device) != (9, 0):
                 print("kernel: Chunk's Hopper kernel needs an sm_90 GPU; not measured", flush=True)
                 continue
-            df = pd.DataFrame(kernel_rows(device, meta, args.reps, args.heads))
-            table = kernel_table(df, meta)
-            shapes = set(zip(table.r, table.d)) if args.heads else None
-            write_rows(df, os.path.join(out, "chunk_kernel_sweep.csv"), shapes=shapes)
-            write_rows(table, os.path.join(out, "chunk_kernel.csv"), shapes=shapes)
-            print(table.to_string(index=False))
-            print(f"-> {out}/chunk_kernel.csv", flush=True)
+            # (written after each head shape, its rows replacing that shape's: a run cut short
+            # keeps what it measured)
+            for r, d, h in head_shapes(args.heads):
+                name = f"{r}x{d}"
+                df = pd.DataFrame(kernel_rows(device, meta, args.reps, [name], args.kinds))
+                if df.empty:  # none of --kinds is the kernel table's
+                    break
+                table = kernel_table(df, meta)
+                write_rows(df, os.path.join(out, "chunk_kernel_sweep.csv"), args.kinds, {(r, d)})
+                write_rows(table, os.path.join(out, "chunk_kernel.csv"), args.kinds, {(r, d)})
+                print(table.to_string(index=False))
+                print(f"-> {out}/chunk_kernel.csv ({name})", flush=True)
             continue
         df = pd.DataFrame(sweep(method, device, meta, args.reps, args.kinds))
         if df.empty:  # none of --kinds is one of this method's

@@ -383,7 +383,7 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
     split = _lanes_and_segment(cfg, batch, heads, n, V.shape[-1], segment, V.device)[1] < n
     if kernel == "auto" and _FORCED[0] is None:  # the table's dual row: two sweeps against one
         return hopper_wins(V.device, V.dtype, gamma is not None, split, n, True, r, V.shape[-1],
-                           _few(B, C, V, cu_seqlens))
+                           _few(B, C, V, cu_seqlens), _grouped(B, C, V))
     return _use_hopper(kernel, B, C, V, gamma, split, **call)
 
 
@@ -443,23 +443,25 @@ def few_lanes(lanes: int, device) -> bool:
     return lanes < FEW_LANES_WAVES * sm_count(device)
 
 
-def regime(split: bool, n: int, dual: bool = False, few: bool = False) -> str:
-    """``"one"`` (one pass per lane; ``"one-few"`` over :func:`few_lanes`), ``"split"`` (N cut
-    into segments) or ``"split-short"`` (segments, N < :data:`SHORT_SPLIT_N`), prefixed
-    ``"dual-"`` for a dual output (the backward's dV and dC in one sweep, on either kernel): the
-    rows of the kernel table. Reverse time shares the forward's rows (the same kernel, the same
-    work)."""
+def regime(split: bool, n: int, dual: bool = False, few: bool = False,
+           grouped: bool = False) -> str:
+    """``"one"`` (one pass per lane; ``"one-few"`` over :func:`few_lanes`; ``-groups`` appended
+    where B and C are read in groups), ``"split"`` (N cut into segments) or ``"split-short"``
+    (segments, N < :data:`SHORT_SPLIT_N`), prefixed ``"dual-"`` for a dual output (the backward's
+    dV and dC in one sweep, on either kernel): the rows of the kernel table. Reverse time shares
+    the forward's rows (the same kernel, the same work)."""
     if split:
         name = "split" if n >= SHORT_SPLIT_N else "split-short"
     else:
-        name = "one-few" if few else "one"
+        name = ("one-few" if few else "one") + ("-groups" if grouped else "")
     return "dual-" + name if dual else name
 
 
 def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int,
-                dual: bool = False, r: int = 128, d: int = 128, few: bool = False) -> bool:
+                dual: bool = False, r: int = 128, d: int = 128, few: bool = False,
+                grouped: bool = False) -> bool:
     """Whether ``make tune`` measured the Hopper kernel faster than the portable one on this GPU
-    for this operand kind, mask, :func:`regime` and head shape r × d (``data/<gpu>/chunk_kernel.csv``,
+    for this dtype, mask, :func:`regime` and head shape r × d (``data/<gpu>/chunk_kernel.csv``,
     :func:`leetrepro.bench.sweep.kernel_table`); False where nothing was measured. A dual row
     compares what ``kernel="hopper"`` runs for a dual call (its dual sweep at r = d ≤ 128, else
     two of its plain sweeps) with the portable dual sweep. A head shape the table has no rows
@@ -467,16 +469,20 @@ def hopper_wins(device, dtype: torch.dtype, decay: bool, split: bool, n: int,
     dual call without its own row reads the plain sweep's; one pass per lane over
     :func:`few_lanes` (``few``) or over more, without rows of its own (tables measured before
     the micro-batch regime; head shapes whose every measured shape had few lanes), reads the
-    other's."""
+    other's; B and C in groups (``grouped``) without rows of their own read a head each's; a
+    table without a dtype column has one row for fp16 and bf16."""
     kind = "half" if dtype != torch.float32 else "tf32"
     table = tuning.kernel_table(gpu_tag(device))
     shape = (r, d) if (r, d) in table["shapes"] else (128, 128)
     rows = table["rows"]
+    name = str(dtype).split(".")[-1]
     for du in ((dual, False) if dual else (False,)):
         for fw in ((False,) if split else (few, not few)):
-            key = (kind, decay, regime(split, n, du, fw), *shape)
-            if key in rows:
-                return rows[key] == "hopper"
+            for gr in ((grouped, False) if grouped and not split else (False,)):
+                for dt in (name, ""):
+                    key = (kind, dt, decay, regime(split, n, du, fw, gr), *shape)
+                    if key in rows:
+                        return rows[key] == "hopper"
     return False
 
 
@@ -499,7 +505,13 @@ def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
     # (gates read the decay's rows: their work per chunk is the decay's, not the 0-1 mask's)
     return hopper_wins(V.device, V.dtype, gamma is not None or bool(call.get("gates")), split,
                        B.shape[2], call.get("dual") is not None, B.shape[-1], V.shape[-1],
-                       _few(B, C, V, call.get("cu_seqlens")))
+                       _few(B, C, V, call.get("cu_seqlens")), _grouped(B, C, V))
+
+
+def _grouped(B, C, V) -> bool:
+    """Whether a call reads B or C in groups (fewer heads than its lanes)."""
+    heads = lane_heads(B, C, V)
+    return B.shape[1] != heads or C.shape[1] != heads
 
 
 def _few(B, C, V, cu_seqlens) -> bool:
