@@ -53,8 +53,8 @@ each term with its own sign: the straddle kernel (:func:`leetrepro.methods.chunk
 ``kernels/gate_straddle.py``) sums them by segments from the forward and backward states at the
 segments' ends, in the inputs' dtype, and asks for no sweep (frozen B and C cost nothing).
 Chunk's backward sweeps hold the same pairs as pieces, and where they run (by default fp16,
-bf16 and fp32 with exact products: :func:`_in_sweeps`) dg comes from them instead, with no kernel
-of its own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`). Where neither runs
+bf16 and fp32 with exact products, r and d up to 128: :func:`_in_sweeps`) dg comes from them
+instead, with no kernel of its own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`). Where neither runs
 (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on float64 copies (the
 PyTorch methods; fp32 copies at fp32-exact dots for a method without float64) and S_N taken
 again (``reference.GATE_GRAD_TOLERANCE``).
@@ -460,7 +460,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     # (dg alone, B, C and V frozen: the straddle kernel, which writes no gradient it drops)
-    in_sweeps = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, V)
+    in_sweeps = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, B, V)
     straddle = need_g and not in_sweeps and _straddles(m, V)
     pieces = None
     if in_sweeps:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
@@ -580,7 +580,14 @@ def _straddles(m: Method, V: torch.Tensor) -> bool:
         (V.is_cuda or (m.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1"))
 
 
-def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
+#: the widest r or d at which ``gate_grad="auto"`` takes dg from the sweeps' pieces: past it a
+#: sweep's tile (a 256-wide state beside the pieces' rows and their remainders) spills (3.7 KB a
+#: thread for the dB sweep at r = 64, d = 256, sm_90) and Falcon-H1's SSD backward ran 9× slower
+#: than with the straddle kernel (H200, NOTES.md)
+PIECES_MAX_WIDTH = 128
+
+
+def _in_sweeps(m: Method, opts: dict, B: torch.Tensor, V: torch.Tensor) -> bool:
     """Whether the gates' gradient comes from Chunk's backward sweeps (their pieces,
     :func:`leetrepro.methods.chunk.gate_gradient_from_pieces`) rather than the straddle kernel:
     Chunk on its portable kernel (not ``kernel="hopper"``) on a GPU or under Triton's
@@ -593,15 +600,19 @@ def _in_sweeps(m: Method, opts: dict, V: torch.Tensor) -> bool:
     remainder as a second operand (``kernels/_tiles.py``: ``state_remainder``,
     ``accumulate_state``'s ``EXACT``): bf16 and fp16 dg then within 1.3× of the straddle
     kernel's error, up to N = 32768 with strong gates (H100, NOTES.md). ``"auto"`` keeps the
-    straddle kernel for tf32 only (fp32 inputs at ``fp32_precision="tf32"``, whose rounding the
-    sweeps do not take back)."""
+    straddle kernel for tf32 (fp32 inputs at ``fp32_precision="tf32"``, whose rounding the
+    sweeps do not take back) and where r or d exceeds :data:`PIECES_MAX_WIDTH`."""
     from .methods import chunk
     source = opts.get("gate_grad", "auto")
     # (where the straddle kernel could run: the sweeps' pieces are the alternative there)
     if m.fn is not chunk.chunk_scan or opts.get("kernel") == "hopper" or source == "straddle" \
             or not _straddles(m, V):
         return False
-    return source == "sweeps" or V.dtype != torch.float32 or _exact_dots(m, opts, V.dtype)
+    if source == "sweeps":
+        return True
+    if max(B.shape[-1], V.shape[-1]) > PIECES_MAX_WIDTH:
+        return False
+    return V.dtype != torch.float32 or _exact_dots(m, opts, V.dtype)
 
 
 def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:

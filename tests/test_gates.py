@@ -626,6 +626,28 @@ def test_where_the_gates_gradient_comes_from(monkeypatch, dtype, options, stradd
     assert calls == ([1] if straddle else [])
 
 
+def test_past_the_pieces_widest_state_the_gates_gradient_comes_from_the_straddle_kernel(
+        monkeypatch):
+    """``gate_grad="auto"`` keeps the straddle kernel where r or d exceeds
+    ``ops.PIECES_MAX_WIDTH`` (a 256-wide tile beside the pieces spills: Falcon-H1's d_state 256
+    ran 9× slower on the sweeps); ``"sweeps"`` still takes them there. (The width lowered to
+    this test's r so that the interpreter runs a small state.)"""
+    from leetrepro import ops
+    from leetrepro.methods import chunk
+    monkeypatch.setattr(ops, "PIECES_MAX_WIDTH", 6)
+    calls = []
+    real = chunk.gate_gradient
+    monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: calls.append(1) or real(*a, **k))
+    B, C, V = (t.requires_grad_() for t in make_inputs(1, 2, 40, 8, 4, dtype=torch.float16,
+                                                         device=KERNEL_DEVICE, seed=5))
+    g = _gates(1, 2, 40, seed=6, device=KERNEL_DEVICE).requires_grad_()
+    for options, want in (({}, [1]), (dict(gate_grad="sweeps"), [])):
+        calls.clear()
+        out = causal_linear_decoder(B, C, V, g=g, method="Chunk", **options)
+        torch.autograd.grad(out.float().sum(), (B, g))
+        assert calls == want
+
+
 def test_a_bad_gate_grad_option_is_an_error_that_names_it():
     B, C, V = make_inputs(1, 2, 8, 4, 4, device=KERNEL_DEVICE)
     with pytest.raises(ValueError, match="gate_grad.*'auto', 'sweeps', 'straddle'"):
