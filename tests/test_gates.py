@@ -626,6 +626,7 @@ def test_where_the_gates_gradient_comes_from(monkeypatch, dtype, options, stradd
     assert calls == ([1] if straddle else [])
 
 
+@pytest.mark.slow
 def test_past_the_pieces_widest_state_the_gates_gradient_comes_from_the_straddle_kernel(
         monkeypatch):
     """``gate_grad="auto"`` keeps the straddle kernel where r or d exceeds
