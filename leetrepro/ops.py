@@ -516,12 +516,15 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # back: the forward's S_N, rounded as 16-bit sweeps round it, would put that rounding
         # into ⟨dS_N, S_N⟩, which joins every row's dg)
         exact_sn = pieces is not None and dS is not None
-        dB, SNt = run(m, opts, dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
+        dB, SNt = run(m, opts if pieces is None else dict(opts, config=pieces["configs"][0]),
+                      dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
                       gate_pieces=None if pieces is None else (B, *pieces["forward"]), **call)
         if exact_sn:
             SN = SNt.transpose(-1, -2)
+    rev_opts = opts
     if pieces is not None:
         rev = (V if not pieces["dual"] else None, *pieces["reverse"])
+        rev_opts = dict(opts, config=pieces["configs"][1])
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
@@ -531,11 +534,11 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     if need_c and (need_v or need_s0) and m.dual and m.reverse and _dual_fits(B, V):
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
-        (dV, dC), R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
+        (dV, dC), R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
                           out=dv_out, out2=dC, gate_pieces=rev, **call)
     else:
         if need_v or (need_s0 and not need_c):
-            dV, R = run(m, opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
+            dV, R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
                         gate_pieces=rev, **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
@@ -620,25 +623,31 @@ def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
     the row block both sweeps take (:func:`leetrepro.methods.chunk.gate_grad_block`), and
     ``pieces``: the dB sweep's buffers (``forward``: r value columns beside d-wide rows), the
     reverse sweep's (dV's d columns beside r-wide rows; ``dual``: with dC's, where the dual
-    sweep can take them) and the ``block``."""
+    sweep can take them), the ``block`` and each sweep's launch ``configs`` (the row block, and
+    a plain sweep's value columns at most :data:`leetrepro.methods.chunk.PIECE_COLS`)."""
     from .methods import chunk
     from .methods._gpu import dot_precision
     r, d = B.shape[-1], V.shape[-1]
     batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
     dual = dual and _dual_fits(B, V)
     precision = dot_precision(V.dtype, opts.get("fp32_precision", "tf32"))
-    # (a row block the caller's config names serves both)
+    # (a row block the caller's config names serves both; each plain sweep its own value
+    # columns, at most chunk.PIECE_COLS, unless the caller's config names them: the dual sweep
+    # holds its whole state)
     config = dict(BLOCK_N=chunk.gate_grad_block(r, d, V.dtype, precision, dual, V.device)) | \
         (opts.get("config") or {})
     block = config["BLOCK_N"]
     seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+    configs = tuple((dict(BLOCK_D=chunk.piece_cols(row, width)) if capped else {}) | config
+                    for row, width, capped in ((d, r, True), (r, d, not dual)))
 
-    def buffers(width, row, with_dc=False):
+    def buffers(width, row, cfg, with_dc=False):
         return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
                                         precision=precision, dual=with_dc, device=V.device,
-                                        config=config)
-    return dict(opts, config=config), dict(forward=buffers(r, d), reverse=buffers(d, r, dual),
-                                           block=block, dual=dual)
+                                        config=cfg)
+    return dict(opts, config=config), dict(forward=buffers(r, d, configs[0]),
+                                           reverse=buffers(d, r, configs[1], dual),
+                                           block=block, dual=dual, configs=configs)
 
 
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):

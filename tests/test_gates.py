@@ -467,6 +467,7 @@ PIECE_CASES = [
     ("groups", dict(groups=True), "BCVg"),
     ("segments", dict(options=dict(segment=16), states=True), "BCVg"),
     ("column-blocks", dict(d=40, options=dict(config={"BLOCK_D": 16})), "BVg"),  # (no dual)
+    ("capped-columns", dict(piece_cols=4, states=True), "BVg"),  # (chunk.PIECE_COLS; no dual)
     ("dC-sweep", {}, "Cg"),
     ("dB-only", {}, "Bg"),
     ("hard-reset", dict(reset=True, states=True), "BCVg"),
@@ -479,10 +480,13 @@ PIECE_CASES = [
 def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, want):
     """Chunk's gated backward in fp32 with exact products takes dg from the pieces its sweeps
     hold (never the straddle kernel), within GATE_GRAD_TOLERANCE of float64 with states, packed
-    sequences, groups, segments, lanes of value-column blocks, a hard reset, any subset of
-    gradients; the same inputs give the same bits."""
+    sequences, groups, segments, lanes of value-column blocks (the caller's, or each sweep's
+    own past ``chunk.PIECE_COLS``), a hard reset, any subset of gradients; the same inputs give
+    the same bits."""
     from leetrepro.methods import chunk
     monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: pytest.fail("straddle kernel"))
+    if change.get("piece_cols"):  # (both sweeps in lanes of value-column blocks of their own)
+        monkeypatch.setattr(chunk, "PIECE_COLS", change["piece_cols"])
     dtype = torch.float32
     n, heads, batch, cu, d = 70, 4, 2, None, change.get("d", 12)
     if change.get("packed"):  # (lengths 0, 9, 40, 21, 70: shorter and longer than a chunk)

@@ -84,6 +84,18 @@ def block_d(r: int, d: int) -> int:
     return min(next_pow2(d), max(16, 16384 // next_pow2(r)))
 
 
+#: the widest block of value columns a sweep carrying the gates' gradient's pieces takes: a
+#: 64-row sweep over 256 columns in one program spills 3.7 KB a thread beside the pieces' rows
+#: (sm_90, ``probes.regs``), over 128 of them 0.8 KB, as the 128-column sweeps do
+PIECE_COLS = 128
+
+
+def piece_cols(r: int, d: int) -> int:
+    """The value columns per lane of a sweep carrying the pieces (r-wide rows, d columns):
+    :func:`block_d`, at most :data:`PIECE_COLS`."""
+    return min(block_d(r, d), PIECE_COLS)
+
+
 @functools.lru_cache(maxsize=1024)
 def _config(r, d, dtype, precision, decay, dual, device) -> tuple:
     block_r, cols = next_pow2(r), block_d(r, d)
