@@ -55,17 +55,17 @@ def run_notebook(name: str, out_root: str | None = None, **parameters) -> str:
     ``gpu`` or ``tag`` parameter, else ``name``), beside the tables and figures it wrote.
     ``out_root`` None: the checkout's ``scratch/`` (:func:`leetrepro.reproduce.tables.output_root`),
     so that nothing git tracks changes. Raises papermill's error if a cell fails."""
+    from .._paths import ROOT
+
+    source = os.path.join(ROOT, "notebooks", f"{name}.py")
+    if not os.path.exists(source):  # (before papermill's import: a typo answers at once)
+        have = sorted(f[:-3] for f in os.listdir(os.path.dirname(source)) if f.endswith(".py"))
+        raise ValueError(f"no notebook {name!r}; the notebooks: {', '.join(have)}")
     import jupytext
     import papermill
     from papermill.engines import papermill_engines
 
-    from .._paths import ROOT
     from .tables import output_root
-
-    source = os.path.join(ROOT, "notebooks", f"{name}.py")
-    if not os.path.exists(source):
-        have = sorted(f[:-3] for f in os.listdir(os.path.dirname(source)) if f.endswith(".py"))
-        raise ValueError(f"no notebook {name!r}; the notebooks: {', '.join(have)}")
     root = output_root(out_root)
     folder = os.path.join(root, "figures", str(parameters.get("gpu") or parameters.get("tag")
                                                or name))
