@@ -411,7 +411,7 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
     dict(r=40, d=130, n=100, states=False),
     dict(dtype=torch.float16, gamma=False, n=100),
     dict(r=40, max_r=16, n=100),
-], keep=(4,)))  # (the quick lane's: the straddle kernel is fp16/bf16's default no more)
+], keep=(4,)))  # (the quick lane's: fp16, where the straddle kernel is the default past r = 128)
 def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     """The gates' gradient summed over the pairs of rows straddling each row
     (``kernels/gate_straddle.py``) against the float64 oracle's: groups read in place, packed
