@@ -583,10 +583,11 @@ def _straddles(m: Method, V: torch.Tensor) -> bool:
         (V.is_cuda or (m.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1"))
 
 
-#: the widest r or d at which ``gate_grad="auto"`` takes dg from the sweeps' pieces: past it a
-#: sweep's tile (a 256-wide state beside the pieces' rows and their remainders) spills (3.7 KB a
-#: thread for the dB sweep at r = 64, d = 256, sm_90) and Falcon-H1's SSD backward ran 9× slower
-#: than with the straddle kernel (H200, NOTES.md)
+#: the widest r or d at which ``gate_grad="auto"`` takes dg from the sweeps' pieces: past it
+#: Falcon-H1's SSD forward + backward (d_state 256) ran 2.1× slower than with the straddle kernel
+#: beside sweeps the Hopper kernel may take (the pieces' sweeps are the portable kernel's, at
+#: 32-row chunks there; 4.5× before each took at most ``chunk.PIECE_COLS`` value columns, H200,
+#: NOTES.md)
 PIECES_MAX_WIDTH = 128
 
 
