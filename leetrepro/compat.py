@@ -20,7 +20,7 @@ import torch
 
 from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor, positive_where_free
 from .api import causal_linear_decoder
-from .methods.ssd_rows import scale_rows, scale_rows_and_alias, skip_rows
+from .methods.ssd_rows import scale_rows, scale_rows_and_skip
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
 #: same g_gamma hands the operator the same gamma tensor (its checks are then cached: no host sync)
@@ -277,9 +277,9 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
         cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
         g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
-    # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, x's gradient from
-    # it is added in the backward's pass for dt·dV', whichever way the skip is taken)
-    V, x_skip = scale_rows_and_alias(x, dt) if D is not None else (scale_rows(x, dt), x)
+    # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, its backward is
+    # the backward pass of dt·dV': dt·dV' + D·dy, with dt's and D's gradients)
+    V, skip = scale_rows_and_skip(x, dt, D) if D is not None else (scale_rows(x, dt), None)
     s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
     want_state = return_final_states or return_varlen_states
     # the query C and the key B as (batch, groups, seqlen, dstate) views: read in place
@@ -289,7 +289,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     o, states = res if want_state else (res, None)
     y = o.transpose(1, 2)
     if D is not None:  # (one pass, in x's dtype)
-        y = skip_rows(y, x_skip, D)
+        y = skip(y)
     if z is not None:
         y = y * torch.nn.functional.silu(z)
     y = y.to(x.dtype)

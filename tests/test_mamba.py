@@ -300,14 +300,16 @@ def test_the_ssd_bench_s_entries_and_floor():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
 @pytest.mark.parametrize("dtype, alias", quick_lane([
-    (torch.float32, False), (torch.float32, True), (torch.float16, True), (torch.bfloat16, True)],
-    keep=(1,), unpack=True))
+    (torch.float32, False), (torch.float32, True), (torch.float32, "skip"),
+    (torch.float16, "skip"), (torch.bfloat16, "skip")], keep=(2,), unpack=True))
 def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, alias):
     """``methods.ssd_rows``' one-pass kernel (interpreted here) against the PyTorch expressions
     it replaces, forward and every gradient, on slices of a fused projection (row strides wider
     than a row), headdim not a power of two and rows not a multiple of the kernel's block.
-    ``alias`` (the SSD's way, ``scale_rows_and_alias``): x's two gradients summed in the pass
-    that makes dt·dV' (its skip's gradient that pass's addend), not in a pass of their own."""
+    ``alias`` (``scale_rows_and_alias``): x's two gradients summed in the pass that makes dt·dV'
+    (its skip's gradient that pass's addend), not in a pass of their own; ``"skip"`` (the SSD's
+    way, ``scale_rows_and_skip``): the whole backward one pass, dt·dV' + D·dy with dt's and D's
+    gradients, the skip's own backward no pass at all."""
     from leetrepro.methods import ssd_rows
     gen = torch.Generator().manual_seed(3)
     batch, n, heads, d = 2, 37, 3, 24
@@ -322,24 +324,29 @@ def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, alia
     passes = []
     real = ssd_rows.ssd_rows
 
-    def counted(x, w, y, add, want_dw):  # (backward passes: y given)
-        passes.append((y is not None, add is not None))
-        return real(x, w, y, add, want_dw)
+    def counted(x, w, y, add, want_dw, w2=None, y2=None, want_dw2=False):
+        passes.append((y is not None, add is not None, y2 is not None))  # (backward: y given)
+        return real(x, w, y, add, want_dw, w2, y2, want_dw2)
     monkeypatch.setattr(ssd_rows, "ssd_rows", counted)
 
     def run():
         leaves = [t.detach().clone().requires_grad_() for t in (x, dt, o, D)]
         xs, dts, os_, Ds = leaves
-        if alias:
-            v, xa = ssd_rows.scale_rows_and_alias(xs, dts)
+        if alias == "skip":
+            v, skip = ssd_rows.scale_rows_and_skip(xs, dts, Ds)
+            y = skip(os_)
         else:
-            v, xa = ssd_rows.scale_rows(xs, dts), xs
-        y = ssd_rows.skip_rows(os_, xa, Ds)
+            v, xa = ssd_rows.scale_rows_and_alias(xs, dts) if alias else \
+                (ssd_rows.scale_rows(xs, dts), xs)
+            y = ssd_rows.skip_rows(os_, xa, Ds)
+        passes.clear()
         grads = torch.autograd.grad([v, y], leaves, [dv, dy])
         return [v, y, *grads]
     monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
     want = run()
-    assert passes.count((True, True)) == (1 if alias else 0), passes
+    backward = {False: [(True, False, False)] * 2, True: [(True, False, False), (True, True, False)],
+                "skip": [(True, False, True)]}[alias]
+    assert sorted(passes) == sorted(backward), passes
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
     assert ssd_rows._on_kernel(x)
@@ -355,3 +362,4 @@ def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, alia
         assert rel_error(a, b) <= (1e-6 if dtype == torch.float32 else 1e-2), name
         assert rel_error(a, e) <= (1e-5 if dtype == torch.float32 else 1e-2), name
     torch.library.opcheck(real, (x, dt, dv, o, True))
+    torch.library.opcheck(real, (x, dt, dv, None, True, ssd_rows._per_head(D, x), dy, True))

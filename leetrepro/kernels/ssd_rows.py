@@ -5,13 +5,15 @@ tensor comes as ``(pointer, batch stride, seqlen stride, head stride)`` (element
 dimension contiguous), so the slices of a fused projection are read in place. One program takes
 ``BLOCK_T`` rows:
 
-    OUT = A + Y·w          (Y = X without ``HAS_Y``; A = 0 without ``HAS_A``)
+    OUT = A + Y·w + Y2·w2  (Y = X without ``HAS_Y``; A = 0 without ``HAS_A``; the last term
+                            only with ``HAS_Y2``)
     DW  = Σ_d X·Y          (with ``HAS_DW``, float32)
+    DW2 = Σ_d X·Y2         (with ``HAS_Y2`` and ``HAS_DW2``, float32)
 
-with w a float32 per row (dt; or D, a head's, its row strides 0) rounded to OUT's dtype first,
+with w, w2 float32 per row (dt; or D, a head's, its row strides 0) rounded to OUT's dtype first,
 as PyTorch's product of x with ``w.to(x.dtype)`` has it; products and sums in float32. OUT is
 contiguous ``(batch, seqlen, heads, headdim)``. Forward ``V' = dt·x`` and ``y = o + D·x``;
-backward ``dx = dt·dV'`` with ``ddt = Σ x·dV'``, and ``dx = D·dy`` with ``dD``'s rows Σ x·dy.
+backward ``dx = dt·dV' + D·dy`` with ``ddt = Σ x·dV'`` and ``dD``'s rows Σ x·dy, one pass.
 """
 import triton
 import triton.language as tl
@@ -26,10 +28,11 @@ def _offsets(T, rows, SIZE):
 
 
 @triton.jit
-def axpy_rows(X, Y, A, W, OUT, DW, SIZE, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-              HAS_Y: tl.constexpr, HAS_A: tl.constexpr, HAS_DW: tl.constexpr):
+def axpy_rows(X, Y, A, W, OUT, DW, SECOND, SIZE, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+              HAS_Y: tl.constexpr, HAS_A: tl.constexpr, HAS_DW: tl.constexpr,
+              HAS_Y2: tl.constexpr, HAS_DW2: tl.constexpr):
     """The module docstring's pass over rows ``BLOCK_T·pid …``; ``SIZE = (rows, seqlen, heads,
-    headdim)``."""
+    headdim)``; ``SECOND = (Y2, W2, DW2)``, read with ``HAS_Y2``."""
     ROWS, N, H, D = SIZE
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     ok = rows < ROWS
@@ -47,6 +50,14 @@ def axpy_rows(X, Y, A, W, OUT, DW, SIZE, BLOCK_T: tl.constexpr, BLOCK_D: tl.cons
     if HAS_A:
         out += tl.load(_offsets(A, rows, SIZE)[:, None] + cols[None, :], mask=mask,
                        other=0.0).to(tl.float32)
+    if HAS_Y2:
+        Y2, W2, DW2 = SECOND
+        y2 = tl.load(_offsets(Y2, rows, SIZE)[:, None] + cols[None, :], mask=mask,
+                     other=0.0).to(tl.float32)
+        w2 = tl.load(_offsets(W2, rows, SIZE), mask=ok, other=0.0)
+        out += y2 * w2.to(OUT.dtype.element_ty).to(tl.float32)[:, None]
+        if HAS_DW2:
+            tl.store(DW2 + rows, tl.sum(x.to(tl.float32) * y2, axis=1), mask=ok)
     tl.store(OUT + rows[:, None] * D + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
     if HAS_DW:
         tl.store(DW + rows, tl.sum(x.to(tl.float32) * y, axis=1), mask=ok)

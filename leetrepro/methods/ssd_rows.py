@@ -35,56 +35,93 @@ def _on_kernel(x: torch.Tensor) -> bool:
 
 @torch.library.custom_op("leetrepro::ssd_rows", mutates_args=())
 def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torch.Tensor | None,
-             want_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(add + (y or x)·w, Σ_d x·y)``: the first in x's dtype, contiguous ``(batch, seqlen,
-    heads, headdim)``, w (float32 ``(batch, seqlen, heads)``, any strides, 0 for a per-head
-    factor) rounded to x's dtype; the second float32 ``(batch, seqlen, heads)`` with
-    ``want_dw`` (empty without)."""
+             want_dw: bool, w2: torch.Tensor | None = None, y2: torch.Tensor | None = None,
+             want_dw2: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(add + (y or x)·w + y2·w2, Σ_d x·y, Σ_d x·y2)``: the first in x's dtype, contiguous
+    ``(batch, seqlen, heads, headdim)``, w and w2 (float32 ``(batch, seqlen, heads)``, any
+    strides, 0 for a per-head factor) rounded to x's dtype, the y2 term only with y2 given; the
+    others float32 ``(batch, seqlen, heads)`` with ``want_dw`` (``want_dw2``), empty without."""
     batch, n, heads, d = x.shape
+    second = y2 is not None
+    empty = x.new_empty(0, dtype=torch.float32)
     if not _on_kernel(x) or x.numel() == 0:
         out = (x if y is None else y) * w.to(x.dtype)[..., None]
-        out = (out if add is None else add + out).to(x.dtype).contiguous()
-        dw = (x.float() * y.float()).sum(-1) if want_dw else x.new_empty(0, dtype=torch.float32)
-        return out, dw
-    x, y, add = (rows_contiguous(t) for t in (x, y, add))
+        out = out if add is None else add + out
+        if second:
+            out = out + y2 * w2.to(x.dtype)[..., None]
+        dw = (x.float() * y.float()).sum(-1) if want_dw else empty
+        dw2 = (x.float() * y2.float()).sum(-1) if second and want_dw2 else empty.clone()
+        return out.to(x.dtype).contiguous(), dw, dw2
+    x, y, add, y2 = (rows_contiguous(t) for t in (x, y, add, y2))
     rows = batch * n * heads
     out = torch.empty(batch, n, heads, d, dtype=x.dtype, device=x.device)
-    dw = torch.empty(batch, n, heads, dtype=torch.float32, device=x.device) if want_dw else \
-        x.new_empty(0, dtype=torch.float32)
+    dw, dw2 = (torch.empty(batch, n, heads, dtype=torch.float32, device=x.device) if want else
+               x.new_empty(0, dtype=torch.float32) for want in (want_dw, second and want_dw2))
     block_d = next_pow2(d)
     block_t = max(1, 4096 // block_d)
     launch(row_kernels.axpy_rows, (cdiv(rows, block_t),),
            # (strided: the (batch, seqlen, heads) strides, as the kernels' (batch, heads, N))
            dict(X=strided(x), Y=strided(y), A=strided(add), W=strided(w.float()), OUT=out, DW=dw,
+                SECOND=(strided(y2), strided(w2.float()), dw2) if second else (None, None, None),
                 SIZE=(rows, n, heads, d), BLOCK_T=block_t, BLOCK_D=block_d, HAS_Y=y is not None,
-                HAS_A=add is not None, HAS_DW=want_dw), num_warps=4)
-    return out, dw
+                HAS_A=add is not None, HAS_DW=want_dw, HAS_Y2=second,
+                HAS_DW2=second and want_dw2), num_warps=4)
+    return out, dw, dw2
 
 
 @ssd_rows.register_fake
-def _(x, w, y, add, want_dw):
+def _(x, w, y, add, want_dw, w2=None, y2=None, want_dw2=False):
     batch, n, heads, d = x.shape
     return (x.new_empty(batch, n, heads, d),
-            x.new_empty((batch, n, heads) if want_dw else (0,), dtype=torch.float32))
+            x.new_empty((batch, n, heads) if want_dw else (0,), dtype=torch.float32),
+            x.new_empty((batch, n, heads) if y2 is not None and want_dw2 else (0,),
+                        dtype=torch.float32))
+
+
+def _per_head(D: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """D ``(heads,)`` as a float32 per-row factor of x's ``(batch, seqlen, heads)`` rows
+    (strides 0 over batch and seqlen)."""
+    return D.float()[None, None].expand(x.shape[0], x.shape[1], -1)
 
 
 class _ScaleRows(torch.autograd.Function):
     """V' = dt·x; backward dx = dt·dV' and ddt = Σ_d x·dV' in one pass. With ``alias``, x is a
-    second output (a view), whose gradient (the skip's D·dy) is added to dx in that same pass:
-    autograd would otherwise sum the two dx in a pass of its own (read two, write one)."""
+    second output (a view) for the skip, whose gradient is added to dx in that same pass:
+    autograd would otherwise sum the two dx in a pass of their own (read two, write one). With
+    ``D`` (heads,) too, that alias is only :class:`_SkipOnAlias`' and its gradient is the skip's
+    dy itself: this pass makes dt·dV' + D·dy and D's rows Σ x·dy, and the skip's backward moves
+    nothing (read x, dV', dy and write dx, where two passes read five tensors and wrote two)."""
 
     @staticmethod
-    def forward(ctx, x, dt, alias):
-        ctx.save_for_backward(x, dt)
+    def forward(ctx, x, dt, alias, D):
+        ctx.save_for_backward(x, dt, D)
         v = ssd_rows(x, dt, None, None, False)[0]
         return (v, x.view_as(x)) if alias else v
 
     @staticmethod
-    def backward(ctx, dv, dx_other=None):
-        x, dt = ctx.saved_tensors
-        dx, ddt = ssd_rows(x, dt, dv, dx_other, ctx.needs_input_grad[1])
-        return (dx if ctx.needs_input_grad[0] else None,
-                ddt if ctx.needs_input_grad[1] else None, None)
+    def backward(ctx, dv, d_alias=None):
+        x, dt, D = ctx.saved_tensors
+        want_dx, want_ddt = ctx.needs_input_grad[:2]
+        want_dD = D is not None and ctx.needs_input_grad[3] and d_alias is not None
+        if D is not None and d_alias is not None:
+            dx, ddt, dD = ssd_rows(x, dt, dv, None, want_ddt, _per_head(D, x), d_alias, want_dD)
+        else:
+            dx, ddt, _ = ssd_rows(x, dt, dv, d_alias, want_ddt)
+        return (dx if want_dx else None, ddt if want_ddt else None, None,
+                dD.sum((0, 1)).to(D.dtype) if want_dD else None)
+
+
+class _SkipOnAlias(torch.autograd.Function):
+    """y = o + D·x' for the alias x' of :class:`_ScaleRows` with D: backward do = dy, and dy as
+    x''s gradient, which that class's backward multiplies by D (and takes dD from)."""
+
+    @staticmethod
+    def forward(ctx, o, x_alias, D):
+        return ssd_rows(x_alias, _per_head(D, x_alias), None, o, False)[0]
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, dy, None
 
 
 class _Skip(torch.autograd.Function):
@@ -92,7 +129,7 @@ class _Skip(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, x, D):
-        w = D.float()[None, None].expand(x.shape[0], x.shape[1], -1)
+        w = _per_head(D, x)
         ctx.save_for_backward(x, w)
         return ssd_rows(x, w, None, o, False)[0]
 
@@ -101,7 +138,7 @@ class _Skip(torch.autograd.Function):
         x, w = ctx.saved_tensors
         want_dD = ctx.needs_input_grad[2]
         if ctx.needs_input_grad[1] or want_dD:
-            dx, dw = ssd_rows(x, w, dy, None, want_dD)
+            dx, dw, _ = ssd_rows(x, w, dy, None, want_dD)
         return (dy if ctx.needs_input_grad[0] else None,
                 dx if ctx.needs_input_grad[1] else None,
                 dw.sum((0, 1)) if want_dD else None)
@@ -109,14 +146,26 @@ class _Skip(torch.autograd.Function):
 
 def scale_rows(x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
     """``x · dt[..., None]`` (dt rounded to x's dtype), contiguous; differentiable in both."""
-    return _ScaleRows.apply(x, dt, False)
+    return _ScaleRows.apply(x, dt, False, None)
 
 
 def scale_rows_and_alias(x: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scale_rows(x, dt), x')``, x' a view of x to use in x's other place (the skip
     :func:`skip_rows`): x's two gradients are then summed in the pass that makes dt·dV', not in
     a pass of their own."""
-    return _ScaleRows.apply(x, dt, True)
+    return _ScaleRows.apply(x, dt, True, None)
+
+
+def scale_rows_and_skip(x: torch.Tensor, dt: torch.Tensor, D: torch.Tensor) -> tuple:
+    """``(V', skip)``: V' = ``scale_rows(x, dt)`` and ``skip(o)`` = :func:`skip_rows` ``(o, x,
+    D)``, differentiable in x, dt, D and o, their backward one pass over x-sized tensors (x,
+    dV', dy read, dx written: dt·dV' + D·dy, with dt's and D's gradients). D ``(heads,)``; a
+    ``(heads, headdim)`` D takes :func:`scale_rows_and_alias` and PyTorch's ``addcmul``."""
+    if D.dim() != 1:
+        v, x_alias = scale_rows_and_alias(x, dt)
+        return v, lambda o: skip_rows(o, x_alias, D)
+    v, x_alias = _ScaleRows.apply(x, dt, True, D)
+    return v, lambda o: _SkipOnAlias.apply(o, x_alias, D)
 
 
 def skip_rows(o: torch.Tensor, x: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
