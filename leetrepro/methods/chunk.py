@@ -176,12 +176,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
 
     ``gate_grad`` (the backward with per-token gates): where the gates' gradient comes from.
-    ``"auto"``: from the sweeps' pieces (one kernel fewer and no workspace beyond a float per
-    row: faster), except for fp32 inputs at ``fp32_precision="tf32"``, whose rounding the
-    pieces would add up across the chunks they telescope over, and where r or d exceeds 128
-    (``ops.PIECES_MAX_WIDTH``: the sweeps carrying them run on the portable kernel only, which
-    there loses to the straddle kernel beside the Hopper sweeps, NOTES.md); there from the
-    straddle kernel.
+    ``"auto"``: from the sweeps' pieces (one kernel fewer, no workspace beyond a float per row),
+    except at fp32 with ``fp32_precision="tf32"`` (whose rounding the pieces would add up over
+    the chunks) and past r or d = 128 (``ops.PIECES_MAX_WIDTH``): there the straddle kernel.
     In fp16/bf16 the sweeps carrying the pieces take two more 16-bit products a chunk (what the
     state's operand and its update's rows round away), which keeps dg within 1.3× of the
     straddle kernel's error (NOTES.md). ``"sweeps"``: from the pieces always; ``"straddle"``:
