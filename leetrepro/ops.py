@@ -54,10 +54,10 @@ each term with its own sign: the straddle kernel (:func:`leetrepro.methods.chunk
 segments' ends, in the inputs' dtype, and asks for no sweep (frozen B and C cost nothing).
 Chunk's backward sweeps hold the same pairs as pieces, and where they run (by default fp16,
 bf16 and fp32 with exact products, r and d up to 128: :func:`_in_sweeps`) dg comes from them
-instead, with no kernel of its own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`). Where neither runs
-(float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on float64 copies (the
-PyTorch methods; fp32 copies at fp32-exact dots for a method without float64) and S_N taken
-again (``reference.GATE_GRAD_TOLERANCE``).
+instead, with no kernel of its own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`).
+Where neither runs (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on
+float64 copies (the PyTorch methods; fp32 copies at fp32-exact dots for a method without
+float64) and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
 
 **Groups**: B and C may have fewer heads than V (each shared by a group of heads, Mamba-2's
 B and C): a method with ``Method.groups`` (Chunk) reads a group's rows for each head in place and

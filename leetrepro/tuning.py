@@ -13,7 +13,7 @@ file                   key → value                                  read by
 ``chunk_config.csv``   (operand kind, decay) → (BLOCK_N, stages)    :func:`launch_table`
                                                                     (Chunk's portable kernel)
 ``la_config.csv``      (operand kind, decay) → (warps, stages)      :func:`launch_table` (LA)
-``chunk_kernel.csv``   (kind, dtype, decay, regime, r, d) → kernel        :func:`kernel_table`
+``chunk_kernel.csv``   (kind, dtype, mask, regime, r, d) → kernel  :func:`kernel_table`
                                                                     (Chunk: portable or Hopper)
 =====================  ==========================================  ===========================
 

@@ -117,24 +117,24 @@ def head_shapes(names=None) -> tuple:
 KERNEL_GROUPS = 1
 
 
-def kernel_rows(device, meta: dict, reps: int, heads=None, kinds=None) -> list[dict]:
-    """Chunk's portable and Hopper kernels at every regime's shapes, each head shape of
-    :func:`head_shapes` (``heads``), fp16/bf16 and fp32 (tf32; ``kinds``: those operand kinds
-    only), both masks: one row per cell with both medians (calls interleaved in one process). Each
-    cell twice: the forward, and the backward's dual sweep (dV and dC in reverse time: what
-    ``kernel="hopper"`` runs for it, its own dual sweep at r = d ≤ 128 in fp16/bf16, elsewhere two
-    of its plain sweeps, against the portable kernel's one dual sweep; ``dual`` column; only where
-    the backward runs a dual sweep, r and d ≤ 128). The micro-batch shape is measured again with
-    B and C in :data:`KERNEL_GROUPS` groups (``groups`` column; 0: a head each). A cell the Hopper
-    kernel cannot take (fp32 at r = 256) is left out: the table has no row for it, and the
-    portable kernel runs it."""
+def kernel_rows(device, meta: dict, reps: int, shapes=None, kinds=None) -> list[dict]:
+    """Chunk's portable and Hopper kernels at every regime's shapes, each head shape ``(r, d,
+    heads)`` of ``shapes`` (default :func:`head_shapes`), fp16/bf16 and fp32 (tf32; ``kinds``:
+    those operand kinds only), both masks: one row per cell with both medians (calls interleaved
+    in one process). Each cell twice: the forward, and the backward's dual sweep (dV and dC in
+    reverse time: what ``kernel="hopper"`` runs for it, its own dual sweep at r = d ≤ 128 in
+    fp16/bf16, elsewhere two of its plain sweeps, against the portable kernel's one dual sweep;
+    ``dual`` column; only where the backward runs a dual sweep, r and d ≤ 128). The micro-batch
+    shape is measured again with B and C in :data:`KERNEL_GROUPS` groups (``groups`` column; 0:
+    a head each). A cell the Hopper kernel cannot take (fp32 at r = 256) is left out: the table
+    has no row for it, and the portable kernel runs it."""
     from ..methods.chunk import few_lanes, operand_kind
     rows = []
     dtypes = [t for t in (torch.float16, torch.bfloat16, torch.float32)
               if kinds is None or operand_kind(t, "tf32") in kinds]
-    for r, d, h in head_shapes(heads):
-        for split, shapes in KERNEL_SHAPES.items():
-            for batch, n in shapes:
+    for r, d, h in shapes or head_shapes():
+        for split, sizes in KERNEL_SHAPES.items():
+            for batch, n in sizes:
                 few = not split and few_lanes(batch * h, device)
                 for groups in ((0, KERNEL_GROUPS) if few else (0,)):
                     for dtype in dtypes:
@@ -296,15 +296,14 @@ def main(argv=None) -> int:
             # (written after each head shape, its rows replacing that shape's: a run cut short
             # keeps what it measured)
             for r, d, h in head_shapes(args.heads):
-                name = f"{r}x{d}"
-                df = pd.DataFrame(kernel_rows(device, meta, args.reps, [name], args.kinds))
+                df = pd.DataFrame(kernel_rows(device, meta, args.reps, [(r, d, h)], args.kinds))
                 if df.empty:  # none of --kinds is the kernel table's
                     break
                 table = kernel_table(df, meta)
                 write_rows(df, os.path.join(out, "chunk_kernel_sweep.csv"), args.kinds, {(r, d)})
                 write_rows(table, os.path.join(out, "chunk_kernel.csv"), args.kinds, {(r, d)})
                 print(table.to_string(index=False))
-                print(f"-> {out}/chunk_kernel.csv ({name})", flush=True)
+                print(f"-> {out}/chunk_kernel.csv ({r}x{d})", flush=True)
             continue
         df = pd.DataFrame(sweep(method, device, meta, args.reps, args.kinds))
         if df.empty:  # none of --kinds is one of this method's

@@ -43,20 +43,20 @@ def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torc
     others float32 ``(batch, seqlen, heads)`` with ``want_dw`` (``want_dw2``), empty without."""
     batch, n, heads, d = x.shape
     second = y2 is not None
-    empty = x.new_empty(0, dtype=torch.float32)
+    want_dw2 = second and want_dw2
     if not _on_kernel(x) or x.numel() == 0:
         out = (x if y is None else y) * w.to(x.dtype)[..., None]
         out = out if add is None else add + out
         if second:
             out = out + y2 * w2.to(x.dtype)[..., None]
-        dw = (x.float() * y.float()).sum(-1) if want_dw else empty
-        dw2 = (x.float() * y2.float()).sum(-1) if second and want_dw2 else empty.clone()
+        dw, dw2 = ((x.float() * t.float()).sum(-1) if want else x.new_empty(0, dtype=torch.float32)
+                   for t, want in ((y, want_dw), (y2, want_dw2)))
         return out.to(x.dtype).contiguous(), dw, dw2
     x, y, add, y2 = (rows_contiguous(t) for t in (x, y, add, y2))
     rows = batch * n * heads
     out = torch.empty(batch, n, heads, d, dtype=x.dtype, device=x.device)
     dw, dw2 = (torch.empty(batch, n, heads, dtype=torch.float32, device=x.device) if want else
-               x.new_empty(0, dtype=torch.float32) for want in (want_dw, second and want_dw2))
+               x.new_empty(0, dtype=torch.float32) for want in (want_dw, want_dw2))
     block_d = next_pow2(d)
     block_t = max(1, 4096 // block_d)
     launch(row_kernels.axpy_rows, (cdiv(rows, block_t),),
@@ -64,8 +64,8 @@ def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torc
            dict(X=strided(x), Y=strided(y), A=strided(add), W=strided(w.float()), OUT=out, DW=dw,
                 SECOND=(strided(y2), strided(w2.float()), dw2) if second else (None, None, None),
                 SIZE=(rows, n, heads, d), BLOCK_T=block_t, BLOCK_D=block_d, HAS_Y=y is not None,
-                HAS_A=add is not None, HAS_DW=want_dw, HAS_Y2=second,
-                HAS_DW2=second and want_dw2), num_warps=4)
+                HAS_A=add is not None, HAS_DW=want_dw, HAS_Y2=second, HAS_DW2=want_dw2),
+           num_warps=4)
     return out, dw, dw2
 
 
