@@ -465,7 +465,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     pieces = None
     if in_sweeps:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
         need_b, need_v = True, True
-        opts, pieces = _piece_sweeps(opts, B, V, need_c and m.dual and m.reverse, cu_seqlens)
+        opts, pieces = _piece_sweeps(opts, dO, B, C, V, need_c and m.dual and m.reverse,
+                                     cu_seqlens)
     elif need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     wide_dtype = torch.float64 if torch.float64 in m.dtypes else torch.float32
@@ -516,7 +517,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # back: the forward's S_N, rounded as 16-bit sweeps round it, would put that rounding
         # into ⟨dS_N, S_N⟩, which joins every row's dg)
         exact_sn = pieces is not None and dS is not None
-        dB, SNt = run(m, opts if pieces is None else dict(opts, config=pieces["configs"][0]),
+        dB, SNt = run(m, opts if pieces is None else _piece_opts(opts, pieces, 0),
                       dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
                       gate_pieces=None if pieces is None else (B, *pieces["forward"]), **call)
         if exact_sn:
@@ -524,14 +525,15 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     rev_opts = opts
     if pieces is not None:
         rev = (V if not pieces["dual"] else None, *pieces["reverse"])
-        rev_opts = dict(opts, config=pieces["configs"][1])
+        rev_opts = _piece_opts(opts, pieces, 1)
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
     X = None if dS is None else _per_head(dS, gamma, -1) / scale
     # one sweep per gradient asked for, and none for the rest: dV's and dC's reverse sweeps share
     # their state (transposed), so a method with a dual mode does both in one sweep only when
     # both are wanted (dS0 comes from either sweep's final state, R or Rᵀ)
-    if need_c and (need_v or need_s0) and m.dual and m.reverse and _dual_fits(B, V):
+    if need_c and (need_v or need_s0) and m.dual and m.reverse and _dual_fits(B, V) and \
+            (pieces is None or pieces["dual"]):
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
         (dV, dC), R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
@@ -552,6 +554,10 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     if pieces is not None:
         from .methods import chunk
         tail = _final_pairs(dS, SN)
+        for i, name in enumerate(("forward", "reverse")):  # (the Hopper kernel's rows: their
+            # sums within each chunk taken here)
+            if pieces["hopper"][i]:
+                pieces[name] = chunk.hopper_row_pieces(pieces[name][0], pieces["block"], i == 1)
         dg = _into(chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
                                                    pieces["block"], cu_seqlens,
                                                    None if tail is None else tail / scale, scale)
@@ -619,24 +625,43 @@ def _in_sweeps(m: Method, opts: dict, B: torch.Tensor, V: torch.Tensor) -> bool:
     return V.dtype != torch.float32 or _exact_dots(m, opts, V.dtype)
 
 
-def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
+def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     """``(opts, pieces)`` of a gated backward whose sweeps carry dg's pieces: the options with
     the row block both sweeps take (:func:`leetrepro.methods.chunk.gate_grad_block`), and
     ``pieces``: the dB sweep's buffers (``forward``: r value columns beside d-wide rows), the
     reverse sweep's (dV's d columns beside r-wide rows; ``dual``: with dC's, where the dual
     sweep can take them), the ``block`` and each sweep's launch ``configs`` (the row block, and
-    a plain sweep's value columns at most :data:`leetrepro.methods.chunk.PIECE_COLS`)."""
+    a plain sweep's value columns at most :data:`leetrepro.methods.chunk.PIECE_COLS`).
+    ``hopper``: the value columns a program holds (DC, 0 for the portable kernel) of the dB
+    sweep and of the reverse sweep where each takes its pieces on the Hopper kernel
+    (:func:`leetrepro.methods.chunk.hopper_pieces`; not with the caller's config): then dV's
+    sweep apart from dC's, a portable sweep beside it at that kernel's row block (where its own
+    holds as many rows), its buffer the kernel's rows (a block per consumer; no totals:
+    :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them)."""
     from .methods import chunk
     from .methods._gpu import dot_precision
     r, d = B.shape[-1], V.shape[-1]
     batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
-    dual = dual and _dual_fits(B, V)
     precision = dot_precision(V.dtype, opts.get("fp32_precision", "tf32"))
+    hopper = [0, 0]  # (the dB sweep's DC, the reverse sweep's)
+    if not opts.get("config") and opts.get("kernel", "auto") != "portable":
+        hopper = [chunk.hopper_pieces(x, y, z, w, reverse=rev, cu_seqlens=cu_seqlens) or 0
+                  for x, y, z, w, rev in ((dO, V, C, B, False), (C, B, dO, V, True))]
+    if any(hopper) and not all(hopper):  # (the portable sweep beside it at 64-row chunks)
+        cfg = (dict(row=d, width=r, dual=False), dict(row=r, width=d,
+                                                      dual=dual and _dual_fits(B, V)))
+        portable = cfg[hopper.index(0)]
+        if chunk.chunk_config(portable["row"], portable["width"], V.dtype, precision, True,
+                              dual=portable["dual"], device=V.device)["BLOCK_N"] \
+                < chunk.HOPPER["BLOCK_N"]:
+            hopper = [0, 0]
+    dual = dual and _dual_fits(B, V) and not hopper[1]
     # (a row block the caller's config names serves both; each plain sweep its own value
     # columns, at most chunk.PIECE_COLS, unless the caller's config names them: the dual sweep
     # holds its whole state)
-    config = dict(BLOCK_N=chunk.gate_grad_block(r, d, V.dtype, precision, dual, V.device)) | \
-        (opts.get("config") or {})
+    block = chunk.HOPPER["BLOCK_N"] if any(hopper) else \
+        chunk.gate_grad_block(r, d, V.dtype, precision, dual, V.device)
+    config = dict(BLOCK_N=block) | (opts.get("config") or {})
     block = config["BLOCK_N"]
     seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
     configs = tuple((dict(BLOCK_D=chunk.piece_cols(row, width)) if capped else {}) | config
@@ -646,9 +671,21 @@ def _piece_sweeps(opts: dict, B, V, dual: bool, cu_seqlens) -> tuple:
         return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
                                         precision=precision, dual=with_dc, device=V.device,
                                         config=cfg)
-    return dict(opts, config=config), dict(forward=buffers(r, d, configs[0]),
-                                           reverse=buffers(d, r, configs[1], dual),
-                                           block=block, dual=dual, configs=configs)
+    def rows(width, dc):  # (the Hopper kernel's: a block per consumer's DC/2 columns)
+        return torch.empty(2 * width // dc, batch, heads, n, dtype=torch.float32,
+                           device=V.device), None
+    return dict(opts, config=config), dict(
+        forward=rows(r, hopper[0]) if hopper[0] else buffers(r, d, configs[0]),
+        reverse=rows(d, hopper[1]) if hopper[1] else buffers(d, r, configs[1], dual),
+        block=block, dual=dual, configs=configs, hopper=hopper)
+
+
+def _piece_opts(opts: dict, pieces: dict, i: int) -> dict:
+    """The options of the dB sweep (``i`` 0) or the reverse sweep (1) carrying the pieces: its
+    launch config on the portable kernel, or the Hopper kernel asked for by name with its DC."""
+    if pieces["hopper"][i]:
+        return dict(opts, config=dict(DC=pieces["hopper"][i]), kernel="hopper")
+    return dict(opts, config=pieces["configs"][i])
 
 
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):

@@ -723,3 +723,113 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
         assert 0 < shared <= 232448, line
         budget = {"segment_states": 400, "straddle_gradient": 1900}[line.split()[1]]
         assert spill_bytes(line) <= (3 * budget if " fp32 " in line else budget), line
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_hopper_kernel_s_rows_become_the_sweeps_pieces(reverse):
+    """``chunk.hopper_row_pieces``: the Hopper kernel's rows q (a block per consumer's columns)
+    summed over the blocks, then per chunk of physical rows each row's sum of q over the rows
+    from it to the chunk's end (forward in time: I + II) or over the rows before it (reverse:
+    III, the rows logically after it), and each chunk's total, as the portable kernel's sweeps
+    write their pieces; N not a multiple of the chunk."""
+    from leetrepro.methods import chunk
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 2, 3, 150, generator=gen)
+    rows, totals = chunk.hopper_row_pieces(q, 64, reverse)
+    assert rows.shape == (1, 2, 3, 150) and totals.shape == (1, 6, 3)
+    s = q.double().sum(0)
+    for t in (0, 1, 63, 64, 100, 128, 149):
+        first = t // 64 * 64
+        want = s[1, 2, first:t] if reverse else s[1, 2, t:first + 64]
+        assert abs(rows[0, 1, 2, t].item() - want.sum().item()) <= 1e-4
+    want = torch.stack([s[..., c * 64:(c + 1) * 64].sum(-1) for c in range(3)], -1)
+    assert torch.allclose(totals[0].double(), want.reshape(6, 3), atol=1e-4)
+
+
+def test_the_reverse_sweep_s_pieces_take_the_hopper_kernel_where_its_programs_fill_the_gpu(
+        monkeypatch):
+    """``chunk.hopper_pieces``: where the Hopper kernel can take the pieces (here said so), its
+    value columns a program (at most ``chunk.PIECES_DC``) halve (down to 32) until the programs
+    fill the SMs; too few lanes even then, the switch off, or the portable kernel forced: None
+    (the portable sweeps)."""
+    from leetrepro.methods import chunk
+    monkeypatch.setattr(chunk, "hopper_pieces_unfit", lambda *a, **k: None)
+    monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
+
+    def dc(batch, heads, r, d, reverse=True):
+        B = torch.empty(batch, heads, 64, r, dtype=torch.bfloat16)
+        V = torch.empty(batch, heads, 64, d, dtype=torch.bfloat16)
+        return chunk.hopper_pieces(B, B, V, V, reverse=reverse)
+    assert dc(2, 128, 128, 64) == 64  # (256 programs of 64 columns)
+    assert dc(2, 64, 128, 64) == 32  # (128 lanes: two programs a lane)
+    assert dc(8, 32, 128, 128) == 64  # (the most a program holds beside the pieces)
+    assert dc(8, 32, 128, 128, reverse=False) == 32
+    assert dc(8, 32, 64, 128, reverse=False) == 64
+    assert dc(1, 16, 128, 64) is None  # (32 programs at 32 columns)
+    monkeypatch.setattr(chunk, "HOPPER_PIECES", False)
+    assert dc(2, 128, 128, 64) is None
+    monkeypatch.setattr(chunk, "HOPPER_PIECES", True)
+    chunk.force_kernel("portable")
+    try:
+        assert dc(2, 128, 128, 64) is None
+    finally:
+        chunk.force_kernel(None)
+
+
+def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():
+    from leetrepro.methods import chunk
+    B, C, V = make_inputs(1, 2, 64, 64, 64, dtype=torch.bfloat16)
+    assert "dual output" in chunk.hopper_pieces_unfit(B, C, V, V, dual=True)
+    assert "GPU" in chunk.hopper_pieces_unfit(B, C, V, V)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("r, d, dtype, states, reset", [
+    (128, 64, torch.bfloat16, False, False), (64, 64, torch.float16, True, False),
+    (128, 128, torch.bfloat16, False, True), (128, 128, torch.float16, True, False)])
+def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, r, d, dtype, states,
+                                                            reset):
+    """On an sm_90 GPU, both sweeps' pieces taken on the Hopper kernel (forced at a small
+    shape: the lanes' rule waived) give every gradient within the contract of float64 (dg within
+    GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of the chunk, states in and out, a
+    hard reset; the same bits twice."""
+    from leetrepro.methods import chunk
+    from leetrepro.reference import rel_error
+    if chunk.hopper_unfit(*make_inputs(1, 1, 64, 64, 64, dtype=dtype, device="cuda"), None):
+        pytest.skip("needs an sm_90 GPU")
+    monkeypatch.setattr(chunk, "sm_count", lambda device: 1)
+    calls = []
+    real = chunk.hopper_row_pieces
+    monkeypatch.setattr(chunk, "hopper_row_pieces",
+                        lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    b, h, n = 2, 4, 1000
+    gen = torch.Generator().manual_seed(11)
+    B, C = (torch.randn(b, 2, n, r, generator=gen) / r ** 0.5 for _ in range(2))
+    V = torch.randn(b, h, n, d, generator=gen)
+    g = _gates(b, h, n, seed=12)
+    if reset:
+        g[:, :, n // 3] = -1e4
+    S0 = torch.randn(b, h, r, d, generator=gen) if states else None
+    dO = torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    dS = torch.randn(b, h, r, d, generator=gen, dtype=torch.float64) if states else None
+
+    def grads(xs, method):
+        xs = [x.to("cuda").requires_grad_() for x in xs]
+        out = causal_linear_decoder(*xs[:3], g=xs[3], method=method, output_final_state=states,
+                                    initial_state=None if S0 is None else
+                                    S0.to("cuda", torch.float64 if method == "LA_torch" else
+                                          torch.float32))
+        o, sn = out if states else (out, None)
+        loss = (o.double() * dO.cuda()).sum() + \
+            (0.0 if sn is None else (sn.double() * dS.cuda()).sum())
+        return [t.double().cpu() for t in torch.autograd.grad(loss, xs)]
+    want = grads([t.double() for t in (B, C, V, g)], "LA_torch")
+    got = grads([t.to(dtype) for t in (B, C, V)] + [g], "Chunk")
+    assert sorted(calls) == [False, True], "the Hopper kernel's pieces were not taken"
+    for name, a, w in zip("BCVg", got, want):
+        tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
+        assert rel_error(a, w) <= tol, f"d{name}: {rel_error(a, w):.2e}"
+    again = grads([t.to(dtype) for t in (B, C, V)] + [g], "Chunk")
+    assert all(torch.equal(a, w) for a, w in zip(got, again))

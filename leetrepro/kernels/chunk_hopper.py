@@ -77,6 +77,20 @@ into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and 
 the mask: every exponent a difference within a tile, the later row first. A segment's decay is
 the sum of its tiles' totals, summed in its first pass.
 
+The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane,
+no dual output: the backward's dB sweep forward in time, its dV sweep in reverse): each row's
+dot of its part from the entering state with a fourth input's row (E: the forward's B in the dB
+sweep, its V in the dV sweep), e_i = Σ over the consumer's columns of (b_i H)[i, ·] ⊙ E[i, ·],
+plus forward in time the chunk's own pairs' part δ_i (:func:`_own_pairs`, from the masked
+scores times E's tile against the v tile: one more BLOCK_N × BLOCK_N × DH wgmma), stored as
+float32 per consumer (a block of ``D/DH`` rows' buffers); the within-chunk running sums and the
+chunk totals are the launcher's (``leetrepro.methods.chunk.hopper_row_pieces``), so the chunk
+loop adds no scan. E's tile is loaded from global memory before the ring wait (L2-resident, no
+shared memory). The pieces telescope over the chunks, so the two
+16-bit roundings the sweep makes are taken back as the portable kernel's ``EXACT`` does: the
+state's copy has a second copy of its remainder (one more wgmma into O's accumulator), the
+weighted v a second tile of its remainder (one more into the state's update).
+
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
@@ -218,7 +232,7 @@ def _store_half(desc, buf, x, up, scale, bb, hh, row, col, BLOCK_N: gl.constexpr
 
 @gluon.jit
 def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
-                    dtype: gl.constexpr, K: gl.constexpr, gates=None):
+                    dtype: gl.constexpr, K: gl.constexpr, gates=None, vwl_s=None):
     """For state ← λ^L state + cᵀ (diag(λ^(L-1-j)) v) over a chunk of L rows: (λ^L state, the A
     operand, the B operand). Done before any MMA of the chunk is issued, so that ptxas need not
     serialise them.
@@ -230,14 +244,19 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
     half is transposed in place in its ring slot (the B operand, unweighted: the masked part of O
     reads it too), and the A operand is c's tile itself, which :func:`_ct_part` loads to registers
     weighted, half the chunk's rows at a time. With ``gates`` (fp16/bf16): exp(G_L − G_j) and
-    exp(G_L) (rows past the lane's end weighed 0)."""
+    exp(G_L) (rows past the lane's end weighed 0); ``vwl_s`` (``GATE_GRAD``): the weighted v's
+    16-bit remainder stored there too."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
     REVERSE: gl.constexpr = K.REVERSE
     if gates is not None:
         w_out = gl.where(kr < length, gl.exp(gates[2] - gates[0]), 0.0)
-        vw_s.store((v_t.load(acc_l).to(gl.float32) * w_out[:, None]).to(dtype))
+        vw = v_t.load(acc_l).to(gl.float32) * w_out[:, None]
+        vw16 = vw.to(dtype)
+        vw_s.store(vw16)
+        if vwl_s is not None:
+            vwl_s.store((vw - vw16.to(gl.float32)).to(dtype))
         return state * gl.exp(gates[2]), c_t.permute((1, 0)), vw_s
     elif dtype == gl.float32:
         if HAS_DECAY:
@@ -369,7 +388,7 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE GROUPS", defaults=((1, 1, 1, 1),))
+                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD", defaults=((1, 1, 1, 1), False))
 
 
 @gluon.constexpr_function
@@ -385,7 +404,8 @@ class Program:
     unit (lane and block of DC value columns, from column ``col0``), the segment ``seg``: chunks
     ``i0 .. i0+steps-1`` of the lane's sweep, ``n`` rows, ``last`` of its lane; the lane's N and
     log λ (``lg``, 0.0 for the 0-1 mask), and its row of the gates' tile sums (``gates``, None
-    without ``HAS_GATE``)."""
+    without ``HAS_GATE``); with ``GATE_GRAD`` its rows of E (``e_rows``, row stride ``e_sr``)
+    and its row of the pieces' first block (``dg``, blocks ``dg_blk`` apart), else None."""
     bb: gl.base_value
     hh: gl.base_value
     N: gl.base_value
@@ -399,13 +419,20 @@ class Program:
     col0: gl.base_value
     lg: gl.base_value
     gates: gl.base_value
+    e_rows: gl.base_value
+    e_sr: gl.base_value
+    dg: gl.base_value
+    dg_blk: gl.base_value
 
     @gluon.constexpr_function
-    def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates):
+    def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates,
+                 e_rows=None, e_sr=None, dg=None, dg_blk=None):
         self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
         self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
         self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
         self.gates = _field(gates)
+        self.e_rows, self.e_sr, self.dg, self.dg_blk = _field(e_rows), _field(e_sr), \
+            _field(dg), _field(dg_blk)
 
     @gluon.jit
     def chunk(self, i, K: gl.constexpr):
@@ -496,17 +523,21 @@ class Staging:
     """A consumer's shared memory besides the ring, both consumers' side by side: the state's
     copies (the B operand of b·H; fp32: two halves, K-major), O's staging (fp32: in the ring's V
     tiles, None here), the weighted v (fp16/bf16 with the decay), and with ``DUAL`` the copies'
-    barriers (0: both written, 1: both read) and, in fp16, their scales (None where unused)."""
+    barriers (0: both written, 1: both read) and, in fp16, their scales; with ``GATE_GRAD`` the
+    16-bit remainders of the state's copies and of the weighted v (None where unused)."""
     h: gl.shared_memory_descriptor
     o: gl.base_value
     vw: gl.base_value
     hbar: gl.base_value
     hs_up: gl.base_value
+    hl: gl.base_value
+    vwl: gl.base_value
 
     @gluon.constexpr_function
-    def __init__(self, h, o, vw, hbar, hs_up):
+    def __init__(self, h, o, vw, hbar, hs_up, hl=None, vwl=None):
         self.h, self.o, self.vw = h, _field(o), _field(vw)
         self.hbar, self.hs_up = _field(hbar), _field(hs_up)
+        self.hl, self.vwl = _field(hl), _field(vwl)
 
 
 @gluon.jit
@@ -697,14 +728,20 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
         if not REVERSE:  # the same powers for every chunk (in reverse they follow its length)
             e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
             w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
+    col = prog.col0 + H_IDX * DH
     for j in range(prog.steps):
         row, length = prog.chunk(j, K)
         gates = None
+        e_t = None
         if K.HAS_GATE:  # (loaded before the wait: they do not come through the ring)
             gates = _chunk_gates(prog, row, acc_l, K)
+        if K.GATE_GRAD:  # (E's tile, likewise)
+            e_t = _piece_rows(prog, row, length, col, ri, acc_l, DH)
         s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
-        o, state, p_up, h_up, w_rows = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
-                                                   length, prog.lg, K, H_IDX, j, gates)
+        o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
+                                                      length, prog.lg, K, H_IDX, j, gates, e_t)
+        if K.GATE_GRAD:  # (this consumer's block of the rows' buffer: its columns' part)
+            gl.store(prog.dg + (col // DH) * prog.dg_blk + row + ri, e, mask=ri < length)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
         _store_half(ops.o, o_s, o, p_up, ops.scale, prog.bb, prog.hh, row,
                     prog.col0 + H_IDX * DH, BLOCK_N, DH, ops.b.dtype)
@@ -717,12 +754,35 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
 
 
 @gluon.jit
+def _piece_rows(prog, row, length, col, ri, acc_l: gl.constexpr, DH: gl.constexpr):
+    """E's [BLOCK_N, DH] tile at this consumer's columns from ``col`` (``GATE_GRAD``), in O's
+    accumulator layout, rows past the lane's end zeros."""
+    cols = gl.arange(0, DH, layout=gl.SliceLayout(0, acc_l))
+    ptr = prog.e_rows + (row + ri).to(gl.int64)[:, None] * prog.e_sr + (col + cols)[None, :]
+    return gl.load(ptr, mask=(ri < length)[:, None], other=0.0)
+
+
+@gluon.jit
+def _own_pairs(pairs, diff):
+    """Forward time, a chunk's own pairs' part of the pieces, per row s: δ_s = Σ_(j<s) pairs[s, j]
+    − Σ_(i>s) pairs[i, s] (fp32), whose sum over the rows from t to the chunk's end is
+    Σ_(i≥t) Σ_(j<t) pairs[i, j], the pairs straddling t (the launcher takes that sum,
+    :func:`leetrepro.methods.chunk.hopper_row_pieces`); over the whole chunk δ sums to 0, so the
+    chunk's total is unchanged. Two reductions where a scan along both axes was the portable
+    kernel's."""
+    lower = gl.where(diff > 0, pairs, 0.0)
+    cols = gl.sum(lower, axis=0)
+    return gl.sum(lower, axis=1) - gl.convert_layout(cols, gl.SliceLayout(1, pairs.type.layout))
+
+
+@gluon.jit
 def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
-                H_IDX: gl.constexpr, j, gates):
+                H_IDX: gl.constexpr, j, gates, e_t=None):
     """Chunk j (ring slot s) of this consumer: (its half of O, its half of the state leaving the
-    chunk, O's fp16 scale, the state copy's scale, the rows' powers onto the entering state).
-    ``w_in = (forward powers, rows)`` (:func:`_row_weights`); ``gates``: the chunk's
-    (:func:`_chunk_gates`) or None."""
+    chunk, O's fp16 scale, the state copy's scale, the rows' powers onto the entering state, the
+    rows' pieces e; 0.0 without ``GATE_GRAD``). ``w_in = (forward powers, rows)`` (:func:`_row_weights`);
+    ``gates``: the chunk's (:func:`_chunk_gates`) or None; ``e_t``: E's tile (``GATE_GRAD``),
+    whose dot with each row's part from the entering state (both 16-bit copies of it) is e."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     DUAL: gl.constexpr = K.DUAL
@@ -748,38 +808,64 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         if HALF_RANGE:
             st.hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, gl.SliceLayout(1, acc_l)) +
                                         h_up)
+    e = 0.0  # (a tuple returned holds no bare None)
     if dtype == gl.float32:
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
         o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K)
         p_up = 1.0
     else:
-        h_s.store((state * h_down).to(dtype))  # [R, DH]
+        # (with the pieces: each 16-bit rounding's remainder a second operand, MMAs two more)
+        EXACT: gl.constexpr = K.GATE_GRAD
+        scaled = state * h_down
+        h16 = scaled.to(dtype)
+        h_s.store(h16)  # [R, DH]
+        vwl_s = None
+        if EXACT:
+            st.hl.index(H_IDX).store((scaled - h16.to(gl.float32)).to(dtype))
+            vwl_s = st.vwl.index(H_IDX)
         state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(H_IDX), length, lg, kr,
-                                            acc_l, dtype, K, gates)
+                                            acc_l, dtype, K, gates, vwl_s)
         fence_async_shared()
         if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
             mbarrier.arrive(st.hbar.index(0), count=1)
         sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
                            gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
                            is_async=True)  # [BLOCK_N, BLOCK_N]
+        # (forward time with the pieces: the chunk's own pairs need w_i·v_j over this
+        # consumer's columns, E's tile against the v tile)
+        PAIRS: gl.constexpr = EXACT and not REVERSE
+        if PAIRS:
+            wv = warpgroup_mma(gl.convert_layout(e_t, a_l), v_t.permute((1, 0)),
+                               gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                               is_async=True)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
                           use_acc=False, is_async=True)  # [BLOCK_N, DH]
+        if EXACT:
+            o = warpgroup_mma(b_t, st.hl.index(H_IDX), o, is_async=True)
         state = warpgroup_mma(c_op, v_op, state, is_async=True)  # [R, DH]
+        if EXACT:
+            state = warpgroup_mma(c_op, vwl_s, state, is_async=True)
 
-        sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
+        # (the MMAs issued after each one waited on: one a group)
+        sc = warpgroup_mma_wait(num_outstanding=4 if EXACT else 2, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
         p = _masked(sc, diff, lg, HAS_DECAY, gates)
+        if PAIRS:
+            wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
+            e = _own_pairs(p * wv, diff)
         p_down, p_up = _half_scale(p, HALF_RANGE)
-        o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
+        o = warpgroup_mma_wait(num_outstanding=2 if EXACT else 1, deps=(o,))
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE, gates)
         o = _rescaled(o, w_rows, h_up / p_up, WEIGHTED, HALF_RANGE)
+        if EXACT:  # (o is the part from the state in the scores' units here: 1/p_up)
+            e += gl.sum(o * e_t.to(gl.float32), axis=1) * p_up
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
     if not DUAL and dtype != gl.float32:
         ring.release(s)
-    return o, state, p_up, h_up, w_rows
+    return o, state, p_up, h_up, w_rows, e
 
 
 @gluon.jit
@@ -849,10 +935,10 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
 
 
 @gluon.jit
-def _program(N, H, LANES, SEG, SYNC, DECAY, K: gl.constexpr):
+def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K: gl.constexpr):
     """This program's :class:`Program`: its unit, or with ``SPLIT`` its unit and segment taken in
     ticket order. ``DECAY = (GAMMA, G)``: λ per head, the gates' tile sums (lanes, whole
-    tiles)."""
+    tiles); ``PIECES``: :func:`chunk_hopper_kernel`'s."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
     DC: gl.constexpr = K.DC
@@ -897,7 +983,18 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, K: gl.constexpr):
     gates = None
     if K.HAS_GATE:
         gates = G + lane.to(gl.int64) * (chunks * BLOCK_N)
-    return Program(lane // H, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates)
+    bb = lane // H
+    e_rows = None
+    e_sr = None
+    dg = None
+    dg_blk = None
+    if K.GATE_GRAD:
+        gl.static_assert(not (SPLIT or K.DUAL), "the pieces: one segment a lane, no dual output")
+        E, e_sb, e_sh, e_sr, ROWS, dg_blk = PIECES
+        e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
+        dg = ROWS + lane.to(gl.int64) * N
+    return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
+                   dg, dg_blk)
 
 
 @gluon.jit
@@ -937,6 +1034,11 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
     e_bufs = None
     hbar = None
     hs_up = None
+    hl_bufs = None
+    vwl_bufs = None
+    if K.GATE_GRAD:  # (fp16/bf16: the remainders' copies, laid out as the copies themselves)
+        hl_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
+        vwl_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     if DUAL:
         e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
                                            e_desc.layout)
@@ -948,12 +1050,12 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
             hs_up = gl.allocate_shared_memory(gl.float32, [2, R],
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
     return (Ring(b_bufs, c_bufs, v_bufs, e_bufs, ready, empty, STAGES),
-            Staging(h_bufs, o_bufs, vw_bufs, hbar, hs_up))
+            Staging(h_bufs, o_bufs, vw_bufs, hbar, hs_up, hl_bufs, vwl_bufs))
 
 
 @gluon.jit
 def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, DECAY,
-                        SIZE, scale, K: gl.constexpr):
+                        SIZE, scale, PIECES, K: gl.constexpr):
     """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
     (the units of a lane next to each other in launch order, so that they run together and read
     B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
@@ -966,12 +1068,14 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     columns), int32 two flags per unit (one per consumer) and the ticket counter (None without
     segments), the repair launch's lanes, FLAG_COLS value columns each; ``DECAY = (GAMMA, G)``:
     float64 (H,) or None, and with ``HAS_GATE`` the gates' tile sums (float32 (lanes, whole
-    tiles), module docstring), else None; ``SIZE = (N, H, LANES, SEG)``; ``K``:
-    :data:`Constants`."""
+    tiles), module docstring), else None; ``SIZE = (N, H, LANES, SEG)``; ``PIECES`` (``GATE_GRAD``,
+    else None): ``(E, batch stride, head stride, row stride, rows, block stride)``, E shaped
+    like V (its last dimension contiguous) and the pieces' rows float32 (D/DH blocks, batch,
+    heads, N) contiguous; ``K``: :data:`Constants`."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING
-    prog = _program(N, H, LANES, SEG, SYNC, DECAY, K)
+    prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K)
     ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K)
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
                    scale)

@@ -281,7 +281,7 @@ HOPPER_DIMS = (64, 128, 256)
 
 @functools.lru_cache(maxsize=None)
 def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
-                 dc: int | None = None) -> tuple[int, int] | None:
+                 dc: int | None = None, pieces: bool = False) -> tuple[int, int] | None:
     """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
     ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
 
@@ -293,7 +293,9 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
     C (BLOCK_N × r each) and V (BLOCK_N × DC), and with ``dual`` E (BLOCK_N × d); beside the ring,
     fp16/bf16 keep the state's two copies (r × DC/2 each), O's staging (4 × BLOCK_N × DC/2) and
     the weighted V (2 × BLOCK_N × DC/2); fp32 the state's copies in halves and O staged in the
-    ring. At r = d = 128: 3 slots of 48 KB in fp16/bf16 (224 KB), 2 with the dual output or fp32."""
+    ring. At r = d = 128: 3 slots of 48 KB in fp16/bf16 (224 KB), 2 with the dual output or fp32.
+    ``pieces`` (the gates' gradient's pieces, fp16/bf16): the state's copies and the weighted v
+    twice (their remainders), 2 slots at r = d = 128."""
     from .._device import SM90_SHARED_BYTES
     bn, size = HOPPER["BLOCK_N"], dtype.itemsize
     widest = 128 if r <= 128 and d >= 128 else 64
@@ -308,6 +310,8 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
         fixed = 2 * dh * (r // 2 if r > 64 else r) * size
     else:
         fixed = (2 * r * dh + 4 * bn * dh + 2 * bn * dh) * size
+        if pieces:
+            fixed += (2 * r * dh + 2 * bn * dh) * size
     stages = min(HOPPER["MAX_STAGES"], (SM90_SHARED_BYTES - 1024 - fixed) // slot)
     return (dc, stages) if stages >= 2 else None
 
@@ -315,16 +319,17 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
                      dc: int | None = None, gates: bool = False,
-                     groups: tuple = (1, 1, 1, 1)) -> dict:
+                     groups: tuple = (1, 1, 1, 1), gate_grad: bool = False) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
-    :func:`block_d`)."""
-    dc, stages = hopper_tiles(r, d, dtype, dual, dc)
+    :func:`block_d`); ``gate_grad``: the sweep writes the gates' gradient's pieces."""
+    dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
     return hopper_kernels.Constants(
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
-        SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups)
+        SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups,
+        GATE_GRAD=gate_grad)
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -586,7 +591,9 @@ class HopperLaunch:
     def launch(self, t: Operands, *, sn, flags, sync, ws, scale: float) -> None:
         """One launch over ``t``'s tensors, the final states into ``sn``, with the lanes' repair
         ``flags`` and, with segments, the ring ``ws`` and its flags and ticket ``sync``."""
-        tensors = (t.B, t.C, t.V, t.O, t.E, t.O2)
+        # (E without a block of its own: the pieces' row vectors, read by pointers, not TMA)
+        tensors = tuple(x if cols is not None else None
+                        for x, cols in zip((t.B, t.C, t.V, t.O, t.E, t.O2), self.blocks))
         descs = self.descriptors
         if descs is None:
             descs = self.descriptors = tuple(
@@ -597,12 +604,16 @@ class HopperLaunch:
             if desc is not None:
                 desc.base = x
         gates = None if t.G is None else tile_gate_sums(t.G, HOPPER["BLOCK_N"], self.consts.REVERSE)
+        pieces = None
+        if self.consts.GATE_GRAD:  # (E's rows in place; the pieces' rows, a block per consumer)
+            rows = t.DG[0]
+            pieces = (t.E, *t.E.stride()[:3], rows, rows.stride(0))
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
                         e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
                         RING=(ws, sync, flags), DECAY=(t.GAMMA, gates), SIZE=self.size,
-                        scale=scale, K=self.consts), self.key,
+                        scale=scale, PIECES=pieces, K=self.consts), self.key,
                    num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
         finally:
             for desc in descs:
@@ -612,14 +623,14 @@ class HopperLaunch:
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
                    reverse, dual, serial: int, gates: bool = False,
-                   groups: tuple = (1, 1, 1, 1)) -> HopperLaunch:
+                   groups: tuple = (1, 1, 1, 1), gate_grad: bool = False) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
     (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
-                              dc=dc, gates=gates, groups=groups)
+                              dc=dc, gates=gates, groups=groups, gate_grad=gate_grad)
     dh = consts.DC // 2
     # (E's block: the dual output's input, in the consumers' halves)
     blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
@@ -742,7 +753,7 @@ class LaunchPlan:
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
                     SIZE=size, SCALE=scale, K=self.consts._replace(SPLIT=split), REPAIR=repair,
                     DG=None)
-        if t.DG is not None:
+        if self.consts.GATE_GRAD:
             rows, totals = t.DG
             args["DG"] = (rows, *rows.stride(), totals, totals.shape[-1])
         return args
@@ -841,12 +852,15 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     if gate_grad:
-        if kernel == "hopper":
-            raise ValueError("kernel='hopper' cannot run this call: the gates' gradient's pieces "
-                             "are the portable kernel's")
-        if segment >= n:  # (one segment: whole chunks, for the reverse sweep's padded rows)
+        if kernel == "hopper":  # (the reverse sweep's pieces: one segment a lane)
+            unfit = hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, cu_seqlens=t.CU,
+                                        outputs=(t.O,))
+            if unfit:
+                raise ValueError(f"kernel='hopper' cannot run this call: {unfit}")
+            asked = n
+        elif segment >= n:  # (one segment: whole chunks, for the reverse sweep's padded rows)
             segment = cdiv(n, cfg["BLOCK_N"]) * cfg["BLOCK_N"]
-    hopper = not gate_grad and _use_hopper(
+    hopper = (kernel == "hopper") if gate_grad else _use_hopper(
         kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E if dual else None, cu_seqlens=t.CU,
         precision=precision, outputs=(t.O, t.O2), gates=gates)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
@@ -859,7 +873,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           gates=gates, groups=groups)
+                           gates=gates, groups=groups, gate_grad=gate_grad)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
@@ -883,7 +897,10 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         consts=tiles.constants(cfg, HAS_DECAY=decay, VARLEN=varlen, HAS_S0=has_s0,
                               STORE_SN=store_sn, REVERSE=reverse, DUAL=dual,
                               HALF_RANGE=dtype != torch.float32, PRECISION=precision,
-                              HAS_GATE=gates, GROUPS=groups, GATE_GRAD=gate_grad),
+                              HAS_GATE=gates, GROUPS=groups,
+                              # (the Hopper kernel's pieces are its own: its repair launch
+                              # recomputes the outputs only)
+                              GATE_GRAD=gate_grad and not hopper),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 
@@ -962,6 +979,75 @@ def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, 
     size = (blocks, seqs * heads, max(cdiv(n, block_n), 1))
     return rows, (torch.zeros if seqs != batch else torch.empty)(size, dtype=torch.float32,
                                                                   device=device)
+
+
+#: whether a gated backward's reverse sweep takes its pieces on the Hopper kernel where it can
+#: (:func:`hopper_pieces`); False: the portable kernel's sweeps always (an A/B switch)
+HOPPER_PIECES = True
+
+
+def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, cu_seqlens=None,
+                        outputs: tuple = ()) -> str | None:
+    """Why the Hopper kernel cannot take a sweep's gates' gradient's pieces
+    (``kernels/chunk_hopper.py``, ``GATE_GRAD``; its operands B, C, V and the row vectors E
+    shaped like V), or None: what it needs of a gated call (:func:`hopper_unfit`), without the
+    dual output, and shared memory for the remainders' copies."""
+    if dual:
+        return "its pieces are a plain sweep's, without the dual output"
+    unfit = hopper_unfit(B, C, V, None, cu_seqlens=cu_seqlens, outputs=outputs, gates=True)
+    if unfit:
+        return unfit
+    if V.dtype == torch.float32:
+        return "its pieces take float16/bfloat16"
+    if E is None or E.shape != V.shape[:1] + E.shape[1:2] + V.shape[2:] or E.stride(-1) != 1:
+        return "its pieces need E shaped like V, its rows contiguous"
+    if hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, False, pieces=True) is None:
+        return "its remainders' copies do not fit shared memory beside two ring slots"
+    return None
+
+
+#: the most value columns a program of the Hopper kernel holds beside the pieces, by (r, in
+#: reverse time): compiled for sm_90, wider ones spill (forward in time at r = d = 128, 992 bytes
+#: a thread at 128 columns, 316 at 64, 124 at 32; in reverse 276 at 128, none at 64)
+PIECES_DC = {(64, False): 64, (64, True): 64, (128, False): 32, (128, True): 64}
+
+
+def hopper_pieces(B, C, V, E, *, reverse: bool, cu_seqlens=None) -> int | None:
+    """The Hopper kernel's value columns a program holds (DC) where a gated backward's sweep
+    op(B, C, V) (the dB sweep forward in time, the dV sweep in reverse) should take its pieces
+    there (their row vectors E, shaped like V), else None: :data:`HOPPER_PIECES` and not the
+    portable kernel forced, an sm_90 GPU and operands it takes (:func:`hopper_pieces_unfit`),
+    one pass over programs that fill the GPU (its pieces take no segments: a lane's value
+    columns split over up to D/32 programs to fill it, at most :data:`PIECES_DC` each)."""
+    if not HOPPER_PIECES or _FORCED[0] == "portable" or (B.shape[-1], reverse) not in PIECES_DC \
+            or hopper_pieces_unfit(B, C, V, E, cu_seqlens=cu_seqlens) is not None:
+        return None
+    r, d = B.shape[-1], V.shape[-1]
+    dc = min(hopper_tiles(r, d, V.dtype, False, pieces=True)[0], PIECES_DC[(r, reverse)])
+    lanes, slots = V.shape[0] * lane_heads(B, C, V), sm_count(V.device)
+    while lanes * (d // dc) < slots and dc > 32:  # (more programs a lane, fewer columns each)
+        dc //= 2
+    return dc if lanes * (d // dc) >= slots else None
+
+
+def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
+    """A sweep's pieces ``(rows, totals)`` (as the portable kernel writes them,
+    :func:`gate_piece_buffers`) from the Hopper kernel's rows q, float32 ``(blocks, batch,
+    heads, N)`` (a block per consumer's columns, summed here), per chunk of ``block_n`` physical
+    rows: forward in time (the dB sweep: q = e + δ) each row's sum of q over the rows from it to
+    its chunk's end (I + II); in reverse (the dV sweep: q = e) over the rows physically before it
+    (logically after it: III); and each chunk's total of q, ``(1, batch·heads, chunks)`` (the
+    δ sum to 0 over a chunk). Sums in a fixed order."""
+    blocks, batch, heads, n = q.shape
+    q = q[0] if blocks == 1 else q.sum(0)
+    chunks = max(cdiv(n, block_n), 1)
+    tiles = torch.nn.functional.pad(q, (0, chunks * block_n - n)).view(batch, heads, chunks,
+                                                                       block_n)
+    if reverse:
+        rows = tiles.cumsum(-1) - tiles
+    else:
+        rows = tiles.flip(-1).cumsum(-1).flip(-1)
+    return rows.view(batch, heads, -1)[..., :n][None], tiles.sum(-1).view(1, batch * heads, chunks)
 
 
 def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,

@@ -99,13 +99,14 @@ def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, rever
 def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        reverse: bool = False, dual: bool = False, r: int = 128,
                        d: int = 128, dc: int | None = None, gates: bool = False,
-                       groups: tuple = (1, 1, 1, 1)) -> str:
+                       groups: tuple = (1, 1, 1, 1), gate_grad: bool = False) -> str:
     """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
     chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
     backward), with or without the ``dual`` output (the backward's dC beside dV); ``groups``:
-    B, C, V, E read by groups of heads (the kernel's ``GROUPS``)."""
+    B, C, V, E read by groups of heads (the kernel's ``GROUPS``); ``gate_grad``: the reverse
+    sweep writing the gates' gradient's pieces (``GATE_GRAD``, with gates, one segment a lane)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -122,14 +123,18 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc,
-                             gates=gates, groups=groups)
+                             gates=gates, groups=groups, gate_grad=gate_grad)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
                RING=("*fp32", "*i32", "*i32"),
                DECAY=("*fp64" if decay else "constexpr", "*fp32" if gates else "constexpr"),
-               SIZE=("i32",) * 4, scale="fp32", K="constexpr")
-    constexprs = {(11,): const}
+               SIZE=("i32",) * 4, scale="fp32",
+               PIECES=(f"*{dtype}", "i32", "i32", "i32", "*fp32", "i32") if gate_grad
+               else "constexpr", K="constexpr")
+    constexprs = {(12,): const}
+    if not gate_grad:
+        constexprs[(11,)] = None
     if not dual:
         sig.update(e_desc="constexpr", o2_desc="constexpr")
         constexprs.update({(4,): None, (5,): None})
@@ -305,6 +310,18 @@ def main(argv=None) -> int:
             jobs.append((f"groups bf16 {r}x{d}:gates:split",
                          dict(dtype="bf16", decay=False, split=True, gates=True, r=r, d=d,
                               groups=groups)))
+        # the gated backward's reverse sweep writing the gates' gradient's pieces (one pass):
+        # the remainders' copies at the widest state a consumer holds and at Mamba-2's shapes
+        # (as launched: chunk.PIECES_DC's columns a program; the dB sweep forward in time with
+        # r and d swapped, its r the operator's d)
+        from ..methods.chunk import PIECES_DC
+        for dtype, (r, d), reverse in (("bf16", (128, 128), True), ("fp16", (128, 128), True),
+                                       ("bf16", (128, 64), True), ("bf16", (64, 64), True),
+                                       ("bf16", (128, 128), False), ("fp16", (128, 128), False),
+                                       ("bf16", (64, 128), False), ("bf16", (64, 64), False)):
+            jobs.append((f"pieces {dtype} {r}x{d}:gates:one{':reverse' if reverse else ''}",
+                         dict(dtype=dtype, decay=False, split=False, reverse=reverse, gates=True,
+                              r=r, d=d, dc=min(d, PIECES_DC[(r, reverse)]), gate_grad=True)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
