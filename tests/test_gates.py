@@ -763,7 +763,7 @@ def test_the_reverse_sweep_s_pieces_take_the_hopper_kernel_where_its_programs_fi
     assert dc(2, 128, 128, 64) == 64  # (256 programs of 64 columns)
     assert dc(2, 64, 128, 64) == 32  # (128 lanes: two programs a lane)
     assert dc(8, 32, 128, 128) == 64  # (the most a program holds beside the pieces)
-    assert dc(8, 32, 128, 128, reverse=False) == 32
+    assert dc(8, 32, 128, 128, reverse=False) is None  # (not forward in time at r = 128)
     assert dc(8, 32, 64, 128, reverse=False) == 64
     assert dc(1, 16, 128, 64) is None  # (32 programs at 32 columns)
     monkeypatch.setattr(chunk, "HOPPER_PIECES", False)
@@ -827,7 +827,8 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, r, d, d
         return [t.double().cpu() for t in torch.autograd.grad(loss, xs)]
     want = grads([t.double() for t in (B, C, V, g)], "LA_torch")
     got = grads([t.to(dtype) for t in (B, C, V)] + [g], "Chunk")
-    assert sorted(calls) == [False, True], "the Hopper kernel's pieces were not taken"
+    # (the dB sweep's pieces are the portable kernel's where d = 128)
+    assert sorted(calls) == ([True] if d == 128 else [False, True]), calls
     for name, a, w in zip("BCVg", got, want):
         tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
         assert rel_error(a, w) <= tol, f"d{name}: {rel_error(a, w):.2e}"

@@ -1007,9 +1007,12 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, cu_seqlens=None,
 
 
 #: the most value columns a program of the Hopper kernel holds beside the pieces, by (r, in
-#: reverse time): compiled for sm_90, wider ones spill (forward in time at r = d = 128, 992 bytes
-#: a thread at 128 columns, 316 at 64, 124 at 32; in reverse 276 at 128, none at 64)
-PIECES_DC = {(64, False): 64, (64, True): 64, (128, False): 32, (128, True): 64}
+#: reverse time): compiled for sm_90, wider ones spill (in reverse at r = d = 128, 276 bytes a
+#: thread at 128 columns, none at 64). Not forward in time at r = 128 (the dB sweep where the
+#: operator's d is 128): it spills 992 bytes at 128 columns, 316 at 64, 124 at 32, and at 32
+#: (four programs a lane, each forming the chunk's scores) the gated `gla` shape's backward took
+#: 6.77 ms against 5.06 with the portable dB sweep (H200, NOTES.md)
+PIECES_DC = {(64, False): 64, (64, True): 64, (128, True): 64}
 
 
 def hopper_pieces(B, C, V, E, *, reverse: bool, cu_seqlens=None) -> int | None:
