@@ -763,6 +763,51 @@ def _piece_rows(prog, row, length, col, ri, acc_l: gl.constexpr, DH: gl.constexp
 
 
 @gluon.jit
+def _store_copies(state, h_down, st, H_IDX: gl.constexpr, dtype: gl.constexpr,
+                  EXACT: gl.constexpr):
+    """The state entering a chunk as this consumer's 16-bit copy (times ``h_down``), and with
+    ``EXACT`` (the pieces) its rounding's remainder as a second copy; returns the weighted v's
+    remainder buffer (``EXACT``) or None."""
+    scaled = state * h_down
+    h16 = scaled.to(dtype)
+    st.h.index(H_IDX).store(h16)  # [R, DH]
+    vwl_s = None
+    if EXACT:
+        st.hl.index(H_IDX).store((scaled - h16.to(gl.float32)).to(dtype))
+        vwl_s = st.vwl.index(H_IDX)
+    return vwl_s
+
+
+@gluon.jit
+def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: gl.constexpr):
+    """A 16-bit chunk's products, issued asynchronously in this order, one group each: the
+    scores b cᵀ; forward in time with the pieces, E's tile against the v tile (the chunk's own
+    pairs' w_i·v_j over this consumer's columns; else 0.0 stands for it); b H from the state's
+    copy (and its remainder's, ``GATE_GRAD``); the state's update from ``update = (cᵀ, weighted
+    v)``, with ``GATE_GRAD`` the weighted v's remainder third. Returns (scores, w vᵀ, O's part from the state, state)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DH: gl.constexpr = K.DC // 2
+    EXACT: gl.constexpr = K.GATE_GRAD
+    dtype: gl.constexpr = b_t.dtype
+    acc_l: gl.constexpr = _acc_layout(dtype, DH)
+    sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
+                       use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
+    wv = 0.0
+    if EXACT and not K.REVERSE:
+        wv = warpgroup_mma(gl.convert_layout(e_t, _operand_layout(dtype, DH)), v_t.permute((1, 0)),
+                           gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
+                           is_async=True)  # [BLOCK_N, BLOCK_N]
+    o = warpgroup_mma(b_t, st.h.index(H_IDX), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
+                      use_acc=False, is_async=True)  # [BLOCK_N, DH]
+    if EXACT:
+        o = warpgroup_mma(b_t, st.hl.index(H_IDX), o, is_async=True)
+    state = warpgroup_mma(update[0], update[1], state, is_async=True)  # [R, DH]
+    if EXACT:
+        state = warpgroup_mma(update[0], update[2], state, is_async=True)
+    return sc, wv, o, state
+
+
+@gluon.jit
 def _own_pairs(pairs, diff):
     """Forward time, a chunk's own pairs' part of the pieces, per row s: δ_s = Σ_(j<s) pairs[s, j]
     − Σ_(i>s) pairs[i, s] (fp32), whose sum over the rows from t to the chunk's end is
@@ -816,36 +861,17 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     else:
         # (with the pieces: each 16-bit rounding's remainder a second operand, MMAs two more)
         EXACT: gl.constexpr = K.GATE_GRAD
-        scaled = state * h_down
-        h16 = scaled.to(dtype)
-        h_s.store(h16)  # [R, DH]
-        vwl_s = None
-        if EXACT:
-            st.hl.index(H_IDX).store((scaled - h16.to(gl.float32)).to(dtype))
-            vwl_s = st.vwl.index(H_IDX)
+        PAIRS: gl.constexpr = EXACT and not REVERSE
+        vwl_s = _store_copies(state, h_down, st, H_IDX, dtype, EXACT)
         state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(H_IDX), length, lg, kr,
                                             acc_l, dtype, K, gates, vwl_s)
         fence_async_shared()
         if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
             mbarrier.arrive(st.hbar.index(0), count=1)
-        sc = warpgroup_mma(b_t, c_t.permute((1, 0)),
-                           gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
-                           is_async=True)  # [BLOCK_N, BLOCK_N]
-        # (forward time with the pieces: the chunk's own pairs need w_i·v_j over this
-        # consumer's columns, E's tile against the v tile)
-        PAIRS: gl.constexpr = EXACT and not REVERSE
-        if PAIRS:
-            wv = warpgroup_mma(gl.convert_layout(e_t, a_l), v_t.permute((1, 0)),
-                               gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
-                               is_async=True)  # [BLOCK_N, BLOCK_N]
-        o = warpgroup_mma(b_t, h_s, gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
-                          use_acc=False, is_async=True)  # [BLOCK_N, DH]
+        update = (c_op, v_op)
         if EXACT:
-            o = warpgroup_mma(b_t, st.hl.index(H_IDX), o, is_async=True)
-        state = warpgroup_mma(c_op, v_op, state, is_async=True)  # [R, DH]
-        if EXACT:
-            state = warpgroup_mma(c_op, vwl_s, state, is_async=True)
-
+            update = (c_op, v_op, vwl_s)
+        sc, wv, o, state = _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K, H_IDX)
         # (the MMAs issued after each one waited on: one a group)
         sc = warpgroup_mma_wait(num_outstanding=4 if EXACT else 2, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
