@@ -53,8 +53,9 @@ each term with its own sign: the straddle kernel (:func:`leetrepro.methods.chunk
 ``kernels/gate_straddle.py``) sums them by segments from the forward and backward states at the
 segments' ends, in the inputs' dtype, and asks for no sweep (frozen B and C cost nothing).
 Chunk's backward sweeps hold the same pairs as pieces, and where they run (by default fp16,
-bf16 and fp32 with exact products, r and d up to 128: :func:`_in_sweeps`) dg comes from them
-instead, with no kernel of its own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`).
+bf16 and fp32 with exact products, r and d up to 128: :func:`_in_sweeps`; on the Hopper kernel
+where it takes them, :func:`_piece_sweeps`) dg comes from them instead, with no kernel of its
+own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`).
 Where neither runs (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on
 float64 copies (the PyTorch methods; fp32 copies at fp32-exact dots for a method without
 float64) and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
@@ -600,8 +601,9 @@ PIECES_MAX_WIDTH = 128
 def _in_sweeps(m: Method, opts: dict, B: torch.Tensor, V: torch.Tensor) -> bool:
     """Whether the gates' gradient comes from Chunk's backward sweeps (their pieces,
     :func:`leetrepro.methods.chunk.gate_gradient_from_pieces`) rather than the straddle kernel:
-    Chunk on its portable kernel (not ``kernel="hopper"``) on a GPU or under Triton's
-    interpreter, where its option ``gate_grad`` says so: ``"sweeps"``, or ``"auto"`` with fp32
+    Chunk (not with ``kernel="hopper"`` named: its sweeps may take the pieces on either kernel,
+    :func:`_piece_sweeps`) on a GPU or under Triton's interpreter, where its option
+    ``gate_grad`` says so: ``"sweeps"``, or ``"auto"`` with fp32
     inputs and ``fp32_precision`` "tf32x3" or "ieee". The pairs that span a whole chunk come from
     a running sum of the chunks' totals, which adds up any rounding of the states the totals are
     taken from: the state as a 16-bit dot operand and its update's weighted rows rounded to 16

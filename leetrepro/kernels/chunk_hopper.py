@@ -784,7 +784,8 @@ def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: g
     scores b cᵀ; forward in time with the pieces, E's tile against the v tile (the chunk's own
     pairs' w_i·v_j over this consumer's columns; else 0.0 stands for it); b H from the state's
     copy (and its remainder's, ``GATE_GRAD``); the state's update from ``update = (cᵀ, weighted
-    v)``, with ``GATE_GRAD`` the weighted v's remainder third. Returns (scores, w vᵀ, O's part from the state, state)."""
+    v)``, with ``GATE_GRAD`` the weighted v's remainder third. Returns (scores, w vᵀ, O's part
+    from the state, state)."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DH: gl.constexpr = K.DC // 2
     EXACT: gl.constexpr = K.GATE_GRAD
@@ -828,7 +829,6 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     rows' pieces e; 0.0 without ``GATE_GRAD``). ``w_in = (forward powers, rows)`` (:func:`_row_weights`);
     ``gates``: the chunk's (:func:`_chunk_gates`) or None; ``e_t``: E's tile (``GATE_GRAD``),
     whose dot with each row's part from the entering state (both 16-bit copies of it) is e."""
-    BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     DUAL: gl.constexpr = K.DUAL
     HALF_RANGE: gl.constexpr = K.HALF_RANGE
