@@ -646,18 +646,24 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
     precision = dot_precision(V.dtype, opts.get("fp32_precision", "tf32"))
     hopper = [0, 0]  # (the dB sweep's DC, the reverse sweep's)
+    dual = dual and _dual_fits(B, V)
+    hopper_dual = False
     if not opts.get("config") and opts.get("kernel", "auto") != "portable":
         hopper = [chunk.hopper_pieces(x, y, z, w, reverse=rev, cu_seqlens=cu_seqlens) or 0
                   for x, y, z, w, rev in ((dO, V, C, B, False), (C, B, dO, V, True))]
+        if dual:  # (the reverse sweep with dC's dual output, where the Hopper kernel takes it)
+            both = chunk.hopper_pieces(C, B, dO, V, reverse=True, dual=True,
+                                       cu_seqlens=cu_seqlens)
+            hopper_dual = bool(both)
+            hopper[1] = both or hopper[1]
     if any(hopper) and not all(hopper):  # (the portable sweep beside it at 64-row chunks)
-        cfg = (dict(row=d, width=r, dual=False), dict(row=r, width=d,
-                                                      dual=dual and _dual_fits(B, V)))
+        cfg = (dict(row=d, width=r, dual=False), dict(row=r, width=d, dual=dual))
         portable = cfg[hopper.index(0)]
         if chunk.chunk_config(portable["row"], portable["width"], V.dtype, precision, True,
                               dual=portable["dual"], device=V.device)["BLOCK_N"] \
                 < chunk.HOPPER["BLOCK_N"]:
-            hopper = [0, 0]
-    dual = dual and _dual_fits(B, V) and not hopper[1]
+            hopper, hopper_dual = [0, 0], False
+    dual = dual and (not hopper[1] or hopper_dual)
     # (a row block the caller's config names serves both; each plain sweep its own value
     # columns, at most chunk.PIECE_COLS, unless the caller's config names them: the dual sweep
     # holds its whole state)
@@ -673,6 +679,7 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
         return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
                                         precision=precision, dual=with_dc, device=V.device,
                                         config=cfg)
+
     def rows(width, dc):  # (the Hopper kernel's: a block per consumer's DC/2 columns)
         return torch.empty(2 * width // dc, batch, heads, n, dtype=torch.float32,
                            device=V.device), None

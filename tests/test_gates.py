@@ -765,6 +765,12 @@ def test_the_reverse_sweep_s_pieces_take_the_hopper_kernel_where_its_programs_fi
     assert dc(8, 32, 128, 128) == 64  # (the most a program holds beside the pieces)
     assert dc(8, 32, 128, 128, reverse=False) is None  # (not forward in time at r = 128)
     assert dc(8, 32, 64, 128, reverse=False) == 64
+    B, V = (torch.empty(4, 80, 64, 64, dtype=torch.bfloat16) for _ in range(2))
+    assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) is None  # (the switch off)
+    monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", True)
+    assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) == 64  # (the whole state)
+    assert chunk.hopper_pieces(B[:1, :64], B[:1, :64], V[:1, :64], V[:1, :64], reverse=True,
+                               dual=True) is None  # (64 programs)
     assert dc(1, 16, 128, 64) is None  # (32 programs at 32 columns)
     monkeypatch.setattr(chunk, "HOPPER_PIECES", False)
     assert dc(2, 128, 128, 64) is None
@@ -779,27 +785,30 @@ def test_the_reverse_sweep_s_pieces_take_the_hopper_kernel_where_its_programs_fi
 def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():
     from leetrepro.methods import chunk
     B, C, V = make_inputs(1, 2, 64, 64, 64, dtype=torch.bfloat16)
-    assert "dual output" in chunk.hopper_pieces_unfit(B, C, V, V, dual=True)
+    assert "dual output" in chunk.hopper_pieces_unfit(B, C, V, V, dual=True, reverse=False)
     assert "GPU" in chunk.hopper_pieces_unfit(B, C, V, V)
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("r, d, dtype, states, reset", [
-    (128, 64, torch.bfloat16, False, False), (64, 64, torch.float16, True, False),
-    (128, 128, torch.bfloat16, False, True), (128, 128, torch.float16, True, False)])
+@pytest.mark.parametrize("r, d, dtype, states, reset, dual", [
+    (128, 64, torch.bfloat16, False, False, False), (64, 64, torch.float16, True, False, False),
+    (128, 128, torch.bfloat16, False, True, False), (128, 128, torch.float16, True, False, False),
+    (64, 64, torch.bfloat16, True, True, True), (64, 64, torch.float16, False, False, True)])
 def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, r, d, dtype, states,
-                                                            reset):
+                                                            reset, dual):
     """On an sm_90 GPU, both sweeps' pieces taken on the Hopper kernel (forced at a small
     shape: the lanes' rule waived) give every gradient within the contract of float64 (dg within
     GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of the chunk, states in and out, a
-    hard reset; the same bits twice."""
+    hard reset, and the reverse sweep with dC's dual output (``chunk.HOPPER_DUAL_PIECES``); the
+    same bits twice."""
     from leetrepro.methods import chunk
     from leetrepro.reference import rel_error
     if chunk.hopper_unfit(*make_inputs(1, 1, 64, 64, 64, dtype=dtype, device="cuda"), None):
         pytest.skip("needs an sm_90 GPU")
     monkeypatch.setattr(chunk, "sm_count", lambda device: 1)
+    monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", dual)
     calls = []
     real = chunk.hopper_row_pieces
     monkeypatch.setattr(chunk, "hopper_row_pieces",

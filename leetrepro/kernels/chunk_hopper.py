@@ -77,8 +77,9 @@ into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and 
 the mask: every exponent a difference within a tile, the later row first. A segment's decay is
 the sum of its tiles' totals, summed in its first pass.
 
-The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane,
-no dual output: the backward's dB sweep forward in time, its dV sweep in reverse): each row's
+The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane:
+the backward's dB sweep forward in time, its dV sweep in reverse, alone or with the dual output
+dC, whose E is then the pieces' row vectors, read from the ring): each row's
 dot of its part from the entering state with a fourth input's row (E: the forward's B in the dB
 sweep, its V in the dV sweep), e_i = Σ over the consumer's columns of (b_i H)[i, ·] ⊙ E[i, ·],
 plus forward in time the chunk's own pairs' part δ_i (:func:`_own_pairs`, from the masked
@@ -735,7 +736,7 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
         e_t = None
         if K.HAS_GATE:  # (loaded before the wait: they do not come through the ring)
             gates = _chunk_gates(prog, row, acc_l, K)
-        if K.GATE_GRAD:  # (E's tile, likewise)
+        if K.GATE_GRAD and not DUAL:  # (E's tile, likewise; the dual output's is in the ring)
             e_t = _piece_rows(prog, row, length, col, ri, acc_l, DH)
         s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
         o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
@@ -854,6 +855,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
             st.hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, gl.SliceLayout(1, acc_l)) +
                                         h_up)
     e = 0.0  # (a tuple returned holds no bare None)
+    if DUAL and K.GATE_GRAD:  # (the dual output's E is the pieces' row vectors: in the ring)
+        e_t = _tile(ring.e, 2 * s + H_IDX).load(acc_l)
     if dtype == gl.float32:
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
         o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K)
@@ -1015,7 +1018,8 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K: gl.constexpr):
     dg = None
     dg_blk = None
     if K.GATE_GRAD:
-        gl.static_assert(not (SPLIT or K.DUAL), "the pieces: one segment a lane, no dual output")
+        gl.static_assert(not SPLIT and (K.REVERSE or not K.DUAL),
+                         "the pieces: one segment a lane, the dual output in reverse time only")
         E, e_sb, e_sh, e_sr, ROWS, dg_blk = PIECES
         e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
         dg = ROWS + lane.to(gl.int64) * N

@@ -853,8 +853,8 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
                          f"got r = {r}, d = {d}")
     if gate_grad:
         if kernel == "hopper":  # (the reverse sweep's pieces: one segment a lane)
-            unfit = hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, cu_seqlens=t.CU,
-                                        outputs=(t.O,))
+            unfit = hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, reverse=reverse,
+                                        cu_seqlens=t.CU, outputs=(t.O, t.O2))
             if unfit:
                 raise ValueError(f"kernel='hopper' cannot run this call: {unfit}")
             asked = n
@@ -981,27 +981,33 @@ def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, 
                                                                   device=device)
 
 
-#: whether a gated backward's reverse sweep takes its pieces on the Hopper kernel where it can
+#: whether a gated backward's sweeps take their pieces on the Hopper kernel where it can
 #: (:func:`hopper_pieces`); False: the portable kernel's sweeps always (an A/B switch)
 HOPPER_PIECES = True
+#: whether the reverse sweep carrying the pieces on the Hopper kernel also writes the dual output
+#: dC (r = d = 64: one sweep where two run apart otherwise). Off until the GPU matrix has checked
+#: it: compiled for sm_90 (no spills), not yet run on a GPU
+HOPPER_DUAL_PIECES = False
 
 
-def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, cu_seqlens=None,
-                        outputs: tuple = ()) -> str | None:
+def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
+                        cu_seqlens=None, outputs: tuple = ()) -> str | None:
     """Why the Hopper kernel cannot take a sweep's gates' gradient's pieces
     (``kernels/chunk_hopper.py``, ``GATE_GRAD``; its operands B, C, V and the row vectors E
-    shaped like V), or None: what it needs of a gated call (:func:`hopper_unfit`), without the
-    dual output, and shared memory for the remainders' copies."""
-    if dual:
-        return "its pieces are a plain sweep's, without the dual output"
-    unfit = hopper_unfit(B, C, V, None, cu_seqlens=cu_seqlens, outputs=outputs, gates=True)
+    shaped like V, with ``dual`` also the dual output's input), or None: what it needs of a gated
+    call (:func:`hopper_unfit`), the dual output in reverse time only, and shared memory for the
+    remainders' copies."""
+    if dual and not reverse:
+        return "its dual output beside the pieces is the reverse sweep's"
+    unfit = hopper_unfit(B, C, V, None, dual=E if dual else None, cu_seqlens=cu_seqlens,
+                         outputs=outputs, gates=True)
     if unfit:
         return unfit
     if V.dtype == torch.float32:
         return "its pieces take float16/bfloat16"
     if E is None or E.shape != V.shape[:1] + E.shape[1:2] + V.shape[2:] or E.stride(-1) != 1:
         return "its pieces need E shaped like V, its rows contiguous"
-    if hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, False, pieces=True) is None:
+    if hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, dual, pieces=True) is None:
         return "its remainders' copies do not fit shared memory beside two ring slots"
     return None
 
@@ -1015,17 +1021,24 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, cu_seqlens=None,
 PIECES_DC = {(64, False): 64, (64, True): 64, (128, True): 64}
 
 
-def hopper_pieces(B, C, V, E, *, reverse: bool, cu_seqlens=None) -> int | None:
+def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
+                  cu_seqlens=None) -> int | None:
     """The Hopper kernel's value columns a program holds (DC) where a gated backward's sweep
     op(B, C, V) (the dB sweep forward in time, the dV sweep in reverse) should take its pieces
     there (their row vectors E, shaped like V), else None: :data:`HOPPER_PIECES` and not the
     portable kernel forced, an sm_90 GPU and operands it takes (:func:`hopper_pieces_unfit`),
     one pass over programs that fill the GPU (its pieces take no segments: a lane's value
-    columns split over up to D/32 programs to fill it, at most :data:`PIECES_DC` each)."""
+    columns split over up to D/32 programs to fill it, at most :data:`PIECES_DC` each). ``dual``
+    (:data:`HOPPER_DUAL_PIECES`): the reverse sweep with the dual output, E its input, whose
+    program holds the whole state (DC = d)."""
     if not HOPPER_PIECES or _FORCED[0] == "portable" or (B.shape[-1], reverse) not in PIECES_DC \
-            or hopper_pieces_unfit(B, C, V, E, cu_seqlens=cu_seqlens) is not None:
+            or (dual and not HOPPER_DUAL_PIECES) \
+            or hopper_pieces_unfit(B, C, V, E, dual=dual, reverse=reverse,
+                                   cu_seqlens=cu_seqlens) is not None:
         return None
     r, d = B.shape[-1], V.shape[-1]
+    if dual:
+        return d if V.shape[0] * lane_heads(B, C, V) >= sm_count(V.device) else None
     dc = min(hopper_tiles(r, d, V.dtype, False, pieces=True)[0], PIECES_DC[(r, reverse)])
     lanes, slots = V.shape[0] * lane_heads(B, C, V), sm_count(V.device)
     while lanes * (d // dc) < slots and dc > 32:  # (more programs a lane, fewer columns each)

@@ -322,6 +322,10 @@ def main(argv=None) -> int:
             jobs.append((f"pieces {dtype} {r}x{d}:gates:one{':reverse' if reverse else ''}",
                          dict(dtype=dtype, decay=False, split=False, reverse=reverse, gates=True,
                               r=r, d=d, dc=min(d, PIECES_DC[(r, reverse)]), gate_grad=True)))
+        for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.HOPPER_DUAL_PIECES)
+            jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
+                         dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,
+                              gates=True, r=64, d=64, gate_grad=True)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
