@@ -772,6 +772,11 @@ def test_the_reverse_sweep_s_pieces_take_the_hopper_kernel_where_its_programs_fi
     assert chunk.hopper_pieces(B[:1, :64], B[:1, :64], V[:1, :64], V[:1, :64], reverse=True,
                                dual=True) is None  # (64 programs)
     assert dc(1, 16, 128, 64) is None  # (32 programs at 32 columns)
+    chunk.force_kernel("hopper")  # (the correctness matrix's switch: whatever the lanes)
+    try:
+        assert dc(1, 16, 128, 64) == 64
+    finally:
+        chunk.force_kernel(None)
     monkeypatch.setattr(chunk, "HOPPER_PIECES", False)
     assert dc(2, 128, 128, 64) is None
     monkeypatch.setattr(chunk, "HOPPER_PIECES", True)
@@ -796,19 +801,20 @@ def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():
     (128, 64, torch.bfloat16, False, False, False), (64, 64, torch.float16, True, False, False),
     (128, 128, torch.bfloat16, False, True, False), (128, 128, torch.float16, True, False, False),
     (64, 64, torch.bfloat16, True, True, True), (64, 64, torch.float16, False, False, True)])
-def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, r, d, dtype, states,
-                                                            reset, dual):
+def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request, r, d, dtype,
+                                                            states, reset, dual):
     """On an sm_90 GPU, both sweeps' pieces taken on the Hopper kernel (forced at a small
-    shape: the lanes' rule waived) give every gradient within the contract of float64 (dg within
-    GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of the chunk, states in and out, a
-    hard reset, and the reverse sweep with dC's dual output (``chunk.HOPPER_DUAL_PIECES``); the
-    same bits twice."""
+    shape: ``force_kernel("hopper")`` waives the lanes' rule) give every gradient within the
+    contract of float64 (dg within GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of
+    the chunk, states in and out, a hard reset, and the reverse sweep with dC's dual output
+    (``chunk.HOPPER_DUAL_PIECES``); the same bits twice."""
     from leetrepro.methods import chunk
     from leetrepro.reference import rel_error
     if chunk.hopper_unfit(*make_inputs(1, 1, 64, 64, 64, dtype=dtype, device="cuda"), None):
         pytest.skip("needs an sm_90 GPU")
-    monkeypatch.setattr(chunk, "sm_count", lambda device: 1)
     monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", dual)
+    chunk.force_kernel("hopper")  # (the lanes' rule waived at this small shape)
+    request.addfinalizer(lambda: chunk.force_kernel(None))
     calls = []
     real = chunk.hopper_row_pieces
     monkeypatch.setattr(chunk, "hopper_row_pieces",

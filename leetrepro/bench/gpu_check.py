@@ -881,6 +881,22 @@ class Case(typing.NamedTuple):
         return self.shape[0] * self.shape[1] * self.shape[2] >= 2 ** 17
 
 
+#: the quick matrix's gated shapes for Chunk's Hopper kernel (forced): Mamba-2's head shape and
+#: 64 × 64 over 10000 rows
+QUICK_GATED_HOPPER_SHAPES = [(2, 16, 2048, 128, 64), (1, 2, 10000, 64, 64)]
+
+
+def _hopper_forced(check, *args, **kw):
+    """``check(*args, **kw)`` with Chunk's Hopper kernel forced wherever it can run
+    (:func:`leetrepro.methods.chunk.force_kernel`), the table followed again after."""
+    from ..methods.chunk import force_kernel
+    force_kernel("hopper")
+    try:
+        return check(*args, **kw)
+    finally:
+        force_kernel(None)
+
+
 def _narrow(dc: int) -> tuple:
     """``check_case``'s ``extra`` for the Hopper kernel at ``dc`` value columns a program."""
     return f"DC{dc}", dict(kernel="hopper", config={"DC": dc})
@@ -942,6 +958,11 @@ def matrix(chosen, dtypes, device, *, quick=False, heads_only=False, layouts_onl
                     add(m, dtype, f"O-decay{decay:d}", shape, check_case, m, shape, dtype, decay,
                         device, 100 * si + decay)
             if quick and hopper_heads and not grads_only:
+                for si, shape in enumerate(QUICK_GATED_HOPPER_SHAPES):
+                    if dtype != torch.float32 and narrow_hopper_columns(m, shape, dtype, device):
+                        # (the gated backward's sweeps carrying dg's pieces on the Hopper kernel)
+                        add(m, dtype, "gates-hopper", shape, _hopper_forced, check_gated, m,
+                            shape, dtype, True, device, 2300 + si)
                 for si, shape in enumerate(QUICK_HOPPER_SHAPES):
                     narrow = narrow_hopper_columns(m, shape, dtype, device)
                     if narrow is None:

@@ -1028,7 +1028,8 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     there (their row vectors E, shaped like V), else None: :data:`HOPPER_PIECES` and not the
     portable kernel forced, an sm_90 GPU and operands it takes (:func:`hopper_pieces_unfit`),
     one pass over programs that fill the GPU (its pieces take no segments: a lane's value
-    columns split over up to D/32 programs to fill it, at most :data:`PIECES_DC` each). ``dual``
+    columns split over up to D/32 programs to fill it, at most :data:`PIECES_DC` each; with the
+    Hopper kernel forced, :func:`force_kernel`, whatever the lanes). ``dual``
     (:data:`HOPPER_DUAL_PIECES`): the reverse sweep with the dual output, E its input, whose
     program holds the whole state (DC = d)."""
     if not HOPPER_PIECES or _FORCED[0] == "portable" or (B.shape[-1], reverse) not in PIECES_DC \
@@ -1037,10 +1038,12 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
                                    cu_seqlens=cu_seqlens) is not None:
         return None
     r, d = B.shape[-1], V.shape[-1]
+    # (the correctness matrix's switch reaches the pieces at its small shapes too)
+    lanes = V.shape[0] * lane_heads(B, C, V)
+    slots = 1 if _FORCED[0] == "hopper" else sm_count(V.device)
     if dual:
-        return d if V.shape[0] * lane_heads(B, C, V) >= sm_count(V.device) else None
+        return d if lanes >= slots else None
     dc = min(hopper_tiles(r, d, V.dtype, False, pieces=True)[0], PIECES_DC[(r, reverse)])
-    lanes, slots = V.shape[0] * lane_heads(B, C, V), sm_count(V.device)
     while lanes * (d // dc) < slots and dc > 32:  # (more programs a lane, fewer columns each)
         dc //= 2
     return dc if lanes * (d // dc) >= slots else None
