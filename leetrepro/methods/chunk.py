@@ -544,7 +544,9 @@ _FORCED: list = [None]
 def force_kernel(kernel: str | None) -> None:
     """Make every ``kernel="auto"`` call take ``"hopper"`` wherever that kernel can run, or
     ``"portable"`` always; None: follow the measured table again. For the correctness matrix
-    (``gpu_check --chunk-kernel``), which reaches Chunk through every path (API, autograd, ops)."""
+    (``gpu_check --chunk-kernel``), which reaches Chunk through every path (API, autograd, ops):
+    ``"hopper"`` also takes a gated backward's pieces there at any number of lanes
+    (:func:`hopper_pieces`)."""
     if kernel not in (None, "hopper", "portable"):
         raise ValueError(f"force_kernel({kernel!r}): use 'hopper', 'portable' or None")
     _FORCED[0] = kernel
