@@ -657,11 +657,9 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
             hopper_dual = bool(both)
             hopper[1] = both or hopper[1]
     if any(hopper) and not all(hopper):  # (the portable sweep beside it at 64-row chunks)
-        cfg = (dict(row=d, width=r, dual=False), dict(row=r, width=d, dual=dual))
-        portable = cfg[hopper.index(0)]
-        if chunk.chunk_config(portable["row"], portable["width"], V.dtype, precision, True,
-                              dual=portable["dual"], device=V.device)["BLOCK_N"] \
-                < chunk.HOPPER["BLOCK_N"]:
+        row, width, with_dc = (d, r, False) if not hopper[0] else (r, d, dual)
+        if chunk.chunk_config(row, width, V.dtype, precision, True, dual=with_dc,
+                              device=V.device)["BLOCK_N"] < chunk.HOPPER["BLOCK_N"]:
             hopper, hopper_dual = [0, 0], False
     dual = dual and (not hopper[1] or hopper_dual)
     # (a row block the caller's config names serves both; each plain sweep its own value

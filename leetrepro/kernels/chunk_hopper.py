@@ -744,8 +744,8 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
         if K.GATE_GRAD:  # (this consumer's block of the rows' buffer: its columns' part)
             gl.store(prog.dg + (col // DH) * prog.dg_blk + row + ri, e, mask=ri < length)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
-        _store_half(ops.o, o_s, o, p_up, ops.scale, prog.bb, prog.hh, row,
-                    prog.col0 + H_IDX * DH, BLOCK_N, DH, ops.b.dtype)
+        _store_half(ops.o, o_s, o, p_up, ops.scale, prog.bb, prog.hh, row, col, BLOCK_N, DH,
+                    ops.b.dtype)
         if ops.b.dtype == gl.float32:  # the slot is released once the store has read it
             tma.store_wait(pendings=0)
             ring.release(s)

@@ -854,7 +854,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     if gate_grad:
-        if kernel == "hopper":  # (the reverse sweep's pieces: one segment a lane)
+        if kernel == "hopper":  # (its pieces: one segment a lane)
             unfit = hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, reverse=reverse,
                                         cu_seqlens=t.CU, outputs=(t.O, t.O2))
             if unfit:
@@ -1005,8 +1005,6 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
                          outputs=outputs, gates=True)
     if unfit:
         return unfit
-    if V.dtype == torch.float32:
-        return "its pieces take float16/bfloat16"
     if E is None or E.shape != V.shape[:1] + E.shape[1:2] + V.shape[2:] or E.stride(-1) != 1:
         return "its pieces need E shaped like V, its rows contiguous"
     if hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, dual, pieces=True) is None:
@@ -1061,14 +1059,12 @@ def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
     δ sum to 0 over a chunk). Sums in a fixed order."""
     blocks, batch, heads, n = q.shape
     q = q[0] if blocks == 1 else q.sum(0)
-    chunks = max(cdiv(n, block_n), 1)
-    tiles = torch.nn.functional.pad(q, (0, chunks * block_n - n)).view(batch, heads, chunks,
-                                                                       block_n)
-    if reverse:
-        rows = tiles.cumsum(-1) - tiles
-    else:
-        rows = tiles.flip(-1).cumsum(-1).flip(-1)
-    return rows.view(batch, heads, -1)[..., :n][None], tiles.sum(-1).view(1, batch * heads, chunks)
+    # (the running sums within tiles the gates take: forward the sums to each tile's end, in
+    # reverse from its start, less the row's own)
+    sums = tile_gate_sums(q, block_n, not reverse).view(batch, heads, -1, block_n)
+    totals = sums[..., -1] if reverse else sums[..., 0]
+    rows = sums.view(batch, heads, -1)[..., :n]
+    return (rows - q if reverse else rows)[None], totals.reshape(1, batch * heads, -1)
 
 
 def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,

@@ -105,8 +105,8 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
     chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
     backward), with or without the ``dual`` output (the backward's dC beside dV); ``groups``:
-    B, C, V, E read by groups of heads (the kernel's ``GROUPS``); ``gate_grad``: the reverse
-    sweep writing the gates' gradient's pieces (``GATE_GRAD``, with gates, one segment a lane)."""
+    B, C, V, E read by groups of heads (the kernel's ``GROUPS``); ``gate_grad``: a gated
+    backward sweep writing the gates' gradient's pieces (``GATE_GRAD``, one segment a lane)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
             jobs.append((f"groups bf16 {r}x{d}:gates:split",
                          dict(dtype="bf16", decay=False, split=True, gates=True, r=r, d=d,
                               groups=groups)))
-        # the gated backward's reverse sweep writing the gates' gradient's pieces (one pass):
+        # the gated backward's sweeps writing the gates' gradient's pieces (one pass):
         # the remainders' copies at the widest state a consumer holds and at Mamba-2's shapes
         # (as launched: chunk.PIECES_DC's columns a program; the dB sweep forward in time with
         # r and d swapped, its r the operator's d)
