@@ -746,12 +746,12 @@ def test_the_hopper_kernel_s_rows_become_the_sweeps_pieces(reverse):
     assert torch.allclose(totals[0].double(), want.reshape(6, 3), atol=1e-4)
 
 
-def test_the_reverse_sweep_s_pieces_take_the_hopper_kernel_where_its_programs_fill_the_gpu(
+def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave_allows(
         monkeypatch):
-    """``chunk.hopper_pieces``: where the Hopper kernel can take the pieces (here said so), its
-    value columns a program (at most ``chunk.PIECES_DC``) halve (down to 32) until the programs
-    fill the SMs; too few lanes even then, the switch off, or the portable kernel forced: None
-    (the portable sweeps)."""
+    """``chunk.hopper_pieces``: where the Hopper kernel can take the pieces (here said so), a
+    program holds as many value columns as it can (at most ``chunk.PIECES_DC``), halved (down to
+    32) only while twice the programs still run in one wave; fewer programs than half the SMs
+    even then, the switch off, or the portable kernel forced: None (the portable sweeps)."""
     from leetrepro.methods import chunk
     monkeypatch.setattr(chunk, "hopper_pieces_unfit", lambda *a, **k: None)
     monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
@@ -761,16 +761,20 @@ def test_the_reverse_sweep_s_pieces_take_the_hopper_kernel_where_its_programs_fi
         V = torch.empty(batch, heads, 64, d, dtype=torch.bfloat16)
         return chunk.hopper_pieces(B, B, V, V, reverse=reverse)
     assert dc(2, 128, 128, 64) == 64  # (256 programs of 64 columns)
-    assert dc(2, 64, 128, 64) == 32  # (128 lanes: two programs a lane)
-    assert dc(8, 32, 128, 128) == 64  # (the most a program holds beside the pieces)
+    assert dc(2, 64, 128, 64) == 64  # (128 lanes on 132 SMs: one program a lane)
+    assert dc(1, 64, 128, 64) == 32  # (64 lanes: two programs a lane, still one wave)
+    assert dc(8, 32, 128, 128) == 128  # (the most a program holds beside the pieces)
     assert dc(8, 32, 128, 128, reverse=False) is None  # (not forward in time at r = 128)
-    assert dc(8, 32, 64, 128, reverse=False) == 64
+    assert dc(2, 64, 64, 128, reverse=False) == 128
     B, V = (torch.empty(4, 80, 64, 64, dtype=torch.bfloat16) for _ in range(2))
+    monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", False)
     assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) is None  # (the switch off)
     monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", True)
     assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) == 64  # (the whole state)
     assert chunk.hopper_pieces(B[:1, :64], B[:1, :64], V[:1, :64], V[:1, :64], reverse=True,
-                               dual=True) is None  # (64 programs)
+                               dual=True) is None  # (64 lanes: the plain sweep splits)
+    assert chunk.hopper_pieces(B[:2, :64], B[:2, :64], V[:2, :64], V[:2, :64], reverse=True,
+                               dual=True) == 64  # (128 lanes)
     assert dc(1, 16, 128, 64) is None  # (32 programs at 32 columns)
     chunk.force_kernel("hopper")  # (the correctness matrix's switch: whatever the lanes)
     try:

@@ -987,9 +987,10 @@ def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, 
 #: (:func:`hopper_pieces`); False: the portable kernel's sweeps always (an A/B switch)
 HOPPER_PIECES = True
 #: whether the reverse sweep carrying the pieces on the Hopper kernel also writes the dual output
-#: dC (r = d = 64: one sweep where two run apart otherwise). Off until the GPU matrix has checked
-#: it: compiled for sm_90 (no spills), not yet run on a GPU
-HOPPER_DUAL_PIECES = False
+#: dC (r = d = 64: one sweep where two run apart otherwise; Mamba-2 at 64 × 64, 2 × 64 heads ×
+#: 8192, bf16: forward + backward 1.14 ms in a graph against 1.35 with dC's sweep apart, H200,
+#: notes/gates.md)
+HOPPER_DUAL_PIECES = True
 
 
 def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
@@ -1013,12 +1014,14 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
 
 
 #: the most value columns a program of the Hopper kernel holds beside the pieces, by (r, in
-#: reverse time): compiled for sm_90, wider ones spill (in reverse at r = d = 128, 276 bytes a
-#: thread at 128 columns, none at 64). Not forward in time at r = 128 (the dB sweep where the
-#: operator's d is 128): it spills 992 bytes at 128 columns, 316 at 64, 124 at 32, and at 32
-#: (four programs a lane, each forming the chunk's scores) the gated `gla` shape's backward took
-#: 6.77 ms against 5.06 with the portable dB sweep (H200, NOTES.md)
-PIECES_DC = {(64, False): 64, (64, True): 64, (128, True): 64}
+#: reverse time). At 128 columns the sweep spills (bf16: 116 bytes a thread forward at r = 64,
+#: 276 in reverse at r = d = 128; fp16 up to 316) and still runs faster than two programs a lane
+#: at 64, each forming the chunk's scores again (H200, bf16: Mamba-2's 2 × 64 heads × 8192,
+#: 128 × 64, forward + backward 1.64 ms in a graph against 2.26; gated `gla` 4.99 against 5.37,
+#: notes/gates.md). Not forward in time at r = 128 (the dB sweep where the operator's d is 128):
+#: it spills 992 bytes at 128 columns, 316 at 64, 124 at 32, and at 32 (four programs a lane)
+#: the gated `gla` shape's backward took 6.77 ms against 5.06 with the portable dB sweep (H200)
+PIECES_DC = {(64, False): 128, (64, True): 128, (128, True): 128}
 
 
 def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
@@ -1027,11 +1030,14 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     op(B, C, V) (the dB sweep forward in time, the dV sweep in reverse) should take its pieces
     there (their row vectors E, shaped like V), else None: :data:`HOPPER_PIECES` and not the
     portable kernel forced, an sm_90 GPU and operands it takes (:func:`hopper_pieces_unfit`),
-    one pass over programs that fill the GPU (its pieces take no segments: a lane's value
-    columns split over up to D/32 programs to fill it, at most :data:`PIECES_DC` each; with the
-    Hopper kernel forced, :func:`force_kernel`, whatever the lanes). ``dual``
+    and programs enough to busy half the SMs in one pass (the pieces take no segments). A program
+    holds as many of a lane's value columns as it can (at most :data:`PIECES_DC`), halved (down
+    to 32) only while twice the programs still run in one wave: each more program a lane forms
+    the chunk's scores again, and a second wave costs more than the SMs a short one leaves idle
+    (128 lanes on 132 SMs: one program a lane, measured faster than two). With the Hopper kernel
+    forced (:func:`force_kernel`): the widest, whatever the lanes. ``dual``
     (:data:`HOPPER_DUAL_PIECES`): the reverse sweep with the dual output, E its input, whose
-    program holds the whole state (DC = d)."""
+    program holds the whole state (DC = d), where the plain sweep would not split."""
     if not HOPPER_PIECES or _FORCED[0] == "portable" or (B.shape[-1], reverse) not in PIECES_DC \
             or (dual and not HOPPER_DUAL_PIECES) \
             or hopper_pieces_unfit(B, C, V, E, dual=dual, reverse=reverse,
@@ -1042,11 +1048,11 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     lanes = V.shape[0] * lane_heads(B, C, V)
     slots = 1 if _FORCED[0] == "hopper" else sm_count(V.device)
     if dual:
-        return d if lanes >= slots else None
+        return d if 2 * lanes > slots else None
     dc = min(hopper_tiles(r, d, V.dtype, False, pieces=True)[0], PIECES_DC[(r, reverse)])
-    while lanes * (d // dc) < slots and dc > 32:  # (more programs a lane, fewer columns each)
+    while 2 * lanes * (d // dc) <= slots and dc > 32:  # (a short wave: more programs a lane)
         dc //= 2
-    return dc if lanes * (d // dc) >= slots else None
+    return dc if 2 * lanes * (d // dc) >= slots else None
 
 
 def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
