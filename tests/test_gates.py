@@ -791,6 +791,36 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
         chunk.force_kernel(None)
 
 
+def test_the_hopper_kernel_takes_e_and_the_gates_through_its_ring_where_no_slot_is_lost(
+        monkeypatch):
+    """``chunk.hopper_constants``: the pieces' row vectors E come through the Hopper kernel's
+    ring where two slots of it fit, the gates' tile sums where they cost the ring no slot; a
+    launch whose slots and fixed buffers left under 2.1 KB for the gates' padding took more
+    shared memory than the GPU has (H200): that one keeps them out."""
+    from leetrepro._device import SM90_SHARED_BYTES
+    from leetrepro.methods import chunk
+
+    def consts(r, d, reverse, dc, pieces=True):
+        return chunk.hopper_constants(r=r, d=d, dtype=torch.bfloat16, decay=False, has_s0=True,
+                                      store_sn=True, split=False, reverse=reverse, dual=False,
+                                      dc=dc, gates=True, gate_grad=pieces)
+    k = consts(64, 128, False, 128)  # (Mamba-2's dB sweep)
+    assert (k.E_RING, k.G_RING, k.STAGES) == (True, True, 2)
+    k = consts(128, 64, True, 64)  # (its dV sweep)
+    assert (k.E_RING, k.G_RING, k.STAGES) == (True, True, 3)
+    k = consts(128, 128, True, 128)  # (no two slots with E at 128 × 128: its loads)
+    assert (k.E_RING, k.G_RING, k.STAGES) == (False, False, 2)
+    k = consts(128, 128, False, 128, pieces=False)  # (the gated forward: its third slot kept)
+    assert (k.E_RING, k.G_RING, k.STAGES) == (False, False, 3)
+    monkeypatch.setattr(chunk, "HOPPER_E_RING", False)
+    k = consts(64, 128, False, 128)  # (the launch that asked 72 bytes over)
+    assert (k.E_RING, k.G_RING, k.STAGES) == (False, False, 4)
+    # (the bytes as counted, with the gates' padding, within the GPU's)
+    bn, slot = 64, 64 * (2 * 64 + 128 + 128) * 2 + 4 * 64
+    fixed = (2 * 64 * 64 + 4 * bn * 64 + 2 * bn * 64 + 2 * 64 * 64 + 2 * bn * 64) * 2
+    assert 2 * slot + fixed + 1024 + 2048 <= SM90_SHARED_BYTES
+
+
 def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():
     from leetrepro.methods import chunk
     B, C, V = make_inputs(1, 2, 64, 64, 64, dtype=torch.bfloat16)

@@ -70,9 +70,11 @@ and O2's staging one buffer each per consumer.
 
 Per-token gates (``HAS_GATE``, fp16/bf16): the launcher passes each lane's gates as running sums
 *within each 64-row tile, in logical order* (forward: from the tile's first row; reverse: from
-its last), fp32, padded to whole tiles (``leetrepro.methods.chunk.tile_gate_sums``). A consumer
-loads its chunk's 64 sums by rows and by columns (L2-resident, loaded before it waits on the
-ring) and takes, in place of the powers of λ, exp(G_i) onto the entering state, exp(G_L − G_j)
+its last), fp32, padded to whole tiles (``leetrepro.methods.chunk.tile_gate_sums``). The
+loader brings a chunk's 64 sums into its ring slot with its tiles (``G_RING``, where that costs
+the ring no slot: then they arrive ``STAGES`` chunks ahead; else each consumer loads them from
+L2 before it waits on the ring, and waits out their latency), a consumer reads them by rows and
+by columns and takes, in place of the powers of λ, exp(G_i) onto the entering state, exp(G_L − G_j)
 into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and exp(G_i − G_j)
 the mask: every exponent a difference within a tile, the later row first. A segment's decay is
 the sum of its tiles' totals, summed in its first pass.
@@ -86,8 +88,9 @@ plus forward in time the chunk's own pairs' part δ_i (:func:`_own_pairs`, from 
 scores times E's tile against the v tile: one more BLOCK_N × BLOCK_N × DH wgmma), stored as
 float32 per consumer (a block of ``D/DH`` rows' buffers); the within-chunk running sums and the
 chunk totals are the launcher's (``leetrepro.methods.chunk.hopper_row_pieces``), so the chunk
-loop adds no scan. E's tile is loaded from global memory before the ring wait (L2-resident, no
-shared memory). The pieces telescope over the chunks, so the two
+loop adds no scan. E's tile comes through the ring at the program's columns (``E_RING``, where
+two slots of it fit shared memory), else by loads before the ring wait, whose latency (E is read
+from DRAM nowhere else in the sweep) the consumers then wait out. The pieces telescope over the chunks, so the two
 16-bit roundings the sweep makes are taken back as the portable kernel's ``EXACT`` does: the
 state's copy has a second copy of its remainder (one more wgmma into O's accumulator), the
 weighted v a second tile of its remainder (one more into the state's update).
@@ -174,6 +177,20 @@ def _chunk_gates(prog, row, acc_l: gl.constexpr, K: gl.constexpr):
     else:
         total = gl.load(ptr + (BLOCK_N - 1))
     return g_rows, g_cols, total
+
+
+@gluon.jit
+def _ring_gates(ring, s, acc_l: gl.constexpr, K: gl.constexpr):
+    """:func:`_chunk_gates` from ring slot s (``G_RING``: the tile's sums came by TMA with its
+    tiles), read from shared memory."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    g = ring.g.index(s).reshape([BLOCK_N])
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    if K.REVERSE:
+        total = gl.sum(g.slice(0, 1).load(one), axis=0)
+    else:
+        total = gl.sum(g.slice(BLOCK_N - 1, 1).load(one), axis=0)
+    return g.load(gl.SliceLayout(1, acc_l)), g.load(gl.SliceLayout(0, acc_l)), total
 
 
 @gluon.jit
@@ -389,7 +406,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD", defaults=((1, 1, 1, 1), False))
+                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING",
+    defaults=((1, 1, 1, 1), False, False, False))
 
 
 @gluon.constexpr_function
@@ -455,21 +473,23 @@ class Program:
 @aggregate
 class Ring:
     """The ring of ``STAGES`` shared-memory slots the loader fills and the consumers empty: a
-    slot's B and C tiles, V's two halves (one a consumer), with the dual output E's two halves,
-    and the slot's *ready* (the loader's TMA landed) and *empty* (both consumers are done)
-    mbarriers. Chunk i of a program's stream takes slot i % STAGES; a barrier's phase flips
-    each round of the ring, so the i-th wait on a slot waits for phase (i // STAGES) & 1."""
+    slot's B and C tiles, V's two halves (one a consumer), with the dual output or ``E_RING``
+    E's two halves, with ``G_RING`` the chunk's gates' tile sums (``g``), and the slot's
+    *ready* (the loader's TMA landed) and *empty* (both consumers are done) mbarriers. Chunk i
+    of a program's stream takes slot i % STAGES; a barrier's phase flips each round of the
+    ring, so the i-th wait on a slot waits for phase (i // STAGES) & 1."""
     b: gl.shared_memory_descriptor
     c: gl.shared_memory_descriptor
     v: gl.shared_memory_descriptor
     e: gl.base_value
+    g: gl.base_value
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
     STAGES: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, b, c, v, e, ready, empty, STAGES):
-        self.b, self.c, self.v, self.e = b, c, v, _field(e)
+    def __init__(self, b, c, v, e, g, ready, empty, STAGES):
+        self.b, self.c, self.v, self.e, self.g = b, c, v, _field(e), _field(g)
         self.ready, self.empty, self.STAGES = ready, empty, gl.constexpr(STAGES)
 
     @gluon.jit
@@ -505,6 +525,7 @@ class Operands:
     o: gl.base_value
     e: gl.base_value
     o2: gl.base_value
+    g: gl.base_value
     S0: gl.base_value
     SN: gl.base_value
     FLAGS: gl.base_value
@@ -513,8 +534,9 @@ class Operands:
     scale: gl.base_value
 
     @gluon.constexpr_function
-    def __init__(self, b, c, v, o, e, o2, S0, SN, FLAGS, WS, SYNC, scale):
+    def __init__(self, b, c, v, o, e, o2, g, S0, SN, FLAGS, WS, SYNC, scale):
         self.b, self.c, self.v, self.o, self.e, self.o2 = b, c, v, o, _field(e), _field(o2)
+        self.g = _field(g)
         self.S0, self.SN, self.FLAGS = _field(S0), _field(SN), _field(FLAGS)
         self.WS, self.SYNC, self.scale = _field(WS), _field(SYNC), _field(scale)
 
@@ -544,11 +566,14 @@ class Staging:
 @gluon.jit
 def _loader(prog, ring, ops, K: gl.constexpr):
     """The loader partition: a segment's first pass (C and V only), then its sweep (B, C, V,
-    and E with the dual output), chunk by chunk into the ring."""
+    and E with the dual output or ``E_RING``), chunk by chunk into the ring."""
     DC: gl.constexpr = K.DC
     DH: gl.constexpr = DC // 2
-    WITH_E: gl.constexpr = K.DUAL
-    cv_bytes: gl.constexpr = ops.c.block_type.nbytes + 2 * ops.v.block_type.nbytes
+    WITH_E: gl.constexpr = K.DUAL or K.E_RING
+    WITH_G: gl.constexpr = K.HAS_GATE and K.G_RING
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    cv_bytes: gl.constexpr = ops.c.block_type.nbytes + 2 * ops.v.block_type.nbytes + \
+        (ops.g.block_type.nbytes if WITH_G else 0)
     sweep_bytes: gl.constexpr = cv_bytes + ops.b.block_type.nbytes + \
         (2 * ops.e.block_type.nbytes if WITH_E else 0)
     first = prog.first_pass(K)
@@ -566,12 +591,15 @@ def _loader(prog, ring, ops, K: gl.constexpr):
             row, _ = prog.chunk(i - first, K)
             mbarrier.expect(ring.ready.index(s), sweep_bytes)
             _tma_load(ops.b, [prog.bb, hb, row, 0], ring.ready.index(s), ring.b.index(s))
-            if WITH_E:  # (the dual output's E: col0 = 0, DH = D/2)
+            if WITH_E:  # (E's halves at the program's columns; the dual output's: col0 = 0)
                 _tma_load(ops.e, [prog.bb, he, row, prog.col0], ring.ready.index(s),
                           ring.e.index(2 * s))
                 _tma_load(ops.e, [prog.bb, he, row, prog.col0 + DH], ring.ready.index(s),
                           ring.e.index(2 * s + 1))
         _tma_load(ops.c, [prog.bb, hc, row, 0], ring.ready.index(s), ring.c.index(s))
+        if WITH_G:  # (the lane's gates' tile sums, a tile a row of their 4-D view)
+            _tma_load(ops.g, [prog.bb, prog.hh, row // BLOCK_N, 0], ring.ready.index(s),
+                      ring.g.index(s))
         _tma_load(ops.v, [prog.bb, hv, row, prog.col0], ring.ready.index(s),
                   ring.v.index(2 * s))
         _tma_load(ops.v, [prog.bb, hv, row, prog.col0 + DH], ring.ready.index(s),
@@ -651,10 +679,13 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
         for i in range(first):
             row, length = prog.chunk(i, K)
             gates = None
-            if K.HAS_GATE:
+            if K.HAS_GATE and not K.G_RING:  # (loaded before the wait, unless in the ring)
                 gates = _chunk_gates(prog, row, acc_l, K)
-                seg_log += gates[2]
             s = ring.consumer_wait(i)
+            if K.HAS_GATE and K.G_RING:
+                gates = _ring_gates(ring, s, acc_l, K)
+            if K.HAS_GATE:
+                seg_log += gates[2]
             if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
                 vw = None
             else:
@@ -734,11 +765,13 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
         row, length = prog.chunk(j, K)
         gates = None
         e_t = None
-        if K.HAS_GATE:  # (loaded before the wait: they do not come through the ring)
+        if K.HAS_GATE and not K.G_RING:  # (loaded before the wait, unless in the ring)
             gates = _chunk_gates(prog, row, acc_l, K)
-        if K.GATE_GRAD and not DUAL:  # (E's tile, likewise; the dual output's is in the ring)
+        if K.GATE_GRAD and not (DUAL or K.E_RING):  # (E's tile, likewise, unless in the ring)
             e_t = _piece_rows(prog, row, length, col, ri, acc_l, DH)
         s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
+        if K.HAS_GATE and K.G_RING:
+            gates = _ring_gates(ring, s, acc_l, K)
         o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
                                                       length, prog.lg, K, H_IDX, j, gates, e_t)
         if K.GATE_GRAD:  # (this consumer's block of the rows' buffer: its columns' part)
@@ -796,7 +829,9 @@ def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: g
                        use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
     wv = 0.0
     if EXACT and not K.REVERSE:
-        wv = warpgroup_mma(gl.convert_layout(e_t, _operand_layout(dtype, DH)), v_t.permute((1, 0)),
+        if not K.E_RING:  # (in registers: the A operand's layout; in the ring, read from there)
+            e_t = gl.convert_layout(e_t, _operand_layout(dtype, DH))
+        wv = warpgroup_mma(e_t, v_t.permute((1, 0)),
                            gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
                            is_async=True)  # [BLOCK_N, BLOCK_N]
     o = warpgroup_mma(b_t, st.h.index(H_IDX), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
@@ -855,8 +890,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
             st.hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, gl.SliceLayout(1, acc_l)) +
                                         h_up)
     e = 0.0  # (a tuple returned holds no bare None)
-    if DUAL and K.GATE_GRAD:  # (the dual output's E is the pieces' row vectors: in the ring)
-        e_t = _tile(ring.e, 2 * s + H_IDX).load(acc_l)
+    if K.GATE_GRAD and (DUAL or K.E_RING):  # (E's tile in the ring: read where it is used)
+        e_t = _tile(ring.e, 2 * s + H_IDX)
     if dtype == gl.float32:
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
         o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K)
@@ -888,6 +923,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE, gates)
         o = _rescaled(o, w_rows, h_up / p_up, WEIGHTED, HALF_RANGE)
         if EXACT:  # (o is the part from the state in the scores' units here: 1/p_up)
+            if DUAL or K.E_RING:
+                e_t = e_t.load(acc_l)
             e += gl.sum(o * e_t.to(gl.float32), axis=1) * p_up
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
@@ -1028,7 +1065,7 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K: gl.constexpr):
 
 
 @gluon.jit
-def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
+def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
     """The shared memory: the :class:`Ring` and the consumers' :class:`Staging`."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
@@ -1062,6 +1099,10 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumers release a slot
     e_bufs = None
+    g_bufs = None
+    if K.HAS_GATE and K.G_RING:
+        g_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + g_desc.block_type.shape,
+                                           g_desc.layout)
     hbar = None
     hs_up = None
     hl_bufs = None
@@ -1069,9 +1110,10 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
     if K.GATE_GRAD:  # (fp16/bf16: the remainders' copies, laid out as the copies themselves)
         hl_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
         vwl_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
-    if DUAL:
+    if DUAL or K.E_RING:
         e_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + e_desc.block_type.shape,
                                            e_desc.layout)
+    if DUAL:
         # the state's copies: both written (0), both read (1); each consumer arrives once a chunk
         hbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(hbar.index(0), count=2)
@@ -1079,13 +1121,13 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K: gl.constexpr):
         if HALF_RANGE:  # the copies' scales (each consumer's, broadcast over a row)
             hs_up = gl.allocate_shared_memory(gl.float32, [2, R],
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    return (Ring(b_bufs, c_bufs, v_bufs, e_bufs, ready, empty, STAGES),
+    return (Ring(b_bufs, c_bufs, v_bufs, e_bufs, g_bufs, ready, empty, STAGES),
             Staging(h_bufs, o_bufs, vw_bufs, hbar, hs_up, hl_bufs, vwl_bufs))
 
 
 @gluon.jit
 def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, DECAY,
-                        SIZE, scale, PIECES, K: gl.constexpr):
+                        SIZE, scale, PIECES, g_desc, K: gl.constexpr):
     """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
     (the units of a lane next to each other in launch order, so that they run together and read
     B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
@@ -1101,14 +1143,16 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     tiles), module docstring), else None; ``SIZE = (N, H, LANES, SEG)``; ``PIECES`` (``GATE_GRAD``,
     else None): ``(E, batch stride, head stride, row stride, rows, block stride)``, E shaped
     like V (its last dimension contiguous) and the pieces' rows float32 (D/DH blocks, batch,
-    heads, N) contiguous; ``K``: :data:`Constants`."""
+    heads, N) contiguous; ``g_desc`` (``G_RING``, else None): the gates' tile sums as (batch,
+    heads, tiles, BLOCK_N), blocks (1, 1, 1, BLOCK_N), through the ring; ``K``:
+    :data:`Constants`."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING
     prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K)
-    ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, K)
-    ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, S0, SN, FLAGS, WS, SYNC,
-                   scale)
+    ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K)
+    ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, g_desc, S0, SN, FLAGS, WS,
+                   SYNC, scale)
     gl.warp_specialize([(_loader, (prog, ring, ops, K)),
                         (_consumer, (prog, ring, ops, st, K, 0)),
                         (_consumer, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])

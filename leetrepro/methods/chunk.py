@@ -281,7 +281,8 @@ HOPPER_DIMS = (64, 128, 256)
 
 @functools.lru_cache(maxsize=None)
 def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
-                 dc: int | None = None, pieces: bool = False) -> tuple[int, int] | None:
+                 dc: int | None = None, pieces: bool = False,
+                 e_ring: bool = False, gates: bool = False) -> tuple[int, int] | None:
     """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
     ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
 
@@ -295,7 +296,11 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
     the weighted V (2 × BLOCK_N × DC/2); fp32 the state's copies in halves and O staged in the
     ring. At r = d = 128: 3 slots of 48 KB in fp16/bf16 (224 KB), 2 with the dual output or fp32.
     ``pieces`` (the gates' gradient's pieces, fp16/bf16): the state's copies and the weighted v
-    twice (their remainders), 2 slots at r = d = 128."""
+    twice (their remainders), 2 slots at r = d = 128; ``e_ring`` (with ``pieces``, not ``dual``):
+    their row vectors E in the ring too (BLOCK_N × DC a slot); ``gates``: the chunk's gates'
+    float32 tile sums too (BLOCK_N a slot), and 2 KB more kept free: the allocator's padding
+    around their small buffer (a launch at 4 slots of 33 KB asked 2.1 KB more than the slots and
+    the fixed buffers hold, H200)."""
     from .._device import SM90_SHARED_BYTES
     bn, size = HOPPER["BLOCK_N"], dtype.itemsize
     widest = 128 if r <= 128 and d >= 128 else 64
@@ -305,14 +310,16 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
         raise ValueError(f"DC={dc} is invalid at r = {r}, d = {d}: a power of two from 32 to "
                          f"{widest}{' equal to d (the dual output)' if dual else ''}")
     dh = dc // 2
-    slot = bn * (2 * r + dc + (d if dual else 0)) * size
+    slot = bn * (2 * r + dc + (d if dual else dc if pieces and e_ring else 0)) * size + \
+        (4 * bn if gates else 0)
     if dtype == torch.float32:
         fixed = 2 * dh * (r // 2 if r > 64 else r) * size
     else:
         fixed = (2 * r * dh + 4 * bn * dh + 2 * bn * dh) * size
         if pieces:
             fixed += (2 * r * dh + 2 * bn * dh) * size
-    stages = min(HOPPER["MAX_STAGES"], (SM90_SHARED_BYTES - 1024 - fixed) // slot)
+    stages = min(HOPPER["MAX_STAGES"],
+                 (SM90_SHARED_BYTES - 1024 - (2048 if gates else 0) - fixed) // slot)
     return (dc, stages) if stages >= 2 else None
 
 
@@ -325,11 +332,21 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     the widest), and the repair launch's value columns per lane (the portable kernel's,
     :func:`block_d`); ``gate_grad``: the sweep writes the gates' gradient's pieces."""
     dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
+    # (the pieces' row vectors E in the ring where two slots of it fit, and the gates there too
+    # where that costs no slot: their tiles then come with the chunk's, STAGES ahead, not by
+    # loads the consumers wait on each chunk)
+    with_e = gate_grad and not dual and HOPPER_E_RING and \
+        hopper_tiles(r, d, dtype, False, dc, pieces=True, e_ring=True)
+    if with_e:
+        stages = with_e[1]
+    with_g = gates and HOPPER_GATES_RING and \
+        hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad, e_ring=bool(with_e), gates=True)
+    g_ring = bool(with_g) and with_g[1] == stages
     return hopper_kernels.Constants(
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
         SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups,
-        GATE_GRAD=gate_grad)
+        GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring))
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -589,11 +606,12 @@ class HopperLaunch:
         self.layouts = layouts  # their shared-memory layouts
         self.key = ("hopper", serial)  # the compiled kernel's key for :func:`launch`
         self.descriptors = None
+        self.g_descriptor = None  # (the gates' tile sums, with the kernel's G_RING)
 
     def launch(self, t: Operands, *, sn, flags, sync, ws, scale: float) -> None:
         """One launch over ``t``'s tensors, the final states into ``sn``, with the lanes' repair
         ``flags`` and, with segments, the ring ``ws`` and its flags and ticket ``sync``."""
-        # (E without a block of its own: the pieces' row vectors, read by pointers, not TMA)
+        # (E without a block of its own: the pieces' row vectors read by pointers, not TMA)
         tensors = tuple(x if cols is not None else None
                         for x, cols in zip((t.B, t.C, t.V, t.O, t.E, t.O2), self.blocks))
         descs = self.descriptors
@@ -606,6 +624,16 @@ class HopperLaunch:
             if desc is not None:
                 desc.base = x
         gates = None if t.G is None else tile_gate_sums(t.G, HOPPER["BLOCK_N"], self.consts.REVERSE)
+        g_desc = None
+        if self.consts.G_RING:  # (a tile a row: TMA boxes of one tile's sums)
+            bn = HOPPER["BLOCK_N"]
+            tiles = gates.view(*gates.shape[:2], -1, bn)
+            if self.g_descriptor is None:
+                self.g_descriptor = TensorDescriptor(tiles, list(tiles.shape),
+                                                     list(tiles.stride()), [1, 1, 1, bn],
+                                                     _gates_layout(bn))
+            g_desc = self.g_descriptor
+            g_desc.base = tiles
         pieces = None
         if self.consts.GATE_GRAD:  # (E's rows in place; the pieces' rows, a block per consumer)
             rows = t.DG[0]
@@ -615,10 +643,10 @@ class HopperLaunch:
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
                         e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
                         RING=(ws, sync, flags), DECAY=(t.GAMMA, gates), SIZE=self.size,
-                        scale=scale, PIECES=pieces, K=self.consts), self.key,
+                        scale=scale, PIECES=pieces, g_desc=g_desc, K=self.consts), self.key,
                    num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
         finally:
-            for desc in descs:
+            for desc in descs + (g_desc,):
                 if desc is not None:
                     desc.base = None
 
@@ -634,8 +662,10 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, 
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
                               dc=dc, gates=gates, groups=groups, gate_grad=gate_grad)
     dh = consts.DC // 2
-    # (E's block: the dual output's input, in the consumers' halves)
-    blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (None, None))
+    # (E's block: the dual output's input, or the pieces' row vectors in the ring, in the
+    # consumers' halves)
+    blocks = (r, r, dh, dh) + ((d // 2, r // 2) if dual else (dh, None) if consts.E_RING else
+                               (None, None))
     gdt = gluon_dtype(dtype)
     units = lanes * (d // consts.DC)
     return HopperLaunch(
@@ -662,6 +692,14 @@ def gluon_dtype(dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
     return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16,
             torch.float32: gl.float32}[dtype]
+
+
+@functools.lru_cache(maxsize=None)
+def _gates_layout(block: int):
+    """The shared-memory layout of the gates' (1, 1, 1, block) float32 TMA tile: unswizzled, so
+    that the consumers read it as a vector by rows and by columns."""
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -991,6 +1029,14 @@ HOPPER_PIECES = True
 #: 8192, bf16: forward + backward 1.14 ms in a graph against 1.35 with dC's sweep apart, H200,
 #: notes/gates.md)
 HOPPER_DUAL_PIECES = True
+#: whether the pieces' row vectors E come through the Hopper kernel's ring (TMA, with the
+#: chunk's tiles) where two slots of it fit shared memory, rather than by loads each chunk; an
+#: A/B switch
+HOPPER_E_RING = True
+#: whether the Hopper kernel's gates (their tile sums, :func:`tile_gate_sums`) come through its
+#: ring by TMA, STAGES chunks ahead, rather than by loads each chunk's consumers wait on, where
+#: that costs the ring no slot (:func:`hopper_constants`); an A/B switch
+HOPPER_GATES_RING = True
 
 
 def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
@@ -1008,6 +1054,8 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
         return unfit
     if E is None or E.shape != V.shape[:1] + E.shape[1:2] + V.shape[2:] or E.stride(-1) != 1:
         return "its pieces need E shaped like V, its rows contiguous"
+    if E.data_ptr() % 16 or any(st * E.element_size() % 16 for st in E.stride()[:-1]):
+        return "its pieces' E's base and strides must be 16-byte aligned (TMA)"
     if hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, dual, pieces=True) is None:
         return "its remainders' copies do not fit shared memory beside two ring slots"
     return None

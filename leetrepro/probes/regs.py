@@ -112,7 +112,8 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .._inputs import parse_dtype
-    from ..methods.chunk import HOPPER, _tma_layout, gluon_dtype, hopper_constants, hopper_kernels
+    from ..methods.chunk import (HOPPER, _gates_layout, _tma_layout, gluon_dtype, hopper_constants,
+                                 hopper_kernels)
     kern = hopper_kernels.chunk_hopper_kernel
     gdt = gluon_dtype(parse_dtype(dtype))
     bn = HOPPER["BLOCK_N"]
@@ -131,11 +132,18 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
                DECAY=("*fp64" if decay else "constexpr", "*fp32" if gates else "constexpr"),
                SIZE=("i32",) * 4, scale="fp32",
                PIECES=(f"*{dtype}", "i32", "i32", "i32", "*fp32", "i32") if gate_grad
-               else "constexpr", K="constexpr")
-    constexprs = {(12,): const}
+               else "constexpr",
+               g_desc=(f"tensordesc<fp32[1, 1, 1, {bn}],{_gates_layout(bn)!r}>" if const.G_RING
+                       else "constexpr"), K="constexpr")
+    constexprs = {(13,): const}
+    if not const.G_RING:
+        constexprs[(12,)] = None
     if not gate_grad:
         constexprs[(11,)] = None
-    if not dual:
+    if const.E_RING:  # (the pieces' row vectors through the ring: E's block DC/2 columns)
+        sig.update(e_desc=desc(dh), o2_desc="constexpr")
+        constexprs[(5,)] = None
+    elif not dual:
         sig.update(e_desc="constexpr", o2_desc="constexpr")
         constexprs.update({(4,): None, (5,): None})
     if not decay:
