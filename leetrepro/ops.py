@@ -555,14 +555,19 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     if pieces is not None:
         from .methods import chunk
         tail = _final_pairs(dS, SN)
-        for i, name in enumerate(("forward", "reverse")):  # (the Hopper kernel's rows: their
-            # sums within each chunk taken here)
-            if pieces["hopper"][i]:
-                pieces[name] = chunk.hopper_row_pieces(pieces[name][0], pieces["block"], i == 1)
-        dg = _into(chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
-                                                   pieces["block"], cu_seqlens,
-                                                   None if tail is None else tail / scale, scale)
-                   .to(g.dtype), g, None)
+        tail = None if tail is None else tail / scale
+        if all(pieces["hopper"]) and cu_seqlens is None:  # (both sweeps' rows: one pass)
+            dg = chunk.gate_gradient_from_rows(pieces["forward"][0], pieces["reverse"][0],
+                                               pieces["block"], tail, scale)
+        else:
+            for i, name in enumerate(("forward", "reverse")):  # (the Hopper kernel's rows:
+                # their sums within each chunk taken here)
+                if pieces["hopper"][i]:
+                    pieces[name] = chunk.hopper_row_pieces(pieces[name][0], pieces["block"],
+                                                           i == 1)
+            dg = chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
+                                                 pieces["block"], cu_seqlens, tail, scale)
+        dg = _into(dg.to(g.dtype), g, None)
     elif straddle:
         dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
                    .to(g.dtype), g, None)
@@ -639,7 +644,8 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     (:func:`leetrepro.methods.chunk.hopper_pieces`; not with the caller's config): then dV's
     sweep apart from dC's, a portable sweep beside it at that kernel's row block (where its own
     holds as many rows), its buffer the kernel's rows (a block per consumer; no totals:
-    :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them)."""
+    :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them, or with both sweeps there
+    :func:`leetrepro.methods.chunk.gate_gradient_from_rows` dg itself)."""
     from .methods import chunk
     from .methods._gpu import dot_precision
     r, d = B.shape[-1], V.shape[-1]

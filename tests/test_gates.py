@@ -706,7 +706,9 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
     ptxas (the interpreter checks their numbers, not their resources): each program's shared
     memory within Hopper's 227 KiB (the unrolled block pairs once asked for 546 KiB, and every
     gated backward failed on the GPU), and their spills held at what was measured (NOTES.md:
-    the pairs' tiles and the carried state exceed 255 registers a thread at any warp count)."""
+    the pairs' tiles and the carried state exceed 255 registers a thread at any warp count);
+    and the kernel taking dg from the Hopper kernel's rows (``kernels/gate_rows.py``) without
+    spills."""
     import os
     import subprocess
     import sys
@@ -716,6 +718,8 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
     res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--straddle"],
                          capture_output=True, text=True, env=env, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    rows = [line for line in res.stdout.splitlines() if line.startswith("rows ")]
+    assert len(rows) == 2 and all(spill_bytes(line) == 0 for line in rows), rows
     lines = [line for line in res.stdout.splitlines() if line.startswith("straddle ")]
     assert len(lines) == len(STRADDLE_JOBS)
     for line in lines:
@@ -744,6 +748,39 @@ def test_the_hopper_kernel_s_rows_become_the_sweeps_pieces(reverse):
         assert abs(rows[0, 1, 2, t].item() - want.sum().item()) <= 1e-4
     want = torch.stack([s[..., c * 64:(c + 1) * 64].sum(-1) for c in range(3)], -1)
     assert torch.allclose(totals[0].double(), want.reshape(6, 3), atol=1e-4)
+
+
+@pytest.mark.parametrize("n, tail", [(150, False), (2100, True)])
+def test_the_gates_gradient_from_the_hopper_rows_in_one_pass(n, tail):
+    """``chunk.gate_gradient_from_rows`` (``kernels/gate_rows.py``, interpreted on the CPU): each
+    row's dg from both sweeps' rows (blocks summed), their sums within its chunk, the later
+    chunks' totals in float64 and the final state's pairs, times the scale, as the definition in
+    float64 has it and as ``hopper_row_pieces`` then ``gate_gradient_from_pieces`` give it; N
+    not a multiple of the chunk, several steps of chunks a program; the same bits twice."""
+    from leetrepro.methods import chunk
+    gen = torch.Generator().manual_seed(5)
+    q_f = torch.randn(2, 2, 3, n, generator=gen).to(KERNEL_DEVICE)
+    q_r = torch.randn(1, 2, 3, n, generator=gen).to(KERNEL_DEVICE)
+    t_n = torch.randn(2, 3, generator=gen, dtype=torch.float64).to(KERNEL_DEVICE) if tail else None
+    got = chunk.gate_gradient_from_rows(q_f, q_r, 64, t_n, scale=0.5)
+    assert got.shape == (2, 3, n) and got.dtype == torch.float32
+    f, r = q_f.double().sum(0).cpu(), q_r.double().sum(0).cpu()
+    want = torch.empty(2, 3, n, dtype=torch.float64)
+    chunks = -(-n // 64)
+    e = torch.stack([f[..., c * 64:(c + 1) * 64].sum(-1) for c in range(chunks)], -1)
+    fr = torch.stack([r[..., c * 64:(c + 1) * 64].sum(-1) for c in range(chunks)], -1)
+    for t in range(n):
+        c, first = t // 64, t // 64 * 64
+        want[..., t] = (f[..., t:first + 64].sum(-1) + r[..., first:t].sum(-1)
+                        + (e - fr)[..., c + 1:].sum(-1) - fr[..., c]
+                        + (0.0 if t_n is None else t_n.cpu()))
+    want *= 0.5
+    assert (got.cpu().double() - want).abs().max() <= 1e-5 * want.abs().max()
+    composed = chunk.gate_gradient_from_pieces(chunk.hopper_row_pieces(q_f, 64, False),
+                                               chunk.hopper_row_pieces(q_r, 64, True), 64, None,
+                                               t_n, 0.5)
+    assert (got - composed).abs().max() <= 1e-5 * composed.abs().max()
+    assert torch.equal(got, chunk.gate_gradient_from_rows(q_f, q_r, 64, t_n, scale=0.5))
 
 
 def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave_allows(
@@ -850,9 +887,11 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
     chunk.force_kernel("hopper")  # (the lanes' rule waived at this small shape)
     request.addfinalizer(lambda: chunk.force_kernel(None))
     calls = []
-    real = chunk.hopper_row_pieces
+    real, real_rows = chunk.hopper_row_pieces, chunk.gate_gradient_from_rows
     monkeypatch.setattr(chunk, "hopper_row_pieces",
                         lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    monkeypatch.setattr(chunk, "gate_gradient_from_rows",
+                        lambda *a, **k: calls.append("both") or real_rows(*a, **k))
     b, h, n = 2, 4, 1000
     gen = torch.Generator().manual_seed(11)
     B, C = (torch.randn(b, 2, n, r, generator=gen) / r ** 0.5 for _ in range(2))
@@ -876,8 +915,9 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
         return [t.double().cpu() for t in torch.autograd.grad(loss, xs)]
     want = grads([t.double() for t in (B, C, V, g)], "LA_torch")
     got = grads([t.to(dtype) for t in (B, C, V)] + [g], "Chunk")
-    # (the dB sweep's pieces are the portable kernel's where d = 128)
-    assert sorted(calls) == ([True] if d == 128 else [False, True]), calls
+    # (the dB sweep's pieces are the portable kernel's where d = 128; else both sweeps' rows
+    # taken in one pass)
+    assert calls == ([True] if d == 128 else ["both"]), calls
     for name, a, w in zip("BCVg", got, want):
         tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
         assert rel_error(a, w) <= tol, f"d{name}: {rel_error(a, w):.2e}"

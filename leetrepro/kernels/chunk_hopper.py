@@ -87,11 +87,12 @@ sweep, its V in the dV sweep), e_i = Σ over the consumer's columns of (b_i H)[i
 plus forward in time the chunk's own pairs' part δ_i (:func:`_own_pairs`, from the masked
 scores times E's tile against the v tile: one more BLOCK_N × BLOCK_N × DH wgmma), stored as
 float32 per consumer (a block of ``D/DH`` rows' buffers); the within-chunk running sums and the
-chunk totals are the launcher's (``leetrepro.methods.chunk.hopper_row_pieces``), so the chunk
-loop adds no scan. E's tile comes through the ring at the program's columns (``E_RING``, where
-two slots of it fit shared memory), else by loads before the ring wait, whose latency (E is read
-from DRAM nowhere else in the sweep) the consumers then wait out. The pieces telescope over the chunks, so the two
-16-bit roundings the sweep makes are taken back as the portable kernel's ``EXACT`` does: the
+chunk totals are taken after the sweeps (``leetrepro.methods.chunk.gate_gradient_from_rows``,
+one pass over both sweeps' rows), so the chunk loop adds no scan. E's tile comes through the
+ring at the program's columns (``E_RING``, where two slots of it fit shared memory), else by
+loads before the ring wait, whose latency (E is read from DRAM nowhere else in the sweep) the
+consumers then wait out. The pieces telescope over the chunks, so the two 16-bit roundings the
+sweep makes are taken back as the portable kernel's ``EXACT`` does: the
 state's copy has a second copy of its remainder (one more wgmma into O's accumulator), the
 weighted v a second tile of its remainder (one more into the state's update).
 

@@ -38,9 +38,10 @@ try:
     from triton.runtime.errors import OutOfResources
 
     from ..kernels import (_tiles as tiles, chunk_scan as scan_kernels,
-                           chunk_state as state_kernels, gate_straddle as straddle_kernels)
+                           chunk_state as state_kernels, gate_rows as rows_kernels,
+                           gate_straddle as straddle_kernels)
 except ImportError as err:  # without Triton: a clear error when a kernel is called
-    tiles = scan_kernels = state_kernels = straddle_kernels = NoTriton(err)
+    tiles = scan_kernels = state_kernels = straddle_kernels = rows_kernels = NoTriton(err)
     OutOfResources = NoTriton.Error
 #: whether Triton (and so the portable kernels) imported
 HAS_TRITON = not isinstance(straddle_kernels, NoTriton)
@@ -1119,6 +1120,35 @@ def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
     totals = sums[..., -1] if reverse else sums[..., 0]
     rows = sums.view(batch, heads, -1)[..., :n]
     return (rows - q if reverse else rows)[None], totals.reshape(1, batch * heads, -1)
+
+
+#: chunks a program of the rows' gates' gradient (``kernels/gate_rows.py``) takes a step
+GATE_ROWS_TILES = 16
+
+
+def gate_gradient_from_rows(q_f: torch.Tensor, q_r: torch.Tensor, block_n: int,
+                            tail: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """dg, float32 ``(batch, heads, N)``, from the Hopper kernel's rows of both sweeps (float32
+    ``(blocks, batch, heads, N)``: the dB sweep's q_f forward in time, the dV sweep's q_r), as
+    :func:`hopper_row_pieces` of each then :func:`gate_gradient_from_pieces` (no packed
+    sequences; ``tail`` and ``scale`` as there) give it: one launch of ``kernels/gate_rows.py``
+    on a GPU (or under Triton's interpreter), where those took about twenty PyTorch passes over
+    the rows; those two elsewhere. O(N) a lane, every sum in a fixed order."""
+    blocks, batch, heads, n = q_f.shape
+    if isinstance(rows_kernels, NoTriton) or n == 0 or not (
+            q_f.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return gate_gradient_from_pieces(hopper_row_pieces(q_f, block_n, False),
+                                         hopper_row_pieces(q_r, block_n, True), block_n, None,
+                                         tail, scale)
+    dg = torch.empty(batch, heads, n, dtype=torch.float32, device=q_f.device)
+    lanes = batch * heads
+    launch(rows_kernels.gate_rows_kernel, (lanes,),
+           dict(QF=q_f.contiguous(), QR=q_r.contiguous(),
+                TAIL=None if tail is None else tail.reshape(lanes).to(torch.float64).contiguous(),
+                DG=dg, SIZE=(n, lanes, blocks, q_r.shape[0]), scale=float(scale),
+                BLOCK_N=block_n, TILES=GATE_ROWS_TILES, HAS_TAIL=tail is not None),
+           num_warps=4)
+    return dg
 
 
 def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,

@@ -235,6 +235,26 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
                           options=dict(num_warps=chunk.STRADDLE_WARPS, num_stages=1))
 
 
+def compile_gate_rows(tail: bool, arch: int = 90):
+    """The gates' gradient from the Hopper kernel's rows (``kernels/gate_rows.py``) compiled as
+    :func:`leetrepro.methods.chunk.gate_gradient_from_rows` launches it, with the final state's
+    pairs (``tail``) or without: Triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..kernels.gate_rows import gate_rows_kernel
+    from ..methods.chunk import GATE_ROWS_TILES, HOPPER
+    sig = dict(QF="*fp32", QR="*fp32", TAIL="*fp64" if tail else "constexpr", DG="*fp32",
+               SIZE=("i32",) * 4, scale="fp32", BLOCK_N="constexpr", TILES="constexpr",
+               HAS_TAIL="constexpr")
+    const = {(6,): HOPPER["BLOCK_N"], (7,): GATE_ROWS_TILES, (8,): tail}
+    if not tail:
+        const[(2,)] = None
+    src = ASTSource(fn=gate_rows_kernel, signature=sig, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
+
+
 #: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d)
 STRADDLE_JOBS = tuple((k, dtype, r, d) for k in ("segment_states", "straddle_gradient")
                       for dtype, r, d in (("bf16", 128, 64), ("fp16", 128, 128),
@@ -279,6 +299,9 @@ def main(argv=None) -> int:
             usages = pool.map(_straddle_usage, [job + (args.arch,) for job in STRADDLE_JOBS])
             for (kernel, dtype, r, d), usage in zip(STRADDLE_JOBS, usages):
                 print(f"straddle {kernel} {dtype} {r}x{d} {usage}", flush=True)
+        for tail in (False, True):  # (and dg from the Hopper kernel's rows)
+            usage = ptxas_usage(compile_gate_rows(tail, args.arch).asm["ptx"], args.arch)
+            print(f"rows gate_rows_kernel tail={tail} {usage}", flush=True)
         return 0
     if args.hopper:
         # forward and reverse sweeps, and the reverse sweep with the dual output (the backward's),

@@ -1,0 +1,53 @@
+"""The gates' gradient from the rows the Hopper kernel's sweeps write, in one pass
+(``leetrepro.methods.chunk.gate_gradient_from_rows``).
+
+Per lane (batch·head), chunks of ``BLOCK_N`` rows: the dB sweep's rows q_f (forward in time: each
+row's e + δ, ``GATE_GRAD``) and the dV sweep's q_r (e), each a float32 row per block of value
+columns (summed here, blocks in order). A row's dg is
+
+    dg_t = Σ_(s ≥ t in its chunk) q_f[s]  +  Σ_(s < t in its chunk) q_r[s]  +  K_c
+    K_c  = Σ_(c' > c) (E_c' − F_c')  −  F_c  (+ T_N)
+
+with E_c, F_c the chunk's totals of q_f and q_r, the sum over later chunks in float64 (its terms
+cancel over a long sequence), T_N the final state's pairs ⟨dS_N, S_N⟩ / scale (``TAIL``), all
+times ``scale``: the same sums as ``hopper_row_pieces`` and ``gate_gradient_from_pieces`` take in
+about twenty PyTorch passes over these rows. One program a lane walks its chunks from the last,
+``TILES`` of them a step; every sum in a fixed order (the same inputs give the same bits).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+                     HAS_TAIL: tl.constexpr):
+    """QF, QR: float32 ``(blocks, lanes, N)`` contiguous; TAIL: float64 ``(lanes,)`` or None;
+    DG: float32 ``(lanes, N)``; ``SIZE = (N, lanes, QF's blocks, QR's blocks)``."""
+    N, LANES, NF, NR = SIZE
+    lane = tl.program_id(0).to(tl.int64)
+    tiles = tl.arange(0, TILES)
+    k = tl.arange(0, BLOCK_N)
+    chunks = tl.cdiv(N, BLOCK_N)
+    later = tl.zeros([1], tl.float64)  # Σ over the chunks already walked of E − F
+    if HAS_TAIL:
+        later += tl.load(TAIL + lane + tl.zeros([1], tl.int64))
+    steps = tl.cdiv(chunks, TILES)
+    for step in range(steps):
+        first = (steps - 1 - step) * TILES  # (the step's first chunk: walked from the last)
+        rows = (first + tiles)[:, None] * BLOCK_N + k[None, :]  # [TILES, BLOCK_N]
+        ok = rows < N
+        qf = tl.zeros([TILES, BLOCK_N], tl.float32)
+        for b in range(NF):
+            qf += tl.load(QF + (b * LANES + lane) * N + rows, mask=ok, other=0.0)
+        qr = tl.zeros([TILES, BLOCK_N], tl.float32)
+        for b in range(NR):
+            qr += tl.load(QR + (b * LANES + lane) * N + rows, mask=ok, other=0.0)
+        e = tl.sum(qf, axis=1)  # [TILES]
+        f = tl.sum(qr, axis=1)
+        diff = e.to(tl.float64) - f.to(tl.float64)
+        # (for each chunk, E − F over the step's chunks after it, then the earlier steps')
+        after = tl.cumsum(diff, axis=0, reverse=True) - diff + later
+        kc = (after - f.to(tl.float64)).to(tl.float32)
+        dg = tl.cumsum(qf, axis=1, reverse=True) + (tl.cumsum(qr, axis=1) - qr) + kc[:, None]
+        tl.store(DG + lane * N + rows, dg * scale, mask=ok)
+        later += tl.sum(diff, axis=0)
