@@ -783,6 +783,27 @@ def test_the_gates_gradient_from_the_hopper_rows_in_one_pass(n, tail):
     assert torch.equal(got, chunk.gate_gradient_from_rows(q_f, q_r, 64, t_n, scale=0.5))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
+def test_the_gates_gradient_from_the_hopper_rows_on_the_gpu(monkeypatch):
+    """``chunk.gate_gradient_from_rows``' kernel on a GPU (``chunk.GATE_ROWS_ON_GPU``) against
+    the composition it replaces, at Mamba-2's lanes and N = 8192 + 5, with the final state's
+    pairs; the same bits twice."""
+    from leetrepro.methods import chunk
+    monkeypatch.setattr(chunk, "GATE_ROWS_ON_GPU", True)
+    gen = torch.Generator().manual_seed(6)
+    n = 8197
+    q_f = torch.randn(2, 2, 64, n, generator=gen).cuda()
+    q_r = torch.randn(1, 2, 64, n, generator=gen).cuda()
+    t_n = torch.randn(2, 64, generator=gen, dtype=torch.float64).cuda()
+    got = chunk.gate_gradient_from_rows(q_f, q_r, 64, t_n, scale=0.5)
+    want = chunk.gate_gradient_from_pieces(chunk.hopper_row_pieces(q_f, 64, False),
+                                           chunk.hopper_row_pieces(q_r, 64, True), 64, None,
+                                           t_n, 0.5)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    assert torch.equal(got, chunk.gate_gradient_from_rows(q_f, q_r, 64, t_n, scale=0.5))
+
+
 def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave_allows(
         monkeypatch):
     """``chunk.hopper_pieces``: where the Hopper kernel can take the pieces (here said so), a

@@ -1124,6 +1124,10 @@ def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
 
 #: chunks a program of the rows' gates' gradient (``kernels/gate_rows.py``) takes a step
 GATE_ROWS_TILES = 16
+#: whether :func:`gate_gradient_from_rows` launches its kernel on a GPU: off until a GPU has run
+#: it against the composition it replaces (checked interpreted and compiled for sm_90 only;
+#: ``tests/test_gates.py``'s GPU test turns it on)
+GATE_ROWS_ON_GPU = False
 
 
 def gate_gradient_from_rows(q_f: torch.Tensor, q_r: torch.Tensor, block_n: int,
@@ -1133,10 +1137,11 @@ def gate_gradient_from_rows(q_f: torch.Tensor, q_r: torch.Tensor, block_n: int,
     :func:`hopper_row_pieces` of each then :func:`gate_gradient_from_pieces` (no packed
     sequences; ``tail`` and ``scale`` as there) give it: one launch of ``kernels/gate_rows.py``
     on a GPU (or under Triton's interpreter), where those took about twenty PyTorch passes over
-    the rows; those two elsewhere. O(N) a lane, every sum in a fixed order."""
+    the rows (:data:`GATE_ROWS_ON_GPU`); those two elsewhere. O(N) a lane, every sum in a fixed
+    order."""
     blocks, batch, heads, n = q_f.shape
     if isinstance(rows_kernels, NoTriton) or n == 0 or not (
-            q_f.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+            q_f.is_cuda and GATE_ROWS_ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"):
         return gate_gradient_from_pieces(hopper_row_pieces(q_f, block_n, False),
                                          hopper_row_pieces(q_r, block_n, True), block_n, None,
                                          tail, scale)
