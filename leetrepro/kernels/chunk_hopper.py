@@ -74,10 +74,10 @@ its last), fp32, padded to whole tiles (``leetrepro.methods.chunk.tile_gate_sums
 loader brings a chunk's 64 sums into its ring slot with its tiles (``G_RING``, where that costs
 the ring no slot: then they arrive ``STAGES`` chunks ahead; else each consumer loads them from
 L2 before it waits on the ring, and waits out their latency), a consumer reads them by rows and
-by columns and takes, in place of the powers of λ, exp(G_i) onto the entering state, exp(G_L − G_j)
-into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and exp(G_i − G_j)
-the mask: every exponent a difference within a tile, the later row first. A segment's decay is
-the sum of its tiles' totals, summed in its first pass.
+by columns and takes, in place of the powers of λ, exp(G_i) onto the entering state,
+exp(G_L − G_j) into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and
+exp(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. A
+segment's decay is the sum of its tiles' totals, summed in its first pass.
 
 The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane:
 the backward's dB sweep forward in time, its dV sweep in reverse, alone or with the dual output
@@ -517,9 +517,10 @@ class Ring:
 @aggregate
 class Operands:
     """The kernel's global operands: TMA descriptors of B, C, V, O (and with ``DUAL`` E, O2,
-    else None), the initial and final states S0, SN (float32 (lanes, R, D), or None), the repair
-    launch's lane flags, the ring of published states WS and its flags and ticket SYNC (None
-    without segments) and the scale of the outputs."""
+    else None; E with ``E_RING`` too; the gates' tile sums ``g`` with ``G_RING``), the initial
+    and final states S0, SN (float32 (lanes, R, D), or None), the repair launch's lane flags,
+    the ring of published states WS and its flags and ticket SYNC (None without segments) and
+    the scale of the outputs."""
     b: gl.base_value
     c: gl.base_value
     v: gl.base_value

@@ -1063,13 +1063,14 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
 
 
 #: the most value columns a program of the Hopper kernel holds beside the pieces, by (r, in
-#: reverse time). At 128 columns the sweep spills (bf16: 116 bytes a thread forward at r = 64,
-#: 276 in reverse at r = d = 128; fp16 up to 316) and still runs faster than two programs a lane
-#: at 64, each forming the chunk's scores again (H200, bf16: Mamba-2's 2 × 64 heads × 8192,
-#: 128 × 64, forward + backward 1.64 ms in a graph against 2.26; gated `gla` 4.99 against 5.37,
-#: notes/gates.md). Not forward in time at r = 128 (the dB sweep where the operator's d is 128):
-#: it spills 992 bytes at 128 columns, 316 at 64, 124 at 32, and at 32 (four programs a lane)
-#: the gated `gla` shape's backward took 6.77 ms against 5.06 with the portable dB sweep (H200)
+#: reverse time). At 128 columns the sweep spilled (bf16: 116 bytes a thread forward at r = 64,
+#: 276 in reverse at r = d = 128; fp16 up to 316; with E and the gates through the ring 0 and
+#: 264) and still ran faster than two programs a lane at 64, each forming the chunk's scores
+#: again (H200, bf16: Mamba-2's 2 × 64 heads × 8192, 128 × 64, forward + backward 1.64 ms in a
+#: graph against 2.26; gated `gla` 4.99 against 5.37, notes/gates.md). Not forward in time at
+#: r = 128 (the dB sweep where the operator's d is 128): it spills 992 bytes at 128 columns, 316
+#: at 64, 124 at 32, and at 32 (four programs a lane) the gated `gla` shape's backward took
+#: 6.77 ms against 5.06 with the portable dB sweep (H200)
 PIECES_DC = {(64, False): 128, (64, True): 128, (128, True): 128}
 
 
