@@ -337,6 +337,26 @@ def test_ncu_summary_of_a_real_profile():
     assert stalls.startswith("7.05: barrier 2.74, wait 1.04") and stalls.count(",") == 4
 
 
+def test_ncu_summary_of_a_backward_call_lists_each_kernel():
+    """``probes.ncu.summarize_kernels`` on Nsight Compute's raw page of a gated backward (H200,
+    Mamba-2's 2 × 64 heads × 8192, 128/64, bf16, the Hopper kernel's three sweeps, trimmed to
+    the columns it reads): a line per kernel in launch order with its bytes and largest stalls,
+    then the call's total; each backward cell names a shape the operator takes."""
+    from leetrepro.probes import ncu
+    raw = (Path(__file__).parent / "fixtures" / "ncu_raw_bf16_bwd_gates_mamba2.csv").read_text()
+    lines = ncu.summarize_kernels(raw, "bf16_bwd_gates_mamba2")
+    assert len(lines) == 4 and all(line.split()[1] == "chunk_hopper_kernel" for line in lines[:3])
+    assert [line.split("t=")[1].split("ms")[0] for line in lines[:3]] == \
+        ["0.700", "0.469", "0.312"]
+    assert "DRAM read 811 MB, write 268 MB" in lines[0]
+    assert "cycles/issue 7.13: long_scoreboard 3.24, selected 1.00" in lines[0]
+    assert lines[3].endswith("every kernel: 3 launches, t=1.482ms")
+    assert ncu.summarize_kernels(raw, "x", least_us=400.0)[:-1] == [
+        line.replace("bf16_bwd_gates_mamba2", "x".ljust(21)) for line in lines[:2]]
+    assert set(ncu.BACKWARD) & set(ncu.CELLS) == set()
+    assert all(r in (64, 128) and d in (64, 128) for *_, r, d, _ in ncu.BACKWARD.values())
+
+
 def test_train_sweeps_are_the_steps_own_backward(monkeypatch):
     """``bench.train --sweeps`` times Chunk's step as three sweeps: called as listed there, they
     give the step's forward output and its gradients (the dual sweep dV and dC, the last dB),

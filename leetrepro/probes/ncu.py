@@ -1,12 +1,17 @@
-"""What limits a cell of the floor grid: Nsight Compute over one call of Chunk as it ships.
+"""What limits a cell of the floor grid: Nsight Compute over one call of Chunk as it ships; and
+what each kernel of a backward call takes (:data:`BACKWARD`: the gated backward's sweeps beside
+the per-head decay's).
 
 ``python -m leetrepro.probes.ncu [--cells f16_b16_01 ...] [--out data/<gpu>]`` profiles each cell
 in a process of its own (``ncu --profile-from-start off``, the call between cudaProfilerStart and
 Stop after three warm-ups; the launch table picks the kernel, as ``method="Chunk"`` ships) and
 writes ``ncu_limits.txt``: for the call's longest kernel, its DRAM bytes against the floor's reads
 (B, C, V) and writes (O), the achieved rate, how busy the issue slots are, and the stall reasons in
-cycles per issued instruction. Bytes and stalls do not depend on the clocks Nsight Compute locks
-(the SM clock is shown); the times do. Needs a GPU and ``ncu`` on the PATH.
+cycles per issued instruction. A backward cell (``--cells bf16_bwd_gates_mamba2 …``) profiles one
+backward after its forward and writes ``ncu_backward.txt``: a line per kernel of 20 µs or more, in
+launch order (its DRAM bytes, issue slots, tensor pipe, stalls). Bytes and stalls do not depend on
+the clocks Nsight Compute locks (the SM clock is shown); the times do. Needs a GPU and ``ncu`` on
+the PATH.
 """
 from __future__ import annotations
 
@@ -39,6 +44,14 @@ SHAPED = {"bf16_b8_8192_64x64": (64, 64, 64), "bf16_b8_8192_128x256": (128, 256,
 CELLS.update({label: ("bfloat16", 8, 8192, True, {}) for label in SHAPED})
 
 
+#: backward cells, bf16 (label: batch, heads, N, r, d, per-token gates or the per-head decay):
+#: one backward of ``causal_linear_decoder`` (method "auto") after its forward, every kernel
+BACKWARD = {"bf16_bwd_gates_mamba2": (2, 64, 8192, 128, 64, True),
+            "bf16_bwd_gamma_mamba2": (2, 64, 8192, 128, 64, False),
+            "bf16_bwd_gates_gla": (8, 32, 8192, 128, 128, True),
+            "bf16_bwd_gates_mamba2_64": (2, 64, 8192, 64, 64, True)}
+
+
 def cell_shape(label: str) -> tuple[int, int, int]:
     """(r, d, heads) of a cell: r = d = 128 with 32 heads unless :data:`SHAPED` names others."""
     return SHAPED.get(label, (R, D, HEADS))
@@ -63,31 +76,66 @@ def _num(v) -> float:
     return float(str(v).replace(",", ""))
 
 
-def summarize(raw_csv: str, label: str, top: int = 5) -> str:
-    """One line for a cell from ``ncu --csv --page raw``'s output (its ``==PROF==`` lines and the
-    units row skipped): the longest kernel's name, time, SM clock, DRAM bytes × the floor's, the
-    achieved rate, issue slots busy, warps active, and the ``top`` stall reasons."""
+def _raw_rows(raw_csv: str):
+    """``ncu --csv --page raw``'s output as a table, a row per kernel (its ``==PROF==`` lines and
+    the units row skipped)."""
     import pandas as pd
     body = "".join(line for line in io.StringIO(raw_csv) if not line.startswith("=="))
-    d = pd.read_csv(io.StringIO(body)).iloc[1:]  # row 0: the units
-    r = d.loc[d["gpu__time_duration.sum"].map(_num).idxmax()]
-    t = _num(r["gpu__time_duration.sum"]) * 1e-9
-    read, write = _num(r["dram__bytes_read.sum"]), _num(r["dram__bytes_write.sum"])
-    want_r, want_w = floor_bytes(label)
+    return pd.read_csv(io.StringIO(body)).iloc[1:]  # row 0: the units
+
+
+def _stats(d, r, top: int) -> tuple:
+    """A kernel's (time in s, DRAM bytes read, written, the ``top`` stall reasons largest first,
+    their sum over all reasons, the busiest tensor-core pipe's % or None) from its row ``r``."""
     stalls = {c[len(_STALL):].replace("_per_issue_active.ratio", ""): _num(r[c])
               for c in d.columns if c.startswith(_STALL) and c.endswith("_per_issue_active.ratio")}
     worst = sorted(stalls.items(), key=lambda kv: -kv[1])[:top]
     # the busiest tensor-core pipe (Hopper's wgmma: gmma), % of its peak while the SMs are active
     tensor = [_num(r[c]) for c in d.columns
               if "pipe_tensor" in c and c.endswith("pct_of_peak_sustained_active")]
+    return (_num(r["gpu__time_duration.sum"]) * 1e-9, _num(r["dram__bytes_read.sum"]),
+            _num(r["dram__bytes_write.sum"]), worst, sum(stalls.values()),
+            max(tensor) if tensor else None)
+
+
+def summarize(raw_csv: str, label: str, top: int = 5) -> str:
+    """One line for a cell from ``ncu --csv --page raw``'s output: the longest kernel's name,
+    time, SM clock, DRAM bytes × the floor's, the achieved rate, issue slots busy, warps active,
+    and the ``top`` stall reasons."""
+    d = _raw_rows(raw_csv)
+    r = d.loc[d["gpu__time_duration.sum"].map(_num).idxmax()]
+    t, read, write, worst, cycles, tensor = _stats(d, r, top)
+    want_r, want_w = floor_bytes(label)
     return (f"{label:18s} {str(r['Kernel Name'])[:20]:20s} t={t * 1e3:.3f}ms  "
             f"SM {_num(r['gpc__cycles_elapsed.avg.per_second']) / 1e9:.2f} GHz  "
             f"DRAM read {read / want_r:.3f}x floor reads, write {write / want_w:.3f}x, "
             f"achieved {(read + write) / t / 1e12:.2f} TB/s; "
             f"issue active {_num(r['smsp__issue_active.avg.pct_of_peak_sustained_active']):.0f}%, "
             f"warps {_num(r['sm__warps_active.avg.pct_of_peak_sustained_active']):.1f}%, "
-            + (f"tensor pipe {max(tensor):.0f}%, " if tensor else "") +
-            f"cycles/issue {sum(stalls.values()):.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in worst))
+            + (f"tensor pipe {tensor:.0f}%, " if tensor is not None else "") +
+            f"cycles/issue {cycles:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in worst))
+
+
+def summarize_kernels(raw_csv: str, label: str, top: int = 3, least_us: float = 20.0) -> list:
+    """A backward cell's lines from ``ncu --csv --page raw``'s output: each kernel of at least
+    ``least_us`` microseconds in launch order, its name, time, DRAM bytes read and written (MB),
+    issue slots busy, the tensor pipe and the ``top`` stall reasons; then the call's total time
+    (every kernel's)."""
+    d = _raw_rows(raw_csv)
+    lines, total = [], 0.0
+    for _, r in d.iterrows():
+        t, read, write, worst, cycles, tensor = _stats(d, r, top)
+        total += t
+        if t * 1e6 < least_us:
+            continue
+        lines.append(
+            f"{label:24s} {str(r['Kernel Name'])[:24]:24s} t={t * 1e3:.3f}ms  "
+            f"DRAM read {read / 1e6:.0f} MB, write {write / 1e6:.0f} MB; issue active "
+            f"{_num(r['smsp__issue_active.avg.pct_of_peak_sustained_active']):.0f}%, "
+            + (f"tensor pipe {tensor:.0f}%, " if tensor is not None else "") +
+            f"cycles/issue {cycles:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in worst))
+    lines.append(f"{label:24s} every kernel: {len(d)} launches, t={total * 1e3:.3f}ms")
+    return lines
 
 
 def profiled_call(label: str) -> None:
@@ -108,6 +156,40 @@ def profiled_call(label: str) -> None:
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     causal_linear_decoder(B, C, V, g, method="Chunk", **options)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def profiled_backward(label: str) -> None:
+    """The child of a backward cell: its inputs, three forward + backward warm-ups, a forward,
+    then one backward inside the profiler range."""
+    import torch
+
+    from .. import causal_linear_decoder
+    from .._inputs import alibi_gammas
+    from ..bench.harness import random_inputs
+    batch, heads, n, r, d, gated = BACKWARD[label]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    leaves = list(random_inputs(batch, heads, n, r, d, dtype=torch.bfloat16, device="cuda",
+                                generator=gen, scale_bc=True))
+    gamma = None
+    if gated:
+        leaves.append(torch.nn.functional.logsigmoid(
+            torch.randn(batch, heads, n, generator=gen, device="cuda") * 2.0))
+    else:
+        gamma = alibi_gammas(heads).to("cuda")
+    for t in leaves:
+        t.requires_grad_()
+    dO = torch.randn(batch, heads, n, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    def forward():
+        return causal_linear_decoder(*leaves[:3], gamma, g=leaves[3] if gated else None)
+    for _ in range(3):
+        torch.autograd.grad(forward(), leaves, dO)
+    o = forward()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    torch.autograd.grad(o, leaves, dO)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
@@ -136,13 +218,15 @@ def header(meta: dict) -> list[str]:
 def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS))
+    p.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS) + list(BACKWARD),
+                   help="floor cells (default: all of them) and backward cells")
     p.add_argument("--out", default=None, help="folder for ncu_limits.txt (default data/<gpu>)")
-    p.add_argument("--call", choices=list(CELLS), help=argparse.SUPPRESS)  # the profiled child
+    p.add_argument("--call", choices=list(CELLS) + list(BACKWARD),
+                   help=argparse.SUPPRESS)  # the profiled child
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
     args = p.parse_args(argv)
     if args.call:
-        profiled_call(args.call)
+        (profiled_backward if args.call in BACKWARD else profiled_call)(args.call)
         return 0
     from ..bench.harness import gpu_script_setup, provenance
     setup = gpu_script_setup("ncu", args.out)
@@ -153,23 +237,32 @@ def main(argv=None) -> int:
         return 2
     device, meta, out = setup
     lines = header(provenance(device))
+    backward = [f"# Nsight Compute, {meta['gpu']}, {meta['date']}, commit {meta['commit']}: one "
+                "backward of causal_linear_decoder (method auto, bf16) after its forward; a line "
+                "per kernel of 20 µs or more, in launch order (clocks locked by ncu)"]
     logs = tempfile.mkdtemp(prefix="ncu_")
     for label in args.cells:
+        into = backward if label in BACKWARD else lines
         log = os.path.join(logs, f"{label}.csv")
         cmd = ["ncu", "--profile-from-start", "off", *[a for s in SECTIONS for a in ("--section", s)],
                "--metrics", METRICS, "--csv", "--page", "raw", "--log-file", log,
                sys.executable, "-m", "leetrepro.probes.ncu", "--call", label]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         if done.returncode or not os.path.exists(log):
-            lines.append(f"{label:18s} not profiled: ncu exited {done.returncode}: "
-                         f"{done.stderr.strip()[-200:]}")
-        else:
-            with open(log) as f:
-                lines.append(summarize(f.read(), label))
-        print(lines[-1], flush=True)
-    with open(os.path.join(out, "ncu_limits.txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"-> {out}/ncu_limits.txt (Nsight Compute's raw pages: {logs})")
+            into.append(f"{label:18s} not profiled: ncu exited {done.returncode}: "
+                        f"{done.stderr.strip()[-200:]}")
+            print(into[-1], flush=True)
+            continue
+        with open(log) as f:
+            found = summarize_kernels(f.read(), label) if label in BACKWARD else \
+                [summarize(f.read(), label)]
+        into.extend(found)
+        print("\n".join(found), flush=True)
+    for name, text in (("ncu_limits.txt", lines), ("ncu_backward.txt", backward)):
+        if len(text) > (1 if name == "ncu_backward.txt" else len(header(meta))):
+            with open(os.path.join(out, name), "w") as f:
+                f.write("\n".join(text) + "\n")
+            print(f"-> {out}/{name} (Nsight Compute's raw pages: {logs})")
     return 0
 
 
