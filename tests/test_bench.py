@@ -357,6 +357,22 @@ def test_ncu_summary_of_a_backward_call_lists_each_kernel():
     assert all(r in (64, 128) and d in (64, 128) for *_, r, d, _ in ncu.BACKWARD.values())
 
 
+def test_host_probe_reports_a_call_s_host_time_and_where_it_goes():
+    """``probes.host.report`` on a small gated call on the CPU: the host and eager times, the
+    ATen operators and launches a call issues, and the functions with the most host time of
+    their own, largest first (no graph time without a GPU)."""
+    from leetrepro.probes import host
+    cpu = torch.device("cpu")
+    fn = host.call_of("small", cpu, dtype=torch.float32, shape=(1, 2, 70, 16, 8, True))
+    lines = host.report("small", fn, cpu, reps=3)
+    assert lines[0].startswith("small") and " host " in lines[0] and " eager " in lines[0]
+    assert "gpu" not in lines[0]
+    ops = int(lines[0].split("; ")[1].split()[0])
+    assert ops > 5 and lines[0].endswith("kernel launches a call")
+    own = [float(line.split("µs")[0].split()[-1]) for line in lines[1:]]
+    assert len(own) == 12 and own == sorted(own, reverse=True) and own[0] > 0
+
+
 def test_train_sweeps_are_the_steps_own_backward(monkeypatch):
     """``bench.train --sweeps`` times Chunk's step as three sweeps: called as listed there, they
     give the step's forward output and its gradients (the dual sweep dV and dC, the last dB),
