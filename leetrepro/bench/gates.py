@@ -24,20 +24,24 @@ and the entries
 
 are timed interleaved (CUDA events, median of ``--reps``) for the forward (``fwd``) and the
 forward with its backward (``fwd+bwd``: the gradients of B, C, V and, for the gated entries, g),
-eager and captured in a CUDA graph. ``floor_ms``: the bytes a pass must move at least (fwd: B,
-C, V read, O written, the gates read; fwd+bwd: that, then B, C, V, dO and the gates read and dB,
-dC, dV and dg written) over the measured copy bandwidth. ``vs_gamma``: the gated entry's time over
-the γ path's in the same cell and mode; ``vs_fla``: ours over flash-linear-attention's. A call
-that raises is a row whose ``status`` says why (flash-linear-attention's gated backward refuses
-Triton 3.4–3.7.0 on Hopper: that refusal is recorded, not hidden). Writes ``gates.csv``.
+eager and captured in a CUDA graph; eager rows also give ``host_ms``, the host's time a call (the
+GPU not waited on: where it exceeds the GPU's, the eager call is host-bound) and ``peak_mib``,
+the most the call allocated on the GPU beyond its inputs. ``floor_ms``: the bytes a pass must
+move at least (fwd: B, C, V read, O written, the gates read; fwd+bwd: that, then B, C, V, dO and
+the gates read and dB, dC, dV and dg written) over the measured copy bandwidth. ``vs_gamma``:
+the gated entry's time over the γ path's in the same cell and mode; ``vs_fla``: ours over
+flash-linear-attention's. A call that raises is a row whose ``status`` says why
+(flash-linear-attention's gated backward refuses Triton 3.4–3.7.0 on Hopper: that refusal is
+recorded, not hidden). Writes ``gates.csv``.
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
 
-from .harness import fla_chunk_simple_gla, gpu_main, timed_entries
+from .harness import fla_chunk_simple_gla, gpu_main, host_seconds, peak_above, timed_entries
 
 #: (label, batch, heads, N, K, V): simple GLA's training shape and Mamba-2-like heads
 SHAPES = [("gla", 8, 32, 8192, 128, 128), ("mamba2", 2, 64, 8192, 128, 64),
@@ -131,6 +135,13 @@ def _cell(shape, layout, grad, device, bw, reps, meta, fla) -> list[dict]:
     by_mode, status = timed_entries(
         dict(sorted(entries.items(), key=lambda kv: kv[0] == "fla")), args, reps, device,
         seed=hash((label, layout, grad)) % 1000)
+    # (eager, each entry alone: the host's time a call, the GPU not waited on, and the most the
+    # call allocated beyond its inputs, its output and gradients included)
+    alone = {}
+    for name, fn in entries.items():
+        if name in by_mode["eager"]:
+            alone[name] = (host_seconds(fn, args, 5, device),
+                           peak_above(functools.partial(fn, *args), device)[1])
     rows = []
     for mode in ("graph", "eager"):
         times = by_mode[mode]
@@ -143,6 +154,9 @@ def _cell(shape, layout, grad, device, bw, reps, meta, fla) -> list[dict]:
                        **{"pass": "fwd+bwd" if grad else "fwd"}, mode=mode,
                        median_ms=None if t is None else t * 1e3,
                        floor_ms=fb / bw * 1e3,
+                       host_ms=alone[name][0] * 1e3 if mode == "eager" and name in alone else None,
+                       peak_mib=alone[name][1] / 2 ** 20 if mode == "eager" and name in alone
+                       else None,
                        status=status.get(f"{name}/graph" if mode == "graph" else name,
                                          status.get(name, "ok")))
             row["vs_floor"] = None if t is None else row["median_ms"] / row["floor_ms"]

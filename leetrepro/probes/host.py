@@ -5,7 +5,8 @@ backward cells of :mod:`leetrepro.probes.ncu` (``BACKWARD``: the gated backward 
 per-head decay's, bf16) and for each writes to ``host_calls.txt``:
 
 * ``host``: the median seconds the host spends in one call of ``causal_linear_decoder`` and its
-  backward, the GPU not waited on (it queues the launches and returns);
+  backward, the GPU not waited on (it queues the launches and returns;
+  :func:`harness.host_seconds`);
 * ``gpu``: the same call's GPU time, replayed from a CUDA graph (:func:`harness.graph_seconds`);
 * ``eager``: back-to-back calls, synchronised at the end (:func:`harness.wall_per_call`): what an
   eager training step pays, the larger of the two when they overlap;
@@ -22,7 +23,6 @@ import cProfile
 import os
 import pstats
 import sys
-import time
 
 import torch
 
@@ -54,20 +54,6 @@ def call_of(label: str, device, dtype=torch.bfloat16, shape: tuple | None = None
     return fn
 
 
-def host_seconds(fn, reps: int, device) -> float:
-    """The median host seconds of ``fn()``, each call timed alone on the host after the GPU has
-    drained the last (the launches queue; the call returns without waiting for them)."""
-    from ..bench.harness import sync
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    sync(device)
-    return sorted(times)[len(times) // 2]
-
-
 def operator_counts(fn) -> tuple:
     """``(ATen operators, kernel launches)`` one call of ``fn`` issues (``torch.profiler``'s CPU
     events: the ``aten::`` ones at the top of their stack, and the launches of any kernel)."""
@@ -96,11 +82,11 @@ def own_time(fn, top: int = 12) -> list:
 
 def report(label: str, fn, device, reps: int = 20) -> list:
     """The lines of one cell (module docstring)."""
-    from ..bench.harness import graph_seconds, sync, wall_per_call
+    from ..bench.harness import graph_seconds, host_seconds, sync, wall_per_call
     for _ in range(3):  # (compiled, plans made, memory cached)
         fn()
     sync(device)
-    host = host_seconds(fn, reps, device)
+    host = host_seconds(fn, (), reps, device)
     eager = wall_per_call(fn, reps, device)
     gpu = graph_seconds(lambda: fn(), (), reps, device) if device.type == "cuda" else None
     ops, launches = operator_counts(fn)

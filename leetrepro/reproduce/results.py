@@ -656,19 +656,26 @@ def gates(tags: list[str]) -> str:
             if not {"gamma", "gates"} <= set(cell.index):
                 continue
             first = g.iloc[0]
+            # (eager rows since host_ms and peak_mib were recorded: γ / gates)
+            alone = ""
+            if "host_ms" in cell and cell.host_ms.notna()[["gamma", "gates"]].all():
+                alone = (f"{cell.host_ms['gamma']:.2f} / {cell.host_ms['gates']:.2f} ms; "
+                         f"{cell.peak_mib['gamma']:.0f} / {cell.peak_mib['gates']:.0f} MiB")
             rows.append([tag.upper(), f"{shape} (b{first.batch} N{first.N} h{first.heads} "
                          f"{first.K}/{first.V})", layout, pass_, mode,
                          f"{cell.median_ms['gamma']:.3f} ms ({cell.vs_floor['gamma']:.2f}×)",
                          f"{cell.median_ms['gates']:.3f} ms ({cell.vs_floor['gates']:.2f}×)",
-                         _x(cell.vs_gamma["gates"]), _commits(g)])
+                         _x(cell.vs_gamma["gates"]), alone, _commits(g)])
     if not rows:
         return "Nothing measured yet."
     return ("bf16, time-major; `model`: slices of one fused projection taken in each step, "
             "`separate`: three tensors (the operator's own cost; `bench/gates.py` says why both); "
             "each time × its memory floor; `gated ÷ γ`: the gated call's time over the per-head "
-            "decay's at the same shape and layout (NOTES.md, the gated backward's sections):\n\n"
+            "decay's at the same shape and layout (NOTES.md, the gated backward's sections); "
+            "eager rows, where recorded: the host's time a call (the GPU not waited on) and the "
+            "most a call allocated beyond its inputs, γ / gates:\n\n"
             + _table(["GPU", "shape", "layout", "pass", "mode", "per-head decay γ",
-                      "per-token gates", "gated ÷ γ", "commit"], rows))
+                      "per-token gates", "gated ÷ γ", "host a call; peak", "commit"], rows))
 
 
 #: the pages beside the main one, in figures/results/: (file, title, body)
