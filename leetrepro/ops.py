@@ -461,7 +461,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     # (dg alone, B, C and V frozen: the straddle kernel, which writes no gradient it drops)
-    in_sweeps = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, B, V)
+    in_sweeps = need_g and (need_b or need_c or need_v) and _in_sweeps(m, opts, dO, B, C, V,
+                                                                     cu_seqlens)
     straddle = need_g and not in_sweeps and _straddles(m, V)
     pieces = None
     if in_sweeps:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
@@ -599,11 +600,12 @@ def _straddles(m: Method, V: torch.Tensor) -> bool:
 #: Falcon-H1's SSD forward + backward (d_state 256) ran 2.1× slower than with the straddle kernel
 #: beside sweeps the Hopper kernel may take (the pieces' sweeps are the portable kernel's, at
 #: 32-row chunks there; 4.5× before each took at most ``chunk.PIECE_COLS`` value columns, H200,
-#: NOTES.md)
+#: NOTES.md); past it only the Hopper kernel's pieces, with ``chunk.HOPPER_PIECES_WIDE``
 PIECES_MAX_WIDTH = 128
 
 
-def _in_sweeps(m: Method, opts: dict, B: torch.Tensor, V: torch.Tensor) -> bool:
+def _in_sweeps(m: Method, opts: dict, dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+               V: torch.Tensor, cu_seqlens=None) -> bool:
     """Whether the gates' gradient comes from Chunk's backward sweeps (their pieces,
     :func:`leetrepro.methods.chunk.gate_gradient_from_pieces`) rather than the straddle kernel:
     Chunk (not with ``kernel="hopper"`` named: its sweeps may take the pieces on either kernel,
@@ -618,7 +620,8 @@ def _in_sweeps(m: Method, opts: dict, B: torch.Tensor, V: torch.Tensor) -> bool:
     ``accumulate_state``'s ``EXACT``): bf16 and fp16 dg then within 1.3× of the straddle
     kernel's error, up to N = 32768 with strong gates (H100, NOTES.md). ``"auto"`` keeps the
     straddle kernel for tf32 (fp32 inputs at ``fp32_precision="tf32"``, whose rounding the
-    sweeps do not take back) and where r or d exceeds :data:`PIECES_MAX_WIDTH`."""
+    sweeps do not take back) and where r or d exceeds :data:`PIECES_MAX_WIDTH`, unless
+    ``chunk.HOPPER_PIECES_WIDE`` and the Hopper kernel takes both sweeps' pieces there."""
     from .methods import chunk
     source = opts.get("gate_grad", "auto")
     # (where the straddle kernel could run: the sweeps' pieces are the alternative there)
@@ -628,7 +631,10 @@ def _in_sweeps(m: Method, opts: dict, B: torch.Tensor, V: torch.Tensor) -> bool:
     if source == "sweeps":
         return True
     if max(B.shape[-1], V.shape[-1]) > PIECES_MAX_WIDTH:
-        return False
+        return chunk.HOPPER_PIECES_WIDE and not opts.get("config") and \
+            opts.get("kernel", "auto") != "portable" and \
+            all(chunk.hopper_pieces(x, y, z, w, reverse=rev, cu_seqlens=cu_seqlens)
+                for x, y, z, w, rev in ((dO, V, C, B, False), (C, B, dO, V, True)))
     return V.dtype != torch.float32 or _exact_dots(m, opts, V.dtype)
 
 

@@ -824,6 +824,8 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
     assert dc(8, 32, 128, 128) == 128  # (the most a program holds beside the pieces)
     assert dc(8, 32, 128, 128, reverse=False) is None  # (not forward in time at r = 128)
     assert dc(2, 64, 64, 128, reverse=False) == 128
+    assert dc(2, 64, 256, 64) == 32  # (in reverse at r = 256: the most that fits)
+    assert dc(2, 64, 64, 256, reverse=False) == 128
     B, V = (torch.empty(4, 80, 64, 64, dtype=torch.bfloat16) for _ in range(2))
     monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", False)
     assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) is None  # (the switch off)
@@ -847,6 +849,28 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
         assert dc(2, 128, 128, 64) is None
     finally:
         chunk.force_kernel(None)
+
+
+def test_the_gates_gradient_at_r_256_takes_the_hopper_pieces_only_where_switched_on(monkeypatch):
+    """``ops._in_sweeps`` past ``ops.PIECES_MAX_WIDTH`` (Falcon-H1's d_state 256): the straddle
+    kernel, unless ``chunk.HOPPER_PIECES_WIDE`` and the Hopper kernel takes both sweeps' pieces
+    (here said to fit), not with packed sequences or the portable kernel asked for."""
+    from leetrepro import ops
+    from leetrepro.methods import chunk
+    from leetrepro.registry import get
+    monkeypatch.setattr(chunk, "hopper_pieces_unfit",
+                        lambda *a, cu_seqlens=None, **k: "packed" if cu_seqlens is not None
+                        else None)
+    monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
+    monkeypatch.setattr(ops, "_straddles", lambda m, V: True)
+    m = get("Chunk")
+    B, C = (torch.empty(2, 1, 64, 256, dtype=torch.bfloat16) for _ in range(2))
+    V, dO = (torch.empty(2, 64, 64, 64, dtype=torch.bfloat16) for _ in range(2))
+    assert not ops._in_sweeps(m, {}, dO, B, C, V)  # (the switch off)
+    monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", True)
+    assert ops._in_sweeps(m, {}, dO, B, C, V)
+    assert not ops._in_sweeps(m, {"kernel": "portable"}, dO, B, C, V)
+    assert not ops._in_sweeps(m, {}, dO, B, C, V, torch.tensor([0, 64], dtype=torch.int32))
 
 
 def test_the_hopper_kernel_takes_e_and_the_gates_through_its_ring_where_no_slot_is_lost(
@@ -892,19 +916,22 @@ def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():
 @pytest.mark.parametrize("r, d, dtype, states, reset, dual", [
     (128, 64, torch.bfloat16, False, False, False), (64, 64, torch.float16, True, False, False),
     (128, 128, torch.bfloat16, False, True, False), (128, 128, torch.float16, True, False, False),
-    (64, 64, torch.bfloat16, True, True, True), (64, 64, torch.float16, False, False, True)])
+    (64, 64, torch.bfloat16, True, True, True), (64, 64, torch.float16, False, False, True),
+    (256, 64, torch.bfloat16, True, False, False)])
 def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request, r, d, dtype,
                                                             states, reset, dual):
     """On an sm_90 GPU, both sweeps' pieces taken on the Hopper kernel (forced at a small
     shape: ``force_kernel("hopper")`` waives the lanes' rule) give every gradient within the
     contract of float64 (dg within GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of
     the chunk, states in and out, a hard reset, and the reverse sweep with dC's dual output
-    (``chunk.HOPPER_DUAL_PIECES``); the same bits twice."""
+    (``chunk.HOPPER_DUAL_PIECES``), and at r = 256 (Falcon-H1's d_state:
+    ``chunk.HOPPER_PIECES_WIDE``); the same bits twice."""
     from leetrepro.methods import chunk
     from leetrepro.reference import rel_error
     if chunk.hopper_unfit(*make_inputs(1, 1, 64, 64, 64, dtype=dtype, device="cuda"), None):
         pytest.skip("needs an sm_90 GPU")
     monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", dual)
+    monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", True)
     chunk.force_kernel("hopper")  # (the lanes' rule waived at this small shape)
     request.addfinalizer(lambda: chunk.force_kernel(None))
     calls = []

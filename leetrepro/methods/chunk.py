@@ -1038,6 +1038,12 @@ HOPPER_E_RING = True
 #: ring by TMA, STAGES chunks ahead, rather than by loads each chunk's consumers wait on, where
 #: that costs the ring no slot (:func:`hopper_constants`); an A/B switch
 HOPPER_GATES_RING = True
+#: whether a gated backward at r = 256 (Falcon-H1's d_state) takes dg from both sweeps' pieces on
+#: the Hopper kernel (the dB sweep at 128 columns a program, the reverse sweep at 32: each fits
+#: shared memory with E and the gates in the ring, compiled for sm_90 with 0 and 52 bytes of
+#: spills) instead of the straddle kernel (``ops._in_sweeps``). Off until a GPU has run it:
+#: ``tests/test_gates.py``'s GPU test turns it on
+HOPPER_PIECES_WIDE = False
 
 
 def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
@@ -1057,9 +1063,20 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
         return "its pieces need E shaped like V, its rows contiguous"
     if E.data_ptr() % 16 or any(st * E.element_size() % 16 for st in E.stride()[:-1]):
         return "its pieces' E's base and strides must be 16-byte aligned (TMA)"
-    if hopper_tiles(B.shape[-1], V.shape[-1], V.dtype, dual, pieces=True) is None:
+    if _pieces_tiles(B.shape[-1], V.shape[-1], V.dtype, dual, reverse) is None:
         return "its remainders' copies do not fit shared memory beside two ring slots"
     return None
+
+
+def _pieces_tiles(r: int, d: int, dtype: torch.dtype, dual: bool, reverse: bool):
+    """:func:`hopper_tiles` of a sweep carrying the pieces at the most columns it takes there
+    (``d`` with the dual output, else at most :data:`PIECES_DC`'s), or None."""
+    widest = 128 if r <= 128 and d >= 128 else 64
+    dc = d if dual else min(widest, d, PIECES_DC.get((r, reverse), widest))
+    try:
+        return hopper_tiles(r, d, dtype, dual, dc, pieces=True)
+    except ValueError:  # (no such width at this head shape)
+        return None
 
 
 #: the most value columns a program of the Hopper kernel holds beside the pieces, by (r, in
@@ -1071,7 +1088,8 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
 #: r = 128 (the dB sweep where the operator's d is 128): it spills 992 bytes at 128 columns, 316
 #: at 64, 124 at 32, and at 32 (four programs a lane) the gated `gla` shape's backward took
 #: 6.77 ms against 5.06 with the portable dB sweep (H200)
-PIECES_DC = {(64, False): 128, (64, True): 128, (128, True): 128}
+#: In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`): 32, the most that fits beside the pieces.
+PIECES_DC = {(64, False): 128, (64, True): 128, (128, True): 128, (256, True): 32}
 
 
 def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
@@ -1099,7 +1117,7 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     slots = 1 if _FORCED[0] == "hopper" else sm_count(V.device)
     if dual:
         return d if 2 * lanes > slots else None
-    dc = min(hopper_tiles(r, d, V.dtype, False, pieces=True)[0], PIECES_DC[(r, reverse)])
+    dc = _pieces_tiles(r, d, V.dtype, False, reverse)[0]
     while 2 * lanes * (d // dc) <= slots and dc > 32:  # (a short wave: more programs a lane)
         dc //= 2
     return dc if 2 * lanes * (d // dc) >= slots else None
