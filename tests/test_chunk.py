@@ -520,6 +520,10 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     assert len(lines) - len(shaped) - len(narrow) - len(gated) - len(grouped) - len(pieces) == 32
     assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 11
     assert all("Used 168 registers" in line for line in lines)
+    # (what each launch asks of shared memory, the ring's slots as chunk.hopper_tiles counts
+    # them and the allocator's padding, within the SM's 227 KB: a launch over it fails)
+    assert all(0 < int(line.split("shared=")[1].split()[0]) <= 232448 for line in lines), \
+        [line for line in lines if int(line.split("shared=")[1].split()[0]) > 232448]
     # each other head shape forward and reverse, bf16 and (r < 256) fp32
     assert {line.split()[1] for line in shaped} == {f"{r}x{d}" for r, d in HOPPER_SHAPES}
     assert len(shaped) == 4 * len(HOPPER_SHAPES) - 2 * sum(r == 256 for r, _ in HOPPER_SHAPES)

@@ -2,7 +2,7 @@
 architecture without one (Triton's compiler and ``ptxas`` on the host; no device needed).
 
 ``--hopper`` compiles the warp-specialised Hopper forward instead (``kernels/chunk_hopper.py``,
-:func:`compile_hopper_ptx`), whose partitions hold their own register budgets (``setmaxnreg``):
+:func:`compile_hopper`), whose partitions hold their own register budgets (``setmaxnreg``):
 ``ptxas`` then reports the launch budget (168) and the spills of the partition that has them.
 
 ``python -m leetrepro.probes.regs [--arch 90] [--configs fp16:decay:64:3 ...]`` compiles the kernel
@@ -96,17 +96,18 @@ def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, rever
     return _scan_ptx(sig, const, stages, arch)
 
 
-def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 90,
-                       reverse: bool = False, dual: bool = False, r: int = 128,
-                       d: int = 128, dc: int | None = None, gates: bool = False,
-                       groups: tuple = (1, 1, 1, 1), gate_grad: bool = False) -> str:
-    """The PTX of ``chunk_hopper_kernel`` as :mod:`leetrepro.methods.chunk` launches it (head
+def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
+                   reverse: bool = False, dual: bool = False, r: int = 128,
+                   d: int = 128, dc: int | None = None, gates: bool = False,
+                   groups: tuple = (1, 1, 1, 1), gate_grad: bool = False):
+    """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
     chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
     backward), with or without the ``dual`` output (the backward's dC beside dV); ``groups``:
     B, C, V, E read by groups of heads (the kernel's ``GROUPS``); ``gate_grad``: a gated
-    backward sweep writing the gates' gradient's pieces (``GATE_GRAD``, one segment a lane)."""
+    backward sweep writing the gates' gradient's pieces (``GATE_GRAD``, one segment a lane).
+    Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -151,9 +152,8 @@ def compile_hopper_ptx(dtype: str, decay: bool, split: bool = True, arch: int = 
     if not gates:
         constexprs[(8, 1)] = None
     src = GluonASTSource(fn=kern, signature=sig, constexprs=constexprs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options=dict(num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"]))
-    return compiled.asm["ptx"]
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"]))
 
 
 def spill_bytes(usage: str) -> int:
@@ -275,8 +275,10 @@ HOPPER_SHAPES = ((64, 64), (128, 64), (64, 128), (128, 256), (256, 128), (256, 2
 
 
 def _hopper_usage(kw: dict) -> str:
-    """ptxas's usage line of one Hopper variant (a process pool's job)."""
-    return ptxas_usage(compile_hopper_ptx(**kw), kw["arch"])
+    """``shared=<bytes>`` (what a launch asks of the SM's shared memory) and ptxas's usage line
+    of one Hopper variant (a process pool's job)."""
+    compiled = compile_hopper(**kw)
+    return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], kw['arch'])}"
 
 
 def main(argv=None) -> int:
