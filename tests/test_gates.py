@@ -876,9 +876,9 @@ def test_the_gates_gradient_at_r_256_takes_the_hopper_pieces_only_where_switched
 def test_the_hopper_kernel_takes_e_and_the_gates_through_its_ring_where_no_slot_is_lost(
         monkeypatch):
     """``chunk.hopper_constants``: the pieces' row vectors E come through the Hopper kernel's
-    ring where two slots of it fit, the gates' tile sums where they cost the ring no slot; a
-    launch whose slots and fixed buffers left under 2.1 KB for the gates' padding took more
-    shared memory than the GPU has (H200): that one keeps them out."""
+    ring where two slots of it fit, the gates' tile sums where they cost the ring no slot with
+    1152 bytes kept for their padding; a launch whose slots and fixed buffers left under 2.1 KB
+    took more shared memory than the GPU has (H200): that one keeps them out."""
     from leetrepro._device import SM90_SHARED_BYTES
     from leetrepro.methods import chunk
 
@@ -891,16 +891,46 @@ def test_the_hopper_kernel_takes_e_and_the_gates_through_its_ring_where_no_slot_
     k = consts(128, 64, True, 64)  # (its dV sweep)
     assert (k.E_RING, k.G_RING, k.STAGES) == (True, True, 3)
     k = consts(128, 128, True, 128)  # (no two slots with E at 128 × 128: its loads)
-    assert (k.E_RING, k.G_RING, k.STAGES) == (False, False, 2)
-    k = consts(128, 128, False, 128, pieces=False)  # (the gated forward: its third slot kept)
-    assert (k.E_RING, k.G_RING, k.STAGES) == (False, False, 3)
+    assert (k.E_RING, k.G_RING, k.STAGES) == (False, True, 2)
+    k = consts(128, 128, False, 128, pieces=False)  # (the gated forward, three slots)
+    assert (k.E_RING, k.G_RING, k.STAGES) == (False, True, 3)
     monkeypatch.setattr(chunk, "HOPPER_E_RING", False)
     k = consts(64, 128, False, 128)  # (the launch that asked 72 bytes over)
     assert (k.E_RING, k.G_RING, k.STAGES) == (False, False, 4)
     # (the bytes as counted, with the gates' padding, within the GPU's)
     bn, slot = 64, 64 * (2 * 64 + 128 + 128) * 2 + 4 * 64
     fixed = (2 * 64 * 64 + 4 * bn * 64 + 2 * bn * 64 + 2 * 64 * 64 + 2 * bn * 64) * 2
-    assert 2 * slot + fixed + 1024 + 2048 <= SM90_SHARED_BYTES
+    assert 2 * slot + fixed + 1024 + 1152 <= SM90_SHARED_BYTES
+
+
+def test_a_hopper_launch_over_shared_memory_is_made_again_without_the_rings(monkeypatch):
+    """``chunk.HopperLaunch.launch``: where the kernel asks for more shared memory than the SM
+    has (Triton's OutOfResources, raised as it loads), the gates' tile sums, then E, leave the
+    ring (each a kernel of its own key) and the launch is made again; with neither there the
+    error is the caller's."""
+    from leetrepro.methods import chunk
+    launch = chunk._hopper_launch(n=640, r=64, d=128, heads=2, lanes=2, segment=640, dc=128,
+                                  dtype=torch.bfloat16, decay=False, has_s0=False,
+                                  store_sn=False, reverse=False, dual=False,
+                                  serial=next(chunk._SERIALS),
+                                  gates=True, gate_grad=True)
+    assert launch.consts.E_RING and launch.consts.G_RING and launch.blocks[4] == 64
+    tried = []
+
+    def fake(self, *a, **k):
+        tried.append((self.consts.E_RING, self.consts.G_RING, self.key))
+        raise chunk.OutOfResources(232520, 232448, "shared memory")
+    monkeypatch.setattr(chunk.HopperLaunch, "_launch", fake)
+    with pytest.raises(chunk.OutOfResources):
+        launch.launch(None, sn=None, flags=None, sync=None, ws=None, scale=1.0)
+    assert [t[:2] for t in tried] == [(True, True), (True, False), (False, False)]
+    assert len({t[2] for t in tried}) == 3  # (a kernel of its own for each)
+    assert launch.blocks[4] is None and launch.layouts[4] is None and launch.descriptors is None
+    tried.clear()
+    monkeypatch.setattr(chunk.HopperLaunch, "_launch",
+                        lambda self, *a, **k: tried.append(self.consts.G_RING))
+    launch.launch(None, sn=None, flags=None, sync=None, ws=None, scale=1.0)
+    assert tried == [False]  # (from then on)
 
 
 def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():

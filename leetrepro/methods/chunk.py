@@ -299,9 +299,11 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
     ``pieces`` (the gates' gradient's pieces, fp16/bf16): the state's copies and the weighted v
     twice (their remainders), 2 slots at r = d = 128; ``e_ring`` (with ``pieces``, not ``dual``):
     their row vectors E in the ring too (BLOCK_N × DC a slot); ``gates``: the chunk's gates'
-    float32 tile sums too (BLOCK_N a slot), and 2 KB more kept free: the allocator's padding
-    around their small buffer (a launch at 4 slots of 33 KB asked 2.1 KB more than the slots and
-    the fixed buffers hold, H200)."""
+    float32 tile sums too (BLOCK_N a slot), and 1152 bytes more kept free for the padding the
+    allocator lays out around their buffer (compiled for sm_90: 0.35-2.1 KB over the slots and
+    fixed buffers beside the 1 KB always kept; a launch at 4 slots of 33 KB asked 72 bytes too
+    many, H200). :class:`HopperLaunch` takes the gates, then E, out of the ring wherever a launch
+    still asks too much."""
     from .._device import SM90_SHARED_BYTES
     bn, size = HOPPER["BLOCK_N"], dtype.itemsize
     widest = 128 if r <= 128 and d >= 128 else 64
@@ -320,7 +322,7 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
         if pieces:
             fixed += (2 * r * dh + 2 * bn * dh) * size
     stages = min(HOPPER["MAX_STAGES"],
-                 (SM90_SHARED_BYTES - 1024 - (2048 if gates else 0) - fixed) // slot)
+                 (SM90_SHARED_BYTES - 1024 - (1152 if gates else 0) - fixed) // slot)
     return (dc, stages) if stages >= 2 else None
 
 
@@ -611,7 +613,34 @@ class HopperLaunch:
 
     def launch(self, t: Operands, *, sn, flags, sync, ws, scale: float) -> None:
         """One launch over ``t``'s tensors, the final states into ``sn``, with the lanes' repair
-        ``flags`` and, with segments, the ring ``ws`` and its flags and ticket ``sync``."""
+        ``flags`` and, with segments, the ring ``ws`` and its flags and ticket ``sync``. A launch
+        that asks for more shared memory than the SM has (raised as the kernel loads, before
+        anything runs: :func:`hopper_tiles` counts the slots, not the allocator's padding) is
+        made again without the gates' tile sums in the ring, then without E there (their loads
+        instead), from this call on."""
+        while True:
+            try:
+                return self._launch(t, sn=sn, flags=flags, sync=sync, ws=ws, scale=scale)
+            except OutOfResources:
+                if not self._without_ring():
+                    raise
+
+    def _without_ring(self) -> bool:
+        """The gates', else E's, tiles out of the ring (their slots' bytes freed), the kernel
+        compiled anew; False where neither is there."""
+        if self.consts.G_RING:
+            self.consts = self.consts._replace(G_RING=False)
+        elif self.consts.E_RING:
+            self.consts = self.consts._replace(E_RING=False)
+            self.blocks = self.blocks[:4] + (None,) + self.blocks[5:]
+            self.layouts = self.layouts[:4] + (None,) + self.layouts[5:]
+            self.descriptors = None
+        else:
+            return False
+        self.key = ("hopper", next(_SERIALS))
+        return True
+
+    def _launch(self, t: Operands, *, sn, flags, sync, ws, scale: float) -> None:
         # (E without a block of its own: the pieces' row vectors read by pointers, not TMA)
         tensors = tuple(x if cols is not None else None
                         for x, cols in zip((t.B, t.C, t.V, t.O, t.E, t.O2), self.blocks))
