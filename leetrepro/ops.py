@@ -633,9 +633,16 @@ def _in_sweeps(m: Method, opts: dict, dO: torch.Tensor, B: torch.Tensor, C: torc
     if max(B.shape[-1], V.shape[-1]) > PIECES_MAX_WIDTH:
         return chunk.HOPPER_PIECES_WIDE and not opts.get("config") and \
             opts.get("kernel", "auto") != "portable" and \
-            all(chunk.hopper_pieces(x, y, z, w, reverse=rev, cu_seqlens=cu_seqlens)
-                for x, y, z, w, rev in ((dO, V, C, B, False), (C, B, dO, V, True)))
+            all(chunk.hopper_pieces(*sweep, reverse=rev, cu_seqlens=cu_seqlens)
+                for sweep, rev in zip(_piece_operands(dO, B, C, V), (False, True)))
     return V.dtype != torch.float32 or _exact_dots(m, opts, V.dtype)
+
+
+def _piece_operands(dO, B, C, V) -> tuple:
+    """The two sweeps carrying dg's pieces as ``(B', C', V', E)``: op(B', C', V') with the pieces'
+    row vectors E: the dB sweep forward in time, op(dO, V, C) beside B, and the dV sweep in
+    reverse, op(C, B, dO) beside V."""
+    return (dO, V, C, B), (C, B, dO, V)
 
 
 def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
@@ -661,8 +668,8 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     dual = dual and _dual_fits(B, V)
     hopper_dual = False
     if not opts.get("config") and opts.get("kernel", "auto") != "portable":
-        hopper = [chunk.hopper_pieces(x, y, z, w, reverse=rev, cu_seqlens=cu_seqlens) or 0
-                  for x, y, z, w, rev in ((dO, V, C, B, False), (C, B, dO, V, True))]
+        hopper = [chunk.hopper_pieces(*sweep, reverse=rev, cu_seqlens=cu_seqlens) or 0
+                  for sweep, rev in zip(_piece_operands(dO, B, C, V), (False, True))]
         if dual:  # (the reverse sweep with dC's dual output, where the Hopper kernel takes it)
             both = chunk.hopper_pieces(C, B, dO, V, reverse=True, dual=True,
                                        cu_seqlens=cu_seqlens)

@@ -850,10 +850,10 @@ def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: g
 def _own_pairs(pairs, diff):
     """Forward time, a chunk's own pairs' part of the pieces, per row s: δ_s = Σ_(j<s) pairs[s, j]
     − Σ_(i>s) pairs[i, s] (fp32), whose sum over the rows from t to the chunk's end is
-    Σ_(i≥t) Σ_(j<t) pairs[i, j], the pairs straddling t (the launcher takes that sum,
-    :func:`leetrepro.methods.chunk.hopper_row_pieces`); over the whole chunk δ sums to 0, so the
-    chunk's total is unchanged. Two reductions where a scan along both axes was the portable
-    kernel's."""
+    Σ_(i≥t) Σ_(j<t) pairs[i, j], the pairs straddling t (that sum is taken after the sweep,
+    :func:`leetrepro.methods.chunk.gate_gradient_from_rows`); over the whole chunk δ sums to 0,
+    so the chunk's total is unchanged. Two reductions where a scan along both axes was the
+    portable kernel's."""
     lower = gl.where(diff > 0, pairs, 0.0)
     cols = gl.sum(lower, axis=0)
     return gl.sum(lower, axis=1) - gl.convert_layout(cols, gl.SliceLayout(1, pairs.type.layout))

@@ -280,6 +280,12 @@ SELF_REPAIR_ROWS = 1 << 18
 HOPPER_DIMS = (64, 128, 256)
 
 
+def _widest_dc(r: int, d: int) -> int:
+    """The most value columns a Hopper program holds: 128 up to r = 128 where d has them, else 64
+    (each consumer's R × DC/2 fp32 state at most 64 registers a thread, :func:`hopper_tiles`)."""
+    return 128 if r <= 128 and d >= 128 else 64
+
+
 @functools.lru_cache(maxsize=None)
 def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
                  dc: int | None = None, pieces: bool = False,
@@ -306,7 +312,7 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
     still asks too much."""
     from .._device import SM90_SHARED_BYTES
     bn, size = HOPPER["BLOCK_N"], dtype.itemsize
-    widest = 128 if r <= 128 and d >= 128 else 64
+    widest = _widest_dc(r, d)
     if dc is None:
         dc = widest
     elif dc not in (32, 64, 128) or dc > widest or (dual and dc != d):
@@ -1100,7 +1106,7 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
 def _pieces_tiles(r: int, d: int, dtype: torch.dtype, dual: bool, reverse: bool):
     """:func:`hopper_tiles` of a sweep carrying the pieces at the most columns it takes there
     (``d`` with the dual output, else at most :data:`PIECES_DC`'s), or None."""
-    widest = 128 if r <= 128 and d >= 128 else 64
+    widest = _widest_dc(r, d)
     dc = d if dual else min(widest, d, PIECES_DC.get((r, reverse), widest))
     try:
         return hopper_tiles(r, d, dtype, dual, dc, pieces=True)
@@ -1114,10 +1120,11 @@ def _pieces_tiles(r: int, d: int, dtype: torch.dtype, dual: bool, reverse: bool)
 #: 264) and still ran faster than two programs a lane at 64, each forming the chunk's scores
 #: again (H200, bf16: Mamba-2's 2 × 64 heads × 8192, 128 × 64, forward + backward 1.64 ms in a
 #: graph against 2.26; gated `gla` 4.99 against 5.37, notes/gates.md). Not forward in time at
-#: r = 128 (the dB sweep where the operator's d is 128): it spills 992 bytes at 128 columns, 316
-#: at 64, 124 at 32, and at 32 (four programs a lane) the gated `gla` shape's backward took
-#: 6.77 ms against 5.06 with the portable dB sweep (H200)
-#: In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`): 32, the most that fits beside the pieces.
+#: r = 128 (the dB sweep where the operator's d is 128): it spilled 992 bytes at 128 columns, 316
+#: at 64 (20 with E and the gates in the ring, not yet timed), 124 at 32, and at 32 (four
+#: programs a lane) the gated `gla` shape's backward took 6.77 ms against 5.06 with the portable
+#: dB sweep (H200). In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`): 32, the most that fits
+#: beside the pieces.
 PIECES_DC = {(64, False): 128, (64, True): 128, (128, True): 128, (256, True): 32}
 
 

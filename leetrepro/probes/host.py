@@ -29,28 +29,12 @@ import torch
 
 def call_of(label: str, device, dtype=torch.bfloat16, shape: tuple | None = None):
     """``fn()``: one forward + backward of a backward cell (``probes.ncu.BACKWARD``, or
-    ``shape = (batch, heads, N, r, d, gated)``) on fresh inputs."""
-    from .. import causal_linear_decoder
-    from .._inputs import alibi_gammas
-    from ..bench.harness import random_inputs
-    from .ncu import BACKWARD
-    batch, heads, n, r, d, gated = shape or BACKWARD[label]
-    gen = torch.Generator(device=device).manual_seed(0)
-    leaves = list(random_inputs(batch, heads, n, r, d, dtype=dtype, device=device, generator=gen,
-                                scale_bc=True))
-    gamma = None
-    if gated:
-        leaves.append(torch.nn.functional.logsigmoid(
-            torch.randn(batch, heads, n, generator=gen, device=device) * 2.0))
-    else:
-        gamma = alibi_gammas(heads).to(device)
-    for t in leaves:
-        t.requires_grad_()
-    dO = torch.randn(batch, heads, n, d, generator=gen, device=device, dtype=dtype)
+    ``shape = (batch, heads, N, r, d, gated)``) on fresh inputs (:func:`ncu.backward_cell`)."""
+    from .ncu import backward_cell
+    forward, leaves, dO = backward_cell(label, device, dtype, shape)
 
     def fn():
-        o = causal_linear_decoder(*leaves[:3], gamma, g=leaves[3] if gated else None)
-        return torch.autograd.grad(o, leaves, dO)
+        return torch.autograd.grad(forward(), leaves, dO)
     return fn
 
 

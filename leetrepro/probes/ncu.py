@@ -160,30 +160,41 @@ def profiled_call(label: str) -> None:
     torch.cuda.profiler.stop()
 
 
-def profiled_backward(label: str) -> None:
-    """The child of a backward cell: its inputs, three forward + backward warm-ups, a forward,
-    then one backward inside the profiler range."""
+def backward_cell(label: str, device="cuda", dtype=None, shape: tuple | None = None) -> tuple:
+    """``(forward, leaves, dO)`` of a backward cell (:data:`BACKWARD`, or ``shape = (batch,
+    heads, N, r, d, gated)``; bf16 unless ``dtype``): ``forward()`` calls
+    ``causal_linear_decoder`` on the leaves (B, C, V requiring grad, and the gates g where the
+    cell is gated, else ALiBi's per-head decays), dO the output's gradient to pass."""
     import torch
 
     from .. import causal_linear_decoder
     from .._inputs import alibi_gammas
     from ..bench.harness import random_inputs
-    batch, heads, n, r, d, gated = BACKWARD[label]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    leaves = list(random_inputs(batch, heads, n, r, d, dtype=torch.bfloat16, device="cuda",
-                                generator=gen, scale_bc=True))
+    dtype = dtype or torch.bfloat16
+    batch, heads, n, r, d, gated = shape or BACKWARD[label]
+    gen = torch.Generator(device=device).manual_seed(0)
+    leaves = list(random_inputs(batch, heads, n, r, d, dtype=dtype, device=device, generator=gen,
+                                scale_bc=True))
     gamma = None
     if gated:
         leaves.append(torch.nn.functional.logsigmoid(
-            torch.randn(batch, heads, n, generator=gen, device="cuda") * 2.0))
+            torch.randn(batch, heads, n, generator=gen, device=device) * 2.0))
     else:
-        gamma = alibi_gammas(heads).to("cuda")
+        gamma = alibi_gammas(heads).to(device)
     for t in leaves:
         t.requires_grad_()
-    dO = torch.randn(batch, heads, n, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+    dO = torch.randn(batch, heads, n, d, generator=gen, device=device, dtype=dtype)
 
     def forward():
         return causal_linear_decoder(*leaves[:3], gamma, g=leaves[3] if gated else None)
+    return forward, leaves, dO
+
+
+def profiled_backward(label: str) -> None:
+    """The child of a backward cell: its inputs, three forward + backward warm-ups, a forward,
+    then one backward inside the profiler range."""
+    import torch
+    forward, leaves, dO = backward_cell(label)
     for _ in range(3):
         torch.autograd.grad(forward(), leaves, dO)
     o = forward()
