@@ -822,7 +822,7 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
     assert dc(2, 64, 128, 64) == 64  # (128 lanes on 132 SMs: one program a lane)
     assert dc(1, 64, 128, 64) == 32  # (64 lanes: two programs a lane, still one wave)
     assert dc(8, 32, 128, 128) == 128  # (the most a program holds beside the pieces)
-    assert dc(8, 32, 128, 128, reverse=False) is None  # (not forward in time at r = 128)
+    assert dc(8, 32, 128, 128, reverse=False) == 64  # (forward at r = d = 128: 128 spill)
     assert dc(2, 64, 64, 128, reverse=False) == 128
     assert dc(2, 64, 256, 64) == 32  # (in reverse at r = 256: the most that fits)
     assert dc(2, 64, 64, 256, reverse=False) == 128
@@ -866,6 +866,7 @@ def test_the_gates_gradient_at_r_256_takes_the_hopper_pieces_only_where_switched
     m = get("Chunk")
     B, C = (torch.empty(2, 1, 64, 256, dtype=torch.bfloat16) for _ in range(2))
     V, dO = (torch.empty(2, 64, 64, 64, dtype=torch.bfloat16) for _ in range(2))
+    monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", False)
     assert not ops._in_sweeps(m, {}, dO, B, C, V)  # (the switch off)
     monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", True)
     assert ops._in_sweeps(m, {}, dO, B, C, V)
@@ -993,9 +994,9 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
         return [t.double().cpu() for t in torch.autograd.grad(loss, xs)]
     want = grads([t.double() for t in (B, C, V, g)], "LA_torch")
     got = grads([t.to(dtype) for t in (B, C, V)] + [g], "Chunk")
-    # (the dB sweep's pieces are the portable kernel's where d = 128; else both sweeps' rows
-    # taken in one pass)
-    assert calls == ([True] if d == 128 else ["both"]), calls
+    # (both sweeps' rows taken in one pass, by the rows' kernel or, where it is off, by each
+    # sweep's rows summed)
+    assert calls == (["both"] if chunk.GATE_ROWS_ON_GPU else ["both", False, True]), calls
     for name, a, w in zip("BCVg", got, want):
         tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
         assert rel_error(a, w) <= tol, f"d{name}: {rel_error(a, w):.2e}"

@@ -1076,9 +1076,9 @@ HOPPER_GATES_RING = True
 #: whether a gated backward at r = 256 (Falcon-H1's d_state) takes dg from both sweeps' pieces on
 #: the Hopper kernel (the dB sweep at 128 columns a program, the reverse sweep at 32: each fits
 #: shared memory with E and the gates in the ring, compiled for sm_90 with 0 and 52 bytes of
-#: spills) instead of the straddle kernel (``ops._in_sweeps``). Off until a GPU has run it:
-#: ``tests/test_gates.py``'s GPU test turns it on
-HOPPER_PIECES_WIDE = False
+#: spills) instead of the straddle kernel (``ops._in_sweeps``): Falcon-H1's SSD forward + backward
+#: 3.59 ms in a graph against 6.17 with the straddle kernel (H200, bf16, notes/gates.md)
+HOPPER_PIECES_WIDE = True
 
 
 def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
@@ -1119,13 +1119,14 @@ def _pieces_tiles(r: int, d: int, dtype: torch.dtype, dual: bool, reverse: bool)
 #: 276 in reverse at r = d = 128; fp16 up to 316; with E and the gates through the ring 0 and
 #: 264) and still ran faster than two programs a lane at 64, each forming the chunk's scores
 #: again (H200, bf16: Mamba-2's 2 × 64 heads × 8192, 128 × 64, forward + backward 1.64 ms in a
-#: graph against 2.26; gated `gla` 4.99 against 5.37, notes/gates.md). Not forward in time at
-#: r = 128 (the dB sweep where the operator's d is 128): it spilled 992 bytes at 128 columns, 316
-#: at 64 (20 with E and the gates in the ring, not yet timed), 124 at 32, and at 32 (four
-#: programs a lane) the gated `gla` shape's backward took 6.77 ms against 5.06 with the portable
-#: dB sweep (H200). In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`): 32, the most that fits
-#: beside the pieces.
-PIECES_DC = {(64, False): 128, (64, True): 128, (128, True): 128, (256, True): 32}
+#: graph against 2.26; gated `gla` 4.84 against 5.08 in reverse, notes/gates.md). Forward in time
+#: at r = 128 (the dB sweep where the operator's d is 128): 64. At 128 columns it spilled 992
+#: bytes a thread (the ring has no room for E and the gates there), at 64 316 by loads and 20 with
+#: E and the gates in the ring: the gated `gla` shape's backward 4.43 ms in a graph against 4.84
+#: with the portable dB sweep (H200, bf16). In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`):
+#: 32, the most that fits beside the pieces.
+PIECES_DC = {(64, False): 128, (64, True): 128, (128, False): 64, (128, True): 128,
+             (256, True): 32}
 
 
 def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
@@ -1179,10 +1180,11 @@ def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
 
 #: chunks a program of the rows' gates' gradient (``kernels/gate_rows.py``) takes a step
 GATE_ROWS_TILES = 16
-#: whether :func:`gate_gradient_from_rows` launches its kernel on a GPU: off until a GPU has run
-#: it against the composition it replaces (checked interpreted and compiled for sm_90 only;
-#: ``tests/test_gates.py``'s GPU test turns it on)
-GATE_ROWS_ON_GPU = False
+#: whether :func:`gate_gradient_from_rows` launches its kernel on a GPU, where the composition it
+#: replaces took about twenty PyTorch passes over the rows: Mamba-2's 2 × 64 heads × 8192
+#: forward + backward 1.37 ms in a graph against 1.45, eager at 64 × 64 1.97 against 2.43 (H200,
+#: bf16, notes/gates.md); off, the composition (the GPU test compares the two)
+GATE_ROWS_ON_GPU = True
 
 
 def gate_gradient_from_rows(q_f: torch.Tensor, q_r: torch.Tensor, block_n: int,

@@ -351,7 +351,7 @@ def main(argv=None) -> int:
         for dtype, (r, d), reverse in (("bf16", (128, 128), True), ("fp16", (128, 128), True),
                                        ("bf16", (128, 64), True), ("bf16", (64, 64), True),
                                        ("bf16", (64, 128), False), ("fp16", (64, 128), False),
-                                       ("bf16", (64, 64), False),
+                                       ("bf16", (64, 64), False), ("bf16", (128, 128), False),
                                        # (Falcon-H1's d_state 256: chunk.HOPPER_PIECES_WIDE)
                                        ("bf16", (256, 64), True), ("bf16", (64, 256), False)):
             jobs.append((f"pieces {dtype} {r}x{d}:gates:one{':reverse' if reverse else ''}",
