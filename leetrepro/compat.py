@@ -20,7 +20,7 @@ import torch
 
 from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor, positive_where_free
 from .api import causal_linear_decoder
-from .methods.ssd_rows import scale_rows, scale_rows_and_skip
+from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
 #: same g_gamma hands the operator the same gamma tensor (its checks are then cached: no host sync)
@@ -266,14 +266,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     check_dt_limit(dt_limit)
     _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     batch, seqlen, heads, headdim = x.shape
-    dt = dt.float()
-    if dt_bias is not None:
-        dt = dt + dt_bias.float()
-    if dt_softplus:
-        dt = torch.nn.functional.softplus(dt)
-    if tuple(dt_limit) != (0.0, math.inf):
-        dt = dt.clamp(dt_limit[0], dt_limit[1])
-    g = dt * A.float()  # (batch, seqlen, heads): the log decays
+    # (batch, seqlen, heads), float32: the step sizes and the log decays, one pass
+    dt, g = step_sizes_and_gates(dt, A, dt_bias, dt_softplus, dt_limit)
     if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
         cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
         g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)

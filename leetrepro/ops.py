@@ -577,12 +577,21 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         dg = _into(gate_gradient(expand_groups(B, heads), dB, expand_groups(C, heads), dC,
                                  cu_seqlens, dS, SN).to(g.dtype), g, None)
     if groups != heads:
-        dB, dC = (None if x is None else _into(sum_groups(x, groups), like, None)
+        dB, dC = (None if x is None else _group_sums(x, groups, like)
                   for x, like in ((dB, B), (dC, C)))
     # a gradient not asked for is an empty tensor of its own: outputs of a custom op may not alias
     # one another (one shared empty tensor made every partial backward raise)
     return tuple(x if k else V.new_empty(0)
                  for x, k in zip((dB, dC, dV, dS0, dg), wanted))
+
+
+def _group_sums(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor:
+    """Each head's gradient x summed over each group's heads, in ``like``'s layout: one kernel
+    launch on a GPU (:func:`leetrepro.methods.ssd_rows.sum_groups_like`), else
+    :func:`leetrepro._inputs.sum_groups` then a copy into that layout where it differs."""
+    from .methods.ssd_rows import sum_groups_like
+    out = sum_groups_like(x, groups, like)
+    return _into(sum_groups(x, groups), like, None) if out is None else out
 
 
 def _straddles(m: Method, V: torch.Tensor) -> bool:

@@ -351,20 +351,29 @@ def test_torch_compile_fullgraph_with_gates():
         torch.testing.assert_close(p.grad, w, rtol=1e-4, atol=1e-4)
 
 
-def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles():
+@pytest.mark.parametrize("n", [150, 1100])
+@pytest.mark.parametrize("interpreted", [True, False])
+def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles(monkeypatch, n, interpreted):
     """The Hopper kernel reads each lane's gates as running sums within each 64-row tile, in the
     order it sweeps the rows: from a tile's first row forward, from its last in reverse (time
-    runs backwards there), the rows past N adding nothing."""
+    runs backwards there), the rows past N adding nothing. One kernel launch under Triton's
+    interpreter (as on a GPU; several of its programs a lane at N = 1100), PyTorch without it."""
     from leetrepro.methods.chunk import tile_gate_sums
-    g = _gates(2, 3, 150, seed=5).transpose(1, 2).contiguous().transpose(1, 2)  # (any strides)
+    if not interpreted:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    elif not INTERPRETED:
+        pytest.skip("the CPU's interpreted launch")
+    g = _gates(2, 3, n, seed=5).transpose(1, 2).contiguous().transpose(1, 2)  # (any strides)
+    whole = -(-n // 64) * 64
     fwd, rev = tile_gate_sums(g, 64, False), tile_gate_sums(g, 64, True)
-    assert fwd.shape == rev.shape == (2, 3, 192) and fwd.is_contiguous()
-    for t in range(3):
-        rows = slice(64 * t, min(64 * t + 64, 150))
+    assert fwd.shape == rev.shape == (2, 3, whole) and fwd.is_contiguous()
+    assert fwd.dtype == rev.dtype == torch.float32
+    for t in range(whole // 64):
+        rows = slice(64 * t, min(64 * t + 64, n))
         want = g[..., rows].cumsum(-1)
         torch.testing.assert_close(fwd[..., rows], want)
         torch.testing.assert_close(rev[..., rows], g[..., rows].flip(-1).cumsum(-1).flip(-1))
-    assert (fwd[..., 150:] == fwd[..., 149:150]).all() and (rev[..., 150:] == 0).all()
+    assert (fwd[..., n:] == fwd[..., n - 1:n]).all() and (rev[..., n:] == 0).all()
 
 
 def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):

@@ -2,6 +2,8 @@
 drop-in against a float64 SSD written from Mamba-2's definition (the recurrence,
 ``reference.ssd_reference``), every argument, forward and every gradient; on the CPU the Chunk
 kernel runs under Triton's interpreter."""
+import math
+
 import pytest
 import torch
 
@@ -363,3 +365,102 @@ def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, alia
         assert rel_error(a, e) <= (1e-5 if dtype == torch.float32 else 1e-2), name
     torch.library.opcheck(real, (x, dt, dv, o, True))
     torch.library.opcheck(real, (x, dt, dv, None, True, ssd_rows._per_head(D, x), dy, True))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("time_major", [False, True])
+def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, dtype, time_major):
+    """``ssd_rows.sum_groups_like`` (dB and dC of B and C read by groups: one launch on a GPU)
+    against PyTorch's sum over each group's heads then the copy into B's layout: three heads a
+    group, N not a multiple of the kernel's rows, r not a power of two, B head-major or a
+    time-major view; the same numbers (fp16: the same float32 sums, rounded once), in B's
+    layout. Where the kernel does not run (a CPU without the interpreter asked for, float64):
+    None, and the backward's PyTorch sums."""
+    from leetrepro import ops
+    from leetrepro.methods import ssd_rows
+    gen = torch.Generator().manual_seed(3)
+    batch, groups, per, n, r = 2, 2, 3, 77, 24
+    x = torch.randn(batch, groups * per, n, r, generator=gen).to(dtype)
+    like = torch.empty(batch, n, groups, r, dtype=dtype).transpose(1, 2) if time_major else \
+        torch.empty(batch, groups, n, r, dtype=dtype)
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    assert ssd_rows.sum_groups_like(x, groups, like) is None
+    want = ops._group_sums(x, groups, like)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    got = ssd_rows.sum_groups_like(x, groups, like)
+    assert got is not None and got.dtype == dtype and got.stride() == want.stride()
+    assert got.stride() == torch.empty_like(like).stride()
+    torch.testing.assert_close(got, want, rtol=1e-3 if dtype == torch.float16 else 1e-6,
+                               atol=1e-3 if dtype == torch.float16 else 1e-6)
+    exact = x.double().unflatten(1, (groups, per)).sum(2)
+    assert rel_error(got, exact) <= (1e-6 if dtype == torch.float32 else 1e-3)
+    assert torch.equal(ops._group_sums(x, groups, like), got)  # (the backward takes it)
+    assert ssd_rows.sum_groups_like(x.double(), groups, like.double()) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype, bias, softplus, limit", quick_lane([
+    (torch.float32, True, True, (0.0, math.inf)), (torch.float32, False, False, (0.0, math.inf)),
+    (torch.float16, True, True, (0.01, 0.5)), (torch.float32, True, True, (0.05, 1.0))],
+    keep=(0,), unpack=True))
+def test_the_step_sizes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, bias, softplus, limit):
+    """``ssd_rows.step_sizes_and_gates`` (dt = clamp(softplus(dt + dt_bias)), g = dt·A, one
+    pass each way on a GPU; interpreted here) against the same expressions in float64 by
+    autograd: dt read as a strided slice of a fused projection, values past softplus' threshold
+    and far below 0, the clamp acting on some rows (no gradient there), a gradient for dt alone,
+    for g alone and for both; every output and gradient within the contract; opcheck."""
+    from leetrepro.methods import ssd_rows
+    gen = torch.Generator().manual_seed(8)
+    batch, n, heads = 2, 37, 5
+    fused = torch.randn(batch, n, heads + 3, generator=gen) * 6 - 2
+    fused[0, 0, 0], fused[1, 3, 2] = 25.0, -30.0
+    raw = fused.to(dtype)[..., :heads]  # (strided)
+    b = torch.rand(heads, generator=gen) if bias else None
+    A = -torch.rand(heads, generator=gen) * 4
+    ddt, dg = (torch.randn(batch, n, heads, generator=gen) for _ in range(2))
+
+    def expected(wanted):
+        leaves = [t.detach().double().requires_grad_() for t in (raw, A) + ((b,) if bias else ())]
+        x = leaves[0] + (leaves[2] if bias else 0)
+        dt = torch.nn.functional.softplus(x) if softplus else x
+        dt = dt.clamp(*limit) if limit != (0.0, math.inf) else dt
+        outs = (dt, dt * leaves[1])
+        loss = sum((o * w.double()).sum() for o, w, k in zip(outs, (ddt, dg), wanted) if k)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+        return outs, [torch.zeros_like(t) if d is None else d for d, t in zip(grads, leaves)]
+
+    def got(wanted):
+        leaves = [t.detach().clone().requires_grad_() for t in (raw, A) + ((b,) if bias else ())]
+        outs = ssd_rows.step_sizes_and_gates(leaves[0], leaves[1], leaves[2] if bias else None,
+                                             softplus, limit)
+        loss = sum((o * w).sum() for o, w, k in zip(outs, (ddt, dg), wanted) if k)
+        return outs, torch.autograd.grad(loss, leaves)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for wanted in ((True, True), (True, False), (False, True)):
+        monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+        plain = got(wanted)
+        monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+        assert ssd_rows._on_kernel(raw)
+        (dt, g), grads = got(wanted)
+        (dt_w, g_w), grads_w = expected(wanted)
+        assert dt.dtype == g.dtype == torch.float32 and dt.shape == (batch, n, heads)
+        assert grads[0].dtype == dtype and grads[1].dtype == A.dtype
+        for name, a, w in zip(["dt", "g", "draw", "dA", "dbias"], [dt, g, *grads],
+                              [dt_w, g_w, *grads_w]):
+            assert torch.isfinite(a).all(), name
+            assert rel_error(a, w) <= (1e-5 if dtype == torch.float32 or name in ("dt", "g")
+                                       else 1e-2), (name, wanted, rel_error(a, w))
+        for a, w in zip([*plain[0], *plain[1]], [dt, g, *grads]):
+            assert rel_error(a, w) <= 1e-5
+    if limit != (0.0, math.inf):  # (no gradient where the clamp acts)
+        x = raw.float() + (b if bias else 0)
+        sp = torch.nn.functional.softplus(x)
+        acts = (sp < limit[0]) | (sp > limit[1])
+        assert acts.any() and (grads[0][acts] == 0).all()
+    torch.library.opcheck(ssd_rows.dt_gates, (raw, b, A, softplus, *limit))
+    torch.library.opcheck(ssd_rows.dt_gates_backward, (raw, b, A, ddt, dg, softplus, *limit))
+    torch.library.opcheck(ssd_rows.dt_gates_backward, (raw, b, A, None, dg, softplus, *limit))

@@ -1,5 +1,6 @@
 """The gates' gradient from the rows the Hopper kernel's sweeps write, in one pass
-(``leetrepro.methods.chunk.gate_gradient_from_rows``).
+(``leetrepro.methods.chunk.gate_gradient_from_rows``), and the running sums within tiles that
+kernel reads its gates as (``leetrepro.methods.chunk.tile_gate_sums``).
 
 Per lane (batch·head), chunks of ``BLOCK_N`` rows: the dB sweep's rows q_f (forward in time: each
 row's e + δ, ``GATE_GRAD``) and the dV sweep's q_r (e), each a float32 row per block of value
@@ -51,3 +52,23 @@ def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES
         dg = tl.cumsum(qf, axis=1, reverse=True) + (tl.cumsum(qr, axis=1) - qr) + kc[:, None]
         tl.store(DG + lane * N + rows, dg * scale, mask=ok)
         later += tl.sum(diff, axis=0)
+
+
+@triton.jit
+def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+                     REVERSE: tl.constexpr):
+    """Running sums of the gates within each tile of ``BLOCK_N`` rows, from the tile's first row
+    (``REVERSE``: from its last back), in float32. G: ``(batch, heads, N)`` at any strides
+    ``STRIDES``, any float dtype; OUT: float32 ``(batch·heads, whole tiles·BLOCK_N)`` contiguous,
+    the rows past N read as 0; ``SIZE = (N, heads, whole tiles)``. A program takes ``TILES``
+    tiles of one lane (axis 1 of the grid: its steps)."""
+    N, HEADS, WHOLE = SIZE
+    SB, SH, SN = STRIDES
+    lane = tl.program_id(0).to(tl.int64)
+    rows = (tl.program_id(1) * TILES + tl.arange(0, TILES))[:, None] * BLOCK_N + \
+        tl.arange(0, BLOCK_N)[None, :]
+    rows = rows.to(tl.int64)
+    g = tl.load(G + (lane // HEADS) * SB + (lane % HEADS) * SH + rows * SN, mask=rows < N,
+                other=0.0).to(tl.float32)
+    tl.store(OUT + lane * (WHOLE * BLOCK_N) + rows, tl.cumsum(g, axis=1, reverse=REVERSE),
+             mask=rows < WHOLE * BLOCK_N)

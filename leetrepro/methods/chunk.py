@@ -714,9 +714,20 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, 
 def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
     """The Hopper kernel's gates: running sums of g ``(batch, heads, N)`` within each tile of
     ``block`` rows, in logical order (``reverse``: from each tile's last row back), float32
-    ``(batch, heads, whole tiles)`` contiguous, the rows past N zeros (they add nothing)."""
+    ``(batch, heads, whole tiles)`` contiguous, the rows past N zeros (they add nothing). One
+    launch on a GPU (or under Triton's interpreter: ``kernels/gate_rows.py``), where PyTorch
+    took three to five (a cast, the padding, flips, the sums; about 25 µs a sweep at Codestral's
+    2 × 128 heads × 8192, H200, notes/gates.md); PyTorch elsewhere. O(N) a lane."""
     b, h, n = g.shape
-    tiles = torch.nn.functional.pad(g.to(torch.float32), (0, cdiv(n, block) * block - n))
+    whole = cdiv(n, block)
+    if not isinstance(rows_kernels, NoTriton) and n and (
+            g.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        out = torch.empty(b, h, whole * block, dtype=torch.float32, device=g.device)
+        launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, GATE_ROWS_TILES)),
+               dict(G=g, OUT=out, SIZE=(n, h, whole), STRIDES=tuple(g.stride()),
+                    BLOCK_N=block, TILES=GATE_ROWS_TILES, REVERSE=reverse), num_warps=4)
+        return out
+    tiles = torch.nn.functional.pad(g.to(torch.float32), (0, whole * block - n))
     tiles = tiles.view(b, h, -1, block)
     if reverse:
         return tiles.flip(-1).cumsum(-1).flip(-1).view(b, h, -1)

@@ -7,10 +7,12 @@ sum of the two dx), are each a pass of their own on a generic (not vectorised) e
 kernel; inside a Mamba-2 block they cost more than the operator's kernels. Here each direction
 is one launch of ``kernels/ssd_rows.py`` on a GPU, and the same expressions in PyTorch
 elsewhere. Shapes: x ``(batch, seqlen, heads, headdim)``, dt ``(batch, seqlen, heads)`` float32,
-D ``(heads,)``.
+D ``(heads,)``. Before them the step sizes and the gates from dt's raw rows
+(:func:`step_sizes_and_gates`), likewise one pass each way where PyTorch took about eight.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -31,6 +33,30 @@ def _on_kernel(x: torch.Tensor) -> bool:
         return False
     return x.is_cuda or (os.environ.get("TRITON_INTERPRET") == "1"
                          and os.environ.get("LEETREPRO_ROWS_KERNEL") == "1")
+
+
+def sum_groups_like(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor | None:
+    """Each head's gradient x ``(batch, heads, N, r)`` (fp16/bf16/fp32, its last dimension
+    contiguous) summed over each group's heads into a new tensor laid out as ``like``
+    ``(batch, groups, N, r)`` (``torch.empty_like``: a time-major B's gradient is time-major), in
+    x's dtype, the sums in float32 in head order: one launch of ``kernels/ssd_rows.py``'s
+    ``group_sums`` where PyTorch took three passes (the sum in float32, its cast, the copy into
+    like's layout). None where that kernel does not run (:func:`_on_kernel`; float64, a strided
+    last dimension): the caller's PyTorch sums then. O(heads·N·r)."""
+    if not _on_kernel(x) or x.dtype == torch.float64 or x.numel() == 0 or \
+            x.stride(-1) != 1 or like.stride(-1) != 1 or like.dtype != x.dtype:
+        return None
+    batch, heads, n, r = x.shape
+    out = torch.empty_like(like)
+    if out.stride(-1) != 1:
+        return None
+    block_r = next_pow2(r)
+    block_t = max(1, 4096 // block_r)
+    launch(row_kernels.group_sums, (batch * groups, cdiv(n, block_t)),
+           dict(X=x, OUT=out, XS=tuple(x.stride()[:3]), OS=tuple(out.stride()[:3]),
+                SIZE=(n, r, groups, heads // groups), BLOCK_T=block_t, BLOCK_R=block_r),
+           num_warps=4)
+    return out
 
 
 @torch.library.custom_op("leetrepro::ssd_rows", mutates_args=())
@@ -174,3 +200,115 @@ def skip_rows(o: torch.Tensor, x: torch.Tensor, D: torch.Tensor) -> torch.Tensor
     if D.dim() != 1:
         return torch.addcmul(o, D.to(o.dtype), x).to(x.dtype)
     return _Skip.apply(o, x, D)
+
+
+def _limit(low: float, high: float) -> bool:
+    return (low, high) != (0.0, math.inf)
+
+
+@torch.library.custom_op("leetrepro::dt_gates", mutates_args=())
+def dt_gates(raw: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor, softplus: bool,
+             low: float, high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dt, g)``, float32 ``(batch, seqlen, heads)`` contiguous: dt = clamp(softplus(raw +
+    bias), low, high) (softplus and the clamp where asked: ``softplus``, (low, high) ≠ (0,
+    inf)), g = dt·A; raw ``(batch, seqlen, heads)`` any strides and float dtype, bias and A
+    ``(heads,)``."""
+    if not _on_kernel(raw) or raw.numel() == 0:
+        dt = raw.to(torch.float32, copy=True) if bias is None else raw.float() + bias.float()
+        dt = torch.nn.functional.softplus(dt) if softplus else dt
+        dt = dt.clamp(low, high) if _limit(low, high) else dt
+        return dt.contiguous(), (dt * A.float()).contiguous()
+    batch, n, heads = raw.shape
+    dt, g = (torch.empty(batch, n, heads, dtype=torch.float32, device=raw.device)
+             for _ in range(2))
+    block_h = next_pow2(heads)
+    block_t = max(1, 4096 // block_h)
+    launch(row_kernels.dt_gates, (cdiv(batch * n, block_t),),
+           dict(RAW=raw, BIAS=bias, A=A, DT=dt, G=g, STRIDES=tuple(raw.stride()),
+                SIZE=(batch * n, n, heads), LIMIT=(float(low), float(high)), BLOCK_T=block_t,
+                BLOCK_H=block_h, HAS_BIAS=bias is not None, SOFTPLUS=softplus,
+                HAS_LIMIT=_limit(low, high)), num_warps=4)
+    return dt, g
+
+
+@dt_gates.register_fake
+def _(raw, bias, A, softplus, low, high):
+    return tuple(raw.new_empty(raw.shape, dtype=torch.float32) for _ in range(2))
+
+
+@torch.library.custom_op("leetrepro::dt_gates_backward", mutates_args=())
+def dt_gates_backward(raw: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor,
+                      ddt: torch.Tensor | None, dg: torch.Tensor | None, softplus: bool,
+                      low: float, high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`dt_gates`' backward from dt's gradient ``ddt`` and g's ``dg`` (float32, either may
+    be None): ``(raw's gradient in raw's dtype, contiguous; bias's and A's, float32
+    (heads,))``, the sums over rows per program of the kernel then over programs, in a fixed
+    order."""
+    batch, n, heads = raw.shape
+    if not _on_kernel(raw) or raw.numel() == 0:
+        pre = raw.float() if bias is None else raw.float() + bias.float()
+        sp = torch.nn.functional.softplus(pre) if softplus else pre
+        slope = torch.where(pre > 20, 1.0, torch.sigmoid(pre)) if softplus else 1.0
+        dt = sp.clamp(low, high) if _limit(low, high) else sp
+        grad = torch.zeros_like(pre) if ddt is None else ddt.float()
+        if dg is not None:
+            grad = grad + dg.float() * A.float()
+        draw = grad * slope
+        if _limit(low, high):
+            draw = torch.where((sp >= low) & (sp <= high), draw, 0.0)
+        da = (dg.float() * dt).sum((0, 1)) if dg is not None else pre.new_zeros(heads)
+        return draw.to(raw.dtype).contiguous(), draw.sum((0, 1)), da
+    block_h = next_pow2(heads)
+    block_t = max(1, 4096 // block_h)
+    programs = cdiv(batch * n, block_t)
+    draw = torch.empty(batch, n, heads, dtype=raw.dtype, device=raw.device)
+    parts = torch.empty(2, programs, heads, dtype=torch.float32, device=raw.device)
+    zero = (0, 0, 0)
+    launch(row_kernels.dt_gates_backward, (programs,),
+           dict(RAW=raw, BIAS=bias, A=A, DDT=ddt, DG=dg, DRAW=draw, PARTS=parts,
+                STRIDES=tuple(raw.stride()),
+                GRAD_STRIDES=(tuple(ddt.stride()) if ddt is not None else zero) +
+                (tuple(dg.stride()) if dg is not None else zero),
+                SIZE=(batch * n, n, heads), LIMIT=(float(low), float(high)), BLOCK_T=block_t,
+                BLOCK_H=block_h, HAS_BIAS=bias is not None, SOFTPLUS=softplus,
+                HAS_LIMIT=_limit(low, high), HAS_DDT=ddt is not None, HAS_DG=dg is not None),
+           num_warps=4)
+    return draw, parts[0].sum(0), parts[1].sum(0)  # (two tensors: outputs may not alias)
+
+
+@dt_gates_backward.register_fake
+def _(raw, bias, A, ddt, dg, softplus, low, high):
+    heads = raw.shape[-1]
+    return (raw.new_empty(raw.shape), raw.new_empty(heads, dtype=torch.float32),
+            raw.new_empty(heads, dtype=torch.float32))
+
+
+class _StepSizes(torch.autograd.Function):
+    """:func:`dt_gates` with its backward :func:`dt_gates_backward`."""
+
+    @staticmethod
+    def forward(ctx, raw, bias, A, softplus, low, high):
+        ctx.save_for_backward(raw, bias, A)
+        ctx.args = (softplus, low, high)
+        return dt_gates(raw, bias, A, softplus, low, high)
+
+    @staticmethod
+    def backward(ctx, ddt, dg):
+        raw, bias, A = ctx.saved_tensors
+        need_raw, need_bias, need_a = ctx.needs_input_grad[:3]
+        if not (need_raw or need_bias or need_a):
+            return None, None, None, None, None, None
+        draw, dbias, da = dt_gates_backward(raw, bias, A, ddt, dg, *ctx.args)
+        return (draw if need_raw else None, dbias.to(bias.dtype) if need_bias else None,
+                da.to(A.dtype) if need_a else None, None, None, None)
+
+
+def step_sizes_and_gates(dt: torch.Tensor, A: torch.Tensor, dt_bias: torch.Tensor | None = None,
+                         softplus: bool = False, limit: tuple = (0.0, math.inf)) -> tuple:
+    """Mamba-2's step sizes and gates from dt's raw rows ``(batch, seqlen, heads)``: ``(dt, g)``,
+    float32 ``(batch, seqlen, heads)``, dt = clamp(softplus(dt + dt_bias), *limit) (each where
+    asked for), g = dt·A; differentiable in dt, A and dt_bias (zero through the clamp where it
+    acts, as PyTorch's). One pass each way on a GPU (:func:`dt_gates`), where PyTorch's
+    composition took about four launches forward and eight back over these rows."""
+    low, high = (float(v) for v in limit)
+    return _StepSizes.apply(dt, dt_bias, A, bool(softplus), low, high)
