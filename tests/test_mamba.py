@@ -399,6 +399,10 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
     assert rel_error(got, exact) <= (1e-6 if dtype == torch.float32 else 1e-3)
     assert torch.equal(ops._group_sums(x, groups, like), got)  # (the backward takes it)
     assert ssd_rows.sum_groups_like(x.double(), groups, like.double()) is None
+    # (more heads a group than the kernel was measured faster at: PyTorch's sums)
+    monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", per - 1)
+    assert ssd_rows.sum_groups_like(x, groups, like) is None
+    torch.testing.assert_close(ops._group_sums(x, groups, like), want, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "

@@ -723,9 +723,14 @@ def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
     if not isinstance(rows_kernels, NoTriton) and n and (
             g.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         out = torch.empty(b, h, whole * block, dtype=torch.float32, device=g.device)
+        strides = tuple(g.stride())
+        # (the key: what Triton specialises on, the integers by value; every sweep launches
+        # this, so the launch skips binding its arguments one by one)
         launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, GATE_ROWS_TILES)),
-               dict(G=g, OUT=out, SIZE=(n, h, whole), STRIDES=tuple(g.stride()),
-                    BLOCK_N=block, TILES=GATE_ROWS_TILES, REVERSE=reverse), num_warps=4)
+               dict(G=g, OUT=out, SIZE=(n, h, whole), STRIDES=strides,
+                    BLOCK_N=block, TILES=GATE_ROWS_TILES, REVERSE=reverse),
+               key=(g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block,
+                    GATE_ROWS_TILES, reverse, g.device), num_warps=4)
         return out
     tiles = torch.nn.functional.pad(g.to(torch.float32), (0, whole * block - n))
     tiles = tiles.view(b, h, -1, block)

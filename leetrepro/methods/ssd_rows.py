@@ -35,6 +35,14 @@ def _on_kernel(x: torch.Tensor) -> bool:
                          and os.environ.get("LEETREPRO_ROWS_KERNEL") == "1")
 
 
+#: the most heads a group for which :func:`sum_groups_like` launches its kernel: a program sums
+#: its group's heads one after another, so at one group of 80 heads (Zamba2's B and C, 4 × 4096
+#: rows) 256 programs each waited out 80 loads in turn: 282 µs for dB and dC against PyTorch's
+#: 105; at 16 (Codestral's 8 groups, 2 × 8192 rows: 4096 programs) the kernel took about 0.2 ms
+#: less than PyTorch's sum, cast and copy (H200, bf16, notes/gates.md)
+GROUP_SUMS_MAX_HEADS = 16
+
+
 def sum_groups_like(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor | None:
     """Each head's gradient x ``(batch, heads, N, r)`` (fp16/bf16/fp32, its last dimension
     contiguous) summed over each group's heads into a new tensor laid out as ``like``
@@ -42,8 +50,10 @@ def sum_groups_like(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.T
     x's dtype, the sums in float32 in head order: one launch of ``kernels/ssd_rows.py``'s
     ``group_sums`` where PyTorch took three passes (the sum in float32, its cast, the copy into
     like's layout). None where that kernel does not run (:func:`_on_kernel`; float64, a strided
-    last dimension): the caller's PyTorch sums then. O(heads·N·r)."""
+    last dimension, more than :data:`GROUP_SUMS_MAX_HEADS` heads a group): the caller's PyTorch
+    sums then. O(heads·N·r)."""
     if not _on_kernel(x) or x.dtype == torch.float64 or x.numel() == 0 or \
+            x.shape[1] > groups * GROUP_SUMS_MAX_HEADS or \
             x.stride(-1) != 1 or like.stride(-1) != 1 or like.dtype != x.dtype:
         return None
     batch, heads, n, r = x.shape
