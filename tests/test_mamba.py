@@ -468,3 +468,72 @@ def test_the_step_sizes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, bias
     torch.library.opcheck(ssd_rows.dt_gates, (raw, b, A, softplus, *limit))
     torch.library.opcheck(ssd_rows.dt_gates_backward, (raw, b, A, ddt, dg, softplus, *limit))
     torch.library.opcheck(ssd_rows.dt_gates_backward, (raw, b, A, None, dg, softplus, *limit))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype, d", quick_lane([(torch.float32, 48), (torch.float16, 40),
+                                                 (torch.float32, 1100)], keep=(0,), unpack=True))
+def test_the_gated_norm_kernel_is_the_block_s_norm(monkeypatch, dtype, d):
+    """``models._norm.gated_rms_norm`` (the Mamba-2 block's gated RMS norm, one pass each way on
+    a GPU; interpreted here) against the same expression by autograd in float64: z a strided
+    slice of a fused projection, D not a power of two, more rows than programs (several rows a
+    program), gradients of y, z and w within the contract; PyTorch's path the same; opcheck."""
+    from leetrepro.models import _norm
+    gen = torch.Generator().manual_seed(9)
+    batch, n = 2, 45
+    monkeypatch.setattr(_norm, "PROGRAMS", 16)  # (several rows a program)
+    y = torch.randn(batch, n, d, generator=gen).to(dtype)
+    fused = torch.randn(batch, n, 2 * d + 3, generator=gen).to(dtype)
+    z = fused[..., d:2 * d]
+    w = (torch.rand(d, generator=gen) + 0.5).to(dtype)
+    dout = torch.randn(batch, n, d, generator=gen).to(dtype)
+
+    def run():
+        leaves = [t.detach().clone().requires_grad_() for t in (y, z, w)]
+        out = _norm.gated_rms_norm(*leaves, 1e-5)
+        return [out, *torch.autograd.grad(out, leaves, dout)]
+    wide = [t.detach().double().requires_grad_() for t in (y, z, w)]
+    g = wide[0] * torch.nn.functional.silu(wide[1])
+    exact = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5) * wide[2]
+    exact = [exact, *torch.autograd.grad(exact, wide, dout.double())]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    assert not _norm._kernel(y)
+    plain = run()
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    assert _norm._kernel(y)
+    got = run()
+    assert _norm._programs(batch * n)[0] < batch * n
+    for name, a, b, e in zip(["out", "dy", "dz", "dw"], got, plain, exact):
+        assert a.dtype == dtype and a.shape == e.shape and torch.isfinite(a).all(), name
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert rel_error(a, e) <= tol, (name, rel_error(a, e))
+        assert rel_error(b, e) <= tol, (name, rel_error(b, e))
+    torch.library.opcheck(_norm.gated_rms_norm_fwd, (y, z, w, 1e-5))
+    out, rstd = _norm.gated_rms_norm_fwd(y, z, w, 1e-5)
+    torch.library.opcheck(_norm.gated_rms_norm_bwd, (dout, y, z, w, rstd))
+
+
+@pytest.mark.slow
+def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
+    """The portable one-launch passes around the operator (the gates' tile sums, the group sums,
+    the step sizes and their backward, the gated norm forward and backward), compiled for sm_90
+    on the host as their launchers launch them at Codestral's shapes (the interpreter checks
+    their numbers, not their resources): each compiles, within the SM's shared memory, and
+    spills nothing but the gated norm's backward (8 bytes a thread when it was set: a row of
+    8192 channels over 16 warps holds five float32 vectors across the row's sum)."""
+    import os
+    import subprocess
+    import sys
+
+    from leetrepro.probes.regs import passes_jobs, spill_bytes
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--passes"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    lines = [line for line in res.stdout.splitlines() if line.startswith("pass ")]
+    assert [line.split()[1] for line in lines] == [job[0] for job in passes_jobs()]
+    for line in lines:
+        assert int(line.split("shared=")[1].split()[0]) <= 232448, line
+        assert spill_bytes(line) <= (16 if "gated_norm_backward" in line else 0), line

@@ -19,6 +19,7 @@ from torch import nn
 from .._inputs import expand_groups
 from ..compat import check_dt_limit, mamba_chunk_scan_combined
 from ..decode import decode_step
+from ._norm import gated_rms_norm
 
 
 class Mamba2Block(nn.Module):
@@ -69,10 +70,9 @@ class Mamba2Block(nn.Module):
                 B.reshape(*lead, self.ngroups, self.d_state), C.reshape(*lead, self.ngroups, self.d_state))
 
     def _out(self, y, z):
-        """The gated RMS norm, then the out-projection."""
-        y = y * torch.nn.functional.silu(z)
-        y = y * torch.rsqrt(y.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(y.dtype)
-        return self.out_proj(y * self.norm_weight)
+        """The gated RMS norm (:func:`leetrepro.models._norm.gated_rms_norm`: one pass each way
+        on a GPU), then the out-projection."""
+        return self.out_proj(gated_rms_norm(y, z, self.norm_weight, 1e-5))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         return self.prefill(u)[0]

@@ -255,6 +255,64 @@ def compile_gate_rows(tail: bool, arch: int = 90):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
 
 
+def compile_portable(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90):
+    """A portable Triton kernel compiled for ``arch`` on the host: ``signature`` by parameter
+    (Triton's type strings, tuples for tuple arguments, ``"constexpr"`` for constexprs),
+    ``constexprs`` by name."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = list(signature)
+    const = {(names.index(k),): v for k, v in constexprs.items()}
+    src = ASTSource(fn=kernel, signature=signature, constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps))
+
+
+def passes_jobs() -> list:
+    """The one-launch passes around the operator as their launchers launch them at the shapes
+    measured (Codestral: 128 heads, d_state 128, d_inner 8192; bf16): ``(label, kernel,
+    signature, constexprs, num_warps)``."""
+    from ..kernels import gate_rows, gated_norm, ssd_rows
+    from ..methods.chunk import GATE_ROWS_TILES, HOPPER
+    i3, p16, p32 = ("i32",) * 3, "*bf16", "*fp32"
+    c = "constexpr"
+    return [
+        ("tile_sums", gate_rows.tile_sums_kernel,
+         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c),
+         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=True), 4),
+        ("group_sums", ssd_rows.group_sums,
+         dict(X=p16, OUT=p16, XS=i3, OS=i3, SIZE=("i32",) * 4, BLOCK_T=c, BLOCK_R=c),
+         dict(BLOCK_T=32, BLOCK_R=128), 4),
+        ("dt_gates", ssd_rows.dt_gates,
+         dict(RAW=p32, BIAS=p32, A=p32, DT=p32, G=p32, STRIDES=i3, SIZE=i3, LIMIT=("fp32",) * 2,
+              BLOCK_T=c, BLOCK_H=c, HAS_BIAS=c, SOFTPLUS=c, HAS_LIMIT=c),
+         dict(BLOCK_T=32, BLOCK_H=128, HAS_BIAS=True, SOFTPLUS=True, HAS_LIMIT=True), 4),
+        ("dt_gates_backward", ssd_rows.dt_gates_backward,
+         dict(RAW=p32, BIAS=p32, A=p32, DDT=p32, DG=p32, DRAW=p32, PARTS=p32, STRIDES=i3,
+              GRAD_STRIDES=("i32",) * 6, SIZE=i3, LIMIT=("fp32",) * 2, BLOCK_T=c, BLOCK_H=c,
+              HAS_BIAS=c, SOFTPLUS=c, HAS_LIMIT=c, HAS_DDT=c, HAS_DG=c),
+         dict(BLOCK_T=32, BLOCK_H=128, HAS_BIAS=True, SOFTPLUS=True, HAS_LIMIT=True,
+              HAS_DDT=True, HAS_DG=True), 4),
+        ("gated_norm_forward", gated_norm.gated_norm_forward,
+         dict(Y=(p16, "i32"), Z=(p16, "i32"), W=p16, OUT=p16, RSTD=p32, SIZE=("i32",) * 2,
+              eps="fp32", BLOCK_D=c, ROWS=c), dict(BLOCK_D=8192, ROWS=16), 16),
+        ("gated_norm_backward", gated_norm.gated_norm_backward,
+         dict(DOUT=(p16, "i32"), Y=(p16, "i32"), Z=(p16, "i32"), W=p16, RSTD=p32, DY=p16,
+              DZ=p16, DW=p32, SIZE=("i32",) * 2, BLOCK_D=c, ROWS=c),
+         dict(BLOCK_D=8192, ROWS=16), 16),
+    ]
+
+
+def _passes_usage(job: tuple) -> str:
+    """``shared=<bytes>`` and ptxas's usage line of one pass's kernel (a pool's job: its index
+    in :func:`passes_jobs`, the arch)."""
+    index, arch = job
+    label, kernel, sig, const, warps = passes_jobs()[index]
+    compiled = compile_portable(kernel, sig, const, warps, arch)
+    return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], arch)}"
+
+
 #: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d)
 STRADDLE_JOBS = tuple((k, dtype, r, d) for k in ("segment_states", "straddle_gradient")
                       for dtype, r, d in (("bf16", 128, 64), ("fp16", 128, 128),
@@ -294,7 +352,19 @@ def main(argv=None) -> int:
     p.add_argument("--straddle", action="store_true",
                    help="the gates' gradient's two kernels (kernels/gate_straddle.py): shared "
                         "memory per program, registers and spills (--configs ignored)")
+    p.add_argument("--passes", action="store_true",
+                   help="the one-launch passes around the operator (gate tile sums, group sums, "
+                        "step sizes, the gated norm): shared memory, registers and spills "
+                        "(--configs ignored)")
     args = p.parse_args(argv)
+    if args.passes:
+        from concurrent.futures import ProcessPoolExecutor
+        labels = [job[0] for job in passes_jobs()]
+        with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            usages = pool.map(_passes_usage, [(i, args.arch) for i in range(len(labels))])
+            for label, usage in zip(labels, usages):
+                print(f"pass {label} {usage}", flush=True)
+        return 0
     if args.straddle:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:

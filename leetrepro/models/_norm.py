@@ -1,0 +1,130 @@
+"""The gated RMS norm of a Mamba-2 block's output: ``(y·silu(z)) · rstd · w``, ``rstd =
+1/√(mean((y·silu(z))²) + eps)`` over the last dimension, forward and backward in one pass each on
+a GPU (``kernels/gated_norm.py``), where PyTorch's expressions made about eight passes forward and
+fifteen back on generic (not vectorised) kernels over the block's widest tensors (z a strided
+slice of the in-projection): 8.3 ms of the Codestral block's 35.6 went to such kernels (H200,
+notes/gates.md). PyTorch's expressions on a CPU (in float32), or with ``LEETREPRO_ROWS_KERNEL=1``
+beside ``TRITON_INTERPRET=1`` the kernels interpreted (the tests).
+
+Shapes: y, z ``(…, D)`` (z may be strided: its last dimension contiguous), w ``(D,)``; the output
+in y's dtype, shaped like y. Gradients for y, z and w; custom ops (``torch.library``) with their
+fakes, so ``torch.compile`` traces them.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..methods._gpu import NoTriton, cdiv, launch, next_pow2
+from ..methods.ssd_rows import _on_kernel
+
+try:
+    from ..kernels import gated_norm as norm_kernels
+except ImportError as err:  # without Triton: PyTorch's expressions
+    norm_kernels = NoTriton(err)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as ``(rows, D)`` with its last dimension contiguous (a view where strides allow)."""
+    t = t if t.stride(-1) == 1 else t.contiguous()
+    return t.reshape(-1, t.shape[-1])
+
+
+#: about as many programs as this (several waves of a GPU's SMs) each take their share of the rows
+PROGRAMS = 1024
+
+
+def _programs(rows: int) -> tuple[int, int]:
+    """``(programs, rows a program)``: about :data:`PROGRAMS` programs, so that the backward's
+    per-program sums of w's gradient stay small; a function of the row count alone, so the same
+    inputs give the same sums."""
+    per = max(1, cdiv(rows, PROGRAMS))
+    return cdiv(rows, per), per
+
+
+def _kernel(y: torch.Tensor) -> bool:
+    return not isinstance(norm_kernels, NoTriton) and _on_kernel(y) and y.numel() > 0
+
+
+@torch.library.custom_op("leetrepro::gated_rms_norm", mutates_args=())
+def gated_rms_norm_fwd(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, rstd)``: out like y (dense, y's dtype), rstd float32 ``y.shape[:-1]``."""
+    if not _kernel(y):
+        g = y.float() * torch.nn.functional.silu(z.float())
+        rstd = torch.rsqrt(g.pow(2).mean(-1) + eps)
+        return (g * rstd[..., None] * w.float()).to(y.dtype), rstd
+    y2, z2 = _rows(y), _rows(z)
+    rows, d = y2.shape
+    out = torch.empty(rows, d, dtype=y.dtype, device=y.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=y.device)
+    programs, per = _programs(rows)
+    block = next_pow2(d)
+    launch(norm_kernels.gated_norm_forward, (programs,),
+           dict(Y=(y2, y2.stride(0)), Z=(z2, z2.stride(0)), W=w.contiguous(), OUT=out, RSTD=rstd,
+                SIZE=(rows, d), eps=float(eps), BLOCK_D=block, ROWS=per),
+           num_warps=max(1, min(16, block // 512)))
+    return out.view(y.shape), rstd.view(y.shape[:-1])
+
+
+@gated_rms_norm_fwd.register_fake
+def _(y, z, w, eps):
+    return torch.empty_like(y, memory_format=torch.contiguous_format), \
+        y.new_empty(y.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("leetrepro::gated_rms_norm_backward", mutates_args=())
+def gated_rms_norm_bwd(dout: torch.Tensor, y: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                       rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dy, dz, dw)``: dy like y, dz like z (dense, in their dtypes), dw like w (the sums
+    over rows per program, then over programs, in float32, in a fixed order)."""
+    if not _kernel(y):
+        s = torch.nn.functional.silu(z.float())
+        sig = torch.sigmoid(z.float())
+        n = y.float() * s * rstd[..., None]
+        dn = dout.float() * w.float()
+        dg = rstd[..., None] * (dn - n * (dn * n).mean(-1, keepdim=True))
+        dz = dg * y.float() * sig * (1 + z.float() * (1 - sig))
+        dw = (dout.float() * n).reshape(-1, w.shape[0]).sum(0)
+        return (dg * s).to(y.dtype), dz.to(z.dtype), dw.to(w.dtype)
+    y2, z2, d2 = _rows(y), _rows(z), _rows(dout)
+    rows, d = y2.shape
+    programs, per = _programs(rows)
+    dy = torch.empty(rows, d, dtype=y.dtype, device=y.device)
+    dz = torch.empty(rows, d, dtype=z.dtype, device=y.device)
+    dw = torch.empty(programs, d, dtype=torch.float32, device=y.device)
+    block = next_pow2(d)
+    launch(norm_kernels.gated_norm_backward, (programs,),
+           dict(DOUT=(d2, d2.stride(0)), Y=(y2, y2.stride(0)), Z=(z2, z2.stride(0)), W=w.contiguous(),
+                RSTD=rstd.reshape(-1).contiguous(), DY=dy, DZ=dz, DW=dw, SIZE=(rows, d),
+                BLOCK_D=block, ROWS=per),
+           num_warps=max(1, min(16, block // 512)))
+    return dy.view(y.shape), dz.view(z.shape), dw.sum(0).to(w.dtype)
+
+
+@gated_rms_norm_bwd.register_fake
+def _(dout, y, z, w, rstd):
+    return (torch.empty_like(y, memory_format=torch.contiguous_format),
+            torch.empty_like(z, memory_format=torch.contiguous_format), torch.empty_like(w))
+
+
+def _setup(ctx, inputs, output):
+    y, z, w, _ = inputs
+    ctx.save_for_backward(y, z, w, output[1])
+
+
+def _backward(ctx, dout, _drstd):
+    y, z, w, rstd = ctx.saved_tensors
+    dy, dz, dw = gated_rms_norm_bwd(dout, y, z, w, rstd)
+    need_y, need_z, need_w = ctx.needs_input_grad[:3]
+    return dy if need_y else None, dz if need_z else None, dw if need_w else None, None
+
+
+gated_rms_norm_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
+                   eps: float = 1e-5) -> torch.Tensor:
+    """``(y·silu(z)) · w / √(mean((y·silu(z))²) + eps)`` over the last dimension D: y, z
+    ``(…, D)`` (z's last dimension contiguous, any other strides), w ``(D,)``; y's dtype and
+    shape, float32 inside. Differentiable in y, z and w. O(rows·D)."""
+    return gated_rms_norm_fwd(y, z, w, float(eps))[0]
