@@ -448,12 +448,13 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     heads, groups = V.shape[1], B.shape[1]
     if groups != heads and (not m.groups or 0 in B.shape or 0 in V.shape):
         # a method that reads no groups: its gradients for B and C expanded, then summed over
-        # each group's heads
+        # each group's heads into B's and C's layouts (as the fake has them: a time-major B's
+        # gradient summed head-major once failed torch.compile's check of a Mamba-2 block)
         res = _gradients(m, opts, dO, expand_groups(B, heads), expand_groups(C, heads), V, gamma,
                          initial_state, dS, reverse, need_b, need_c, need_v, need_s0, cu_seqlens,
                          scale, False, g, SN, need_g)
-        return tuple(sum_groups(x, groups) if i < 2 and x.numel() else x
-                     for i, x in enumerate(res))
+        return tuple(_group_sums(x, groups, like) if i < 2 and x.numel() else x
+                     for i, (x, like) in enumerate(zip(res, (B, C, V, V, V))))
     gate = None
     if g is not None:
         if reverse:

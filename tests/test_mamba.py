@@ -522,7 +522,8 @@ def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
     on the host as their launchers launch them at Codestral's shapes (the interpreter checks
     their numbers, not their resources): each compiles, within the SM's shared memory, and
     spills nothing but the gated norm's backward (8 bytes a thread when it was set: a row of
-    8192 channels over 16 warps holds five float32 vectors across the row's sum)."""
+    8192 channels over 16 warps holds five float32 vectors across the row's sum); the causal
+    convolution's at 10240 channels."""
     import os
     import subprocess
     import sys
@@ -537,3 +538,74 @@ def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
     for line in lines:
         assert int(line.split("shared=")[1].split()[0]) <= 232448, line
         assert spill_bytes(line) <= (16 if "gated_norm_backward" in line else 0), line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype, bias", quick_lane([(torch.float32, True), (torch.float16, True),
+                                                    (torch.float32, False)], keep=(0,),
+                                                   unpack=True))
+def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, bias):
+    """``models._conv.causal_conv_silu`` (the Mamba-2 block's depthwise causal convolution and
+    SiLU, one pass each way on a GPU; interpreted here) against ``nn.Conv1d``'s with its
+    padding cut to the causal rows, by autograd in float64: x a strided slice of a fused
+    projection, N and C not multiples of the kernel's blocks, several row blocks a program in
+    the backward; x's, the weight's and the bias's gradients within the contract; PyTorch's
+    path the same; opcheck."""
+    from leetrepro.models import _conv
+    gen = torch.Generator().manual_seed(10)
+    batch, n, c, k = 2, 75, 150, 4
+    fused = torch.randn(batch, n, c + 7, generator=gen).to(dtype)
+    x = fused[..., 3:3 + c]
+    conv = torch.nn.Conv1d(c, c, k, groups=c, padding=k - 1, bias=bias)
+    w = conv.weight.detach().to(dtype)
+    b = conv.bias.detach().to(dtype) if bias else None
+    dout = torch.randn(batch, n, c, generator=gen).to(dtype)
+    monkeypatch.setattr(_conv, "PROGRAMS", 4)  # (several row blocks a program)
+
+    def run():
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+        out = _conv.causal_conv_silu(leaves[0], leaves[1], leaves[2] if bias else None)
+        return [out, *torch.autograd.grad(out, leaves, dout)]
+    wide = [t.detach().double().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+    pre = torch.nn.functional.conv1d(wide[0].transpose(1, 2), wide[1],
+                                     wide[2] if bias else None, padding=k - 1, groups=c)[..., :n]
+    exact = torch.nn.functional.silu(pre).transpose(1, 2)
+    exact = [exact, *torch.autograd.grad(exact, wide, dout.double())]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    assert not _conv._kernel(x)
+    plain = run()
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    assert _conv._kernel(x)
+    got = run()
+    for name, a, p, e in zip(["out", "dx", "dw", "dbias"], got, plain, exact):
+        assert a.dtype == dtype and a.shape == e.shape and torch.isfinite(a).all(), name
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert rel_error(a, e) <= tol, (name, rel_error(a, e))
+        assert rel_error(p, e) <= tol, (name, rel_error(p, e))
+    assert got[0].is_contiguous()
+    torch.library.opcheck(_conv.causal_conv_silu_fwd, (x, w, b))
+    torch.library.opcheck(_conv.causal_conv_silu_bwd, (dout, x, w, b))
+
+
+@pytest.mark.slow
+def test_a_compiled_mamba2_block_with_groups_trains_as_eager():
+    """``torch.compile`` of a Mamba-2 block whose B and C come by groups of heads, on a method
+    that reads no groups (B and C expanded, their gradients summed over each group's heads):
+    the output and every gradient as eager's. The summed gradients once came head-major where
+    the op's fake has B's time-major layout, and the compiled backward refused them."""
+    from leetrepro.models import Mamba2Block
+    torch.manual_seed(0)
+    block = Mamba2Block(64, d_state=16, headdim=16, ngroups=2, method="LA_torch")
+    u = torch.randn(2, 50, 64, requires_grad=True)
+    want = block(u)
+    want.square().sum().backward()
+    grads = [p.grad.clone() for p in block.parameters()] + [u.grad.clone()]
+    block.zero_grad()
+    u.grad = None
+    got = torch.compile(block)(u)
+    got.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, w in zip([p.grad for p in block.parameters()] + [u.grad], grads):
+        torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-4)

@@ -19,6 +19,7 @@ from torch import nn
 from .._inputs import expand_groups
 from ..compat import check_dt_limit, mamba_chunk_scan_combined
 from ..decode import decode_step
+from ._conv import causal_conv_silu
 from ._norm import gated_rms_norm
 
 
@@ -85,10 +86,8 @@ class Mamba2Block(nn.Module):
         conv_in = xbc.transpose(1, 2)
         conv_state = torch.nn.functional.pad(conv_in, (self.d_conv - n, 0))[..., -self.d_conv:] \
             if n < self.d_conv else conv_in[..., -self.d_conv:]
-        # (the convolution's output is channel-major; time-major rows, each (x, B, C) row
-        # contiguous as a channel-last causal convolution hands them, cost one copy here instead
-        # of one in every pass over x, B and C after it)
-        xbc = torch.nn.functional.silu(self.conv1d(conv_in)[..., :n]).transpose(1, 2).contiguous()
+        # (time-major rows, each (x, B, C) row contiguous, as the convolution writes them)
+        xbc = causal_conv_silu(xbc, self.conv1d.weight, self.conv1d.bias)
         x, B, C = self._ssd_inputs(xbc)
         ssd, own = (mamba_chunk_scan_combined, dict(method=self.method, **self.options)) \
             if self.ssd is None else (self.ssd, {})

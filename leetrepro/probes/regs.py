@@ -271,10 +271,12 @@ def compile_portable(kernel, signature: dict, constexprs: dict, num_warps: int, 
 
 def passes_jobs() -> list:
     """The one-launch passes around the operator as their launchers launch them at the shapes
-    measured (Codestral: 128 heads, d_state 128, d_inner 8192; bf16): ``(label, kernel,
+    measured (Codestral: 128 heads, d_state 128, d_inner 8192, 10240 convolution channels of
+    width 4; bf16): ``(label, kernel,
     signature, constexprs, num_warps)``."""
-    from ..kernels import gate_rows, gated_norm, ssd_rows
+    from ..kernels import causal_conv, gate_rows, gated_norm, ssd_rows
     from ..methods.chunk import GATE_ROWS_TILES, HOPPER
+    from ..models import _conv
     i3, p16, p32 = ("i32",) * 3, "*bf16", "*fp32"
     c = "constexpr"
     return [
@@ -301,6 +303,14 @@ def passes_jobs() -> list:
          dict(DOUT=(p16, "i32"), Y=(p16, "i32"), Z=(p16, "i32"), W=p16, RSTD=p32, DY=p16,
               DZ=p16, DW=p32, SIZE=("i32",) * 2, BLOCK_D=c, ROWS=c),
          dict(BLOCK_D=8192, ROWS=16), 16),
+        ("causal_conv_forward", causal_conv.causal_conv_forward,
+         dict(X=(p16, "i32", "i32"), W=p16, BIAS=p16, OUT=p16, SIZE=("i32",) * 2, K=c,
+              BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c),
+         dict(K=4, BLOCK_T=_conv.BLOCK_T, BLOCK_C=_conv.BLOCK_C, HAS_BIAS=True), 4),
+        ("causal_conv_backward", causal_conv.causal_conv_backward,
+         dict(X=(p16, "i32", "i32"), W=p16, BIAS=p16, DOUT=(p16, "i32", "i32"), DX=p16,
+              PARTS=p32, SIZE=i3, K=c, K_PAD=c, BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c),
+         dict(K=4, K_PAD=4, BLOCK_T=_conv.BLOCK_T, BLOCK_C=_conv.BLOCK_C, HAS_BIAS=True), 4),
     ]
 
 

@@ -1,0 +1,132 @@
+"""The Mamba-2 block's short causal depthwise convolution and its SiLU on time-major rows:
+``silu(conv1d(x, w, bias))`` causal (``K − 1`` zeros before each sequence), x ``(batch, N, C)``
+at any row stride (its channels contiguous: the in-projection's slice read in place), the output
+``(batch, N, C)`` contiguous in x's dtype. One pass each way on a GPU
+(``kernels/causal_conv.py``), where PyTorch ran its depthwise convolution channel-major (x
+transposed), then the SiLU and a copy back to time-major, and three kernels back: 4.5 ms of the
+Codestral block's 35.6 in the convolution alone (H200, notes/gates.md). PyTorch's
+``conv1d`` on a CPU (or with ``LEETREPRO_ROWS_KERNEL=1`` beside ``TRITON_INTERPRET=1`` the
+kernels interpreted: the tests). Custom ops (``torch.library``) with their fakes and autograd.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..methods._gpu import NoTriton, cdiv, launch, next_pow2
+from ..methods.ssd_rows import _on_kernel
+
+try:
+    from ..kernels import causal_conv as conv_kernels
+except ImportError as err:  # without Triton: PyTorch's convolution
+    conv_kernels = NoTriton(err)
+
+#: rows and channels a program takes (the backward at 32 × 64 or 32 × 128 spilled 132 bytes a
+#: thread compiled for sm_90, at 16 × 64 none: ``probes.regs --passes``); the backward's programs
+#: take row blocks in steps so that about this many programs share the rows (their per-program
+#: sums of w's gradient stay small)
+BLOCK_T, BLOCK_C, PROGRAMS = 16, 64, 2048
+
+
+def _kernel(x: torch.Tensor) -> bool:
+    return not isinstance(conv_kernels, NoTriton) and _on_kernel(x) and x.numel() > 0 and \
+        x.stride(-1) == 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """PyTorch's causal depthwise convolution ``(batch, C, N)`` of x ``(batch, N, C)``."""
+    k = w.shape[-1]
+    return torch.nn.functional.conv1d(x.transpose(1, 2), w, bias, padding=k - 1,
+                                      groups=x.shape[-1])[..., :x.shape[1]]
+
+
+@torch.library.custom_op("leetrepro::causal_conv_silu", mutates_args=())
+def causal_conv_silu_fwd(x: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None) -> torch.Tensor:
+    """``silu(causal depthwise conv(x))``: x ``(batch, N, C)``, weight ``(C, 1, K)`` (a depthwise
+    ``nn.Conv1d``'s), bias ``(C,)`` or None; ``(batch, N, C)`` contiguous in x's dtype."""
+    if not _kernel(x):
+        return torch.nn.functional.silu(_pre(x, weight, bias)).transpose(1, 2).contiguous()
+    batch, n, c = x.shape
+    k = weight.shape[-1]
+    out = torch.empty(batch, n, c, dtype=x.dtype, device=x.device)
+    launch(conv_kernels.causal_conv_forward, (batch, cdiv(n, BLOCK_T), cdiv(c, BLOCK_C)),
+           dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
+                OUT=out, SIZE=(n, c), K=k, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
+                HAS_BIAS=bias is not None), num_warps=4)
+    return out
+
+
+@causal_conv_silu_fwd.register_fake
+def _(x, weight, bias):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("leetrepro::causal_conv_silu_backward", mutates_args=())
+def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor,
+                                                             torch.Tensor]:
+    """``(dx, dweight, dbias)`` (dbias empty without a bias): dx ``(batch, N, C)`` contiguous in
+    x's dtype, the others in their parameters' dtypes, summed in float32 per program then over
+    programs in a fixed order."""
+    batch, n, c = x.shape
+    k = weight.shape[-1]
+    if not _kernel(x):
+        pre = _pre(x.float(), weight.float(), None if bias is None else bias.float())
+        sig = torch.sigmoid(pre)
+        dpre = dout.float().transpose(1, 2) * sig * (1 + pre * (1 - sig))  # (batch, C, N)
+        dx = torch.nn.functional.conv1d(torch.nn.functional.pad(dpre, (0, k - 1)),
+                                        weight.float().flip(-1), groups=c)
+        xp = torch.nn.functional.pad(x.float().transpose(1, 2), (k - 1, 0))
+        dw = torch.stack([(dpre * xp[..., i:i + n]).sum((0, 2)) for i in range(k)], -1)
+        db = dpre.sum((0, 2)) if bias is not None else x.new_empty(0)
+        return (dx.transpose(1, 2).to(x.dtype).contiguous(), dw[:, None].to(weight.dtype),
+                db.to(bias.dtype) if bias is not None else db)
+    blocks = cdiv(n, BLOCK_T)
+    steps = max(1, cdiv(batch * blocks * cdiv(c, BLOCK_C), PROGRAMS))
+    groups = cdiv(blocks, steps)
+    dx = torch.empty(batch, n, c, dtype=x.dtype, device=x.device)
+    parts = torch.empty(k + 1, batch * groups, c, dtype=torch.float32, device=x.device)
+    launch(conv_kernels.causal_conv_backward, (batch, groups, cdiv(c, BLOCK_C)),
+           dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
+                DOUT=(dout, dout.stride(0), dout.stride(1)), DX=dx, PARTS=parts,
+                SIZE=(n, c, steps), K=k, K_PAD=next_pow2(k), BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
+                HAS_BIAS=bias is not None), num_warps=4)
+    sums = parts.sum(1)  # (K + 1, C)
+    # (copies: outputs of a custom op may not alias one another)
+    dw = sums[:k].t().contiguous().to(weight.dtype).reshape(c, 1, k)
+    db = sums[k].to(bias.dtype, copy=True) if bias is not None else x.new_empty(0)
+    return dx, dw, db
+
+
+@causal_conv_silu_bwd.register_fake
+def _(dout, x, weight, bias):
+    return (x.new_empty(x.shape), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight, bias)
+
+
+def _backward(ctx, dout):
+    x, weight, bias = ctx.saved_tensors
+    dx, dw, db = causal_conv_silu_bwd(dout if dout.stride(-1) == 1 else dout.contiguous(), x,
+                                      weight, bias)
+    need_x, need_w, need_b = ctx.needs_input_grad
+    return dx if need_x else None, dw if need_w else None, \
+        db if need_b and bias is not None else None
+
+
+causal_conv_silu_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu`` of x's causal depthwise convolution by a depthwise ``nn.Conv1d``'s ``weight``
+    ``(C, 1, K)`` and ``bias``: x ``(batch, N, C)`` (channels contiguous, any other strides) →
+    ``(batch, N, C)`` contiguous in x's dtype, row t from rows t − K + 1 … t of its own
+    sequence. Differentiable in all three. O(batch·N·C·K)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return causal_conv_silu_fwd(x, weight, bias)
