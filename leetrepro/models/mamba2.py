@@ -96,7 +96,9 @@ class Mamba2Block(nn.Module):
             dt_bias=self.dt_bias, dt_softplus=True, dt_limit=self.dt_limit,
             return_final_states=True, **own)
         out = self._out(y.reshape(batch, n, self.d_inner), z)
-        return out, conv_state.detach(), state.transpose(-1, -2).detach()
+        # (the convolution's state copied: a view would keep the whole in-projection alive for
+        # as long as a decode holds it)
+        return out, conv_state.detach().clone(), state.transpose(-1, -2).detach()
 
     @torch.no_grad()
     def step(self, u: torch.Tensor, conv_state: torch.Tensor, pool: torch.Tensor,
