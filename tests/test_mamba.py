@@ -609,3 +609,75 @@ def test_a_compiled_mamba2_block_with_groups_trains_as_eager():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for a, w in zip([p.grad for p in block.parameters()] + [u.grad], grads):
         torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_passes_around_the_operator_on_the_gpu(dtype):
+    """On a GPU, each one-launch pass its launcher takes there (the Mamba-2 block's gated norm
+    and causal convolution, the step sizes and gates, the group sums) against float64 by
+    autograd, forward and every gradient within the contract, on the block's layouts (strided
+    slices of one projection), N and the widths not multiples of any block; and the whole
+    block against its PyTorch expressions (the same block on the CPU in float32)."""
+    from leetrepro.methods import ssd_rows
+    from leetrepro.models import Mamba2Block, _conv, _norm
+    dev, tol = "cuda", (1e-5 if dtype == torch.float32 else 1e-2)
+    gen = torch.Generator().manual_seed(12)
+    batch, n, d = 2, 301, 200
+    fused = torch.randn(batch, n, 3 * d + 5, generator=gen)
+    y, z, x = fused[..., :d], fused[..., d:2 * d], fused[..., 2 * d:3 * d]
+    w = torch.rand(d, generator=gen) + 0.5
+    cw, cb = torch.randn(d, 1, 4, generator=gen) / 2, torch.randn(d, generator=gen)
+    dout = torch.randn(batch, n, d, generator=gen)
+
+    def check(fn, wide_fn, *args):
+        leaves = [a.to(dev, dtype).requires_grad_() for a in args]
+        wide = [a.double().requires_grad_() for a in args]
+        got, want = fn(*leaves), wide_fn(*wide)
+        got = [got, *torch.autograd.grad(got, leaves, dout.to(dev, got.dtype))]
+        want = [want, *torch.autograd.grad(want, wide, dout.double())]
+        for a, e in zip(got, want):
+            assert torch.isfinite(a).all() and rel_error(a.double().cpu(), e) <= tol, \
+                (fn, rel_error(a.double().cpu(), e))
+
+    def norm_ref(y, z, w):
+        g = y * torch.nn.functional.silu(z)
+        return g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+    def conv_ref(x, cw, cb):
+        pre = torch.nn.functional.conv1d(x.transpose(1, 2), cw, cb, padding=3, groups=d)
+        return torch.nn.functional.silu(pre[..., :n]).transpose(1, 2)
+    views = fused.to(dev, dtype)
+    assert _norm._kernel(views) and _conv._kernel(views)
+    check(lambda y, z, w: _norm.gated_rms_norm(y, z, w), norm_ref, y, z, w)
+    check(_conv.causal_conv_silu, conv_ref, x, cw, cb)
+    heads = 24
+    raw, A, bias = fused[..., :heads] * 2 - 2, -torch.rand(heads, generator=gen) * 4, \
+        torch.rand(heads, generator=gen)
+
+    def steps_ref(raw, A, bias):
+        dt = torch.nn.functional.softplus(raw.double() + bias).clamp(0.01, 0.6)
+        return dt * 3 + dt * A
+    leaves = [t.to(dev).requires_grad_() for t in (raw, A, bias)]
+    dt, g = ssd_rows.step_sizes_and_gates(leaves[0], leaves[1], leaves[2], True, (0.01, 0.6))
+    got = [(dt * 3 + g)] + list(torch.autograd.grad(
+        dt * 3 + g, leaves, dout[..., :heads].to(dev)))
+    wide = [t.double().requires_grad_() for t in (raw, A, bias)]
+    want = steps_ref(*wide)
+    want = [want] + list(torch.autograd.grad(want, wide, dout[..., :heads].double()))
+    for a, e in zip(got, want):
+        assert rel_error(a.double().cpu(), e) <= 1e-5
+    per = torch.randn(batch, 32, n, 24, generator=gen).to(dev, dtype)
+    like = torch.empty(batch, n, 2, 24, device=dev, dtype=dtype).transpose(1, 2)
+    sums = ssd_rows.sum_groups_like(per, 2, like)
+    assert sums is not None and sums.stride() == torch.empty_like(like).stride()
+    assert rel_error(sums.double().cpu(), per.double().cpu().unflatten(1, (2, 16)).sum(2)) <= tol
+    torch.manual_seed(0)
+    block = Mamba2Block(64, d_state=16, headdim=16, ngroups=2)
+    u = torch.randn(2, 70, 64, generator=gen)
+    want = block(u.requires_grad_())
+    gpu = Mamba2Block(64, d_state=16, headdim=16, ngroups=2).to(dev)
+    gpu.load_state_dict(block.state_dict())
+    got = gpu(u.detach().to(dev))
+    assert rel_error(got.double().cpu(), want.double()) <= 1e-2  # (tf32 in the GPU's matmuls)
