@@ -510,9 +510,10 @@ def test_the_gated_norm_kernel_is_the_block_s_norm(monkeypatch, dtype, d):
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         assert rel_error(a, e) <= tol, (name, rel_error(a, e))
         assert rel_error(b, e) <= tol, (name, rel_error(b, e))
-    torch.library.opcheck(_norm.gated_rms_norm_fwd, (y, z, w, 1e-5))
-    out, rstd = _norm.gated_rms_norm_fwd(y, z, w, 1e-5)
-    torch.library.opcheck(_norm.gated_rms_norm_bwd, (dout, y, z, w, rstd))
+    small = (y[:1, :5], z[:1, :5], w)  # (opcheck runs it many times)
+    torch.library.opcheck(_norm.gated_rms_norm_fwd, small + (1e-5,))
+    out, rstd = _norm.gated_rms_norm_fwd(*small, 1e-5)
+    torch.library.opcheck(_norm.gated_rms_norm_bwd, (dout[:1, :5],) + small + (rstd,))
 
 
 @pytest.mark.slow
@@ -554,14 +555,14 @@ def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, b
     path the same; opcheck."""
     from leetrepro.models import _conv
     gen = torch.Generator().manual_seed(10)
-    batch, n, c, k = 2, 75, 150, 4
+    batch, n, c, k = 2, 37, 70, 4
     fused = torch.randn(batch, n, c + 7, generator=gen).to(dtype)
     x = fused[..., 3:3 + c]
     conv = torch.nn.Conv1d(c, c, k, groups=c, padding=k - 1, bias=bias)
     w = conv.weight.detach().to(dtype)
     b = conv.bias.detach().to(dtype) if bias else None
     dout = torch.randn(batch, n, c, generator=gen).to(dtype)
-    monkeypatch.setattr(_conv, "PROGRAMS", 4)  # (several row blocks a program)
+    monkeypatch.setattr(_conv, "PROGRAMS", 2)  # (several row blocks a program)
 
     def run():
         leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
@@ -585,8 +586,9 @@ def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, b
         assert rel_error(a, e) <= tol, (name, rel_error(a, e))
         assert rel_error(p, e) <= tol, (name, rel_error(p, e))
     assert got[0].is_contiguous()
-    torch.library.opcheck(_conv.causal_conv_silu_fwd, (x, w, b))
-    torch.library.opcheck(_conv.causal_conv_silu_bwd, (dout, x, w, b))
+    small = (x[:1, :5, :3], w[:3], None if b is None else b[:3])  # (opcheck runs it many times)
+    torch.library.opcheck(_conv.causal_conv_silu_fwd, small)
+    torch.library.opcheck(_conv.causal_conv_silu_bwd, (dout[:1, :5, :3].contiguous(),) + small)
 
 
 @pytest.mark.slow
