@@ -379,6 +379,7 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
     layout. Where the kernel does not run (a CPU without the interpreter asked for, float64):
     None, and the backward's PyTorch sums."""
     from leetrepro import ops
+    from leetrepro._inputs import sum_groups
     from leetrepro.methods import ssd_rows
     gen = torch.Generator().manual_seed(3)
     batch, groups, per, n, r = 2, 2, 3, 77, 24
@@ -403,6 +404,14 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
     monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", per - 1)
     assert ssd_rows.sum_groups_like(x, groups, like) is None
     torch.testing.assert_close(ops._group_sums(x, groups, like), want, rtol=0, atol=0)
+    # (past 16 heads a group, allowed: eight heads' loads at once, the sums in head order)
+    many = torch.randn(batch, groups * 19, n, r, generator=gen).to(dtype)
+    monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", 19)
+    got = ssd_rows.sum_groups_like(many, groups, like)
+    assert got is not None
+    torch.testing.assert_close(got, sum_groups(many, groups), rtol=1e-3 if dtype ==
+                               torch.float16 else 1e-6, atol=1e-3 if dtype == torch.float16 else
+                               1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
@@ -518,13 +527,13 @@ def test_the_gated_norm_kernel_is_the_block_s_norm(monkeypatch, dtype, d):
 
 @pytest.mark.slow
 def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
-    """The portable one-launch passes around the operator (the gates' tile sums, the group sums,
-    the step sizes and their backward, the gated norm forward and backward), compiled for sm_90
-    on the host as their launchers launch them at Codestral's shapes (the interpreter checks
-    their numbers, not their resources): each compiles, within the SM's shared memory, and
-    spills nothing but the gated norm's backward (8 bytes a thread when it was set: a row of
-    8192 channels over 16 warps holds five float32 vectors across the row's sum); the causal
-    convolution's at 10240 channels."""
+    """The portable one-launch passes around the operator (the gates' tile sums, the group sums
+    at a few heads a group and at many, the step sizes and their backward, the gated norm and
+    the causal convolution forward and backward), compiled for sm_90 on the host as their
+    launchers launch them at Codestral's shapes (the interpreter checks their numbers, not their
+    resources): each compiles within the SM's shared memory and spills nothing but the gated
+    norm's backward (8 bytes a thread when it was set: a row of 8192 channels over 16 warps
+    holds five float32 vectors across the row's sum)."""
     import os
     import subprocess
     import sys
