@@ -642,12 +642,13 @@ def test_the_passes_around_the_operator_on_the_gpu(dtype):
     cw, cb = torch.randn(d, 1, 4, generator=gen) / 2, torch.randn(d, generator=gen)
     dout = torch.randn(batch, n, d, generator=gen)
 
-    def check(fn, wide_fn, *args):
+    def check(fn, wide_fn, *args):  # (float64 of the same rounded inputs)
         leaves = [a.to(dev, dtype).requires_grad_() for a in args]
-        wide = [a.double().requires_grad_() for a in args]
+        wide = [a.to(dtype).double().requires_grad_() for a in args]
         got, want = fn(*leaves), wide_fn(*wide)
-        got = [got, *torch.autograd.grad(got, leaves, dout.to(dev, got.dtype))]
-        want = [want, *torch.autograd.grad(want, wide, dout.double())]
+        grad = dout.to(got.dtype)
+        got = [got, *torch.autograd.grad(got, leaves, grad.to(dev))]
+        want = [want, *torch.autograd.grad(want, wide, grad.double())]
         for a, e in zip(got, want):
             assert torch.isfinite(a).all() and rel_error(a.double().cpu(), e) <= tol, \
                 (fn, rel_error(a.double().cpu(), e))
