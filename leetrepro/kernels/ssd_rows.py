@@ -77,9 +77,9 @@ def group_sums(X, OUT, XS, OS, SIZE, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexp
     dtype. X: ``(batch, heads, N, R)`` at strides ``XS`` (its batch, head and row strides; the
     last dimension contiguous); OUT: ``(batch, groups, N, R)`` at strides ``OS`` likewise (a
     time-major layout written in place); ``SIZE = (N, R, groups, PER)``. A program takes
-    ``BLOCK_T`` rows of one (batch, group); axis 1 of the grid walks the rows. ``UNROLL`` > 1:
-    that many heads' loads issued before they are summed (in head order still), for groups of
-    many heads, whose loads one after another leave a program waiting on each."""
+    ``BLOCK_T`` rows of one (batch, group); axis 1 of the grid walks the rows. ``UNROLL`` > 1 (a
+    divisor of PER): that many heads' loads issued before they are summed (in head order still),
+    for groups of many heads, whose loads one after another leave a program waiting on each."""
     N, R, GROUPS, PER = SIZE
     lane = tl.program_id(0).to(tl.int64)
     b, grp = lane // GROUPS, lane % GROUPS
@@ -93,9 +93,9 @@ def group_sums(X, OUT, XS, OS, SIZE, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexp
         for j in range(PER):
             acc += tl.load(at + (grp * PER + j) * sxh, mask=mask, other=0.0).to(tl.float32)
     else:
-        for j0 in range(0, PER, UNROLL):
+        for j0 in range(0, PER, UNROLL):  # (PER a multiple of UNROLL)
             for u in tl.static_range(UNROLL):
-                acc += tl.load(at + (grp * PER + j0 + u) * sxh, mask=mask & (j0 + u < PER),
+                acc += tl.load(at + (grp * PER + j0 + u) * sxh, mask=mask,
                                other=0.0).to(tl.float32)
     sob, sog, son = OS
     tl.store(OUT + b * sob + grp * sog + rows[:, None] * son + cols[None, :],

@@ -39,9 +39,9 @@ def _on_kernel(x: torch.Tensor) -> bool:
 #: its group's heads one after another, so at one group of 80 heads (Zamba2's B and C, 4 × 4096
 #: rows) 256 programs each waited out 80 loads in turn: 282 µs for dB and dC against PyTorch's
 #: 105; at 16 (Codestral's 8 groups, 2 × 8192 rows: 4096 programs) the kernel took about 0.2 ms
-#: less than PyTorch's sum, cast and copy (H200, bf16, notes/gates.md). Past 16 heads a group
-#: the kernel takes smaller row blocks and issues 8 heads' loads at once (not yet timed: raise
-#: this to measure it)
+#: less than PyTorch's sum, cast and copy (H200, bf16, notes/gates.md). Past 16 heads a group (a
+#: multiple of 8) the kernel takes smaller row blocks and issues 8 heads' loads at once (not yet
+#: timed: raise this to measure it)
 GROUP_SUMS_MAX_HEADS = 16
 
 
@@ -63,12 +63,13 @@ def sum_groups_like(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.T
     if out.stride(-1) != 1:
         return None
     block_r = next_pow2(r)
-    many = heads // groups > 16  # (the measured kernel up to 16; past it, more programs and
-    # their loads eight heads at a time)
+    per = heads // groups
+    many = per > 16 and per % 8 == 0  # (the measured kernel up to 16; past it, more programs
+    # and their loads eight heads at a time)
     block_t = max(1, (1024 if many else 4096) // block_r)
     launch(row_kernels.group_sums, (batch * groups, cdiv(n, block_t)),
            dict(X=x, OUT=out, XS=tuple(x.stride()[:3]), OS=tuple(out.stride()[:3]),
-                SIZE=(n, r, groups, heads // groups), BLOCK_T=block_t, BLOCK_R=block_r,
+                SIZE=(n, r, groups, per), BLOCK_T=block_t, BLOCK_R=block_r,
                 UNROLL=8 if many else 1),
            num_warps=4)
     return out
