@@ -625,14 +625,17 @@ def test_a_compiled_mamba2_block_with_groups_trains_as_eager():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_passes_around_the_operator_on_the_gpu(dtype):
+def test_the_passes_around_the_operator_on_the_gpu(monkeypatch, dtype):
     """On a GPU, each one-launch pass its launcher takes there (the Mamba-2 block's gated norm
     and causal convolution, the step sizes and gates, the group sums) against float64 by
     autograd, forward and every gradient within the contract, on the block's layouts (strided
     slices of one projection), N and the widths not multiples of any block; and the whole
-    block against its PyTorch expressions (the same block on the CPU in float32)."""
+    block against its PyTorch expressions (the same block on the CPU in float32). The block's
+    kernels are switched on here (``ON_GPU``): off on a GPU until this has passed there."""
     from leetrepro.methods import ssd_rows
     from leetrepro.models import Mamba2Block, _conv, _norm
+    monkeypatch.setattr(_conv, "ON_GPU", True)  # (off until this test has passed on a GPU)
+    monkeypatch.setattr(_norm, "ON_GPU", True)
     dev, tol = "cuda", (1e-5 if dtype == torch.float32 else 1e-2)
     gen = torch.Generator().manual_seed(12)
     batch, n, d = 2, 301, 200

@@ -2,9 +2,10 @@
 ``silu(conv1d(x, w, bias))`` causal (``K − 1`` zeros before each sequence), x ``(batch, N, C)``
 at any row stride (its channels contiguous: the in-projection's slice read in place), the output
 ``(batch, N, C)`` contiguous in x's dtype. One pass each way on a GPU
-(``kernels/causal_conv.py``), where PyTorch ran its depthwise convolution channel-major (x
-transposed), then the SiLU and a copy back to time-major, and three kernels back: 4.5 ms of the
-Codestral block's 35.6 in the convolution alone (H200, notes/gates.md). PyTorch's
+(``kernels/causal_conv.py``; :data:`ON_GPU`, off until a GPU has run them), where PyTorch ran
+its depthwise convolution channel-major (x transposed), then the SiLU and a copy back to
+time-major, and three kernels back: 4.5 ms of the Codestral block's 35.6 in the convolution
+alone (H200, notes/gates.md). PyTorch's
 ``conv1d`` on a CPU (or with ``LEETREPRO_ROWS_KERNEL=1`` beside ``TRITON_INTERPRET=1`` the
 kernels interpreted: the tests). Custom ops (``torch.library``) with their fakes and autograd.
 """
@@ -27,9 +28,16 @@ except ImportError as err:  # without Triton: PyTorch's convolution
 BLOCK_T, BLOCK_C, PROGRAMS = 16, 64, 2048
 
 
+#: whether the convolution's kernels run on a GPU: off until a GPU has run them (checked interpreted
+#: and compiled for sm_90 only; ``tests/test_mamba.py``'s GPU test turns this on and compares),
+#: PyTorch's expressions there meanwhile
+ON_GPU = False
+
+
 def _kernel(x: torch.Tensor) -> bool:
     return not isinstance(conv_kernels, NoTriton) and _on_kernel(x) and x.numel() > 0 and \
-        x.stride(-1) == 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        x.stride(-1) == 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and \
+        (ON_GPU or not x.is_cuda)
 
 
 def _pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

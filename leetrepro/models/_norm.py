@@ -1,10 +1,11 @@
 """The gated RMS norm of a Mamba-2 block's output: ``(y·silu(z)) · rstd · w``, ``rstd =
 1/√(mean((y·silu(z))²) + eps)`` over the last dimension, forward and backward in one pass each on
-a GPU (``kernels/gated_norm.py``), where PyTorch's expressions made about eight passes forward and
-fifteen back on generic (not vectorised) kernels over the block's widest tensors (z a strided
-slice of the in-projection): 8.3 ms of the Codestral block's 35.6 went to such kernels (H200,
-notes/gates.md). PyTorch's expressions on a CPU (in float32), or with ``LEETREPRO_ROWS_KERNEL=1``
-beside ``TRITON_INTERPRET=1`` the kernels interpreted (the tests).
+a GPU (``kernels/gated_norm.py``; :data:`ON_GPU`, off until a GPU has run them), where
+PyTorch's expressions made about eight passes forward and fifteen back on generic (not
+vectorised) kernels over the block's widest tensors (z a strided slice of the in-projection):
+8.3 ms of the Codestral block's 35.6 went to such kernels (H200, notes/gates.md). PyTorch's
+expressions on a CPU (in float32), or with ``LEETREPRO_ROWS_KERNEL=1`` beside
+``TRITON_INTERPRET=1`` the kernels interpreted (the tests).
 
 Shapes: y, z ``(…, D)`` (z may be strided: its last dimension contiguous), w ``(D,)``; the output
 in y's dtype, shaped like y. Gradients for y, z and w; custom ops (``torch.library``) with their
@@ -41,8 +42,15 @@ def _programs(rows: int) -> tuple[int, int]:
     return cdiv(rows, per), per
 
 
+#: whether the gated norm's kernels run on a GPU: off until a GPU has run them (checked interpreted
+#: and compiled for sm_90 only; ``tests/test_mamba.py``'s GPU test turns this on and compares),
+#: PyTorch's expressions there meanwhile
+ON_GPU = False
+
+
 def _kernel(y: torch.Tensor) -> bool:
-    return not isinstance(norm_kernels, NoTriton) and _on_kernel(y) and y.numel() > 0
+    return not isinstance(norm_kernels, NoTriton) and _on_kernel(y) and y.numel() > 0 and \
+        (ON_GPU or not y.is_cuda)
 
 
 @torch.library.custom_op("leetrepro::gated_rms_norm", mutates_args=())
