@@ -414,6 +414,29 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
                                1e-6)
 
 
+def _pytorch_then_kernel(monkeypatch, on_kernel, probe, run):
+    """``(run() by PyTorch's expressions, run() by the kernels interpreted)``: the kernels asked for
+    by ``LEETREPRO_ROWS_KERNEL=1`` beside ``TRITON_INTERPRET=1``, ``on_kernel(probe)`` saying
+    which path runs."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    assert not on_kernel(probe)
+    plain = run()
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    assert on_kernel(probe)
+    return plain, run()
+
+
+def _both_within_contract(names, got, plain, exact, dtype):
+    """The kernels' outputs (``got``, finite, in ``dtype``, shaped as float64's) and PyTorch's
+    (``plain``) each within the contract of float64's (``exact``)."""
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for name, a, p, e in zip(names, got, plain, exact):
+        assert a.dtype == dtype and a.shape == e.shape and torch.isfinite(a).all(), name
+        assert rel_error(a, e) <= tol, (name, rel_error(a, e))
+        assert rel_error(p, e) <= tol, (name, rel_error(p, e))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
 @pytest.mark.parametrize("dtype, bias, softplus, limit", quick_lane([
@@ -452,13 +475,9 @@ def test_the_step_sizes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, bias
                                              softplus, limit)
         loss = sum((o * w).sum() for o, w, k in zip(outs, (ddt, dg), wanted) if k)
         return outs, torch.autograd.grad(loss, leaves)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     for wanted in ((True, True), (True, False), (False, True)):
-        monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
-        plain = got(wanted)
-        monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-        assert ssd_rows._on_kernel(raw)
-        (dt, g), grads = got(wanted)
+        plain, ((dt, g), grads) = _pytorch_then_kernel(monkeypatch, ssd_rows._on_kernel, raw,
+                                                       lambda: got(wanted))
         (dt_w, g_w), grads_w = expected(wanted)
         assert dt.dtype == g.dtype == torch.float32 and dt.shape == (batch, n, heads)
         assert grads[0].dtype == dtype and grads[1].dtype == A.dtype
@@ -506,19 +525,9 @@ def test_the_gated_norm_kernel_is_the_block_s_norm(monkeypatch, dtype, d):
     g = wide[0] * torch.nn.functional.silu(wide[1])
     exact = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5) * wide[2]
     exact = [exact, *torch.autograd.grad(exact, wide, dout.double())]
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
-    assert not _norm._kernel(y)
-    plain = run()
-    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-    assert _norm._kernel(y)
-    got = run()
+    plain, got = _pytorch_then_kernel(monkeypatch, _norm._kernel, y, run)
     assert _norm._programs(batch * n)[0] < batch * n
-    for name, a, b, e in zip(["out", "dy", "dz", "dw"], got, plain, exact):
-        assert a.dtype == dtype and a.shape == e.shape and torch.isfinite(a).all(), name
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        assert rel_error(a, e) <= tol, (name, rel_error(a, e))
-        assert rel_error(b, e) <= tol, (name, rel_error(b, e))
+    _both_within_contract(["out", "dy", "dz", "dw"], got, plain, exact, dtype)
     small = (y[:1, :5], z[:1, :5], w)  # (opcheck runs it many times)
     torch.library.opcheck(_norm.gated_rms_norm_fwd, small + (1e-5,))
     out, rstd = _norm.gated_rms_norm_fwd(*small, 1e-5)
@@ -582,18 +591,8 @@ def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, b
                                      wide[2] if bias else None, padding=k - 1, groups=c)[..., :n]
     exact = torch.nn.functional.silu(pre).transpose(1, 2)
     exact = [exact, *torch.autograd.grad(exact, wide, dout.double())]
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
-    assert not _conv._kernel(x)
-    plain = run()
-    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-    assert _conv._kernel(x)
-    got = run()
-    for name, a, p, e in zip(["out", "dx", "dw", "dbias"], got, plain, exact):
-        assert a.dtype == dtype and a.shape == e.shape and torch.isfinite(a).all(), name
-        tol = 1e-5 if dtype == torch.float32 else 1e-2
-        assert rel_error(a, e) <= tol, (name, rel_error(a, e))
-        assert rel_error(p, e) <= tol, (name, rel_error(p, e))
+    plain, got = _pytorch_then_kernel(monkeypatch, _conv._kernel, x, run)
+    _both_within_contract(["out", "dx", "dw", "dbias"], got, plain, exact, dtype)
     assert got[0].is_contiguous()
     small = (x[:1, :5, :3], w[:3], None if b is None else b[:3])  # (opcheck runs it many times)
     torch.library.opcheck(_conv.causal_conv_silu_fwd, small)
