@@ -239,20 +239,15 @@ def compile_gate_rows(tail: bool, arch: int = 90):
     """The gates' gradient from the Hopper kernel's rows (``kernels/gate_rows.py``) compiled as
     :func:`leetrepro.methods.chunk.gate_gradient_from_rows` launches it, with the final state's
     pairs (``tail``) or without: Triton's compiled kernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from ..kernels.gate_rows import gate_rows_kernel
     from ..methods.chunk import GATE_ROWS_TILES, HOPPER
     sig = dict(QF="*fp32", QR="*fp32", TAIL="*fp64" if tail else "constexpr", DG="*fp32",
                SIZE=("i32",) * 4, scale="fp32", BLOCK_N="constexpr", TILES="constexpr",
                HAS_TAIL="constexpr")
-    const = {(6,): HOPPER["BLOCK_N"], (7,): GATE_ROWS_TILES, (8,): tail}
+    const = dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, HAS_TAIL=tail)
     if not tail:
-        const[(2,)] = None
-    src = ASTSource(fn=gate_rows_kernel, signature=sig, constexprs=const)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
+        const["TAIL"] = None
+    return compile_portable(gate_rows_kernel, sig, const, 4, arch)
 
 
 def compile_portable(kernel, signature: dict, constexprs: dict, num_warps: int, arch: int = 90):
