@@ -687,6 +687,12 @@ def test_the_passes_around_the_operator_on_the_gpu(monkeypatch, dtype):
     sums = ssd_rows.sum_groups_like(per, 2, like)
     assert sums is not None and sums.stride() == torch.empty_like(like).stride()
     assert rel_error(sums.double().cpu(), per.double().cpu().unflatten(1, (2, 16)).sum(2)) <= tol
+    monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", 128)  # (the unrolled sums past 16)
+    per = torch.randn(batch, 80, n, 24, generator=gen).to(dev, dtype)
+    like = torch.empty(batch, n, 1, 24, device=dev, dtype=dtype).transpose(1, 2)
+    sums = ssd_rows.sum_groups_like(per, 1, like)
+    assert sums is not None
+    assert rel_error(sums.double().cpu(), per.double().cpu().sum(1, keepdim=True)) <= tol
     torch.manual_seed(0)
     block = Mamba2Block(64, d_state=16, headdim=16, ngroups=2)
     u = torch.randn(2, 70, 64, generator=gen)
