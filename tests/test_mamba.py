@@ -412,6 +412,9 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
     torch.testing.assert_close(got, sum_groups(many, groups), rtol=1e-3 if dtype ==
                                torch.float16 else 1e-6, atol=1e-3 if dtype == torch.float16 else
                                1e-6)
+    # (past 16 and not a multiple of 8: the one-after-another sums were slower there, PyTorch's)
+    odd = torch.randn(batch, groups * 19, n, r, generator=gen).to(dtype)
+    assert ssd_rows.sum_groups_like(odd, groups, like) is None
 
 
 def _pytorch_then_kernel(monkeypatch, on_kernel, probe, run):
@@ -630,10 +633,10 @@ def test_the_passes_around_the_operator_on_the_gpu(monkeypatch, dtype):
     autograd, forward and every gradient within the contract, on the block's layouts (strided
     slices of one projection), N and the widths not multiples of any block; and the whole
     block against its PyTorch expressions (the same block on the CPU in float32). The block's
-    kernels are switched on here (``ON_GPU``): off on a GPU until this has passed there."""
+    kernels switched on (``ON_GPU``, their default), whatever a caller set."""
     from leetrepro.methods import ssd_rows
     from leetrepro.models import Mamba2Block, _conv, _norm
-    monkeypatch.setattr(_conv, "ON_GPU", True)  # (off until this test has passed on a GPU)
+    monkeypatch.setattr(_conv, "ON_GPU", True)
     monkeypatch.setattr(_norm, "ON_GPU", True)
     dev, tol = "cuda", (1e-5 if dtype == torch.float32 else 1e-2)
     gen = torch.Generator().manual_seed(12)

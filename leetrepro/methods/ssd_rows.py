@@ -35,14 +35,14 @@ def _on_kernel(x: torch.Tensor) -> bool:
                          and os.environ.get("LEETREPRO_ROWS_KERNEL") == "1")
 
 
-#: the most heads a group for which :func:`sum_groups_like` launches its kernel: a program sums
-#: its group's heads one after another, so at one group of 80 heads (Zamba2's B and C, 4 × 4096
-#: rows) 256 programs each waited out 80 loads in turn: 282 µs for dB and dC against PyTorch's
-#: 105; at 16 (Codestral's 8 groups, 2 × 8192 rows: 4096 programs) the kernel took about 0.2 ms
-#: less than PyTorch's sum, cast and copy (H200, bf16, notes/gates.md). Past 16 heads a group (a
-#: multiple of 8) the kernel takes smaller row blocks and issues 8 heads' loads at once (not yet
-#: timed: raise this to measure it)
-GROUP_SUMS_MAX_HEADS = 16
+#: the most heads a group for which :func:`sum_groups_like` launches its kernel. Up to 16 a
+#: program sums its group's heads one after another (at Codestral's 8 groups of 16, about 0.2 ms
+#: less than PyTorch's sum, cast and copy); past 16, only at a multiple of 8, it takes smaller row
+#: blocks and issues 8 heads' loads at once: one after another, at Zamba2's one group of 80 heads
+#: 256 programs each waited out 80 loads (282 µs for dB and dC against PyTorch's 105), unrolled
+#: the SSD took 0.03 ms less than with PyTorch's sums there and 0.07 ms less at Falcon-H1's 64
+#: (H200, bf16, graph, notes/gates.md). Other counts past 16: PyTorch's sums
+GROUP_SUMS_MAX_HEADS = 128
 
 
 def sum_groups_like(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor | None:
@@ -52,8 +52,8 @@ def sum_groups_like(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.T
     x's dtype, the sums in float32 in head order: one launch of ``kernels/ssd_rows.py``'s
     ``group_sums`` where PyTorch took three passes (the sum in float32, its cast, the copy into
     like's layout). None where that kernel does not run (:func:`_on_kernel`; float64, a strided
-    last dimension, more than :data:`GROUP_SUMS_MAX_HEADS` heads a group): the caller's PyTorch
-    sums then. O(heads·N·r)."""
+    last dimension, more than :data:`GROUP_SUMS_MAX_HEADS` heads a group, or more than 16 and not
+    a multiple of 8): the caller's PyTorch sums then. O(heads·N·r)."""
     if not _on_kernel(x) or x.dtype == torch.float64 or x.numel() == 0 or \
             x.shape[1] > groups * GROUP_SUMS_MAX_HEADS or \
             x.stride(-1) != 1 or like.stride(-1) != 1 or like.dtype != x.dtype:
@@ -64,8 +64,9 @@ def sum_groups_like(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.T
         return None
     block_r = next_pow2(r)
     per = heads // groups
-    many = per > 16 and per % 8 == 0  # (the measured kernel up to 16; past it, more programs
-    # and their loads eight heads at a time)
+    many = per > 16  # (past 16, more programs and their loads eight heads at a time)
+    if many and per % 8:
+        return None
     block_t = max(1, (1024 if many else 4096) // block_r)
     launch(row_kernels.group_sums, (batch * groups, cdiv(n, block_t)),
            dict(X=x, OUT=out, XS=tuple(x.stride()[:3]), OS=tuple(out.stride()[:3]),

@@ -2,7 +2,7 @@
 ``silu(conv1d(x, w, bias))`` causal (``K − 1`` zeros before each sequence), x ``(batch, N, C)``
 at any row stride (its channels contiguous: the in-projection's slice read in place), the output
 ``(batch, N, C)`` contiguous in x's dtype. One pass each way on a GPU
-(``kernels/causal_conv.py``; :data:`ON_GPU`, off until a GPU has run them), where PyTorch ran
+(``kernels/causal_conv.py``; :data:`ON_GPU`), where PyTorch ran
 its depthwise convolution channel-major (x transposed), then the SiLU and a copy back to
 time-major, and three kernels back: 4.5 ms of the Codestral block's 35.6 in the convolution
 alone (H200, notes/gates.md). PyTorch's
@@ -28,10 +28,10 @@ except ImportError as err:  # without Triton: PyTorch's convolution
 BLOCK_T, BLOCK_C, PROGRAMS = 16, 64, 2048
 
 
-#: whether the convolution's kernels run on a GPU: off until a GPU has run them (checked interpreted
-#: and compiled for sm_90 only; ``tests/test_mamba.py``'s GPU test turns this on and compares),
-#: PyTorch's expressions there meanwhile
-ON_GPU = False
+#: whether the convolution's kernels run on a GPU (``tests/test_mamba.py``'s GPU test checks them
+#: there against float64; with the gated norm's they took the Codestral block from 54.3 to 23.9 ms,
+#: H200, bf16, graph, notes/gates.md); False: PyTorch's expressions
+ON_GPU = True
 
 
 def _kernel(x: torch.Tensor) -> bool:
@@ -79,16 +79,16 @@ def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tens
     batch, n, c = x.shape
     k = weight.shape[-1]
     if not _kernel(x):
-        pre = _pre(x.float(), weight.float(), None if bias is None else bias.float())
+        wide, w32 = x.float().transpose(1, 2), weight.float()
+        pre = _pre(x.float(), w32, None if bias is None else bias.float())
         sig = torch.sigmoid(pre)
         dpre = dout.float().transpose(1, 2) * sig * (1 + pre * (1 - sig))  # (batch, C, N)
-        dx = torch.nn.functional.conv1d(torch.nn.functional.pad(dpre, (0, k - 1)),
-                                        weight.float().flip(-1), groups=c)
-        xp = torch.nn.functional.pad(x.float().transpose(1, 2), (k - 1, 0))
-        dw = torch.stack([(dpre * xp[..., i:i + n]).sum((0, 2)) for i in range(k)], -1)
-        db = dpre.sum((0, 2)) if bias is not None else x.new_empty(0)
-        return (dx.transpose(1, 2).to(x.dtype).contiguous(), dw[:, None].to(weight.dtype),
-                db.to(bias.dtype) if bias is not None else db)
+        # (the convolution's own backward, over its padded output: one call for dx, dw and db)
+        dx, dw, db = torch.ops.aten.convolution_backward(
+            torch.nn.functional.pad(dpre, (0, k - 1)), wide, w32, [c], [1], [k - 1], [1], False,
+            [0], c, [True, True, bias is not None])
+        return (dx.transpose(1, 2).to(x.dtype).contiguous(), dw.to(weight.dtype),
+                db.to(bias.dtype) if bias is not None else x.new_empty(0))
     blocks = cdiv(n, BLOCK_T)
     steps = max(1, cdiv(batch * blocks * cdiv(c, BLOCK_C), PROGRAMS))
     groups = cdiv(blocks, steps)
