@@ -21,11 +21,14 @@ try:
 except ImportError as err:  # without Triton: PyTorch's convolution
     conv_kernels = NoTriton(err)
 
-#: rows and channels a program takes (the backward at 32 × 64 or 32 × 128 spilled 132 bytes a
-#: thread compiled for sm_90, at 16 × 64 none: ``probes.regs --passes``); the backward's programs
-#: take row blocks in steps so that about this many programs share the rows (their per-program
-#: sums of w's gradient stay small)
-BLOCK_T, BLOCK_C, PROGRAMS = 16, 64, 2048
+#: (rows, channels, warps) a program takes, forward and backward (the backward at 32 × 64 or
+#: 32 × 128 spilled 132 bytes a thread compiled for sm_90, at 16 × 64 none: ``probes.regs
+#: --passes``); the backward's programs take row blocks in steps so that about ``PROGRAMS``
+#: programs share the rows (their per-program sums of w's gradient stay small)
+FORWARD, BACKWARD, PROGRAMS = (16, 64, 4), (16, 64, 4), 2048
+#: the kernels that read each row once (a tile with its K − 1 neighbouring rows, shifted in
+#: registers) in place of those that read it once a tap
+WINDOW = False
 
 
 #: whether the convolution's kernels run on a GPU (``tests/test_mamba.py``'s GPU test checks them
@@ -56,11 +59,14 @@ def causal_conv_silu_fwd(x: torch.Tensor, weight: torch.Tensor,
         return torch.nn.functional.silu(_pre(x, weight, bias)).transpose(1, 2).contiguous()
     batch, n, c = x.shape
     k = weight.shape[-1]
+    block_t, block_c, warps = FORWARD
+    kernel, rows = (conv_kernels.causal_conv_forward_window, block_t - k + 1) if WINDOW else \
+        (conv_kernels.causal_conv_forward, block_t)
     out = torch.empty(batch, n, c, dtype=x.dtype, device=x.device)
-    launch(conv_kernels.causal_conv_forward, (batch, cdiv(n, BLOCK_T), cdiv(c, BLOCK_C)),
+    launch(kernel, (batch, cdiv(n, rows), cdiv(c, block_c)),
            dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
-                OUT=out, SIZE=(n, c), K=k, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
-                HAS_BIAS=bias is not None), num_warps=4)
+                OUT=out, SIZE=(n, c), K=k, BLOCK_T=block_t, BLOCK_C=block_c,
+                HAS_BIAS=bias is not None), num_warps=warps)
     return out
 
 
@@ -89,16 +95,19 @@ def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tens
             [0], c, [True, True, bias is not None])
         return (dx.transpose(1, 2).to(x.dtype).contiguous(), dw.to(weight.dtype),
                 db.to(bias.dtype) if bias is not None else x.new_empty(0))
-    blocks = cdiv(n, BLOCK_T)
-    steps = max(1, cdiv(batch * blocks * cdiv(c, BLOCK_C), PROGRAMS))
+    block_t, block_c, warps = BACKWARD
+    kernel, rows = (conv_kernels.causal_conv_backward_window, block_t - 2 * (k - 1)) \
+        if WINDOW else (conv_kernels.causal_conv_backward, block_t)
+    blocks = cdiv(n, rows)
+    steps = max(1, cdiv(batch * blocks * cdiv(c, block_c), PROGRAMS))
     groups = cdiv(blocks, steps)
     dx = torch.empty(batch, n, c, dtype=x.dtype, device=x.device)
     parts = torch.empty(k + 1, batch * groups, c, dtype=torch.float32, device=x.device)
-    launch(conv_kernels.causal_conv_backward, (batch, groups, cdiv(c, BLOCK_C)),
+    launch(kernel, (batch, groups, cdiv(c, block_c)),
            dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
                 DOUT=(dout, dout.stride(0), dout.stride(1)), DX=dx, PARTS=parts,
-                SIZE=(n, c, steps), K=k, K_PAD=next_pow2(k), BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C,
-                HAS_BIAS=bias is not None), num_warps=4)
+                SIZE=(n, c, steps), K=k, K_PAD=next_pow2(k), BLOCK_T=block_t, BLOCK_C=block_c,
+                HAS_BIAS=bias is not None), num_warps=warps)
     sums = parts.sum(1)  # (K + 1, C)
     # (copies: outputs of a custom op may not alias one another)
     dw = sums[:k].t().contiguous().to(weight.dtype).reshape(c, 1, k)
