@@ -21,14 +21,13 @@ try:
 except ImportError as err:  # without Triton: PyTorch's convolution
     conv_kernels = NoTriton(err)
 
-#: (rows, channels, warps) a program takes, forward and backward (the backward at 32 × 64 or
-#: 32 × 128 spilled 132 bytes a thread compiled for sm_90, at 16 × 64 none: ``probes.regs
-#: --passes``); the backward's programs take row blocks in steps so that about ``PROGRAMS``
-#: programs share the rows (their per-program sums of w's gradient stay small)
-FORWARD, BACKWARD, PROGRAMS = (16, 64, 4), (16, 64, 4), 2048
-#: the kernels that read each row once (a tile with its K − 1 neighbouring rows, shifted in
-#: registers) in place of those that read it once a tap
-WINDOW = False
+#: (rows, channels, warps) of a program's tile, forward and backward: the fastest of the tiles
+#: timed (H200, bf16, the 125M LM's and Codestral's blocks, notes/gates.md), none spilling
+#: compiled for sm_90 (``probes.regs --passes``); a forward tile writes all but its first K − 1
+#: rows, a backward tile all but its first and last K − 1. The backward's programs take tiles in
+#: steps so that at most about ``PROGRAMS`` programs share the rows (their per-program sums of w's
+#: gradient, ``(K + 1)·programs·BLOCK_C`` floats, stay bounded)
+FORWARD, BACKWARD, PROGRAMS = (32, 64, 2), (128, 32, 8), 65536
 
 
 #: whether the convolution's kernels run on a GPU (``tests/test_mamba.py``'s GPU test checks them
@@ -60,10 +59,9 @@ def causal_conv_silu_fwd(x: torch.Tensor, weight: torch.Tensor,
     batch, n, c = x.shape
     k = weight.shape[-1]
     block_t, block_c, warps = FORWARD
-    kernel, rows = (conv_kernels.causal_conv_forward_window, block_t - k + 1) if WINDOW else \
-        (conv_kernels.causal_conv_forward, block_t)
+    rows = block_t - k + 1
     out = torch.empty(batch, n, c, dtype=x.dtype, device=x.device)
-    launch(kernel, (batch, cdiv(n, rows), cdiv(c, block_c)),
+    launch(conv_kernels.causal_conv_forward, (batch, cdiv(n, rows), cdiv(c, block_c)),
            dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
                 OUT=out, SIZE=(n, c), K=k, BLOCK_T=block_t, BLOCK_C=block_c,
                 HAS_BIAS=bias is not None), num_warps=warps)
@@ -96,14 +94,12 @@ def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tens
         return (dx.transpose(1, 2).to(x.dtype).contiguous(), dw.to(weight.dtype),
                 db.to(bias.dtype) if bias is not None else x.new_empty(0))
     block_t, block_c, warps = BACKWARD
-    kernel, rows = (conv_kernels.causal_conv_backward_window, block_t - 2 * (k - 1)) \
-        if WINDOW else (conv_kernels.causal_conv_backward, block_t)
-    blocks = cdiv(n, rows)
+    blocks = cdiv(n, block_t - 2 * (k - 1))
     steps = max(1, cdiv(batch * blocks * cdiv(c, block_c), PROGRAMS))
     groups = cdiv(blocks, steps)
     dx = torch.empty(batch, n, c, dtype=x.dtype, device=x.device)
     parts = torch.empty(k + 1, batch * groups, c, dtype=torch.float32, device=x.device)
-    launch(kernel, (batch, groups, cdiv(c, block_c)),
+    launch(conv_kernels.causal_conv_backward, (batch, groups, cdiv(c, block_c)),
            dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
                 DOUT=(dout, dout.stride(0), dout.stride(1)), DX=dx, PARTS=parts,
                 SIZE=(n, c, steps), K=k, K_PAD=next_pow2(k), BLOCK_T=block_t, BLOCK_C=block_c,
