@@ -603,6 +603,18 @@ def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, b
     small = (x[:1, :5, :3], w[:3], None if b is None else b[:3])  # (opcheck runs it many times)
     torch.library.opcheck(_conv.causal_conv_silu_fwd, small)
     torch.library.opcheck(_conv.causal_conv_silu_bwd, (dout[:1, :5, :3].contiguous(),) + small)
+    # (a width whose K − 1 rows a tile cannot hold besides its own: PyTorch's, not the kernels')
+    assert _conv._kernel(x, k) and not _conv._kernel(x, 9)
+    wide_w = torch.randn(c, 1, 9, generator=gen).to(dtype) / 3
+    leaves = [x.detach().clone().requires_grad_(), wide_w.clone().requires_grad_()]
+    out = _conv.causal_conv_silu(leaves[0], leaves[1])
+    got = [out, *torch.autograd.grad(out, leaves, dout)]
+    exact = [t.detach().double().requires_grad_() for t in (x, wide_w)]
+    want = torch.nn.functional.silu(torch.nn.functional.conv1d(
+        exact[0].transpose(1, 2), exact[1], padding=8, groups=c)[..., :n]).transpose(1, 2)
+    want = [want, *torch.autograd.grad(want, exact, dout.double())]
+    for a, e in zip(got, want):
+        assert rel_error(a.double(), e) <= (1e-5 if dtype == torch.float32 else 1e-2)
 
 
 @pytest.mark.slow

@@ -36,10 +36,13 @@ FORWARD, BACKWARD, PROGRAMS = (32, 64, 2), (128, 32, 8), 65536
 ON_GPU = True
 
 
-def _kernel(x: torch.Tensor) -> bool:
+def _kernel(x: torch.Tensor, width: int = 4) -> bool:
+    """Whether the kernels take x and a convolution ``width`` wide (a tile must hold its own rows
+    besides the K − 1 it reads before them, and in the backward K − 1 after: wider, PyTorch's)."""
     return not isinstance(conv_kernels, NoTriton) and _on_kernel(x) and x.numel() > 0 and \
         x.stride(-1) == 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and \
-        (ON_GPU or not x.is_cuda)
+        (ON_GPU or not x.is_cuda) and width - 1 < FORWARD[0] // 2 and \
+        2 * (width - 1) < BACKWARD[0] // 2
 
 
 def _pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -54,7 +57,7 @@ def causal_conv_silu_fwd(x: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None) -> torch.Tensor:
     """``silu(causal depthwise conv(x))``: x ``(batch, N, C)``, weight ``(C, 1, K)`` (a depthwise
     ``nn.Conv1d``'s), bias ``(C,)`` or None; ``(batch, N, C)`` contiguous in x's dtype."""
-    if not _kernel(x):
+    if not _kernel(x, weight.shape[-1]):
         return torch.nn.functional.silu(_pre(x, weight, bias)).transpose(1, 2).contiguous()
     batch, n, c = x.shape
     k = weight.shape[-1]
@@ -82,7 +85,7 @@ def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tens
     programs in a fixed order."""
     batch, n, c = x.shape
     k = weight.shape[-1]
-    if not _kernel(x):
+    if not _kernel(x, k):
         wide, w32 = x.float().transpose(1, 2), weight.float()
         pre = _pre(x.float(), w32, None if bias is None else bias.float())
         sig = torch.sigmoid(pre)
