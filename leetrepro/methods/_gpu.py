@@ -147,6 +147,17 @@ class NoTriton:
         return self.__getattr__("__call__")
 
 
+def on_row_kernels(x: torch.Tensor, kernels) -> bool:
+    """Whether a pass around the operator runs on its Triton ``kernels`` module: a CUDA tensor x,
+    or Triton's interpreter asked for by name (``LEETREPRO_ROWS_KERNEL=1`` beside
+    ``TRITON_INTERPRET=1``: the CPU tests), never by default on a CPU, where PyTorch's passes
+    are as fast; never where the module did not import (:class:`NoTriton`)."""
+    if isinstance(kernels, NoTriton):
+        return False
+    return x.is_cuda or (os.environ.get("TRITON_INTERPRET") == "1"
+                         and os.environ.get("LEETREPRO_ROWS_KERNEL") == "1")
+
+
 def strided(t: torch.Tensor | None) -> tuple | None:
     """A tensor as the kernels take it: ``(t, batch stride, head stride, row stride)`` of a
     (batch, heads, N, ·) view (elements; its last dimension contiguous), or None."""

@@ -13,11 +13,10 @@ D ``(heads,)``. Before them the step sizes and the gates from dt's raw rows
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
-from ._gpu import NoTriton, cdiv, launch, next_pow2, rows_contiguous, strided
+from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, rows_contiguous, strided
 
 try:
     from ..kernels import ssd_rows as row_kernels
@@ -26,13 +25,8 @@ except ImportError as err:  # without Triton: PyTorch's expressions
 
 
 def _on_kernel(x: torch.Tensor) -> bool:
-    """Whether the pass runs on the Triton kernel: a CUDA tensor, or Triton's interpreter
-    asked for by name (``LEETREPRO_ROWS_KERNEL=1`` beside ``TRITON_INTERPRET=1``: the CPU
-    tests), never by default on a CPU, where PyTorch's passes are as fast."""
-    if isinstance(row_kernels, NoTriton):
-        return False
-    return x.is_cuda or (os.environ.get("TRITON_INTERPRET") == "1"
-                         and os.environ.get("LEETREPRO_ROWS_KERNEL") == "1")
+    """Whether the pass runs on the Triton kernel (:func:`on_row_kernels`)."""
+    return on_row_kernels(x, row_kernels)
 
 
 #: the most heads a group for which :func:`sum_groups_like` launches its kernel. Up to 16 a

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..methods._gpu import NoTriton, cdiv, launch, next_pow2
-from ..methods.ssd_rows import _on_kernel
+from ..methods._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
 
 try:
     from ..kernels import causal_conv as conv_kernels
@@ -39,7 +38,7 @@ ON_GPU = True
 def _kernel(x: torch.Tensor, width: int = 4) -> bool:
     """Whether the kernels take x and a convolution ``width`` wide (a tile must hold its own rows
     besides the K − 1 it reads before them, and in the backward K − 1 after: wider, PyTorch's)."""
-    return not isinstance(conv_kernels, NoTriton) and _on_kernel(x) and x.numel() > 0 and \
+    return on_row_kernels(x, conv_kernels) and x.numel() > 0 and \
         x.stride(-1) == 1 and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and \
         (ON_GPU or not x.is_cuda) and width - 1 < FORWARD[0] // 2 and \
         2 * (width - 1) < BACKWARD[0] // 2

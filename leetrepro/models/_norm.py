@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..methods._gpu import NoTriton, cdiv, launch, next_pow2
-from ..methods.ssd_rows import _on_kernel
+from ..methods._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
 
 try:
     from ..kernels import gated_norm as norm_kernels
@@ -49,7 +48,7 @@ ON_GPU = True
 
 
 def _kernel(y: torch.Tensor) -> bool:
-    return not isinstance(norm_kernels, NoTriton) and _on_kernel(y) and y.numel() > 0 and \
+    return on_row_kernels(y, norm_kernels) and y.numel() > 0 and \
         (ON_GPU or not y.is_cuda)
 
 
