@@ -8,7 +8,8 @@ how.
   ``B = [√c, Q]``, ``C = [√c, K]``, ``V = [V, 1]`` gives both (:func:`normalized_via_ones`).
   :func:`normalized_linear_attention` runs the numerator through the operator at r and d
   themselves and the denominator as a running sum (a ones column would make d + 1, which pads
-  the kernels' tiles), saving only the inputs, the output and the N denominators per head.
+  the kernels' tiles), saving only the inputs, the output and the N denominators per head;
+  on a GPU its passes around the operator are four Triton launches (``methods/normalizer.py``).
 * **Linear Transformer / Performer** (``fast-attention-blog.txt``): the same with ``c = 0`` and a
   feature map applied to Q and K first (``elu + 1``; Performer's random features likewise):
   :func:`linear_transformer`.
@@ -33,6 +34,8 @@ import torch
 
 from . import ops
 from .api import causal_linear_decoder
+from .methods.normalizer import (normalized_epilogue, normalized_output, normalized_prologue,
+                                 on_kernels)
 
 
 #: rows a running sum takes in one piece (:func:`_cumsum`)
@@ -70,6 +73,12 @@ class _Normalized(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, c, eps, method, options):
+        ctx.args = (c, method, options)
+        if on_kernels(q, k, v):  # (the running sums, the division and the casts: two launches)
+            num = causal_linear_decoder(q, k, v, method=method, **options)
+            o, den = normalized_output(num, q, k, v, c, eps)
+            ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
+            return o
         acc = torch.promote_types(v.dtype, torch.float32)
         num = causal_linear_decoder(q, k, v, method=method, **options).to(acc)
         if c:
@@ -80,7 +89,6 @@ class _Normalized(torch.autograd.Function):
             den = den + c * _positions(q.shape[-2], den)
         o = (num / den).to(v.dtype)
         ctx.save_for_backward(q, k, v, o, den)
-        ctx.args = (c, method, options)
         return o
 
     @staticmethod
@@ -88,9 +96,18 @@ class _Normalized(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, den = ctx.saved_tensors
         c, method, options = ctx.args
+        need = ctx.needs_input_grad[:3]
+        if on_kernels(q, k, v, do):  # (one launch before the operator's backward, one after)
+            dnum, dden, k_before, dq_after, dnum_after = normalized_prologue(do, o, den[..., 0],
+                                                                             q, k)
+            dq, dk, dv = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
+            dq, dk, dv2 = normalized_epilogue(*(g if w else None for g, w in zip((dq, dk, dv), need)),
+                                              q, k, do, den[..., 0], dden, k_before, dq_after,
+                                              dnum_after, c)
+            return (dq if need[0] else None, dk if need[1] else None,
+                    (dv2 if c else dv) if need[2] else None, None, None, None, None)
         dnum = do.to(den.dtype) / den                                  # (…, N, d)
         dden = -(dnum * o.to(den.dtype)).sum(-1, keepdim=True)          # (…, N, 1)
-        need = ctx.needs_input_grad[:3]
         dq, dk, dv = ops.gradients(dnum.to(v.dtype), q, k, v, method=method, need=need, **options)
         if need[0]:
             dq = (dq.to(den.dtype) + dden * _cumsum(k)).to(q.dtype)
@@ -113,9 +130,12 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     rows of q and k first, its Eq. 22: pass ``q / q.norm(dim=-1, keepdim=True)``, which also
     keeps every ``1 + q·k`` ≥ 0 and the denominators positive). Differentiable in q, k, v.
     Time O(N r d) through the operator (``method``, ``options``: as
-    :func:`leetrepro.causal_linear_decoder`); memory: the inputs, the output and N
-    denominators per head are saved, nothing of size N × N or N × r × d. Compiles into one graph
-    (``torch.compile(fullgraph=True)``: the backward goes through the operator's backward op)."""
+    :func:`leetrepro.causal_linear_decoder`); around it, on a GPU, the running sums, the
+    denominators, the division and the casts are two launches forward and two backward
+    (:mod:`leetrepro.methods.normalizer`; PyTorch's composition elsewhere); memory: the inputs,
+    the output and N denominators per head are saved, nothing of size N × N or N × r × d.
+    Compiles into one graph (``torch.compile(fullgraph=True)``: the backward goes through the
+    operator's backward op and the passes' custom ops)."""
     return _Normalized.apply(q, k, v, float(constant), float(eps), method, options)
 
 

@@ -541,7 +541,8 @@ def test_the_gated_norm_kernel_is_the_block_s_norm(monkeypatch, dtype, d):
 def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
     """The portable one-launch passes around the operator (the gates' tile sums, the group sums
     at a few heads a group and at many, the step sizes and their backward, the gated norm and
-    the causal convolution forward and backward), compiled for sm_90 on the host as their
+    the causal convolution forward and backward; normalised linear attention's four at r = d =
+    128), compiled for sm_90 on the host as their
     launchers launch them at Codestral's shapes (the interpreter checks their numbers, not their
     resources): each compiles within the SM's shared memory and spills nothing but the gated
     norm's backward (8 bytes a thread when it was set: a row of 8192 channels over 16 warps

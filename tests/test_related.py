@@ -6,7 +6,7 @@ import torch
 from leetrepro import related
 from leetrepro.reference import rel_error
 
-from conftest import tolerance
+from conftest import quick_lane, tolerance
 
 
 def _unit(x):
@@ -142,3 +142,74 @@ def test_normalized_compiles_into_one_graph():
     assert rel_error(out, ref) < 1e-5
     for a, b in zip(got, want):
         assert rel_error(a, b) < 1e-5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors: on "
+                    "a GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype, constant, need", quick_lane(
+    [(torch.float32, 1.0, (True, True, True)), (torch.float16, 2.5, (True, True, True)),
+     (torch.float32, 0.0, (True, True, True)), (torch.float32, 1.0, (False, True, False)),
+     (torch.bfloat16, 1.0, (True, False, True))], keep=(0,), unpack=True))
+def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, constant, need):
+    """The normaliser's passes on their Triton kernels (``methods.normalizer``; interpreted here):
+    the output and each wanted gradient against the float64 definition within the contract, and
+    against PyTorch's composition; q and k strided views (time-major), N not a multiple of the
+    kernels' chunk (several chunks), r ≠ d, batch > 1; each op through opcheck."""
+    from leetrepro.methods import normalizer
+    q, k, v = _qkv(2, 3, 75, 12, 10)
+    if constant == 0.0:
+        q, k = q.abs(), k.abs()
+    dO = torch.randn(2, 3, 75, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ref, want = _grads(lambda *t: related.normalized_direct(*t, constant=constant), (q, k, v), dO)
+
+    def run():
+        # (q and k as time-major views, as a model's projection hands them)
+        ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(w)
+               for t, w in zip((q, k, v), need)]
+        out = related.normalized_linear_attention(*ins, constant=constant)
+        grads = torch.autograd.grad(out, [t for t in ins if t.requires_grad], dO.to(dtype))
+        return [out, *grads]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    assert not normalizer.on_kernels(q.float(), v.float())
+    plain = run()
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    assert normalizer.on_kernels(q.to(dtype), v.to(dtype))
+    got = run()
+    exact = [ref] + [g for g, w in zip(want, need) if w]
+    for a, p, e in zip(got, plain, exact):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        assert rel_error(a, e) <= tolerance(dtype), rel_error(a, e)
+        assert rel_error(a, p.double()) <= tolerance(dtype)
+    if dtype == torch.float32 and need == (True, True, True):
+        small = [t[:1, :2, :40].float() for t in (q, k, v)]
+        num = small[0][..., :10] * 0 + small[2]  # (any numerator: the pass does not read it twice)
+        torch.library.opcheck(normalizer.normalized_output, (num, *small, constant, 1e-6))
+        o, den = normalizer.normalized_output(num, *small, constant, 1e-6)
+        do = torch.randn_like(o)
+        pro = normalizer.normalized_prologue(do, o, den, small[0], small[1])
+        torch.library.opcheck(normalizer.normalized_prologue, (do, o, den, small[0], small[1]))
+        grads = [torch.randn_like(t) for t in small]
+        torch.library.opcheck(normalizer.normalized_epilogue,
+                              (*grads, small[0], small[1], do, den, pro[1], *pro[2:], constant))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_normalized_passes_on_the_gpu(dtype):
+    """On a GPU, where the normaliser's passes run on their kernels: the layer (time-major views
+    of q, k, v, as a model's projection hands them; r = d = 128, N not a multiple of the chunk)
+    against the float64 definition within the contract (fp32: the operator's tf32), output and
+    every gradient finite."""
+    from leetrepro.methods import normalizer
+    q, k, v = _qkv(2, 4, 1000, 128, 128)
+    dO = torch.randn(2, 4, 1000, 128, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(3))
+    ref, want = _grads(related.normalized_direct, (q, k, v), dO)
+    ins = [t.to("cuda", dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    assert normalizer.on_kernels(*ins)
+    out, got = _grads(related.normalized_linear_attention, ins, dO.to("cuda", dtype))
+    tol = tolerance(dtype) if dtype != torch.float32 else 5e-3
+    for a, e in zip([out, *got], [ref, *want]):
+        assert torch.isfinite(a).all() and rel_error(a.double().cpu(), e) <= tol

@@ -311,6 +311,35 @@ def passes_jobs() -> list:
               PARTS=p32, SIZE=i3, K=c, K_PAD=c, BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c),
          dict(K=4, K_PAD=4, BLOCK_T=_conv.BACKWARD[0], BLOCK_C=_conv.BACKWARD[1], HAS_BIAS=True),
          _conv.BACKWARD[2]),
+    ] + normalizer_jobs()
+
+
+def normalizer_jobs(r: int = 128, d: int = 128) -> list:
+    """Normalised linear attention's passes (``methods.normalizer``) as launched at r × d, bf16:
+    ``(label, kernel, signature, constexprs, num_warps)``."""
+    from ..kernels import normalizer
+    from ..methods import normalizer as launcher
+    t4, p32, c = ("*bf16", "i32", "i32", "i32"), "*fp32", "constexpr"
+    size, warps = ("i32",) * 4, launcher._warps(r, d)
+    blocks = launcher._options(r, d)
+    sig = lambda **names: {k: (t4 if v == "t" else p32 if v == "f" else  # noqa: E731
+                               "fp32" if v == "s" else size if v == "z" else c)
+                           for k, v in names.items()}
+    return [
+        ("normalizer_totals", normalizer.normalizer_totals,
+         sig(K="t", V="t", KT="f", VT="f", SIZE="z", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c), blocks,
+         warps),
+        ("normalizer_forward", normalizer.normalizer_forward,
+         sig(NUM="t", Q="t", K="t", V="t", O="t", DEN="f", KP="f", VP="f", SIZE="z", c="s",
+             eps="s", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c, HAS_C=c), dict(blocks, HAS_C=True), warps),
+        ("normalizer_prologue", normalizer.normalizer_prologue,
+         sig(DO="t", O="t", DEN="f", Q="t", K="t", DNUM="t", DDEN="f", KT="f", QT="f", DT="f",
+             SIZE="z", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c), blocks, warps),
+        ("normalizer_epilogue", normalizer.normalizer_epilogue,
+         sig(DQ="t", DK="t", DV="t", Q="t", K="t", DO="t", DEN="f", DDEN="f", KP="f", QS="f",
+             DS="f", OUT_DQ="t", OUT_DK="t", OUT_DV="t", SIZE="z", c="s", BLOCK_N=c, BLOCK_R=c,
+             BLOCK_D=c, WANT_DQ=c, WANT_DK=c, WANT_DV=c),
+         dict(blocks, WANT_DQ=True, WANT_DK=True, WANT_DV=True), warps),
     ]
 
 

@@ -1,0 +1,162 @@
+"""Normalised linear attention's passes around the operator (``leetrepro.methods.normalizer``):
+with f(x) = c + x, the numerator ``num = op(Q, K, V)`` (the operator at γ = 1) and the running
+sums ``ks_i = Σ_(j≤i) k_j``, ``vs_i = Σ_(j≤i) v_j``,
+
+    den_i = c·(i + 1) + q_i·ks_i + eps,    o_i = (num_i + c·vs_i) / den_i
+
+and the backward, with ``dnum = dO / den`` (the operator's dO) and ``dden_i = −dnum_i·o_i``:
+
+    dq_i += dden_i·ks_i,    dk_j += Σ_(i≥j) dden_i q_i,    dv_j += c·Σ_(i≥j) dnum_i
+
+Every pass is one launch over chunks of ``BLOCK_N`` rows, grid (batch·heads, chunks): a chunk's
+running sums start from the prefix (or suffix) of the chunks' totals, which the caller sums
+across chunks (a few floats a chunk). A tensor argument is ``(pointer, batch stride, head
+stride, row stride)``, its last dimension contiguous; sums and products in float32.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _where(T, bh, H, n0, N, WIDTH, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """The pointers of T's chunk rows [BLOCK_N, BLOCK_W] and their mask (rows < N, columns <
+    WIDTH)."""
+    ptr, sb, sh, sn = T
+    rows = n0 + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_W)
+    ok = (rows < N)[:, None] & (cols < WIDTH)[None, :]
+    at = ptr + (bh // H).to(tl.int64) * sb + (bh % H).to(tl.int64) * sh + \
+        rows.to(tl.int64)[:, None] * sn + cols[None, :]
+    return at, ok
+
+
+@triton.jit
+def _rows(T, bh, H, n0, N, WIDTH, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """T's chunk rows as float32 [BLOCK_N, BLOCK_W], 0 past N or WIDTH."""
+    at, ok = _where(T, bh, H, n0, N, WIDTH, BLOCK_N, BLOCK_W)
+    return tl.load(at, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store_rows(T, x, bh, H, n0, N, WIDTH, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """x (float32 [BLOCK_N, BLOCK_W]) into T's chunk rows, in T's dtype."""
+    at, ok = _where(T, bh, H, n0, N, WIDTH, BLOCK_N, BLOCK_W)
+    tl.store(at, x.to(T[0].dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _chunk(SUMS, bh, chunk, WIDTH, BLOCK_W: tl.constexpr):
+    """Row ``chunk`` of a float32 ``(batch·heads, chunks, WIDTH)`` tensor of chunk sums, its
+    pointers and mask."""
+    cols = tl.arange(0, BLOCK_W)
+    at = SUMS + (bh.to(tl.int64) * tl.num_programs(1) + chunk) * WIDTH + cols
+    return at, cols < WIDTH
+
+
+@triton.jit
+def normalizer_totals(K, V, KT, VT, SIZE, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    """Each chunk's sums of k and of v: KT ``(batch·heads, chunks, r)``, VT ``(…, d)``, float32;
+    ``SIZE = (N, R, D, H)``."""
+    N, R, D, H = SIZE
+    bh, chunk = tl.program_id(0), tl.program_id(1)
+    n0 = chunk * BLOCK_N
+    k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    at, ok = _chunk(KT, bh, chunk, R, BLOCK_R)
+    tl.store(at, tl.sum(k, axis=0), mask=ok)
+    v = _rows(V, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    at, ok = _chunk(VT, bh, chunk, D, BLOCK_D)
+    tl.store(at, tl.sum(v, axis=0), mask=ok)
+
+
+@triton.jit
+def normalizer_forward(NUM, Q, K, V, O, DEN, KP, VP, SIZE, c, eps, BLOCK_N: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_C: tl.constexpr):
+    """O (its dtype) and DEN (float32 ``(batch·heads, N)``) from NUM (the operator's output) and
+    q, k, v; KP, VP: the sums of k and v over the chunks before each (float32, as KT, VT);
+    ``SIZE = (N, R, D, H)``."""
+    N, R, D, H = SIZE
+    bh, chunk = tl.program_id(0), tl.program_id(1)
+    n0 = chunk * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    at, ok = _chunk(KP, bh, chunk, R, BLOCK_R)
+    ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
+    q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    den = tl.sum(q * ks, axis=1) + eps
+    num = _rows(NUM, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    if HAS_C:
+        den += c * (rows + 1).to(tl.float32)
+        v = _rows(V, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+        at, ok = _chunk(VP, bh, chunk, D, BLOCK_D)
+        num += c * (tl.cumsum(v, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :])
+    _store_rows(O, num / den[:, None], bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    tl.store(DEN + bh.to(tl.int64) * N + rows, den, mask=rows < N)
+
+
+@triton.jit
+def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, KT, QT, DT, SIZE, BLOCK_N: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The backward's first pass: DNUM = dO / den (DNUM's dtype: the operator's dO), DDEN =
+    −(dO·o) / den (float32 ``(batch·heads, N)``), and each chunk's sums of k (KT), dden·q (QT)
+    and dO / den (DT), float32 as :func:`normalizer_totals`'s; ``SIZE = (N, R, D, H)``."""
+    N, R, D, H = SIZE
+    bh, chunk = tl.program_id(0), tl.program_id(1)
+    n0 = chunk * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
+    do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    o = _rows(O, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    dnum = do * inv[:, None]
+    dden = -tl.sum(dnum * o, axis=1)
+    tl.store(DDEN + bh.to(tl.int64) * N + rows, dden, mask=rows < N)
+    _store_rows(DNUM, dnum, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    at, ok = _chunk(DT, bh, chunk, D, BLOCK_D)
+    tl.store(at, tl.sum(dnum, axis=0), mask=ok)
+    k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    at, ok = _chunk(KT, bh, chunk, R, BLOCK_R)
+    tl.store(at, tl.sum(k, axis=0), mask=ok)
+    q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    at, ok = _chunk(QT, bh, chunk, R, BLOCK_R)
+    tl.store(at, tl.sum(q * dden[:, None], axis=0), mask=ok)
+
+
+@triton.jit
+def _add_rows(G, OUT, bh, H, n0, N, WIDTH, term, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    """OUT's chunk rows = G's + term (float32 [BLOCK_N, BLOCK_W]), in OUT's dtype."""
+    g = _rows(G, bh, H, n0, N, WIDTH, BLOCK_N, BLOCK_W)
+    _store_rows(OUT, g + term, bh, H, n0, N, WIDTH, BLOCK_N, BLOCK_W)
+
+
+@triton.jit
+def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, OUT_DQ, OUT_DK, OUT_DV,
+                        SIZE, c, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK_D: tl.constexpr, WANT_DQ: tl.constexpr, WANT_DK: tl.constexpr,
+                        WANT_DV: tl.constexpr):
+    """The backward's last pass: the operator's dq, dk, dv (DQ, DK, DV) plus the denominator's
+    terms, into OUT_DQ, OUT_DK, OUT_DV (their dtypes); KP: the sums of k over the chunks before
+    each, QS and DS: the sums of dden·q and of dO / den over the chunks after each;
+    ``SIZE = (N, R, D, H)``."""
+    N, R, D, H = SIZE
+    bh, chunk = tl.program_id(0), tl.program_id(1)
+    n0 = chunk * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    ddn = tl.load(DDEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=0.0)
+    if WANT_DQ:
+        k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+        at, ok = _chunk(KP, bh, chunk, R, BLOCK_R)
+        ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
+        _add_rows(DQ, OUT_DQ, bh, H, n0, N, R, ddn[:, None] * ks, BLOCK_N, BLOCK_R)
+    if WANT_DK:
+        q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+        at, ok = _chunk(QS, bh, chunk, R, BLOCK_R)
+        qs = tl.cumsum(q * ddn[:, None], axis=0, reverse=True) + \
+            tl.load(at, mask=ok, other=0.0)[None, :]
+        _add_rows(DK, OUT_DK, bh, H, n0, N, R, qs, BLOCK_N, BLOCK_R)
+    if WANT_DV:
+        inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
+        do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+        at, ok = _chunk(DS, bh, chunk, D, BLOCK_D)
+        ds = tl.cumsum(do * inv[:, None], axis=0, reverse=True) + \
+            tl.load(at, mask=ok, other=0.0)[None, :]
+        _add_rows(DV, OUT_DV, bh, H, n0, N, D, c * ds, BLOCK_N, BLOCK_D)

@@ -1,0 +1,167 @@
+"""Normalised linear attention's passes around the operator, one Triton launch each
+(``kernels/normalizer.py``), where PyTorch's composition took about twenty float32 passes (running
+sums, row dots, divisions, casts) beside the operator itself.
+
+With f(x) = c + x and the operator's numerator ``num = op(q, k, v)`` (γ = 1):
+
+* :func:`normalized_output`: ``o = (num + c·cumsum(v)) / (c·(i + 1) + q·cumsum(k) + eps)``, in
+  v's dtype, and the denominators (float32): two launches (the chunks' sums of k and v, then
+  the output), reading q, k, v and num once each;
+* :func:`normalized_prologue`: the operator's dO (``dO / den``, in v's dtype), ``dden =
+  −(dO·o) / den`` and the chunks' sums the last pass starts from: one launch;
+* :func:`normalized_epilogue`: ``dq + dden·cumsum(k)``, ``dk + revcumsum(dden·q)``, ``dv +
+  c·revcumsum(dO / den)``: one launch.
+
+Each is a custom op (``torch.library``) with its fake, so that a compiled graph holds it. Shapes:
+q, k ``(batch, heads, N, r)``, v, num, o, dO ``(batch, heads, N, d)`` (any strides but a
+contiguous last dimension), fp16/bf16/fp32; the denominators ``(batch, heads, N)`` float32.
+Running sums in float32, in chunks of :data:`BLOCK_N` rows from the prefix of the chunks' sums.
+O(N·(r + d)) per head. :func:`on_kernels` says where they run (a GPU; on a CPU, Triton's
+interpreter asked for by name).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
+
+try:
+    from ..kernels import normalizer as kernels
+except ImportError as err:  # without Triton: PyTorch's composition
+    kernels = NoTriton(err)
+
+#: rows a program takes (its running sums within the chunk, from the chunks' prefix)
+BLOCK_N = 32
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def on_kernels(*tensors: torch.Tensor) -> bool:
+    """Whether the passes run on their kernels for these inputs (:func:`on_row_kernels`;
+    fp16/bf16/fp32, r and d at most 256)."""
+    q, v = tensors[0], tensors[-1]
+    return on_row_kernels(q, kernels) and all(t.dtype in DTYPES for t in tensors) and \
+        q.shape[-1] <= 256 and v.shape[-1] <= 256 and q.numel() > 0 and v.numel() > 0
+
+
+def _arg(t: torch.Tensor) -> tuple:
+    return (t, t.stride(0), t.stride(1), t.stride(2))
+
+
+def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _shape(q: torch.Tensor, v: torch.Tensor) -> tuple:
+    batch, heads, n, r = q.shape
+    return batch, heads, n, r, v.shape[-1]
+
+
+def _options(r: int, d: int) -> dict:
+    return dict(BLOCK_N=BLOCK_N, BLOCK_R=next_pow2(r), BLOCK_D=next_pow2(d))
+
+
+def _warps(r: int, d: int) -> int:
+    return 8 if max(r, d) >= 128 else 4
+
+
+def _before(sums: torch.Tensor) -> torch.Tensor:
+    """Each chunk's sum over the chunks before it (``(batch·heads, chunks, ·)``, exact shifts)."""
+    return torch.nn.functional.pad(sums.cumsum(1)[:, :-1], (0, 0, 1, 0))
+
+
+def _after(sums: torch.Tensor) -> torch.Tensor:
+    """Each chunk's sum over the chunks after it."""
+    return torch.nn.functional.pad(sums.flip(1).cumsum(1).flip(1)[:, 1:], (0, 0, 0, 1))
+
+
+@torch.library.custom_op("leetrepro::normalized_output", mutates_args=())
+def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      c: float, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, den)``: o ``(batch, heads, N, d)`` contiguous in v's dtype, den float32
+    ``(batch, heads, N)`` (module docstring)."""
+    num, q, k, v = (_last_contiguous(t) for t in (num, q, k, v))
+    batch, heads, n, r, d = _shape(q, v)
+    chunks = cdiv(n, BLOCK_N)
+    size, opts = (n, r, d, heads), _options(r, d)
+    o = torch.empty(batch, heads, n, d, dtype=v.dtype, device=v.device)
+    den = torch.empty(batch, heads, n, dtype=torch.float32, device=v.device)
+    kt = torch.empty(batch * heads, chunks, r, dtype=torch.float32, device=v.device)
+    vt = torch.empty(batch * heads, chunks, d, dtype=torch.float32, device=v.device)
+    grid = (batch * heads, chunks)
+    launch(kernels.normalizer_totals, grid, dict(K=_arg(k), V=_arg(v), KT=kt, VT=vt, SIZE=size,
+                                                 **opts), num_warps=_warps(r, d))
+    launch(kernels.normalizer_forward, grid,
+           dict(NUM=_arg(num), Q=_arg(q), K=_arg(k), V=_arg(v), O=_arg(o), DEN=den,
+                KP=_before(kt), VP=_before(vt), SIZE=size, c=float(c), eps=float(eps),
+                HAS_C=c != 0, **opts), num_warps=_warps(r, d))
+    return o, den
+
+
+@normalized_output.register_fake
+def _(num, q, k, v, c, eps):
+    batch, heads, n, r, d = _shape(q, v)
+    return v.new_empty(batch, heads, n, d), v.new_empty(batch, heads, n, dtype=torch.float32)
+
+
+@torch.library.custom_op("leetrepro::normalized_prologue", mutates_args=())
+def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q: torch.Tensor,
+                        k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                  torch.Tensor, torch.Tensor]:
+    """``(dnum, dden, k's chunk sums before each chunk, dden·q's after, (dO / den)'s after)``:
+    dnum ``(batch, heads, N, d)`` contiguous in o's dtype (the operator's dO), dden float32
+    ``(batch, heads, N)``, the sums float32 ``(batch·heads, chunks, r or d)``."""
+    do, o, q, k = (_last_contiguous(t) for t in (do, o, q, k))
+    batch, heads, n, r, d = _shape(q, o)
+    chunks = cdiv(n, BLOCK_N)
+    dnum = torch.empty(batch, heads, n, d, dtype=o.dtype, device=o.device)
+    dden = torch.empty(batch, heads, n, dtype=torch.float32, device=o.device)
+    kt, qt = (torch.empty(batch * heads, chunks, r, dtype=torch.float32, device=o.device)
+              for _ in range(2))
+    dt = torch.empty(batch * heads, chunks, d, dtype=torch.float32, device=o.device)
+    launch(kernels.normalizer_prologue, (batch * heads, chunks),
+           dict(DO=_arg(do), O=_arg(o), DEN=den.contiguous(), Q=_arg(q), K=_arg(k),
+                DNUM=_arg(dnum), DDEN=dden, KT=kt, QT=qt, DT=dt, SIZE=(n, r, d, heads),
+                **_options(r, d)), num_warps=_warps(r, d))
+    return dnum, dden, _before(kt), _after(qt), _after(dt)
+
+
+@normalized_prologue.register_fake
+def _(do, o, den, q, k):
+    batch, heads, n, r, d = _shape(q, o)
+    chunks = cdiv(n, BLOCK_N)
+    sums = lambda w: o.new_empty(batch * heads, chunks, w, dtype=torch.float32)  # noqa: E731
+    return (o.new_empty(batch, heads, n, d), o.new_empty(batch, heads, n, dtype=torch.float32),
+            sums(r), sums(r), sums(d))
+
+
+@torch.library.custom_op("leetrepro::normalized_epilogue", mutates_args=())
+def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
+                        dv: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                        do: torch.Tensor, den: torch.Tensor, dden: torch.Tensor,
+                        k_before: torch.Tensor, dq_after: torch.Tensor, dnum_after: torch.Tensor,
+                        c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The operator's dq, dk, dv (each None where not wanted) with the denominator's terms
+    added, each in its own dtype contiguous (an empty tensor for those not given, and for dv
+    where c = 0: it has no such term)."""
+    q, k, do = (_last_contiguous(t) for t in (q, k, do))
+    batch, heads, n, r, d = _shape(q, do)
+    want_v = dv is not None and c != 0
+    outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) if t is not None and w else
+            q.new_empty(0) for t, w in ((dq, True), (dk, True), (dv, want_v))]
+    ins = [_last_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
+    launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BLOCK_N)),
+           dict(DQ=_arg(ins[0]), DK=_arg(ins[1]), DV=_arg(ins[2]), Q=_arg(q), K=_arg(k),
+                DO=_arg(do), DEN=den.contiguous(), DDEN=dden, KP=k_before, QS=dq_after,
+                DS=dnum_after, OUT_DQ=_arg(outs[0] if dq is not None else q),
+                OUT_DK=_arg(outs[1] if dk is not None else q),
+                OUT_DV=_arg(outs[2] if want_v else q), SIZE=(n, r, d, heads), c=float(c),
+                WANT_DQ=dq is not None, WANT_DK=dk is not None, WANT_DV=want_v,
+                **_options(r, d)), num_warps=_warps(r, d))
+    return tuple(outs)
+
+
+@normalized_epilogue.register_fake
+def _(dq, dk, dv, q, k, do, den, dden, k_before, dq_after, dnum_after, c):
+    want_v = dv is not None and c != 0
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) if t is not None and w
+                 else q.new_empty(0) for t, w in ((dq, True), (dk, True), (dv, want_v)))
