@@ -502,6 +502,8 @@ def model(tags: list[str]) -> str:
                          f"{r.peak_GiB:.1f}" if ok and _given(r.get("peak_GiB")) else "-",
                          f"{r.op_ms:.2f} ms ({r.op_share:.1%})"
                          if ok and _given(r.get("op_share")) else "-",
+                         f"{r.op_ms / r.op_share / r.ms:.0%}"
+                         if ok and _given(r.get("op_share")) and r.op_share > 0 else "-",
                          "ok" if ok else str(r.status)[:90], r.commit])
     if not rows:
         return "Nothing measured yet."
@@ -511,13 +513,16 @@ def model(tags: list[str]) -> str:
             "tokens/s over the `leetrepro` mixer's in the same size and mode (above 1: faster). "
             "`operator`: the GPU time per step of the mixer's own kernels and its share of all "
             "kernels' time (`torch.profiler`; what each is: `leetrepro/bench/model.py`). "
+            "`GPU busy`: all kernels' time per step over the step's wall time (from the same "
+            "profile: the operator's time over its share); well below 100 %, the step waits on "
+            "the host (Python and launches), not on the GPU. "
             "`model_dropin.csv`: the drop-in beside `causal_linear_decoder` again after its "
             "compiled decays stopped syncing with the host (NOTES.md). `model_graphs.csv`: "
             "eager, compiled and `graphs` (the blocks under "
             "`torch.compile(mode=\"reduce-overhead\")`: CUDA graphs replayed) in one run.\n\n"
             + "\n".join(figures) + "\n\n"
             + _table(["GPU", "file", "size", "mixer", "mode", "ms/step", "tokens/s", "vs leetrepro",
-                      "peak GiB", "operator", "status", "commit"], rows))
+                      "peak GiB", "operator", "GPU busy", "status", "commit"], rows))
 
 
 def _geo(values) -> float:
