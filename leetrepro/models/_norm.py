@@ -1,5 +1,7 @@
 """The gated RMS norm of a Mamba-2 block's output: ``(y·silu(z)) · rstd · w``, ``rstd =
-1/√(mean((y·silu(z))²) + eps)`` over the last dimension, forward and backward in one pass each on
+1/√(mean((y·silu(z))²) + eps)`` over each group of ``group_size`` channels of the last dimension
+(mamba_ssm's ``RMSNormGated(group_size=d_inner // ngroups)``; the whole dimension by default),
+forward and backward in one pass each on
 a GPU (``kernels/gated_norm.py``; :data:`ON_GPU`), where
 PyTorch's expressions made about eight passes forward and fifteen back on generic (not
 vectorised) kernels over the block's widest tensors (z a strided slice of the in-projection):
@@ -8,8 +10,8 @@ expressions on a CPU (in float32), or with ``LEETREPRO_ROWS_KERNEL=1`` beside
 ``TRITON_INTERPRET=1`` the kernels interpreted (the tests).
 
 Shapes: y, z ``(…, D)`` (z may be strided: its last dimension contiguous), w ``(D,)``; the output
-in y's dtype, shaped like y. Gradients for y, z and w; custom ops (``torch.library``) with their
-fakes, so ``torch.compile`` traces them.
+in y's dtype, shaped like y; the saved rstd float32 ``(…, D / group_size)``. Gradients for y,
+z and w; custom ops (``torch.library``) with their fakes, so ``torch.compile`` traces them.
 """
 from __future__ import annotations
 
@@ -53,30 +55,37 @@ def _kernel(y: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op("leetrepro::gated_rms_norm", mutates_args=())
-def gated_rms_norm_fwd(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, rstd)``: out like y (dense, y's dtype), rstd float32 ``y.shape[:-1]``."""
+def gated_rms_norm_fwd(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float,
+                       groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, rstd)``: out like y (dense, y's dtype), rstd float32 ``(…, groups)``."""
+    gs = y.shape[-1] // groups
     if not _kernel(y):
-        g = y.float() * torch.nn.functional.silu(z.float())
+        g = (y.float() * torch.nn.functional.silu(z.float())).unflatten(-1, (groups, gs))
         rstd = torch.rsqrt(g.pow(2).mean(-1) + eps)
-        return (g * rstd[..., None] * w.float()).to(y.dtype), rstd
+        return (g * rstd[..., None]).flatten(-2).mul(w.float()).to(y.dtype), rstd
     y2, z2 = _rows(y), _rows(z)
     rows, d = y2.shape
     out = torch.empty(rows, d, dtype=y.dtype, device=y.device)
-    rstd = torch.empty(rows, dtype=torch.float32, device=y.device)
+    rstd = torch.empty(rows, groups, dtype=torch.float32, device=y.device)
     programs, per = _programs(rows)
-    block = next_pow2(d)
-    launch(norm_kernels.gated_norm_forward, (programs,),
+    launch(norm_kernels.gated_norm_forward, (programs, groups),
            dict(Y=(y2, y2.stride(0)), Z=(z2, z2.stride(0)), W=w.contiguous(), OUT=out, RSTD=rstd,
-                SIZE=(rows, d), eps=float(eps), BLOCK_D=block, ROWS=per),
-           num_warps=max(1, min(16, block // 512)))
-    return out.view(y.shape), rstd.view(y.shape[:-1])
+                SIZE=(rows, groups, gs), eps=float(eps), BLOCK_G=next_pow2(gs), ROWS=per),
+           num_warps=_warps(gs))
+    return out.view(y.shape), rstd.view(*y.shape[:-1], groups)
 
 
 @gated_rms_norm_fwd.register_fake
-def _(y, z, w, eps):
+def _(y, z, w, eps, groups=1):
     return torch.empty_like(y, memory_format=torch.contiguous_format), \
-        y.new_empty(y.shape[:-1], dtype=torch.float32)
+        y.new_empty(*y.shape[:-1], groups, dtype=torch.float32)
+
+
+def _warps(gs: int) -> int:
+    """Warps of a program taking a group of gs channels: compiled for sm_90, the backward spills
+    nothing up to 4096 channels on these and 56 bytes a thread at 8192 (``probes.regs``)."""
+    width = next_pow2(gs)
+    return 4 if width <= 1024 else 8 if width <= 4096 else 32
 
 
 @torch.library.custom_op("leetrepro::gated_rms_norm_backward", mutates_args=())
@@ -84,27 +93,29 @@ def gated_rms_norm_bwd(dout: torch.Tensor, y: torch.Tensor, z: torch.Tensor, w: 
                        rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dy, dz, dw)``: dy like y, dz like z (dense, in their dtypes), dw like w (the sums
     over rows per program, then over programs, in float32, in a fixed order)."""
+    groups = rstd.shape[-1]
+    gs = y.shape[-1] // groups
     if not _kernel(y):
-        s = torch.nn.functional.silu(z.float())
-        sig = torch.sigmoid(z.float())
-        n = y.float() * s * rstd[..., None]
-        dn = dout.float() * w.float()
+        by_group = lambda t: t.float().unflatten(-1, (groups, gs))  # noqa: E731
+        s = torch.nn.functional.silu(by_group(z))
+        sig = torch.sigmoid(by_group(z))
+        n = by_group(y) * s * rstd[..., None]
+        dn = by_group(dout) * by_group(w)
         dg = rstd[..., None] * (dn - n * (dn * n).mean(-1, keepdim=True))
-        dz = dg * y.float() * sig * (1 + z.float() * (1 - sig))
-        dw = (dout.float() * n).reshape(-1, w.shape[0]).sum(0)
-        return (dg * s).to(y.dtype), dz.to(z.dtype), dw.to(w.dtype)
+        dz = dg * by_group(y) * sig * (1 + by_group(z) * (1 - sig))
+        dw = (by_group(dout) * n).reshape(-1, w.shape[0]).sum(0)
+        return (dg * s).flatten(-2).to(y.dtype), dz.flatten(-2).to(z.dtype), dw.to(w.dtype)
     y2, z2, d2 = _rows(y), _rows(z), _rows(dout)
     rows, d = y2.shape
     programs, per = _programs(rows)
     dy = torch.empty(rows, d, dtype=y.dtype, device=y.device)
     dz = torch.empty(rows, d, dtype=z.dtype, device=y.device)
     dw = torch.empty(programs, d, dtype=torch.float32, device=y.device)
-    block = next_pow2(d)
-    launch(norm_kernels.gated_norm_backward, (programs,),
+    launch(norm_kernels.gated_norm_backward, (programs, groups),
            dict(DOUT=(d2, d2.stride(0)), Y=(y2, y2.stride(0)), Z=(z2, z2.stride(0)), W=w.contiguous(),
-                RSTD=rstd.reshape(-1).contiguous(), DY=dy, DZ=dz, DW=dw, SIZE=(rows, d),
-                BLOCK_D=block, ROWS=per),
-           num_warps=max(1, min(16, block // 512)))
+                RSTD=rstd.reshape(-1, groups).contiguous(), DY=dy, DZ=dz, DW=dw,
+                SIZE=(rows, groups, gs), BLOCK_G=next_pow2(gs), ROWS=per),
+           num_warps=_warps(gs))
     return dy.view(y.shape), dz.view(z.shape), dw.sum(0).to(w.dtype)
 
 
@@ -115,7 +126,7 @@ def _(dout, y, z, w, rstd):
 
 
 def _setup(ctx, inputs, output):
-    y, z, w, _ = inputs
+    y, z, w = inputs[:3]
     ctx.save_for_backward(y, z, w, output[1])
 
 
@@ -123,15 +134,20 @@ def _backward(ctx, dout, _drstd):
     y, z, w, rstd = ctx.saved_tensors
     dy, dz, dw = gated_rms_norm_bwd(dout, y, z, w, rstd)
     need_y, need_z, need_w = ctx.needs_input_grad[:3]
-    return dy if need_y else None, dz if need_z else None, dw if need_w else None, None
+    return dy if need_y else None, dz if need_z else None, dw if need_w else None, None, None
 
 
 gated_rms_norm_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor,
-                   eps: float = 1e-5) -> torch.Tensor:
-    """``(y·silu(z)) · w / √(mean((y·silu(z))²) + eps)`` over the last dimension D: y, z
-    ``(…, D)`` (z's last dimension contiguous, any other strides), w ``(D,)``; y's dtype and
-    shape, float32 inside. Differentiable in y, z and w. O(rows·D)."""
-    return gated_rms_norm_fwd(y, z, w, float(eps))[0]
+def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float = 1e-5,
+                   group_size: int | None = None) -> torch.Tensor:
+    """``(y·silu(z)) · w / √(mean((y·silu(z))²) + eps)``, the mean over each group of
+    ``group_size`` channels of the last dimension D (all D by default): y, z ``(…, D)`` (z's last
+    dimension contiguous, any other strides), w ``(D,)``; y's dtype and shape, float32 inside.
+    Differentiable in y, z and w. O(rows·D)."""
+    d = y.shape[-1]
+    group_size = d if group_size is None else int(group_size)
+    if group_size <= 0 or d % group_size:
+        raise ValueError(f"group_size {group_size} must divide the last dimension {d}")
+    return gated_rms_norm_fwd(y, z, w, float(eps), d // group_size)[0]

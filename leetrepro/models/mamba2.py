@@ -7,7 +7,9 @@ in a state pool stepped by :func:`leetrepro.decode_step` with each token's gate)
 Shapes follow mamba_ssm's ``Mamba2`` module (``rmsnorm=True``, ``norm_before_gate=False``):
 d_inner = expand·d_model, heads = d_inner / headdim, the convolution over
 d_inner + 2·ngroups·d_state channels, ``A = −exp(A_log)``, dt = softplus(dt + dt_bias) clamped to
-``dt_limit``, ``y = norm(ssd(x) · silu(z))``. Written from the paper's description, not copied.
+``dt_limit``, ``y = norm(ssd(x) · silu(z))`` with the RMS norm over each group of
+d_inner / ngroups channels (mamba_ssm's ``RMSNormGated(group_size=d_inner // ngroups)``).
+Written from the paper's description, not copied.
 """
 from __future__ import annotations
 
@@ -71,9 +73,11 @@ class Mamba2Block(nn.Module):
                 B.reshape(*lead, self.ngroups, self.d_state), C.reshape(*lead, self.ngroups, self.d_state))
 
     def _out(self, y, z):
-        """The gated RMS norm (:func:`leetrepro.models._norm.gated_rms_norm`: one pass each way
-        on a GPU), then the out-projection."""
-        return self.out_proj(gated_rms_norm(y, z, self.norm_weight, 1e-5))
+        """The gated RMS norm over each group of d_inner / ngroups channels
+        (:func:`leetrepro.models._norm.gated_rms_norm`: one pass each way on a GPU), then the
+        out-projection."""
+        return self.out_proj(gated_rms_norm(y, z, self.norm_weight, 1e-5,
+                                            group_size=self.d_inner // self.ngroups))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         return self.prefill(u)[0]

@@ -271,7 +271,7 @@ def passes_jobs() -> list:
     signature, constexprs, num_warps)``."""
     from ..kernels import causal_conv, gate_rows, gated_norm, ssd_rows
     from ..methods.chunk import GATE_ROWS_TILES, HOPPER
-    from ..models import _conv
+    from ..models import _conv, _norm
     i3, p16, p32 = ("i32",) * 3, "*bf16", "*fp32"
     c = "constexpr"
     return [
@@ -294,13 +294,19 @@ def passes_jobs() -> list:
               HAS_BIAS=c, SOFTPLUS=c, HAS_LIMIT=c, HAS_DDT=c, HAS_DG=c),
          dict(BLOCK_T=32, BLOCK_H=128, HAS_BIAS=True, SOFTPLUS=True, HAS_LIMIT=True,
               HAS_DDT=True, HAS_DG=True), 4),
-        ("gated_norm_forward", gated_norm.gated_norm_forward,
-         dict(Y=(p16, "i32"), Z=(p16, "i32"), W=p16, OUT=p16, RSTD=p32, SIZE=("i32",) * 2,
-              eps="fp32", BLOCK_D=c, ROWS=c), dict(BLOCK_D=8192, ROWS=16), 16),
-        ("gated_norm_backward", gated_norm.gated_norm_backward,
-         dict(DOUT=(p16, "i32"), Y=(p16, "i32"), Z=(p16, "i32"), W=p16, RSTD=p32, DY=p16,
-              DZ=p16, DW=p32, SIZE=("i32",) * 2, BLOCK_D=c, ROWS=c),
-         dict(BLOCK_D=8192, ROWS=16), 16),
+    ] + [
+        (f"gated_norm_{way}{label}", kernel, sig, dict(BLOCK_G=width, ROWS=16),
+         _norm._warps(width))
+        # (Codestral's 8 groups of 1024 channels, and a whole row of 8192: one group)
+        for label, width in (("", 1024), ("_row", 8192))
+        for way, kernel, sig in (
+            ("forward", gated_norm.gated_norm_forward,
+             dict(Y=(p16, "i32"), Z=(p16, "i32"), W=p16, OUT=p16, RSTD=p32, SIZE=i3,
+                  eps="fp32", BLOCK_G=c, ROWS=c)),
+            ("backward", gated_norm.gated_norm_backward,
+             dict(DOUT=(p16, "i32"), Y=(p16, "i32"), Z=(p16, "i32"), W=p16, RSTD=p32, DY=p16,
+                  DZ=p16, DW=p32, SIZE=i3, BLOCK_G=c, ROWS=c)))
+    ] + [
         ("causal_conv_forward", causal_conv.causal_conv_forward,
          dict(X=(p16, "i32", "i32"), W=p16, BIAS=p16, OUT=p16, SIZE=("i32",) * 2, K=c,
               BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c),
