@@ -328,7 +328,7 @@ wheelhouse:
 	$(PYTHON) -m pip download -d wheelhouse --only-binary=:all: --python-version $(WHEEL_PY) \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	  --platform manylinux2014_x86_64 --platform any papermill ipykernel nbformat nbclient sympy tqdm \
-	  fla-core einops pytest hypothesis pytest-xdist execnet jupytext
+	  fla-core einops pytest hypothesis pytest-xdist execnet jupytext "transformers>=5.24,<5.25"
 	@echo "copy wheelhouse/ to the GPU host, then: python3 -m pip install --no-index --find-links wheelhouse papermill ipykernel sympy jupytext"
 
 clean:

@@ -1,0 +1,196 @@
+"""Hugging Face ``transformers``' Mamba-2 family on this project's kernels.
+
+    import leetrepro.integrations.transformers as lt
+    lt.enable()            # before or after the model is built; lt.disable() undoes it
+
+The six families whose modeling files share Mamba-2's mixer (:data:`FAMILIES`: Mamba-2, Zamba2,
+Falcon-H1, Bamba, Granite-4.0-H, Nemotron-H) route its hot functions through
+``use_kernel_func_from_hub_with_fallback``, resolved once when their module is imported:
+mamba_ssm's kernels where it is installed, else a PyTorch reference that transformers calls
+slow and that refuses packed sequences. :func:`enable` sets those five module attributes, which
+the mixers call at run time, to this project's:
+
+* ``mamba2_chunk_scan``: :func:`leetrepro.compat.mamba_chunk_scan_combined` (the SSD through
+  the operator with per-token gates; ``seq_idx`` and ``cu_seqlens`` keep packed sequences apart);
+* ``mamba2_split_conv1d_scan_combined`` (training, no cache): the block's causal convolution
+  and SiLU, the SSD, the gated RMS norm over each group and the out-projection, each one pass
+  on a GPU (``models._conv``, ``models._norm``), where the fallback returned None;
+* ``causal_conv1d_fn``: the causal depthwise convolution with its SiLU, read in place from the
+  in-projection (a packed batch's ``seq_idx`` keeps each sequence's first rows from reading the
+  one before);
+* ``causal_conv1d_update``, ``mamba2_selective_state_update``: the decode step's convolution
+  and state update.
+
+The modeling code is not copied: only the names it calls are replaced. Written and tested
+against transformers 5.24 (:data:`TESTED`); :func:`enable` refuses a family whose module lacks
+one of the names, naming it.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+
+#: transformers' model types whose mixer is Mamba-2's, and the release they were tested with
+FAMILIES = ("mamba2", "zamba2", "falcon_h1", "bamba", "granitemoehybrid", "nemotron_h")
+TESTED = "5.24"
+NAMES = ("mamba2_chunk_scan", "mamba2_split_conv1d_scan_combined", "causal_conv1d_fn",
+         "causal_conv1d_update", "mamba2_selective_state_update")
+_SAVED: dict = {}
+
+
+def chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None,
+               initial_states=None, dt_softplus=False, dt_limit=(0.0, math.inf),
+               return_final_states=False, z=None, seq_idx=None, cu_seqlens=None, **_):
+    """transformers' ``mamba2_chunk_scan`` (mamba_ssm's ``mamba_chunk_scan_combined``
+    signature) by :func:`leetrepro.compat.mamba_chunk_scan_combined`."""
+    from ..compat import mamba_chunk_scan_combined
+    return mamba_chunk_scan_combined(
+        hidden_states, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+        initial_states=initial_states, seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+        dt_softplus=dt_softplus, dt_limit=tuple(dt_limit), return_final_states=return_final_states)
+
+
+def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, seq_idx=None, **_):
+    """causal-conv1d's ``causal_conv1d_fn``: x ``(batch, channels, seqlen)`` (here a transposed
+    view of the in-projection's time-major slice), weight ``(channels, width)``; the SiLU where
+    ``activation`` is ``"silu"``/``"swish"``; ``seq_idx`` ``(batch, seqlen)``: a row reads only
+    rows of its own sequence. Returns ``(batch, channels, seqlen)`` (a transposed view of a
+    time-major tensor, as the caller transposes it back)."""
+    from ..models._conv import causal_conv_silu
+    x = hidden_states.transpose(1, 2)  # (batch, seqlen, channels): the in-projection's layout
+    silu = activation in ("silu", "swish")
+    if silu and seq_idx is None:
+        return causal_conv_silu(x, weight.unsqueeze(1), bias).transpose(1, 2)
+    width, n = weight.shape[-1], x.shape[1]
+    # (the taps as shifted rows, each kept only where it is of the row's own sequence)
+    pad = torch.nn.functional.pad(x, (0, 0, width - 1, 0))
+    out = 0 if bias is None else bias.to(x.dtype)
+    for k in range(width):
+        tap = pad[:, k:k + n] * weight[:, k].to(x.dtype)
+        if seq_idx is not None:
+            shift = width - 1 - k
+            same = torch.zeros_like(seq_idx, dtype=torch.bool)
+            same[:, shift:] = seq_idx[:, shift:] == seq_idx[:, :n - shift]
+            tap = tap * same[..., None].to(x.dtype)
+        out = out + tap
+    out = torch.nn.functional.silu(out) if silu else out
+    return out.transpose(1, 2)
+
+
+def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None, **_):
+    """causal-conv1d's ``causal_conv1d_update``: the new rows x ``(batch, channels, L)`` shifted
+    into ``conv_state`` ``(batch, channels, width)`` in place; returns their outputs
+    ``(batch, channels, L)`` in x's dtype."""
+    n = hidden_states.shape[-1]
+    window = torch.cat([conv_state, hidden_states.to(conv_state.dtype)], -1)
+    conv_state.copy_(window[..., -conv_state.shape[-1]:])
+    width = weight.shape[-1]
+    taps = window.unfold(-1, width, 1)[..., -n:, :]  # (batch, channels, L, width)
+    out = (taps * weight[:, None, :].to(taps.dtype)).sum(-1)
+    if bias is not None:
+        out = out + bias[:, None].to(out.dtype)
+    if activation in ("silu", "swish"):
+        out = torch.nn.functional.silu(out)
+    return out.to(hidden_states.dtype)
+
+
+def selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None,
+                           dt_softplus=False, z=None, **_):
+    """mamba_ssm's ``selective_state_update`` for one token: state ``(batch, heads, headdim,
+    dstate)`` stepped in place, ``h ← exp(dt·A) h + dt·x ⊗ B``; returns ``h C + D x`` (times
+    silu(z) with z) ``(batch, heads, headdim)`` in x's dtype. dt, A, D, dt_bias as transformers
+    passes them (broadcast over headdim and dstate); B, C ``(batch, groups, dstate)``."""
+    heads = hidden_states.shape[1]
+    dt = dt.float() + (dt_bias.float() if dt_bias is not None else 0)
+    dt = torch.nn.functional.softplus(dt) if dt_softplus else dt
+    per = heads // B.shape[1]
+    Bh, Ch = (t.float().repeat_interleave(per, 1) for t in (B, C))  # (batch, heads, dstate)
+    x = hidden_states.float()
+    new = state.float() * torch.exp(dt[..., None] * A.float()) + \
+        (dt * x)[..., None] * Bh[:, :, None, :]
+    state.copy_(new.to(state.dtype))
+    out = (new @ Ch[..., None])[..., 0]
+    if D is not None:
+        out = out + x * D.float()
+    if z is not None:
+        out = out * torch.nn.functional.silu(z.float())
+    return out.to(hidden_states.dtype)
+
+
+def split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                               initial_states=None, dt_limit=(0.0, math.inf),
+                               return_final_states=False, activation="silu",
+                               rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
+                               outproj_bias=None, headdim=None, ngroups=1,
+                               norm_before_gate=True, seq_idx=None, cu_seqlens=None, **_):
+    """mamba_ssm's ``mamba_split_conv1d_scan_combined`` as transformers' mixers call it in
+    training: zxbcdt ``(batch, seqlen, d_inner + conv channels + heads)`` split in place, the
+    convolution and SiLU, the SSD, the gated RMS norm over each of ``ngroups`` groups
+    (``norm_before_gate=False``: the norm of ``y·silu(z)``) and the out-projection. None (the
+    caller's unfused path) where it asks for what this does not compute: another activation, the
+    norm before the gate, no norm."""
+    if activation not in ("silu", "swish") or norm_before_gate or rmsnorm_weight is None:
+        return None
+    from ..models._norm import gated_rms_norm
+    heads = A.shape[0]
+    d_inner = heads * headdim
+    conv = conv1d_weight.shape[0]
+    dstate = (conv - d_inner) // (2 * ngroups)
+    z, xbc, dt = zxbcdt.split([d_inner, conv, heads], -1)
+    xbc = causal_conv1d_fn(xbc.transpose(1, 2), conv1d_weight, conv1d_bias, activation,
+                           seq_idx=seq_idx).transpose(1, 2)
+    x, B, C = xbc.split([d_inner, ngroups * dstate, ngroups * dstate], -1)
+    lead = x.shape[:-1]
+    res = chunk_scan(x.unflatten(-1, (heads, headdim)), dt, A,
+                     B.unflatten(-1, (ngroups, dstate)), C.unflatten(-1, (ngroups, dstate)),
+                     chunk_size, D=D, dt_bias=dt_bias, initial_states=initial_states,
+                     dt_softplus=True, dt_limit=dt_limit, return_final_states=return_final_states,
+                     seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+    y, final = res if return_final_states else (res, None)
+    y = gated_rms_norm(y.reshape(*lead, d_inner), z, rmsnorm_weight, rmsnorm_eps,
+                       group_size=d_inner // ngroups)
+    out = torch.nn.functional.linear(y, outproj_weight, outproj_bias) \
+        if outproj_weight is not None else y
+    return (out, final) if return_final_states else out
+
+
+_OURS = {"mamba2_chunk_scan": chunk_scan,
+         "mamba2_split_conv1d_scan_combined": split_conv1d_scan_combined,
+         "causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update,
+         "mamba2_selective_state_update": selective_state_update}
+
+
+def _module(family: str):
+    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+
+
+def enable(families=FAMILIES) -> list[str]:
+    """Route each family's Mamba-2 mixer through this project (module docstring); returns the
+    families enabled. A family whose modeling module lacks one of :data:`NAMES` (another
+    transformers release) raises a RuntimeError naming it and the name, changing nothing."""
+    if isinstance(families, str):
+        families = (families,)
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown families {unknown}; these have Mamba-2's mixer: {FAMILIES}")
+    modules = {f: _module(f) for f in families}
+    for family, mod in modules.items():
+        missing = [n for n in NAMES if not hasattr(mod, n)]
+        if missing:
+            import transformers
+            raise RuntimeError(f"transformers {transformers.__version__}'s {family} has no "
+                               f"{missing} (tested with {TESTED}): not enabled")
+    for family, mod in modules.items():
+        for name in NAMES:
+            _SAVED.setdefault((family, name), getattr(mod, name))
+            setattr(mod, name, _OURS[name])
+    return list(modules)
+
+
+def disable() -> None:
+    """Undo :func:`enable`: each family's own functions back."""
+    for (family, name), fn in list(_SAVED.items()):
+        setattr(_module(family), name, fn)
+        del _SAVED[(family, name)]

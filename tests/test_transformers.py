@@ -1,0 +1,149 @@
+"""transformers' Mamba-2 family on this project (``leetrepro.integrations.transformers``): tiny
+configurations with random weights, the same model with and without :func:`enable`, in float32
+on the CPU (transformers' own path is the reference: its chunk scan computes in float32)."""
+import pytest
+import torch
+
+from leetrepro.reference import rel_error
+
+from conftest import quick_lane
+
+transformers = pytest.importorskip("transformers")
+lt = pytest.importorskip("leetrepro.integrations.transformers")
+
+TOL = 2e-4  # (float32 both ways, different summation orders over chunks of 16 rows)
+
+
+#: a tiny configuration of each family: 8 heads of 16, d_state 16, 2 groups, chunks of 16, one
+#: Mamba-2 layer and (in the hybrids) an attention layer
+CONFIGS = {
+    "mamba2": lambda: transformers.Mamba2Config(
+        vocab_size=97, hidden_size=64, num_heads=8, head_dim=16, state_size=16, n_groups=2,
+        num_hidden_layers=2, chunk_size=16, expand=2, conv_kernel=4),
+    "zamba2": lambda: transformers.Zamba2Config(
+        vocab_size=97, hidden_size=64, num_hidden_layers=2, layers_block_type=["mamba", "hybrid"],
+        mamba_d_state=16, mamba_ngroups=2, mamba_expand=2, n_mamba_heads=8,
+        num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, chunk_size=16,
+        use_mem_rope=False, num_mem_blocks=1),
+    "falcon_h1": lambda: transformers.FalconH1Config(
+        vocab_size=97, hidden_size=64, num_hidden_layers=2, mamba_d_ssm=128, mamba_d_state=16,
+        mamba_d_head=16, mamba_n_groups=2, mamba_expand=2, mamba_n_heads=8,
+        num_attention_heads=4, num_key_value_heads=2, intermediate_size=64, mamba_chunk_size=16),
+    "bamba": lambda: transformers.BambaConfig(
+        vocab_size=97, hidden_size=64, num_hidden_layers=2, mamba_d_state=16, mamba_d_head=16,
+        mamba_n_groups=2, mamba_expand=2, mamba_n_heads=8, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, mamba_chunk_size=16, attn_layer_indices=[1]),
+    "granitemoehybrid": lambda: transformers.GraniteMoeHybridConfig(
+        vocab_size=97, hidden_size=64, num_hidden_layers=2, mamba_d_state=16, mamba_d_head=16,
+        mamba_n_groups=2, mamba_expand=2, mamba_n_heads=8, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, mamba_chunk_size=16,
+        layer_types=["mamba", "attention"], num_local_experts=2, num_experts_per_tok=1,
+        shared_intermediate_size=64),
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        vocab_size=97, hidden_size=64, num_hidden_layers=3, ssm_state_size=16, mamba_head_dim=16,
+        n_groups=2, mamba_num_heads=8, expand=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=64, chunk_size=16, hybrid_override_pattern="M*-"),
+}
+
+
+def _model(family="mamba2", seed=0):
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(CONFIGS[family]()).float()
+
+
+def _mamba2(seed=0):
+    return _model("mamba2", seed)
+
+
+@pytest.fixture
+def restored():
+    yield
+    lt.disable()
+
+
+def _step(model, ids, **kwargs):
+    """Logits, loss and every parameter's gradient of one training step on ids."""
+    model.zero_grad(set_to_none=True)
+    out = model(ids, labels=ids, **kwargs)
+    out.loss.backward()
+    return out.logits.detach(), out.loss.detach(), \
+        {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", quick_lane(list(lt.FAMILIES)))
+@pytest.mark.parametrize("train", [True, False])
+def test_each_family_trains_as_transformers_own_path(restored, monkeypatch, family, train):
+    """Training mode takes the fused split-conv-scan call where the family makes it (None in
+    transformers' fallback, so its unfused path is the reference); eval mode the convolution
+    and the chunk scan apart: logits, loss and every gradient as transformers' own path, and
+    the scan was this project's."""
+    calls = []
+    for name, fn in list(lt._OURS.items()):
+        monkeypatch.setitem(lt._OURS, name,
+                            lambda *a, _fn=fn, _n=name, **k: calls.append(_n) or _fn(*a, **k))
+    ref_model = _model(family)
+    model = _model(family)
+    model.load_state_dict(ref_model.state_dict())
+    ref_model.train(train)
+    model.train(train)
+    ids = torch.randint(0, 97, (2, 45), generator=torch.Generator().manual_seed(1))
+    want = _step(ref_model, ids)
+    assert lt.enable(family) == [family]
+    got = _step(model, ids)
+    assert rel_error(got[0], want[0]) <= TOL and rel_error(got[1], want[1]) <= TOL
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        assert rel_error(got[2][name], want[2][name]) <= 10 * TOL, name
+    assert "mamba2_chunk_scan" in calls or (train and "mamba2_split_conv1d_scan_combined" in calls)
+
+
+def test_mamba2_generates_the_same_tokens(restored):
+    """``generate`` (the prompt through the chunk scan with its final state, then one token at a
+    time through the convolution's update and the state update) gives transformers' tokens."""
+    model = _mamba2().eval()
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    want = model.generate(ids, **kw)
+    lt.enable("mamba2")
+    got = model.generate(ids, **kw)
+    assert torch.equal(got, want)
+
+
+def test_packed_sequences_train_as_each_alone(restored):
+    """Two sequences packed into one row with ``seq_idx`` (which transformers' fallback refuses):
+    the hidden states as each sequence alone, in training mode (fused call) and eval mode, and
+    their gradients. (Mamba2ForCausalLM does not pass its keyword arguments on to its backbone in
+    5.24: the backbone takes seq_idx.)"""
+    model = _mamba2().backbone
+    a, b = (torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(n))
+            for n in (21, 30))
+    seq_idx = torch.cat([torch.zeros(1, 21), torch.ones(1, 30)], 1).int()
+    # (a random projection: the squares' sum of RMS-normalised states is nearly constant, its
+    # gradient cancellation)
+    proj = torch.randn(1, 51, 64, generator=torch.Generator().manual_seed(5))
+    lt.enable("mamba2")
+    for train in (True, False):
+        model.train(train)
+        model.zero_grad(set_to_none=True)
+        alone = torch.cat([model(a).last_hidden_state, model(b).last_hidden_state], 1)
+        (alone * proj).sum().backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        packed = model(torch.cat([a, b], 1), seq_idx=seq_idx).last_hidden_state
+        (packed * proj).sum().backward()
+        assert rel_error(packed, alone) <= TOL, train
+        for g, w in zip((p.grad for p in model.parameters()), want):
+            assert rel_error(g, w) <= 10 * TOL, train
+
+
+def test_enable_names_what_it_cannot_patch(restored, monkeypatch):
+    """A family outside :data:`FAMILIES` is refused by name; a modeling module without one of
+    the patched names (another release) raises, naming it, and patches nothing."""
+    with pytest.raises(ValueError, match="unknown families"):
+        lt.enable("llama")
+    mod = lt._module("mamba2")
+    before = mod.mamba2_chunk_scan
+    monkeypatch.delattr(mod, "causal_conv1d_update")
+    with pytest.raises(RuntimeError, match="causal_conv1d_update"):
+        lt.enable("mamba2")
+    assert mod.mamba2_chunk_scan is before
