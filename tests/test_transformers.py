@@ -97,16 +97,33 @@ def test_each_family_trains_as_transformers_own_path(restored, monkeypatch, fami
     assert "mamba2_chunk_scan" in calls or (train and "mamba2_split_conv1d_scan_combined" in calls)
 
 
-def test_mamba2_generates_the_same_tokens(restored):
+@pytest.mark.parametrize("family", quick_lane(list(lt.FAMILIES)))
+def test_each_family_generates_the_same_tokens(restored, family):
     """``generate`` (the prompt through the chunk scan with its final state, then one token at a
     time through the convolution's update and the state update) gives transformers' tokens."""
-    model = _mamba2().eval()
+    model = _model(family).eval()
     ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(2))
     kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
     want = model.generate(ids, **kw)
-    lt.enable("mamba2")
+    lt.enable(family)
     got = model.generate(ids, **kw)
     assert torch.equal(got, want)
+
+
+@pytest.mark.slow  # (a compilation)
+def test_a_compiled_model_trains_as_eager(restored):
+    """``torch.compile`` of a Mamba-2 model with the integration enabled: loss and gradients as
+    eager's (the operator's custom ops in the graph)."""
+    model = _mamba2()
+    lt.enable("mamba2")
+    ids = torch.randint(0, 97, (2, 45), generator=torch.Generator().manual_seed(3))
+    want = _step(model, ids)
+    compiled = torch.compile(model, backend="aot_eager")
+    got = _step(compiled, ids)
+    assert rel_error(got[1], want[1]) <= 1e-5
+    for name in want[2]:
+        key = name if name in got[2] else f"_orig_mod.{name}"
+        assert rel_error(got[2][key], want[2][name]) <= 1e-4, name
 
 
 def test_packed_sequences_train_as_each_alone(restored):
