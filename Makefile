@@ -45,7 +45,7 @@ TABLES := table3 table4 table5 table6
 
 .PHONY: help install test test-gpu test-fast test-triton-next lint clean gpu-check bench-kernels reproduce $(TABLES) table9 lemma31 \
         derivations long-prompts claims wheelhouse floor profile tune table7 table8 notebooks bench-train train \
-        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab eca related bench-gates gates bench-ssd bench-model
+        bench-sp scaling bench-serve cross-gpu results layouts bench-layer lab eca related bench-gates gates bench-ssd bench-model bench-hf
 
 help:
 	@echo "make install   virtualenv in $(VENV) + editable install with test and notebook extras"
@@ -76,6 +76,7 @@ help:
 	@echo "make bench-gates (GPU) per-token gates vs the per-head decay and fla's gated path, eager and graphs -> data/<gpu>/gates.csv"
 	@echo "make bench-model (GPU) a decoder LM (125M, 1.3B) trained with each mixer: tokens/s, peak memory, the operator's share -> data/<gpu>/model.csv, figures/<gpu>/model.png"
 	@echo "make bench-ssd (GPU) Mamba-2's SSD drop-in vs mamba_ssm's Triton kernels and fla, the Mamba-2 block and LM with each -> data/<gpu>/ssd.csv, ssd_lm.csv"
+	@echo "make bench-hf  (GPU) transformers' Zamba2, Falcon-H1, Granite-4.0-H trained and generating here vs its fallback and mamba_ssm's kernels -> data/<gpu>/hf.csv"
 	@echo "make gates     the paper's methods under per-token gates (notebooks/gates.py; CPU, with the GPU rows of data/<gpu>/gates.csv)"
 	@echo "make layouts   (GPU) method=auto beside Chunk and LA in the layouts and shapes models use, eager and graphs -> data/<gpu>/layouts.csv, layouts_graph.csv; every head shape beside fla -> layouts_shapes*.csv"
 	@echo "make bench-layer (GPU) one attention layer, forward + backward, vs fla's op -> data/<gpu>/layer.csv"
@@ -280,6 +281,10 @@ bench-model: $(INSTALLED)
 bench-ssd: $(INSTALLED)
 	$(needs_gpu)
 	$(PY) -m leetrepro.bench.ssd --block --lm --out $(DATA)
+
+bench-hf: $(INSTALLED)
+	$(needs_gpu)
+	$(PY) -m leetrepro.bench.hf --out $(DATA)
 
 # the paper's methods under per-token gates: which extend, their cost, their numerical range, the
 # kernels' times from data/<gpu>/gates.csv (CPU)

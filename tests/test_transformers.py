@@ -126,6 +126,7 @@ def test_a_compiled_model_trains_as_eager(restored):
         assert rel_error(got[2][key], want[2][name]) <= 1e-4, name
 
 
+@pytest.mark.slow
 def test_packed_sequences_train_as_each_alone(restored):
     """Two sequences packed into one row with ``seq_idx`` (which transformers' fallback refuses):
     the hidden states as each sequence alone, in training mode (fused call) and eval mode, and
@@ -164,3 +165,33 @@ def test_enable_names_what_it_cannot_patch(restored, monkeypatch):
     with pytest.raises(RuntimeError, match="causal_conv1d_update"):
         lt.enable("mamba2")
     assert mod.mamba2_chunk_scan is before
+
+
+@pytest.mark.slow
+def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored):
+    """``bench.hf.measure`` on the CPU with a tiny model: a training row and the generation rows
+    for each entry this host has, in order; an entry whose peer is absent is a row saying so."""
+    from leetrepro.bench import hf
+    rows = hf.measure("mamba2", CONFIGS["mamba2"](), ["leetrepro", "fallback", "mamba_ssm"],
+                      torch.device("cpu"), reps=1, train=dict(batch=2, seq=24), prompt=6,
+                      new_tokens=3, batches=(1, 2), dtype=torch.float32)
+    got = [(r["entry"], r["what"], r.get("batch"), r["status"]) for r in rows]
+    assert got == [(e, w, b, "ok") for e in ("leetrepro", "fallback")
+                   for w, b in (("train", 2), ("generate", 1), ("generate", 2))] + \
+        [("mamba_ssm", "train", None, "not installed")]
+    for r in rows[:-1]:
+        assert r["ms"] > 0 and r["tokens_per_s"] > 0
+    assert not lt._SAVED  # (each entry's routing undone)
+
+
+@pytest.mark.slow
+def test_the_benchmark_s_models_build():
+    """``bench.hf.MODELS``' configurations build (on the meta device: no weights), 0.5-2.5B
+    parameters each, with Mamba-2 layers."""
+    from leetrepro.bench import hf
+    for family, make in hf.MODELS.items():
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(make(transformers))
+        params = sum(p.numel() for p in model.parameters())
+        assert 0.5e9 < params < 2.5e9, family
+        assert any("mixer" in n or "mamba" in n for n, _ in model.named_modules()), family
