@@ -610,6 +610,29 @@ def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, b
     small = (x[:1, :5, :3], w[:3], None if b is None else b[:3])  # (opcheck runs it many times)
     torch.library.opcheck(_conv.causal_conv_silu_fwd, small)
     torch.library.opcheck(_conv.causal_conv_silu_bwd, (dout[:1, :5, :3].contiguous(),) + small)
+    # (packed sequences: each row reads only rows of its own, kernels and PyTorch alike)
+    seq_idx = torch.tensor([0] * 10 + [1] * 2 + [2] * 25).repeat(batch, 1)
+    seq_idx[1, :20] = 5  # (another packing in the other batch row)
+
+    def packed():
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+        out = _conv.causal_conv_silu(leaves[0], leaves[1], leaves[2] if bias else None, seq_idx)
+        return [out, *torch.autograd.grad(out, leaves, dout)]
+    wide = [t.detach().double().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+    alone = torch.zeros(batch, n, c, dtype=torch.float64)
+    for row in range(batch):
+        for s in seq_idx[row].unique():
+            at = (seq_idx[row] == s).nonzero().flatten()
+            part = wide[0][row:row + 1, at].transpose(1, 2)
+            pre = torch.nn.functional.conv1d(part, wide[1], wide[2] if bias else None,
+                                             padding=k - 1, groups=c)[..., :len(at)]
+            alone = alone.index_put((torch.tensor(row), at),
+                                    torch.nn.functional.silu(pre)[0].t())
+    exact = [alone, *torch.autograd.grad(alone, wide, dout.double())]
+    plain, got = _pytorch_then_kernel(monkeypatch, _conv._kernel, x, packed)
+    _both_within_contract(["out", "dx", "dw", "dbias"], got, plain, exact, dtype)
+    torch.library.opcheck(_conv.causal_conv_silu_fwd,
+                          small + (seq_idx[:1, :5].int().contiguous(),))
     # (a width whose K − 1 rows a tile cannot hold besides its own: PyTorch's, not the kernels')
     assert _conv._kernel(x, k) and not _conv._kernel(x, 9)
     wide_w = torch.randn(c, 1, 9, generator=gen).to(dtype) / 3
@@ -696,6 +719,12 @@ def test_the_passes_around_the_operator_on_the_gpu(monkeypatch, dtype):
         return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5)).flatten(-2) * w
     check(lambda y, z, w: _norm.gated_rms_norm(y, z, w, group_size=d // 4), grouped_ref, y, z, w)
     check(_conv.causal_conv_silu, conv_ref, x, cw, cb)
+    seq_idx = (torch.arange(n) // 37).repeat(batch, 1)  # (packed: sequences of 37 rows)
+
+    def packed_ref(x, cw, cb):  # (the taps in float64, checked per sequence on the CPU)
+        return torch.nn.functional.silu(_conv.causal_conv_by_taps(x, cw, cb, seq_idx))
+    check(lambda x, cw, cb: _conv.causal_conv_silu(x, cw, cb, seq_idx.to(dev)), packed_ref,
+          x, cw, cb)
     heads = 24
     raw, A, bias = fused[..., :heads] * 2 - 2, -torch.rand(heads, generator=gen) * 4, \
         torch.rand(heads, generator=gen)

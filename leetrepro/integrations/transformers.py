@@ -15,9 +15,9 @@ the mixers call at run time, to this project's:
 * ``mamba2_split_conv1d_scan_combined`` (training, no cache): the block's causal convolution
   and SiLU, the SSD, the gated RMS norm over each group and the out-projection, each one pass
   on a GPU (``models._conv``, ``models._norm``), where the fallback returned None;
-* ``causal_conv1d_fn``: the causal depthwise convolution with its SiLU, read in place from the
-  in-projection (a packed batch's ``seq_idx`` keeps each sequence's first rows from reading the
-  one before);
+* ``causal_conv1d_fn``: the causal depthwise convolution with its SiLU, one pass each way on a
+  GPU, read in place from the in-projection (a packed batch's ``seq_idx`` keeps each
+  sequence's first rows from reading the one before);
 * ``causal_conv1d_update``, ``mamba2_selective_state_update``: the decode step's convolution
   and state update.
 
@@ -58,25 +58,11 @@ def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, seq_idx=
     ``activation`` is ``"silu"``/``"swish"``; ``seq_idx`` ``(batch, seqlen)``: a row reads only
     rows of its own sequence. Returns ``(batch, channels, seqlen)`` (a transposed view of a
     time-major tensor, as the caller transposes it back)."""
-    from ..models._conv import causal_conv_silu
+    from ..models._conv import causal_conv_by_taps, causal_conv_silu
     x = hidden_states.transpose(1, 2)  # (batch, seqlen, channels): the in-projection's layout
-    silu = activation in ("silu", "swish")
-    if silu and seq_idx is None:
-        return causal_conv_silu(x, weight.unsqueeze(1), bias).transpose(1, 2)
-    width, n = weight.shape[-1], x.shape[1]
-    # (the taps as shifted rows, each kept only where it is of the row's own sequence)
-    pad = torch.nn.functional.pad(x, (0, 0, width - 1, 0))
-    out = 0 if bias is None else bias.to(x.dtype)
-    for k in range(width):
-        tap = pad[:, k:k + n] * weight[:, k].to(x.dtype)
-        if seq_idx is not None:
-            shift = width - 1 - k
-            same = torch.zeros_like(seq_idx, dtype=torch.bool)
-            same[:, shift:] = seq_idx[:, shift:] == seq_idx[:, :n - shift]
-            tap = tap * same[..., None].to(x.dtype)
-        out = out + tap
-    out = torch.nn.functional.silu(out) if silu else out
-    return out.transpose(1, 2)
+    if activation in ("silu", "swish"):
+        return causal_conv_silu(x, weight.unsqueeze(1), bias, seq_idx).transpose(1, 2)
+    return causal_conv_by_taps(x, weight.unsqueeze(1), bias, seq_idx).transpose(1, 2)
 
 
 def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None, **_):

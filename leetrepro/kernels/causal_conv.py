@@ -40,22 +40,45 @@ def _shifted(t, rows, by: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.const
 
 
 @triton.jit
-def _tile_pre(x, rows, W, cols, ok_c, bias, K: tl.constexpr, BLOCK_T: tl.constexpr,
-              BLOCK_C: tl.constexpr):
-    """The convolution before its SiLU at each row i ≥ K − 1 of a tile x (rows of one sequence,
-    those before it or past N loaded as 0), from x's own rows."""
+def _tap(t, seq, rows, by: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+         HAS_SEQ: tl.constexpr):
+    """:func:`_shifted`, each row's value kept only where row i + by is of row i's sequence
+    (``seq``: the tile's rows' sequence numbers, with ``HAS_SEQ``)."""
+    shifted = _shifted(t, rows, by, BLOCK_T, BLOCK_C)
+    if HAS_SEQ and by != 0:
+        src = tl.minimum(tl.maximum(rows + by, 0), BLOCK_T - 1)
+        shifted = tl.where((tl.gather(seq, src, axis=0) == seq)[:, None], shifted, 0.0)
+    return shifted
+
+
+@triton.jit
+def _sequences(SEQ, b, at, N, BLOCK_T: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """The sequence number of each of the tile's rows (int32 ``(batch, N)``; −1 outside)."""
+    if HAS_SEQ:
+        return tl.load(SEQ + b * N + at, mask=(at >= 0) & (at < N), other=-1)
+    else:
+        return tl.zeros([BLOCK_T], tl.int32)
+
+
+@triton.jit
+def _tile_pre(x, seq, rows, W, cols, ok_c, bias, K: tl.constexpr, BLOCK_T: tl.constexpr,
+              BLOCK_C: tl.constexpr, HAS_SEQ: tl.constexpr):
+    """The convolution before its SiLU at each row i ≥ K − 1 of a tile x (rows before the
+    sequence or past N loaded as 0; with ``HAS_SEQ``, rows of another sequence left out), from
+    x's own rows."""
     acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32) + bias[None, :]
     for k in tl.static_range(K):
         w = tl.load(W + cols * K + k, mask=ok_c, other=0.0).to(tl.float32)
-        acc += _shifted(x, rows, k - (K - 1), BLOCK_T, BLOCK_C) * w[None, :]
+        acc += _tap(x, seq, rows, k - (K - 1), BLOCK_T, BLOCK_C, HAS_SEQ) * w[None, :]
     return acc
 
 
 @triton.jit
-def causal_conv_forward(X, W, BIAS, OUT, SIZE, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                        BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr):
+def causal_conv_forward(X, W, BIAS, SEQ, OUT, SIZE, K: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr):
     """OUT ``(batch, N, C)`` contiguous; X ``(pointer, batch stride, row stride)``; W ``(C, K)``
-    contiguous; ``SIZE = (N, C)``. A program's tile of ``BLOCK_T`` rows starts K − 1 rows before
+    contiguous; SEQ int32 ``(batch, N)`` with ``HAS_SEQ`` (packed sequences: a row reads only rows
+    of its own); ``SIZE = (N, C)``. A program's tile of ``BLOCK_T`` rows starts K − 1 rows before
     the ``BLOCK_T − K + 1`` it writes; grid (batch, tiles, channel blocks)."""
     N, C = SIZE
     x_ptr, x_sb, x_st = X
@@ -67,19 +90,20 @@ def causal_conv_forward(X, W, BIAS, OUT, SIZE, K: tl.constexpr, BLOCK_T: tl.cons
     ok = ((at >= 0) & (at < N))[:, None] & ok_c[None, :]
     x = tl.load(x_ptr + b * x_sb + at[:, None] * x_st + cols[None, :], mask=ok,
                 other=0.0).to(tl.float32)
-    pre = _tile_pre(x, rows, W, cols, ok_c, _bias(BIAS, cols, ok_c, BLOCK_C, HAS_BIAS), K,
-                      BLOCK_T, BLOCK_C)
+    seq = _sequences(SEQ, b, at, N, BLOCK_T, HAS_SEQ)
+    pre = _tile_pre(x, seq, rows, W, cols, ok_c, _bias(BIAS, cols, ok_c, BLOCK_C, HAS_BIAS), K,
+                    BLOCK_T, BLOCK_C, HAS_SEQ)
     out = pre / (1.0 + tl.exp(-pre))
     tl.store(OUT + (b * N + at)[:, None] * C + cols[None, :], out.to(OUT.dtype.element_ty),
              mask=ok & (rows >= K - 1)[:, None])
 
 
 @triton.jit
-def causal_conv_backward(X, W, BIAS, DOUT, DX, PARTS, SIZE, K: tl.constexpr,
+def causal_conv_backward(X, W, BIAS, SEQ, DOUT, DX, PARTS, SIZE, K: tl.constexpr,
                          K_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-                         HAS_BIAS: tl.constexpr):
+                         HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr):
     """DX ``(batch, N, C)`` contiguous (x's dtype); DOUT ``(pointer, batch stride, row
-    stride)``; ``SIZE = (N, C, STEPS)``. A tile of ``BLOCK_T`` rows starts K − 1 rows before
+    stride)``; SEQ as the forward's; ``SIZE = (N, C, STEPS)``. A tile of ``BLOCK_T`` rows starts K − 1 rows before
     the ``BLOCK_T − 2(K − 1)`` whose dx it writes and ends K − 1 rows after them (pre from the
     rows before, dpre at the rows after); grid (batch, row groups of ``STEPS`` tiles, channel
     blocks); PARTS float32 ``(K + 1, batch · row groups, C)``: each program's sums of dw's K
@@ -105,7 +129,8 @@ def causal_conv_backward(X, W, BIAS, DOUT, DX, PARTS, SIZE, K: tl.constexpr,
                     other=0.0).to(tl.float32)
         dout = tl.load(d_ptr + b * d_sb + at[:, None] * d_st + cols[None, :], mask=ok,
                        other=0.0).to(tl.float32)
-        pre = _tile_pre(x, rows, W, cols, ok_c, bias, K, BLOCK_T, BLOCK_C)
+        seq = _sequences(SEQ, b, at, N, BLOCK_T, HAS_SEQ)
+        pre = _tile_pre(x, seq, rows, W, cols, ok_c, bias, K, BLOCK_T, BLOCK_C, HAS_SEQ)
         sig = 1.0 / (1.0 + tl.exp(-pre))
         # (rows before K − 1 have no pre of their own: never read below)
         dpre = tl.where(ok & (rows >= K - 1)[:, None], dout * sig * (1.0 + pre * (1.0 - sig)),
@@ -113,10 +138,10 @@ def causal_conv_backward(X, W, BIAS, DOUT, DX, PARTS, SIZE, K: tl.constexpr,
         dx = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
         for j in tl.static_range(K):  # (dpre at row t + j reaches dx[t] through w[K − 1 − j])
             w = tl.load(W + cols * K + (K - 1 - j), mask=ok_c, other=0.0).to(tl.float32)
-            dx += _shifted(dpre, rows, j, BLOCK_T, BLOCK_C) * w[None, :]
+            dx += _tap(dpre, seq, rows, j, BLOCK_T, BLOCK_C, HAS_SEQ) * w[None, :]
         own = tl.where(mine[:, None], dpre, 0.0)
         for k in tl.static_range(K):
-            xk = _shifted(x, rows, k - (K - 1), BLOCK_T, BLOCK_C)
+            xk = _tap(x, seq, rows, k - (K - 1), BLOCK_T, BLOCK_C, HAS_SEQ)
             dw += tl.where((kk == k)[:, None], tl.sum(own * xk, axis=0)[None, :], 0.0)
         db += tl.sum(own, axis=0)
         tl.store(DX + (b * N + at)[:, None] * C + cols[None, :], dx.to(DX.dtype.element_ty),

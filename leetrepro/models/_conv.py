@@ -51,12 +51,68 @@ def _pre(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.T
                                       groups=x.shape[-1])[..., :x.shape[1]]
 
 
+def _same_sequence(seq_idx: torch.Tensor, shift: int) -> torch.Tensor:
+    """``(batch, N, 1)``: whether row t − shift is of row t's sequence (False before row 0)."""
+    n = seq_idx.shape[1]
+    same = torch.zeros_like(seq_idx, dtype=torch.bool)
+    same[:, shift:] = seq_idx[:, shift:] == seq_idx[:, :n - shift]
+    return same[..., None]
+
+
+def _earlier(t: torch.Tensor, shift: int) -> torch.Tensor:
+    """Row t − shift of t ``(batch, N, C)`` at row t (zeros before the first)."""
+    return torch.nn.functional.pad(t, (0, 0, shift, 0))[:, :t.shape[1]]
+
+
+def causal_conv_by_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        seq_idx: torch.Tensor | None) -> torch.Tensor:
+    """The causal depthwise convolution ``(batch, N, C)`` of x ``(batch, N, C)`` by weight ``(C,
+    1, K)`` in PyTorch, tap by tap, each row reading only rows of its own sequence (``seq_idx``
+    ``(batch, N)``, or one sequence a row of the batch); in x's dtype."""
+    k = weight.shape[-1]
+    out = 0 if bias is None else bias.to(x.dtype)
+    for i in range(k):
+        shift = k - 1 - i
+        tap = _earlier(x, shift) * weight[:, 0, i].to(x.dtype)
+        out = out + (tap * _same_sequence(seq_idx, shift) if seq_idx is not None and shift
+                     else tap)
+    return out
+
+
+def _by_taps_backward(dout, x, weight, bias, seq_idx) -> tuple:
+    """``(dx, dw, db)`` of ``silu(causal_conv_by_taps(…))`` in float32, written out (a custom
+    op's backward runs below autograd)."""
+    k, n = weight.shape[-1], x.shape[1]
+    xf, wf = x.float(), weight.float()
+    pre = causal_conv_by_taps(xf, wf, None if bias is None else bias.float(), seq_idx)
+    sig = torch.sigmoid(pre)
+    dpre = dout.float() * sig * (1 + pre * (1 - sig))
+    dx, dw = torch.zeros_like(xf), []
+    for i in range(k):
+        shift = k - 1 - i
+        reach = dpre * _same_sequence(seq_idx, shift) if shift else dpre
+        dw.append((reach * _earlier(xf, shift)).sum((0, 1)))
+        # (dpre at row t + shift reaches dx at row t)
+        dx = dx + torch.nn.functional.pad(reach, (0, 0, 0, shift))[:, shift:shift + n] * wf[:, 0, i]
+    db = dpre.sum((0, 1))
+    return (dx.to(x.dtype).contiguous(), torch.stack(dw, -1)[:, None].to(weight.dtype),
+            db.to(bias.dtype) if bias is not None else x.new_empty(0))
+
+
+def _empty_seq(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(0, dtype=torch.int32)
+
+
 @torch.library.custom_op("leetrepro::causal_conv_silu", mutates_args=())
-def causal_conv_silu_fwd(x: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None) -> torch.Tensor:
+def causal_conv_silu_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         seq_idx: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(causal depthwise conv(x))``: x ``(batch, N, C)``, weight ``(C, 1, K)`` (a depthwise
-    ``nn.Conv1d``'s), bias ``(C,)`` or None; ``(batch, N, C)`` contiguous in x's dtype."""
+    ``nn.Conv1d``'s), bias ``(C,)`` or None, seq_idx int32 ``(batch, N)`` or None (packed
+    sequences); ``(batch, N, C)`` contiguous in x's dtype."""
     if not _kernel(x, weight.shape[-1]):
+        if seq_idx is not None:
+            return torch.nn.functional.silu(causal_conv_by_taps(x, weight, bias, seq_idx)) \
+                .contiguous()
         return torch.nn.functional.silu(_pre(x, weight, bias)).transpose(1, 2).contiguous()
     batch, n, c = x.shape
     k = weight.shape[-1]
@@ -65,25 +121,30 @@ def causal_conv_silu_fwd(x: torch.Tensor, weight: torch.Tensor,
     out = torch.empty(batch, n, c, dtype=x.dtype, device=x.device)
     launch(conv_kernels.causal_conv_forward, (batch, cdiv(n, rows), cdiv(c, block_c)),
            dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
-                OUT=out, SIZE=(n, c), K=k, BLOCK_T=block_t, BLOCK_C=block_c,
-                HAS_BIAS=bias is not None), num_warps=warps)
+                SEQ=_empty_seq(x) if seq_idx is None else seq_idx, OUT=out, SIZE=(n, c), K=k,
+                BLOCK_T=block_t, BLOCK_C=block_c, HAS_BIAS=bias is not None,
+                HAS_SEQ=seq_idx is not None),
+           # (the sequence masks spilled 108 bytes a thread on two warps, none on four)
+           num_warps=warps if seq_idx is None else 2 * warps)
     return out
 
 
 @causal_conv_silu_fwd.register_fake
-def _(x, weight, bias):
+def _(x, weight, bias, seq_idx=None):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("leetrepro::causal_conv_silu_backward", mutates_args=())
 def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor,
-                                                             torch.Tensor]:
+                         bias: torch.Tensor | None, seq_idx: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dx, dweight, dbias)`` (dbias empty without a bias): dx ``(batch, N, C)`` contiguous in
     x's dtype, the others in their parameters' dtypes, summed in float32 per program then over
     programs in a fixed order."""
     batch, n, c = x.shape
     k = weight.shape[-1]
+    if not _kernel(x, k) and seq_idx is not None:
+        return _by_taps_backward(dout, x, weight, bias, seq_idx)
     if not _kernel(x, k):
         wide, w32 = x.float().transpose(1, 2), weight.float()
         pre = _pre(x.float(), w32, None if bias is None else bias.float())
@@ -103,9 +164,10 @@ def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tens
     parts = torch.empty(k + 1, batch * groups, c, dtype=torch.float32, device=x.device)
     launch(conv_kernels.causal_conv_backward, (batch, groups, cdiv(c, block_c)),
            dict(X=(x, x.stride(0), x.stride(1)), W=weight.reshape(c, k).contiguous(), BIAS=bias,
+                SEQ=_empty_seq(x) if seq_idx is None else seq_idx,
                 DOUT=(dout, dout.stride(0), dout.stride(1)), DX=dx, PARTS=parts,
                 SIZE=(n, c, steps), K=k, K_PAD=next_pow2(k), BLOCK_T=block_t, BLOCK_C=block_c,
-                HAS_BIAS=bias is not None), num_warps=warps)
+                HAS_BIAS=bias is not None, HAS_SEQ=seq_idx is not None), num_warps=warps)
     sums = parts.sum(1)  # (K + 1, C)
     # (copies: outputs of a custom op may not alias one another)
     dw = sums[:k].t().contiguous().to(weight.dtype).reshape(c, 1, k)
@@ -114,34 +176,37 @@ def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tens
 
 
 @causal_conv_silu_bwd.register_fake
-def _(dout, x, weight, bias):
+def _(dout, x, weight, bias, seq_idx=None):
     return (x.new_empty(x.shape), torch.empty_like(weight),
             torch.empty_like(bias) if bias is not None else x.new_empty(0))
 
 
 def _setup(ctx, inputs, output):
-    x, weight, bias = inputs
-    ctx.save_for_backward(x, weight, bias)
+    x, weight, bias, seq_idx = inputs
+    ctx.save_for_backward(x, weight, bias, seq_idx)
 
 
 def _backward(ctx, dout):
-    x, weight, bias = ctx.saved_tensors
+    x, weight, bias, seq_idx = ctx.saved_tensors
     dx, dw, db = causal_conv_silu_bwd(dout if dout.stride(-1) == 1 else dout.contiguous(), x,
-                                      weight, bias)
-    need_x, need_w, need_b = ctx.needs_input_grad
+                                      weight, bias, seq_idx)
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
     return dx if need_x else None, dw if need_w else None, \
-        db if need_b and bias is not None else None
+        db if need_b and bias is not None else None, None
 
 
 causal_conv_silu_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
+def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     seq_idx: torch.Tensor | None = None) -> torch.Tensor:
     """``silu`` of x's causal depthwise convolution by a depthwise ``nn.Conv1d``'s ``weight``
     ``(C, 1, K)`` and ``bias``: x ``(batch, N, C)`` (channels contiguous, any other strides) →
     ``(batch, N, C)`` contiguous in x's dtype, row t from rows t − K + 1 … t of its own
-    sequence. Differentiable in all three. O(batch·N·C·K)."""
+    sequence: a batch row's, or with ``seq_idx`` (integer ``(batch, N)``, packed sequences)
+    those of row t's number. Differentiable in x, weight and bias. O(batch·N·C·K)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return causal_conv_silu_fwd(x, weight, bias)
+    if seq_idx is not None:
+        seq_idx = seq_idx.to(device=x.device, dtype=torch.int32).contiguous()
+    return causal_conv_silu_fwd(x, weight, bias, seq_idx)

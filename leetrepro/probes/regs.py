@@ -308,14 +308,17 @@ def passes_jobs() -> list:
                   DZ=p16, DW=p32, SIZE=i3, BLOCK_G=c, ROWS=c)))
     ] + [
         ("causal_conv_forward", causal_conv.causal_conv_forward,
-         dict(X=(p16, "i32", "i32"), W=p16, BIAS=p16, OUT=p16, SIZE=("i32",) * 2, K=c,
-              BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c),
-         dict(K=4, BLOCK_T=_conv.FORWARD[0], BLOCK_C=_conv.FORWARD[1], HAS_BIAS=True),
+         dict(X=(p16, "i32", "i32"), W=p16, BIAS=p16, SEQ="*i32", OUT=p16, SIZE=("i32",) * 2,
+              K=c, BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c, HAS_SEQ=c),
+         dict(K=4, BLOCK_T=_conv.FORWARD[0], BLOCK_C=_conv.FORWARD[1], HAS_BIAS=True,
+              HAS_SEQ=False),
          _conv.FORWARD[2]),
         ("causal_conv_backward", causal_conv.causal_conv_backward,
-         dict(X=(p16, "i32", "i32"), W=p16, BIAS=p16, DOUT=(p16, "i32", "i32"), DX=p16,
-              PARTS=p32, SIZE=i3, K=c, K_PAD=c, BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c),
-         dict(K=4, K_PAD=4, BLOCK_T=_conv.BACKWARD[0], BLOCK_C=_conv.BACKWARD[1], HAS_BIAS=True),
+         dict(X=(p16, "i32", "i32"), W=p16, BIAS=p16, SEQ="*i32", DOUT=(p16, "i32", "i32"),
+              DX=p16, PARTS=p32, SIZE=i3, K=c, K_PAD=c, BLOCK_T=c, BLOCK_C=c, HAS_BIAS=c,
+              HAS_SEQ=c),
+         dict(K=4, K_PAD=4, BLOCK_T=_conv.BACKWARD[0], BLOCK_C=_conv.BACKWARD[1], HAS_BIAS=True,
+              HAS_SEQ=False),
          _conv.BACKWARD[2]),
     ] + normalizer_jobs()
 
