@@ -68,7 +68,8 @@ def test_make_asks_for_the_gpu_only_when_a_target_needs_it(tmp_path):
 
 #: the targets that measure on a GPU and cannot re-render without one
 GPU_ONLY_TARGETS = ("test-gpu", "gpu-check", "bench-kernels", "profile", "tune", "bench-train",
-                    "layouts", "bench-layer", "bench-sp", "bench-gates", "bench-ssd", "bench-model")
+                    "layouts", "bench-layer", "bench-sp", "bench-gates", "bench-ssd", "bench-model",
+                    "bench-hf")
 
 
 def test_gpu_only_targets_say_so_in_one_line_and_fail_without_a_gpu(tmp_path):
