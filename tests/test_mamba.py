@@ -769,6 +769,21 @@ def test_the_passes_around_the_operator_on_the_gpu(monkeypatch, dtype):
     sums = ssd_rows.sum_groups_like(per, 2, like)
     assert sums is not None and sums.stride() == torch.empty_like(like).stride()
     assert rel_error(sums.double().cpu(), per.double().cpu().unflatten(1, (2, 16)).sum(2)) <= tol
+    from leetrepro.methods import state_update  # (one token's state update, its state in place)
+    state0 = torch.randn(3, 8, 64, 128, generator=gen)
+    token = [torch.randn(3, 8, 64, generator=gen) for _ in range(2)] + \
+        [torch.randn(3, 2, 128, generator=gen) for _ in range(2)]
+    dt, A = torch.randn(3, 8, generator=gen), -torch.rand(8, generator=gen)
+    outs, states = [], []
+    for where in ("cpu", dev):
+        state = state0.to(where).clone()
+        x_, z_, B_, C_ = (t.to(where, dtype) for t in token)
+        outs.append(state_update.selective_state_update(
+            state, x_, dt.to(where, dtype)[..., None].expand(-1, -1, 64),
+            A.to(where)[:, None, None].expand(8, 64, 128), B_, C_, D=torch.ones(8, 64).to(where),
+            z=z_, dt_bias=torch.zeros(8, 64).to(where), dt_softplus=True).double().cpu())
+        states.append(state.double().cpu())
+    assert rel_error(outs[1], outs[0]) <= 1e-5 and rel_error(states[1], states[0]) <= 1e-5
     monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", 128)  # (the unrolled sums past 16)
     per = torch.randn(batch, 80, n, 24, generator=gen).to(dev, dtype)
     like = torch.empty(batch, n, 1, 24, device=dev, dtype=dtype).transpose(1, 2)
@@ -809,3 +824,63 @@ def test_the_block_normalises_each_group_as_mamba_ssm_does():
     normed = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + 1e-5)).flatten(-2)
     want = block.out_proj(normed * block.norm_weight)
     assert rel_error(got, want) <= 1e-6  # (the norm in float32 inside)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype, state_dtype", quick_lane(
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+     (torch.float16, torch.float16)], keep=(0,), unpack=True))
+def test_the_state_update_kernel_is_one_token_of_the_recurrence(monkeypatch, dtype, state_dtype):
+    """``methods.state_update.selective_state_update`` (mamba_ssm's signature, the state
+    ``(headdim, dstate)``): the kernel interpreted and PyTorch's expressions against the
+    recurrence in float64, the state stepped in place and the output; dt, A, D and dt_bias
+    expanded as transformers passes them (stride 0), per-head forms, z, headdim and dstate not
+    powers of two, two groups; and mamba_ssm's form without heads."""
+    from leetrepro.methods import state_update
+    gen = torch.Generator().manual_seed(4)
+    batch, heads, p, n, groups = 3, 6, 12, 10, 2
+    state0 = torch.randn(batch, heads, p, n, generator=gen)
+    x, z = (torch.randn(batch, heads, p, generator=gen) for _ in range(2))
+    dt = torch.randn(batch, heads, generator=gen)
+    A = -torch.rand(heads, generator=gen) * 2
+    B, C = (torch.randn(batch, groups, n, generator=gen) for _ in range(2))
+    D, bias = torch.randn(heads, generator=gen), torch.rand(heads, generator=gen)
+    # (the float64 recurrence, per head)
+    d64 = torch.nn.functional.softplus(dt.double() + bias.double())
+    rep = heads // groups
+    Bh, Ch = B.double().repeat_interleave(rep, 1), C.double().repeat_interleave(rep, 1)
+    want_state = state0.double() * torch.exp(d64 * A.double())[..., None, None] + \
+        (d64[..., None] * x.double())[..., None] * Bh[:, :, None]
+    want = (want_state * Ch[:, :, None]).sum(-1) + D.double()[:, None] * x.double()
+    want = want * torch.nn.functional.silu(z.double())
+    tol = 1e-5 if dtype == torch.float32 and state_dtype == torch.float32 else 1e-2
+
+    def run(expanded):
+        state = state0.to(state_dtype).clone()
+        args = (dt.to(dtype)[..., None].expand(-1, -1, p), A[:, None, None].expand(heads, p, n),
+                D[:, None].expand(heads, p), bias[:, None].expand(heads, p)) if expanded else \
+            (dt.to(dtype), A, D, bias)
+        out = state_update.selective_state_update(
+            state, x.to(dtype), args[0], args[1], B.to(dtype), C.to(dtype), D=args[2],
+            z=z.to(dtype), dt_bias=args[3], dt_softplus=True)
+        return out, state
+    for kernel in (False, True):
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1" if kernel else "0")
+        assert state_update.on_row_kernels(x, state_update.kernels) == kernel
+        for expanded in (True, False):
+            out, state = run(expanded)
+            assert out.dtype == dtype and state.dtype == state_dtype
+            assert rel_error(out.double(), want) <= tol, (kernel, expanded)
+            assert rel_error(state.double(), want_state) <= tol, (kernel, expanded)
+    # (mamba_ssm's form without heads: one head's state (batch, headdim, dstate))
+    state = state0[:, 0].clone()
+    out = state_update.selective_state_update(
+        state, x[:, 0], dt[:, :1].expand(-1, p), A[0].expand(p, n), B[:, 0], C[:, 0],
+        D=D[0].expand(p), z=z[:, 0], dt_bias=bias[0].expand(p), dt_softplus=True)
+    g0 = Bh[:, 0], Ch[:, 0]
+    s0 = state0[:, 0].double() * torch.exp(d64[:, 0] * A[0].double())[:, None, None] + \
+        (d64[:, :1] * x[:, 0].double())[..., None] * g0[0][:, None]
+    assert rel_error(state.double(), s0) <= 1e-5
+    assert rel_error(out.double(), want[:, 0]) <= 1e-5

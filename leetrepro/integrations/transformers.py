@@ -19,7 +19,7 @@ the mixers call at run time, to this project's:
   GPU, read in place from the in-projection (a packed batch's ``seq_idx`` keeps each
   sequence's first rows from reading the one before);
 * ``causal_conv1d_update``, ``mamba2_selective_state_update``: the decode step's convolution
-  and state update.
+  and state update (the latter one pass on a GPU).
 
 The modeling code is not copied: only the names it calls are replaced. Written and tested
 against transformers 5.24 (:data:`TESTED`); :func:`enable` refuses a family whose module lacks
@@ -84,25 +84,12 @@ def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activatio
 
 def selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None,
                            dt_softplus=False, z=None, **_):
-    """mamba_ssm's ``selective_state_update`` for one token: state ``(batch, heads, headdim,
-    dstate)`` stepped in place, ``h ← exp(dt·A) h + dt·x ⊗ B``; returns ``h C + D x`` (times
-    silu(z) with z) ``(batch, heads, headdim)`` in x's dtype. dt, A, D, dt_bias as transformers
-    passes them (broadcast over headdim and dstate); B, C ``(batch, groups, dstate)``."""
-    heads = hidden_states.shape[1]
-    dt = dt.float() + (dt_bias.float() if dt_bias is not None else 0)
-    dt = torch.nn.functional.softplus(dt) if dt_softplus else dt
-    per = heads // B.shape[1]
-    Bh, Ch = (t.float().repeat_interleave(per, 1) for t in (B, C))  # (batch, heads, dstate)
-    x = hidden_states.float()
-    new = state.float() * torch.exp(dt[..., None] * A.float()) + \
-        (dt * x)[..., None] * Bh[:, :, None, :]
-    state.copy_(new.to(state.dtype))
-    out = (new @ Ch[..., None])[..., 0]
-    if D is not None:
-        out = out + x * D.float()
-    if z is not None:
-        out = out * torch.nn.functional.silu(z.float())
-    return out.to(hidden_states.dtype)
+    """mamba_ssm's ``selective_state_update`` for one token
+    (:func:`leetrepro.methods.state_update.selective_state_update`: one pass on a GPU), the state
+    ``(batch, heads, headdim, dstate)`` stepped in place."""
+    from ..methods.state_update import selective_state_update as update
+    return update(state, hidden_states, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+                  dt_softplus=dt_softplus)
 
 
 def split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,

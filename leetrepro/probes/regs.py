@@ -320,7 +320,23 @@ def passes_jobs() -> list:
          dict(K=4, K_PAD=4, BLOCK_T=_conv.BACKWARD[0], BLOCK_C=_conv.BACKWARD[1], HAS_BIAS=True,
               HAS_SEQ=False),
          _conv.BACKWARD[2]),
-    ] + normalizer_jobs()
+    ] + normalizer_jobs() + [state_update_job()]
+
+
+def state_update_job(headdim: int = 64, dstate: int = 128) -> tuple:
+    """mamba_ssm's state update (``methods.state_update``) as launched at Codestral's heads
+    (headdim 64, dstate 128), bf16 with a float32 state."""
+    from ..kernels import state_update
+    from ..methods._gpu import next_pow2
+    t4, c = ("*bf16", "i32", "i32", "i32"), "constexpr"
+    p, n = next_pow2(headdim), next_pow2(dstate)
+    return ("selective_state_update", state_update.selective_state_update,
+            dict(STATE=("*fp32", "i32", "i32", "i32"), X=t4, DT=t4, A=("*fp32", "i32", "i32", "i32"),
+                 B=t4, C=t4, D=("*fp32", "i32", "i32"), Z=t4, DT_BIAS=("*fp32", "i32", "i32"),
+                 OUT="*bf16", SIZE=("i32",) * 4, BLOCK_P=c, BLOCK_N=c, HAS_D=c, HAS_Z=c,
+                 HAS_BIAS=c, SOFTPLUS=c),
+            dict(BLOCK_P=p, BLOCK_N=n, HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True),
+            max(1, min(8, p * n // 1024)))
 
 
 def normalizer_jobs(r: int = 128, d: int = 128) -> list:
