@@ -10,7 +10,8 @@ Same signature, layout and conventions as flash-linear-attention's ``chunk_simpl
 :func:`leetrepro.causal_linear_decoder` (``method="auto"``: Chunk on a GPU), differentiable in
 q, k, v, g and the initial state. Mamba-2's state-space dual, mamba_ssm's
 ``mamba_chunk_scan_combined``, is the same operator with Mamba-2's conventions around it
-(:func:`mamba_chunk_scan_combined`).
+(:func:`mamba_chunk_scan_combined`); its decode step, mamba_ssm's ``selective_state_update``
+(the state ``(headdim, dstate)`` stepped in place), is :func:`selective_state_update`.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import torch
 from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor, positive_where_free
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
+from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
 #: same g_gamma hands the operator the same gamma tensor (its checks are then cached: no host sync)

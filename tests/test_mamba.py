@@ -837,7 +837,9 @@ def test_the_state_update_kernel_is_one_token_of_the_recurrence(monkeypatch, dty
     recurrence in float64, the state stepped in place and the output; dt, A, D and dt_bias
     expanded as transformers passes them (stride 0), per-head forms, z, headdim and dstate not
     powers of two, two groups; and mamba_ssm's form without heads."""
+    from leetrepro import compat
     from leetrepro.methods import state_update
+    assert compat.selective_state_update is state_update.selective_state_update  # (the drop-in)
     gen = torch.Generator().manual_seed(4)
     batch, heads, p, n, groups = 3, 6, 12, 10, 2
     state0 = torch.randn(batch, heads, p, n, generator=gen)

@@ -87,7 +87,7 @@ def selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=No
     """mamba_ssm's ``selective_state_update`` for one token
     (:func:`leetrepro.methods.state_update.selective_state_update`: one pass on a GPU), the state
     ``(batch, heads, headdim, dstate)`` stepped in place."""
-    from ..methods.state_update import selective_state_update as update
+    from ..compat import selective_state_update as update
     return update(state, hidden_states, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
                   dt_softplus=dt_softplus)
 
