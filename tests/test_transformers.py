@@ -195,3 +195,27 @@ def test_the_benchmark_s_models_build():
         params = sum(p.numel() for p in model.parameters())
         assert 0.5e9 < params < 2.5e9, family
         assert any("mixer" in n or "mamba" in n for n, _ in model.named_modules()), family
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["mamba2", "zamba2", "falcon_h1"])
+def test_each_family_trains_on_the_gpu_as_transformers_own_path(restored, family):
+    """On a GPU (this project's kernels: the fused split-conv-scan, the convolution, the norm,
+    the SSD), in float32 weights with tf32 off: the loss and every gradient as transformers'
+    fallback, and ``generate``'s tokens (the state update's kernel)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref_model = _model(family).cuda()
+    model = _model(family).cuda()
+    model.load_state_dict(ref_model.state_dict())
+    ids = torch.randint(0, 97, (2, 300), generator=torch.Generator().manual_seed(1)).cuda()
+    want = _step(ref_model.train(), ids)
+    prompt = ids[:, :13]
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    want_tokens = ref_model.eval().generate(prompt, **kw)
+    lt.enable(family)
+    got = _step(model.train(), ids)
+    assert rel_error(got[1], want[1]) <= 1e-3  # (the kernels' tf32 products)
+    for name in want[2]:
+        assert rel_error(got[2][name], want[2][name]) <= 5e-3, name
+    assert torch.equal(model.eval().generate(prompt, **kw), want_tokens)
