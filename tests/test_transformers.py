@@ -200,11 +200,11 @@ def test_the_benchmark_s_models_build():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", ["mamba2", "zamba2", "falcon_h1"])
-def test_each_family_trains_on_the_gpu_as_transformers_own_path(restored, family):
+def test_each_family_trains_on_the_gpu_as_transformers_own_path(restored, monkeypatch, family):
     """On a GPU (this project's kernels: the fused split-conv-scan, the convolution, the norm,
     the SSD), in float32 weights with tf32 off: the loss and every gradient as transformers'
     fallback, and ``generate``'s tokens (the state update's kernel)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     ref_model = _model(family).cuda()
     model = _model(family).cuda()
     model.load_state_dict(ref_model.state_dict())
