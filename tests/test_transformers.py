@@ -64,7 +64,7 @@ def restored():
 def _step(model, ids, **kwargs):
     """Logits, loss and every parameter's gradient of one training step on ids."""
     model.zero_grad(set_to_none=True)
-    out = model(ids, labels=ids, **kwargs)
+    out = model(ids, labels=ids, use_cache=False, **kwargs)  # (no cache: the fused training call)
     out.loss.backward()
     return out.logits.detach(), out.loss.detach(), \
         {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}

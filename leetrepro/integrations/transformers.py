@@ -101,10 +101,11 @@ def split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D
     """mamba_ssm's ``mamba_split_conv1d_scan_combined`` as transformers' mixers call it in
     training: zxbcdt ``(batch, seqlen, d_inner + conv channels + heads)`` split in place, the
     convolution and SiLU, the SSD, the gated RMS norm over each of ``ngroups`` groups
-    (``norm_before_gate=False``: the norm of ``y·silu(z)``) and the out-projection. None (the
-    caller's unfused path) where it asks for what this does not compute: another activation, the
-    norm before the gate, no norm."""
-    if activation not in ("silu", "swish") or norm_before_gate or rmsnorm_weight is None:
+    (``norm_before_gate=False``: the norm of ``y·silu(z)``; without ``rmsnorm_weight``, the gate
+    ``y·silu(z)`` alone, taken inside the SSD, as Falcon-H1's default) and the out-projection.
+    None (the caller's unfused path) where it asks for what this does not compute: another
+    activation, the norm before the gate."""
+    if activation not in ("silu", "swish") or (norm_before_gate and rmsnorm_weight is not None):
         return None
     from ..models._norm import gated_rms_norm
     heads = A.shape[0]
@@ -120,10 +121,12 @@ def split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D
                      B.unflatten(-1, (ngroups, dstate)), C.unflatten(-1, (ngroups, dstate)),
                      chunk_size, D=D, dt_bias=dt_bias, initial_states=initial_states,
                      dt_softplus=True, dt_limit=dt_limit, return_final_states=return_final_states,
-                     seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+                     seq_idx=seq_idx, cu_seqlens=cu_seqlens,
+                     z=None if rmsnorm_weight is not None else z.unflatten(-1, (heads, headdim)))
     y, final = res if return_final_states else (res, None)
-    y = gated_rms_norm(y.reshape(*lead, d_inner), z, rmsnorm_weight, rmsnorm_eps,
-                       group_size=d_inner // ngroups)
+    y = y.reshape(*lead, d_inner)
+    if rmsnorm_weight is not None:
+        y = gated_rms_norm(y, z, rmsnorm_weight, rmsnorm_eps, group_size=d_inner // ngroups)
     out = torch.nn.functional.linear(y, outproj_weight, outproj_bias) \
         if outproj_weight is not None else y
     return (out, final) if return_final_states else out
