@@ -14,12 +14,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _gated(Y, Z, row, cols, ok):
-    """(y, z, silu(z), σ(z)) of a row's group, float32."""
+def _gated(Y, Z, row, base, cols, ok):
+    """(y, z, silu(z), σ(z)) of a row's group, float32 (``base``: the group's first channel,
+    folded into the row's pointer: an offset in every column's address spilled a row of 8192 on
+    sm_90)."""
     y_ptr, y_sr = Y
     z_ptr, z_sr = Z
-    y = tl.load(y_ptr + row * y_sr + cols, mask=ok, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + row * z_sr + cols, mask=ok, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + base + row * y_sr + cols, mask=ok, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + base + row * z_sr + cols, mask=ok, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-z))
     return y, z, z * sig, sig
 
@@ -32,17 +34,19 @@ def gated_norm_forward(Y, Z, W, OUT, RSTD, SIZE, eps, BLOCK_G: tl.constexpr,
     R, G, GS = SIZE
     D = G * GS
     grp = tl.program_id(1)
-    cols = grp * GS + tl.arange(0, BLOCK_G)
-    ok = tl.arange(0, BLOCK_G) < GS
-    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    base = grp * GS
+    cols = tl.arange(0, BLOCK_G)
+    ok = cols < GS
+    w = tl.load(W + base + cols, mask=ok, other=0.0).to(tl.float32)
     first = tl.program_id(0).to(tl.int64) * ROWS
     for i in range(ROWS):
         row = first + i
         if row < R:
-            y, z, s, sig = _gated(Y, Z, row, cols, ok)
+            y, z, s, sig = _gated(Y, Z, row, base, cols, ok)
             g = y * s
             rstd = 1.0 / tl.sqrt(tl.sum(g * g, axis=0) / GS + eps)
-            tl.store(OUT + row * D + cols, (g * rstd * w).to(OUT.dtype.element_ty), mask=ok)
+            tl.store(OUT + base + row * D + cols, (g * rstd * w).to(OUT.dtype.element_ty),
+                     mask=ok)
             tl.store(RSTD + row * G + grp, rstd)
 
 
@@ -55,35 +59,25 @@ def gated_norm_backward(DOUT, Y, Z, W, RSTD, DY, DZ, DW, SIZE, BLOCK_G: tl.const
     R, G, GS = SIZE
     D = G * GS
     grp = tl.program_id(1)
+    base = grp * GS
     cols = tl.arange(0, BLOCK_G)
     ok = cols < GS
-    # (the group's first channel folded into the pointers, not into every column's offset)
-    base = grp * GS
-    y_ptr, y_sr = Y
-    z_ptr, z_sr = Z
     d_ptr, d_sr = DOUT
     dw = tl.zeros([BLOCK_G], tl.float32)
     first = tl.program_id(0).to(tl.int64) * ROWS
     for i in range(ROWS):
         row = first + i
         if row < R:
-            # (y, z and dout held in their own dtype across the group's sum, their float32
-            # terms taken again after it: held in float32 they spilled a row of 8192 on sm_90)
-            y_raw = tl.load(y_ptr + base + row * y_sr + cols, mask=ok, other=0.0)
-            z_raw = tl.load(z_ptr + base + row * z_sr + cols, mask=ok, other=0.0)
-            d_raw = tl.load(d_ptr + base + row * d_sr + cols, mask=ok, other=0.0)
+            y, z, s, sig = _gated(Y, Z, row, base, cols, ok)
             rstd = tl.load(RSTD + row * G + grp)
-            z = z_raw.to(tl.float32)
-            n = y_raw.to(tl.float32) * (z / (1.0 + tl.exp(-z))) * rstd
-            dn = d_raw.to(tl.float32) * tl.load(W + base + cols, mask=ok, other=0.0).to(tl.float32)
-            dw += d_raw.to(tl.float32) * n
-            mean = tl.sum(dn * n, axis=0) / GS
-            y, z = y_raw.to(tl.float32), z_raw.to(tl.float32)
-            sig = 1.0 / (1.0 + tl.exp(-z))
-            s = z * sig
-            dn = d_raw.to(tl.float32) * tl.load(W + base + cols, mask=ok, other=0.0).to(tl.float32)
-            dg = rstd * (dn - y * s * rstd * mean)
+            # (z's factor of dz taken now: y, z and σ(z) are not held across the group's sum)
+            q = y * sig * (1.0 + z * (1.0 - sig))
+            n = y * s * rstd
+            dout = tl.load(d_ptr + base + row * d_sr + cols, mask=ok, other=0.0).to(tl.float32)
+            dw += dout * n
+            # (w read a row at a time, from cache: held across rows it spilled at D = 8192)
+            dn = dout * tl.load(W + base + cols, mask=ok, other=0.0).to(tl.float32)
+            dg = rstd * (dn - n * (tl.sum(dn * n, axis=0) / GS))
             tl.store(DY + base + row * D + cols, (dg * s).to(DY.dtype.element_ty), mask=ok)
-            tl.store(DZ + base + row * D + cols,
-                     (dg * y * sig * (1.0 + z * (1.0 - sig))).to(DZ.dtype.element_ty), mask=ok)
+            tl.store(DZ + base + row * D + cols, (dg * q).to(DZ.dtype.element_ty), mask=ok)
     tl.store(DW + base + tl.program_id(0).to(tl.int64) * D + cols, dw, mask=ok)

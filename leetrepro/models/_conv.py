@@ -143,9 +143,9 @@ def causal_conv_silu_bwd(dout: torch.Tensor, x: torch.Tensor, weight: torch.Tens
     programs in a fixed order."""
     batch, n, c = x.shape
     k = weight.shape[-1]
-    if not _kernel(x, k) and seq_idx is not None:
-        return _by_taps_backward(dout, x, weight, bias, seq_idx)
     if not _kernel(x, k):
+        if seq_idx is not None:
+            return _by_taps_backward(dout, x, weight, bias, seq_idx)
         wide, w32 = x.float().transpose(1, 2), weight.float()
         pre = _pre(x.float(), w32, None if bias is None else bias.float())
         sig = torch.sigmoid(pre)
