@@ -103,11 +103,11 @@ def causal_conv_backward(X, W, BIAS, SEQ, DOUT, DX, PARTS, SIZE, K: tl.constexpr
                          K_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
                          HAS_BIAS: tl.constexpr, HAS_SEQ: tl.constexpr):
     """DX ``(batch, N, C)`` contiguous (x's dtype); DOUT ``(pointer, batch stride, row
-    stride)``; SEQ as the forward's; ``SIZE = (N, C, STEPS)``. A tile of ``BLOCK_T`` rows starts K − 1 rows before
-    the ``BLOCK_T − 2(K − 1)`` whose dx it writes and ends K − 1 rows after them (pre from the
-    rows before, dpre at the rows after); grid (batch, row groups of ``STEPS`` tiles, channel
-    blocks); PARTS float32 ``(K + 1, batch · row groups, C)``: each program's sums of dw's K
-    columns and of dbias over its own rows."""
+    stride)``; SEQ as the forward's; ``SIZE = (N, C, STEPS)``. A tile of ``BLOCK_T`` rows starts
+    K − 1 rows before the ``BLOCK_T − 2(K − 1)`` whose dx it writes and ends K − 1 rows after
+    them (pre from the rows before, dpre at the rows after); grid (batch, row groups of ``STEPS``
+    tiles, channel blocks); PARTS float32 ``(K + 1, batch · row groups, C)``: each program's sums
+    of dw's K columns and of dbias over its own rows."""
     N, C, STEPS = SIZE
     OWN: tl.constexpr = BLOCK_T - 2 * (K - 1)
     b = tl.program_id(0).to(tl.int64)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
+from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, rows_contiguous, strided
 
 try:
     from ..kernels import normalizer as kernels
@@ -41,14 +41,6 @@ def on_kernels(*tensors: torch.Tensor) -> bool:
     q, v = tensors[0], tensors[-1]
     return on_row_kernels(q, kernels) and all(t.dtype in DTYPES for t in tensors) and \
         q.shape[-1] <= 256 and v.shape[-1] <= 256 and q.numel() > 0 and v.numel() > 0
-
-
-def _arg(t: torch.Tensor) -> tuple:
-    return (t, t.stride(0), t.stride(1), t.stride(2))
-
-
-def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def _shape(q: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -79,7 +71,7 @@ def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                       c: float, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, den)``: o ``(batch, heads, N, d)`` contiguous in v's dtype, den float32
     ``(batch, heads, N)`` (module docstring)."""
-    num, q, k, v = (_last_contiguous(t) for t in (num, q, k, v))
+    num, q, k, v = (rows_contiguous(t) for t in (num, q, k, v))
     batch, heads, n, r, d = _shape(q, v)
     chunks = cdiv(n, BLOCK_N)
     size, opts = (n, r, d, heads), _options(r, d)
@@ -88,10 +80,11 @@ def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     kt = torch.empty(batch * heads, chunks, r, dtype=torch.float32, device=v.device)
     vt = torch.empty(batch * heads, chunks, d, dtype=torch.float32, device=v.device)
     grid = (batch * heads, chunks)
-    launch(kernels.normalizer_totals, grid, dict(K=_arg(k), V=_arg(v), KT=kt, VT=vt, SIZE=size,
-                                                 **opts), num_warps=_warps(r, d))
+    launch(kernels.normalizer_totals, grid,
+           dict(K=strided(k), V=strided(v), KT=kt, VT=vt, SIZE=size, **opts),
+           num_warps=_warps(r, d))
     launch(kernels.normalizer_forward, grid,
-           dict(NUM=_arg(num), Q=_arg(q), K=_arg(k), V=_arg(v), O=_arg(o), DEN=den,
+           dict(NUM=strided(num), Q=strided(q), K=strided(k), V=strided(v), O=strided(o), DEN=den,
                 KP=_before(kt), VP=_before(vt), SIZE=size, c=float(c), eps=float(eps),
                 HAS_C=c != 0, **opts), num_warps=_warps(r, d))
     return o, den
@@ -110,7 +103,7 @@ def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q:
     """``(dnum, dden, k's chunk sums before each chunk, dden·q's after, (dO / den)'s after)``:
     dnum ``(batch, heads, N, d)`` contiguous in o's dtype (the operator's dO), dden float32
     ``(batch, heads, N)``, the sums float32 ``(batch·heads, chunks, r or d)``."""
-    do, o, q, k = (_last_contiguous(t) for t in (do, o, q, k))
+    do, o, q, k = (rows_contiguous(t) for t in (do, o, q, k))
     batch, heads, n, r, d = _shape(q, o)
     chunks = cdiv(n, BLOCK_N)
     dnum = torch.empty(batch, heads, n, d, dtype=o.dtype, device=o.device)
@@ -119,8 +112,8 @@ def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q:
               for _ in range(2))
     dt = torch.empty(batch * heads, chunks, d, dtype=torch.float32, device=o.device)
     launch(kernels.normalizer_prologue, (batch * heads, chunks),
-           dict(DO=_arg(do), O=_arg(o), DEN=den.contiguous(), Q=_arg(q), K=_arg(k),
-                DNUM=_arg(dnum), DDEN=dden, KT=kt, QT=qt, DT=dt, SIZE=(n, r, d, heads),
+           dict(DO=strided(do), O=strided(o), DEN=den.contiguous(), Q=strided(q), K=strided(k),
+                DNUM=strided(dnum), DDEN=dden, KT=kt, QT=qt, DT=dt, SIZE=(n, r, d, heads),
                 **_options(r, d)), num_warps=_warps(r, d))
     return dnum, dden, _before(kt), _after(qt), _after(dt)
 
@@ -134,6 +127,13 @@ def _(do, o, den, q, k):
             sums(r), sums(r), sums(d))
 
 
+def _epilogue_outputs(dq, dk, dv, q, c) -> list:
+    """The epilogue's dq, dk, dv: each new and dense where given (dv only where c ≠ 0: it has no
+    term of its own otherwise), else an empty tensor."""
+    return [torch.empty(t.shape, dtype=t.dtype, device=t.device) if t is not None and want else
+            q.new_empty(0) for t, want in ((dq, True), (dk, True), (dv, c != 0))]
+
+
 @torch.library.custom_op("leetrepro::normalized_epilogue", mutates_args=())
 def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
                         dv: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
@@ -143,18 +143,17 @@ def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
     """The operator's dq, dk, dv (each None where not wanted) with the denominator's terms
     added, each in its own dtype contiguous (an empty tensor for those not given, and for dv
     where c = 0: it has no such term)."""
-    q, k, do = (_last_contiguous(t) for t in (q, k, do))
+    q, k, do = (rows_contiguous(t) for t in (q, k, do))
     batch, heads, n, r, d = _shape(q, do)
     want_v = dv is not None and c != 0
-    outs = [torch.empty(t.shape, dtype=t.dtype, device=t.device) if t is not None and w else
-            q.new_empty(0) for t, w in ((dq, True), (dk, True), (dv, want_v))]
-    ins = [_last_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
+    outs = _epilogue_outputs(dq, dk, dv, q, c)
+    ins = [rows_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
     launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BLOCK_N)),
-           dict(DQ=_arg(ins[0]), DK=_arg(ins[1]), DV=_arg(ins[2]), Q=_arg(q), K=_arg(k),
-                DO=_arg(do), DEN=den.contiguous(), DDEN=dden, KP=k_before, QS=dq_after,
-                DS=dnum_after, OUT_DQ=_arg(outs[0] if dq is not None else q),
-                OUT_DK=_arg(outs[1] if dk is not None else q),
-                OUT_DV=_arg(outs[2] if want_v else q), SIZE=(n, r, d, heads), c=float(c),
+           dict(DQ=strided(ins[0]), DK=strided(ins[1]), DV=strided(ins[2]), Q=strided(q),
+                K=strided(k), DO=strided(do), DEN=den.contiguous(), DDEN=dden, KP=k_before,
+                QS=dq_after, DS=dnum_after, OUT_DQ=strided(outs[0] if dq is not None else q),
+                OUT_DK=strided(outs[1] if dk is not None else q),
+                OUT_DV=strided(outs[2] if want_v else q), SIZE=(n, r, d, heads), c=float(c),
                 WANT_DQ=dq is not None, WANT_DK=dk is not None, WANT_DV=want_v,
                 **_options(r, d)), num_warps=_warps(r, d))
     return tuple(outs)
@@ -162,6 +161,4 @@ def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
 
 @normalized_epilogue.register_fake
 def _(dq, dk, dv, q, k, do, den, dden, k_before, dq_after, dnum_after, c):
-    want_v = dv is not None and c != 0
-    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) if t is not None and w
-                 else q.new_empty(0) for t, w in ((dq, True), (dk, True), (dv, want_v)))
+    return tuple(_epilogue_outputs(dq, dk, dv, q, c))

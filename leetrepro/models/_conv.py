@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..methods._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
+from ..methods._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, rows_contiguous
 
 try:
     from ..kernels import causal_conv as conv_kernels
@@ -188,8 +188,7 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dout):
     x, weight, bias, seq_idx = ctx.saved_tensors
-    dx, dw, db = causal_conv_silu_bwd(dout if dout.stride(-1) == 1 else dout.contiguous(), x,
-                                      weight, bias, seq_idx)
+    dx, dw, db = causal_conv_silu_bwd(rows_contiguous(dout), x, weight, bias, seq_idx)
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     return dx if need_x else None, dw if need_w else None, \
         db if need_b and bias is not None else None, None
@@ -205,8 +204,7 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     ``(batch, N, C)`` contiguous in x's dtype, row t from rows t − K + 1 … t of its own
     sequence: a batch row's, or with ``seq_idx`` (integer ``(batch, N)``, packed sequences)
     those of row t's number. Differentiable in x, weight and bias. O(batch·N·C·K)."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    x = rows_contiguous(x)
     if seq_idx is not None:
         seq_idx = seq_idx.to(device=x.device, dtype=torch.int32).contiguous()
     return causal_conv_silu_fwd(x, weight, bias, seq_idx)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..methods._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
+from ..methods._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, rows_contiguous
 
 try:
     from ..kernels import gated_norm as norm_kernels
@@ -27,8 +27,7 @@ except ImportError as err:  # without Triton: PyTorch's expressions
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """t as ``(rows, D)`` with its last dimension contiguous (a view where strides allow)."""
-    t = t if t.stride(-1) == 1 else t.contiguous()
-    return t.reshape(-1, t.shape[-1])
+    return rows_contiguous(t).reshape(-1, t.shape[-1])
 
 
 #: about as many programs as this (several waves of a GPU's SMs) each take their share of the rows
