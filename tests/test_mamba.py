@@ -782,7 +782,8 @@ def test_the_passes_around_the_operator_on_the_gpu(monkeypatch, dtype):
             A.to(where)[:, None, None].expand(8, 64, 128), B_, C_, D=torch.ones(8, 64).to(where),
             z=z_, dt_bias=torch.zeros(8, 64).to(where), dt_softplus=True).double().cpu())
         states.append(state.double().cpu())
-    assert rel_error(outs[1], outs[0]) <= 1e-5 and rel_error(states[1], states[0]) <= 1e-5
+    # (the output in the inputs' dtype: bf16's last bit may round either way; the state float32)
+    assert rel_error(outs[1], outs[0]) <= tol and rel_error(states[1], states[0]) <= 1e-5
     monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", 128)  # (the unrolled sums past 16)
     per = torch.randn(batch, 80, n, 24, generator=gen).to(dev, dtype)
     like = torch.empty(batch, n, 1, 24, device=dev, dtype=dtype).transpose(1, 2)

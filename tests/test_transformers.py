@@ -11,6 +11,12 @@ from conftest import quick_lane
 transformers = pytest.importorskip("transformers")
 lt = pytest.importorskip("leetrepro.integrations.transformers")
 
+#: the comparisons against transformers' own path hold for the release the integration was
+#: tested with (5.17's Mamba-2, say, normalises all channels at once outside the fused call)
+on_tested_release = pytest.mark.skipif(
+    ".".join(transformers.__version__.split(".")[:2]) != lt.TESTED,
+    reason=f"transformers {transformers.__version__}: the comparisons need {lt.TESTED}")
+
 TOL = 2e-4  # (float32 both ways, different summation orders over chunks of 16 rows)
 
 
@@ -70,6 +76,7 @@ def _step(model, ids, **kwargs):
         {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@on_tested_release
 @pytest.mark.parametrize("family", quick_lane(list(lt.FAMILIES)))
 @pytest.mark.parametrize("train", [True, False])
 def test_each_family_trains_as_transformers_own_path(restored, monkeypatch, family, train):
@@ -97,6 +104,7 @@ def test_each_family_trains_as_transformers_own_path(restored, monkeypatch, fami
     assert "mamba2_chunk_scan" in calls or (train and "mamba2_split_conv1d_scan_combined" in calls)
 
 
+@on_tested_release
 @pytest.mark.parametrize("family", quick_lane(list(lt.FAMILIES)))
 def test_each_family_generates_the_same_tokens(restored, family):
     """``generate`` (the prompt through the chunk scan with its final state, then one token at a
@@ -110,6 +118,7 @@ def test_each_family_generates_the_same_tokens(restored, family):
     assert torch.equal(got, want)
 
 
+@on_tested_release
 @pytest.mark.slow  # (a compilation)
 def test_a_compiled_model_trains_as_eager(restored):
     """``torch.compile`` of a Mamba-2 model with the integration enabled: loss and gradients as
@@ -126,6 +135,7 @@ def test_a_compiled_model_trains_as_eager(restored):
         assert rel_error(got[2][key], want[2][name]) <= 1e-4, name
 
 
+@on_tested_release
 @pytest.mark.slow
 def test_packed_sequences_train_as_each_alone(restored):
     """Two sequences packed into one row with ``seq_idx`` (which transformers' fallback refuses):
@@ -152,6 +162,26 @@ def test_packed_sequences_train_as_each_alone(restored):
         assert rel_error(packed, alone) <= TOL, train
         for g, w in zip((p.grad for p in model.parameters()), want):
             assert rel_error(g, w) <= 10 * TOL, train
+
+
+def test_enable_warns_of_another_release_and_of_a_norm_over_all_channels(restored, monkeypatch):
+    """:func:`enable` warns of another transformers release than :data:`TESTED`, naming it;
+    where a family's gated norm takes no groups (5.17's Mamba-2), the warning says training and
+    evaluation then differ; the tested release warns of nothing."""
+    import warnings
+    mod = lt._module("mamba2")
+
+    class WholeRowNormGated(torch.nn.Module):  # (5.17's signature)
+        def __init__(self, hidden_size, eps=1e-6):
+            super().__init__()
+    with pytest.warns(UserWarning, match=r"tested with transformers .*not 5\.17\.0$"):
+        lt._warn_of_release({"mamba2": mod}, "5.17.0")
+    monkeypatch.setattr(mod, "MambaRMSNormGated", WholeRowNormGated, raising=False)
+    with pytest.warns(UserWarning, match=r"mamba2 \(MambaRMSNormGated\) normalises all channels"):
+        lt._warn_of_release({"mamba2": mod}, "5.17.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lt._warn_of_release({"mamba2": mod}, lt.TESTED + ".1")
 
 
 def test_enable_names_what_it_cannot_patch(restored, monkeypatch):
@@ -197,6 +227,7 @@ def test_the_benchmark_s_models_build():
         assert any("mixer" in n or "mamba" in n for n, _ in model.named_modules()), family
 
 
+@on_tested_release
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", ["mamba2", "zamba2", "falcon_h1"])

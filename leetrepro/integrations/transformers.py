@@ -158,11 +158,35 @@ def enable(families=FAMILIES) -> list[str]:
             import transformers
             raise RuntimeError(f"transformers {transformers.__version__}'s {family} has no "
                                f"{missing} (tested with {TESTED}): not enabled")
+    import transformers
+    _warn_of_release(modules, transformers.__version__)
     for family, mod in modules.items():
         for name in NAMES:
             _SAVED.setdefault((family, name), getattr(mod, name))
             setattr(mod, name, _OURS[name])
     return list(modules)
+
+
+def _warn_of_release(modules: dict, version: str) -> None:
+    """Warn where transformers is not the tested release, and name the families whose own gated
+    norm takes all channels at once (5.17's Mamba-2 does): their fused training call
+    (mamba_ssm's, and this project's) normalises each of ``n_groups`` groups, so with more than
+    one group training and evaluation compute different functions, with or without this
+    project."""
+    import inspect
+    import warnings
+    release = ".".join(version.split(".")[:2])
+    if release == TESTED:
+        return
+    whole = [f"{family} ({name})" for family, mod in modules.items()
+             for name, cls in vars(mod).items()
+             if name.endswith("RMSNormGated") and isinstance(cls, type)
+             and not {"group_size", "n_groups"} & set(inspect.signature(cls).parameters)]
+    note = (f"; its {', '.join(whole)} normalises all channels at once where the fused "
+            "training call normalises each of n_groups groups (as mamba_ssm): with n_groups > 1 "
+            "a model's training and evaluation differ") if whole else ""
+    warnings.warn(f"leetrepro.integrations.transformers was tested with transformers {TESTED}, "
+                  f"not {version}{note}", stacklevel=3)
 
 
 def disable() -> None:
