@@ -194,6 +194,23 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
                               (*grads, small[0], small[1], do, den, pro[1], *pro[2:], constant))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors")
+def test_the_chunks_sums_before_and_after_each_chunk(monkeypatch):
+    """The chunk scan (interpreted): each chunk's sum over the chunks before it and after it,
+    against float64 cumulative sums, over more chunks than a program takes at once (the carry)
+    and a width not a multiple of its columns."""
+    from leetrepro.methods import normalizer
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    block_c, block_w, _ = normalizer.SCAN_BLOCK
+    sums = torch.randn(3, 2 * block_c + 5, block_w + 7, generator=torch.Generator().manual_seed(4))
+    wide = sums.double()
+    before = wide.cumsum(1) - wide
+    after = wide.flip(1).cumsum(1).flip(1) - wide
+    assert rel_error(normalizer._before(sums), before) <= 1e-6
+    assert rel_error(normalizer._after(sums), after) <= 1e-6
+    assert (normalizer._before(sums)[:, 0] == 0).all() and (normalizer._after(sums)[:, -1] == 0).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

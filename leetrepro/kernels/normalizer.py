@@ -54,6 +54,32 @@ def _chunk(SUMS, bh, chunk, WIDTH, BLOCK_W: tl.constexpr):
 
 
 @triton.jit
+def normalizer_chunk_scan(SUMS, OUT, CHUNKS, WIDTH, REVERSE: tl.constexpr, BLOCK_C: tl.constexpr,
+                          BLOCK_W: tl.constexpr):
+    """OUT[bh, c] = the sum of SUMS[bh, c′] over the chunks before c (after it where REVERSE):
+    float32 ``(batch·heads, CHUNKS, WIDTH)``, grid (batch·heads, column blocks). Each block of
+    chunks is read one chunk shifted (the exclusive sum is the running sum of the shifted rows:
+    no difference of large terms) and its running sum carried to the next."""
+    bh, cols = tl.program_id(0), tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    base = bh.to(tl.int64) * CHUNKS * WIDTH
+    carry = tl.zeros([BLOCK_W], dtype=tl.float32)
+    for i in range(0, tl.cdiv(CHUNKS, BLOCK_C)):
+        if REVERSE:
+            at = CHUNKS - (i + 1) * BLOCK_C + tl.arange(0, BLOCK_C)
+            src = at + 1
+        else:
+            at = i * BLOCK_C + tl.arange(0, BLOCK_C)
+            src = at - 1
+        ok = (cols < WIDTH)[None, :]
+        x = tl.load(SUMS + base + src[:, None] * WIDTH + cols[None, :],
+                    mask=((src >= 0) & (src < CHUNKS) & (at >= 0))[:, None] & ok, other=0.0)
+        run = tl.cumsum(x, axis=0, reverse=REVERSE) + carry[None, :]
+        tl.store(OUT + base + at[:, None] * WIDTH + cols[None, :], run,
+                 mask=((at >= 0) & (at < CHUNKS))[:, None] & ok)
+        carry = tl.sum(x, axis=0) + carry
+
+
+@triton.jit
 def normalizer_totals(K, V, KT, VT, SIZE, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     """Each chunk's sums of k and of v: KT ``(batch·heads, chunks, r)``, VT ``(…, d)``, float32;
@@ -82,14 +108,15 @@ def normalizer_forward(NUM, Q, K, V, O, DEN, KP, VP, SIZE, c, eps, BLOCK_N: tl.c
     k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     at, ok = _chunk(KP, bh, chunk, R, BLOCK_R)
     ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
-    q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    den = tl.sum(q * ks, axis=1) + eps
-    num = _rows(NUM, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
-    if HAS_C:
+    den = tl.sum(_rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R) * ks, axis=1) + eps
+    if HAS_C:  # (v's running sum first: num is read last, into the sum)
         den += c * (rows + 1).to(tl.float32)
         v = _rows(V, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
         at, ok = _chunk(VP, bh, chunk, D, BLOCK_D)
-        num += c * (tl.cumsum(v, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :])
+        num = c * (tl.cumsum(v, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]) + \
+            _rows(NUM, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    else:
+        num = _rows(NUM, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
     _store_rows(O, num / den[:, None], bh, H, n0, N, D, BLOCK_N, BLOCK_D)
     tl.store(DEN + bh.to(tl.int64) * N + rows, den, mask=rows < N)
 

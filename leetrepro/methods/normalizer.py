@@ -52,18 +52,39 @@ def _options(r: int, d: int) -> dict:
     return dict(BLOCK_N=BLOCK_N, BLOCK_R=next_pow2(r), BLOCK_D=next_pow2(d))
 
 
-def _warps(r: int, d: int) -> int:
-    return 8 if max(r, d) >= 128 else 4
+#: warps of each pass's programs (a chunk of BLOCK_N rows by the head's width): few, so that a
+#: chunk's column sums and running sums stay within a warp's threads; with 8 warps the totals
+#: pass ran at 5× its memory floor, L1-bound on the sums across warps (ncu, H200; the sweep in
+#: notes/other_papers.md chose these at N = 16384, r = d = 128)
+WARPS = {"totals": 1, "forward": 4, "prologue": 2, "epilogue": 4}
+#: chunks a program of the chunk scan takes at once, its columns and warps (a few hundred
+#: programs, each a few steps: the scan is latency-bound)
+SCAN_BLOCK = (128, 16, 2)
+
+
+def _warps(kind: str, r: int, d: int) -> int:
+    """Warps for the pass ``kind``, doubled past 128 columns (the tiles' registers)."""
+    return WARPS[kind] * (2 if max(r, d) > 128 else 1)
+
+
+def _scan(sums: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """Each chunk's sum over the chunks before it (after it where ``reverse``): float32
+    ``(batch·heads, chunks, width)``, one launch."""
+    bh, chunks, width = sums.shape
+    out = torch.empty_like(sums)
+    block_c, block_w, warps = SCAN_BLOCK
+    launch(kernels.normalizer_chunk_scan, (bh, cdiv(width, block_w)),
+           dict(SUMS=sums, OUT=out, CHUNKS=chunks, WIDTH=width, REVERSE=reverse, BLOCK_C=block_c,
+                BLOCK_W=block_w), num_warps=warps)
+    return out
 
 
 def _before(sums: torch.Tensor) -> torch.Tensor:
-    """Each chunk's sum over the chunks before it (``(batch·heads, chunks, ·)``, exact shifts)."""
-    return torch.nn.functional.pad(sums.cumsum(1)[:, :-1], (0, 0, 1, 0))
+    return _scan(sums, False)
 
 
 def _after(sums: torch.Tensor) -> torch.Tensor:
-    """Each chunk's sum over the chunks after it."""
-    return torch.nn.functional.pad(sums.flip(1).cumsum(1).flip(1)[:, 1:], (0, 0, 0, 1))
+    return _scan(sums, True)
 
 
 @torch.library.custom_op("leetrepro::normalized_output", mutates_args=())
@@ -82,11 +103,11 @@ def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     grid = (batch * heads, chunks)
     launch(kernels.normalizer_totals, grid,
            dict(K=strided(k), V=strided(v), KT=kt, VT=vt, SIZE=size, **opts),
-           num_warps=_warps(r, d))
+           num_warps=_warps("totals", r, d))
     launch(kernels.normalizer_forward, grid,
            dict(NUM=strided(num), Q=strided(q), K=strided(k), V=strided(v), O=strided(o), DEN=den,
                 KP=_before(kt), VP=_before(vt), SIZE=size, c=float(c), eps=float(eps),
-                HAS_C=c != 0, **opts), num_warps=_warps(r, d))
+                HAS_C=c != 0, **opts), num_warps=_warps("forward", r, d))
     return o, den
 
 
@@ -114,7 +135,7 @@ def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q:
     launch(kernels.normalizer_prologue, (batch * heads, chunks),
            dict(DO=strided(do), O=strided(o), DEN=den.contiguous(), Q=strided(q), K=strided(k),
                 DNUM=strided(dnum), DDEN=dden, KT=kt, QT=qt, DT=dt, SIZE=(n, r, d, heads),
-                **_options(r, d)), num_warps=_warps(r, d))
+                **_options(r, d)), num_warps=_warps("prologue", r, d))
     return dnum, dden, _before(kt), _after(qt), _after(dt)
 
 
@@ -155,7 +176,7 @@ def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
                 OUT_DK=strided(outs[1] if dk is not None else q),
                 OUT_DV=strided(outs[2] if want_v else q), SIZE=(n, r, d, heads), c=float(c),
                 WANT_DQ=dq is not None, WANT_DK=dk is not None, WANT_DV=want_v,
-                **_options(r, d)), num_warps=_warps(r, d))
+                **_options(r, d)), num_warps=_warps("epilogue", r, d))
     return tuple(outs)
 
 

@@ -345,26 +345,31 @@ def normalizer_jobs(r: int = 128, d: int = 128) -> list:
     from ..kernels import normalizer
     from ..methods import normalizer as launcher
     t4, p32, c = ("*bf16", "i32", "i32", "i32"), "*fp32", "constexpr"
-    size, warps = ("i32",) * 4, launcher._warps(r, d)
+    size, warps = ("i32",) * 4, lambda kind: launcher._warps(kind, r, d)  # noqa: E731
     blocks = launcher._options(r, d)
+    block_c, block_w, scan_warps = launcher.SCAN_BLOCK
     sig = lambda **names: {k: (t4 if v == "t" else p32 if v == "f" else  # noqa: E731
                                "fp32" if v == "s" else size if v == "z" else c)
                            for k, v in names.items()}
     return [
         ("normalizer_totals", normalizer.normalizer_totals,
          sig(K="t", V="t", KT="f", VT="f", SIZE="z", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c), blocks,
-         warps),
+         warps("totals")),
+        ("normalizer_chunk_scan", normalizer.normalizer_chunk_scan,
+         {"SUMS": p32, "OUT": p32, "CHUNKS": "i32", "WIDTH": "i32", "REVERSE": c, "BLOCK_C": c,
+          "BLOCK_W": c}, dict(REVERSE=True, BLOCK_C=block_c, BLOCK_W=block_w), scan_warps),
         ("normalizer_forward", normalizer.normalizer_forward,
          sig(NUM="t", Q="t", K="t", V="t", O="t", DEN="f", KP="f", VP="f", SIZE="z", c="s",
-             eps="s", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c, HAS_C=c), dict(blocks, HAS_C=True), warps),
+             eps="s", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c, HAS_C=c), dict(blocks, HAS_C=True),
+         warps("forward")),
         ("normalizer_prologue", normalizer.normalizer_prologue,
          sig(DO="t", O="t", DEN="f", Q="t", K="t", DNUM="t", DDEN="f", KT="f", QT="f", DT="f",
-             SIZE="z", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c), blocks, warps),
+             SIZE="z", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c), blocks, warps("prologue")),
         ("normalizer_epilogue", normalizer.normalizer_epilogue,
          sig(DQ="t", DK="t", DV="t", Q="t", K="t", DO="t", DEN="f", DDEN="f", KP="f", QS="f",
              DS="f", OUT_DQ="t", OUT_DK="t", OUT_DV="t", SIZE="z", c="s", BLOCK_N=c, BLOCK_R=c,
              BLOCK_D=c, WANT_DQ=c, WANT_DK=c, WANT_DV=c),
-         dict(blocks, WANT_DQ=True, WANT_DK=True, WANT_DV=True), warps),
+         dict(blocks, WANT_DQ=True, WANT_DK=True, WANT_DV=True), warps("epilogue")),
     ]
 
 
