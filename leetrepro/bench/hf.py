@@ -141,8 +141,8 @@ def measure(family: str, config, entries, device, *, reps: int = 5, train=TRAIN,
                 prompt_ids = ids[:1, :prompt].expand(batch, -1).contiguous()
                 kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                           pad_token_id=0)
-                with torch.no_grad():
-                    model.generate(prompt_ids, **dict(kw, max_new_tokens=2, min_new_tokens=2))
+                with torch.no_grad():  # (warmed up as timed: a first, longer generate pays
+                    model.generate(prompt_ids, **kw)  # one-time costs per new length)
                     sync(device)
                     t0 = time.perf_counter()
                     model.generate(prompt_ids, **kw)
