@@ -525,6 +525,40 @@ def model(tags: list[str]) -> str:
                       "peak GiB", "operator", "GPU busy", "status", "commit"], rows))
 
 
+def hf(tags: list[str]) -> str:
+    """``make bench-hf``'s rows: transformers' models trained and generating with each entry,
+    per GPU, beside the same model on transformers' own fallback."""
+    rows = []
+    for tag in tags:
+        df = _read(tag, "hf.csv")
+        if df is None:
+            continue
+        ok = df[df.status == "ok"]
+        base = {(r.model, r.what, r.batch): r.tokens_per_s for r in ok.itertuples()
+                if r.entry == "fallback"}
+        for r in df.itertuples():
+            good = r.status == "ok"
+            ref = base.get((r.model, r.what, r.batch))
+            rows.append([tag.upper(), r.model, r.entry, r.what,
+                         "-" if not good else int(r.batch), f"{r.ms:.1f}" if good else "-",
+                         f"{r.tokens_per_s:,.0f}" if good else "-",
+                         _x(r.tokens_per_s / ref) if good and ref else "-",
+                         f"{r.peak_GiB:.1f}" if good and _given(r.peak_GiB) else "-",
+                         "ok" if good else str(r.status)[:90], r.commit])
+    if not rows:
+        return "Nothing measured yet."
+    return ("transformers' models (random weights, 24 layers, hidden 2048, bf16) with their "
+            "Mamba-2 mixers on this project (`leetrepro.integrations.transformers.enable`), on "
+            "transformers' own PyTorch fallback (no mamba_ssm, no causal-conv1d), and on "
+            "mamba_ssm's Triton kernels where they were carried to the host. `train`: a step "
+            "(forward, backward, fused AdamW) on batch × tokens, median ms, peak memory; "
+            "`generate`: greedy new tokens after a 128-token prompt, each call after one of the "
+            "same length (eager, host-bound). `vs fallback`: tokens/s over the fallback's in "
+            "the same cell.\n\n"
+            + _table(["GPU", "model", "entry", "what", "batch", "ms", "tokens/s", "vs fallback",
+                      "peak GiB", "status", "commit"], rows))
+
+
 def _geo(values) -> float:
     """Geometric mean of the finite positive values (NaN if none)."""
     vals = [float(v) for v in values if v == v and v > 0 and v != math.inf]
@@ -694,6 +728,8 @@ TOPICS = (
     ("gates.md", "Per-token gates against the per-head decay (`make bench-gates`)",
      lambda tags, gpus: gates(gpus)),
     ("ssd.md", "Mamba-2's SSD against mamba_ssm (`make bench-ssd`)", lambda tags, gpus: ssd(gpus)),
+    ("hf.md", "transformers' Mamba-2 family on this project (`make bench-hf`)",
+     lambda tags, gpus: hf(gpus)),
     ("sequence_parallel.md", "Sequence parallelism (`make bench-sp`)",
      lambda tags, gpus: sequence_parallel([t for t in tags if "x" in t])),
 )
