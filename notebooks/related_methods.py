@@ -139,7 +139,7 @@ if lms:
 
 # %% [markdown]
 # ## The kernel paper's claims, per GPU
-# The paper measured an NVIDIA A6000 against flash-linear-attention's GLA of its day; here its layer runs on this project's kernels against today's `chunk_gla`, on each GPU. `supported` where every cell reaches the factor (within 1 %), `not shown` where none does, else `inconclusive`.
+# The paper measured an NVIDIA A6000 against flash-linear-attention's GLA of its day; here its layer runs on this project's operator against today's `chunk_gla`, on each GPU; each verdict's evidence says what computed the passes around the operator (Triton kernels, or PyTorch's composition in rows measured before them). `supported` where every cell reaches the factor (within 1 %), `not shown` where none does, else `inconclusive`.
 
 # %%
 verdicts = []

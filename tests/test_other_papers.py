@@ -62,6 +62,11 @@ def test_kernel_paper_claims_from_constructed_rows():
     failed = layer.assign(status=["ok", "error: RuntimeError: refuses"])
     c = O.kernel_paper_claims(failed, None)
     assert c.holds.iloc[0] == "not measured" and "refuses" in c.evidence.iloc[0]
+    # (the evidence names what computed the passes around the operator; rows without the
+    # column predate the kernels)
+    assert "PyTorch's composition" in O.kernel_paper_claims(layer, None).evidence.iloc[0]
+    on_kernels = layer.assign(passes=["kernels", None])
+    assert "Triton kernels" in O.kernel_paper_claims(on_kernels, None).evidence.iloc[0]
 
 
 @pytest.mark.parametrize("tag", ["h100", "h200"])
@@ -86,6 +91,7 @@ def test_bench_cells_on_the_cpu():
     assert (ok[ok.arithmetic == "accumulate"].rel_error < 1e-2).all()
     layer = R.measure_layer(cpu, cells=((1, 2, 16, 64),), reps=1, dtype=torch.float32)
     assert {r["entry"] for r in layer} >= {"leetrepro (1+x)", "softmax (SDPA)"}
+    assert {r["passes"] for r in layer if r["entry"] == "leetrepro (1+x)"} == {"composition"}
     lm = R.measure_lm(cpu, dict(vocab=50, dim=32, layers=1, heads=2, mlp=64, batch=1, seq=16),
                       steps=1, warmup=1)
     assert all(r["status"] == "ok" for r in lm)

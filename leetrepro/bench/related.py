@@ -174,6 +174,19 @@ def mixer(name: str):
     return lambda q, k, v, g: fn(phi(q), phi(k), v, scale=1.0, normalize=True)[0]
 
 
+def passes(device, dtype=torch.bfloat16) -> str:
+    """What computes the normaliser's passes around the operator for this project's entry on
+    ``device``: ``kernels`` (:mod:`leetrepro.methods.normalizer`) or PyTorch's ``composition``
+    (a row column, so that a verdict says what it judged)."""
+    from ..methods.normalizer import on_kernels
+    probe = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
+    return "kernels" if on_kernels(probe, probe) else "composition"
+
+
+def _passes_of(entry: str, device, dtype) -> str | None:
+    return passes(device, dtype) if entry == MIXERS[0] else None
+
+
 def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat16):
     rows = []
     for i, (batch, heads, dh, n) in enumerate(cells):
@@ -198,7 +211,7 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
                     peak = peak_above(fns[name], device)[1]
                 rows.append(dict(entry=name, mode=mode, batch=batch, heads=heads, head_dim=dh, N=n,
                                  dtype=str(dtype)[6:], reps=reps, median_s=t, peak_bytes=peak,
-                                 status=status))
+                                 status=status, passes=_passes_of(name, device, dtype)))
         print(f"layer b{batch} h{heads} d{dh} N={n}: " + ", ".join(
             f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-8:]),
             flush=True)
@@ -236,7 +249,7 @@ def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2):
             peak = peak_above(step, device)[1] if device.type == "cuda" else None
             times = interleaved_medians({name: step}, [()], steps, device, warmup=0)
             rows.append(dict(entry=name, params=params, median_s=times[name], peak_bytes=peak,
-                             status="ok"))
+                             status="ok", passes=_passes_of(name, device, torch.bfloat16)))
         except Exception as err:  # noqa: BLE001  (a peer that fails is a row)
             rows.append(dict(entry=name, status=failed_status(err)))
         finally:
