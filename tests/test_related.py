@@ -149,7 +149,7 @@ def test_normalized_compiles_into_one_graph():
 @pytest.mark.parametrize("dtype, constant, need", quick_lane(
     [(torch.float32, 1.0, (True, True, True)), (torch.float16, 2.5, (True, True, True)),
      (torch.float32, 0.0, (True, True, True)), (torch.float32, 1.0, (False, True, False)),
-     (torch.bfloat16, 1.0, (True, False, True))], keep=(0,), unpack=True))
+     (torch.bfloat16, 1.0, (True, False, True))], keep=(3,), unpack=True))
 def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, constant, need):
     """The normaliser's passes on their Triton kernels (``methods.normalizer``; interpreted here):
     the output and each wanted gradient against the float64 definition within the contract, and
