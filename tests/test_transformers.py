@@ -198,13 +198,19 @@ def test_enable_names_what_it_cannot_patch(restored, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored):
+def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored, monkeypatch):
     """``bench.hf.measure`` on the CPU with a tiny model: a training row and the generation rows
-    for each entry this host has, in order; an entry whose peer is absent is a row saying so."""
+    for each entry this host has, in order; an entry whose peer is absent is a row saying so;
+    the entries take turns on one model (interleaved); an entry that raises is a row with its
+    error and the others go on."""
     from leetrepro.bench import hf
+    routed = []
+    real_route = hf._route
+    monkeypatch.setattr(hf, "_route", lambda f, e, p: routed.append(e) or real_route(f, e, p))
+    kw = dict(reps=1, train=dict(batch=2, seq=24), prompt=6, new_tokens=3, batches=(1, 2),
+              dtype=torch.float32)
     rows = hf.measure("mamba2", CONFIGS["mamba2"](), ["leetrepro", "fallback", "mamba_ssm"],
-                      torch.device("cpu"), reps=1, train=dict(batch=2, seq=24), prompt=6,
-                      new_tokens=3, batches=(1, 2), dtype=torch.float32)
+                      torch.device("cpu"), **kw)
     got = [(r["entry"], r["what"], r.get("batch"), r["status"]) for r in rows]
     assert got == [(e, w, b, "ok") for e in ("leetrepro", "fallback")
                    for w, b in (("train", 2), ("generate", 1), ("generate", 2))] + \
@@ -212,6 +218,19 @@ def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored):
     for r in rows[:-1]:
         assert r["ms"] > 0 and r["tokens_per_s"] > 0
     assert not lt._SAVED  # (each entry's routing undone)
+    # (after the probe of which entries are present: leetrepro and fallback in turn, every call)
+    turns = routed[3:]
+    assert len(turns) == 2 * (3 + 2 * 3) and turns == ["leetrepro", "fallback"] * (len(turns) // 2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a peer that fails")
+    rows = hf.measure("mamba2", CONFIGS["mamba2"](), ["leetrepro", "mamba_ssm"],
+                      torch.device("cpu"), peer_functions={"mamba2_chunk_scan": broken,
+                                                           "mamba2_selective_state_update": broken},
+                      **kw)
+    got = [(r["entry"], r["what"], r["status"][:40]) for r in rows]
+    assert got[:3] == [("leetrepro", w, "ok") for w in ("train", "generate", "generate")]
+    assert got[3:] == [("mamba_ssm", "train", "error: RuntimeError: a peer that fails")]
 
 
 @pytest.mark.slow

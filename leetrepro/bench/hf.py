@@ -6,10 +6,11 @@ fallback and on mamba_ssm's Triton kernels.
 [--out DIR]`` writes ``hf.csv`` (GPU), one row per model, entry and measurement, with provenance:
 
 * ``train``: a training step (forward, backward, fused AdamW) of the model in bf16 with random
-  weights on ``batch × seq`` tokens (:data:`TRAIN`): ms per step (median of interleaved-free
-  steps after warm-up), tokens/s, peak memory;
+  weights on ``batch × seq`` tokens (:data:`TRAIN`): ms per step (median of each entry's steps,
+  the entries taking turns on one model, after two warm-up rounds), tokens/s, peak memory;
 * ``generate``: ``generate`` of :data:`NEW_TOKENS` tokens after a prompt of :data:`PROMPT`, at
-  batch 1 and 64, greedy: new tokens/s.
+  batch 1 and 64, greedy: new tokens/s (median of two, the entries in turn, after one of the
+  same length each).
 
 Entries: ``leetrepro`` (:func:`enable`), ``fallback`` (transformers' own functions: PyTorch where
 mamba_ssm and causal-conv1d are not installed, as on the host measured), ``mamba_ssm`` (its
@@ -84,7 +85,12 @@ def _route(family: str, entry: str, peer_functions: dict | None) -> bool:
 def measure(family: str, config, entries, device, *, reps: int = 5, train=TRAIN,
             prompt: int = PROMPT, new_tokens: int = NEW_TOKENS, batches=GENERATE_BATCHES,
             dtype=torch.bfloat16, peer_functions=None, on_row=None) -> list[dict]:
-    """The rows of one model (module docstring); ``config`` a transformers config."""
+    """The rows of one model (module docstring); ``config`` a transformers config. One model and
+    one optimizer serve every entry: the entries take turns, step by step and ``generate`` by
+    ``generate`` (each routed in before its call, :func:`_route`), so that they are compared on
+    the same weights and the same host and GPU state, interleaved; each is warmed up first
+    (two training steps; a ``generate`` of the timed length, whose first calls build the
+    attention layers' plans for each new cache length). Rows in ``entries``' order."""
     import transformers
 
     from ..integrations import transformers as lt
@@ -102,61 +108,93 @@ def measure(family: str, config, entries, device, *, reps: int = 5, train=TRAIN,
                        for k, v in rows[-1].items()), flush=True)
         if on_row is not None:
             on_row(rows)
-    for entry in entries:
-        model = opt = None
+    present = [e for e in entries if _route(family, e, peer_functions)]
+    lt.disable()
+    model = opt = None
+    failed = {}
+
+    def timed(entry, fn) -> float | None:
+        """Seconds of ``fn()`` with ``entry`` routed in; None (and the entry dropped) where it
+        raises."""
+        if entry in failed:
+            return None
         try:
-            if not _route(family, entry, peer_functions):
-                add(dict(entry=entry, what="train", status="not installed"))
-                continue
+            _route(family, entry, peer_functions)
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            return time.perf_counter() - t0
+        except Exception as err:  # noqa: BLE001  (a failing entry is a row)
+            failed[entry] = failed_status(err, 200)
+            return None
+    try:
+        if present:
             torch.manual_seed(0)
             with torch.device(device):
                 model = transformers.AutoModelForCausalLM.from_config(config).to(dtype)
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
 
-            def step():
-                model(ids[:, :-1], labels=ids[:, 1:]).loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            times = []
-            for i in range(reps + 2):
-                sync(device)
-                t0 = time.perf_counter()
-                step()
-                sync(device)
-                if i >= 2:  # (past the first steps' compilation and autotuning)
-                    times.append(time.perf_counter() - t0)
+        def step():
+            opt.zero_grad(set_to_none=True)  # (also after an entry that raised midway)
+            model(ids[:, :-1], labels=ids[:, 1:]).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        steps = {e: [] for e in present}
+        for i in range(reps + 2):  # (the first two rounds: compilation and autotuning)
+            for e in present:
+                t = timed(e, step)
+                if t is not None and i >= 2:
+                    steps[e].append(t)
+        for e in entries:
+            if e not in present:
+                add(dict(entry=e, what="train", status="not installed"))
+                continue
+            if e in failed:
+                add(dict(entry=e, what="train", status=failed[e]))
+                continue
+            peak = None
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-                step()
-                sync(device)
-            t = median(times)
-            add(dict(entry=entry, what="train", batch=train["batch"], tokens=train["seq"],
+                timed(e, step)
+                peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
+            t = median(steps[e])
+            add(dict(entry=e, what="train", batch=train["batch"], tokens=train["seq"],
                      ms=t * 1e3, tokens_per_s=train["batch"] * train["seq"] / t,
-                     peak_GiB=torch.cuda.max_memory_allocated(device) / 2 ** 30 if cuda else None,
-                     status="ok"))
-            opt = None
+                     peak_GiB=peak, status="ok"))
+        opt = None
+        if model is not None:
             model.eval()
-            for batch in batches:
-                prompt_ids = ids[:1, :prompt].expand(batch, -1).contiguous()
-                kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                          pad_token_id=0)
-                with torch.no_grad():  # (warmed up as timed: a first, longer generate pays
-                    model.generate(prompt_ids, **kw)  # one-time costs per new length)
-                    sync(device)
-                    t0 = time.perf_counter()
-                    model.generate(prompt_ids, **kw)
-                    sync(device)
-                t = time.perf_counter() - t0
-                add(dict(entry=entry, what="generate", batch=batch, tokens=new_tokens,
+        kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  pad_token_id=0)
+        for batch in batches:
+            prompt_ids = ids[:1, :prompt].expand(batch, -1).contiguous()
+            calls = {e: [] for e in present if e not in failed}
+            with torch.no_grad():
+                for i in range(3):  # (round 0 warms each entry up at the timed length)
+                    for e in calls:
+                        t = timed(e, lambda: model.generate(prompt_ids, **kw))
+                        if t is not None and i:
+                            calls[e].append(t)
+            for e, ts in calls.items():
+                if e in failed:
+                    add(dict(entry=e, what="generate", batch=batch, status=failed[e]))
+                    continue
+                t = median(ts)
+                add(dict(entry=e, what="generate", batch=batch, tokens=new_tokens,
                          ms=t * 1e3, tokens_per_s=batch * new_tokens / t, status="ok"))
-        except Exception as err:  # noqa: BLE001  (a failing cell is a row)
-            add(dict(entry=entry, what="train", status=failed_status(err, 200)))
-        finally:
-            model = opt = None
-            lt.disable()
-            if cuda:
-                torch.cuda.empty_cache()
+    except Exception as err:  # noqa: BLE001  (the model itself failed: a row says so)
+        add(dict(entry="+".join(present), what="train", status=failed_status(err, 200)))
+    finally:
+        model = opt = None
+        lt.disable()
+        if cuda:
+            torch.cuda.empty_cache()
+    order = {e: i for i, e in enumerate(entries)}
+    rows.sort(key=lambda r: (order.get(r["entry"], len(order)), r["what"] != "train"))
+    if on_row is not None and rows:
+        on_row(rows)
     return rows
 
 
