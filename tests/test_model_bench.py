@@ -36,6 +36,29 @@ def test_rows_compare_with_the_operator_s_row_in_the_same_mode_and_peers_absent_
     assert by["Mamba-2 mamba_ssm"]["status"] == "not installed"
 
 
+def test_mixers_together_take_turns_step_by_step(monkeypatch):
+    """``together``: every mixer's model built at once, one interleaved timing of every (mixer,
+    mode) step; the rows as apart; more mixers than dynamo's recompile limit allows refused,
+    naming the limit."""
+    seen = []
+    real = M.interleaved_medians
+
+    def spy(fns, *args, **kwargs):
+        seen.append(sorted(fns))
+        return real(fns, *args, **kwargs)
+    monkeypatch.setattr(M, "interleaved_medians", spy)
+    mixers = ["leetrepro", "leetrepro gated", "Mamba-2 mamba_ssm"]
+    rows = M.measure("tiny", TINY, mixers, M.MODES, 1, torch.device("cpu"), peer=None,
+                     compile_backend="eager", together=True)
+    assert seen == [sorted((n, m) for n in mixers[:2] for m in M.MODES)]
+    assert [(r["mixer"], r["mode"], r["status"]) for r in rows] == \
+        [(n, m, "ok") for n in mixers[:2] for m in M.MODES] + \
+        [(mixers[2], m, "not installed") for m in M.MODES]
+    assert all(r["ms"] > 0 for r in rows[:4])
+    with pytest.raises(ValueError, match="at most 3 mixers"):
+        M.measure("tiny", TINY, M.MIXERS[:4], M.MODES, 1, torch.device("cpu"), together=True)
+
+
 def test_the_operator_s_share_counts_its_own_kernels_only():
     step = {"_chunk_fwd_kernel": 300.0, "void at::native::vectorized_elementwise_kernel": 100.0,
             "sm90_xmma_gemm_bf16": 500.0, "triton_poi_fused_add": 100.0}

@@ -9,7 +9,8 @@ blocks are alike, so they share one compilation), the modes' steps interleaved (
 ``--reps`` CUDA-event timings after 2 warm-up steps each, which compile and autotune); with
 ``--modes ... graphs`` also under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). One model
 is in memory at a time: mixers are timed one after another in one process, so compare mixers
-within a size and mode.
+within a size and mode; ``--together`` builds up to three mixers' models at once and interleaves
+every mixer's and mode's steps (the fair comparison of two or three mixers).
 
 Writes ``model.csv``: per size, mixer and mode ``ms`` per step, ``tokens_per_s`` (batch · seq /
 step), ``peak_GiB`` (the most allocated during a step: weights, optimizer state, activations),
@@ -163,76 +164,126 @@ def _mixer_alone(model, cfg: dict, device) -> Callable:
     return call
 
 
+#: the most mixers ``together`` times in one process: each adds a compiled graph a mode to the
+#: blocks' one code object, and dynamo recompiles a code object at most 8 times
+TOGETHER_MAX = 3
+
+
+def _built(make, cfg: dict, modes, device, compile_backend: str, ids, seed: int) -> tuple:
+    """One mixer's model (bf16), fused AdamW and ``{mode: step}``; ``(model, opt, steps,
+    params)``. A step: forward, float32 cross-entropy, backward, optimizer step."""
+    from ..models.decoder import DecoderLM
+    torch.manual_seed(seed)
+    with torch.device(device):  # (initialised in place: a 1.3B model on a host is slow)
+        model = DecoderLM(make_mixer=make, **cfg).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=torch.device(device).type == "cuda")
+    compiled = {m: [_compiled(b, m, compile_backend) for b in model.blocks]
+                for m in modes if m != "eager"}
+
+    def step(blocks=None, graphs=False):
+        if graphs:  # (a new iteration: cudagraph trees may reuse the last one's memory)
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = model(ids[:, :-1], blocks)
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                 ids[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    steps = {m: (lambda c=compiled.get(m), g=m == "graphs": step(c, g)) for m in modes}
+    return model, opt, steps, sum(p.numel() for p in model.parameters())
+
+
+def _mixer_rows(base: dict, name: str, built: tuple, times: dict, cfg: dict, reps: int, device,
+                profile: bool) -> list[dict]:
+    """One mixer's rows from its modes' median seconds ``times``: tokens/s, the peak of one more
+    step, and the operator's share of a profiled step."""
+    model, opt, steps, params = built
+    cuda = torch.device(device).type == "cuda"
+    op_kernels = set(kernel_times(_mixer_alone(model, cfg, device), device, 1)) \
+        if profile and cuda else None
+    opt.zero_grad(set_to_none=True)  # (what the mixer alone left in the weights' .grad)
+    rows = []
+    for m, t in times.items():
+        row = dict(base, mixer=name, mode=m, params=params, reps=reps, ms=t * 1e3,
+                   tokens_per_s=cfg["batch"] * cfg["seq"] / t, status="ok")
+        if cuda:
+            sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            steps[m]()
+            sync(device)
+            row["peak_GiB"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+        if op_kernels is not None:
+            row["op_ms"], row["op_share"] = op_share(kernel_times(steps[m], device), op_kernels)
+        rows.append(row)
+    return rows
+
+
 def measure(size: str, cfg: dict, mixers, modes, reps: int, device, *, peer=None,
             profile: bool = True, compile_backend: str = "inductor", seed: int = 0,
-            on_mixer: Callable | None = None) -> list[dict]:
-    """The rows of one size: each mixer's model built, timed in each mode, freed;
-    ``on_mixer(rows so far)`` after each (to write them: a run cut short keeps its rows)."""
-    from ..models.decoder import DecoderLM
+            on_mixer: Callable | None = None, together: bool = False) -> list[dict]:
+    """The rows of one size: each mixer's model built, timed in each mode (the modes' steps
+    interleaved), freed; ``on_mixer(rows so far)`` after each (to write them: a run cut short
+    keeps its rows). ``together``: every mixer's model built at once (at most
+    :data:`TOGETHER_MAX`) and every (mixer, mode) step interleaved with the others', so that
+    mixers are compared in the same process state, step by step."""
+    if together and len(mixers) > TOGETHER_MAX:
+        raise ValueError(f"together: at most {TOGETHER_MAX} mixers (dynamo recompiles the "
+                         f"blocks' code at most 8 times), not {len(mixers)}")
     cuda = torch.device(device).type == "cuda"
     gen = torch.Generator(device=device).manual_seed(seed)
     ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=gen,
                         device=device)
     base = dict(size=size, **{k: v for k, v in cfg.items() if k != "mamba"})
     rows = []
-    for name in mixers:
-        make = mixer(name, cfg, device, peer)
-        if make is None:
-            rows += [dict(base, mixer=name, mode=m, status="not installed") for m in modes]
-            continue
-        model = opt = steps = None
-        try:
-            torch.manual_seed(seed)
-            # (each mixer's blocks compile anew: the compiled code of one mixer cannot serve
-            # another, and eight mixers' entries would reach dynamo's recompile limit)
-            torch._dynamo.reset()
-            with torch.device(device):  # (initialised in place: a 1.3B model on a host is slow)
-                model = DecoderLM(make_mixer=make, **cfg).to(torch.bfloat16)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
-            params = sum(p.numel() for p in model.parameters())
-            compiled = {m: [_compiled(b, m, compile_backend) for b in model.blocks]
-                        for m in modes if m != "eager"}
 
-            def step(blocks=None, graphs=False):
-                if graphs:  # (a new iteration: cudagraph trees may reuse the last one's memory)
-                    torch.compiler.cudagraph_mark_step_begin()
-                logits = model(ids[:, :-1], blocks)
-                loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
-                                                         ids[:, 1:].flatten())
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            steps = {m: (lambda c=compiled.get(m), g=m == "graphs": step(c, g)) for m in modes}
-            times = interleaved_medians(steps, [()], reps, device, warmup=2, shuffle=True)
-            op_kernels = set(kernel_times(_mixer_alone(model, cfg, device), device, 1)) \
-                if profile and cuda else None
-            opt.zero_grad(set_to_none=True)  # (what the mixer alone left in the weights' .grad)
-            for m in modes:
-                row = dict(base, mixer=name, mode=m, params=params, reps=reps,
-                           ms=times[m] * 1e3, tokens_per_s=cfg["batch"] * cfg["seq"] / times[m],
-                           status="ok")
-                if cuda:
-                    sync(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                    steps[m]()
-                    sync(device)
-                    row["peak_GiB"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
-                if op_kernels is not None:
-                    row["op_ms"], row["op_share"] = op_share(kernel_times(steps[m], device),
-                                                             op_kernels)
-                rows.append(row)
-        except Exception as err:  # noqa: BLE001  (a mixer that fails is a row)
-            rows += [dict(base, mixer=name, mode=m, status=failed_status(err, 200))
-                     for m in modes if not any(r["mixer"] == name and r["mode"] == m
-                                               for r in rows)]
-        finally:
-            model = opt = steps = compiled = None  # (freed before the next mixer's model)
-            if cuda:
-                torch.cuda.empty_cache()
-        for r in rows[-len(modes):]:
+    def failed(name, err):
+        return [dict(base, mixer=name, mode=m, status=failed_status(err, 200)) for m in modes
+                if not any(r["mixer"] == name and r["mode"] == m for r in rows)]
+
+    def done(name):
+        for r in [r for r in rows if r["mixer"] == name]:
             print(_line(r), flush=True)
         if on_mixer is not None:
             on_mixer(rows)
+    groups = [list(mixers)] if together else [[name] for name in mixers]
+    for group in groups:
+        built = {}
+        try:
+            # (each group's blocks compile anew: the compiled code of one mixer cannot serve
+            # another, and eight mixers' entries would reach dynamo's recompile limit)
+            torch._dynamo.reset()
+            for name in group:
+                make = mixer(name, cfg, device, peer)
+                if make is None:
+                    rows += [dict(base, mixer=name, mode=m, status="not installed") for m in modes]
+                    continue
+                try:
+                    built[name] = _built(make, cfg, modes, device, compile_backend, ids, seed)
+                    for step in built[name][2].values():  # (a mixer that fails is left out)
+                        step()
+                except Exception as err:  # noqa: BLE001  (a mixer that fails is a row)
+                    built.pop(name, None)
+                    rows += failed(name, err)
+            fns = {(name, m): fn for name, b in built.items() for m, fn in b[2].items()}
+            times = interleaved_medians(fns, [()], reps, device, warmup=2, shuffle=True) \
+                if fns else {}
+            for name, b in built.items():
+                try:
+                    rows += _mixer_rows(base, name, b, {m: times[(name, m)] for m in modes},
+                                        cfg, reps, device, profile)
+                except Exception as err:  # noqa: BLE001
+                    rows += failed(name, err)
+        except Exception as err:  # noqa: BLE001  (the group's timing failed: each mixer a row)
+            for name in built:
+                rows += failed(name, err)
+        finally:
+            built = fns = None  # (freed before the next group's models)
+            if cuda:
+                torch.cuda.empty_cache()
+        order = {name: i for i, name in enumerate(mixers)}
+        rows.sort(key=lambda r: order[r["mixer"]])  # (the mixers' order, whatever failed first)
+        for name in group:
+            done(name)
     return compare(rows)
 
 
@@ -276,6 +327,9 @@ def _arguments(p) -> None:
     p.add_argument("--no-profile", action="store_true", help="skip the operator's share")
     p.add_argument("--peers", default=None,
                    help="folder with mamba_ssm's public source (default $LEETREPRO_PEERS)")
+    p.add_argument("--together", action="store_true",
+                   help=f"every mixer's model at once (at most {TOGETHER_MAX}), their steps "
+                        "interleaved: mixers compared step by step in one process state")
     p.add_argument("--csv", default="model.csv")
 
 
@@ -296,7 +350,7 @@ def main(argv=None) -> int:
         cfg = dict(SIZES[size])
         cfg.update({k: v for k, v in (("batch", args.batch), ("seq", args.seq)) if v})
         done += measure(size, cfg, args.mixers, args.modes, args.reps, device, peer=peer,
-                        profile=not args.no_profile, on_mixer=write)
+                        profile=not args.no_profile, on_mixer=write, together=args.together)
     print(f"wrote {os.path.join(out, args.csv)} ({len(done)} rows)")
     return 0
 
