@@ -184,6 +184,21 @@ def test_enable_warns_of_another_release_and_of_a_norm_over_all_channels(restore
         lt._warn_of_release({"mamba2": mod}, lt.TESTED + ".1")
 
 
+def test_the_families_are_every_one_that_calls_mamba_2_s_kernels():
+    """:data:`FAMILIES` is every modeling file of the installed transformers that routes
+    Mamba-2's chunk scan through the hub (read as text: importing them all is slow), so a
+    family added by a new release is named here."""
+    import glob
+    import os
+    root = os.path.join(os.path.dirname(transformers.__file__), "models")
+    calls = set()
+    for path in glob.glob(os.path.join(root, "*", "modeling_*.py")):
+        with open(path, encoding="utf-8") as f:
+            if '("mamba_chunk_scan_combined", "mamba_ssm")' in f.read():
+                calls.add(os.path.basename(os.path.dirname(path)))
+    assert calls == set(lt.FAMILIES)
+
+
 def test_enable_names_what_it_cannot_patch(restored, monkeypatch):
     """A family outside :data:`FAMILIES` is refused by name; a modeling module without one of
     the patched names (another release) raises, naming it, and patches nothing."""

@@ -23,7 +23,19 @@ the mixers call at run time, to this project's:
 
 The modeling code is not copied: only the names it calls are replaced. Written and tested
 against transformers 5.24 (:data:`TESTED`); :func:`enable` refuses a family whose module lacks
-one of the names, naming it.
+one of the names, naming it, and warns on another release.
+
+In 5.24 these six are every family that calls Mamba-2's kernels (a test holds the list to the
+installed transformers). Not covered, each for its reason:
+
+* Mamba-1's selective scan (``mamba``, ``falcon_mamba``, ``jamba``, ``zamba``): its decay
+  ``exp(Δ_t A)`` differs along the state's dimension, so the pair (i, j) has no single mask
+  entry per head: outside ``(B Cᵀ ⊙ M) V``;
+* the delta rule (Gated DeltaNet in ``qwen3_next``, ``qwen3_5``, ``qwen3_5_moe``, ``qwen4_exp``,
+  ``olmo_hybrid``, ``lara_mini``; Kimi's in ``kimi_linear``, ``bailing_hybrid``, ``glm5_next``):
+  the state is also corrected by ``−β k kᵀ S``, not a decayed sum of outer products;
+* short convolutions alone (``lfm2``, ``lfm2_moe``, ``lfm3``, ``inkling*``): no scan to serve;
+  their ``causal_conv1d_fn`` is PyTorch's cuDNN convolution.
 """
 from __future__ import annotations
 
