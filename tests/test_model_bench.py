@@ -59,6 +59,19 @@ def test_mixers_together_take_turns_step_by_step(monkeypatch):
         M.measure("tiny", TINY, M.MIXERS[:4], M.MODES, 1, torch.device("cpu"), together=True)
 
 
+def test_a_mixer_s_peak_counts_its_own_weights_and_optimizer_state():
+    """The static part of a row's peak (``together`` keeps other models in memory): the model's
+    parameters and its AdamW moments, not another model's."""
+    layer = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    opt = torch.optim.AdamW(layer.parameters())
+    assert M._own_bytes(layer, opt) == (8 * 4 + 4) * 2  # (no step yet: no moments)
+    layer(torch.randn(3, 8, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    steps = sum(opt.state[p]["step"].numel() * opt.state[p]["step"].element_size()
+                for p in layer.parameters())
+    assert M._own_bytes(layer, opt) == 3 * (8 * 4 + 4) * 2 + steps
+
+
 def test_the_operator_s_share_counts_its_own_kernels_only():
     step = {"_chunk_fwd_kernel": 300.0, "void at::native::vectorized_elementwise_kernel": 100.0,
             "sm90_xmma_gemm_bf16": 500.0, "triton_poi_fused_add": 100.0}

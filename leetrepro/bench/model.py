@@ -193,6 +193,13 @@ def _built(make, cfg: dict, modes, device, compile_backend: str, ids, seed: int)
     return model, opt, steps, sum(p.numel() for p in model.parameters())
 
 
+def _own_bytes(model, opt) -> int:
+    """Bytes of a model's parameters and its optimizer's state (what stays between steps)."""
+    held = list(model.parameters()) + [t for state in opt.state.values()
+                                       for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in held)
+
+
 def _mixer_rows(base: dict, name: str, built: tuple, times: dict, cfg: dict, reps: int, device,
                 profile: bool) -> list[dict]:
     """One mixer's rows from its modes' median seconds ``times``: tokens/s, the peak of one more
@@ -206,12 +213,15 @@ def _mixer_rows(base: dict, name: str, built: tuple, times: dict, cfg: dict, rep
     for m, t in times.items():
         row = dict(base, mixer=name, mode=m, params=params, reps=reps, ms=t * 1e3,
                    tokens_per_s=cfg["batch"] * cfg["seq"] / t, status="ok")
-        if cuda:
+        if cuda:  # (its own weights and optimizer state, and what a step adds to them: the
+            # other models of a ``together`` run are left out)
             sync(device)
             torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
             steps[m]()
             sync(device)
-            row["peak_GiB"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+            row["peak_GiB"] = (_own_bytes(model, opt) + torch.cuda.max_memory_allocated(device)
+                               - before) / 2 ** 30
         if op_kernels is not None:
             row["op_ms"], row["op_share"] = op_share(kernel_times(steps[m], device), op_kernels)
         rows.append(row)
