@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ._gpu import NoTriton, launch, next_pow2, on_row_kernels
+from ._gpu import NoTriton, launch, next_pow2, on_row_kernels, strided
 
 try:
     from ..kernels import state_update as kernels
@@ -32,10 +32,6 @@ def _pytorch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     if z is not None:
         out = out * torch.nn.functional.silu(z.float())
     return out.to(x.dtype)
-
-
-def _strides(t: torch.Tensor, dims: int) -> tuple:
-    return (t,) + tuple(t.stride()[:dims])
 
 
 def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor,
@@ -72,10 +68,11 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     out = torch.empty(batch, heads, p, dtype=x.dtype, device=x.device)
     block_p, block_n = next_pow2(p), next_pow2(n)
     launch(kernels.selective_state_update, (batch, heads),
-           dict(STATE=_strides(state, 3), X=_strides(x, 3), DT=_strides(dt, 3),
-                A=_strides(A, 3), B=_strides(B, 3), C=_strides(C, 3),
-                D=_strides(D if D is not None else x, 2), Z=_strides(z if z is not None else x, 3),
-                DT_BIAS=_strides(dt_bias if dt_bias is not None else x, 2), OUT=out,
+           # (each tensor with its first three strides; D and dt_bias, (heads, headdim), two)
+           dict(STATE=strided(state), X=strided(x), DT=strided(dt), A=strided(A), B=strided(B),
+                C=strided(C), D=strided(D if D is not None else x)[:3],
+                Z=strided(z if z is not None else x),
+                DT_BIAS=strided(dt_bias if dt_bias is not None else x)[:3], OUT=out,
                 SIZE=(heads, p, n, heads // B.shape[1]), BLOCK_P=block_p, BLOCK_N=block_n,
                 HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None,
                 SOFTPLUS=bool(dt_softplus)),
