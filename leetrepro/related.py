@@ -9,7 +9,8 @@ how.
   :func:`normalized_linear_attention` runs the numerator through the operator at r and d
   themselves and the denominator as a running sum (a ones column would make d + 1, which pads
   the kernels' tiles), saving only the inputs, the output and the N denominators per head;
-  on a GPU its passes around the operator are four Triton launches (``methods/normalizer.py``).
+  on a GPU its passes around the operator are Triton launches (``methods/normalizer.py``):
+  two forward and two backward, beside the chunks' small scans.
 * **Linear Transformer / Performer** (``fast-attention-blog.txt``): the same with ``c = 0`` and a
   feature map applied to Q and K first (``elu + 1``; Performer's random features likewise):
   :func:`linear_transformer`.
@@ -74,7 +75,7 @@ class _Normalized(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, c, eps, method, options):
         ctx.args = (c, method, options)
-        if on_kernels(q, k, v):  # (the running sums, the division and the casts: two launches)
+        if on_kernels(q, k, v):  # (the running sums, the division and the casts: two passes)
             num = causal_linear_decoder(q, k, v, method=method, **options)
             o, den = normalized_output(num, q, k, v, c, eps)
             ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
@@ -97,7 +98,7 @@ class _Normalized(torch.autograd.Function):
         q, k, v, o, den = ctx.saved_tensors
         c, method, options = ctx.args
         need = ctx.needs_input_grad[:3]
-        if on_kernels(q, k, v, do):  # (one launch before the operator's backward, one after)
+        if on_kernels(q, k, v, do):  # (one pass before the operator's backward, one after)
             dnum, dden, k_before, dq_after, dnum_after = normalized_prologue(do, o, den[..., 0],
                                                                              q, k)
             dq, dk, dv = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
@@ -131,8 +132,8 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     keeps every ``1 + q·k`` ≥ 0 and the denominators positive). Differentiable in q, k, v.
     Time O(N r d) through the operator (``method``, ``options``: as
     :func:`leetrepro.causal_linear_decoder`); around it, on a GPU, the running sums, the
-    denominators, the division and the casts are two launches forward and two backward
-    (:mod:`leetrepro.methods.normalizer`; PyTorch's composition elsewhere); memory: the inputs,
+    denominators, the division and the casts are two passes forward and two backward, beside
+    the chunks' small scans (:mod:`leetrepro.methods.normalizer`; PyTorch's composition elsewhere); memory: the inputs,
     the output and N denominators per head are saved, nothing of size N × N or N × r × d.
     Compiles into one graph (``torch.compile(fullgraph=True)``: the backward goes through the
     operator's backward op and the passes' custom ops)."""

@@ -9,8 +9,8 @@ and the backward, with ``dnum = dO / den`` (the operator's dO) and ``dden_i = �
     dq_i += dden_i·ks_i,    dk_j += Σ_(i≥j) dden_i q_i,    dv_j += c·Σ_(i≥j) dnum_i
 
 Every pass is one launch over chunks of ``BLOCK_N`` rows, grid (batch·heads, chunks): a chunk's
-running sums start from the prefix (or suffix) of the chunks' totals, which the caller sums
-across chunks (a few floats a chunk). A tensor argument is ``(pointer, batch stride, head
+running sums start from the prefix (or suffix) of the chunks' totals, summed across chunks by
+:func:`normalizer_chunk_scan` (a few floats a chunk). A tensor argument is ``(pointer, batch stride, head
 stride, row stride)``, its last dimension contiguous; sums and products in float32.
 """
 import triton

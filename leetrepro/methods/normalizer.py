@@ -5,10 +5,10 @@ sums, row dots, divisions, casts) beside the operator itself.
 With f(x) = c + x and the operator's numerator ``num = op(q, k, v)`` (γ = 1):
 
 * :func:`normalized_output`: ``o = (num + c·cumsum(v)) / (c·(i + 1) + q·cumsum(k) + eps)``, in
-  v's dtype, and the denominators (float32): two launches (the chunks' sums of k and v, then
-  the output), reading q, k, v and num once each;
+  v's dtype, and the denominators (float32): two passes (the chunks' sums of k and v, then
+  the output), reading q, k, v and num once each, and between them the chunks' scans;
 * :func:`normalized_prologue`: the operator's dO (``dO / den``, in v's dtype), ``dden =
-  −(dO·o) / den`` and the chunks' sums the last pass starts from: one launch;
+  −(dO·o) / den`` and the chunks' sums the last pass starts from: one pass, then their scans;
 * :func:`normalized_epilogue`: ``dq + dden·cumsum(k)``, ``dk + revcumsum(dden·q)``, ``dv +
   c·revcumsum(dO / den)``: one launch.
 
@@ -16,6 +16,7 @@ Each is a custom op (``torch.library``) with its fake, so that a compiled graph 
 q, k ``(batch, heads, N, r)``, v, num, o, dO ``(batch, heads, N, d)`` (any strides but a
 contiguous last dimension), fp16/bf16/fp32; the denominators ``(batch, heads, N)`` float32.
 Running sums in float32, in chunks of :data:`BLOCK_N` rows from the prefix of the chunks' sums.
+The chunks' sums before (or after) each chunk are one small launch each (:func:`_scan`).
 O(N·(r + d)) per head. :func:`on_kernels` says where they run (a GPU; on a CPU, Triton's
 interpreter asked for by name).
 """
@@ -104,9 +105,11 @@ def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     launch(kernels.normalizer_totals, grid,
            dict(K=strided(k), V=strided(v), KT=kt, VT=vt, SIZE=size, **opts),
            num_warps=_warps("totals", r, d))
+    kp = _before(kt)
     launch(kernels.normalizer_forward, grid,
            dict(NUM=strided(num), Q=strided(q), K=strided(k), V=strided(v), O=strided(o), DEN=den,
-                KP=_before(kt), VP=_before(vt), SIZE=size, c=float(c), eps=float(eps),
+                # (v's sums are read only where c ≠ 0: no scan of them otherwise)
+                KP=kp, VP=_before(vt) if c != 0 else kp, SIZE=size, c=float(c), eps=float(eps),
                 HAS_C=c != 0, **opts), num_warps=_warps("forward", r, d))
     return o, den
 
