@@ -157,8 +157,8 @@ def measure(family: str, config, entries, device, *, reps: int = 5, train=TRAIN,
             peak = None
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-                timed(e, step)
-                peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
+                if timed(e, step) is not None:  # (a step that raised has no peak to tell)
+                    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
             t = median(steps[e])
             add(dict(entry=e, what="train", batch=train["batch"], tokens=train["seq"],
                      ms=t * 1e3, tokens_per_s=train["batch"] * train["seq"] / t,
