@@ -369,8 +369,23 @@ def test_host_probe_reports_a_call_s_host_time_and_where_it_goes():
     assert "gpu" not in lines[0]
     ops = int(lines[0].split("; ")[1].split()[0])
     assert ops > 5 and lines[0].endswith("kernel launches a call")
-    own = [float(line.split("µs")[0].split()[-1]) for line in lines[1:]]
+    own = [float(line.split("µs")[0].split()[-1]) for line in lines[1:13]]
     assert len(own) == 12 and own == sorted(own, reverse=True) and own[0] > 0
+    ours = lines[13:]
+    cumulative = [float(line.split("µs")[0].split()[-1]) for line in ours]
+    assert ours and all(line.endswith("(with what it calls)") for line in ours)
+    assert cumulative == sorted(cumulative, reverse=True) and cumulative[0] >= own[-1]
+
+
+def test_host_probe_takes_the_ssd_at_bench_ssd_s_shapes(monkeypatch):
+    """``probes.host``'s ``ssd_<label>`` cells call ``compat.mamba_chunk_scan_combined`` and its
+    backward on ``bench.ssd``'s inputs, gradients reaching every leaf (a shape made small)."""
+    from leetrepro.bench import ssd
+    from leetrepro.probes import host
+    monkeypatch.setattr(ssd, "SHAPES", [("tiny", 1, 40, 2, 8, 16, 1)])
+    fn = host.call_of("ssd_tiny", torch.device("cpu"))
+    grads = fn()
+    assert len(grads) == 7 and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
 def test_train_sweeps_are_the_steps_own_backward(monkeypatch):

@@ -1,8 +1,9 @@
 """Where an eager forward + backward's host time goes.
 
-``python -m leetrepro.probes.host [--cells bf16_bwd_gates_mamba2 …] [--out data/<gpu>]`` takes the
-backward cells of :mod:`leetrepro.probes.ncu` (``BACKWARD``: the gated backward beside the
-per-head decay's, bf16) and for each writes to ``host_calls.txt``:
+``python -m leetrepro.probes.host [--cells bf16_bwd_gates_mamba2 … ssd_zamba2 …] [--out data/<gpu>]``
+takes the backward cells of :mod:`leetrepro.probes.ncu` (``BACKWARD``: the gated backward beside
+the per-head decay's, bf16) and Mamba-2's SSD at :mod:`leetrepro.bench.ssd`'s shapes (``ssd_<label>``:
+``compat.mamba_chunk_scan_combined`` and its backward) and for each writes to ``host_calls.txt``:
 
 * ``host``: the median seconds the host spends in one call of ``causal_linear_decoder`` and its
   backward, the GPU not waited on (it queues the launches and returns;
@@ -10,9 +11,10 @@ per-head decay's, bf16) and for each writes to ``host_calls.txt``:
 * ``gpu``: the same call's GPU time, replayed from a CUDA graph (:func:`harness.graph_seconds`);
 * ``eager``: back-to-back calls, synchronised at the end (:func:`harness.wall_per_call`): what an
   eager training step pays, the larger of the two when they overlap;
-* the ATen operators and kernel launches one call issues (``torch.profiler``, CPU), and the
+* the ATen operators and kernel launches one call issues (``torch.profiler``, CPU), the
   functions with the most host time of their own (``cProfile``, one call), this package's and
-  torch's.
+  torch's, and this package's functions by their time with what they call (where the host time
+  of a step of the path goes).
 
 Host time is the eager path's limit wherever ``host`` > ``gpu``: a CUDA graph or
 ``torch.compile(mode="reduce-overhead")`` removes it, a shorter host path lowers it.
@@ -29,7 +31,18 @@ import torch
 
 def call_of(label: str, device, dtype=torch.bfloat16, shape: tuple | None = None):
     """``fn()``: one forward + backward of a backward cell (``probes.ncu.BACKWARD``, or
-    ``shape = (batch, heads, N, r, d, gated)``) on fresh inputs (:func:`ncu.backward_cell`)."""
+    ``shape = (batch, heads, N, r, d, gated)``) on fresh inputs (:func:`ncu.backward_cell`), or of
+    the SSD at ``bench.ssd``'s shape ``ssd_<label>``."""
+    if label.startswith("ssd_"):
+        from ..bench import ssd
+        shape = next(s[1:] for s in ssd.SHAPES if f"ssd_{s[0]}" == label)
+        from ..compat import mamba_chunk_scan_combined
+        leaves, dy = ssd._inputs(*shape, device, grad=True)
+
+        def ssd_call():
+            y = mamba_chunk_scan_combined(**leaves, chunk_size=ssd.CHUNK, dt_softplus=True)
+            return torch.autograd.grad(y, list(leaves.values()), dy)
+        return ssd_call
     from .ncu import backward_cell
     forward, leaves, dO = backward_cell(label, device, dtype, shape)
 
@@ -51,20 +64,23 @@ def operator_counts(fn) -> tuple:
     return len(top), launches
 
 
-def own_time(fn, top: int = 12) -> list:
+def own_time(fn, top: int = 12, cumulative: bool = False) -> list:
     """The ``top`` functions by their own host time in one call of ``fn`` (``cProfile``):
-    ``(seconds, calls, "file:line(name)")``, largest first."""
+    ``(seconds, calls, "file:line(name)")``, largest first; with ``cumulative``, this package's
+    functions by their time with what they call."""
     prof = cProfile.Profile()
     prof.enable()
     fn()
     prof.disable()
     stats = pstats.Stats(prof).stats
-    rows = [(tt, nc, f"{os.path.basename(f)}:{line}({name})")
-            for (f, line, name), (_, nc, tt, _, _) in stats.items()]
+    ours = os.sep + "leetrepro" + os.sep
+    rows = [(ct if cumulative else tt, nc, f"{os.path.basename(f)}:{line}({name})")
+            for (f, line, name), (_, nc, tt, ct, _) in stats.items()
+            if not cumulative or ours in f]
     return sorted(rows, key=lambda row: -row[0])[:top]
 
 
-def report(label: str, fn, device, reps: int = 20) -> list:
+def report(label: str, fn, device, reps: int = 20, top: int = 12) -> list:
     """The lines of one cell (module docstring)."""
     from ..bench.harness import graph_seconds, host_seconds, sync, wall_per_call
     for _ in range(3):  # (compiled, plans made, memory cached)
@@ -78,16 +94,21 @@ def report(label: str, fn, device, reps: int = 20) -> list:
              + (f", gpu {gpu * 1e3:.3f} ms (graph)" if gpu is not None else "")
              + f"; {ops} ATen operators, {launches} kernel launches a call"]
     lines += [f"{label:24s}   {t * 1e6:8.1f} µs  {calls:4d}×  {where}"
-              for t, calls, where in own_time(fn)]
+              for t, calls, where in own_time(fn, top)]
+    lines += [f"{label:24s}   {t * 1e6:8.1f} µs  {calls:4d}×  {where} (with what it calls)"
+              for t, calls, where in own_time(fn, top, cumulative=True)]
     return lines
 
 
 def main(argv=None) -> int:
     import argparse
 
+    from ..bench.ssd import SHAPES
     from .ncu import BACKWARD
+    cells = list(BACKWARD) + [f"ssd_{s[0]}" for s in SHAPES]
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cells", nargs="*", default=list(BACKWARD), choices=list(BACKWARD))
+    p.add_argument("--cells", nargs="*", default=cells, choices=cells)
+    p.add_argument("--top", type=int, default=12, help="functions listed a cell, by each order")
     p.add_argument("--out", default=None, help="folder for host_calls.txt (default data/<gpu>)")
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args(argv)
@@ -100,7 +121,7 @@ def main(argv=None) -> int:
              f"commit {meta['commit']}: causal_linear_decoder (method auto, bf16), medians of "
              f"{args.reps}; the functions by their own host time in one call (cProfile)"]
     for label in args.cells:
-        found = report(label, call_of(label, device), device, args.reps)
+        found = report(label, call_of(label, device), device, args.reps, args.top)
         lines += found
         print("\n".join(found), flush=True)
     with open(os.path.join(out, "host_calls.txt"), "w") as f:
