@@ -34,10 +34,15 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from ._direct import direct
 from .api import causal_linear_decoder
 from .methods.normalizer import (normalized_epilogue, normalized_output, normalized_prologue,
                                  on_kernels)
 
+
+# (eager calls skip the dispatcher: leetrepro._direct)
+_output, _prologue, _epilogue = (direct(op) for op in (normalized_output, normalized_prologue,
+                                                      normalized_epilogue))
 
 #: rows a running sum takes in one piece (:func:`_cumsum`)
 SCAN_BLOCK = 64
@@ -77,7 +82,7 @@ class _Normalized(torch.autograd.Function):
         ctx.args = (c, method, options)
         if on_kernels(q, k, v):  # (the running sums, the division and the casts: two passes)
             num = causal_linear_decoder(q, k, v, method=method, **options)
-            o, den = normalized_output(num, q, k, v, c, eps)
+            o, den = _output(num, q, k, v, c, eps)
             ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
             return o
         acc = torch.promote_types(v.dtype, torch.float32)
@@ -99,12 +104,11 @@ class _Normalized(torch.autograd.Function):
         c, method, options = ctx.args
         need = ctx.needs_input_grad[:3]
         if on_kernels(q, k, v, do):  # (one pass before the operator's backward, one after)
-            dnum, dden, k_before, dq_after, dnum_after = normalized_prologue(do, o, den[..., 0],
-                                                                             q, k)
+            dnum, dden, k_before, dq_after, dnum_after = _prologue(do, o, den[..., 0], q, k)
             dq, dk, dv = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
-            dq, dk, dv2 = normalized_epilogue(*(g if w else None for g, w in zip((dq, dk, dv), need)),
-                                              q, k, do, den[..., 0], dden, k_before, dq_after,
-                                              dnum_after, c)
+            dq, dk, dv2 = _epilogue(*(g if w else None for g, w in zip((dq, dk, dv), need)),
+                                    q, k, do, den[..., 0], dden, k_before, dq_after,
+                                    dnum_after, c)
             return (dq if need[0] else None, dk if need[1] else None,
                     (dv2 if c else dv) if need[2] else None, None, None, None, None)
         dnum = do.to(den.dtype) / den                                  # (…, N, d)

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from .._direct import direct
 from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, rows_contiguous, strided
 
 try:
@@ -115,6 +116,9 @@ def _(x, w, y, add, want_dw, w2=None, y2=None, want_dw2=False):
                         dtype=torch.float32))
 
 
+_ssd_rows = direct(ssd_rows)  # (eager calls skip the dispatcher: leetrepro._direct)
+
+
 def _per_head(D: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """D ``(heads,)`` as a float32 per-row factor of x's ``(batch, seqlen, heads)`` rows
     (strides 0 over batch and seqlen)."""
@@ -132,7 +136,7 @@ class _ScaleRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, alias, D):
         ctx.save_for_backward(x, dt, D)
-        v = ssd_rows(x, dt, None, None, False)[0]
+        v = _ssd_rows(x, dt, None, None, False)[0]
         return (v, x.view_as(x)) if alias else v
 
     @staticmethod
@@ -141,9 +145,9 @@ class _ScaleRows(torch.autograd.Function):
         want_dx, want_ddt = ctx.needs_input_grad[:2]
         want_dD = D is not None and ctx.needs_input_grad[3] and d_alias is not None
         if D is not None and d_alias is not None:
-            dx, ddt, dD = ssd_rows(x, dt, dv, None, want_ddt, _per_head(D, x), d_alias, want_dD)
+            dx, ddt, dD = _ssd_rows(x, dt, dv, None, want_ddt, _per_head(D, x), d_alias, want_dD)
         else:
-            dx, ddt, _ = ssd_rows(x, dt, dv, d_alias, want_ddt)
+            dx, ddt, _ = _ssd_rows(x, dt, dv, d_alias, want_ddt)
         return (dx if want_dx else None, ddt if want_ddt else None, None,
                 dD.sum((0, 1)).to(D.dtype) if want_dD else None)
 
@@ -154,7 +158,7 @@ class _SkipOnAlias(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, x_alias, D):
-        return ssd_rows(x_alias, _per_head(D, x_alias), None, o, False)[0]
+        return _ssd_rows(x_alias, _per_head(D, x_alias), None, o, False)[0]
 
     @staticmethod
     def backward(ctx, dy):
@@ -168,14 +172,14 @@ class _Skip(torch.autograd.Function):
     def forward(ctx, o, x, D):
         w = _per_head(D, x)
         ctx.save_for_backward(x, w)
-        return ssd_rows(x, w, None, o, False)[0]
+        return _ssd_rows(x, w, None, o, False)[0]
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         want_dD = ctx.needs_input_grad[2]
         if ctx.needs_input_grad[1] or want_dD:
-            dx, dw, _ = ssd_rows(x, w, dy, None, want_dD)
+            dx, dw, _ = _ssd_rows(x, w, dy, None, want_dD)
         return (dy if ctx.needs_input_grad[0] else None,
                 dx if ctx.needs_input_grad[1] else None,
                 dw.sum((0, 1)) if want_dD else None)
@@ -294,6 +298,9 @@ def _(raw, bias, A, ddt, dg, softplus, low, high):
             raw.new_empty(heads, dtype=torch.float32))
 
 
+_dt_gates, _dt_gates_backward = direct(dt_gates), direct(dt_gates_backward)
+
+
 class _StepSizes(torch.autograd.Function):
     """:func:`dt_gates` with its backward :func:`dt_gates_backward`."""
 
@@ -301,7 +308,7 @@ class _StepSizes(torch.autograd.Function):
     def forward(ctx, raw, bias, A, softplus, low, high):
         ctx.save_for_backward(raw, bias, A)
         ctx.args = (softplus, low, high)
-        return dt_gates(raw, bias, A, softplus, low, high)
+        return _dt_gates(raw, bias, A, softplus, low, high)
 
     @staticmethod
     def backward(ctx, ddt, dg):
@@ -309,7 +316,7 @@ class _StepSizes(torch.autograd.Function):
         need_raw, need_bias, need_a = ctx.needs_input_grad[:3]
         if not (need_raw or need_bias or need_a):
             return None, None, None, None, None, None
-        draw, dbias, da = dt_gates_backward(raw, bias, A, ddt, dg, *ctx.args)
+        draw, dbias, da = _dt_gates_backward(raw, bias, A, ddt, dg, *ctx.args)
         return (draw if need_raw else None, dbias.to(bias.dtype) if need_bias else None,
                 da.to(A.dtype) if need_a else None, None, None, None)
 

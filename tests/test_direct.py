@@ -1,0 +1,104 @@
+"""Custom ops called without the dispatcher in eager mode (``leetrepro._direct``): the same numbers
+as the op, bit for bit, forward and backward; the op itself wherever something traces the call."""
+import pytest
+import torch
+
+from leetrepro import _direct
+from leetrepro.methods import ssd_rows
+from leetrepro.models import _conv, _norm
+
+
+def _calls():
+    """(name, op, the module's direct call, positional inputs as fresh leaves)."""
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    return [
+        ("gated_rms_norm", _norm.gated_rms_norm_fwd, _norm._gated_rms_norm_fwd,
+         lambda: (r(2, 5, 12), r(2, 5, 12), r(12), 1e-5, 3)),
+        ("causal_conv_silu", _conv.causal_conv_silu_fwd, _conv._causal_conv_silu_fwd,
+         lambda: (r(2, 9, 6), r(6, 1, 4), r(6), None)),
+        ("ssd_rows", ssd_rows.ssd_rows, ssd_rows._ssd_rows,
+         lambda: (r(2, 7, 3, 4), r(2, 7, 3).abs(), r(2, 7, 3, 4), None, True)),
+        ("dt_gates", ssd_rows.dt_gates, ssd_rows._dt_gates,
+         lambda: (r(2, 7, 3), r(3), -r(3).abs(), True, 0.0, 5.0)),
+    ]
+
+
+@pytest.mark.parametrize("name, op, call, inputs", _calls(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("grad", [False, True])
+def test_direct_call_gives_the_op_s_numbers_and_gradients(name, op, call, inputs, grad):
+    """Every input that can take a gradient asks for one (``grad``): outputs and gradients equal
+    the op's bit for bit; without gradients the direct call runs the implementation alone."""
+    args = inputs()
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    results = []
+    for fn in (op, call):
+        fresh = [a.detach().clone().requires_grad_(grad) if isinstance(a, torch.Tensor) else a
+                 for a in args]
+        out = fn(*fresh)
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = ()
+        if grad and op._backward_fn is not None:
+            ts = [t for t in fresh if isinstance(t, torch.Tensor) and t.requires_grad]
+            first = outs[0]
+            grads = torch.autograd.grad(first, ts, torch.ones_like(first) * 0.5)
+        results.append((outs, grads))
+    (o1, g1), (o2, g2) = results
+    assert leaves and len(o1) == len(o2)
+    assert all(torch.equal(a, b) for a, b in zip(o1, o2))
+    assert len(g1) == len(g2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+    if grad and op._backward_fn is not None:
+        assert g1 and all(g.abs().sum() > 0 for g in g1)
+
+
+def test_direct_call_takes_the_op_where_something_traces(monkeypatch):
+    """Under a dispatch mode (fake tensors), a functorch transform, with a tensor subclass, or
+    with ``DIRECT = False``, the call goes through the op; in plain eager mode it does not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    seen = []
+    op = _norm.gated_rms_norm_fwd
+    real = op._init_fn
+    monkeypatch.setattr(op, "_init_fn", lambda *a: (seen.append("impl"), real(*a))[1])
+    call = _direct.direct(op)
+    y, z, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    assert _direct.traced((y, z, w)) is False
+    call(y, z, w, 1e-5, 1)
+    with FakeTensorMode() as mode:
+        fy, fz, fw = (mode.from_tensor(t) for t in (y, z, w))
+        assert _direct.traced((fy, fz, fw))
+        out = call(fy, fz, fw, 1e-5, 1)[0]
+    assert out.shape == y.shape and seen == ["impl"]  # (the fake call took the op's fake)
+    monkeypatch.setattr(_direct, "DIRECT", False)
+    assert torch.equal(call(y, z, w, 1e-5, 1)[0], op(y, z, w, 1e-5, 1)[0])
+
+
+def test_direct_call_under_vmap_and_subclasses_is_traced():
+    """functorch's transforms and tensor subclasses count as tracing."""
+    seen = []
+    torch.func.vmap(lambda a: (seen.append(_direct.traced((a,))), a)[1])(torch.randn(2, 3))
+    assert seen == [True]
+
+    class Sub(torch.Tensor):
+        pass
+    assert _direct.traced((torch.randn(2).as_subclass(Sub),))
+    assert not _direct.traced((torch.nn.Parameter(torch.randn(2)), 3, None))
+
+
+def test_direct_keeps_the_dispatcher_for_mutating_ops():
+    from leetrepro import decode
+    with pytest.raises(ValueError, match="mutates"):
+        _direct.direct(decode._decode_step)
+
+
+def test_compiled_graph_holds_the_op():
+    """``torch.compile`` traces the op, not its implementation (the graph keeps the custom op)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    counter = CompileCounterWithBackend("eager")
+    y, z, w = torch.randn(3, 8), torch.randn(3, 8), torch.randn(8)
+    fn = torch.compile(lambda a, b, c: _norm.gated_rms_norm(a, b, c), backend=counter,
+                       fullgraph=True)
+    assert torch.equal(fn(y, z, w), _norm.gated_rms_norm(y, z, w))
+    graph = counter.graphs[0]
+    assert any("leetrepro.gated_rms_norm" in str(n.target) for n in graph.graph.nodes)
