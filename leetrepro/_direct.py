@@ -62,15 +62,19 @@ class _Autograd(torch.autograd.Function):
 
 
 def direct(op):
-    """``call(*args, **kwargs)``: ``op(*args, **kwargs)`` (a ``torch.library`` custom op with no
-    mutated arguments), its implementation called directly where nothing traces the call (module
-    docstring); with gradients where the op registered its autograd and an input needs one."""
+    """``call(*args, **kwargs)``: ``op(*args, **kwargs)`` (a ``torch.library`` custom op), its
+    implementation called directly where nothing traces the call (module docstring); with
+    gradients where the op registered its autograd and an input needs one; the tensors an op
+    mutates marked changed (their version counters), as its dispatch marks them."""
     signature = inspect.signature(op._init_fn)
     impl = op._init_fn
-    if op._opoverload._schema.is_mutable or any(
-            p.kind is p.KEYWORD_ONLY for p in signature.parameters.values()):
-        raise ValueError(f"direct({op._name}): an op that mutates its arguments or takes "
-                         f"keyword-only ones keeps the dispatcher")
+    mutated = [i for i, a in enumerate(op._opoverload._schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+    # (torch.library takes no autograd formula for an op that mutates its arguments, so the
+    # mutated ones are marked changed below and never meet _Autograd)
+    if any(p.kind is p.KEYWORD_ONLY for p in signature.parameters.values()):
+        raise ValueError(f"direct({op._name}): an op that takes keyword-only arguments keeps "
+                         f"the dispatcher")
 
     def call(*args, **kwargs):
         if kwargs:
@@ -86,7 +90,13 @@ def direct(op):
                 bound.apply_defaults()
                 args = bound.args
             return _Autograd.apply(*args, op)
-        return impl(*args)
+        if not mutated:
+            return impl(*args)
+        out = impl(*args)
+        # (as the op's dispatch does: autograd then sees a tensor written in place as changed)
+        torch.autograd.graph.increment_version(
+            [args[i] for i in mutated if i < len(args) and isinstance(args[i], torch.Tensor)])
+        return out
     call.op = op
     call.__doc__ = op._init_fn.__doc__
     call.__name__ = op._init_fn.__name__

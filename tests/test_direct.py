@@ -86,10 +86,29 @@ def test_direct_call_under_vmap_and_subclasses_is_traced():
     assert not _direct.traced((torch.nn.Parameter(torch.randn(2)), 3, None))
 
 
-def test_direct_keeps_the_dispatcher_for_mutating_ops():
-    from leetrepro import decode
-    with pytest.raises(ValueError, match="mutates"):
-        _direct.direct(decode._decode_step)
+def test_direct_marks_what_an_op_mutates():
+    """An op that mutates an argument, called directly, bumps that tensor's version counter as
+    its dispatch does; an op with keyword-only arguments keeps the dispatcher."""
+    @torch.library.custom_op("leetrepro_test::fill_first", mutates_args=("t",))
+    def fill_first(t: torch.Tensor, v: float) -> torch.Tensor:
+        t[0] = v
+        return t.sum(0, keepdim=True).clone()
+
+    @fill_first.register_fake
+    def _(t, v):
+        return t.new_empty(1, *t.shape[1:])
+    call = _direct.direct(fill_first)
+    t = torch.zeros(3, 2)
+    version = t._version
+    out = call(t, 2.0)
+    assert t._version > version and torch.equal(t[0], torch.full((2,), 2.0))
+    assert torch.equal(out, torch.full((1, 2), 2.0))
+
+    @torch.library.custom_op("leetrepro_test::keyword_only", mutates_args=())
+    def keyword_only(x: torch.Tensor, *, k: float) -> torch.Tensor:
+        return x * k
+    with pytest.raises(ValueError, match="keyword-only"):
+        _direct.direct(keyword_only)
 
 
 def test_compiled_graph_holds_the_op():

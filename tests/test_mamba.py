@@ -547,9 +547,9 @@ def test_the_gated_norm_kernel_is_the_block_s_norm(monkeypatch, dtype, d, groups
 @pytest.mark.slow
 def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
     """The portable one-launch passes around the operator (the gates' tile sums, the group sums
-    at a few heads a group and at many, the step sizes and their backward, the gated norm and
-    the causal convolution forward and backward; normalised linear attention's four at r = d =
-    128), compiled for sm_90 on the host as their
+    at a few heads a group and at many, the step sizes and their backward, the gated norm, the
+    causal convolution forward and backward and its decode step; normalised linear attention's
+    four at r = d = 128), compiled for sm_90 on the host as their
     launchers launch them at Codestral's shapes (the interpreter checks their numbers, not their
     resources): each compiles within the SM's shared memory and spills nothing (the gated norm's
     backward at Codestral's groups of 1024 channels and over a whole row of 8192)."""
@@ -622,6 +622,76 @@ def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, b
     want = [want, *torch.autograd.grad(want, exact, dout.double())]
     for a, e in zip(got, want):
         assert rel_error(a.double(), e) <= (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def _conv_update_case(dtype, state_dtype, bias, n, device="cpu"):
+    """x (a (batch, C, L) view of time-major rows), a state, weight (C, 1, K) and bias, and the
+    float64 answer ``(out, new state)`` of one decode step of the convolution with its SiLU."""
+    gen = torch.Generator().manual_seed(13)
+    batch, c, k = 3, 70, 4
+    x = torch.randn(batch, n, c + 5, generator=gen)[..., 2:2 + c].to(dtype).transpose(1, 2)
+    state = torch.randn(batch, c, k, generator=gen).to(state_dtype)
+    w = torch.randn(c, 1, k, generator=gen) / 2
+    b = torch.randn(c, generator=gen) if bias else None
+    window = torch.cat([state.double(), x.double()], -1)
+    pre = torch.nn.functional.conv1d(window, w.double(), None if b is None else b.double(),
+                                     groups=c)[..., -n:]
+    want = (torch.nn.functional.silu(pre), window[..., -k:])
+    return [t.to(device) if t is not None else None for t in (x, state, w, b)], want
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype, state_dtype, bias, n", quick_lane(
+    [(torch.float32, torch.float32, True, 1), (torch.float16, torch.float32, False, 1),
+     (torch.float16, torch.float16, True, 3), (torch.float32, torch.float32, True, 6)],
+    keep=(0,), unpack=True))
+def test_the_conv_update_kernel_is_a_decode_step_of_the_convolution(monkeypatch, dtype,
+                                                                   state_dtype, bias, n):
+    """``models._conv.causal_conv_update`` (one decode step of the block's convolution and its
+    SiLU, causal-conv1d's ``causal_conv1d_update``; one launch on a GPU, interpreted here)
+    against float64: n new rows (more than the window's K = 4 included), x a strided view of
+    time-major rows, C not a multiple of the kernel's block, the state updated in place to the
+    last K inputs exactly (a copy of the inputs), its version counter bumped; PyTorch's path the
+    same; opcheck of the op, which mutates the state."""
+    from leetrepro.models import _conv
+    (x, state, w, b), (want, want_state) = _conv_update_case(dtype, state_dtype, bias, n)
+
+    def run():
+        s = state.clone()
+        version = s._version
+        out = _conv.causal_conv_update(x, s, w, b)
+        assert s._version > version
+        return out, s
+    plain, got = _pytorch_then_kernel(monkeypatch, lambda t: _conv._update_kernel(t, state),
+                                      x, run)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for out, s in (plain, got):
+        assert out.dtype == dtype and out.shape == want.shape and torch.isfinite(out).all()
+        assert rel_error(out.double(), want) <= tol, rel_error(out.double(), want)
+        assert s.dtype == state_dtype and torch.equal(s.double(), want_state.to(state_dtype).double())
+    torch.library.opcheck(_conv.causal_conv_update_op,
+                          (x[:1, :3], state[:1, :3].clone(), w[:3, 0], None if b is None else b[:3],
+                           True))
+    with pytest.raises(ValueError, match="do not agree"):
+        _conv.causal_conv_update(x, state[..., :3], w, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype, state_dtype, n", [(torch.bfloat16, torch.bfloat16, 1),
+                                                   (torch.bfloat16, torch.float32, 1),
+                                                   (torch.float32, torch.float32, 5)])
+def test_the_conv_update_kernel_on_the_gpu(dtype, state_dtype, n):
+    """The decode step of the convolution on a GPU (its one launch) against float64 and the
+    state's new window exactly."""
+    from leetrepro.models import _conv
+    (x, state, w, b), (want, want_state) = _conv_update_case(dtype, state_dtype, True, n, "cuda")
+    assert _conv._update_kernel(x, state)
+    out = _conv.causal_conv_update(x, state, w, b)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.isfinite(out).all() and rel_error(out.double().cpu(), want) <= tol
+    assert torch.equal(state.cpu().double(), want_state.to(state_dtype).double())
 
 
 @pytest.mark.slow

@@ -80,18 +80,14 @@ def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, seq_idx=
 def causal_conv1d_update(hidden_states, conv_state, weight, bias=None, activation=None, **_):
     """causal-conv1d's ``causal_conv1d_update``: the new rows x ``(batch, channels, L)`` shifted
     into ``conv_state`` ``(batch, channels, width)`` in place; returns their outputs
-    ``(batch, channels, L)`` in x's dtype."""
-    n = hidden_states.shape[-1]
-    window = torch.cat([conv_state, hidden_states.to(conv_state.dtype)], -1)
-    conv_state.copy_(window[..., -conv_state.shape[-1]:])
-    width = weight.shape[-1]
-    taps = window.unfold(-1, width, 1)[..., -n:, :]  # (batch, channels, L, width)
-    out = (taps * weight[:, None, :].to(taps.dtype)).sum(-1)
-    if bias is not None:
-        out = out + bias[:, None].to(out.dtype)
-    if activation in ("silu", "swish"):
-        out = torch.nn.functional.silu(out)
-    return out.to(hidden_states.dtype)
+    ``(batch, channels, L)`` in x's dtype (:func:`leetrepro.models._conv.causal_conv_update`:
+    one launch on a GPU)."""
+    from ..models._conv import causal_conv_update
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"causal_conv1d_update: activation {activation!r} is not computed here "
+                         f"(None, 'silu' or 'swish')")
+    return causal_conv_update(hidden_states, conv_state, weight, bias,
+                              silu=activation is not None)
 
 
 def selective_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None,

@@ -151,3 +151,48 @@ def causal_conv_backward(X, W, BIAS, SEQ, DOUT, DX, PARTS, SIZE, K: tl.constexpr
     tl.store(PARTS + kk[:, None] * stride + part[None, :], dw,
              mask=(kk < K)[:, None] & ok_c[None, :])
     tl.store(PARTS + K * stride + part, db, mask=ok_c)
+
+
+@triton.jit
+def causal_conv_update(X, STATE, W, BIAS, OUT, SIZE, XS, SS, OS, BLOCK_C: tl.constexpr,
+                       BLOCK_W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr):
+    """L new rows of each channel shifted into its window of the last K inputs, in place, and their
+    outputs: with ``new = [state, x]`` (K + L values a channel),
+
+        out[t, c] = act(bias[c] + Σ_(k < K) w[c, k] · new[t + 1 + k, c]),   state ← new[L:]
+
+    x ``(batch, C, L)`` and out at strides ``XS`` / ``OS`` (batch, channel, row), the state
+    ``(batch, C, K)`` at ``SS``, w ``(C, K)`` contiguous; SIZE = (C, K, L). A program takes
+    ``BLOCK_C`` channels of one batch row, all its old window read before any is written."""
+    C, K, L = SIZE
+    b = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok_c = cols < C
+    taps = tl.arange(0, BLOCK_W)
+    ok = ok_c[:, None] & (taps < K)[None, :]
+    s_at = STATE + b * SS[0] + cols[:, None] * SS[1] + taps[None, :] * SS[2]
+    state = tl.load(s_at, mask=ok, other=0.0)
+    w = tl.load(W + cols[:, None] * K + taps[None, :], mask=ok, other=0.0).to(tl.float32)
+    bias = _bias(BIAS, cols, ok_c, BLOCK_C, HAS_BIAS)
+    x_at = X + b * XS[0] + cols * XS[1]
+    for t in range(L):
+        # (tap k reads new[t + 1 + k]: the old window's position t + 1 + k, else x's row
+        # t + 1 + k − K)
+        at = t + 1 + taps
+        old = tl.gather(state, tl.minimum(at, BLOCK_W - 1)[None, :]
+                        + tl.zeros([BLOCK_C, BLOCK_W], tl.int32), axis=1)
+        new = tl.load(x_at[:, None] + (at - K)[None, :] * XS[2],
+                      mask=ok & (at >= K)[None, :], other=0.0)
+        win = tl.where((at < K)[None, :], old.to(tl.float32), new.to(tl.float32))
+        pre = tl.sum(win * w, axis=1) + bias
+        if SILU:
+            pre = pre * tl.sigmoid(pre)
+        tl.store(OUT + b * OS[0] + cols * OS[1] + t * OS[2], pre.to(OUT.dtype.element_ty),
+                 mask=ok_c)
+    # (the window's new last K: old positions L + j where L + j < K, else x's row L + j − K)
+    at = L + taps
+    old = tl.gather(state, tl.minimum(at, BLOCK_W - 1)[None, :]
+                    + tl.zeros([BLOCK_C, BLOCK_W], tl.int32), axis=1)
+    new = tl.load(x_at[:, None] + (at - K)[None, :] * XS[2], mask=ok & (at >= K)[None, :],
+                  other=0.0)
+    tl.store(s_at, tl.where((at < K)[None, :], old, new.to(old.dtype)), mask=ok)

@@ -211,3 +211,68 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if seq_idx is not None:
         seq_idx = seq_idx.to(device=x.device, dtype=torch.int32).contiguous()
     return _causal_conv_silu_fwd(x, weight, bias, seq_idx)
+
+
+def _update_by_taps(x, conv_state, weight, bias, silu):
+    """PyTorch's expressions of :func:`causal_conv_update` (a CPU, or where the kernel does not
+    take the tensors)."""
+    n = x.shape[-1]
+    window = torch.cat([conv_state, x.to(conv_state.dtype)], -1)
+    conv_state.copy_(window[..., -conv_state.shape[-1]:])
+    taps = window.unfold(-1, weight.shape[-1], 1)[..., -n:, :].float()  # (batch, C, L, K)
+    out = (taps * weight.float()[:, None, :]).sum(-1)
+    if bias is not None:
+        out = out + bias.float()[:, None]
+    return (torch.nn.functional.silu(out) if silu else out).to(x.dtype)
+
+
+def _update_kernel(x: torch.Tensor, conv_state: torch.Tensor) -> bool:
+    """Whether :func:`causal_conv_update`'s kernel takes these tensors (a window of at most 16)."""
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    return on_row_kernels(x, conv_kernels) and x.numel() > 0 and (ON_GPU or not x.is_cuda) and \
+        x.dtype in floats and conv_state.dtype in floats and conv_state.shape[-1] <= 16
+
+
+@torch.library.custom_op("leetrepro::causal_conv_update", mutates_args=("conv_state",))
+def causal_conv_update_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
+    """:func:`causal_conv_update` with weight ``(C, K)``."""
+    batch, c, n = x.shape
+    k = weight.shape[-1]
+    if not _update_kernel(x, conv_state):
+        return _update_by_taps(x, conv_state, weight, bias, silu)
+    out = torch.empty(batch, c, n, dtype=x.dtype, device=x.device)
+    block_c = min(256, next_pow2(c))
+    launch(conv_kernels.causal_conv_update, (batch, cdiv(c, block_c)),
+           dict(X=x, STATE=conv_state, W=weight.contiguous(), BIAS=bias, OUT=out,
+                SIZE=(c, k, n), XS=tuple(x.stride()), SS=tuple(conv_state.stride()),
+                OS=tuple(out.stride()), BLOCK_C=block_c, BLOCK_W=next_pow2(k),
+                HAS_BIAS=bias is not None, SILU=bool(silu)),
+           num_warps=4)
+    return out
+
+
+@causal_conv_update_op.register_fake
+def _(x, conv_state, weight, bias, silu):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+_causal_conv_update = direct(causal_conv_update_op)
+
+
+def causal_conv_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None = None, silu: bool = True) -> torch.Tensor:
+    """One decode step of the causal depthwise convolution (``causal_conv1d_update``'s
+    semantics): x ``(batch, C, L)`` the L new inputs of each channel (any strides), shifted into
+    ``conv_state`` ``(batch, C, K)``, the last K inputs, in place; returns ``(batch, C, L)`` in x's
+    dtype, ``act(bias + Σ_k w[·, k] · new[t + 1 + k])`` over ``new = [conv_state, x]`` (``silu``:
+    the SiLU), products and sums in float32. weight ``(C, K)`` or a depthwise ``nn.Conv1d``'s
+    ``(C, 1, K)``. One launch on a GPU (``kernels/causal_conv.py``), where PyTorch's expressions
+    take six to nine. O(batch·C·(K + L)·L)."""
+    weight = weight.reshape(weight.shape[0], weight.shape[-1])
+    if x.dim() != 3 or conv_state.dim() != 3 or conv_state.shape[:2] != x.shape[:2] or \
+            conv_state.shape[-1] != weight.shape[-1] or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"causal_conv_update: x (batch, C, L) {tuple(x.shape)}, conv_state "
+                         f"(batch, C, K) {tuple(conv_state.shape)} and weight (C, K) "
+                         f"{tuple(weight.shape)} do not agree")
+    return _causal_conv_update(x, conv_state, weight, bias, bool(silu))

@@ -21,7 +21,7 @@ from torch import nn
 from .._inputs import expand_groups
 from ..compat import check_dt_limit, mamba_chunk_scan_combined
 from ..decode import decode_step
-from ._conv import causal_conv_silu
+from ._conv import causal_conv_silu, causal_conv_update
 from ._norm import gated_rms_norm
 
 
@@ -113,10 +113,8 @@ class Mamba2Block(nn.Module):
         with the token's gate dt·A. Returns ``(batch, d_model)``."""
         self._check_step(u, conv_state, pool, slots)
         z, xbc, dt = self._split(self.in_proj(u))
-        conv_state.copy_(torch.roll(conv_state, -1, -1))
-        conv_state[..., -1] = xbc
-        w = self.conv1d.weight.squeeze(1)  # (channels, d_conv)
-        xbc = torch.nn.functional.silu((conv_state * w).sum(-1) + self.conv1d.bias)
+        xbc = causal_conv_update(xbc[..., None], conv_state, self.conv1d.weight,
+                                 self.conv1d.bias)[..., 0]
         x, B, C = self._ssd_inputs(xbc)
         dt = torch.nn.functional.softplus(dt.float() + self.dt_bias.float())
         if tuple(self.dt_limit) != (0.0, math.inf):

@@ -118,7 +118,8 @@ def main(argv=None) -> int:
         return 2
     device, meta, out = setup
     lines = [f"# Host time of one eager forward + backward, {meta['gpu']}, {meta['date']}, "
-             f"commit {meta['commit']}: causal_linear_decoder (method auto, bf16), medians of "
+             f"commit {meta['commit']}: causal_linear_decoder (method auto, bf16) and the SSD "
+             f"(compat.mamba_chunk_scan_combined, bf16), medians of "
              f"{args.reps}; the functions by their own host time in one call (cProfile)"]
     for label in args.cells:
         found = report(label, call_of(label, device), device, args.reps, args.top)

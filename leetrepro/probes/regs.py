@@ -320,6 +320,11 @@ def passes_jobs() -> list:
          dict(K=4, K_PAD=4, BLOCK_T=_conv.BACKWARD[0], BLOCK_C=_conv.BACKWARD[1], HAS_BIAS=True,
               HAS_SEQ=False),
          _conv.BACKWARD[2]),
+        # (a decode step at Zamba2's conv channels, bf16 rows, float32 state)
+        ("causal_conv_update", causal_conv.causal_conv_update,
+         dict(X=p16, STATE=p32, W=p16, BIAS=p16, OUT=p16, SIZE=i3, XS=i3, SS=i3, OS=i3,
+              BLOCK_C=c, BLOCK_W=c, HAS_BIAS=c, SILU=c),
+         dict(BLOCK_C=256, BLOCK_W=4, HAS_BIAS=True, SILU=True), 4),
     ] + normalizer_jobs() + [state_update_job()]
 
 
