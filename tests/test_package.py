@@ -273,3 +273,79 @@ def test_the_eca_stage_timings_say_their_progress(monkeypatch, capsys):
     rows = related.measure_eca_stages(torch.device("cpu"), reps=1)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("eca stages")]
     assert len(lines) == 2 and "(2/2)" in lines[1] and len(rows) == 12
+
+
+def _monkeypatch_targets():
+    """Every ``monkeypatch.setattr(module, "NAME", …)`` in the tests whose module is one of this
+    package's, imported in that file under that alias: ``(file, line, module path, NAME)``."""
+    import ast
+    import pathlib
+    found = []
+    for path in sorted(pathlib.Path(__file__).parent.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("leetrepro"):
+                for a in node.names:
+                    aliases.setdefault(a.asname or a.name, set()).add(f"{node.module}.{a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("leetrepro") and a.asname:
+                        aliases.setdefault(a.asname, set()).add(a.name)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "setattr" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "monkeypatch" and len(node.args) >= 2):
+                continue
+            target, name = node.args[0], node.args[1]
+            if isinstance(target, ast.Name) and target.id in aliases and \
+                    isinstance(name, ast.Constant) and isinstance(name.value, str):
+                found.append((path.name, node.lineno, aliases[target.id], name.value))
+    return found
+
+
+def test_every_name_the_tests_patch_is_where_they_patch_it():
+    """A test that patches a module's name the module no longer has, or only re-exports, would
+    patch nothing where the code moved (GPU-only tests included, which this CPU never runs):
+    every ``monkeypatch.setattr(module, "NAME", …)`` on this package's modules names an
+    attribute the module defines or its own code reads."""
+    import importlib
+    targets = _monkeypatch_targets()
+    assert len(targets) > 50
+    missing = []
+    for file, line, paths, name in targets:
+        modules = []
+        for p in paths:
+            try:
+                modules.append(importlib.import_module(p))
+            except ImportError:  # (a name imported from a module, not a module)
+                parent, _, attr = p.rpartition(".")
+                modules.append(getattr(importlib.import_module(parent), attr))
+        if not any(hasattr(m, name) and _reads_or_defines(m, name) for m in modules):
+            missing.append(f"{file}:{line} {sorted(paths)} .{name}")
+    assert not missing, missing
+
+
+def _reads_or_defines(module, name: str) -> bool:
+    """Whether a patch of ``module.name`` reaches code: the module defines the name at its top
+    level (others read it as ``module.name``) or its own code reads it (an imported function
+    its functions call); a name the module only re-exports is neither."""
+    import ast
+    import inspect
+    if not inspect.ismodule(module):
+        return True
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError):
+        return True
+    for node in tree.body:
+        targets = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            targets = [node.name]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                targets += [n.id for n in ast.walk(t) if isinstance(n, ast.Name)]
+        if name in targets:
+            return True
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               for n in ast.walk(tree))
