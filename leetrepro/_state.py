@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._decay import powers, scale_rows
+from .decay.per_head import powers, scale_rows
 
 
 def check_state(state: torch.Tensor | None, B: torch.Tensor, V: torch.Tensor,

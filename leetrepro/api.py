@@ -7,7 +7,9 @@ import torch
 
 from . import methods as _methods  # noqa: F401  (fills the registry)
 from . import ops, registry
-from ._inputs import check_cu_seqlens, check_gates, check_qkv, normalize_gamma
+from ._inputs import check_cu_seqlens, check_qkv
+from .decay.per_head import normalize_gamma
+from .decay.per_token import check_gates
 from ._state import check_state
 from .registry import get
 

@@ -19,7 +19,8 @@ import math
 
 import torch
 
-from ._inputs import check_4d, check_gamma_values, mark_checked, memo_by_tensor, positive_where_free
+from ._inputs import check_4d, memo_by_tensor, positive_where_free
+from .decay.per_head import check_gamma_values, mark_checked
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)

@@ -30,7 +30,9 @@ import functools
 import torch
 
 from ._device import sm_count
-from ._inputs import FLOAT_DTYPES, check_gates, normalize_gamma
+from ._inputs import FLOAT_DTYPES
+from .decay.per_head import normalize_gamma
+from .decay.per_token import check_gates
 from .registry import GPU_DTYPES
 
 try:

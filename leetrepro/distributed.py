@@ -35,10 +35,11 @@ import torch
 import torch.distributed as dist
 
 from . import ops
-from ._decay import fold_gates, running_gates, shift_gates
-from ._inputs import check_gates, check_qkv, gate_dtype, log_gamma, normalize_gamma
+from ._inputs import check_qkv
 from ._state import check_state, final_state
 from .api import _autocast
+from .decay.per_head import log_gamma, normalize_gamma
+from .decay.per_token import check_gates, fold_gates, gate_dtype, running_gates, shift_gates
 from .registry import GPU_DTYPES
 
 
@@ -96,7 +97,7 @@ def local_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     """``Σ_j λ^(L-1-j) c_jᵀ v_j`` (``reverse``: ``Σ_j λ^j c_jᵀ v_j``), ``(batch, heads, r, d)`` in the
     state dtype: one pass over C and V (the Triton kernel ``chunk_state`` on a GPU, a matrix
     product elsewhere). ``g``: per-token gates with γ folded in (gamma None), read at each row
-    (in reverse, the caller passes them shifted: :func:`leetrepro._decay.shift_gates`)."""
+    (in reverse, the caller passes them shifted: :func:`leetrepro.decay.per_token.shift_gates`)."""
     if C.is_cuda and V.dtype in GPU_DTYPES:
         from .methods.chunk import chunk_state
         return chunk_state(C, V, gamma, reverse=reverse, fp32_precision=fp32_precision, g=g)

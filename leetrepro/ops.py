@@ -36,9 +36,9 @@ With a state (``initial_state`` S0, final state S_N, gradient dS_N), using X = d
 R = λ^N X + Σ_t λ^t b_tᵀ dO_t). The decays are fixed: no gradient flows to ``gamma``.
 
 **Per-token gates** ``g`` (M[i, j] = exp(G_i − G_j), G the running sum; a γ folds into them as
-g + log λ, :func:`leetrepro._decay.fold_gates`). The transposed mask is the operator on reversed
+g + log λ, :func:`leetrepro.decay.per_token.fold_gates`). The transposed mask is the operator on reversed
 rows whose gates are shifted by one (row t carries g_(t+1), each sequence's last row 0:
-:func:`leetrepro._decay.shift_gates`), so the same three sweeps give dB, dC, dV, with X = dS_N
+:func:`leetrepro.decay.per_token.shift_gates`), so the same three sweeps give dB, dC, dV, with X = dS_N
 and dS0 = e^(g_0) R. The gates' gradient needs no sweep of its own: G_i enters row i's output
 and −G_j column j's, so
 
@@ -74,9 +74,9 @@ import os
 import torch
 
 from . import dispatch, registry
-from ._decay import fold_gates, shift_gates
-from ._inputs import (check_gamma_values, expand_groups, gate_dtype, lane_heads, normalize_gamma,
-                      sum_groups)
+from ._inputs import expand_groups, lane_heads, sum_groups
+from .decay.per_head import check_gamma_values, normalize_gamma
+from .decay.per_token import fold_gates, gate_dtype, shift_gates
 from .registry import OPTION_RULES, UNIVERSAL_OPTIONS, Method
 
 

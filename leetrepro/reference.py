@@ -7,9 +7,10 @@ import types
 
 import torch
 
-from ._decay import causal_mask, fold_gates, gate_mask
-from ._inputs import check_gates, check_qkv, expand_groups, log_gamma, normalize_gamma
+from ._inputs import check_qkv, expand_groups
 from ._state import add_initial_state, check_state, final_state
+from .decay.per_head import causal_mask, log_gamma, normalize_gamma
+from .decay.per_token import check_gates, fold_gates, gate_mask
 
 
 def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
@@ -28,7 +29,7 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
     :mod:`leetrepro._state`; with ``output_final_state`` the result is ``(O, S_N)``, both float64.
     Differentiable (plain float64 autograd): the oracle of the gradients too.
 
-    ``g``: per-token log gates ``(batch, heads, N)`` (:func:`leetrepro._inputs.check_gates`):
+    ``g``: per-token log gates ``(batch, heads, N)`` (:func:`leetrepro.decay.per_token.check_gates`):
     M[i, j] = γ^(i-j) exp(G_i − G_j), G the running sum of g (in float64), and the state's
     convention S_t = γ e^(g_t) S_(t-1) + c_tᵀ v_t; differentiable in g too.
 

@@ -61,7 +61,7 @@ class Method:
     dual: bool = False             # takes dual=E: also op(E, V, C) from the same sweep (dV with dC)
     varlen: bool = False           # takes cu_seqlens= (packed sequences); others run them one by one
     scale: bool = False            # takes scale= (multiplies O as it is stored); others multiply after
-    gates: bool = False            # takes g= (per-token gates, γ folded in; leetrepro._decay)
+    gates: bool = False            # takes g= (per-token gates, γ folded in; leetrepro.decay)
     groups: bool = False           # reads operands of fewer heads (groups) in place; others get
     #                                them expanded to a head each (leetrepro._inputs.expand_groups)
     out: bool = False              # takes out=/out2= (writes O, the dual output into them, any

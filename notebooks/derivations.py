@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 from leetrepro import reference, complexity
-from leetrepro._decay import causal_mask, discounted_cumsum
+from leetrepro.decay.per_head import causal_mask, discounted_cumsum
 torch.manual_seed(seed)
 from leetrepro.reproduce.tables import output_root
 out_root = output_root(out_root)

@@ -36,7 +36,7 @@ def test_gamma_shapes_accepted(gamma):  # 0.875 is exact in every float dtype
 
 
 def test_python_float_gamma_keeps_double_precision():
-    from leetrepro._inputs import normalize_gamma
+    from leetrepro.decay.per_head import normalize_gamma
     assert normalize_gamma(0.9, 2, "cpu")[0].item() == 0.9  # not 0.8999999762 (float32)
     B, C, V = (t.double() for t in make_inputs(1, 1, 200, 4, 4))
     out = causal_linear_decoder(B, C, V, 0.9, method="FA_torch")
@@ -212,7 +212,7 @@ def test_no_warnings_on_the_happy_path():
 
 
 def test_gamma_cache_sees_new_values_and_in_place_changes():
-    from leetrepro._inputs import normalize_gamma
+    from leetrepro.decay.per_head import normalize_gamma
     g = torch.full((3,), 0.5, dtype=torch.float64)
     assert normalize_gamma(g, 3, "cpu").tolist() == [0.5] * 3
     g.fill_(0.25)  # in place: the value key changes
@@ -444,7 +444,7 @@ def test_a_refused_gamma_shows_what_was_typed_and_a_list_is_one_decay_per_head()
     for g in ([0.9, 1.2], torch.tensor([0.9, 1.2]), torch.tensor([0.9, 1.2], dtype=torch.float16)):
         with pytest.raises(ValueError, match=r"got \[1\.2\] \(head\(s\) \[1\]\)"):
             causal_linear_decoder(B, C, V, g)
-    from leetrepro._inputs import check_gamma_values
+    from leetrepro.decay.per_head import check_gamma_values
     with pytest.raises(ValueError, match=r"got \[1\.2\] "):  # the op's own check: float64 already
         check_gamma_values(torch.tensor([0.9, 1.2]).double())
     with pytest.raises(TypeError, match="one per head"):

@@ -269,11 +269,11 @@ def test_the_compiled_drop_in_checks_its_decays_once_not_at_every_call(monkeypat
     each to the host to check it: a host sync per layer and step (a compiled model's steps 7 %
     slower with the drop-in than with causal_linear_decoder). The decays are now made by an op
     that runs with the graph and checks each g_gamma once; a bad g_gamma is still refused there."""
-    from leetrepro import _inputs
     from leetrepro.compat import chunk_simple_gla, decays_from_log
+    from leetrepro.decay import per_head
     seen = []
-    real = _inputs._check_values
-    monkeypatch.setattr(_inputs, "_check_values", lambda *a: seen.append(1) or real(*a))
+    real = per_head._check_values
+    monkeypatch.setattr(per_head, "_check_values", lambda *a: seen.append(1) or real(*a))
     q, k, v = (torch.randn(1, 24, 2, 4) for _ in range(3))
     lg = torch.tensor([0.9, 0.5]).log()
     torch._dynamo.reset()

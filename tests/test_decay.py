@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from leetrepro._decay import causal_mask, discounted_cumsum
-from leetrepro._inputs import log_gamma
+from leetrepro.decay.per_head import causal_mask, discounted_cumsum, log_gamma
 
 
 def loop_discounted_cumsum(x, gamma):

@@ -428,7 +428,7 @@ def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     scale, r ≠ d with the value columns over two lanes (d > 64), r in pieces (r above the
     kernel's bound: Mamba-2's d_state 256), N across 256-row segments and not a multiple of the
     blocks, fp16."""
-    from leetrepro._decay import fold_gates
+    from leetrepro.decay.per_token import fold_gates
     from leetrepro.methods import chunk
     from leetrepro.methods.chunk import gate_gradient
     if "max_r" in case:

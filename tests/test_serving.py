@@ -3,7 +3,6 @@ and the flash-linear-attention drop-in, against running each sequence alone thro
 import pytest
 import torch
 
-import leetrepro
 from leetrepro import causal_linear_decoder, chunk_simple_gla, decode_step, reference, rel_error
 from leetrepro.reference import TOLERANCE
 
@@ -110,9 +109,9 @@ def _steps(kernel: bool):
         return decode_step
 
     def run(B, C, V, g, pool, slots, scale=1.0):
+        from leetrepro.decay.per_head import normalize_gamma
         from leetrepro.decode import _triton_step
-        return _triton_step(B, C, V, leetrepro._inputs.normalize_gamma(g, B.shape[1], B.device),
-                            pool, slots, scale)
+        return _triton_step(B, C, V, normalize_gamma(g, B.shape[1], B.device), pool, slots, scale)
     return run
 
 

@@ -27,7 +27,8 @@ from typing import Callable, Sequence
 import torch
 
 from .._device import device_name, gpu_tag
-from .._inputs import DTYPE_NAMES, alibi_gammas, parse_dtype
+from .._inputs import DTYPE_NAMES, parse_dtype
+from ..decay.per_head import alibi_gammas
 from .._paths import PACKAGE, ROOT
 
 PAPER_SEQLENS = (128, 512, 2048, 8192, 12800, 25600, 100000)
@@ -414,7 +415,7 @@ def benchmark_method(method, device: str = "cuda", dtype: str = "float32", batch
         method: a registered name/abbreviation, or any callable ``(B, C, V, gamma) -> O``.
         device, dtype: where and in what precision (``"float32"``, ``"fp16"``, ``torch.bfloat16``...).
         is_weight_decay: use the decaying mask; ``gamma`` then defaults to ALiBi-style per-head
-            decays (:func:`leetrepro._inputs.alibi_gammas`), shape ``(heads, 1)``.
+            decays (:func:`leetrepro.decay.per_head.alibi_gammas`), shape ``(heads, 1)``.
         heads, rank, dim: H, r, d of the inputs; ``reps``: timed calls per N (paper: 15).
         time_limit: seconds one warm-up call may take before the cell reads ``>limit``.
         options: keyword options for a registered method (e.g. ``{"block_size": 128}``).

@@ -35,7 +35,7 @@ import sys
 
 import torch
 
-from .._inputs import alibi_gammas
+from ..decay.per_head import alibi_gammas
 from ..api import causal_linear_decoder
 from .harness import gpu_main, median, random_inputs, time_calls
 

@@ -41,7 +41,8 @@ import sys
 
 import torch
 
-from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
+from .._inputs import SHORT_NAMES, parse_dtype
+from ..decay.per_head import alibi_gammas
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error
 from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main, host_seconds,

@@ -8,7 +8,7 @@ only ever as λ^k with k ≥ 0.
 
 Per-token gates (``HAS_GATE``; the launcher folds a γ into them and passes no γ then): a chunk's
 gates are loaded beside its rows (fp32, one per row, read at the row's physical position: in
-reverse time the launcher passes them shifted, ``leetrepro._decay.shift_gates``) and summed
+reverse time the launcher passes them shifted, ``leetrepro.decay.per_token.shift_gates``) and summed
 *within the chunk* (:func:`chunk_gates`); every weight is exp of a difference of those running
 sums with the later row first, never exp(+G), and a segment's decay is its gates' total. A gate
 of −1e4 (a hard reset) makes every weight across it exactly 0.

@@ -6,7 +6,8 @@ import functools
 
 import torch
 
-from .._inputs import compute_dtype, log_gamma
+from .._inputs import compute_dtype
+from ..decay.per_head import log_gamma
 
 
 def gamma_pow(lg: torch.Tensor | None, k: int):

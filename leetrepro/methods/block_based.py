@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .._decay import causal_mask, gate_mask, powers, scale_rows
+from ..decay.per_head import causal_mask, powers, scale_rows
+from ..decay.per_token import gate_mask
 from ..registry import register
 from ._common import gamma_pow, torch_method
 

@@ -37,10 +37,10 @@ from fractions import Fraction
 
 import torch
 
-from .._decay import causal_mask
-from .._inputs import compute_dtype, log_gamma
-from ..registry import register
 from ._common import torch_method
+from .._inputs import compute_dtype
+from ..decay.per_head import causal_mask, log_gamma
+from ..registry import register
 from .vanilla import check_quadratic_memory
 
 # Algorithm 1, transcribed: (left factor in X's blocks, right factor in Y's blocks); a product

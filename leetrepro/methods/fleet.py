@@ -4,13 +4,13 @@
 
 with b_i, c_i the i-th columns of B and C. O(N·r·d) time, O(N·d) extra memory (one rank at a time).
 The λ-cumsum is evaluated without logarithms or negative powers of λ
-(:func:`leetrepro._decay.discounted_cumsum`), so inputs of any sign give finite, correct results.
+(:func:`leetrepro.decay.per_head.discounted_cumsum`), so inputs of any sign give finite, correct results.
 """
 from __future__ import annotations
 
 import torch
 
-from .._decay import discounted_cumsum
+from ..decay.per_head import discounted_cumsum
 from ..registry import GPU_DTYPES, register
 from ._common import torch_method
 from ._gpu import NoTriton, cdiv, next_pow2, staged

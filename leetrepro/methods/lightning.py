@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .._decay import (causal_mask, discounted_cumsum, gate_mask, local_cumsum, powers,
-                      running_gates)
+from ..decay.per_head import causal_mask, discounted_cumsum, powers
+from ..decay.per_token import gate_mask, local_cumsum, running_gates
 from .._state import add_initial_state, final_state
 from .. import tuning
 from ..registry import GPU_DTYPES, register

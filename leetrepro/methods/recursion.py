@@ -22,7 +22,8 @@ import math
 
 import torch
 
-from .._decay import causal_mask, gate_mask, local_cumsum, powers
+from ..decay.per_head import causal_mask, powers
+from ..decay.per_token import gate_mask, local_cumsum
 from ..registry import register
 from ._common import torch_method
 

@@ -5,7 +5,8 @@ import os
 
 import torch
 
-from .._decay import causal_mask, gate_mask, running_gates
+from ..decay.per_head import causal_mask
+from ..decay.per_token import gate_mask, running_gates
 from ..registry import register
 from ._common import torch_method
 

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from .._decay import causal_mask
+from ..decay.per_head import causal_mask
 from .attention import Float64Buffers, linear_attention
 from ._generative import Generative
 

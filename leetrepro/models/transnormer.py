@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from .._decay import causal_mask, powers
+from ..decay.per_head import causal_mask, powers
 from .attention import Float64Buffers, linear_attention
 from ._generative import Generative
 

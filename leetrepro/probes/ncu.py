@@ -143,7 +143,8 @@ def profiled_call(label: str) -> None:
     import torch
 
     from .. import causal_linear_decoder
-    from .._inputs import alibi_gammas, parse_dtype
+    from .._inputs import parse_dtype
+    from ..decay.per_head import alibi_gammas
     from ..bench.harness import random_inputs
     dtype, batch, n, decay, options = CELLS[label]
     r, d, heads = cell_shape(label)
@@ -168,7 +169,7 @@ def backward_cell(label: str, device="cuda", dtype=None, shape: tuple | None = N
     import torch
 
     from .. import causal_linear_decoder
-    from .._inputs import alibi_gammas
+    from ..decay.per_head import alibi_gammas
     from ..bench.harness import random_inputs
     dtype = dtype or torch.bfloat16
     batch, heads, n, r, d, gated = shape or BACKWARD[label]

@@ -22,12 +22,12 @@ import sys
 import torch
 
 from .._device import sm_count
-from .._inputs import SHORT_NAMES, alibi_gammas, parse_dtype
+from .._inputs import SHORT_NAMES, parse_dtype
 from ..api import causal_linear_decoder
-from ..methods._gpu import cdiv
-from ..methods._gpu import rows_for_pieces, segment_rows
-from ..methods.chunk import chunk_config
 from ..bench.harness import capture_graph, gpu_main, median, random_inputs
+from ..decay.per_head import alibi_gammas
+from ..methods._gpu import cdiv, rows_for_pieces, segment_rows
+from ..methods.chunk import chunk_config
 
 PIECES = (1, 2, 3, 4, 6, 8, 13, 20, 32)
 
