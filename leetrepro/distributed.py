@@ -38,7 +38,7 @@ from . import ops
 from ._inputs import check_qkv
 from ._state import check_state, final_state
 from .api import _autocast
-from .decay.per_head import log_gamma, normalize_gamma
+from .decay.per_head import decayed_by, log_gamma, normalize_gamma
 from .decay.per_token import check_gates, fold_gates, gate_dtype, running_gates, shift_gates
 from .registry import GPU_DTYPES
 
@@ -165,7 +165,7 @@ class _SequenceParallel(torch.autograd.Function):
             gathered = _all_gather(_pack([own, total.to(sd)], n), group)
         else:
             if S0 is not None:
-                own = own + ops._per_head(S0.to(sd), g, n)
+                own = own + decayed_by(S0.to(sd), g, n)
             gathered = _all_gather(_pack([own], n), group)
         states = gathered[:, :size].reshape(world, batch, heads, r, d)
         lengths = gathered[:, -(8 // gathered.element_size()):].contiguous().view(
@@ -209,7 +209,7 @@ class _SequenceParallel(torch.autograd.Function):
             if n:
                 own = own * torch.exp(gate[..., 0].to(sd))[..., None, None]
         else:
-            own = ops._per_head(local_state(B, dO, g, reverse=True, fp32_precision=precision),
+            own = decayed_by(local_state(B, dO, g, reverse=True, fp32_precision=precision),
                                 g, 1)
         parts = [own]
         if want_final:

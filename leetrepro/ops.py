@@ -38,24 +38,24 @@ R = λ^N X + Σ_t λ^t b_tᵀ dO_t). The decays are fixed: no gradient flows to 
 **Per-token gates** ``g`` (M[i, j] = exp(G_i − G_j), G the running sum; a γ folds into them as
 g + log λ, :func:`leetrepro.decay.per_token.fold_gates`). The transposed mask is the operator on reversed
 rows whose gates are shifted by one (row t carries g_(t+1), each sequence's last row 0:
-:func:`leetrepro.decay.per_token.shift_gates`), so the same three sweeps give dB, dC, dV, with X = dS_N
-and dS0 = e^(g_0) R. The gates' gradient needs no sweep of its own: G_i enters row i's output
+:func:`leetrepro.decay.per_token.shift_gates`), so the same three sweeps give dB, dC, dV, with
+X = dS_N and dS0 = e^(g_0) R. The gates' gradient needs no sweep of its own: G_i enters row i's output
 and −G_j column j's, so
 
     dG_i = b_i·db_i − c_i·dc_i  (+ ⟨dS_N, S_N⟩ at the last row),   dg_t = Σ_(i ≥ t) dG_i,
 
 a row dot of each input with its gradient and a reverse running sum per head (per sequence when
-packed). Gradients flow to ``g``, never to ``gamma``. That running sum is small against its
-terms, so rounding inside the sweeps' products (fp16/bf16 operands, tf32) adds up along it. The
-same dg is the sum of the terms A_ij = M_ij (b_i·c_j)(dO_i·v_j) over the pairs j < t ≤ i that
-straddle row t (the initial state a column before the first row, dS_N a row after the last),
-each term with its own sign: the straddle kernel (:func:`leetrepro.methods.chunk.gate_gradient`,
-``kernels/gate_straddle.py``) sums them by segments from the forward and backward states at the
-segments' ends, in the inputs' dtype, and asks for no sweep (frozen B and C cost nothing).
-Chunk's backward sweeps hold the same pairs as pieces, and where they run (by default fp16,
-bf16 and fp32 with exact products, r and d up to 128: :func:`_in_sweeps`; on the Hopper kernel
-where it takes them, :func:`_piece_sweeps`) dg comes from them instead, with no kernel of its
-own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`).
+packed; :func:`leetrepro.decay.per_token.gate_gradient_from_dots`). Gradients flow to ``g``, never
+to ``gamma``. That running sum is small against its terms, so rounding inside the sweeps' products
+(fp16/bf16 operands, tf32) adds up along it. The same dg is the sum of the terms A_ij = M_ij
+(b_i·c_j)(dO_i·v_j) over the pairs j < t ≤ i that straddle row t (the initial state a column before
+the first row, dS_N a row after the last), each term with its own sign: the straddle kernel
+(:func:`leetrepro.methods.chunk.gate_gradient`, ``kernels/gate_straddle.py``) sums them by segments
+from the forward and backward states at the segments' ends, in the inputs' dtype, and asks for no
+sweep (frozen B and C cost nothing). Chunk's backward sweeps hold the same pairs as pieces, and
+where they run (by default fp16, bf16 and fp32 with exact products, r and d up to 128:
+:func:`_in_sweeps`; on the Hopper kernel where it takes them, :func:`_piece_sweeps`) dg comes from
+them instead, with no kernel of its own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`).
 Where neither runs (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on
 float64 copies (the PyTorch methods; fp32 copies at fp32-exact dots for a method without
 float64) and S_N taken again (``reference.GATE_GRAD_TOLERANCE``).
@@ -75,8 +75,9 @@ import torch
 
 from . import dispatch, registry
 from ._inputs import expand_groups, lane_heads, sum_groups
-from .decay.per_head import check_gamma_values, normalize_gamma
-from .decay.per_token import fold_gates, gate_dtype, shift_gates
+from .decay.per_head import check_gamma_values, decayed_by, normalize_gamma
+from .decay.per_token import (final_pairs, first_decay, fold_gates, gate_dtype,
+                              gate_gradient_from_dots, shift_gates)
 from .registry import OPTION_RULES, UNIVERSAL_OPTIONS, Method
 
 
@@ -531,7 +532,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         rev_opts = _piece_opts(opts, pieces, 1)
     # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
     # sweeps start from X/scale and scale what they write; R comes out divided by scale too
-    X = None if dS is None else _per_head(dS, gamma, -1) / scale
+    X = None if dS is None else decayed_by(dS, gamma, -1) / scale
     # one sweep per gradient asked for, and none for the rest: dV's and dC's reverse sweeps share
     # their state (transposed), so a method with a dual mode does both in one sweep only when
     # both are wanted (dS0 comes from either sweep's final state, R or Rᵀ)
@@ -551,12 +552,12 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                          out=dC, **call)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
-        R = _per_head(R, gamma, 1) if gate is None else R * _first_decay(gate, cu_seqlens)
+        R = decayed_by(R, gamma, 1) if gate is None else R * first_decay(gate, cu_seqlens)
         dS0 = _into((R * scale).to(initial_state.dtype), initial_state, None)
     dg = None
     if pieces is not None:
         from .methods import chunk
-        tail = _final_pairs(dS, SN)
+        tail = final_pairs(dS, SN)
         tail = None if tail is None else tail / scale
         if all(pieces["hopper"]) and cu_seqlens is None:  # (both sweeps' rows: one pass)
             dg = chunk.gate_gradient_from_rows(pieces["forward"][0], pieces["reverse"][0],
@@ -575,8 +576,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                    .to(g.dtype), g, None)
     elif need_g:
         # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
-        dg = _into(gate_gradient(expand_groups(B, heads), dB, expand_groups(C, heads), dC,
-                                 cu_seqlens, dS, SN).to(g.dtype), g, None)
+        dg = _into(gate_gradient_from_dots(expand_groups(B, heads), dB, expand_groups(C, heads),
+                                           dC, cu_seqlens, dS, SN).to(g.dtype), g, None)
     if groups != heads:
         dB, dC = (None if x is None else _group_sums(x, groups, like)
                   for x, like in ((dB, B), (dC, C)))
@@ -742,55 +743,6 @@ def _exact_dots(m: Method, opts: dict, dtype: torch.dtype) -> bool:
         opts.get("fp32_precision", m.options.get("fp32_precision")) in ("ieee", "tf32x3")
 
 
-def _first_decay(gate: torch.Tensor, cu_seqlens) -> torch.Tensor:
-    """e^(g_0) per (batch or sequence, head) as ``(·, heads, 1, 1)``: the decay of the initial
-    state into each sequence's first row."""
-    if cu_seqlens is None:
-        return torch.exp(gate[..., 0])[..., None, None]
-    starts = cu_seqlens[:-1].long()
-    first = gate[0][:, starts.clamp_max(max(gate.shape[-1] - 1, 0))].T
-    # (an empty sequence passes its state through: no decay)
-    first = torch.where((cu_seqlens[1:] > cu_seqlens[:-1])[:, None], first, 0.0)
-    return torch.exp(first)[..., None, None]
-
-
-def _final_pairs(dS: torch.Tensor | None, SN: torch.Tensor | None) -> torch.Tensor | None:
-    """⟨dS_N, S_N⟩ in float64 per (batch or sequence, head): the pairs of the final state's
-    gradient with every row, which straddle each row's gate; None without a final state's
-    gradient."""
-    if dS is None or SN is None or not SN.numel():
-        return None
-    return (dS.to(torch.float64) * SN.to(torch.float64)).sum((-1, -2))
-
-
-def gate_gradient(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None) -> torch.Tensor:
-    """dg ``(batch, heads, N)`` (float64) from the gradients of B and C (module docstring), where
-    the straddle kernel cannot run: dG_i = b_i·db_i − c_i·dc_i (+ ⟨dS_N, S_N⟩ at each
-    sequence's last row), then its reverse running sum, restarted at each packed sequence's end.
-    dB and dC as stored: in fp16/bf16 their rounding, amplified by the difference and the running
-    sum, would miss the contract (the caller computes them in fp32)."""
-    dt = torch.float64  # (a difference of dot products, then a long sum: both cancel)
-    dG = (B.to(dt) * dB.to(dt)).sum(-1) - (C.to(dt) * dC.to(dt)).sum(-1)
-    n = dG.shape[-1]
-    tail = _final_pairs(dS, SN)
-    if tail is not None and n:
-        if cu_seqlens is None:
-            dG[..., -1] += tail
-        else:
-            ends = cu_seqlens[1:].long() - 1
-            keep = cu_seqlens[1:] > cu_seqlens[:-1]  # (an empty sequence has no last row)
-            dG[0].index_add_(1, ends.clamp_min(0), (tail * keep[:, None]).T.contiguous())
-    rc = dG.flip(-1).cumsum(-1).flip(-1)  # Σ_(i ≥ t)
-    if cu_seqlens is None or cu_seqlens.numel() <= 2:
-        return rc
-    # per sequence: minus the sum over the rows after its end
-    cu = cu_seqlens.long()
-    rows = torch.arange(n, device=dG.device)
-    end = cu[torch.searchsorted(cu, rows, right=True).clamp_max(cu.numel() - 1)]
-    after = torch.nn.functional.pad(rc, (0, 1))[..., end]
-    return rc - after
-
-
 def gradient_buffers(B, C, V, need_b: bool, need_c: bool, need_v: bool, shared: bool = False):
     """Uninitialised dB, dC, dV (None where not asked for), each in its input's layout
     (:func:`output_like`). ``shared`` and all three asked for, with B, C, V disjoint views of one
@@ -856,13 +808,6 @@ def _setup_context(ctx, inputs, output):
                           output[1] if g is not None and output_final_state else None)
     ctx.args = (method, options, reverse, output_final_state, scale)
     ctx.g_index = 12
-
-
-def _per_head(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.Tensor:
-    """x · λ^power per head (x ``(batch, heads, …)``), in x's dtype."""
-    if gamma is None:
-        return x
-    return (x.to(torch.float64) * gamma.view(1, -1, 1, 1) ** power).to(x.dtype)
 
 
 def _backward(ctx, dO, dS):

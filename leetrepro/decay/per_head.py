@@ -240,3 +240,10 @@ def discounted_cumsum(x: torch.Tensor, lg: torch.Tensor | None, chunk: int = 64)
     lead_in = powers(lg, chunk, start=1, dtype=x.dtype, device=x.device).unsqueeze(1)  # (H,1,L,1)
     y = y + lead_in * carry.unsqueeze(-2)
     return y.reshape(*lead, total, d)[..., :n, :]
+
+
+def decayed_by(x: torch.Tensor, gamma: torch.Tensor | None, power: int) -> torch.Tensor:
+    """x · λ^power per head (x ``(batch, heads, …)``), in x's dtype."""
+    if gamma is None:
+        return x
+    return (x.to(torch.float64) * gamma.view(1, -1, 1, 1) ** power).to(x.dtype)

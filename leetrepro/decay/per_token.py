@@ -121,3 +121,52 @@ def running_gates(g: torch.Tensor) -> torch.Tensor:
     exp(G_i) and exp(G_(N-1) − G_j), where a whole sequence's sum is needed and float32's would
     lose the small differences of a long one."""
     return g.to(torch.float64).cumsum(-1)
+
+
+def first_decay(gate: torch.Tensor, cu_seqlens) -> torch.Tensor:
+    """e^(g_0) per (batch or sequence, head) as ``(·, heads, 1, 1)``: the decay of the initial
+    state into each sequence's first row."""
+    if cu_seqlens is None:
+        return torch.exp(gate[..., 0])[..., None, None]
+    starts = cu_seqlens[:-1].long()
+    first = gate[0][:, starts.clamp_max(max(gate.shape[-1] - 1, 0))].T
+    # (an empty sequence passes its state through: no decay)
+    first = torch.where((cu_seqlens[1:] > cu_seqlens[:-1])[:, None], first, 0.0)
+    return torch.exp(first)[..., None, None]
+
+
+def final_pairs(dS: torch.Tensor | None, SN: torch.Tensor | None) -> torch.Tensor | None:
+    """⟨dS_N, S_N⟩ in float64 per (batch or sequence, head): the pairs of the final state's
+    gradient with every row, which straddle each row's gate; None without a final state's
+    gradient."""
+    if dS is None or SN is None or not SN.numel():
+        return None
+    return (dS.to(torch.float64) * SN.to(torch.float64)).sum((-1, -2))
+
+
+def gate_gradient_from_dots(B, dB, C, dC, cu_seqlens=None, dS=None, SN=None) -> torch.Tensor:
+    """dg ``(batch, heads, N)`` (float64) from the gradients of B and C (``leetrepro.ops``'
+    docstring), where the straddle kernel cannot run: dG_i = b_i·db_i − c_i·dc_i (+ ⟨dS_N, S_N⟩ at each
+    sequence's last row), then its reverse running sum, restarted at each packed sequence's end.
+    dB and dC as stored: in fp16/bf16 their rounding, amplified by the difference and the running
+    sum, would miss the contract (the caller computes them in fp32)."""
+    dt = torch.float64  # (a difference of dot products, then a long sum: both cancel)
+    dG = (B.to(dt) * dB.to(dt)).sum(-1) - (C.to(dt) * dC.to(dt)).sum(-1)
+    n = dG.shape[-1]
+    tail = final_pairs(dS, SN)
+    if tail is not None and n:
+        if cu_seqlens is None:
+            dG[..., -1] += tail
+        else:
+            ends = cu_seqlens[1:].long() - 1
+            keep = cu_seqlens[1:] > cu_seqlens[:-1]  # (an empty sequence has no last row)
+            dG[0].index_add_(1, ends.clamp_min(0), (tail * keep[:, None]).T.contiguous())
+    rc = dG.flip(-1).cumsum(-1).flip(-1)  # Σ_(i ≥ t)
+    if cu_seqlens is None or cu_seqlens.numel() <= 2:
+        return rc
+    # per sequence: minus the sum over the rows after its end
+    cu = cu_seqlens.long()
+    rows = torch.arange(n, device=dG.device)
+    end = cu[torch.searchsorted(cu, rows, right=True).clamp_max(cu.numel() - 1)]
+    after = torch.nn.functional.pad(rc, (0, 1))[..., end]
+    return rc - after
