@@ -103,10 +103,14 @@ NO_GATES = {
 }
 
 
-def _refuse_gates(m: Method) -> None:
-    why = NO_GATES.get(m.abbr, "it has no per-token decay rule")
-    raise ValueError(f"method {m.name} ({m.abbr}) does not take per-token gates g: {why}; "
-                     f"methods that do: {', '.join(x.abbr for x in registry.methods() if x.gates)}")
+def _refuse_rule(m: Method, rule: str) -> None:
+    """A ValueError naming the method, the decay rule it does not take, why, and the methods
+    that take it."""
+    why = NO_GATES.get(m.abbr, "it has no per-token decay rule") if rule == "per_token" else \
+        f"it has no {rule} decay rule"
+    raise ValueError(f"method {m.name} ({m.abbr}) does not take {registry.DECAY_RULES[rule]} "
+                     f"(the {rule} decay rule): {why}; methods that do: "
+                     f"{', '.join(x.abbr for x in registry.methods() if rule in x.decays)}")
 
 
 def resolve(method, B: torch.Tensor, gamma, with_state: bool, V: torch.Tensor | None = None,
@@ -120,8 +124,9 @@ def resolve(method, B: torch.Tensor, gamma, with_state: bool, V: torch.Tensor | 
                                 state=with_state, grad=grad, gates=gates)
         return dispatch.method_for(B.shape[2], B.dtype, B.device, call)
     m = registry.get(method)
-    if gates and not m.gates:
-        _refuse_gates(m)
+    for rule in ("per_head",) + (("per_token",) if gates else ()):
+        if rule not in m.decays:
+            _refuse_rule(m, rule)
     if with_state and not m.state:
         raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
                          f"that do: {', '.join(x.abbr for x in registry.methods() if x.state)}")
@@ -271,8 +276,8 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     if cu_seqlens is not None:
         kw["cu_seqlens"] = cu_seqlens
     if g is not None:
-        if not m.gates:
-            _refuse_gates(m)
+        if "per_token" not in m.decays:
+            _refuse_rule(m, "per_token")
         g = shift_gates(g, cu_seqlens) if reverse else g
         kw["g"] = g.flip(-1) if flip else g
     if scale != 1.0 and m.scale:

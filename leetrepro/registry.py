@@ -46,6 +46,11 @@ OPTION_RULES = {
 UNIVERSAL_OPTIONS = ("fp32_precision",)
 
 
+#: the decay rules a method can take, each a module of ``leetrepro.decay``: the per-head decay
+#: γ (Eq. (4)) and the per-token gates g (simple GLA, Mamba-2), with what each needs of the call
+DECAY_RULES = {"per_head": "a per-head decay gamma", "per_token": "per-token gates g"}
+
+
 @dataclass(frozen=True)
 class Method:
     name: str                      # the paper's name, e.g. "lightningAttention-2_torch"
@@ -61,7 +66,9 @@ class Method:
     dual: bool = False             # takes dual=E: also op(E, V, C) from the same sweep (dV with dC)
     varlen: bool = False           # takes cu_seqlens= (packed sequences); others run them one by one
     scale: bool = False            # takes scale= (multiplies O as it is stored); others multiply after
-    gates: bool = False            # takes g= (per-token gates, γ folded in; leetrepro.decay)
+    # the decay rules it takes (:data:`DECAY_RULES`, ``leetrepro.decay``): every method a
+    # per-head γ (None: the 0-1 mask); "per_token" also ``g=``, the per-token gates, γ folded in
+    decays: frozenset = frozenset({"per_head"})
     groups: bool = False           # reads operands of fewer heads (groups) in place; others get
     #                                them expanded to a head each (leetrepro._inputs.expand_groups)
     out: bool = False              # takes out=/out2= (writes O, the dual output into them, any
@@ -71,6 +78,11 @@ class Method:
     # gradients(dO, B, C, V, gamma, **options) -> (dB, dC, dV): a backward of the method's own
     # for calls without states or packed sequences (ECA's); None: three calls of the method
     gradients: Callable | None = None
+
+    @property
+    def gates(self) -> bool:
+        """Whether it takes per-token gates ``g=`` (the "per_token" rule)."""
+        return "per_token" in self.decays
 
     def supports(self, dtype: torch.dtype, device: torch.device) -> bool:
         return dtype in self.dtypes and torch.device(device).type in self.device_types()
@@ -91,8 +103,11 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
              varlen: bool = False, scale: bool = False, out: bool = False, gates: bool = False,
              groups: bool = False, summary: str = "",
              options: dict | None = None, gradients: Callable | None = None,
-             replace: bool = False):
+             replace: bool = False, decays=None):
     """Decorator: register ``fn(B, C, V, gamma, **options)`` under ``name`` (and ``abbr``).
+
+    ``decays``: the decay rules ``fn`` takes (:data:`DECAY_RULES`; default the per-head γ alone;
+    ``gates=True`` is short for ``decays=("per_head", "per_token")``: ``fn`` also takes ``g=``).
 
     >>> @register("my-method", abbr="Mine", complexity="O(N r d)")
     ... def mine(B, C, V, gamma):
@@ -100,11 +115,18 @@ def register(name: str, abbr: str | None = None, *, complexity: str = "unknown",
 
     Afterwards ``causal_linear_decoder(..., method="Mine")`` and ``benchmark_method("Mine")`` use it.
     """
+    rules = frozenset(decays or ("per_head",)) | ({"per_token"} if gates else set())
+    unknown = sorted(rules - set(DECAY_RULES))
+    if unknown or "per_head" not in rules:
+        raise ValueError(f"register({name!r}): decays must name rules of {sorted(DECAY_RULES)}, "
+                         f"per_head among them (every method takes a per-head gamma); got "
+                         f"{sorted(rules)}")
+
     def deco(fn):
         m = Method(name=name, abbr=abbr or name, fn=fn, complexity=complexity,
                    dtypes=frozenset(dtypes), devices=frozenset(devices), language=language,
                    unsafe=unsafe, state=state, reverse=reverse, dual=dual, varlen=varlen,
-                   scale=scale, out=out, gates=gates, groups=groups,
+                   scale=scale, out=out, decays=rules, groups=groups,
                    summary=summary or (fn.__doc__ or "").strip().split("\n")[0],
                    options=dict(options or {}), gradients=gradients)
         keys = {name.lower(), m.abbr.lower()}
@@ -168,7 +190,8 @@ def available():
     dtypes, devices, whether the method is unsafe (wrong by design, kept for a table), whether
     it takes and returns the recurrent state, whether it runs in reverse time natively (else
     its backward flips the inputs), whether it runs packed sequences (``cu_seqlens``) in one
-    launch (else one call per sequence) and whether it takes per-token gates (``g``)."""
+    launch (else one call per sequence), whether it takes per-token gates (``g``) and the decay
+    rules it takes (``decays``: ``per_head``, ``per_token``)."""
     import pandas as pd
 
     from ._inputs import SHORT_NAMES as short
@@ -177,6 +200,7 @@ def available():
                  dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)
                                  if d in short),
                  devices=",".join(sorted(m.device_types())), unsafe=m.unsafe, state=m.state,
-                 reverse=m.reverse, varlen=m.varlen, gates=m.gates, summary=m.summary)
+                 reverse=m.reverse, varlen=m.varlen, gates=m.gates,
+                 decays=",".join(r for r in DECAY_RULES if r in m.decays), summary=m.summary)
             for m in methods()]
     return pd.DataFrame(rows).set_index("name")

@@ -12,7 +12,7 @@ import torch
 from leetrepro import (causal_linear_decoder, chunk_simple_gla, decode_step,
                        fused_recurrent_simple_gla, reference, rel_error)
 from leetrepro.reference import GATE_GRAD_TOLERANCE
-from leetrepro.registry import methods
+from leetrepro.registry import get, methods
 
 from conftest import BF16, INTERPRETED, KERNEL_DEVICE, make_inputs, quick_lane, random_gammas, \
     tolerance
@@ -178,9 +178,34 @@ def test_strong_gates_over_a_long_sequence_stay_finite_and_exact(abbr):
 @pytest.mark.parametrize("abbr,why", [("Cdotp", "prefix sum"), ("FA", "overflows float32"),
                                       ("LA", "Chunk is its kernel with gates")])
 def test_methods_without_gates_say_why(abbr, why):
+    """The refusal names the method, the rule it does not take (``Method.decays``) and why."""
     B, C, V = make_inputs(1, 2, 8, 4, 4)
-    with pytest.raises(ValueError, match=f"does not take per-token gates.*{why}"):
+    rule = r"per-token gates g \(the per_token decay rule\)"
+    with pytest.raises(ValueError, match=f"{abbr}\\) does not take {rule}.*{why}"):
         causal_linear_decoder(B, C, V, g=torch.zeros(1, 2, 8), method=abbr)
+    assert "per_token" not in get(abbr).decays
+
+
+def test_a_method_declares_its_decay_rules():
+    """``register(..., decays=...)`` (``gates=True`` short for both rules) sets ``Method.decays``;
+    an unknown rule, or one without the per-head γ every method takes, is refused by name."""
+    from leetrepro import registry
+    fn = lambda B, C, V, gamma, g=None: B  # noqa: E731
+    try:
+        registry.register("rules-a", decays=("per_head", "per_token"))(fn)
+        registry.register("rules-b", gates=True)(fn)
+        registry.register("rules-c")(fn)
+        assert registry.get("rules-a").decays == registry.get("rules-b").decays == \
+            frozenset({"per_head", "per_token"})
+        assert registry.get("rules-a").gates and not registry.get("rules-c").gates
+        assert registry.get("rules-c").decays == frozenset({"per_head"})
+    finally:
+        for name in ("rules-a", "rules-b", "rules-c"):
+            registry.unregister(name)
+    with pytest.raises(ValueError, match="decays must name rules.*trapezoid"):
+        registry.register("rules-d", decays=("per_head", "trapezoid"))
+    with pytest.raises(ValueError, match="per_head among them"):
+        registry.register("rules-e", decays=("per_token",))
 
 
 def test_bad_gates_are_errors_that_name_g():

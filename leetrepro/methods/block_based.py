@@ -22,7 +22,8 @@ from ..registry import register
 from ._common import gamma_pow, torch_method
 
 
-@register("block-based", "Bb", complexity="O(N·B_c·(r+d) + N·r·d)", language="torch", gates=True,
+@register("block-based", "Bb", complexity="O(N·B_c·(r+d) + N·r·d)", language="torch",
+          decays=("per_head", "per_token"),
           summary="Algorithm 2: blocks in sequence, intra-block quadratic + running r×d state",
           options={"block_size": 256})
 @torch_method

@@ -133,7 +133,7 @@ def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segmen
 
 @register("chunk-scan", "Chunk", complexity="O(N·(L·(r+d) + r·d))", language="triton",
           dtypes=GPU_DTYPES, devices=("cuda",), state=True, reverse=True, dual=True, varlen=True,
-          scale=True, out=True, gates=True, groups=True,
+          scale=True, out=True, decays=("per_head", "per_token"), groups=True,
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None,

@@ -32,7 +32,7 @@ except ImportError as err:  # without Triton: a clear error when a kernel is cal
 
 
 @register("lightningAttention-2_torch", "LA_torch", complexity="O(N·(L·(r+d) + r·d))",
-          language="torch", state=True, gates=True,
+          language="torch", state=True, decays=("per_head", "per_token"),
           summary="all blocks' intra parts batched, block states by a discounted scan; state in/out",
           options={"block_size": 128})
 @torch_method

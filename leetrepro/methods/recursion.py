@@ -33,7 +33,8 @@ def padded_length(n: int, base: int) -> int:
     return base * 2 ** max(0, math.ceil(math.log2(max(1, math.ceil(n / base)))))
 
 
-@register("recursion", "Recur", complexity="O(N log N · r·d)", language="torch", gates=True,
+@register("recursion", "Recur", complexity="O(N log N · r·d)", language="torch",
+          decays=("per_head", "per_token"),
           summary="Algorithms 3-4: halves recursively, off-diagonal block by right multiplication",
           options={"base": 32})
 @torch_method

@@ -38,7 +38,8 @@ def check_quadratic_memory(b: torch.Tensor, name: str = "Vanilla", copies: int =
                           f"of linear memory (Chunk, LA, Bb, LA_torch) or method='auto'")
 
 
-@register("vanilla", "Vanilla", complexity="O(N²(r+d))", language="torch", gates=True,
+@register("vanilla", "Vanilla", complexity="O(N²(r+d))", language="torch",
+          decays=("per_head", "per_token"),
           summary="B Cᵀ ⊙ M materialised, then times V")
 @torch_method
 def vanilla(b, c, v, lg, gate=None):
