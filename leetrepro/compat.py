@@ -21,6 +21,7 @@ import torch
 
 from ._inputs import check_4d, memo_by_tensor, positive_where_free
 from .decay.per_head import check_gamma_values, mark_checked
+from .decay.trapezoid import key_weights, pending_state, rotate_pairs, running_angles
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
@@ -297,6 +298,150 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if not return_varlen_states:
         return y, final
     return (y, states) if not return_final_states else (y, final, states)
+
+
+def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tensor,
+                         DT: torch.Tensor, Trap: torch.Tensor, Q_bias: torch.Tensor,
+                         K_bias: torch.Tensor, Angles: torch.Tensor, D: torch.Tensor | None = None,
+                         Z: torch.Tensor | None = None, Input_States: tuple | None = None,
+                         chunk_size: int = 64, return_final_states: bool = False,
+                         cu_seqlens: torch.Tensor | None = None, **options):
+    """mamba_ssm's ``mamba3_siso_combined`` (Mamba-3, single input single output) on this
+    project's operator with per-token gates (:mod:`leetrepro.decay.trapezoid` folds the
+    trapezoidal rule and the rotation into it; :func:`leetrepro.reference.mamba3_reference` is
+    the recurrence it is checked against).
+
+    Args (mamba_ssm's shapes):
+        Q, K: ``(batch, seqlen, nheads_qk, headdim_qk)``, headdim_qk even; V, Z:
+            ``(batch, seqlen, nheads, headdim_v)``, nheads_qk dividing nheads (head h reads q/k
+            head ``h // (nheads / nheads_qk)``).
+        ADT: ``(batch, nheads, seqlen)``, the log decays A·dt ≤ 0; DT: the step sizes dt;
+            Trap: the raw trapezoid mix (λ = sigmoid(Trap)); all three ``(batch, nheads,
+            seqlen)``.
+        Q_bias, K_bias: ``(nheads, headdim_qk)``; Angles: ``(batch, seqlen, nheads,
+            headdim_angles)``, headdim_angles ≤ headdim_qk / 2 (θ_t = θ_(t−1) +
+            tanh(Angles_t)·π·dt_t rotates the first 2·headdim_angles dims of q + Q_bias and k +
+            K_bias by pairs); D: ``(nheads,)``, the skip ``D·v``; Z: the gate ``silu(Z)``.
+        Input_States: ``(angle (S, nheads, headdim_angles), ssm (S, nheads, headdim_v,
+            headdim_qk), k (S, nheads, headdim_qk), v (S, nheads, headdim_v))``, S the batch or
+            the packed sequences: the states a previous call returned.
+        chunk_size: mamba_ssm's tile length: checked, not used (the kernels take their own).
+        cu_seqlens: offsets of sequences packed along seqlen of a batch of one.
+        **options: passed to :func:`leetrepro.causal_linear_decoder` (``method=``, …).
+
+    Returns the output ``(batch, seqlen, nheads, headdim_v)`` in V's dtype; with
+    ``return_final_states`` also the angle (float32, mod 2π), ssm (float32), k (the last rotated
+    key, Q's dtype) and v states, mamba_ssm's order. Differentiable in every tensor input.
+    Exact to the operator's contract: the angles are summed in float64 and the sines and
+    cosines are torch's, where mamba_ssm's kernels use fast approximations. Besides the
+    operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of PyTorch passes.
+    """
+    _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
+                  cu_seqlens)
+    heads, rep = V.shape[2], V.shape[2] // Q.shape[2]
+    acc = torch.float64 if V.dtype == torch.float64 else torch.float32
+    theta0, S0, k_prev, v_prev = Input_States if Input_States is not None else (None,) * 4
+    theta = running_angles(Angles, DT, theta0, cu_seqlens)          # (batch, seqlen, heads, A)
+    q = rotate_pairs(Q.repeat_interleave(rep, 2) + Q_bias.to(acc), theta.to(acc)).to(Q.dtype)
+    k = rotate_pairs(K.repeat_interleave(rep, 2) + K_bias.to(acc), theta.to(acc)).to(Q.dtype)
+    w, later = key_weights(DT, Trap, cu_seqlens)                     # (batch, heads, seqlen)
+    key = (k.to(acc) * w.transpose(1, 2)[..., None]).to(Q.dtype)
+    s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
+    want = return_final_states
+    res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2),
+                                g=ADT.to(acc), initial_state=s0, output_final_state=want,
+                                cu_seqlens=cu_seqlens, scale=1.0, **options)
+    o, states = res if want else (res, None)
+    # row t's own pair holds w_t but only λ_t dt_t of it has entered at t
+    own = (q.to(acc) * k.to(acc)).sum(-1) * later.transpose(1, 2)    # (batch, seqlen, heads)
+    y = o.transpose(1, 2).to(acc) - own[..., None] * V.to(acc)
+    if D is not None:
+        y = y + D.to(acc)[:, None] * V.to(acc)
+    if Z is not None:
+        y = y * torch.nn.functional.silu(Z.to(acc))
+    y = y.to(V.dtype)
+    if not want:
+        return y
+    ends = (torch.full((Q.shape[0],), Q.shape[1] - 1, device=Q.device) if cu_seqlens is None
+            else cu_seqlens[1:].to(device=Q.device, dtype=torch.int64) - 1)
+    rows = (torch.arange(Q.shape[0], device=Q.device) if cu_seqlens is None
+            else torch.zeros_like(ends))
+    has = (ends >= 0) if cu_seqlens is None else \
+        cu_seqlens[1:].to(Q.device) > cu_seqlens[:-1].to(Q.device)
+    at = ends.clamp_min(0)
+
+    def last(x, before):  # (a sequence without rows keeps what it was given)
+        if Q.shape[1] == 0:
+            return before
+        got = x[rows, at]
+        if before is None:
+            return torch.where(has.view(-1, *[1] * (got.dim() - 1)), got, 0.0).to(got.dtype)
+        return torch.where(has.view(-1, *[1] * (got.dim() - 1)), got, before.to(got.dtype))
+    final_theta = last(theta, None if theta0 is None else theta0.to(theta.dtype))
+    if final_theta is None:
+        final_theta = theta.new_zeros(ends.numel(), heads, Angles.shape[3])
+    return (y, torch.remainder(final_theta, 2 * math.pi), states.transpose(-1, -2),
+            last(k, k_prev), last(V, v_prev))
+
+
+def _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
+                  cu_seqlens) -> None:
+    """mamba3_siso_combined's inputs checked in its own terms (Q, K, V, ADT, …)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    named = (("Q", Q, 4), ("K", K, 4), ("V", V, 4), ("ADT", ADT, 3), ("DT", DT, 3),
+             ("Trap", Trap, 3), ("Q_bias", Q_bias, 2), ("K_bias", K_bias, 2), ("Angles", Angles, 4))
+    for name, t, dims in named + (("D", D, 1), ("Z", Z, 4)):
+        if t is None and name in ("D", "Z"):
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != dims or not t.is_floating_point():
+            raise ValueError(f"{name} must be a {dims}-D floating tensor, got shape "
+                             f"{tuple(t.shape)} {t.dtype}")
+        if t.device != V.device:
+            raise ValueError(f"{name} is on {t.device}, V on {V.device}: every input on one device")
+    batch, n, hqk, p = Q.shape
+    heads, dv = V.shape[2], V.shape[3]
+    if K.shape != Q.shape or V.shape[:2] != Q.shape[:2] or heads % hqk or p % 2:
+        raise ValueError(f"Q and K must be (batch, seqlen, nheads_qk, headdim_qk), headdim_qk "
+                         f"even, V (batch, seqlen, nheads, headdim_v), nheads_qk dividing "
+                         f"nheads: Q {tuple(Q.shape)}, K {tuple(K.shape)}, V {tuple(V.shape)}")
+    if Q.dtype != K.dtype:
+        raise TypeError(f"Q and K must share one dtype, got {Q.dtype} and {K.dtype}")
+    for name, t in (("ADT", ADT), ("DT", DT), ("Trap", Trap)):
+        if tuple(t.shape) != (batch, heads, n):
+            raise ValueError(f"{name} must be (batch, nheads, seqlen) = {(batch, heads, n)}, got "
+                             f"{tuple(t.shape)}")
+    for name, t in (("Q_bias", Q_bias), ("K_bias", K_bias)):
+        if tuple(t.shape) != (heads, p):
+            raise ValueError(f"{name} must be (nheads, headdim_qk) = {(heads, p)}, got "
+                             f"{tuple(t.shape)}")
+    if Angles.shape[:3] != (batch, n, heads) or not 0 < Angles.shape[3] <= p // 2:
+        raise ValueError(f"Angles must be (batch, seqlen, nheads, headdim_angles) with 0 < "
+                         f"headdim_angles ≤ headdim_qk / 2 = {p // 2}, got {tuple(Angles.shape)}")
+    if D is not None and tuple(D.shape) != (heads,):
+        raise ValueError(f"D must be (nheads,) = ({heads},), got {tuple(D.shape)}")
+    if Z is not None and Z.shape != V.shape:
+        raise ValueError(f"Z must be shaped like V {tuple(V.shape)}, got {tuple(Z.shape)}")
+    top = positive_where_free(ADT)
+    if top is not None:
+        raise ValueError(f"ADT must be ≤ 0 (A·dt, the log decay; α = exp(ADT) ≤ 1), got {top:g} "
+                         f"among its entries")
+    if cu_seqlens is not None and batch != 1:
+        raise ValueError(f"with cu_seqlens the sequences are packed along seqlen of a batch of "
+                         f"one; got batch {batch}")
+    if Input_States is None:
+        return
+    count = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+    if not isinstance(Input_States, (tuple, list)) or len(Input_States) != 4 or \
+            any(not isinstance(t, torch.Tensor) for t in Input_States):
+        raise TypeError("Input_States must be the four tensors (angle, ssm, k, v), all given")
+    want = {"angle": (count, heads, Angles.shape[3]), "ssm": (count, heads, dv, p),
+            "k": (count, heads, p), "v": (count, heads, dv)}
+    for (name, shape), t in zip(want.items(), Input_States):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"Input_States' {name} state must be {shape}, got {tuple(t.shape)}")
 
 
 def check_dt_limit(dt_limit) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import sys
 import types
 
@@ -127,6 +128,65 @@ def ssd_reference(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=N
             y = y * torch.nn.functional.silu(z[:, t].to(torch.float64))
         ys.append(y)
     return torch.stack(ys, 1) if ys else x.new_zeros(x.shape), h
+
+
+def mamba3_reference(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D=None, Z=None,
+                     Input_States=None, cu_seqlens=None):
+    """Mamba-3's SISO recurrence in float64, from its definition (mamba_ssm's
+    ``mamba3_siso_combined``'s shapes; written step by step, apart from the operator it checks).
+    Per head h (q and k of q/k head ``h // (nheads / nheads_qk)``), per sequence:
+
+        θ_t = θ_(t−1) + tanh(Angles_t)·π·dt_t,  q̃_t = R(θ_t)(q_t + Q_bias_h),
+        k̃_t = R(θ_t)(k_t + K_bias_h),  λ_t = sigmoid(Trap_t),  α_t = exp(ADT_t),
+        S_t = α_t S_(t−1) + (1 − λ_t) dt_t α_t · ṽ_(t−1) k̃_(t−1)ᵀ + λ_t dt_t · v_t k̃_tᵀ,
+        y_t = (S_t q̃_t + D_h v_t) · silu(z_t),
+
+    R(θ) rotating each consecutive pair (2i, 2i + 1) of the first ``2·headdim_angles`` dims by θ_i
+    (the rest unrotated; θ not reduced mod 2π: the same rotation). The previous (k̃, v) and S, θ
+    come from ``Input_States`` ``(angle, ssm (heads, headdim_v, headdim_qk), k, v)`` per sequence,
+    zeros without. Returns ``(y, (θ_N, S_N, k̃_N, v_N))`` in float64, y ``(batch, seqlen, nheads,
+    headdim_v)``, the states per sequence (``cu_seqlens``: packed along seqlen of a batch of one);
+    differentiable. O(seqlen) Python steps: for tests."""
+    f = torch.float64
+    Q, K, V, ADT, DT, Trap, Angles = (t.to(f) for t in (Q, K, V, ADT, DT, Trap, Angles))
+    batch, length, heads_qk, p = Q.shape
+    heads, dv, da = V.shape[2], V.shape[3], Angles.shape[3]
+    rep = heads // heads_qk
+    q = Q.repeat_interleave(rep, 2) + Q_bias.to(f)          # (batch, seqlen, heads, p)
+    k = K.repeat_interleave(rep, 2) + K_bias.to(f)
+    bounds = [(b, 0, length) for b in range(batch)] if cu_seqlens is None else \
+        [(0, int(a), int(e)) for a, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())]
+    ys = torch.zeros(batch, length, heads, dv, dtype=f)
+    finals = []
+    for i, (b, start, end) in enumerate(bounds):
+        if Input_States is None:
+            theta, S = Q.new_zeros(heads, da), Q.new_zeros(heads, dv, p)
+            k_prev, v_prev = Q.new_zeros(heads, p), Q.new_zeros(heads, dv)
+        else:
+            theta, S, k_prev, v_prev = (t[i].to(f) for t in Input_States)
+        for t in range(start, end):
+            dt = DT[b, :, t]
+            theta = theta + torch.tanh(Angles[b, t]) * math.pi * dt[:, None]
+            cos, sin = torch.cos(theta), torch.sin(theta)
+
+            def rotate(x):
+                even, odd = x[:, 0:2 * da:2], x[:, 1:2 * da:2]
+                turned = torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1)
+                return torch.cat([turned.flatten(-2), x[:, 2 * da:]], -1)
+            qt, kt, vt = rotate(q[b, t]), rotate(k[b, t]), V[b, t]
+            lam, alpha = torch.sigmoid(Trap[b, :, t]), torch.exp(ADT[b, :, t])
+            S = alpha[:, None, None] * S \
+                + ((1 - lam) * dt * alpha)[:, None, None] * v_prev[:, :, None] * k_prev[:, None, :] \
+                + (lam * dt)[:, None, None] * vt[:, :, None] * kt[:, None, :]
+            y = (S * qt[:, None, :]).sum(-1)
+            if D is not None:
+                y = y + D.to(f)[:, None] * vt
+            if Z is not None:
+                y = y * torch.nn.functional.silu(Z[b, t].to(f))
+            ys[b, t] = y
+            k_prev, v_prev = kt, vt
+        finals.append((theta, S, k_prev, v_prev))
+    return ys, tuple(torch.stack(x) for x in zip(*finals))
 
 
 def _packed(B, C, V, gamma, row_block, initial_state, output_final_state, g, cu_seqlens):

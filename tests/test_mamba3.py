@@ -1,0 +1,211 @@
+"""Mamba-3's SISO drop-in (``compat.mamba3_siso_combined``) against the float64 recurrence
+written from its definition (``reference.mamba3_reference``): outputs, final states and every
+gradient, with and without states, grouped q/k heads, packed sequences, and its checks."""
+import math
+
+import pytest
+import torch
+
+from leetrepro import rel_error
+from leetrepro.compat import mamba3_siso_combined
+from leetrepro.reference import mamba3_reference
+
+from conftest import quick_lane
+
+NAMES = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias", "Angles", "D", "Z")
+TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def _inputs(batch=2, n=23, hqk=2, heads=4, p=8, dv=6, angles=3, states=False, cu=None, seed=1):
+    """mamba_ssm's inputs in float64 (random, never zeros; dt a softplus, ADT ≤ 0, strong and
+    weak decays), and the four input states per sequence with ``states``."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    DT = torch.nn.functional.softplus(r(batch, heads, n) - 1)
+    ADT = -DT * torch.rand(heads, generator=g, dtype=torch.float64)[None, :, None] * 2
+    args = dict(Q=r(batch, n, hqk, p) / p ** 0.5, K=r(batch, n, hqk, p) / p ** 0.5,
+                V=r(batch, n, heads, dv), ADT=ADT, DT=DT, Trap=r(batch, heads, n),
+                Q_bias=r(heads, p) / 3, K_bias=r(heads, p) / 3, Angles=r(batch, n, heads, angles),
+                D=r(heads), Z=r(batch, n, heads, dv))
+    count = batch if cu is None else cu.numel() - 1
+    st = (r(count, heads, angles), r(count, heads, dv, p) / 3, r(count, heads, p) / 3,
+          r(count, heads, dv)) if states else None
+    return args, st
+
+
+def _angle_error(a, b):
+    """The largest difference of two angles, mod 2π."""
+    d = torch.remainder(a.double() - b.double() + math.pi, 2 * math.pi) - math.pi
+    return d.abs().max().item()
+
+
+def _check(y, finals, want, want_finals, dtype):
+    tol = TOL[dtype]
+    assert y.dtype == dtype and torch.isfinite(y).all()
+    assert rel_error(y.double(), want) <= tol, rel_error(y.double(), want)
+    theta, ssm, k, v = finals
+    assert theta.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert _angle_error(theta, want_finals[0]) <= 10 * tol
+    assert ((theta >= 0) & (theta < 2 * math.pi)).all()  # (mod 2π, as mamba_ssm's)
+    for name, got, w in (("ssm", ssm, want_finals[1]), ("k", k, want_finals[2]),
+                         ("v", v, want_finals[3])):
+        assert rel_error(got.double(), w) <= tol, (name, rel_error(got.double(), w))
+
+
+@pytest.mark.parametrize("dtype, states, shape", quick_lane(
+    [(torch.float32, True, {}), (torch.float64, False, {}),
+     (torch.float32, False, dict(hqk=4, angles=4)), (torch.float64, True, dict(hqk=1, angles=1)),
+     (torch.bfloat16, True, {}), (torch.float16, False, dict(n=70))], keep=(0, 1), unpack=True))
+def test_the_drop_in_is_the_recurrence(dtype, states, shape):
+    """Outputs and the four final states equal the float64 recurrence's within the contract:
+    grouped q/k heads (nheads_qk 1, 2 or nheads), the angles over some or all of headdim_qk / 2,
+    the states of a previous call carried in."""
+    args, st = _inputs(states=states, **shape)
+    args = {k: v.to(dtype) for k, v in args.items()}
+    st = None if st is None else tuple(t.to(dtype) for t in st)
+    y, *finals = mamba3_siso_combined(**args, Input_States=st, return_final_states=True)
+    want, want_finals = mamba3_reference(**args, Input_States=st)
+    _check(y, finals, want, want_finals, dtype)
+    # (without the states asked for, ``auto`` may take another method: the same within the contract)
+    assert rel_error(mamba3_siso_combined(**args, Input_States=st).double(), want) <= TOL[dtype]
+
+
+def test_packed_sequences_are_each_their_own():
+    """``cu_seqlens`` (an empty sequence among them): each sequence from its own states, equal
+    to the recurrence, and to each sequence run alone."""
+    cu = torch.tensor([0, 5, 5, 17, 23])
+    args, st = _inputs(batch=1, states=True, cu=cu)
+    y, *finals = mamba3_siso_combined(**args, Input_States=st, return_final_states=True,
+                                      cu_seqlens=cu)
+    want, want_finals = mamba3_reference(**args, Input_States=st, cu_seqlens=cu)
+    _check(y, finals, want, want_finals, torch.float64)
+    for i, (a, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        if a == e:  # (no rows: the states pass through)
+            for got, given in zip(finals[1:], st[1:]):
+                assert torch.allclose(got[i].double(), given[i].double())
+            continue
+        one = {k: (v[:, a:e] if k in ("Q", "K", "V", "Angles", "Z") else
+                   v[..., a:e] if k in ("ADT", "DT", "Trap") else v) for k, v in args.items()}
+        alone = mamba3_siso_combined(**one, Input_States=tuple(t[i:i + 1] for t in st))
+        assert rel_error(alone, y[:, a:e]) <= 1e-12
+
+
+def test_two_calls_with_the_states_passed_equal_one():
+    """A prompt in two pieces, the states returned by the first given to the second (the angle,
+    the SSM state and the last key and value): the same outputs as the whole."""
+    args, _ = _inputs(n=31)
+    whole = mamba3_siso_combined(**args)
+    cut = 13
+    first = {k: (v[:, :cut] if k in ("Q", "K", "V", "Angles", "Z") else
+                 v[..., :cut] if k in ("ADT", "DT", "Trap") else v) for k, v in args.items()}
+    second = {k: (v[:, cut:] if k in ("Q", "K", "V", "Angles", "Z") else
+                  v[..., cut:] if k in ("ADT", "DT", "Trap") else v) for k, v in args.items()}
+    y1, *states = mamba3_siso_combined(**first, return_final_states=True)
+    y2 = mamba3_siso_combined(**second, Input_States=tuple(states))
+    assert rel_error(torch.cat([y1, y2], 1), whole) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype, states, packed", quick_lane(
+    [(torch.float64, True, False), (torch.float32, False, False), (torch.float64, True, True)],
+    keep=(0,), unpack=True))
+def test_every_gradient_is_the_recurrence_s(dtype, states, packed):
+    """The gradient of every input (the four input states included) against float64 autograd
+    through the recurrence, each within the contract (fp32: the gates' gradient's, 5e-5)."""
+    cu = torch.tensor([0, 9, 23]) if packed else None
+    args, st = _inputs(batch=1 if packed else 2, states=states, cu=cu)
+    gen = torch.Generator().manual_seed(5)
+    dy = torch.randn(args["V"].shape, generator=gen, dtype=torch.float64)
+    dfin = None
+
+    def run(fn, cast):
+        leaves = {k: v.to(cast).requires_grad_() for k, v in args.items()}
+        sts = None if st is None else tuple(t.to(cast).requires_grad_() for t in st)
+        y, *fin = fn(**leaves, Input_States=sts, **({"cu_seqlens": cu} if cu is not None else {}),
+                     **({"return_final_states": True} if fn is mamba3_siso_combined else {}))
+        if fn is mamba3_reference:
+            fin = fin[0]
+        # (the SSM, k and v states' gradients too; the angle's is its own rows')
+        loss = (y.double() * dy).sum() + sum((f.double() * w).sum() for f, w in zip(fin[1:], dfin))
+        ins = list(leaves.values()) + (list(sts) if sts is not None else [])
+        return torch.autograd.grad(loss, ins)
+    count = 1 if packed else 2
+    dfin = [torch.randn(count, *s, generator=gen, dtype=torch.float64)
+            for s in ((4, 6, 8), (4, 8), (4, 6))]
+    got = run(mamba3_siso_combined, dtype)
+    want = run(mamba3_reference, torch.float64)
+    names = list(NAMES) + (["angle state", "ssm state", "k state", "v state"] if states else [])
+    tol = 1e-9 if dtype == torch.float64 else 5e-5
+    for name, a, w in zip(names, got, want):
+        assert torch.isfinite(a).all() and a.abs().sum() > 0, name
+        assert rel_error(a.double(), w) <= tol, (name, rel_error(a.double(), w))
+
+
+def test_bad_inputs_are_refused_by_name():
+    args, st = _inputs(states=True)
+    bad = [
+        (dict(K=args["K"][..., :6]), "Q and K must be"),
+        (dict(V=args["V"][:, :, :3]), "nheads_qk dividing"),
+        (dict(ADT=args["ADT"].abs() + 1), "ADT must be ≤ 0"),
+        (dict(DT=args["DT"][..., :5]), "DT must be"),
+        (dict(Trap=args["Trap"].transpose(1, 2)), "Trap must be"),
+        (dict(Q_bias=args["Q_bias"][:2]), "Q_bias must be"),
+        (dict(Angles=torch.zeros(2, 23, 4, 5, dtype=torch.float64)), "headdim_angles"),
+        (dict(D=args["D"][:2]), "D must be"),
+        (dict(Z=args["Z"][..., :2]), "Z must be"),
+        (dict(chunk_size=0), "chunk_size"),
+        (dict(Q=args["Q"].float()), "Q and K must share one dtype"),
+    ]
+    for change, match in bad:
+        with pytest.raises((ValueError, TypeError), match=match):
+            mamba3_siso_combined(**{**args, **change})
+    with pytest.raises(ValueError, match="ssm state must be"):
+        mamba3_siso_combined(**args, Input_States=(st[0], st[1][..., :3], st[2], st[3]))
+    with pytest.raises(TypeError, match="all given"):
+        mamba3_siso_combined(**args, Input_States=(st[0], None, st[2], st[3]))
+    with pytest.raises(ValueError, match="batch of one"):
+        mamba3_siso_combined(**args, cu_seqlens=torch.tensor([0, 23]))
+
+
+@pytest.mark.slow
+def test_the_drop_in_compiles_whole():
+    """``torch.compile(fullgraph=True)``: the same outputs and states, no graph break."""
+    args, st = _inputs(batch=1, n=20, states=True)
+    args = {k: v.float() for k, v in args.items()}
+    st = tuple(t.float() for t in st)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, s: mamba3_siso_combined(**a, Input_States=s,
+                                                          return_final_states=True),
+                       fullgraph=True, backend="eager")
+    got = fn(args, st)
+    want = mamba3_siso_combined(**args, Input_States=st, return_final_states=True)
+    for a, w in zip(got, want):
+        assert rel_error(a, w) <= 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_drop_in_on_the_gpu(dtype):
+    """On a GPU (the operator's kernels with gates, states and packed rows): outputs, states and
+    every gradient against the float64 recurrence within the contract (fp32: tf32 products, so
+    5e-3 as the contract says for kernels that use them)."""
+    cu = torch.tensor([0, 40, 41, 97])
+    args, st = _inputs(batch=1, n=97, hqk=2, heads=8, p=64, dv=32, angles=16, states=True, cu=cu)
+    gen = torch.Generator().manual_seed(7)
+    dy = torch.randn(args["V"].shape, generator=gen, dtype=torch.float64)
+    leaves = {k: v.to("cuda", dtype).requires_grad_() for k, v in args.items()}
+    sts = tuple(t.to("cuda", dtype) for t in st)
+    y, *fin = mamba3_siso_combined(**leaves, Input_States=sts, return_final_states=True,
+                                   cu_seqlens=cu.cuda())
+    grads = torch.autograd.grad((y.double() * dy.cuda()).sum(), list(leaves.values()))
+    wide = {k: v.to(dtype).double().requires_grad_() for k, v in args.items()}
+    want, want_fin = mamba3_reference(**wide, Input_States=tuple(t.to(dtype).double() for t in st),
+                                      cu_seqlens=cu)
+    want_grads = torch.autograd.grad((want * dy).sum(), list(wide.values()))
+    tol = 1e-2 if dtype == torch.bfloat16 else 5e-3
+    assert rel_error(y.double().cpu(), want) <= tol
+    assert rel_error(fin[1].double().cpu(), want_fin[1]) <= tol
+    for name, a, w in zip(NAMES, grads, want_grads):
+        assert torch.isfinite(a).all() and rel_error(a.double().cpu(), w) <= tol, name
