@@ -344,7 +344,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     theta = running_angles(Angles, DT, theta0, cu_seqlens)          # (batch, seqlen, heads, A)
     q = rotate_pairs(Q.repeat_interleave(rep, 2) + Q_bias.to(acc), theta.to(acc)).to(Q.dtype)
     k = rotate_pairs(K.repeat_interleave(rep, 2) + K_bias.to(acc), theta.to(acc)).to(Q.dtype)
-    w, later = key_weights(DT, Trap, cu_seqlens)                     # (batch, heads, seqlen)
+    w, later = key_weights(DT, Trap, cu_seqlens, acc)                # (batch, heads, seqlen)
     key = (k.to(acc) * w.transpose(1, 2)[..., None]).to(Q.dtype)
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states

@@ -209,3 +209,54 @@ def test_the_drop_in_on_the_gpu(dtype):
     assert rel_error(fin[1].double().cpu(), want_fin[1]) <= tol
     for name, a, w in zip(NAMES, grads, want_grads):
         assert torch.isfinite(a).all() and rel_error(a.double().cpu(), w) <= tol, name
+
+
+def _block(**kw):
+    from leetrepro.models import Mamba3Block
+    torch.manual_seed(0)
+    blk = Mamba3Block(32, d_state=16, headdim=8, ngroups=2, **kw).double()
+    with torch.no_grad():  # (weights off their initial ones: biases, norms and D not all ones)
+        for p in (blk.B_bias, blk.C_bias, blk.D, blk.B_norm.weight, blk.C_norm.weight):
+            p.add_(torch.randn_like(p) / 4)
+    return blk
+
+
+def test_a_mamba3_block_trains_and_decodes_what_it_prefills():
+    """The block (float64): forward equals prefill's output; prefill of a prompt then one decode
+    step a token over a state pool (at slots in another order) equals the forward of the whole;
+    packed sequences equal each run alone; every parameter takes a gradient."""
+    blk = _block()
+    u = torch.randn(2, 19, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    whole = blk(u)
+    out, states = blk.prefill(u[:, :12])
+    assert rel_error(out, whole[:, :12]) <= 1e-12
+    pools = blk.state_pools(5)
+    pools = tuple(p.double() for p in pools)
+    slots = torch.tensor([4, 1])
+    for pool, s in zip(pools, states):
+        pool[slots] = s.to(pool.dtype)
+    steps = [blk.step(u[:, t], pools, slots) for t in range(12, 19)]
+    assert rel_error(torch.stack(steps, 1), whole[:, 12:]) <= 1e-10
+    assert torch.equal(pools[0][0], torch.zeros_like(pools[0][0]))  # (other slots untouched)
+    cu = torch.tensor([0, 7, 19])
+    packed = blk(torch.cat([u[:1, :7], u[1:, :12]], 1), cu_seqlens=cu)
+    assert rel_error(packed[:, :7], blk(u[:1, :7])) <= 1e-12
+    assert rel_error(packed[:, 7:], blk(u[1:, :12])) <= 1e-12
+    whole.square().mean().backward()
+    for name, p in blk.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_the_mamba3_block_names_its_own_bad_arguments():
+    from leetrepro.models import Mamba3Block
+    with pytest.raises(ValueError, match="multiple of headdim"):
+        Mamba3Block(30, headdim=8)
+    with pytest.raises(ValueError, match="ngroups 3 must divide"):
+        Mamba3Block(32, headdim=8, ngroups=3)
+    with pytest.raises(ValueError, match="rope_fraction"):
+        Mamba3Block(32, headdim=8, rope_fraction=0.25)
+    blk = _block()
+    with pytest.raises(ValueError, match="one token per sequence"):
+        blk.step(torch.randn(2, 1, 32, dtype=torch.float64), blk.state_pools(2), torch.arange(2))
+    with pytest.raises(ValueError, match="four pools"):
+        blk.step(torch.randn(2, 32, dtype=torch.float64), blk.state_pools(2)[:2], torch.arange(2))

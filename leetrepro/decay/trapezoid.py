@@ -76,15 +76,16 @@ def rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return torch.cat([turned, x[..., 2 * a:]], -1)
 
 
-def key_weights(DT: torch.Tensor, Trap: torch.Tensor, cu_seqlens: torch.Tensor | None = None
-                ) -> tuple:
-    """``(w, later)``, each ``(batch, heads, seqlen)`` in float32 (float64 for float64 dt): the
-    keys' weights ``w_s = λ_s dt_s + later_s`` and the part of them that enters a row later,
-    ``later_s = (1 − λ_(s+1)) dt_(s+1)`` (0 at each sequence's last row), λ = sigmoid(Trap)."""
-    acc = torch.float64 if DT.dtype == torch.float64 else torch.float32
-    lam, dt = torch.sigmoid(Trap.to(acc)), DT.to(acc)
+def key_weights(DT: torch.Tensor, Trap: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                dtype: torch.dtype = torch.float32) -> tuple:
+    """``(w, later)``, each ``(batch, heads, seqlen)`` in ``dtype``: the keys' weights ``w_s =
+    λ_s dt_s + later_s`` and the part of them that enters a row later, ``later_s = (1 −
+    λ_(s+1)) dt_(s+1)`` (0 at each sequence's last row), λ = sigmoid(Trap). Formed in float64:
+    the diagonal correction takes ``later`` back from a row's own pair, and a sum rounded before
+    that would leave its rounding in the output."""
+    lam, dt = torch.sigmoid(Trap.to(torch.float64)), DT.to(torch.float64)
     later = shift_gates((1 - lam) * dt, cu_seqlens)  # (row s carries row s + 1's, 0 at ends)
-    return lam * dt + later, later
+    return (lam * dt + later).to(dtype), later.to(dtype)
 
 
 def pending_state(S0: torch.Tensor | None, k_prev: torch.Tensor | None,

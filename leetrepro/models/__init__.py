@@ -4,10 +4,12 @@ way (``"original"``) or the float64 oracle (``"reference"``).
 
 Weights are seeded random with the published shapes (wall time does not depend on their values);
 see :mod:`leetrepro.models.configs` for the shapes and their sources. :class:`Mamba2Block`: a
-Mamba-2 mixer on the operator with per-token gates (:mod:`leetrepro.models.mamba2`).
+Mamba-2 mixer on the operator with per-token gates (:mod:`leetrepro.models.mamba2`);
+:class:`Mamba3Block`: Mamba-3's (SISO), its trapezoidal rule folded in (:mod:`leetrepro.models.mamba3`).
 """
 from .configs import CONFIGS, config
 from .mamba2 import Mamba2Block
+from .mamba3 import Mamba3Block
 from .retnet import RetNet
 from .transnormer import TransNormerLLM
 
@@ -23,4 +25,4 @@ def build(name: str, cfg: dict | None = None, *, seed: int = 0, **overrides):
     return MODELS[name](cfg or config(name, **overrides))
 
 
-__all__ = ["CONFIGS", "MODELS", "Mamba2Block", "RetNet", "TransNormerLLM", "build", "config"]
+__all__ = ["CONFIGS", "MODELS", "Mamba2Block", "Mamba3Block", "RetNet", "TransNormerLLM", "build", "config"]
