@@ -75,7 +75,7 @@ help:
 	@echo "make bench-train (GPU) forward + backward vs the 11-pass floor and fla -> data/<gpu>/train.csv, train_sweeps.csv, layouts*.csv"
 	@echo "make bench-gates (GPU) per-token gates vs the per-head decay and fla's gated path, eager and graphs -> data/<gpu>/gates.csv"
 	@echo "make bench-model (GPU) a decoder LM (125M, 1.3B) trained with each mixer: tokens/s, peak memory, the operator's share -> data/<gpu>/model.csv, figures/<gpu>/model.png"
-	@echo "make bench-ssd (GPU) Mamba-2's SSD drop-in vs mamba_ssm's Triton kernels and fla, the Mamba-2 block and LM with each -> data/<gpu>/ssd.csv, ssd_lm.csv"
+	@echo "make bench-ssd (GPU) Mamba-2's SSD and Mamba-3's SISO drop-ins vs mamba_ssm's Triton kernels (and fla), the Mamba-2 block and LM with each -> data/<gpu>/ssd.csv, ssd_lm.csv"
 	@echo "make bench-hf  (GPU) transformers' Zamba2, Falcon-H1, Granite-4.0-H trained and generating here vs its fallback and mamba_ssm's kernels -> data/<gpu>/hf.csv"
 	@echo "make gates     the paper's methods under per-token gates (notebooks/gates.py; CPU, with the GPU rows of data/<gpu>/gates.csv)"
 	@echo "make layouts   (GPU) method=auto beside Chunk and LA in the layouts and shapes models use, eager and graphs -> data/<gpu>/layouts.csv, layouts_graph.csv; every head shape beside fla -> layouts_shapes*.csv"
@@ -280,7 +280,7 @@ bench-model: $(INSTALLED)
 # source, or an install) and fla's gated path; the Mamba-2 block and LM with each SSD
 bench-ssd: $(INSTALLED)
 	$(needs_gpu)
-	$(PY) -m leetrepro.bench.ssd --block --lm --out $(DATA)
+	$(PY) -m leetrepro.bench.ssd --block --lm --mamba3 --out $(DATA)
 
 bench-hf: $(INSTALLED)
 	$(needs_gpu)

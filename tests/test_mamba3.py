@@ -260,3 +260,26 @@ def test_the_mamba3_block_names_its_own_bad_arguments():
         blk.step(torch.randn(2, 1, 32, dtype=torch.float64), blk.state_pools(2), torch.arange(2))
     with pytest.raises(ValueError, match="four pools"):
         blk.step(torch.randn(2, 32, dtype=torch.float64), blk.state_pools(2)[:2], torch.arange(2))
+
+
+def test_bench_ssd_times_the_drop_in_as_its_block_hands_it(monkeypatch):
+    """``bench.ssd``'s Mamba-3 entries on the CPU at a tiny shape: the inputs as the block hands
+    them, our entry's forward and backward (every gradient), and mamba_ssm's entry where its
+    source is given (here a stand-in of the same signature: the drop-in itself)."""
+    from leetrepro.bench import ssd
+    leaves, dy = ssd.mamba3_inputs(1, 33, 4, 8, 16, 2, "cpu", grad=True, dtype=torch.float32)
+    entries = ssd.mamba3_entries(mamba3_siso_combined, grad=True)
+    assert set(entries) == {"ours", "mamba_ssm"}
+    y = entries["ours"](leaves, dy)
+    assert y.shape == (1, 33, 4, 8) and torch.isfinite(y).all()
+    assert ssd.mamba3_floor_bytes(1, 33, 4, 8, 16, 2, True) == \
+        3 * ssd.mamba3_floor_bytes(1, 33, 4, 8, 16, 2, False)
+
+
+def test_bench_model_builds_the_mamba3_mixers():
+    """``bench.model``'s Mamba-3 mixers: ours builds; mamba_ssm's is None without its source."""
+    from leetrepro.bench import model
+    cfg = dict(model.SIZES["125M"], dim=64, heads=2, mamba=dict(headdim=16, d_state=16, ngroups=1))
+    make = model.mixer("Mamba-3 leetrepro", cfg, torch.device("cpu"))
+    blk = make()
+    assert blk(torch.randn(1, 9, 64)).shape == (1, 9, 64)

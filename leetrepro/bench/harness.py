@@ -191,10 +191,13 @@ def fla_chunk_simple_gla():
     return chunk_simple_gla
 
 
-def mamba_ssm_peer(path: str | None = None):
-    """mamba_ssm's SSD (its Triton kernels: ``ssd_combined.mamba_chunk_scan_combined``), or None
-    after saying why. From an installed ``mamba_ssm`` (``MAMBA_SKIP_CUDA_BUILD=TRUE pip install
-    mamba_ssm --no-deps``: its Triton kernels need no CUDA build, only ``einops``), else from its
+def mamba_ssm_peer(path: str | None = None, module: str = "ops.triton.ssd_combined",
+                   name: str = "mamba_chunk_scan_combined"):
+    """mamba_ssm's SSD (its Triton kernels: ``ssd_combined.mamba_chunk_scan_combined``; another
+    of its Triton entry points by ``module`` and ``name``, Mamba-3's
+    ``ops.triton.mamba3.mamba3_siso_combined`` say), or None after saying why. From an
+    installed ``mamba_ssm`` (``MAMBA_SKIP_CUDA_BUILD=TRUE pip install mamba_ssm --no-deps``:
+    its Triton kernels need no CUDA build, only ``einops``), else from its
     public source at ``path`` (default ``$LEETREPRO_PEERS``): a folder holding ``mamba_ssm/`` and
     ``einops/``, never committed. Only the Triton kernels' modules are imported (the package's
     ``__init__`` pulls in its CUDA extensions and huggingface_hub)."""
@@ -210,12 +213,12 @@ def mamba_ssm_peer(path: str | None = None):
             pkg = types.ModuleType("mamba_ssm")  # (the package without its __init__)
             pkg.__path__ = [os.path.join(path, "mamba_ssm")]
             sys.modules["mamba_ssm"] = pkg
-        mod = importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+        mod = importlib.import_module(f"mamba_ssm.{module}")
     except ImportError as err:
         print(f"mamba_ssm: not importable ({err}); `MAMBA_SKIP_CUDA_BUILD=TRUE pip install "
               f"mamba_ssm einops` or its source in $LEETREPRO_PEERS", file=sys.stderr)
         return None
-    return mod.mamba_chunk_scan_combined
+    return getattr(mod, name)
 
 
 def median(values: Sequence[float]) -> float:

@@ -35,7 +35,9 @@ Mixers (time-major ``(batch, N, heads, d)`` views of the fused projection, as mo
   ``g (batch, N, heads)`` from a rank-16 projection (GLA's), no fixed decay;
 * ``Mamba-2 leetrepro``, ``Mamba-2 mamba_ssm``: a :class:`leetrepro.models.Mamba2Block` in the
   mixer's place (expand 2, headdim 64, the size's d_state and groups), its SSD this project's or
-  mamba_ssm's Triton kernels (from ``$LEETREPRO_PEERS``, see ``make bench-ssd``).
+  mamba_ssm's Triton kernels (from ``$LEETREPRO_PEERS``, see ``make bench-ssd``);
+* ``Mamba-3 leetrepro``, ``Mamba-3 mamba_ssm``: a :class:`leetrepro.models.Mamba3Block` (SISO)
+  likewise, its recurrence this project's or mamba_ssm's ``mamba3_siso_combined``.
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ SIZES = {
                  mamba=dict(headdim=64, d_state=128, ngroups=8)),
 }
 MIXERS = ("leetrepro", "leetrepro chunk_simple_gla", "fla chunk_simple_gla", "softmax SDPA",
-          "leetrepro gated", "Mamba-2 leetrepro", "Mamba-2 mamba_ssm", "fla gated")
+          "leetrepro gated", "Mamba-2 leetrepro", "Mamba-2 mamba_ssm", "fla gated",
+          "Mamba-3 leetrepro", "Mamba-3 mamba_ssm")
 #: the modes timed by default; ``graphs`` (the blocks under ``torch.compile(mode=
 #: "reduce-overhead")``: inductor's code replayed from CUDA graphs) on request
 MODES = ("eager", "compile")
@@ -86,6 +89,15 @@ def mixer(name: str, cfg: dict, device, peer=None) -> Callable[[], torch.nn.Modu
             return None
         ssd = peer if name.endswith("mamba_ssm") else None
         return lambda: Mamba2Block(dim, ssd=ssd, **cfg["mamba"])
+    if name.startswith("Mamba-3"):
+        from ..models.mamba3 import Mamba3Block
+        siso = None
+        if name.endswith("mamba_ssm"):
+            siso = mamba_ssm_peer(None, "ops.triton.mamba3.mamba3_siso_combined",
+                                  "mamba3_siso_combined")
+            if siso is None:
+                return None
+        return lambda: Mamba3Block(dim, siso=siso, **cfg["mamba"])
     gamma = decays(heads).to(device)
     log_gamma = gamma.log().float()
     fla = fla_chunk_simple_gla() if name.startswith("fla") else None

@@ -24,7 +24,10 @@ depthwise convolution, SSD, gated RMS norm, out-projection) at the Codestral sha
 backward, with our SSD and with mamba_ssm's on the same weights (``block`` rows). ``--lm``: the
 byte-level Mamba-2 LM (:class:`leetrepro.models.lm.Mamba2ByteLM`) trained 50 steps from the same
 weights on the same batches with each SSD: tokens/s and the loss curves (``ssd_lm.csv``).
-Writes ``ssd.csv``.
+``--mamba3``: Mamba-3's SISO recurrence, :func:`leetrepro.compat.mamba3_siso_combined` against
+mamba_ssm's ``mamba3_siso_combined`` (its Triton kernels) at :data:`MAMBA3_SHAPES` (``mamba3``
+rows: ``headdim`` is V's, ``dstate`` q's and k's, ``ngroups`` the q/k heads), the gradients of
+Q, K, V, ADT, DT, Trap, the biases, the angles, D and Z. Writes ``ssd.csv``.
 """
 from __future__ import annotations
 
@@ -40,6 +43,10 @@ from .harness import fla_chunk_simple_gla, gpu_main, mamba_ssm_peer, timed_entri
 SHAPES = [("codestral", 2, 8192, 128, 64, 128, 8), ("zamba2", 4, 4096, 80, 64, 64, 1),
           ("falcon-h1", 2, 8192, 64, 64, 256, 1)]
 CHUNK = 256  # mamba_ssm's chunk (ours takes its tiles from its own tables)
+#: (label, batch, seqlen, heads, headdim_v, headdim_qk, q/k heads): mamba_ssm's own test shape
+#: (GQA 4) and a 2048-wide model's training micro-batch (64 heads of 64, d_state 128, one group)
+MAMBA3_SHAPES = [("mamba_ssm-test", 1, 2345, 32, 64, 128, 8),
+                 ("train-2048", 4, 4096, 64, 64, 128, 1)]
 
 
 def _inputs(batch, n, heads, headdim, dstate, groups, device, grad):
@@ -139,6 +146,72 @@ def measure(shape, device, bw, reps: int, meta: dict, peer, fla) -> list[dict]:
     return rows
 
 
+def mamba3_inputs(batch, n, heads, dv, p, hqk, device, grad, dtype=torch.bfloat16):
+    """Mamba-3's inputs as its block hands them (mamba_ssm's layouts; Q, K, V, Z in ``dtype``,
+    the per-row scalars, biases, angles and D float32; rope fraction 0.5: p / 4 angles), drawn
+    on the host, and the output's gradient."""
+    f32 = dict(device=device, dtype=torch.float32)
+    lo = dict(device=device, dtype=dtype)
+    dt = torch.nn.functional.softplus(torch.randn(batch, heads, n) - 2)
+    leaves = dict(Q=(torch.randn(batch, n, hqk, p) * p ** -0.5).to(**lo),
+                  K=(torch.randn(batch, n, hqk, p) * p ** -0.5).to(**lo),
+                  V=torch.randn(batch, n, heads, dv).to(**lo),
+                  ADT=(-dt * torch.rand(heads)[None, :, None] * 4).to(**f32), DT=dt.to(**f32),
+                  Trap=torch.randn(batch, heads, n).to(**f32),
+                  Q_bias=(1 + torch.randn(heads, p) / 4).to(**f32),
+                  K_bias=(1 + torch.randn(heads, p) / 4).to(**f32),
+                  Angles=torch.randn(batch, n, heads, p // 4).to(**f32),
+                  D=torch.ones(heads).to(**f32), Z=torch.randn(batch, n, heads, dv).to(**lo))
+    if grad:
+        for t in leaves.values():
+            t.requires_grad_()
+    return leaves, torch.randn(batch, n, heads, dv).to(**lo)
+
+
+def mamba3_entries(peer, grad: bool) -> dict:
+    """name -> fn(leaves, dy): one pass of Mamba-3's recurrence (ours, and mamba_ssm's where its
+    source is at hand)."""
+    from ..compat import mamba3_siso_combined
+
+    def run(fn):
+        def call(leaves, dy):
+            y = fn(**leaves)
+            if grad:
+                torch.autograd.grad(y, list(leaves.values()), dy)
+            return y
+        return call
+    out = {"ours": run(mamba3_siso_combined)}
+    if peer is not None:
+        out["mamba_ssm"] = run(peer)
+    return out
+
+
+def mamba3_floor_bytes(batch, n, heads, dv, p, hqk, grad: bool) -> int:
+    """The bytes a pass moves at least: Q, K, V, Z read and y written (16-bit), ADT, DT, Trap and
+    the angles (float32) read; the backward reads them and dy again and writes each gradient."""
+    rows = batch * n
+    big = rows * (2 * hqk * p + 3 * heads * dv) * 2 + rows * heads * (3 + p // 4) * 4
+    if not grad:
+        return big
+    return 3 * big
+
+
+def measure_mamba3(shape, device, bw, reps: int, meta: dict, peer) -> list[dict]:
+    label, batch, n, heads, dv, p, hqk = shape
+    dims = dict(batch=batch, seqlen=n, heads=heads, headdim=dv, dstate=p, ngroups=hqk)
+    rows = []
+    for grad in (False, True):
+        leaves, dy = mamba3_inputs(batch, n, heads, dv, p, hqk, device, grad)
+        times, status = timed_entries(mamba3_entries(peer, grad), (leaves, dy), reps, device,
+                                      seed=hash((label, grad)) % 1000)
+        floor = mamba3_floor_bytes(batch, n, heads, dv, p, hqk, grad) / bw * 1e3
+        rows += _rows("mamba3", label, dims, "fwd+bwd" if grad else "fwd", times, status, floor,
+                      meta)
+        del leaves, dy
+        torch.cuda.empty_cache()
+    return rows
+
+
 def measure_block(device, reps: int, meta: dict, peer, batch: int = 2, n: int = 8192) -> list[dict]:
     """The Mamba-2 block at the Codestral shape (d_model 4096, 128 heads of 64, 8 groups, d_state
     128), bf16 weights, forward + backward (input and weight gradients), our SSD and mamba_ssm's
@@ -196,6 +269,9 @@ def _arguments(p) -> None:
                    help="the shapes flash-linear-attention runs at (it autotunes minutes a shape)")
     p.add_argument("--block", action="store_true", help="also the Mamba-2 block (Codestral)")
     p.add_argument("--lm", action="store_true", help="also the Mamba-2 LM's training run")
+    p.add_argument("--mamba3", action="store_true",
+                   help="also Mamba-3's recurrence against mamba_ssm's (MAMBA3_SHAPES)")
+    p.add_argument("--only-mamba3", action="store_true", help="Mamba-3's rows alone")
     p.add_argument("--peers", default=None,
                    help="folder with mamba_ssm's public source (default $LEETREPRO_PEERS)")
 
@@ -215,13 +291,19 @@ def main(argv=None) -> int:
     def write():
         pd.DataFrame(rows).to_csv(os.path.join(out, "ssd.csv"), index=False)
     for shape in SHAPES:
-        if shape[0] in args.shapes:
+        if shape[0] in args.shapes and not args.only_mamba3:
             rows += measure(shape, device, bw, args.reps, meta, peer,
                             fla if shape[0] in args.fla_shapes else None)
             write()
     if args.block:
         rows += measure_block(device, args.reps, meta, peer)
         write()
+    if args.mamba3 or args.only_mamba3:
+        peer3 = mamba_ssm_peer(args.peers, "ops.triton.mamba3.mamba3_siso_combined",
+                               "mamba3_siso_combined")
+        for shape in MAMBA3_SHAPES:
+            rows += measure_mamba3(shape, device, bw, args.reps, meta, peer3)
+            write()
     if args.lm:
         train_lm(device, meta, peer).to_csv(os.path.join(out, "ssd_lm.csv"), index=False)
     print(f"-> {out}/ssd.csv")

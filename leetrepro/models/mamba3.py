@@ -31,12 +31,14 @@ class Mamba3Block(nn.Module):
     """One Mamba-3 mixer (SISO). ``forward(u, cu_seqlens=None)``: u ``(batch, N, d_model)`` →
     ``(batch, N, d_model)``; ``prefill(u)`` also returns the decode states; ``step(u_t, pools,
     slots)`` one token of each sequence, its states at ``slots`` of the four pools updated in
-    place. ``method`` and ``options``: the operator's."""
+    place. ``method`` and ``options``: the operator's. ``siso``: another recurrence of mamba_ssm's
+    ``mamba3_siso_combined`` signature in its place (mamba_ssm's own kernels, to compare the same
+    block), given neither ``method`` nor ``options``."""
 
     def __init__(self, d_model: int, *, d_state: int = 128, headdim: int = 64, expand: int = 2,
                  ngroups: int = 1, rope_fraction: float = 0.5, dt_min: float = 1e-3,
                  dt_max: float = 0.1, dt_init_floor: float = 1e-4, A_floor: float = 1e-4,
-                 method: str = "auto", **options):
+                 method: str = "auto", siso=None, **options):
         super().__init__()
         d_inner = expand * d_model
         if d_inner % headdim:
@@ -51,7 +53,7 @@ class Mamba3Block(nn.Module):
             raise ValueError(f"d_state {d_state} × rope_fraction {rope_fraction} leaves no angle")
         self.d_inner, self.heads, self.headdim = d_inner, heads, headdim
         self.d_state, self.ngroups, self.A_floor = d_state, ngroups, A_floor
-        self.method, self.options = method, options
+        self.method, self.options, self.siso = method, options, siso
         self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + 3 * heads
                                  + self.angles, bias=False)
         dt = torch.exp(torch.rand(heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
@@ -81,17 +83,20 @@ class Mamba3Block(nn.Module):
             K_bias=self.B_bias, Angles=angles.to(f)[:, :, None].expand(b, n, self.heads, -1),
             D=self.D, Z=z.reshape(b, n, self.heads, self.headdim))
 
+    def _recurrence(self, **kw):
+        if self.siso is not None:
+            return self.siso(**kw)
+        return mamba3_siso_combined(**kw, method=self.method, **self.options)
+
     def forward(self, u: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        y = mamba3_siso_combined(**self._inputs(u), cu_seqlens=cu_seqlens, method=self.method,
-                                 **self.options)
+        y = self._recurrence(**self._inputs(u), cu_seqlens=cu_seqlens)
         return self.out_proj(y.reshape(*u.shape[:2], self.d_inner).to(u.dtype))
 
     def prefill(self, u: torch.Tensor):
         """``(out, states)``: the block over u, and its states ``(angle (batch, heads, angles),
         ssm (batch, heads, headdim, d_state) float32, k (batch, heads, d_state), v (batch, heads,
         headdim))``, what :meth:`step` goes on from."""
-        y, *states = mamba3_siso_combined(**self._inputs(u), return_final_states=True,
-                                          method=self.method, **self.options)
+        y, *states = self._recurrence(**self._inputs(u), return_final_states=True)
         out = self.out_proj(y.reshape(*u.shape[:2], self.d_inner).to(u.dtype))
         return out, tuple(s.detach() for s in states)
 
@@ -117,9 +122,8 @@ class Mamba3Block(nn.Module):
         if not isinstance(pools, (tuple, list)) or len(pools) != 4:
             raise ValueError("pools must be the four pools of state_pools()")
         states = tuple(p[slots] for p in pools)
-        y, *new = mamba3_siso_combined(**self._inputs(u[:, None]), Input_States=states,
-                                       return_final_states=True, method=self.method,
-                                       **self.options)
+        y, *new = self._recurrence(**self._inputs(u[:, None]), Input_States=states,
+                                   return_final_states=True)
         for pool, s in zip(pools, new):
             pool[slots] = s.to(pool.dtype)
         return self.out_proj(y.reshape(u.shape[0], self.d_inner).to(u.dtype))

@@ -623,7 +623,8 @@ def _answer_cells(tag: str) -> dict:
                             f"{_commits(gates)})")
     ssd_df = _read(tag, "ssd.csv")
     if ssd_df is not None:
-        ours = ssd_df[(ssd_df.entry == "ours") & (ssd_df["mode"] == "graph")]
+        ours = ssd_df[(ssd_df.entry == "ours") & (ssd_df["mode"] == "graph") &
+                      ssd_df.what.isin(["ssd", "block"])]  # (Mamba-2's; Mamba-3's rows apart)
         fb, fw = ours[ours["pass"] == "fwd+bwd"], ours[ours["pass"] == "fwd"]
         if len(fb):
             out["ssd"] = (f"{_speed(1 / _geo(fb.vs_peer))} forward + backward, "
