@@ -283,3 +283,82 @@ def test_bench_model_builds_the_mamba3_mixers():
     make = model.mixer("Mamba-3 leetrepro", cfg, torch.device("cpu"))
     blk = make()
     assert blk(torch.randn(1, 9, 64)).shape == (1, 9, 64)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.parametrize("dtype", quick_lane([torch.float32, torch.float16], keep=(0,)))
+def test_the_decode_step_kernel_is_the_recurrence(monkeypatch, dtype):
+    """``methods.mamba3_step`` (one token of the recurrence over a pool of states, one pass on a
+    GPU; interpreted here) against its PyTorch expressions and against the block's forward:
+    a prompt prefilled, then a decode step a token at slots out of order, the outputs and all
+    four pools; q/k heads shared by two heads each, the angles over half the pairs."""
+    from leetrepro.methods import mamba3_step as step
+    blk = _block().float()
+    gen = torch.Generator().manual_seed(8)
+    u = torch.randn(2, 15, 32, generator=gen)
+    whole = blk(u).double()
+    _, states = blk.prefill(u[:, :9])
+    slots = torch.tensor([3, 0])
+
+    def decode():
+        pools = blk.state_pools(4)
+        for pool, s in zip(pools, states):
+            pool[slots] = s.to(pool.dtype)
+        if dtype != torch.float32:  # (16-bit rows: the block's projections in dtype)
+            blk.to(dtype)
+        outs = [blk.step(u[:, t].to(dtype), pools, slots) for t in range(9, 15)]
+        blk.float()
+        return torch.stack(outs, 1), pools
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    assert not step.on_row_kernels(u, step.kernels)
+    plain, plain_pools = decode()
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    assert step.on_row_kernels(u, step.kernels)
+    got, got_pools = decode()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert rel_error(got.double(), whole[:, 9:]) <= tol
+    assert rel_error(plain.double(), whole[:, 9:]) <= tol
+    for a, b in zip(got_pools, plain_pools):
+        assert rel_error(a.double(), b.double()) <= tol
+    assert torch.equal(got_pools[1][1], torch.zeros_like(got_pools[1][1]))  # (slot 1 untouched)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_decode_step_kernel_on_the_gpu(dtype):
+    """On a GPU the decode step's one pass (mamba_ssm's test heads: 128/64, 8 heads on 2 q/k
+    heads) against its PyTorch expressions on the same pools, several tokens at slots out of
+    order: outputs and every pool within the contract."""
+    from leetrepro.methods import mamba3_step as step
+    gen = torch.Generator().manual_seed(9)
+    batch, heads, hqk, p, dv, a, slots_n = 3, 8, 2, 128, 64, 32, 5
+    slots = torch.tensor([4, 0, 2], device="cuda")
+    pools = [torch.randn(slots_n, heads, a, generator=gen),
+             torch.randn(slots_n, heads, dv, p, generator=gen) / 8,
+             torch.randn(slots_n, heads, p, generator=gen).to(dtype),
+             torch.randn(slots_n, heads, dv, generator=gen).to(dtype)]
+    pools = [t.cuda() for t in pools]
+    mine = [t.clone() for t in pools]
+    for _ in range(4):
+        dt = torch.nn.functional.softplus(torch.randn(batch, heads, generator=gen) - 1)
+        rows = dict(Q=torch.randn(batch, hqk, p, generator=gen) / 11,
+                    K=torch.randn(batch, hqk, p, generator=gen) / 11,
+                    V=torch.randn(batch, heads, dv, generator=gen), ADT=-dt, DT=dt,
+                    Trap=torch.randn(batch, heads, generator=gen),
+                    Q_bias=torch.randn(heads, p, generator=gen) / 4,
+                    K_bias=torch.randn(heads, p, generator=gen) / 4,
+                    Angles=torch.randn(batch, heads, a, generator=gen),
+                    D=torch.randn(heads, generator=gen),
+                    Z=torch.randn(batch, heads, dv, generator=gen))
+        rows = {k: v.cuda().to(dtype if k in ("Q", "K", "V", "Z") else torch.float32)
+                for k, v in rows.items()}
+        got = step.mamba3_step(**rows, pools=tuple(mine), slots=slots)
+        want = step._pytorch(**rows, pools=pools, slots=slots)
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        assert torch.isfinite(got).all() and rel_error(got.double(), want.double()) <= tol
+    for a_, b_ in zip(mine, pools):
+        assert rel_error(a_.double(), b_.double()) <= tol

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..compat import mamba3_siso_combined
+from ..methods.mamba3_step import mamba3_step
 
 
 def heavy_tail(x: torch.Tensor) -> torch.Tensor:
@@ -114,16 +115,21 @@ class Mamba3Block(nn.Module):
     @torch.no_grad()
     def step(self, u: torch.Tensor, pools: tuple, slots: torch.Tensor) -> torch.Tensor:
         """One token per sequence: u ``(batch, d_model)``; the states at ``slots`` of ``pools``
-        (:meth:`state_pools`) stepped in place. Returns ``(batch, d_model)``. (The recurrence
-        of one token through the drop-in; a fused decode kernel is not built.)"""
+        (:meth:`state_pools`) stepped in place (:func:`leetrepro.methods.mamba3_step.mamba3_step`:
+        one pass on a GPU). Returns ``(batch, d_model)``."""
         if u.dim() != 2:
             raise ValueError(f"u must be (batch, d_model) = one token per sequence, got "
                              f"{tuple(u.shape)}")
         if not isinstance(pools, (tuple, list)) or len(pools) != 4:
             raise ValueError("pools must be the four pools of state_pools()")
-        states = tuple(p[slots] for p in pools)
-        y, *new = self._recurrence(**self._inputs(u[:, None]), Input_States=states,
-                                   return_final_states=True)
-        for pool, s in zip(pools, new):
-            pool[slots] = s.to(pool.dtype)
+        x = self._inputs(u[:, None])
+        if self.siso is not None:  # (the compared recurrence, one token through its entry point)
+            states = tuple(p[slots] for p in pools)
+            y, *new = self._recurrence(**x, Input_States=states, return_final_states=True)
+            for pool, s in zip(pools, new):
+                pool[slots] = s.to(pool.dtype)
+        else:
+            rows = {k: (v[:, 0] if k in ("Q", "K", "V", "Angles", "Z") else
+                        v[..., 0] if k in ("ADT", "DT", "Trap") else v) for k, v in x.items()}
+            y = mamba3_step(**rows, pools=pools, slots=slots)
         return self.out_proj(y.reshape(u.shape[0], self.d_inner).to(u.dtype))
