@@ -13,10 +13,10 @@
 
 # %% [markdown]
 # # Training a byte-level language model with every method
-# A small causal language model made of the TransNormerLLM decoder layers of Table 7 (LRPE on the first layer, per-head decays), trained on the source files of Python's standard library (bytes as tokens; nothing is downloaded), once per attention method from the same seeded weights over the same seeded batches. Gradients flow through `causal_linear_decoder` (the custom op and its backward, `leetrepro.ops`); `original` is the model's own PyTorch block loop (plain autograd); `fla` is flash-linear-attention's `chunk_simple_gla` with its own backward, where installed. The loss curves should lie on each other; the table gives each method's throughput. `mamba2` is another model on the same data and batches: Mamba-2 mixers (per-token gates, `leetrepro.models.Mamba2Block`) in place of the TransNormer layers, its curve its own.
+# A small causal language model made of the TransNormerLLM decoder layers of Table 7 (LRPE on the first layer, per-head decays), trained on the source files of Python's standard library (bytes as tokens; nothing is downloaded), once per attention method from the same seeded weights over the same seeded batches. Gradients flow through `causal_linear_decoder` (the custom op and its backward, `leetrepro.ops`); `original` is the model's own PyTorch block loop (plain autograd); `fla` is flash-linear-attention's `chunk_simple_gla` with its own backward, where installed. The loss curves should lie on each other; the table gives each method's throughput. `mamba2` is another model on the same data and batches: Mamba-2 mixers (per-token gates, `leetrepro.models.Mamba2Block`) in place of the TransNormer layers, its curve its own; `mamba3` likewise with Mamba-3 mixers (`leetrepro.models.Mamba3Block`).
 
 # %% tags=["parameters"]
-methods = ["Chunk", "LA", "Cdotp", "LA_torch", "Bb", "original", "fla", "mamba2"]
+methods = ["Chunk", "LA", "Cdotp", "LA_torch", "Bb", "original", "fla", "mamba2", "mamba3"]
 steps = 300
 batch = 16
 seq_len = 1024

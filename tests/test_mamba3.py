@@ -287,7 +287,8 @@ def test_bench_model_builds_the_mamba3_mixers():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
-@pytest.mark.parametrize("dtype", quick_lane([torch.float32, torch.float16], keep=(0,)))
+@pytest.mark.slow  # (the interpreter: seconds a case; the quick lane keeps the PyTorch step)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_decode_step_kernel_is_the_recurrence(monkeypatch, dtype):
     """``methods.mamba3_step`` (one token of the recurrence over a pool of states, one pass on a
     GPU; interpreted here) against its PyTorch expressions and against the block's forward:
@@ -362,3 +363,15 @@ def test_the_decode_step_kernel_on_the_gpu(dtype):
         assert torch.isfinite(got).all() and rel_error(got.double(), want.double()) <= tol
     for a_, b_ in zip(mine, pools):
         assert rel_error(a_.double(), b_.double()) <= tol
+
+
+@pytest.mark.slow  # (thirty steps of a model: the quick lane keeps Mamba-2's)
+def test_a_mamba3_language_model_learns_bytes():
+    """``make train``'s Mamba-3 model: thirty AdamW steps on the CPU lower its byte loss."""
+    from leetrepro.bench.lm import train
+    from leetrepro.models.lm import Mamba3ByteLM, corpus
+    df = train("mamba3", corpus(200000), steps=30, batch=4, seq_len=64, dim=32, layers=2,
+               heads=2, lr=0.01, device="cpu", log_every=10)
+    assert list(df.method.unique()) == ["mamba3"]
+    assert df.loss.iloc[-1] < df.loss.iloc[0] and df.loss.iloc[-1] < 4.5
+    assert Mamba3ByteLM(32, 1, 2).cfg["name"] == "byte-level Mamba-3, 1 layers × 32"

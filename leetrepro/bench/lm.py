@@ -1,8 +1,9 @@
 """Training a small byte-level language model (:mod:`leetrepro.models.lm`) once per attention
 method: the same seeded weights, data and batches for every method, so their loss curves should
 lie on each other; throughput in tokens per second. What ``make train`` (``notebooks/train.py``)
-runs and plots. ``"mamba2"`` trains the Mamba-2 model instead (:class:`Mamba2ByteLM`: another
-model, the same data and batches; its SSD by ``method="auto"``).
+runs and plots. ``"mamba2"`` and ``"mamba3"`` train the Mamba-2 and Mamba-3 models instead
+(:class:`Mamba2ByteLM`, :class:`Mamba3ByteLM`: other models, the same data and batches; the
+operator by ``method="auto"``).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import torch
 
-from ..models.lm import ByteLM, Mamba2ByteLM, batches
+from ..models.lm import ByteLM, Mamba2ByteLM, Mamba3ByteLM, batches
 from .harness import fla_chunk_simple_gla, provenance, sync
 
 
@@ -38,13 +39,15 @@ def train(method, data: torch.Tensor, *, steps: int = 200, batch: int = 16, seq_
           label: str | None = None, ssd=None):
     """Train from seeded weights for ``steps`` AdamW steps; one row per logged step: the loss
     (mean of the steps since the last row) and tokens per second (wall clock, synchronised).
-    ``ssd``: with ``"mamba2"``, another SSD in the blocks (mamba_ssm's kernels, to compare)."""
+    ``ssd``: with ``"mamba2"`` or ``"mamba3"``, another recurrence in the blocks (mamba_ssm's
+    kernels, to compare)."""
     import pandas as pd
 
     torch.manual_seed(seed)
     label = label or str(method)
-    if method == "mamba2":  # (another model: Mamba-2 mixers, their SSD by the default method)
-        model, method = Mamba2ByteLM(dim, layers, heads, ssd=ssd).to(device), "auto"
+    if method in ("mamba2", "mamba3"):  # (another model: Mamba mixers, by the default method)
+        lm = Mamba2ByteLM if method == "mamba2" else Mamba3ByteLM
+        model, method = lm(dim, layers, heads, ssd=ssd).to(device), "auto"
     else:
         model = ByteLM(dim, layers, heads).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)

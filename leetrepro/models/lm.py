@@ -15,6 +15,7 @@ from torch import nn
 
 from .configs import config
 from .mamba2 import Mamba2Block
+from .mamba3 import Mamba3Block
 from .transnormer import TransNormerLLM
 
 
@@ -42,6 +43,8 @@ class Mamba2ByteLM(nn.Module):
     operator's method for the SSD (``"auto"``: Chunk on a GPU) -> logits (batch, N, 256).
     ``ssd``: the blocks' SSD replaced (:class:`Mamba2Block`'s ``ssd``: mamba_ssm's kernels)."""
 
+    kind = "Mamba-2"
+
     def __init__(self, dim: int = 256, layers: int = 4, heads: int = 4, d_state: int = 64,
                  ssd=None):
         super().__init__()
@@ -49,11 +52,14 @@ class Mamba2ByteLM(nn.Module):
         # (tied to the output: at PyTorch's N(0, 1) the first logits have a standard deviation
         # of √dim and the first loss is in the hundreds, not ln 256)
         nn.init.normal_(self.embed.weight, std=dim ** -0.5)
-        self.blocks = nn.ModuleList(
-            Mamba2Block(dim, d_state=d_state, headdim=2 * dim // heads, ssd=ssd)
-            for _ in range(layers))
+        self.blocks = nn.ModuleList(self.block(dim, d_state, 2 * dim // heads, ssd)
+                                    for _ in range(layers))
         self.norms = nn.ModuleList(nn.RMSNorm(dim) for _ in range(layers + 1))
-        self.cfg = dict(name=f"byte-level Mamba-2, {layers} layers × {dim}")
+        self.cfg = dict(name=f"byte-level {self.kind}, {layers} layers × {dim}")
+
+    @staticmethod
+    def block(dim: int, d_state: int, headdim: int, peer) -> nn.Module:
+        return Mamba2Block(dim, d_state=d_state, headdim=headdim, ssd=peer)
 
     def forward(self, ids: torch.Tensor, attention_method="auto") -> torch.Tensor:
         x = self.embed(ids)
@@ -61,6 +67,18 @@ class Mamba2ByteLM(nn.Module):
             block.method = attention_method
             x = x + block(norm(x))
         return self.norms[-1](x) @ self.embed.weight.t()
+
+
+class Mamba3ByteLM(Mamba2ByteLM):
+    """:class:`Mamba2ByteLM` with Mamba-3 mixers (:class:`Mamba3Block`, SISO, the trapezoidal
+    rule folded into the operator with per-token gates); ``ssd``: the blocks' recurrence
+    replaced (:class:`Mamba3Block`'s ``siso``: mamba_ssm's kernels)."""
+
+    kind = "Mamba-3"
+
+    @staticmethod
+    def block(dim: int, d_state: int, headdim: int, peer) -> nn.Module:
+        return Mamba3Block(dim, d_state=d_state, headdim=headdim, siso=peer)
 
 
 def corpus(max_bytes: int = 2 ** 24) -> torch.Tensor:
