@@ -428,9 +428,14 @@ def _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_St
     if top is not None:
         raise ValueError(f"ADT must be ≤ 0 (A·dt, the log decay; α = exp(ADT) ≤ 1), got {top:g} "
                          f"among its entries")
-    if cu_seqlens is not None and batch != 1:
-        raise ValueError(f"with cu_seqlens the sequences are packed along seqlen of a batch of "
-                         f"one; got batch {batch}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or \
+                cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 2:
+            raise TypeError("cu_seqlens must be a 1-D int32 (or int64) tensor of offsets "
+                            "[0, len_0, len_0 + len_1, ..., seqlen]")
+        if batch != 1:
+            raise ValueError(f"with cu_seqlens the sequences are packed along seqlen of a batch "
+                             f"of one; got batch {batch}")
     if Input_States is None:
         return
     count = batch if cu_seqlens is None else cu_seqlens.numel() - 1

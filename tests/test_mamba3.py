@@ -166,6 +166,8 @@ def test_bad_inputs_are_refused_by_name():
         mamba3_siso_combined(**args, Input_States=(st[0], None, st[2], st[3]))
     with pytest.raises(ValueError, match="batch of one"):
         mamba3_siso_combined(**args, cu_seqlens=torch.tensor([0, 23]))
+    with pytest.raises(TypeError, match="cu_seqlens must be"):
+        mamba3_siso_combined(**args, cu_seqlens=torch.tensor([0.0, 23.0]))
 
 
 @pytest.mark.slow
