@@ -268,29 +268,14 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     check_dt_limit(dt_limit)
-    _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
-    batch, seqlen, heads, headdim = x.shape
-    # (batch, seqlen, heads), float32: the step sizes and the log decays, one pass
-    dt, g = step_sizes_and_gates(dt, A, dt_bias, dt_softplus, dt_limit)
-    if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
-        cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
-        g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
-    # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, its backward is
-    # the backward pass of dt·dV': dt·dV' + D·dy, with dt's and D's gradients)
-    V, skip = scale_rows_and_skip(x, dt, D) if D is not None else (scale_rows(x, dt), None)
-    s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
+    check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
+    operands, skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx,
+                                      (dt_softplus, dt_limit))
     want_state = return_final_states or return_varlen_states
-    # the query C and the key B as (batch, groups, seqlen, dstate) views: read in place
-    res = causal_linear_decoder(C.transpose(1, 2), B.transpose(1, 2), V.transpose(1, 2),
-                                g=g.transpose(1, 2), initial_state=s0,
+    res = causal_linear_decoder(*operands[:3], g=operands[3], initial_state=s0,
                                 output_final_state=want_state, cu_seqlens=cu_seqlens, **options)
     o, states = res if want_state else (res, None)
-    y = o.transpose(1, 2)
-    if D is not None:  # (one pass, in x's dtype)
-        y = skip(y)
-    if z is not None:
-        y = y * torch.nn.functional.silu(z)
-    y = y.to(x.dtype)
+    y = ssd_output(o, skip, z, x.dtype)
     if not want_state:
         return y
     states = states.transpose(-1, -2)  # (…, headdim, dstate): Mamba-2's layout
@@ -298,6 +283,36 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if not return_varlen_states:
         return y, final
     return (y, states) if not return_final_states else (y, final, states)
+
+
+def ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx, dt_rule) -> tuple:
+    """The SSD as the operator's call: ``((query C, key B, V' = dt·x, g = dt·A), skip,
+    initial state)``, the first four head-major views of mamba_ssm's time-major tensors (the
+    groups' B and C read in place), the gates −1e4 where ``seq_idx`` changes, ``skip(o)`` the
+    ``D·x`` term's pass (None without D), the initial state in the operator's layout.
+    ``dt_rule``: ``(dt_softplus, dt_limit)``."""
+    seqlen = x.shape[1]
+    # (batch, seqlen, heads), float32: the step sizes and the log decays, one pass
+    dt, g = step_sizes_and_gates(dt, A, dt_bias, *dt_rule)
+    if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
+        cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
+        g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
+    # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, its backward is
+    # the backward pass of dt·dV': dt·dV' + D·dy, with dt's and D's gradients)
+    V, skip = scale_rows_and_skip(x, dt, D) if D is not None else (scale_rows(x, dt), None)
+    s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
+    return (C.transpose(1, 2), B.transpose(1, 2), V.transpose(1, 2), g.transpose(1, 2)), skip, s0
+
+
+def ssd_output(o: torch.Tensor, skip, z: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """y ``(batch, seqlen, heads, headdim)`` in ``dtype`` from the operator's head-major output:
+    the skip ``D·x`` (:func:`ssd_operands`' ``skip``) and the gate ``silu(z)`` where given."""
+    y = o.transpose(1, 2)
+    if skip is not None:  # (one pass, in x's dtype)
+        y = skip(y)
+    if z is not None:
+        y = y * torch.nn.functional.silu(z)
+    return y.to(dtype)
 
 
 def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tensor,
@@ -460,7 +475,7 @@ def check_dt_limit(dt_limit) -> None:
                          f"clamped to [low, high])" + ("; reversed?" if high < low else ""))
 
 
-def _check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens) -> None:
+def check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens) -> None:
     """mamba_chunk_scan_combined's inputs checked in its own terms (x, dt, A, B, C, …)."""
     for name, t, dims in (("x", x, 4), ("dt", dt, 3), ("A", A, 1), ("B", B, 4), ("C", C, 4)):
         if not isinstance(t, torch.Tensor):

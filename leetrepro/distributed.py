@@ -31,13 +31,16 @@ Launch with ``torchrun --nproc-per-node=G script.py`` (README, "Sequences longer
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
 from . import ops
-from ._inputs import check_qkv
+from ._inputs import check_qkv, expand_groups
 from ._state import check_state, final_state
 from .api import _autocast
+from .compat import check_dt_limit, check_mamba, ssd_operands, ssd_output
 from .decay.per_head import decayed_by, log_gamma, normalize_gamma
 from .decay.per_token import check_gates, fold_gates, gate_dtype, running_gates, shift_gates
 from .registry import GPU_DTYPES
@@ -89,6 +92,42 @@ def causal_linear_decoder_sp(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, 
     out, final = _SequenceParallel.apply(B, C, V, initial_state, lam, group, m, opts,
                                          bool(output_final_state), g)
     return (out, final) if output_final_state else out
+
+
+def mamba_chunk_scan_combined_sp(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                                 B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+                                 D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                                 dt_bias: torch.Tensor | None = None,
+                                 initial_states: torch.Tensor | None = None, *, group=None,
+                                 dt_softplus: bool = False, dt_limit: tuple = (0.0, math.inf),
+                                 return_final_states: bool = False, **options):
+    """Mamba-2's SSD (:func:`leetrepro.compat.mamba_chunk_scan_combined`, mamba_ssm's arguments)
+    over a sequence cut across the ranks of ``group``, as :func:`causal_linear_decoder_sp` cuts
+    the operator: each rank passes its own contiguous rows of x, dt, B, C and z (``(batch, L_k,
+    …)``, rank order = sequence order), the same A, D, dt_bias and options; ``initial_states``
+    on rank 0 only. The per-row passes (step sizes, V' = dt·x, the skip and the gate) are each
+    rank's own; the operator passes one state and the slice's total gate each way. Returns this
+    rank's rows of y (and the whole sequence's final state, on every rank, with
+    ``return_final_states``). Differentiable as the single-process call; equal to it. Packed
+    sequences (``seq_idx``, ``cu_seqlens``) are not taken across ranks; B and C are expanded to a
+    head each (the state passes take no groups)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    for name in ("seq_idx", "cu_seqlens"):
+        if name in options:
+            raise ValueError(f"{name}: packed sequences are not taken across ranks (give each "
+                             f"rank whole sequences, or run them on one process)")
+    check_dt_limit(dt_limit)
+    check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, None, None)
+    (q, k, v, g), skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, None,
+                                          (dt_softplus, dt_limit))
+    heads = x.shape[2]
+    res = causal_linear_decoder_sp(expand_groups(q, heads), expand_groups(k, heads), v,
+                                   group=group, initial_state=s0,
+                                   output_final_state=return_final_states, g=g, **options)
+    o, final = res if return_final_states else (res, None)
+    y = ssd_output(o, skip, z, x.dtype)
+    return (y, final.transpose(-1, -2)) if return_final_states else y
 
 
 def local_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,

@@ -48,120 +48,190 @@ def _grads(fn, B, C, V, g, S0, dO, dS, with_final, scale_final=1.0):
     return out.detach(), (None if fin is None else fin.detach()), grads
 
 
-def _worker(rank, world, init, failures):
+def _in_group(rank, world, init, failures, body):
+    """``body()`` in rank ``rank`` of a gloo group of ``world``, then a barrier; a failure put
+    on ``failures`` with its rank and traceback (the spawner reports them)."""
     try:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        seed = 0
-        for lengths, batch, heads, r, d in CASES[world]:
-            lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
-            for dtype, method, tol in ((torch.float64, "auto", 1e-12), (torch.float32, "LA_torch", 1e-5)):
-                for decay, with_s0, with_final in ((False, False, False), (True, True, True),
-                                                   (True, False, True), (False, True, False)):
-                    seed += 1
-                    B, C, V, g, S0, dO, dS = _case(lengths, batch, heads, r, d, dtype, decay,
-                                                   with_s0, with_final, method, seed)
-                    want_o, want_s, want_g = _grads(reference, B, C, V, g, S0, dO, dS, with_final)
-                    sl = slice(lo, hi)
-                    # each rank's copy of S_N enters the loss once, so the gradients add up to
-                    # world copies: the oracle's loss counts it world times
-                    want_g2 = _grads(reference, B, C, V, g, S0, dO, world * dS, with_final)[2] \
-                        if with_final else want_g
-
-                    def sp(b, c, v, gg, initial_state, output_final_state):
-                        return causal_linear_decoder_sp(
-                            b[:, :, sl], c[:, :, sl], v[:, :, sl], gg,
-                            initial_state=initial_state if rank == 0 else None,
-                            output_final_state=output_final_state, method=method)
-
-                    got_o, got_s, got_g = _grads(sp, B, C, V, g, S0, dO[:, :, sl], dS, with_final)
-                    label = f"rank {rank} {lengths} {dtype} decay={decay} s0={with_s0} final={with_final}"
-                    checks = [("O", got_o, want_o[:, :, sl])]
-                    if with_final:
-                        checks.append(("S_N", got_s, want_s))
-                    # dB, dC, dV: this rank's rows of the whole sequence's gradients
-                    for name, got, want in zip(("dB", "dC", "dV"), got_g[:3], want_g2[:3]):
-                        checks.append((name, got[:, :, sl], want[:, :, sl]))
-                    for name, got, want in checks:
-                        if want.numel() == 0:
-                            assert got.numel() == 0, (label, name)
-                            continue
-                        err = rel_error(got, want)
-                        assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
-                    if with_s0 and rank == 0:  # rank 0's dS0 is already the whole gradient
-                        err = rel_error(got_g[3], want_g2[3])
-                        assert err <= tol, f"{label}: dS0 relative error {err:.2e} > {tol:.0e}"
-        # initial_state off rank 0 is an error (raised before any collective)
-        if rank == 1:
-            B, C, V = make_inputs(1, 1, 3, 2, 2)
-            with pytest.raises(ValueError, match="rank 0"):
-                causal_linear_decoder_sp(B, C, V, initial_state=torch.zeros(1, 1, 2, 2))
+        body()
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:
         failures.put(f"rank {rank}: {traceback.format_exc()}")
         raise
+
+
+def _worker(rank, world, init, failures):
+    _in_group(rank, world, init, failures, lambda: _worker_cases(rank, world))
+
+
+def _worker_cases(rank, world):
+    seed = 0
+    for lengths, batch, heads, r, d in CASES[world]:
+        lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+        for dtype, method, tol in ((torch.float64, "auto", 1e-12), (torch.float32, "LA_torch", 1e-5)):
+            for decay, with_s0, with_final in ((False, False, False), (True, True, True),
+                                               (True, False, True), (False, True, False)):
+                seed += 1
+                B, C, V, g, S0, dO, dS = _case(lengths, batch, heads, r, d, dtype, decay,
+                                               with_s0, with_final, method, seed)
+                want_o, want_s, want_g = _grads(reference, B, C, V, g, S0, dO, dS, with_final)
+                sl = slice(lo, hi)
+                # each rank's copy of S_N enters the loss once, so the gradients add up to
+                # world copies: the oracle's loss counts it world times
+                want_g2 = _grads(reference, B, C, V, g, S0, dO, world * dS, with_final)[2] \
+                    if with_final else want_g
+
+                def sp(b, c, v, gg, initial_state, output_final_state):
+                    return causal_linear_decoder_sp(
+                        b[:, :, sl], c[:, :, sl], v[:, :, sl], gg,
+                        initial_state=initial_state if rank == 0 else None,
+                        output_final_state=output_final_state, method=method)
+
+                got_o, got_s, got_g = _grads(sp, B, C, V, g, S0, dO[:, :, sl], dS, with_final)
+                label = f"rank {rank} {lengths} {dtype} decay={decay} s0={with_s0} final={with_final}"
+                checks = [("O", got_o, want_o[:, :, sl])]
+                if with_final:
+                    checks.append(("S_N", got_s, want_s))
+                # dB, dC, dV: this rank's rows of the whole sequence's gradients
+                for name, got, want in zip(("dB", "dC", "dV"), got_g[:3], want_g2[:3]):
+                    checks.append((name, got[:, :, sl], want[:, :, sl]))
+                for name, got, want in checks:
+                    if want.numel() == 0:
+                        assert got.numel() == 0, (label, name)
+                        continue
+                    err = rel_error(got, want)
+                    assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
+                if with_s0 and rank == 0:  # rank 0's dS0 is already the whole gradient
+                    err = rel_error(got_g[3], want_g2[3])
+                    assert err <= tol, f"{label}: dS0 relative error {err:.2e} > {tol:.0e}"
+    # initial_state off rank 0 is an error (raised before any collective)
+    if rank == 1:
+        B, C, V = make_inputs(1, 1, 3, 2, 2)
+        with pytest.raises(ValueError, match="rank 0"):
+            causal_linear_decoder_sp(B, C, V, initial_state=torch.zeros(1, 1, 2, 2))
 
 
 def _gated_worker(rank, world, init, failures):
     """Per-token gates over the ranks: each passes its rows of g; O, S_N and the gradients of
     B, C, V, g and S0 against the float64 oracle on the whole sequence."""
-    try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-        seed = 100
-        for lengths, batch, heads, r, d in CASES[world]:
-            lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
-            sl = slice(lo, hi)
-            for dtype, method, tol in ((torch.float64, "auto", 1e-12),
-                                       (torch.float32, "LA_torch", 1e-5)):
-                for decay, with_s0, with_final in ((False, True, True), (True, False, True),
-                                                   (True, True, False)):
-                    seed += 1
-                    B, C, V, gam, S0, dO, dS = _case(lengths, batch, heads, r, d, dtype, decay,
-                                                     with_s0, with_final, method, seed)
-                    gates = -torch.rand(batch, heads, sum(lengths), dtype=torch.float64,
-                                        generator=torch.Generator().manual_seed(seed)) * 0.6
-                    leaves = [t.detach().clone().to(dtype).requires_grad_() for t in (B, C, V)]
-                    g_leaf = gates.detach().clone().requires_grad_()
-                    s0 = None if S0 is None else S0.detach().clone().requires_grad_()
-                    res = causal_linear_decoder_sp(
-                        *(t[:, :, sl] for t in leaves), gam, g=g_leaf[:, :, sl],
-                        initial_state=s0 if rank == 0 else None,
-                        output_final_state=with_final, method=method)
-                    out, fin = res if with_final else (res, None)
-                    loss = (out.double() * dO[:, :, sl]).sum()
-                    if with_final:
-                        loss = loss + (fin.double() * dS).sum()
-                    loss.backward()
-                    ref = [t.detach().clone().requires_grad_() for t in (B, C, V, gates)]
-                    r0 = None if S0 is None else S0.detach().clone().requires_grad_()
-                    want = reference(*ref[:3], gam, g=ref[3], initial_state=r0,
-                                     output_final_state=True)
-                    # (each rank's copy of S_N enters its loss once: world copies in all)
-                    wloss = (want[0] * dO).sum() + \
-                        ((world * (want[1] * dS).sum()) if with_final else 0)
-                    wloss.backward()
-                    label = f"rank {rank} {lengths} {dtype} gates decay={decay} s0={with_s0}"
-                    checks = [("O", out, want[0][:, :, sl])]
-                    if with_final:
-                        checks.append(("S_N", fin, want[1]))
-                    for name, got, w in zip(("dB", "dC", "dV", "dg"),
-                                            [t.grad for t in leaves] + [g_leaf.grad], ref):
-                        checks.append((name, got[:, :, sl], w.grad[:, :, sl]))
-                    if with_s0 and rank == 0:
-                        checks.append(("dS0", s0.grad, r0.grad))
-                    for name, got, w in checks:
-                        if w.numel() == 0:
-                            continue
-                        err = rel_error(got, w)
-                        if name == "dg":  # (a slice's dg may be exactly 0: the first row's
-                            # gate decays only the initial state; relative to the whole's)
-                            err = (got.double() - w).norm().item() / ref[3].grad.norm().item()
-                        assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        failures.put(f"rank {rank}: {traceback.format_exc()}")
-        raise
+    _in_group(rank, world, init, failures, lambda: _gated_worker_cases(rank, world))
+
+
+def _gated_worker_cases(rank, world):
+    seed = 100
+    for lengths, batch, heads, r, d in CASES[world]:
+        lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+        sl = slice(lo, hi)
+        for dtype, method, tol in ((torch.float64, "auto", 1e-12),
+                                   (torch.float32, "LA_torch", 1e-5)):
+            for decay, with_s0, with_final in ((False, True, True), (True, False, True),
+                                               (True, True, False)):
+                seed += 1
+                B, C, V, gam, S0, dO, dS = _case(lengths, batch, heads, r, d, dtype, decay,
+                                                 with_s0, with_final, method, seed)
+                gates = -torch.rand(batch, heads, sum(lengths), dtype=torch.float64,
+                                    generator=torch.Generator().manual_seed(seed)) * 0.6
+                leaves = [t.detach().clone().to(dtype).requires_grad_() for t in (B, C, V)]
+                g_leaf = gates.detach().clone().requires_grad_()
+                s0 = None if S0 is None else S0.detach().clone().requires_grad_()
+                res = causal_linear_decoder_sp(
+                    *(t[:, :, sl] for t in leaves), gam, g=g_leaf[:, :, sl],
+                    initial_state=s0 if rank == 0 else None,
+                    output_final_state=with_final, method=method)
+                out, fin = res if with_final else (res, None)
+                loss = (out.double() * dO[:, :, sl]).sum()
+                if with_final:
+                    loss = loss + (fin.double() * dS).sum()
+                loss.backward()
+                ref = [t.detach().clone().requires_grad_() for t in (B, C, V, gates)]
+                r0 = None if S0 is None else S0.detach().clone().requires_grad_()
+                want = reference(*ref[:3], gam, g=ref[3], initial_state=r0,
+                                 output_final_state=True)
+                # (each rank's copy of S_N enters its loss once: world copies in all)
+                wloss = (want[0] * dO).sum() + \
+                    ((world * (want[1] * dS).sum()) if with_final else 0)
+                wloss.backward()
+                label = f"rank {rank} {lengths} {dtype} gates decay={decay} s0={with_s0}"
+                checks = [("O", out, want[0][:, :, sl])]
+                if with_final:
+                    checks.append(("S_N", fin, want[1]))
+                for name, got, w in zip(("dB", "dC", "dV", "dg"),
+                                        [t.grad for t in leaves] + [g_leaf.grad], ref):
+                    checks.append((name, got[:, :, sl], w.grad[:, :, sl]))
+                if with_s0 and rank == 0:
+                    checks.append(("dS0", s0.grad, r0.grad))
+                for name, got, w in checks:
+                    if w.numel() == 0:
+                        continue
+                    err = rel_error(got, w)
+                    if name == "dg":  # (a slice's dg may be exactly 0: the first row's
+                        # gate decays only the initial state; relative to the whole's)
+                        err = (got.double() - w).norm().item() / ref[3].grad.norm().item()
+                    assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
+
+
+def _ssd_worker(rank, world, init, failures):
+    """Mamba-2's SSD over the ranks (``mamba_chunk_scan_combined_sp``): each rank its rows of x,
+    dt, B, C and z, the shared A, D and dt_bias (their gradients summed over the ranks, as a
+    replicated parameter's are), the initial state on rank 0; y, the final state and every
+    gradient against the single-process drop-in on the whole sequence."""
+    _in_group(rank, world, init, failures, lambda: _ssd_worker_cases(rank, world))
+
+
+def _ssd_worker_cases(rank, world):
+    from leetrepro.compat import mamba_chunk_scan_combined
+    from leetrepro.distributed import mamba_chunk_scan_combined_sp
+    lengths = {2: (23, 17), 3: (23, 1, 17)}[world]
+    lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+    n, batch, heads, p, groups, dstate = sum(lengths), 2, 4, 6, 2, 5
+    # (float64 inputs too: the step sizes and gates are float32, mamba_ssm's and the
+    # drop-in's, so the slices' sums in another order agree to float32's precision)
+    for dtype, method, tol in ((torch.float64, "auto", 1e-6),
+                               (torch.float32, "LA_torch", 1e-5)):
+        gen = torch.Generator().manual_seed(40)
+        x = torch.randn(batch, n, heads, p, generator=gen, dtype=torch.float64)
+        dt = torch.randn(batch, n, heads, generator=gen, dtype=torch.float64) - 1
+        A = -torch.rand(heads, generator=gen, dtype=torch.float64) * 2
+        B, C = (torch.randn(batch, n, groups, dstate, generator=gen, dtype=torch.float64)
+                for _ in range(2))
+        D, bias = (torch.randn(heads, generator=gen, dtype=torch.float64) for _ in range(2))
+        z = torch.randn(batch, n, heads, p, generator=gen, dtype=torch.float64)
+        s0 = torch.randn(batch, heads, p, dstate, generator=gen, dtype=torch.float64)
+        dy = torch.randn(batch, n, heads, p, generator=gen, dtype=torch.float64)
+        dS = torch.randn(batch, heads, p, dstate, generator=gen, dtype=torch.float64)
+        rows = dict(x=x, dt=dt, B=B, C=C, z=z)
+        shared = dict(A=A, D=D, dt_bias=bias)
+        cast = {k: v.to(dtype) for k, v in {**rows, **shared}.items()}
+        mine = {k: (v[:, lo:hi] if k in rows else v).detach().clone().requires_grad_()
+                for k, v in cast.items()}
+        s0_mine = s0.to(dtype).requires_grad_() if rank == 0 else None
+        y, fin = mamba_chunk_scan_combined_sp(
+            mine["x"], mine["dt"], mine["A"], mine["B"], mine["C"], 64, D=mine["D"],
+            z=mine["z"], dt_bias=mine["dt_bias"], initial_states=s0_mine,
+            dt_softplus=True, return_final_states=True, method=method)
+        loss = (y.double() * dy[:, lo:hi]).sum() + \
+            ((fin.double() * dS).sum() if rank == 0 else 0)
+        loss.backward()
+        for k in shared:
+            dist.all_reduce(mine[k].grad)
+        whole = {k: v.detach().clone().requires_grad_() for k, v in cast.items()}
+        s0_whole = s0.to(dtype).requires_grad_()
+        wy, wfin = mamba_chunk_scan_combined(
+            whole["x"], whole["dt"], whole["A"], whole["B"], whole["C"], 64, D=whole["D"],
+            z=whole["z"], dt_bias=whole["dt_bias"], initial_states=s0_whole,
+            dt_softplus=True, return_final_states=True, method=method)
+        ((wy.double() * dy).sum() + (wfin.double() * dS).sum()).backward()
+        label = f"rank {rank} {dtype}"
+        checks = [("y", y, wy[:, lo:hi]), ("final", fin, wfin)]
+        checks += [(f"d{k}", mine[k].grad, whole[k].grad[:, lo:hi] if k in rows
+                    else whole[k].grad) for k in cast]
+        if rank == 0:
+            checks.append(("dinitial_states", s0_mine.grad, s0_whole.grad))
+        for name, got, want in checks:
+            if want.numel():
+                err = rel_error(got, want)
+                assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
 
 
 # processes take seconds to start: every world size runs in the full lane (the quick lane checks
@@ -176,6 +246,12 @@ def test_sequence_parallel_equals_one_process(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sequence_parallel_with_gates_equals_the_oracle(world):
     _spawn(_gated_worker, world)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_ssd_over_ranks_equals_one_process(world):
+    _spawn(_ssd_worker, world)
 
 
 def _spawn(worker, world):
@@ -275,3 +351,20 @@ def test_the_sp_benchmark_defaults_cover_every_host_size():
     h100_free = 79 * 2 ** 30
     fit = [n for n in cands if cell_fits("fwd_bwd", n // 4, 2, h100_free)]
     assert fit[0] == 4 * 9 * mi // 8  # 1.125 Mi per GPU: 8.3 tensors of 8 GiB per Mi, 75 GiB
+
+
+def test_the_ssd_on_one_process_without_a_group_is_the_drop_in():
+    """``mamba_chunk_scan_combined_sp`` without an initialised group runs on this process alone:
+    the drop-in's output and final state; packed sequences across ranks are refused by name."""
+    from leetrepro.compat import mamba_chunk_scan_combined
+    from leetrepro.distributed import mamba_chunk_scan_combined_sp
+    gen = torch.Generator().manual_seed(41)
+    x = torch.randn(1, 30, 4, 6, generator=gen)
+    dt, A = torch.randn(1, 30, 4, generator=gen), -torch.rand(4, generator=gen)
+    B, C = (torch.randn(1, 30, 2, 5, generator=gen) for _ in range(2))
+    kw = dict(D=torch.ones(4), dt_softplus=True, return_final_states=True, method="LA_torch")
+    y, fin = mamba_chunk_scan_combined_sp(x, dt, A, B, C, 64, **kw)
+    wy, wfin = mamba_chunk_scan_combined(x, dt, A, B, C, 64, **kw)
+    assert rel_error(y, wy) <= 1e-6 and rel_error(fin, wfin) <= 1e-6
+    with pytest.raises(ValueError, match="seq_idx: packed sequences"):
+        mamba_chunk_scan_combined_sp(x, dt, A, B, C, 64, seq_idx=torch.zeros(1, 30, dtype=torch.int32))
