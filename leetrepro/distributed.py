@@ -130,6 +130,66 @@ def mamba_chunk_scan_combined_sp(x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
     return (y, final.transpose(-1, -2)) if return_final_states else y
 
 
+def halo_rows(x: torch.Tensor, rows: int, group=None) -> torch.Tensor:
+    """The ``rows`` rows of the whole sequence just before this rank's first, ``(batch, rows,
+    C)`` from x ``(batch, L_k, C)`` (each rank its contiguous slice, rank order = sequence
+    order), zeros before the sequence's start: what a causal convolution K = rows + 1 wide reads
+    across a rank boundary. They may come from several earlier ranks (a slice shorter than
+    ``rows``). A collective call; differentiable: their gradients go back to the ranks that
+    hold them (every rank takes part in the backward's gather too). One all-gather of ``rows``
+    rows a rank (and one of the slices' lengths) each way."""
+    rank, world = _rank_world(group)
+    if world == 1 or rows == 0:
+        return x.new_zeros(x.shape[0], rows, x.shape[2])
+    return _Halo.apply(x, rows, group)
+
+
+def _halo_sources(lengths: list, rows: int, q: int) -> list:
+    """For each row h of rank q's halo: ``(rank, row of that rank's tail)`` or None (before the
+    sequence), the tails being each rank's last ``lengths[j]`` (≤ rows) rows."""
+    starts = [sum(lengths[:j]) for j in range(q)]
+    total = sum(lengths[:q])
+    out = []
+    for h in range(rows):
+        at = total - rows + h
+        src = None
+        for j in range(q):
+            if starts[j] <= at < starts[j] + lengths[j]:
+                src = (j, at - starts[j])
+        out.append(src)
+    return out
+
+
+class _Halo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, rows, group):
+        rank, world = _rank_world(group)
+        batch, n, width = x.shape
+        kept = min(n, rows)
+        lengths = _all_gather(torch.tensor([kept], device=x.device), group).view(-1).tolist()
+        tail = torch.nn.functional.pad(x[:, n - kept:], (0, 0, 0, rows - kept))  # (first rows)
+        tails = _all_gather(tail, group)                       # (world, batch, rows, width)
+        halo = x.new_zeros(batch, rows, width)
+        for h, src in enumerate(_halo_sources(lengths, rows, rank)):
+            if src is not None:
+                halo[:, h] = tails[src[0], :, src[1]]
+        ctx.args = (group, rows, n, lengths)
+        return halo
+
+    @staticmethod
+    def backward(ctx, dhalo):
+        group, rows, n, lengths = ctx.args
+        rank, world = _rank_world(group)
+        grads = _all_gather(dhalo.contiguous(), group)         # every rank's halo gradient
+        dx = dhalo.new_zeros(dhalo.shape[0], n, dhalo.shape[2])
+        kept = lengths[rank]
+        for q in range(rank + 1, world):
+            for h, src in enumerate(_halo_sources(lengths, rows, q)):
+                if src is not None and src[0] == rank:
+                    dx[:, n - kept + src[1]] += grads[q, :, h]
+        return dx, None, None
+
+
 def local_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
                 reverse: bool = False, fp32_precision: str | None = None,
                 g: torch.Tensor | None = None) -> torch.Tensor:

@@ -234,6 +234,38 @@ def _ssd_worker_cases(rank, world):
                 assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
 
 
+def _block_worker(rank, world, init, failures):
+    """A Mamba-2 block over the ranks (``Mamba2Block.forward(u, group=)``): each rank its rows of
+    u, a slice shorter than the convolution's window among them; the output, u's gradient and
+    every parameter's (summed over the ranks) against the block on the whole sequence."""
+    _in_group(rank, world, init, failures, lambda: _block_worker_cases(rank, world))
+
+
+def _block_worker_cases(rank, world):
+    from leetrepro.models import Mamba2Block
+    lengths = {2: (23, 2), 3: (20, 1, 19)}[world]
+    lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
+    torch.manual_seed(0)
+    block = Mamba2Block(16, d_state=4, headdim=8, ngroups=2, method="LA_torch").double()
+    gen = torch.Generator().manual_seed(3)
+    u = torch.randn(2, sum(lengths), 16, generator=gen, dtype=torch.float64)
+    dy = torch.randn(2, sum(lengths), 16, generator=gen, dtype=torch.float64)
+    mine = u[:, lo:hi].clone().requires_grad_()
+    out = block(mine, group=dist.group.WORLD)
+    (out * dy[:, lo:hi]).sum().backward()
+    got = {name: p.grad.clone() for name, p in block.named_parameters()}
+    for g in got.values():
+        dist.all_reduce(g)
+    block.zero_grad()
+    whole = u.clone().requires_grad_()
+    want = block(whole)
+    (want * dy).sum().backward()
+    assert rel_error(out, want[:, lo:hi]) <= 1e-6, rel_error(out, want[:, lo:hi])
+    assert rel_error(mine.grad, whole.grad[:, lo:hi]) <= 1e-6
+    for name, p in block.named_parameters():
+        assert rel_error(got[name], p.grad) <= 1e-6, (name, rel_error(got[name], p.grad))
+
+
 # processes take seconds to start: every world size runs in the full lane (the quick lane checks
 # one process without a group, below)
 @pytest.mark.slow
@@ -252,6 +284,12 @@ def test_sequence_parallel_with_gates_equals_the_oracle(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_ssd_over_ranks_equals_one_process(world):
     _spawn(_ssd_worker, world)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_mamba2_block_over_ranks_equals_one_process(world):
+    _spawn(_block_worker, world)
 
 
 def _spawn(worker, world):

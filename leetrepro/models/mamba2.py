@@ -79,8 +79,32 @@ class Mamba2Block(nn.Module):
         return self.out_proj(gated_rms_norm(y, z, self.norm_weight, 1e-5,
                                             group_size=self.d_inner // self.ngroups))
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return self.prefill(u)[0]
+    def forward(self, u: torch.Tensor, group=None) -> torch.Tensor:
+        """u ``(batch, N, d_model)`` → ``(batch, N, d_model)``. With ``group`` (a
+        ``torch.distributed`` process group), u is this rank's contiguous slice of a sequence
+        cut across the group's ranks (rank order = sequence order): the convolution reads the
+        K − 1 rows before the slice from the ranks that hold them
+        (:func:`leetrepro.distributed.halo_rows`), the SSD passes its states across the ranks
+        (:func:`leetrepro.distributed.mamba_chunk_scan_combined_sp`); a collective call, equal
+        to the whole sequence on one process (the parameters' gradients summed over the ranks
+        as a replicated parameter's are)."""
+        if group is None:
+            return self.prefill(u)[0]
+        if self.ssd is not None:
+            raise ValueError("a block with another SSD (ssd=) runs on one process only: "
+                             "group= takes this project's")
+        from ..distributed import halo_rows, mamba_chunk_scan_combined_sp
+        batch, n, _ = u.shape
+        z, xbc, dt = self._split(self.in_proj(u))
+        k = self.d_conv - 1
+        wide = torch.cat([halo_rows(xbc, k, group), xbc], 1)
+        xbc = causal_conv_silu(wide, self.conv1d.weight, self.conv1d.bias)[:, k:]
+        x, B, C = self._ssd_inputs(xbc)
+        y = mamba_chunk_scan_combined_sp(
+            x, dt, -torch.exp(self.A_log.float()), B, C, self.chunk_size, D=self.D,
+            dt_bias=self.dt_bias, group=group, dt_softplus=True, dt_limit=self.dt_limit,
+            method=self.method, **self.options)
+        return self._out(y.reshape(batch, n, self.d_inner), z)
 
     def prefill(self, u: torch.Tensor):
         """``(out, conv_state (batch, conv channels, d_conv), ssm_state (batch, heads, d_state,
