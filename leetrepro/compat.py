@@ -68,9 +68,8 @@ def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Errors name flash-linear-attention's arguments (q, k, v, g_gamma, T, K, V).
     """
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                   or chunk_size <= 0):
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    if chunk_size is not None:
+        check_chunk_size(chunk_size)
     _check_fla(q, k, v, g_gamma, initial_state, head_first, state_v_first, g)
     if scale is None:
         scale = q.shape[-1] ** -0.5
@@ -265,8 +264,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     are summed over the group's heads); V' = dt·x is one more tensor like x (written in one
     pass, dt rounded to x's dtype first), and ``D·x`` one more pass.
     """
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     check_dt_limit(dt_limit)
     check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     operands, skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx,
@@ -402,8 +400,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
 def _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens) -> None:
     """mamba3_siso_combined's inputs checked in its own terms (Q, K, V, ADT, …)."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     named = (("Q", Q, 4), ("K", K, 4), ("V", V, 4), ("ADT", ADT, 3), ("DT", DT, 3),
              ("Trap", Trap, 3), ("Q_bias", Q_bias, 2), ("K_bias", K_bias, 2), ("Angles", Angles, 4))
     for name, t, dims in named + (("D", D, 1), ("Z", Z, 4)):
@@ -462,6 +459,13 @@ def _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_St
     for (name, shape), t in zip(want.items(), Input_States):
         if tuple(t.shape) != shape:
             raise ValueError(f"Input_States' {name} state must be {shape}, got {tuple(t.shape)}")
+
+
+def check_chunk_size(chunk_size) -> None:
+    """A ValueError unless ``chunk_size`` (mamba_ssm's and fla's tile length, which this project
+    checks and does not use: its kernels take their own) is a positive integer."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
 
 
 def check_dt_limit(dt_limit) -> None:

@@ -40,7 +40,7 @@ from . import ops
 from ._inputs import check_qkv, expand_groups
 from ._state import check_state, final_state
 from .api import _autocast
-from .compat import check_dt_limit, check_mamba, ssd_operands, ssd_output
+from .compat import check_chunk_size, check_dt_limit, check_mamba, ssd_operands, ssd_output
 from .decay.per_head import decayed_by, log_gamma, normalize_gamma
 from .decay.per_token import check_gates, fold_gates, gate_dtype, running_gates, shift_gates
 from .registry import GPU_DTYPES
@@ -111,8 +111,7 @@ def mamba_chunk_scan_combined_sp(x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
     ``return_final_states``). Differentiable as the single-process call; equal to it. Packed
     sequences (``seq_idx``, ``cu_seqlens``) are not taken across ranks; B and C are expanded to a
     head each (the state passes take no groups)."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     for name in ("seq_idx", "cu_seqlens"):
         if name in options:
             raise ValueError(f"{name}: packed sequences are not taken across ranks (give each "
