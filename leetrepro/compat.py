@@ -351,14 +351,15 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     """
     _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens)
-    heads, rep = V.shape[2], V.shape[2] // Q.shape[2]
+    rep = V.shape[2] // Q.shape[2]
     acc = torch.float64 if V.dtype == torch.float64 else torch.float32
     theta0, S0, k_prev, v_prev = Input_States if Input_States is not None else (None,) * 4
     theta = running_angles(Angles, DT, theta0, cu_seqlens)          # (batch, seqlen, heads, A)
     q = rotate_pairs(Q.repeat_interleave(rep, 2) + Q_bias.to(acc), theta.to(acc)).to(Q.dtype)
     k = rotate_pairs(K.repeat_interleave(rep, 2) + K_bias.to(acc), theta.to(acc)).to(Q.dtype)
     w, later = key_weights(DT, Trap, cu_seqlens, acc)                # (batch, heads, seqlen)
-    key = (k.to(acc) * w.transpose(1, 2)[..., None]).to(Q.dtype)
+    k_acc, v_acc = k.to(acc), V.to(acc)  # (k rounded as the operator reads it)
+    key = (k_acc * w.transpose(1, 2)[..., None]).to(Q.dtype)
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states
     res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2),
@@ -366,33 +367,27 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
                                 cu_seqlens=cu_seqlens, scale=1.0, **options)
     o, states = res if want else (res, None)
     # row t's own pair holds w_t but only λ_t dt_t of it has entered at t
-    own = (q.to(acc) * k.to(acc)).sum(-1) * later.transpose(1, 2)    # (batch, seqlen, heads)
-    y = o.transpose(1, 2).to(acc) - own[..., None] * V.to(acc)
+    own = (q.to(acc) * k_acc).sum(-1) * later.transpose(1, 2)        # (batch, seqlen, heads)
+    y = o.transpose(1, 2).to(acc) - own[..., None] * v_acc
     if D is not None:
-        y = y + D.to(acc)[:, None] * V.to(acc)
+        y = y + D.to(acc)[:, None] * v_acc
     if Z is not None:
         y = y * torch.nn.functional.silu(Z.to(acc))
     y = y.to(V.dtype)
     if not want:
         return y
-    ends = (torch.full((Q.shape[0],), Q.shape[1] - 1, device=Q.device) if cu_seqlens is None
-            else cu_seqlens[1:].to(device=Q.device, dtype=torch.int64) - 1)
-    rows = (torch.arange(Q.shape[0], device=Q.device) if cu_seqlens is None
-            else torch.zeros_like(ends))
-    has = (ends >= 0) if cu_seqlens is None else \
-        cu_seqlens[1:].to(Q.device) > cu_seqlens[:-1].to(Q.device)
-    at = ends.clamp_min(0)
+    if cu_seqlens is None:  # (each sequence's last row; a sequence without rows keeps its states)
+        rows, at = torch.arange(Q.shape[0], device=Q.device), Q.shape[1] - 1
+        has = torch.full((Q.shape[0],), Q.shape[1] > 0, device=Q.device)
+    else:
+        cu = cu_seqlens.to(device=Q.device, dtype=torch.int64)
+        rows, at, has = torch.zeros_like(cu[1:]), (cu[1:] - 1).clamp_min(0), cu[1:] > cu[:-1]
 
-    def last(x, before):  # (a sequence without rows keeps what it was given)
-        if Q.shape[1] == 0:
-            return before
-        got = x[rows, at]
-        if before is None:
-            return torch.where(has.view(-1, *[1] * (got.dim() - 1)), got, 0.0).to(got.dtype)
-        return torch.where(has.view(-1, *[1] * (got.dim() - 1)), got, before.to(got.dtype))
-    final_theta = last(theta, None if theta0 is None else theta0.to(theta.dtype))
-    if final_theta is None:
-        final_theta = theta.new_zeros(ends.numel(), heads, Angles.shape[3])
+    def last(x, before):
+        got = x[rows, at] if Q.shape[1] else x.new_zeros(has.shape[0], *x.shape[2:])
+        keep = has.view(-1, *[1] * (got.dim() - 1))
+        return torch.where(keep, got, 0.0 if before is None else before.to(got.dtype))
+    final_theta = last(theta, theta0)
     return (y, torch.remainder(final_theta, 2 * math.pi), states.transpose(-1, -2),
             last(k, k_prev), last(V, v_prev))
 
