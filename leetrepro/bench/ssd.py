@@ -130,20 +130,29 @@ def _rows(what, label, shape, pass_, times, status, floor_ms, meta) -> list[dict
     return rows
 
 
-def measure(shape, device, bw, reps: int, meta: dict, peer, fla) -> list[dict]:
-    label, batch, n, heads, headdim, dstate, groups = shape
-    dims = dict(batch=batch, seqlen=n, heads=heads, headdim=headdim, dstate=dstate, ngroups=groups)
+def _measure_passes(what: str, shape, device, bw, reps: int, meta: dict, inputs, entries,
+                    floor_of) -> list[dict]:
+    """The rows of one shape ``(label, batch, seqlen, heads, headdim, dstate, ngroups)``, the
+    forward and then forward + backward: ``inputs(*dims, device, grad)``, ``entries(grad)`` and
+    ``floor_of(*dims, grad)`` (bytes) of the recurrence measured."""
+    label, *dims = shape
+    named = dict(zip(("batch", "seqlen", "heads", "headdim", "dstate", "ngroups"), dims))
     rows = []
     for grad in (False, True):
-        leaves, dy = _inputs(batch, n, heads, headdim, dstate, groups, device, grad)
-        times, status = timed_entries(_entries(peer, fla, grad), (leaves, dy), reps, device,
+        leaves, dy = inputs(*dims, device, grad)
+        times, status = timed_entries(entries(grad), (leaves, dy), reps, device,
                                       seed=hash((label, grad)) % 1000)
-        floor = floor_bytes(batch, n, heads, headdim, dstate, groups, grad) / bw * 1e3
-        rows += _rows("ssd", label, dims, "fwd+bwd" if grad else "fwd", times, status, floor,
+        floor = floor_of(*dims, grad) / bw * 1e3
+        rows += _rows(what, label, named, "fwd+bwd" if grad else "fwd", times, status, floor,
                       meta)
         del leaves, dy
         torch.cuda.empty_cache()
     return rows
+
+
+def measure(shape, device, bw, reps: int, meta: dict, peer, fla) -> list[dict]:
+    return _measure_passes("ssd", shape, device, bw, reps, meta, _inputs,
+                           lambda grad: _entries(peer, fla, grad), floor_bytes)
 
 
 def mamba3_inputs(batch, n, heads, dv, p, hqk, device, grad, dtype=torch.bfloat16):
@@ -197,19 +206,9 @@ def mamba3_floor_bytes(batch, n, heads, dv, p, hqk, grad: bool) -> int:
 
 
 def measure_mamba3(shape, device, bw, reps: int, meta: dict, peer) -> list[dict]:
-    label, batch, n, heads, dv, p, hqk = shape
-    dims = dict(batch=batch, seqlen=n, heads=heads, headdim=dv, dstate=p, ngroups=hqk)
-    rows = []
-    for grad in (False, True):
-        leaves, dy = mamba3_inputs(batch, n, heads, dv, p, hqk, device, grad)
-        times, status = timed_entries(mamba3_entries(peer, grad), (leaves, dy), reps, device,
-                                      seed=hash((label, grad)) % 1000)
-        floor = mamba3_floor_bytes(batch, n, heads, dv, p, hqk, grad) / bw * 1e3
-        rows += _rows("mamba3", label, dims, "fwd+bwd" if grad else "fwd", times, status, floor,
-                      meta)
-        del leaves, dy
-        torch.cuda.empty_cache()
-    return rows
+    """Mamba-3's rows (``headdim`` V's, ``dstate`` q's and k's, ``ngroups`` the q/k heads)."""
+    return _measure_passes("mamba3", shape, device, bw, reps, meta, mamba3_inputs,
+                           lambda grad: mamba3_entries(peer, grad), mamba3_floor_bytes)
 
 
 def measure_block(device, reps: int, meta: dict, peer, batch: int = 2, n: int = 8192) -> list[dict]:
