@@ -392,6 +392,14 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
             last(k, k_prev), last(V, v_prev))
 
 
+def mamba3_rows(inputs: dict, index) -> dict:
+    """:func:`mamba3_siso_combined`'s inputs (by name) at rows ``index`` of the sequence: a slice
+    keeps the seqlen dimension, an int drops it (one token, as the decode step takes them); the
+    per-head parameters and states as they are."""
+    return {k: (v[:, index] if k in ("Q", "K", "V", "Angles", "Z") else
+                v[..., index] if k in ("ADT", "DT", "Trap") else v) for k, v in inputs.items()}
+
+
 def _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens) -> None:
     """mamba3_siso_combined's inputs checked in its own terms (Q, K, V, ADT, …)."""

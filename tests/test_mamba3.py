@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from leetrepro import rel_error
-from leetrepro.compat import mamba3_siso_combined
+from leetrepro.compat import mamba3_rows, mamba3_siso_combined
 from leetrepro.reference import mamba3_reference
 
 from conftest import quick_lane
@@ -86,9 +86,8 @@ def test_packed_sequences_are_each_their_own():
             for got, given in zip(finals[1:], st[1:]):
                 assert torch.allclose(got[i].double(), given[i].double())
             continue
-        one = {k: (v[:, a:e] if k in ("Q", "K", "V", "Angles", "Z") else
-                   v[..., a:e] if k in ("ADT", "DT", "Trap") else v) for k, v in args.items()}
-        alone = mamba3_siso_combined(**one, Input_States=tuple(t[i:i + 1] for t in st))
+        alone = mamba3_siso_combined(**mamba3_rows(args, slice(a, e)),
+                                     Input_States=tuple(t[i:i + 1] for t in st))
         assert rel_error(alone, y[:, a:e]) <= 1e-12
 
 
@@ -98,12 +97,9 @@ def test_two_calls_with_the_states_passed_equal_one():
     args, _ = _inputs(n=31)
     whole = mamba3_siso_combined(**args)
     cut = 13
-    first = {k: (v[:, :cut] if k in ("Q", "K", "V", "Angles", "Z") else
-                 v[..., :cut] if k in ("ADT", "DT", "Trap") else v) for k, v in args.items()}
-    second = {k: (v[:, cut:] if k in ("Q", "K", "V", "Angles", "Z") else
-                  v[..., cut:] if k in ("ADT", "DT", "Trap") else v) for k, v in args.items()}
-    y1, *states = mamba3_siso_combined(**first, return_final_states=True)
-    y2 = mamba3_siso_combined(**second, Input_States=tuple(states))
+    y1, *states = mamba3_siso_combined(**mamba3_rows(args, slice(None, cut)),
+                                       return_final_states=True)
+    y2 = mamba3_siso_combined(**mamba3_rows(args, slice(cut, None)), Input_States=tuple(states))
     assert rel_error(torch.cat([y1, y2], 1), whole) <= 1e-12
 
 

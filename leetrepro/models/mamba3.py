@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from ..compat import mamba3_siso_combined
+from ..compat import mamba3_rows, mamba3_siso_combined
 from ..methods.mamba3_step import mamba3_step
 
 
@@ -129,7 +129,5 @@ class Mamba3Block(nn.Module):
             for pool, s in zip(pools, new):
                 pool[slots] = s.to(pool.dtype)
         else:
-            rows = {k: (v[:, 0] if k in ("Q", "K", "V", "Angles", "Z") else
-                        v[..., 0] if k in ("ADT", "DT", "Trap") else v) for k, v in x.items()}
-            y = mamba3_step(**rows, pools=pools, slots=slots)
+            y = mamba3_step(**mamba3_rows(x, 0), pools=pools, slots=slots)
         return self.out_proj(y.reshape(u.shape[0], self.d_inner).to(u.dtype))
