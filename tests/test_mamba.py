@@ -677,6 +677,16 @@ def test_the_conv_update_kernel_is_a_decode_step_of_the_convolution(monkeypatch,
         _conv.causal_conv_update(x, state[..., :3], w, b)
 
 
+def test_the_conv_update_keeps_float64():
+    """A float64 block's decode step of the convolution computes in float64 (PyTorch's path):
+    the float64 answer to its last bits, the state exactly."""
+    from leetrepro.models import _conv
+    (x, state, w, b), (want, want_state) = _conv_update_case(torch.float64, torch.float64, True, 2)
+    out = _conv.causal_conv_update(x, state, w, b)
+    assert out.dtype == torch.float64 and rel_error(out, want) <= 1e-12
+    assert torch.equal(state, want_state)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype, state_dtype, n", [(torch.bfloat16, torch.bfloat16, 1),

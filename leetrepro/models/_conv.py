@@ -215,14 +215,15 @@ def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def _update_by_taps(x, conv_state, weight, bias, silu):
     """PyTorch's expressions of :func:`causal_conv_update` (a CPU, or where the kernel does not
-    take the tensors)."""
+    take the tensors), in float32 (float64 where x or the state is)."""
     n = x.shape[-1]
+    acc = torch.promote_types(torch.promote_types(x.dtype, conv_state.dtype), torch.float32)
     window = torch.cat([conv_state, x.to(conv_state.dtype)], -1)
     conv_state.copy_(window[..., -conv_state.shape[-1]:])
-    taps = window.unfold(-1, weight.shape[-1], 1)[..., -n:, :].float()  # (batch, C, L, K)
-    out = (taps * weight.float()[:, None, :]).sum(-1)
+    taps = window.unfold(-1, weight.shape[-1], 1)[..., -n:, :].to(acc)  # (batch, C, L, K)
+    out = (taps * weight.to(acc)[:, None, :]).sum(-1)
     if bias is not None:
-        out = out + bias.float()[:, None]
+        out = out + bias.to(acc)[:, None]
     return (torch.nn.functional.silu(out) if silu else out).to(x.dtype)
 
 
