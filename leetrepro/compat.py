@@ -21,7 +21,7 @@ import torch
 
 from ._inputs import check_4d, memo_by_tensor, positive_where_free
 from .decay.per_head import check_gamma_values, mark_checked
-from .decay.trapezoid import key_weights, pending_state, rotate_pairs, running_angles
+from .decay.trapezoid import key_weights, pending_state, rotated, running_angles
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
@@ -355,19 +355,23 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     acc = torch.float64 if V.dtype == torch.float64 else torch.float32
     theta0, S0, k_prev, v_prev = Input_States if Input_States is not None else (None,) * 4
     theta = running_angles(Angles, DT, theta0, cu_seqlens)          # (batch, seqlen, heads, A)
-    q = rotate_pairs(Q.repeat_interleave(rep, 2) + Q_bias.to(acc), theta.to(acc)).to(Q.dtype)
-    k = rotate_pairs(K.repeat_interleave(rep, 2) + K_bias.to(acc), theta.to(acc)).to(Q.dtype)
+    theta = theta.to(acc)
+    xq, xk = Q.repeat_interleave(rep, 2) + Q_bias.to(acc), K.repeat_interleave(rep, 2) + K_bias.to(acc)
     w, later = key_weights(DT, Trap, cu_seqlens, acc)                # (batch, heads, seqlen)
-    k_acc, v_acc = k.to(acc), V.to(acc)  # (k rounded as the operator reads it)
-    key = (k_acc * w.transpose(1, 2)[..., None]).to(Q.dtype)
+    # each rounded once to Q's dtype, held in float32 (float64), so that the operator's
+    # gradients of them come unrounded and the angles' gradient is taken at those values
+    # (:func:`leetrepro.decay.trapezoid.rotated`): float32 operands whose values are 16-bit
+    q, k = rotated(xq, theta, rounding=Q.dtype), rotated(xk, theta, rounding=Q.dtype)
+    key = rotated(xk, theta, w.transpose(1, 2), Q.dtype)
+    v_acc = V.to(acc)
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states
-    res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2),
+    res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), v_acc.transpose(1, 2),
                                 g=ADT.to(acc), initial_state=s0, output_final_state=want,
                                 cu_seqlens=cu_seqlens, scale=1.0, **options)
     o, states = res if want else (res, None)
     # row t's own pair holds w_t but only λ_t dt_t of it has entered at t
-    own = (q.to(acc) * k_acc).sum(-1) * later.transpose(1, 2)        # (batch, seqlen, heads)
+    own = (q * k).sum(-1) * later.transpose(1, 2)        # (batch, seqlen, heads)
     y = o.transpose(1, 2).to(acc) - own[..., None] * v_acc
     if D is not None:
         y = y + D.to(acc)[:, None] * v_acc
@@ -389,7 +393,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
         return torch.where(keep, got, 0.0 if before is None else before.to(got.dtype))
     final_theta = last(theta, theta0)
     return (y, torch.remainder(final_theta, 2 * math.pi), states.transpose(-1, -2),
-            last(k, k_prev), last(V, v_prev))
+            last(k.to(Q.dtype), k_prev), last(V, v_prev))
 
 
 def mamba3_rows(inputs: dict, index) -> dict:
