@@ -51,17 +51,21 @@ def running_angles(Angles: torch.Tensor, DT: torch.Tensor, theta0: torch.Tensor 
     default). Summed in float64 (a long sequence's angle reaches thousands of radians, whose
     float32 cosine would keep three digits), returned in float32 (float64 for float64 inputs)."""
     out = torch.float64 if Angles.dtype == torch.float64 else torch.float32
-    inc = torch.tanh(Angles.to(torch.float64)) * math.pi * \
-        DT.to(torch.float64).transpose(1, 2)[..., None]
-    total = inc.cumsum(1)
+    # summed along the last dimension of (batch, heads, A, seqlen): torch's scan along an outer
+    # dimension took 0.6 ms in float64 at 2345 rows × 32 heads × 16 angles (H200), 18× the
+    # operator's own forward there
+    inc = torch.tanh(Angles.to(torch.float64).permute(0, 2, 3, 1)) * math.pi * \
+        DT.to(torch.float64)[:, :, None, :]
+    total = inc.cumsum(-1)                                       # (batch, heads, A, seqlen)
     if cu_seqlens is not None:  # (each sequence's sum from its own first row)
         seq, start = sequence_starts(Angles.shape[1], cu_seqlens, Angles.device)
-        before = torch.nn.functional.pad(total, (0, 0, 0, 0, 1, 0))[:, start]
+        before = torch.nn.functional.pad(total, (1, 0))[..., start]
         total = total - before
         if theta0 is not None:
-            total = total + theta0.to(torch.float64)[seq][None]
+            total = total + theta0.to(torch.float64)[seq].permute(1, 2, 0)[None]
     elif theta0 is not None:
-        total = total + theta0.to(torch.float64)[:, None]
+        total = total + theta0.to(torch.float64)[..., None]
+    total = total.permute(0, 3, 1, 2)                           # (batch, seqlen, heads, A)
     return torch.remainder(total, 2 * math.pi).to(out)
 
 
@@ -72,8 +76,11 @@ def rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     x = x.to(theta.dtype)
     even, odd = x[..., 0:2 * a:2], x[..., 1:2 * a:2]
     cos, sin = torch.cos(theta), torch.sin(theta)
-    turned = torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
-    return torch.cat([turned, x[..., 2 * a:]], -1)
+    out = torch.empty_like(x)  # (each part written in place: no stacked copy, no concatenation)
+    out[..., 0:2 * a:2] = even * cos - odd * sin
+    out[..., 1:2 * a:2] = even * sin + odd * cos
+    out[..., 2 * a:] = x[..., 2 * a:]
+    return out
 
 
 class _Rotated(torch.autograd.Function):
