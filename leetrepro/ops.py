@@ -626,17 +626,16 @@ def _in_sweeps(m: Method, opts: dict, dO: torch.Tensor, B: torch.Tensor, C: torc
     :func:`leetrepro.methods.chunk.gate_gradient_from_pieces`) rather than the straddle kernel:
     Chunk (not with ``kernel="hopper"`` named: its sweeps may take the pieces on either kernel,
     :func:`_piece_sweeps`) on a GPU or under Triton's interpreter, where its option
-    ``gate_grad`` says so: ``"sweeps"``, or ``"auto"`` with fp32
-    inputs and ``fp32_precision`` "tf32x3" or "ieee". The pairs that span a whole chunk come from
-    a running sum of the chunks' totals, which adds up any rounding of the states the totals are
-    taken from: the state as a 16-bit dot operand and its update's weighted rows rounded to 16
+    ``gate_grad`` says so: ``"sweeps"``, or ``"auto"`` with fp16/bf16 inputs (fp32 inputs keep
+    the straddle kernel at every ``fp32_precision``: see the end of the function). The pairs
+    that span a whole chunk come from a running sum of the chunks' totals, which adds up any
+    rounding of the states the totals are taken from: the state as a 16-bit dot operand and its update's weighted rows rounded to 16
     bits put bf16 dg 1.4e-2 from float64 at 64 chunks (H100, NOTES.md). The sweeps carrying the
     pieces in fp16/bf16 therefore take each of those two products twice, the rounding's
     remainder as a second operand (``kernels/_tiles.py``: ``state_remainder``,
     ``accumulate_state``'s ``EXACT``): bf16 and fp16 dg then within 1.3× of the straddle
     kernel's error, up to N = 32768 with strong gates (H100, NOTES.md). ``"auto"`` keeps the
-    straddle kernel for tf32 (fp32 inputs at ``fp32_precision="tf32"``, whose rounding the
-    sweeps do not take back) and where r or d exceeds :data:`PIECES_MAX_WIDTH`, unless
+    straddle kernel for fp32 and where r or d exceeds :data:`PIECES_MAX_WIDTH`, unless
     ``chunk.HOPPER_PIECES_WIDE`` and the Hopper kernel takes both sweeps' pieces there."""
     from .methods import chunk
     source = opts.get("gate_grad", "auto")
@@ -651,7 +650,10 @@ def _in_sweeps(m: Method, opts: dict, dO: torch.Tensor, B: torch.Tensor, C: torc
             opts.get("kernel", "auto") != "portable" and \
             all(chunk.hopper_pieces(*sweep, reverse=rev, cu_seqlens=cu_seqlens)
                 for sweep, rev in zip(_piece_operands(dO, B, C, V), (False, True)))
-    return V.dtype != torch.float32 or _exact_dots(m, opts, V.dtype)
+    # fp32 keeps the straddle kernel at every precision: with exact dots ("ieee", "tf32x3") the
+    # pieces' dg put A's and dt_bias's gradients of Mamba-2's SSD 1.9e-3 and 2.7e-3 from float64
+    # at 2 × 8192 rows (H200), the straddle kernel 4.8e-6 and 3.6e-6 (NOTES.md)
+    return V.dtype != torch.float32
 
 
 def _piece_operands(dO, B, C, V) -> tuple:

@@ -512,8 +512,9 @@ PIECE_CASES = [
 @pytest.mark.parametrize("label, change, want", quick_lane(PIECE_CASES, keep=(1,), unpack=True),
                          ids=[c[0] for c in PIECE_CASES])
 def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, want):
-    """Chunk's gated backward in fp32 with exact products takes dg from the pieces its sweeps
-    hold (never the straddle kernel), within GATE_GRAD_TOLERANCE of float64 with states, packed
+    """Chunk's gated backward in fp32 with exact products, asked for the pieces
+    (``gate_grad="sweeps"``; fp32's default is the straddle kernel), takes dg from the pieces its
+    sweeps hold (never the straddle kernel), within GATE_GRAD_TOLERANCE of float64 with states, packed
     sequences, groups, segments, lanes of value-column blocks (the caller's, or each sweep's
     own past ``chunk.PIECE_COLS``), a hard reset, any subset of gradients; the same inputs give
     the same bits."""
@@ -554,7 +555,7 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
     dev = KERNEL_DEVICE
     ours = [t.to(dev, dtype) for t in (B, C, V)] + [g.to(dev)] + \
         [None if S0 is None else S0.to(dev, dtype)]
-    options = dict(fp32_precision="ieee", **change.get("options", {}))
+    options = dict(fp32_precision="ieee", gate_grad="sweeps", **change.get("options", {}))
     got = grads(ours, "Chunk", **options)
     for name, a, b in zip([x for x in "BCVg" if x in want], got, ref):
         tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
@@ -566,7 +567,7 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
 
 @pytest.mark.slow  # (~10 s: Triton's code generation for sm_90 and ptxas)
 def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
-    """The sweeps that carry the gates' gradient's pieces by default (fp32 with exact products:
+    """The sweeps that carry the gates' gradient's pieces (fp32 with exact products, asked for:
     the dB sweep, the reverse dual sweep), as the GPU will run them, compile for sm_90 without
     one; their spills stay under a ceiling (3.1 and 3.4 KB a thread when it was set: the
     portable kernel's fp32-exact sweeps spill already, NOTES.md)."""
@@ -644,14 +645,15 @@ def test_the_gates_gradient_never_reads_the_forwards_final_state(source):
 
 @pytest.mark.parametrize("dtype, options, straddle", quick_lane([
     (torch.float16, {}, False), (torch.float32, {}, True),
-    (torch.float32, dict(fp32_precision="ieee"), False),
+    (torch.float32, dict(fp32_precision="ieee"), True),
     (torch.float16, dict(gate_grad="straddle"), True),
     (torch.float32, dict(gate_grad="sweeps"), False)], keep=(0, 1), unpack=True),
     ids=["fp16", "fp32-tf32", "fp32-ieee", "asked-straddle", "asked-sweeps"])
 def test_where_the_gates_gradient_comes_from(monkeypatch, dtype, options, straddle):
-    """``gate_grad="auto"``: from the sweeps' pieces (in 16 bits with the state's remainders),
-    except at tf32, whose rounding the chunks' totals would carry into a running sum: there the
-    straddle kernel; the option names either source outright."""
+    """``gate_grad="auto"``: from the sweeps' pieces in 16 bits (with the state's remainders);
+    fp32 at every precision from the straddle kernel (the pieces' running sums put Mamba-2's
+    dA 1.9e-3 from float64 at 8192 rows even with exact dots); the option names either source
+    outright."""
     from leetrepro.methods import chunk
     calls = []
     real = chunk.gate_gradient
