@@ -57,7 +57,9 @@ def causal_linear_decoder_sp(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, 
     ``output_final_state`` (the slices' lengths may differ, 0 included).
 
     Args:
-        B, C: ``(batch, heads, L_k, r)``; V: ``(batch, heads, L_k, d)``: this rank's rows.
+        B, C: ``(batch, heads, L_k, r)``, or groups of heads as
+            :func:`leetrepro.causal_linear_decoder` takes them (read in place); V: ``(batch,
+            heads, L_k, d)``: this rank's rows.
         gamma: per-head decay in (0, 1] as in :func:`leetrepro.causal_linear_decoder`; None: 0-1 mask.
         group: a ``torch.distributed`` process group (None: the default group; without an
             initialised default group, the call runs on this process alone).
@@ -86,9 +88,9 @@ def causal_linear_decoder_sp(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, 
         raise ValueError(f"initial_state is the state the sequence starts from: it belongs to "
                          f"rank 0 of the group, got one on rank {rank}")
     check_state(initial_state, B, V)
-    check_gates(g, B)
-    lam = normalize_gamma(gamma, B.shape[1], B.device)
-    m, opts = ops.prepare(method, options, B, lam, True, gates=g is not None)
+    check_gates(g, V)
+    lam = normalize_gamma(gamma, V.shape[1], B.device)
+    m, opts = ops.prepare(method, options, B, lam, True, V, gates=g is not None)
     out, final = _SequenceParallel.apply(B, C, V, initial_state, lam, group, m, opts,
                                          bool(output_final_state), g)
     return (out, final) if output_final_state else out
@@ -109,8 +111,8 @@ def mamba_chunk_scan_combined_sp(x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
     rank's own; the operator passes one state and the slice's total gate each way. Returns this
     rank's rows of y (and the whole sequence's final state, on every rank, with
     ``return_final_states``). Differentiable as the single-process call; equal to it. Packed
-    sequences (``seq_idx``, ``cu_seqlens``) are not taken across ranks; B and C are expanded to a
-    head each (the state passes take no groups)."""
+    sequences (``seq_idx``, ``cu_seqlens``) are not taken across ranks; B's and C's groups are
+    read in place, as on one process (no copies a head each)."""
     check_chunk_size(chunk_size)
     for name in ("seq_idx", "cu_seqlens"):
         if name in options:
@@ -120,9 +122,7 @@ def mamba_chunk_scan_combined_sp(x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
     check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, None, None)
     (q, k, v, g), skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, None,
                                           (dt_softplus, dt_limit))
-    heads = x.shape[2]
-    res = causal_linear_decoder_sp(expand_groups(q, heads), expand_groups(k, heads), v,
-                                   group=group, initial_state=s0,
+    res = causal_linear_decoder_sp(q, k, v, group=group, initial_state=s0,
                                    output_final_state=return_final_states, g=g, **options)
     o, final = res if return_final_states else (res, None)
     y = ssd_output(o, skip, z, x.dtype)
@@ -193,13 +193,15 @@ def local_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
                 reverse: bool = False, fp32_precision: str | None = None,
                 g: torch.Tensor | None = None) -> torch.Tensor:
     """``Σ_j λ^(L-1-j) c_jᵀ v_j`` (``reverse``: ``Σ_j λ^j c_jᵀ v_j``), ``(batch, heads, r, d)`` in the
-    state dtype: one pass over C and V (the Triton kernel ``chunk_state`` on a GPU, a matrix
-    product elsewhere). ``g``: per-token gates with γ folded in (gamma None), read at each row
-    (in reverse, the caller passes them shifted: :func:`leetrepro.decay.per_token.shift_gates`)."""
+    state dtype (C may hold groups of V's heads, read in place on a GPU): one pass over C and V (the
+    Triton kernel ``chunk_state`` on a GPU, a matrix product elsewhere). ``g``: per-token gates with
+    γ folded in (gamma None), read at each row (in reverse, the caller passes them shifted:
+    :func:`leetrepro.decay.per_token.shift_gates`)."""
     if C.is_cuda and V.dtype in GPU_DTYPES:
         from .methods.chunk import chunk_state
         return chunk_state(C, V, gamma, reverse=reverse, fp32_precision=fp32_precision, g=g)
     sd = ops.state_dtype(V.dtype)
+    C = expand_groups(C, V.shape[1])  # (a matrix product takes a head each)
     if reverse:
         C, V = C.flip(2), V.flip(2)
         g = None if g is None else g.flip(-1)
@@ -248,8 +250,8 @@ class _SequenceParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, B, C, V, S0, g, group, m, opts, want_final, gates=None):
         rank, world = _rank_world(group)
-        batch, heads, n, r = B.shape
-        d = V.shape[-1]
+        batch, _, n, r = B.shape  # (B and C may hold groups: the states are a head each)
+        heads, d = V.shape[1], V.shape[-1]
         sd = ops.state_dtype(V.dtype)
         size = batch * heads * r * d
         gate = fold_gates(gates, g, gate_dtype(V.dtype))
@@ -295,8 +297,8 @@ class _SequenceParallel(torch.autograd.Function):
         steps = (first, second)
         group, m, opts, want_final, has_s0 = ctx.args
         rank, world = _rank_world(group)
-        batch, heads, n, r = B.shape
-        d = V.shape[-1]
+        batch, _, n, r = B.shape  # (B and C may hold groups: the states are a head each)
+        heads, d = V.shape[1], V.shape[-1]
         sd = ops.state_dtype(V.dtype)
         dO = torch.zeros_like(V) if dO is None else dO.to(V.dtype)
         precision = opts.get("fp32_precision")

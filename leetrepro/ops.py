@@ -629,10 +629,11 @@ def _in_sweeps(m: Method, opts: dict, dO: torch.Tensor, B: torch.Tensor, C: torc
     ``gate_grad`` says so: ``"sweeps"``, or ``"auto"`` with fp16/bf16 inputs (fp32 inputs keep
     the straddle kernel at every ``fp32_precision``: see the end of the function). The pairs
     that span a whole chunk come from a running sum of the chunks' totals, which adds up any
-    rounding of the states the totals are taken from: the state as a 16-bit dot operand and its update's weighted rows rounded to 16
-    bits put bf16 dg 1.4e-2 from float64 at 64 chunks (H100, NOTES.md). The sweeps carrying the
-    pieces in fp16/bf16 therefore take each of those two products twice, the rounding's
-    remainder as a second operand (``kernels/_tiles.py``: ``state_remainder``,
+    rounding of the states the totals are taken from: the state as a 16-bit dot operand and its
+    update's weighted rows rounded to 16 bits put bf16 dg 1.4e-2 from float64 at 64 chunks
+    (H100, NOTES.md). The sweeps carrying the pieces in fp16/bf16 therefore take each of those two
+    products twice, the rounding's remainder as a second operand (``kernels/_tiles.py``:
+    ``state_remainder``,
     ``accumulate_state``'s ``EXACT``): bf16 and fp16 dg then within 1.3× of the straddle
     kernel's error, up to N = 32768 with strong gates (H100, NOTES.md). ``"auto"`` keeps the
     straddle kernel for fp32 and where r or d exceeds :data:`PIECES_MAX_WIDTH`, unless

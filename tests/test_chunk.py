@@ -53,6 +53,13 @@ def test_chunk_state_triton(shape, segment, reverse, dtype):
         tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (C, V)]
         assert torch.equal(chunk_state(*tm, gamma, reverse=reverse, segment=segment,
                                        fp32_precision="ieee" if INTERPRETED else None), got)
+    if shape[1] % 2 == 0:  # C in groups of two heads, read in place: each head's state as
+        # the same call on C expanded gives it
+        grouped = C[:, ::2]
+        want = chunk_state(grouped.repeat_interleave(2, 1), V, g, reverse=reverse,
+                           segment=segment, fp32_precision="ieee" if INTERPRETED else None)
+        assert torch.equal(chunk_state(grouped, V, g, reverse=reverse, segment=segment,
+                                       fp32_precision="ieee" if INTERPRETED else None), want)
 
 
 def test_chunk_kernel_option_names_what_rules_the_hopper_kernel_out():

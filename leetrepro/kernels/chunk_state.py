@@ -18,9 +18,10 @@ from ._tiles import columns, lane_rows, segment_state
 @triton.jit
 def chunk_state_kernel(C, V, P, DECAY, SIZE, K: tl.constexpr):
     """C, V: ``(pointer, batch stride, head stride, row stride)`` (time-major slices read in
-    place); P: float32 (lanes, segments, BLOCK_R, BLOCK_D); ``DECAY = (GAMMA, G)``: float64 λ per
-    head or None, the per-token gates as ``(pointer, strides)`` (``K.HAS_GATE``) or None;
-    ``SIZE = (N, R, D, H, SEG)``; ``K``: :data:`_tiles.Constants`."""
+    place; C may hold groups, ``K.GROUPS[1]`` heads to a group); P: float32 (lanes, segments,
+    BLOCK_R, BLOCK_D); ``DECAY = (GAMMA, G)``: float64 λ per head or None, the per-token gates as
+    ``(pointer, strides)`` (``K.HAS_GATE``) or None; ``SIZE = (N, R, D, H, SEG)``; ``K``:
+    :data:`_tiles.Constants`."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_R: tl.constexpr = K.BLOCK_R
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
@@ -33,7 +34,8 @@ def chunk_state_kernel(C, V, P, DECAY, SIZE, K: tl.constexpr):
     bh = lane // n_db
     d0 = (lane % n_db) * BLOCK_D
     head = (bh % H).to(tl.int64)
-    c_rows = lane_rows(C, bh // H, head, 0, False)
+    GC: tl.constexpr = K.GROUPS[1]  # (C in groups: the lane's head reads its group, in place)
+    c_rows = lane_rows(C, bh // H, head // GC, 0, False)
     v_rows = lane_rows(V, bh // H, head, 0, False)
     g_rows = lane_rows(G, bh // H, head, 0, False) if HAS_GATE else 0
     cols_r = columns(0, R, BLOCK_R)

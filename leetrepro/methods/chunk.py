@@ -1001,7 +1001,8 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
                 reverse: bool = False, fp32_precision: str | None = None,
                 segment: int | None = None, g: torch.Tensor | None = None) -> torch.Tensor:
     """The state the rows add, without the outputs: ``Σ_j λ^(N-1-j) c_jᵀ v_j`` (``reverse``: the rows
-    read backwards, ``Σ_j λ^j c_jᵀ v_j``), float32 ``(batch, heads, r, d)``; C ``(batch, heads, N, r)``,
+    read backwards, ``Σ_j λ^j c_jᵀ v_j``), float32 ``(batch, heads, r, d)``; C ``(batch, heads or
+    groups, N, r)`` (groups read in place by each of their heads),
     V ``(batch, heads, N, d)``, fp16/bf16/fp32 on a GPU, gamma None or float64 ``(H,)``; ``g``:
     per-token gates ``(batch, heads, N)`` instead (γ folded in, read at each row: in reverse the
     caller shifts them), the weights exp of the gates' sum after each row in reading order.
@@ -1012,8 +1013,8 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
     fixed order (``segment``: rows per segment, a multiple of the row block; default as
     Chunk's). O(N·r·d) time, O(segments·batch·heads·r·d) workspace."""
     refuse_interpreted_bf16(V.dtype, "chunk_state")
-    batch, heads, n, r = C.shape
-    d = V.shape[-1]
+    batch, groups, n, r = C.shape
+    heads, d = V.shape[1], V.shape[-1]
     if n == 0 or C.numel() == 0 or V.numel() == 0:
         return V.new_zeros(batch, heads, r, d, dtype=torch.float32)
     C, V = rows_contiguous(C), rows_contiguous(V)  # any other layout read in place
@@ -1029,7 +1030,7 @@ def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,
         C=strided(C), V=strided(V), P=ws, DECAY=(gamma, strided(g)),
         SIZE=(n, r, d, heads, segment),
         K=tiles.constants(cfg, HAS_DECAY=gamma is not None, REVERSE=reverse, PRECISION=precision,
-                          HAS_GATE=g is not None),
+                          HAS_GATE=g is not None, GROUPS=(1, heads // groups, 1, 1)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     ws = ws.view(batch, heads, n_db, n_seg, cfg["BLOCK_R"], cfg["BLOCK_D"])
     if g is not None:  # each segment decays by the gates after it, in reading order
