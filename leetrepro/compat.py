@@ -21,9 +21,10 @@ import torch
 
 from ._inputs import check_4d, memo_by_tensor, positive_where_free
 from .decay.per_head import check_gamma_values, mark_checked
-from .decay.trapezoid import key_weights, pending_state, rotated, running_angles
+from .decay.trapezoid import key_weights, pending_state, running_angles
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
+from .methods.mamba3_rows import turned_rows
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
@@ -351,18 +352,14 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     """
     _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens)
-    rep = V.shape[2] // Q.shape[2]
     acc = torch.float64 if V.dtype == torch.float64 else torch.float32
     theta0, S0, k_prev, v_prev = Input_States if Input_States is not None else (None,) * 4
     theta = running_angles(Angles, DT, theta0, cu_seqlens)          # (batch, seqlen, heads, A)
-    theta = theta.to(acc)
-    xq, xk = Q.repeat_interleave(rep, 2) + Q_bias.to(acc), K.repeat_interleave(rep, 2) + K_bias.to(acc)
     w, later = key_weights(DT, Trap, cu_seqlens, acc)                # (batch, heads, seqlen)
     # each rounded once to Q's dtype, held in float32 (float64), so that the operator's
     # gradients of them come unrounded and the angles' gradient is taken at those values
-    # (:func:`leetrepro.decay.trapezoid.rotated`): float32 operands whose values are 16-bit
-    q, k = rotated(xq, theta, rounding=Q.dtype), rotated(xk, theta, rounding=Q.dtype)
-    key = rotated(xk, theta, w.transpose(1, 2), Q.dtype)
+    # (leetrepro.methods.mamba3_rows): float32 operands whose values are 16-bit
+    q, k, key = turned_rows(Q, K, Q_bias, K_bias, theta.to(acc), w.transpose(1, 2))
     v_acc = V.to(acc)
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states

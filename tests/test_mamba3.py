@@ -308,6 +308,64 @@ def test_bench_model_builds_the_mamba3_mixers():
     assert blk(torch.randn(1, 9, 64)).shape == (1, 9, 64)
 
 
+def test_the_turned_rows_ops_pass_opcheck():
+    """Both custom ops of ``methods.mamba3_rows`` (their PyTorch expressions here) against their
+    fakes and schemas: θ and w as views, q/k heads read by two heads each."""
+    from leetrepro.methods import mamba3_rows as rows
+    gen = torch.Generator().manual_seed(2)
+    Q, K = (torch.randn(1, 7, 2, 8, generator=gen).half() for _ in range(2))
+    qb, kb = torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)
+    theta = torch.randn(1, 4, 3, 7, generator=gen).permute(0, 3, 1, 2)
+    w = torch.rand(1, 4, 7, generator=gen).transpose(1, 2)
+    torch.library.opcheck(rows.mamba3_rotate, (Q, K, qb, kb, theta, w))
+    q, k, key = rows.mamba3_rotate(Q, K, qb, kb, theta, w)
+    dq, dk, dkey = (torch.randn(1, 7, 4, 8, generator=gen) for _ in range(3))
+    torch.library.opcheck(rows.mamba3_rotate_backward, (dq, dk, dkey, q, k, key, K, kb, theta, w))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.slow  # (the interpreter; the quick lane keeps the PyTorch passes)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_turned_rows_kernels_are_their_pytorch_expressions(monkeypatch, dtype):
+    """``methods.mamba3_rows`` (q̃, k̃ and w·k̃ in one pass, and back in one; interpreted here)
+    against its PyTorch expressions: q/k heads read by two heads each, angles over part of the
+    pairs (a tail unturned), rows not a multiple of the row block, θ and w read through
+    transposed views, every gradient; the forward's rounding the same values. (fp16: Triton's
+    interpreter rounds to bf16 by truncation, where a GPU rounds to nearest.)"""
+    from leetrepro.methods import mamba3_rows as rows
+    gen = torch.Generator().manual_seed(4)
+    batch, n, hqk, heads, p, a = 2, 45, 2, 4, 12, 4
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+    Q, K = (r(batch, n, hqk, p).to(dtype) for _ in range(2))
+    qb, kb = r(heads, p), r(heads, p)
+    theta = (r(batch, heads, a, n) * 3).permute(0, 3, 1, 2)    # (a view, as running_angles')
+    w = torch.rand(batch, heads, n, generator=gen).transpose(1, 2)
+    grads = [r(batch, n, heads, p) for _ in range(3)]
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (Q, K, qb, kb, theta, w)]
+        out = rows.turned_rows(*leaves)
+        return out, torch.autograd.grad(out, leaves, grads)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    assert not rows._on_kernel(Q, theta)
+    want, want_grads = run()
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    assert rows._on_kernel(Q, theta)
+    got, got_grads = run()
+    for name, x, y in zip(("q", "k", "key"), got, want):
+        assert x.dtype == torch.float32, name
+        if dtype == torch.float32:
+            assert rel_error(x, y) <= 1e-6, name
+        else:  # (on 16-bit values: a rounding may tip, rarely)
+            assert (x != y).float().mean() < 0.01 and rel_error(x, y) <= 4e-3, name
+    for name, x, y in zip(("Q", "K", "Q_bias", "K_bias", "theta", "w"), got_grads, want_grads):
+        assert x.dtype == y.dtype and rel_error(x.double(), y.double()) <= 1e-5, name
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
 @pytest.mark.slow  # (the interpreter: seconds a case; the quick lane keeps the PyTorch step)

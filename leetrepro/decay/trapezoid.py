@@ -83,53 +83,6 @@ def rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class _Rotated(torch.autograd.Function):
-    """:func:`rotated`'s rounding with a backward taken at the rounded values (see there)."""
-
-    @staticmethod
-    def forward(ctx, x, theta, weight, dtype):
-        y = rotate_pairs(x, theta)
-        if weight is not None:
-            y = y * weight[..., None]
-        y = y.to(dtype).to(theta.dtype)
-        ctx.save_for_backward(x, theta, weight, y)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, theta, weight, y = ctx.saved_tensors
-        a = theta.shape[-1]
-        dy = dy.to(theta.dtype)
-        dx = dw = dtheta = None
-        wdy = dy if weight is None else dy * weight[..., None]
-        if ctx.needs_input_grad[0]:
-            dx = rotate_pairs(wdy, -theta)  # (a rotation's transpose turns back)
-        if ctx.needs_input_grad[1]:
-            # d(w R(θ) x)/dθ_i turns pair i by a quarter: (−y_odd, y_even), y as rounded
-            dtheta = dy[..., 1:2 * a:2] * y[..., 0:2 * a:2] - dy[..., 0:2 * a:2] * \
-                y[..., 1:2 * a:2]
-        if weight is not None and ctx.needs_input_grad[2]:
-            dw = (rotate_pairs(x, theta) * dy).sum(-1)
-        return dx, dtheta, dw, None
-
-
-def rotated(x: torch.Tensor, theta: torch.Tensor, weight: torch.Tensor | None = None,
-            rounding: torch.dtype | None = None) -> torch.Tensor:
-    """``rotate_pairs(x, theta)`` times ``weight`` ``(…)`` (per row; None: 1), rounded to
-    ``rounding`` (none by default) and held in theta's dtype, with the angles' gradient taken at
-    the rounded values: ``dθ_i = dy_(2i+1)·y_(2i) − dy_(2i)·y_(2i+1)``.
-
-    Why: the output depends on the angles only through θ_t − θ_s of each pair, so each pair's
-    parts of dθ_t and dθ_s cancel, and the running sums that turn dθ into the Angles' and dt's
-    gradients add up what is left of them. Autograd's own Jacobian holds the unrounded q̃ on one
-    side of a pair and the rounded key (inside the operator's gradient) on the other: in bf16
-    that left 1.5e-2 (Angles) and 1.2e-2 (DT) of relative error at 97 rows. Both sides taken
-    at the rounded values cancel, but only if the gradient arriving is not rounded too: held in
-    theta's dtype, the rounded values enter the operator as float32, which returns float32
-    gradients (a bf16 gradient of q̃ left the same 1.2e-2 as autograd's Jacobian)."""
-    return _Rotated.apply(x, theta, weight, theta.dtype if rounding is None else rounding)
-
-
 def key_weights(DT: torch.Tensor, Trap: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 dtype: torch.dtype = torch.float32) -> tuple:
     """``(w, later)``, each ``(batch, heads, seqlen)`` in ``dtype``: the keys' weights ``w_s =

@@ -325,7 +325,7 @@ def passes_jobs() -> list:
          dict(X=p16, STATE=p32, W=p16, BIAS=p16, OUT=p16, SIZE=i3, XS=i3, SS=i3, OS=i3,
               BLOCK_C=c, BLOCK_W=c, HAS_BIAS=c, SILU=c),
          dict(BLOCK_C=256, BLOCK_W=4, HAS_BIAS=True, SILU=True), 4),
-    ] + normalizer_jobs() + [state_update_job(), mamba3_step_job()]
+    ] + normalizer_jobs() + [state_update_job(), mamba3_step_job()] + mamba3_rows_jobs()
 
 
 def mamba3_step_job(p: int = 128, dv: int = 64, angles: int = 32) -> tuple:
@@ -341,6 +341,27 @@ def mamba3_step_job(p: int = 128, dv: int = 64, angles: int = 32) -> tuple:
                  BLOCK_P=c, BLOCK_V=c, BLOCK_A=c, HAS_D=c, HAS_Z=c),
             dict(BLOCK_P=p, BLOCK_V=dv, BLOCK_A=next_pow2(angles), HAS_D=True, HAS_Z=True),
             warps(p, dv))
+
+
+def mamba3_rows_jobs(p: int = 128, angles: int = 32) -> list:
+    """Mamba-3's turned rows (``methods.mamba3_rows``) both ways at mamba_ssm's test heads
+    (headdim_qk 128, rope fraction 0.5), bf16 Q and K, float32 angles, weights and outputs."""
+    from ..kernels import mamba3_rows
+    from ..methods.mamba3_rows import WARPS, _blocks
+    c, f32, rows = "constexpr", "*fp32", ("*bf16", "i32", "i32", "i32")
+    f32_rows, th = (f32, "i32", "i32", "i32"), (f32, "i32", "i32", "i32", "i32")
+    blocks = _blocks(angles, p)
+    return [
+        ("mamba3_rotate", mamba3_rows.rotate_rows,
+         dict(Q=rows, K=rows, QB=f32, KB=f32, TH=th, W=f32_rows, OUT_Q=f32, OUT_K=f32,
+              OUT_KEY=f32, SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c,
+              ROUND=c),
+         dict(REP=4, ROUND="bf16", **blocks), WARPS[0]),
+        ("mamba3_rotate_backward", mamba3_rows.rotate_rows_backward,
+         dict(DQ=f32_rows, DK=f32_rows, DKEY=f32_rows, RQ=f32, RK=f32, RKEY=f32, K=rows, KB=f32,
+              TH=th, W=f32_rows, DXQ=f32, DXK=f32, DTH=f32, DW=f32, SIZE=("i32",) * 2, REP=c,
+              A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c),
+         dict(REP=4, **blocks), WARPS[1])]
 
 
 def state_update_job(headdim: int = 64, dstate: int = 128) -> tuple:
