@@ -308,6 +308,7 @@ def test_bench_model_builds_the_mamba3_mixers():
     assert blk(torch.randn(1, 9, 64)).shape == (1, 9, 64)
 
 
+@pytest.mark.slow  # (opcheck's dozen calls: the quick lane keeps the drop-in's tests)
 def test_the_turned_rows_ops_pass_opcheck():
     """Both custom ops of ``methods.mamba3_rows`` (their PyTorch expressions here) against their
     fakes and schemas: θ and w as views, q/k heads read by two heads each."""
