@@ -284,17 +284,22 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     return (y, states) if not return_final_states else (y, final, states)
 
 
-def ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx, dt_rule) -> tuple:
+def ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx, dt_rule,
+                 first_cut: torch.Tensor | None = None) -> tuple:
     """The SSD as the operator's call: ``((query C, key B, V' = dt·x, g = dt·A), skip,
     initial state)``, the first four head-major views of mamba_ssm's time-major tensors (the
     groups' B and C read in place), the gates −1e4 where ``seq_idx`` changes, ``skip(o)`` the
     ``D·x`` term's pass (None without D), the initial state in the operator's layout.
-    ``dt_rule``: ``(dt_softplus, dt_limit)``."""
+    ``dt_rule``: ``(dt_softplus, dt_limit)``. ``first_cut`` ``(batch,)`` bool: whether row 0
+    starts a sequence after rows that are not here (a rank's slice: the rank before holds them)."""
     seqlen = x.shape[1]
     # (batch, seqlen, heads), float32: the step sizes and the log decays, one pass
     dt, g = step_sizes_and_gates(dt, A, dt_bias, *dt_rule)
-    if seq_idx is not None and seqlen > 1:  # (a change of sequence: nothing crosses it)
+    if seq_idx is not None and (seqlen > 1 or first_cut is not None) and seqlen:
+        # (a change of sequence: nothing crosses it)
         cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
+        if first_cut is not None:
+            cut = torch.cat([first_cut[:, None], cut[:, 1:]], 1)
         g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
     # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, its backward is
     # the backward pass of dt·dV': dt·dV' + D·dy, with dt's and D's gradients)

@@ -101,6 +101,7 @@ def mamba_chunk_scan_combined_sp(x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
                                  D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                                  dt_bias: torch.Tensor | None = None,
                                  initial_states: torch.Tensor | None = None, *, group=None,
+                                 seq_idx: torch.Tensor | None = None,
                                  dt_softplus: bool = False, dt_limit: tuple = (0.0, math.inf),
                                  return_final_states: bool = False, **options):
     """Mamba-2's SSD (:func:`leetrepro.compat.mamba_chunk_scan_combined`, mamba_ssm's arguments)
@@ -111,17 +112,23 @@ def mamba_chunk_scan_combined_sp(x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
     rank's own; the operator passes one state and the slice's total gate each way. Returns this
     rank's rows of y (and the whole sequence's final state, on every rank, with
     ``return_final_states``). Differentiable as the single-process call; equal to it. Packed
-    sequences (``seq_idx``, ``cu_seqlens``) are not taken across ranks; B's and C's groups are
-    read in place, as on one process (no copies a head each)."""
+    sequences by ``seq_idx`` (this rank's rows of it, ``(batch, L_k)``): a sequence may run
+    across ranks, and one may start at a rank's first row (each rank reads the last row's
+    ``seq_idx`` of the ranks before it: one all-gather of a row). ``cu_seqlens`` is not taken
+    across ranks. B's and C's groups are read in place, as on one process."""
     check_chunk_size(chunk_size)
-    for name in ("seq_idx", "cu_seqlens"):
-        if name in options:
-            raise ValueError(f"{name}: packed sequences are not taken across ranks (give each "
-                             f"rank whole sequences, or run them on one process)")
+    if "cu_seqlens" in options:
+        raise ValueError("cu_seqlens: sequences packed by offsets are not taken across ranks "
+                         "(pass seq_idx, this rank's rows of it, or run them on one process)")
     check_dt_limit(dt_limit)
-    check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, None, None)
-    (q, k, v, g), skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, None,
-                                          (dt_softplus, dt_limit))
+    check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, None)
+    first_cut = None
+    if seq_idx is not None:  # (the row before this slice, 0 where none: ids shifted by one)
+        before = halo_rows((seq_idx.long() + 1)[..., None], 1, group)[:, 0, 0]
+        if seq_idx.shape[1]:
+            first_cut = (before != 0) & (before != seq_idx[:, 0].long() + 1)
+    (q, k, v, g), skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx,
+                                          (dt_softplus, dt_limit), first_cut)
     res = causal_linear_decoder_sp(q, k, v, group=group, initial_state=s0,
                                    output_final_state=return_final_states, g=g, **options)
     o, final = res if return_final_states else (res, None)

@@ -174,7 +174,8 @@ def _gated_worker_cases(rank, world):
 def _ssd_worker(rank, world, init, failures):
     """Mamba-2's SSD over the ranks (``mamba_chunk_scan_combined_sp``): each rank its rows of x,
     dt, B, C and z, the shared A, D and dt_bias (their gradients summed over the ranks, as a
-    replicated parameter's are), the initial state on rank 0; y, the final state and every
+    replicated parameter's are), the initial state on rank 0, sequences packed by seq_idx (one
+    starting at a rank's first row, one running across ranks); y, the final state and every
     gradient against the single-process drop-in on the whole sequence."""
     _in_group(rank, world, init, failures, lambda: _ssd_worker_cases(rank, world))
 
@@ -187,8 +188,14 @@ def _ssd_worker_cases(rank, world):
     n, batch, heads, p, groups, dstate = sum(lengths), 2, 4, 6, 2, 5
     # (float64 inputs too: the step sizes and gates are float32, mamba_ssm's and the
     # drop-in's, so the slices' sums in another order agree to float32's precision)
-    for dtype, method, tol in ((torch.float64, "auto", 1e-6),
-                               (torch.float32, "LA_torch", 1e-5)):
+    # packed sequences by seq_idx: row 0's change at 23 (a rank's first row), at 10 (inside a
+    # rank); row 1's sequence from 10 to 24 across ranks (24: world 3's rank 2's first row)
+    seq_idx = torch.zeros(batch, n, dtype=torch.int32)
+    seq_idx[0, 10:], seq_idx[0, 23:], seq_idx[1, 10:], seq_idx[1, 24:] = 1, 2, 5, 6
+    for dtype, method, tol, packed in ((torch.float64, "auto", 1e-6, False),
+                                       (torch.float32, "LA_torch", 1e-5, False),
+                                       (torch.float64, "auto", 1e-6, True)):
+        extra = dict(seq_idx=seq_idx) if packed else {}
         gen = torch.Generator().manual_seed(40)
         x = torch.randn(batch, n, heads, p, generator=gen, dtype=torch.float64)
         dt = torch.randn(batch, n, heads, generator=gen, dtype=torch.float64) - 1
@@ -209,7 +216,8 @@ def _ssd_worker_cases(rank, world):
         y, fin = mamba_chunk_scan_combined_sp(
             mine["x"], mine["dt"], mine["A"], mine["B"], mine["C"], 64, D=mine["D"],
             z=mine["z"], dt_bias=mine["dt_bias"], initial_states=s0_mine,
-            dt_softplus=True, return_final_states=True, method=method)
+            dt_softplus=True, return_final_states=True, method=method,
+            **{k: v[:, lo:hi] for k, v in extra.items()})
         loss = (y.double() * dy[:, lo:hi]).sum() + \
             ((fin.double() * dS).sum() if rank == 0 else 0)
         loss.backward()
@@ -220,9 +228,9 @@ def _ssd_worker_cases(rank, world):
         wy, wfin = mamba_chunk_scan_combined(
             whole["x"], whole["dt"], whole["A"], whole["B"], whole["C"], 64, D=whole["D"],
             z=whole["z"], dt_bias=whole["dt_bias"], initial_states=s0_whole,
-            dt_softplus=True, return_final_states=True, method=method)
+            dt_softplus=True, return_final_states=True, method=method, **extra)
         ((wy.double() * dy).sum() + (wfin.double() * dS).sum()).backward()
-        label = f"rank {rank} {dtype}"
+        label = f"rank {rank} {dtype}" + (" packed" if packed else "")
         checks = [("y", y, wy[:, lo:hi]), ("final", fin, wfin)]
         checks += [(f"d{k}", mine[k].grad, whole[k].grad[:, lo:hi] if k in rows
                     else whole[k].grad) for k in cast]
@@ -393,7 +401,8 @@ def test_the_sp_benchmark_defaults_cover_every_host_size():
 
 def test_the_ssd_on_one_process_without_a_group_is_the_drop_in():
     """``mamba_chunk_scan_combined_sp`` without an initialised group runs on this process alone:
-    the drop-in's output and final state; packed sequences across ranks are refused by name."""
+    the drop-in's output and final state, with sequences packed by seq_idx too; offsets
+    (``cu_seqlens``) across ranks are refused by name."""
     from leetrepro.compat import mamba_chunk_scan_combined
     from leetrepro.distributed import mamba_chunk_scan_combined_sp
     gen = torch.Generator().manual_seed(41)
@@ -404,5 +413,10 @@ def test_the_ssd_on_one_process_without_a_group_is_the_drop_in():
     y, fin = mamba_chunk_scan_combined_sp(x, dt, A, B, C, 64, **kw)
     wy, wfin = mamba_chunk_scan_combined(x, dt, A, B, C, 64, **kw)
     assert rel_error(y, wy) <= 1e-6 and rel_error(fin, wfin) <= 1e-6
-    with pytest.raises(ValueError, match="seq_idx: packed sequences"):
-        mamba_chunk_scan_combined_sp(x, dt, A, B, C, 64, seq_idx=torch.zeros(1, 30, dtype=torch.int32))
+    seq_idx = (torch.arange(30) >= 11).int()[None]
+    y, fin = mamba_chunk_scan_combined_sp(x, dt, A, B, C, 64, seq_idx=seq_idx, **kw)
+    wy, wfin = mamba_chunk_scan_combined(x, dt, A, B, C, 64, seq_idx=seq_idx, **kw)
+    assert rel_error(y, wy) <= 1e-6 and rel_error(fin, wfin) <= 1e-6
+    with pytest.raises(ValueError, match="cu_seqlens: sequences packed by offsets"):
+        mamba_chunk_scan_combined_sp(x, dt, A, B, C, 64,
+                                     cu_seqlens=torch.tensor([0, 11, 30], dtype=torch.int32))
