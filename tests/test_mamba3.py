@@ -308,6 +308,43 @@ def test_bench_model_builds_the_mamba3_mixers():
     assert blk(torch.randn(1, 9, 64)).shape == (1, 9, 64)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_turned_rows_kernels_on_the_gpu(monkeypatch, dtype):
+    """On a GPU (where bf16 rounds to nearest, as the interpreter does not) the turned rows'
+    kernels against their PyTorch expressions at mamba_ssm's test heads (headdim_qk 128, 32
+    angles, q/k heads read by four heads each), rows not a multiple of the row block, θ and w
+    as views: outputs and every gradient within 1e-5 in fp32, 1e-3 in bf16 (a rounding's tip)."""
+    from leetrepro.methods import mamba3_rows as rows
+    gen = torch.Generator().manual_seed(4)
+    batch, n, hqk, heads, p, a = 2, 333, 2, 8, 128, 32
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen).cuda()
+    Q, K = (r(batch, n, hqk, p).to(dtype) for _ in range(2))
+    qb, kb = r(heads, p), r(heads, p)
+    theta = (r(batch, heads, a, n) * 3).permute(0, 3, 1, 2)
+    w = torch.rand(batch, heads, n, generator=gen).cuda().transpose(1, 2)
+    grads = [r(batch, n, heads, p) for _ in range(3)]
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (Q, K, qb, kb, theta, w)]
+        out = rows.turned_rows(*leaves)
+        return out, torch.autograd.grad(out, leaves, grads)
+    assert rows._on_kernel(Q, theta)
+    got, got_grads = run()
+    monkeypatch.setattr(rows, "_on_kernel", lambda *a: False)
+    want, want_grads = run()
+    # (fp32: the kernel's cosines against torch's; bf16: a rounding that tips moves one element
+    # by 2^-8, and the angles' gradient, taken at the rounded values, with it)
+    tol = 1e-5 if dtype == torch.float32 else 1e-3
+    for name, x, y in zip(("q", "k", "key"), got, want):
+        assert (x != y).float().mean() < 0.01 and rel_error(x, y) <= tol, name
+    for name, x, y in zip(("Q", "K", "Q_bias", "K_bias", "theta", "w"), got_grads, want_grads):
+        assert torch.isfinite(x).all() and rel_error(x.double(), y.double()) <= tol, name
+
+
 @pytest.mark.slow  # (opcheck's dozen calls: the quick lane keeps the drop-in's tests)
 def test_the_turned_rows_ops_pass_opcheck():
     """Both custom ops of ``methods.mamba3_rows`` (their PyTorch expressions here) against their
