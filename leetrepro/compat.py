@@ -295,8 +295,7 @@ def ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx, dt_rule,
     seqlen = x.shape[1]
     # (batch, seqlen, heads), float32: the step sizes and the log decays, one pass
     dt, g = step_sizes_and_gates(dt, A, dt_bias, *dt_rule)
-    if seq_idx is not None and (seqlen > 1 or first_cut is not None) and seqlen:
-        # (a change of sequence: nothing crosses it)
+    if seq_idx is not None and seqlen:  # (a change of sequence: nothing crosses it)
         cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
         if first_cut is not None:
             cut = torch.cat([first_cut[:, None], cut[:, 1:]], 1)

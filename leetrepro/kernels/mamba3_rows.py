@@ -63,10 +63,16 @@ def _rounded(x, ROUND: tl.constexpr):
 
 
 @triton.jit
+def _dense(b, t, h, SIZE):
+    """The rows' index in a contiguous ``(batch, seqlen, heads, ·)`` tensor (int64)."""
+    N, H = SIZE
+    return (b.to(tl.int64) * N + t.to(tl.int64)) * H + h
+
+
+@triton.jit
 def _store_row(OUT, b, t, h, a, e, ok, even, odd, tail, SIZE, A: tl.constexpr, P: tl.constexpr):
     """Pairs and tail into OUT, contiguous ``(batch, seqlen, heads, P)`` float32."""
-    N, H = SIZE
-    rows = OUT + ((b.to(tl.int64) * N + t.to(tl.int64)) * H + h)[:, None] * P
+    rows = OUT + _dense(b, t, h, SIZE)[:, None] * P
     pm = ok[:, None] & (a < A)[None, :]
     tl.store(rows + 2 * a[None, :], even, mask=pm)
     tl.store(rows + 2 * a[None, :] + 1, odd, mask=pm)
@@ -76,8 +82,7 @@ def _store_row(OUT, b, t, h, a, e, ok, even, odd, tail, SIZE, A: tl.constexpr, P
 @triton.jit
 def _load_row(X, b, t, h, a, e, ok, SIZE, A: tl.constexpr, P: tl.constexpr):
     """(even, odd, tail) of contiguous ``(batch, seqlen, heads, P)`` float32 rows."""
-    N, H = SIZE
-    rows = X + ((b.to(tl.int64) * N + t.to(tl.int64)) * H + h)[:, None] * P
+    rows = X + _dense(b, t, h, SIZE)[:, None] * P
     pm = ok[:, None] & (a < A)[None, :]
     return (tl.load(rows + 2 * a[None, :], mask=pm, other=0.0),
             tl.load(rows + 2 * a[None, :] + 1, mask=pm, other=0.0),
@@ -97,15 +102,25 @@ def _load_grad(D, b, t, h, a, e, ok, A: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _angles(TH, W, b, t, h, a, ok, A: tl.constexpr):
-    """(cos θ, sin θ) [BLOCK_T, BLOCK_A] (0 and 1 past A) and the rows' weights w [BLOCK_T]."""
+def _program(TH, W, SIZE, A: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr,
+             BLOCK_E: tl.constexpr):
+    """This program's rows of one (sequence, head) (grid: row blocks, batch·heads): ``(b, h,
+    rows t, t in range, pairs a, tail dims e, cos θ, sin θ, w)``, cos θ and sin θ [BLOCK_T,
+    BLOCK_A] (1 and 0 past A), the rows' weights w [BLOCK_T]."""
+    N, H = SIZE
+    bh = tl.program_id(1)
+    b, h = bh // H, bh % H
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    ok = t < N
+    a = tl.arange(0, BLOCK_A)
+    e = tl.arange(0, BLOCK_E)
     th_ptr, th_b, th_t, th_h, th_a = TH
     theta = tl.load(th_ptr + b.to(tl.int64) * th_b + t.to(tl.int64)[:, None] * th_t + h * th_h +
                     a[None, :] * th_a, mask=ok[:, None] & (a < A)[None, :], other=0.0)
     w_ptr, w_b, w_t, w_h = W
     w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok,
                 other=0.0)
-    return tl.cos(theta), tl.sin(theta), w
+    return b, h, t, ok, a, e, tl.cos(theta), tl.sin(theta), w
 
 
 @triton.jit
@@ -114,14 +129,7 @@ def rotate_rows(Q, K, QB, KB, TH, W, OUT_Q, OUT_K, OUT_KEY, SIZE, REP: tl.conste
                 BLOCK_E: tl.constexpr, ROUND: tl.constexpr):
     """Q̃, K̃ and KEY of ``BLOCK_T`` rows of one (sequence, head): grid (row blocks, batch·heads).
     ``SIZE = (N, H)``; θ as ``(pointer, batch, seqlen, head, angle strides)``."""
-    N, H = SIZE
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok = t < N
-    a = tl.arange(0, BLOCK_A)
-    e = tl.arange(0, BLOCK_E)
-    cos, sin, w = _angles(TH, W, b, t, h, a, ok, A)
+    b, h, t, ok, a, e, cos, sin, w = _program(TH, W, SIZE, A, BLOCK_T, BLOCK_A, BLOCK_E)
     even, odd = _turned(Q, QB, b, t, h // REP, h, a, ok, cos, sin, A, P)
     tail = _tail(Q, QB, b, t, h // REP, h, e, ok, A, P)
     _store_row(OUT_Q, b, t, h, a, e, ok, _rounded(even, ROUND), _rounded(odd, ROUND),
@@ -154,14 +162,7 @@ def rotate_rows_backward(DQ, DK, DKEY, RQ, RK, RKEY, K, KB, TH, W, DXQ, DXK, DTH
     seqlen, heads, P)`` float32, summed over each q/k head's heads and the rows by the caller),
     dθ (contiguous ``(batch, seqlen, heads, A)``) and dw (contiguous ``(batch, seqlen, heads)``);
     RQ, RK, RKEY the forward's rounded outputs."""
-    N, H = SIZE
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok = t < N
-    a = tl.arange(0, BLOCK_A)
-    e = tl.arange(0, BLOCK_E)
-    cos, sin, w = _angles(TH, W, b, t, h, a, ok, A)
+    b, h, t, ok, a, e, cos, sin, w = _program(TH, W, SIZE, A, BLOCK_T, BLOCK_A, BLOCK_E)
     # q: Rᵀ dQ̃, and its part of dθ at the rounded Q̃
     de, do, dt_ = _load_grad(DQ, b, t, h, a, e, ok, A, P)
     ye, yo, _ = _load_row(RQ, b, t, h, a, e, ok, SIZE, A, P)
@@ -180,6 +181,6 @@ def rotate_rows_backward(DQ, DK, DKEY, RQ, RK, RKEY, K, KB, TH, W, DXQ, DXK, DTH
     dw = tl.sum(re * de + ro * do, axis=1) + tl.sum(rt * dt_, axis=1)
     xe, xo = _turn_back(ke + w[:, None] * de, ko + w[:, None] * do, cos, sin)
     _store_row(DXK, b, t, h, a, e, ok, xe, xo, kt + w[:, None] * dt_, SIZE, A, P)
-    rows = (b.to(tl.int64) * N + t.to(tl.int64)) * H + h
+    rows = _dense(b, t, h, SIZE)
     tl.store(DTH + rows[:, None] * A + a[None, :], dtheta, mask=ok[:, None] & (a < A)[None, :])
     tl.store(DW + rows, dw, mask=ok)
