@@ -352,7 +352,8 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     key, Q's dtype) and v states, mamba_ssm's order. Differentiable in every tensor input.
     Exact to the operator's contract: the angles are summed in float64 and the sines and
     cosines are torch's, where mamba_ssm's kernels use fast approximations. Besides the
-    operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of PyTorch passes.
+    operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of passes: the turned rows one Triton
+    pass each way on a GPU (:mod:`leetrepro.methods.mamba3_rows`), the rest PyTorch's.
     """
     _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens)

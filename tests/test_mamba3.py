@@ -308,6 +308,28 @@ def test_bench_model_builds_the_mamba3_mixers():
     assert blk(torch.randn(1, 9, 64)).shape == (1, 9, 64)
 
 
+def _turned_rows_case(batch, n, hqk, heads, p, a, dtype, device):
+    """``((Q, θ), run)`` for ``methods.mamba3_rows.turned_rows``: random Q and K in ``dtype``,
+    biases, θ and w as views (θ as ``running_angles`` returns it, w transposed), and ``run()``
+    giving ``(outputs, every input's gradient)`` for fixed random output gradients."""
+    from leetrepro.methods import mamba3_rows as rows
+    gen = torch.Generator().manual_seed(4)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+    Q, K = (r(batch, n, hqk, p).to(dtype) for _ in range(2))
+    qb, kb = r(heads, p), r(heads, p)
+    theta = (r(batch, heads, a, n) * 3).permute(0, 3, 1, 2)
+    w = torch.rand(batch, heads, n, generator=gen).to(device).transpose(1, 2)
+    grads = [r(batch, n, heads, p) for _ in range(3)]
+
+    def run():
+        leaves = [t.clone().requires_grad_() for t in (Q, K, qb, kb, theta, w)]
+        out = rows.turned_rows(*leaves)
+        return out, torch.autograd.grad(out, leaves, grads)
+    return (Q, theta), run
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -317,21 +339,7 @@ def test_the_turned_rows_kernels_on_the_gpu(monkeypatch, dtype):
     angles, q/k heads read by four heads each), rows not a multiple of the row block, θ and w
     as views: outputs and every gradient within 1e-5 in fp32, 1e-3 in bf16 (a rounding's tip)."""
     from leetrepro.methods import mamba3_rows as rows
-    gen = torch.Generator().manual_seed(4)
-    batch, n, hqk, heads, p, a = 2, 333, 2, 8, 128, 32
-
-    def r(*shape):
-        return torch.randn(*shape, generator=gen).cuda()
-    Q, K = (r(batch, n, hqk, p).to(dtype) for _ in range(2))
-    qb, kb = r(heads, p), r(heads, p)
-    theta = (r(batch, heads, a, n) * 3).permute(0, 3, 1, 2)
-    w = torch.rand(batch, heads, n, generator=gen).cuda().transpose(1, 2)
-    grads = [r(batch, n, heads, p) for _ in range(3)]
-
-    def run():
-        leaves = [t.clone().requires_grad_() for t in (Q, K, qb, kb, theta, w)]
-        out = rows.turned_rows(*leaves)
-        return out, torch.autograd.grad(out, leaves, grads)
+    (Q, theta), run = _turned_rows_case(2, 333, 2, 8, 128, 32, dtype, "cuda")
     assert rows._on_kernel(Q, theta)
     got, got_grads = run()
     monkeypatch.setattr(rows, "_on_kernel", lambda *a: False)
@@ -372,21 +380,7 @@ def test_the_turned_rows_kernels_are_their_pytorch_expressions(monkeypatch, dtyp
     transposed views, every gradient; the forward's rounding the same values. (fp16: Triton's
     interpreter rounds to bf16 by truncation, where a GPU rounds to nearest.)"""
     from leetrepro.methods import mamba3_rows as rows
-    gen = torch.Generator().manual_seed(4)
-    batch, n, hqk, heads, p, a = 2, 45, 2, 4, 12, 4
-
-    def r(*shape):
-        return torch.randn(*shape, generator=gen)
-    Q, K = (r(batch, n, hqk, p).to(dtype) for _ in range(2))
-    qb, kb = r(heads, p), r(heads, p)
-    theta = (r(batch, heads, a, n) * 3).permute(0, 3, 1, 2)    # (a view, as running_angles')
-    w = torch.rand(batch, heads, n, generator=gen).transpose(1, 2)
-    grads = [r(batch, n, heads, p) for _ in range(3)]
-
-    def run():
-        leaves = [t.clone().requires_grad_() for t in (Q, K, qb, kb, theta, w)]
-        out = rows.turned_rows(*leaves)
-        return out, torch.autograd.grad(out, leaves, grads)
+    (Q, theta), run = _turned_rows_case(2, 45, 2, 4, 12, 4, dtype, "cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
     assert not rows._on_kernel(Q, theta)
