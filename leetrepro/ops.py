@@ -53,7 +53,7 @@ the first row, dS_N a row after the last), each term with its own sign: the stra
 (:func:`leetrepro.methods.chunk.gate_gradient`, ``kernels/gate_straddle.py``) sums them by segments
 from the forward and backward states at the segments' ends, in the inputs' dtype, and asks for no
 sweep (frozen B and C cost nothing). Chunk's backward sweeps hold the same pairs as pieces, and
-where they run (by default fp16, bf16 and fp32 with exact products, r and d up to 128:
+where they run (by default fp16 and bf16, r and d up to 128; fp32 keeps the straddle kernel:
 :func:`_in_sweeps`; on the Hopper kernel where it takes them, :func:`_piece_sweeps`) dg comes from
 them instead, with no kernel of its own (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`).
 Where neither runs (float64; PyTorch methods on a CPU), the row dots are taken, from sweeps on
