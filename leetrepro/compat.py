@@ -318,6 +318,15 @@ def ssd_output(o: torch.Tensor, skip, z: torch.Tensor | None, dtype: torch.dtype
     return y.to(dtype)
 
 
+#: the float32 operator's dot precision in :func:`mamba3_siso_combined` unless the caller names
+#: one. The Angles' gradient is a running sum over the rows of dθ, whose terms cancel (turning
+#: every row by one angle changes nothing), so each row's rounding in the operator's gradients
+#: adds up along the sequence: through tf32 products bf16 Angles' gradient was 3.8e-3 from
+#: float64 at 4096 rows, 9.9e-3 at 16384 and 1.3e-2 at 65536 (H200, NOTES.md); with "tf32x3"
+#: 2.5e-3 and 2.3e-3 (the inputs' own rounding), for about 1.25× the call's time.
+MAMBA3_FP32_PRECISION = "tf32x3"
+
+
 def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tensor,
                          DT: torch.Tensor, Trap: torch.Tensor, Q_bias: torch.Tensor,
                          K_bias: torch.Tensor, Angles: torch.Tensor, D: torch.Tensor | None = None,
@@ -345,7 +354,8 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
             the packed sequences: the states a previous call returned.
         chunk_size: mamba_ssm's tile length: checked, not used (the kernels take their own).
         cu_seqlens: offsets of sequences packed along seqlen of a batch of one.
-        **options: passed to :func:`leetrepro.causal_linear_decoder` (``method=``, …).
+        **options: passed to :func:`leetrepro.causal_linear_decoder` (``method=``, …);
+            ``fp32_precision`` defaults to :data:`MAMBA3_FP32_PRECISION`.
 
     Returns the output ``(batch, seqlen, nheads, headdim_v)`` in V's dtype; with
     ``return_final_states`` also the angle (float32, mod 2π), ssm (float32), k (the last rotated
@@ -368,6 +378,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     v_acc = V.to(acc)
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states
+    options.setdefault("fp32_precision", MAMBA3_FP32_PRECISION)
     res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), v_acc.transpose(1, 2),
                                 g=ADT.to(acc), initial_state=s0, output_final_state=want,
                                 cu_seqlens=cu_seqlens, scale=1.0, **options)

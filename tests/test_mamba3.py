@@ -234,6 +234,39 @@ def test_the_drop_in_on_the_gpu(dtype):
         assert torch.isfinite(a).all() and rel_error(a.double().cpu(), w) <= tol, name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_angles_gradient_keeps_the_contract_over_long_sequences():
+    """bf16 at 65 536 rows (the bench's inputs, two heads): every gradient within 1e-2 of the
+    float64 drop-in. The Angles' gradient is a running sum of terms that cancel, so the
+    operator's rounding adds up along the rows: through tf32 products it read 1.3e-2 here."""
+    from leetrepro.bench.ssd import mamba3_inputs
+    torch.manual_seed(1)
+    leaves, dy = mamba3_inputs(1, 65536, 2, 64, 128, 1, "cuda", True)
+    wide = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
+    for y, want in zip(_outputs_and_grads(leaves, dy), _outputs_and_grads(wide, dy.double())):
+        assert torch.isfinite(y).all() and rel_error(y.double(), want) <= 1e-2
+
+
+def _outputs_and_grads(leaves, dy, **options):
+    y = mamba3_siso_combined(**leaves, **options)
+    return [y, *torch.autograd.grad(y, list(leaves.values()), dy)]
+
+
+def test_the_operator_takes_exact_products_unless_told(monkeypatch):
+    """The drop-in asks the operator for ``MAMBA3_FP32_PRECISION`` (the test above: tf32's
+    rounding adds up in the Angles' gradient), and passes a caller's own choice through."""
+    from leetrepro import compat
+    seen = []
+    real = compat.causal_linear_decoder
+    monkeypatch.setattr(compat, "causal_linear_decoder",
+                        lambda *a, **kw: seen.append(kw["fp32_precision"]) or real(*a, **kw))
+    args, _ = _inputs()
+    mamba3_siso_combined(**args)
+    mamba3_siso_combined(**args, fp32_precision="tf32")
+    assert seen == [compat.MAMBA3_FP32_PRECISION, "tf32"] and seen[0] != "tf32"
+
+
 def _block(**kw):
     from leetrepro.models import Mamba3Block
     torch.manual_seed(0)
@@ -344,11 +377,13 @@ def test_the_turned_rows_kernels_on_the_gpu(monkeypatch, dtype):
     got, got_grads = run()
     monkeypatch.setattr(rows, "_on_kernel", lambda *a: False)
     want, want_grads = run()
-    # (fp32: the kernel's cosines against torch's; bf16: a rounding that tips moves one element
-    # by 2^-8, and the angles' gradient, taken at the rounded values, with it)
+    # (fp32: the kernel's cosines and sums against torch's, last bits apart in most elements;
+    # bf16: a rounding that tips moves one element by 2^-8, and the angles' gradient, taken at
+    # the rounded values, with it: few may tip)
     tol = 1e-5 if dtype == torch.float32 else 1e-3
     for name, x, y in zip(("q", "k", "key"), got, want):
-        assert (x != y).float().mean() < 0.01 and rel_error(x, y) <= tol, name
+        assert rel_error(x, y) <= tol, name
+        assert dtype == torch.float32 or (x != y).float().mean() < 0.01, name
     for name, x, y in zip(("Q", "K", "Q_bias", "K_bias", "theta", "w"), got_grads, want_grads):
         assert torch.isfinite(x).all() and rel_error(x.double(), y.double()) <= tol, name
 
