@@ -21,10 +21,10 @@ import torch
 
 from ._inputs import check_4d, memo_by_tensor, positive_where_free
 from .decay.per_head import check_gamma_values, mark_checked
-from .decay.trapezoid import key_weights, pending_state, running_angles
+from .decay.trapezoid import key_weights, pending_state, rotate_pairs, running_angles
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
-from .methods.mamba3_rows import turned_rows
+from .methods.mamba3_rows import gated_output, turned_rows
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
@@ -362,8 +362,11 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     key, Q's dtype) and v states, mamba_ssm's order. Differentiable in every tensor input.
     Exact to the operator's contract: the angles are summed in float64 and the sines and
     cosines are torch's, where mamba_ssm's kernels use fast approximations. Besides the
-    operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of passes: the turned rows one Triton
-    pass each way on a GPU (:mod:`leetrepro.methods.mamba3_rows`), the rest PyTorch's.
+    operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of passes: the turned rows and the gated
+    output one Triton pass each way on a GPU (:mod:`leetrepro.methods.mamba3_rows`), the angles'
+    and the weights' per-row passes PyTorch's. With a gradient wanted the operator runs on
+    float32 rows (whose values are Q's dtype's: the angles' gradient needs its gradients
+    unrounded); without, in the inputs' dtype.
     """
     _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens)
@@ -374,23 +377,24 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     # each rounded once to Q's dtype, held in float32 (float64), so that the operator's
     # gradients of them come unrounded and the angles' gradient is taken at those values
     # (leetrepro.methods.mamba3_rows): float32 operands whose values are 16-bit
-    q, k, key = turned_rows(Q, K, Q_bias, K_bias, theta.to(acc), w.transpose(1, 2))
-    v_acc = V.to(acc)
+    # without a gradient wanted, the operator runs in the inputs' dtype
+    narrow = Q.dtype == V.dtype and not (torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in
+        (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, *(Input_States or ()))))
+    q, key, own = turned_rows(Q, K, Q_bias, K_bias, theta.to(acc), w.transpose(1, 2), narrow)
+    v_op = V.to(q.dtype)
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states
     options.setdefault("fp32_precision", MAMBA3_FP32_PRECISION)
-    res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), v_acc.transpose(1, 2),
+    res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), v_op.transpose(1, 2),
                                 g=ADT.to(acc), initial_state=s0, output_final_state=want,
                                 cu_seqlens=cu_seqlens, scale=1.0, **options)
     o, states = res if want else (res, None)
     # row t's own pair holds w_t but only λ_t dt_t of it has entered at t
-    own = (q * k).sum(-1) * later.transpose(1, 2)        # (batch, seqlen, heads)
-    y = o.transpose(1, 2).to(acc) - own[..., None] * v_acc
+    weight = -own * later.transpose(1, 2)                # (batch, seqlen, heads)
     if D is not None:
-        y = y + D.to(acc)[:, None] * v_acc
-    if Z is not None:
-        y = y * torch.nn.functional.silu(Z.to(acc))
-    y = y.to(V.dtype)
+        weight = weight + D.to(weight.dtype)
+    y = gated_output(o.transpose(1, 2), V, Z, weight)
     if not want:
         return y
     if cu_seqlens is None:  # (each sequence's last row; a sequence without rows keeps its states)
@@ -400,13 +404,17 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
         cu = cu_seqlens.to(device=Q.device, dtype=torch.int64)
         rows, at, has = torch.zeros_like(cu[1:]), (cu[1:] - 1).clamp_min(0), cu[1:] > cu[:-1]
 
-    def last(x, before):
-        got = x[rows, at] if Q.shape[1] else x.new_zeros(has.shape[0], *x.shape[2:])
+    def last(x, before, got=None):
+        if got is None:
+            got = x[rows, at] if Q.shape[1] else x.new_zeros(has.shape[0], *x.shape[2:])
         keep = has.view(-1, *[1] * (got.dim() - 1))
         return torch.where(keep, got, 0.0 if before is None else before.to(got.dtype))
     final_theta = last(theta, theta0)
+    # the last row's turned key (the operator's rows hold it weighted only)
+    k_last = rotate_pairs(last(K, None).repeat_interleave(V.shape[2] // Q.shape[2], 1).to(acc) +
+                          K_bias.to(acc), final_theta.to(acc)).to(Q.dtype)
     return (y, torch.remainder(final_theta, 2 * math.pi), states.transpose(-1, -2),
-            last(k.to(Q.dtype), k_prev), last(V, v_prev))
+            last(None, k_prev, k_last), last(V, v_prev))
 
 
 def mamba3_rows(inputs: dict, index) -> dict:

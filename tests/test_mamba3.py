@@ -230,6 +230,13 @@ def test_the_drop_in_on_the_gpu(dtype):
     tol = 1e-2 if dtype == torch.bfloat16 else 5e-3
     assert rel_error(y.double().cpu(), want) <= tol
     assert rel_error(fin[1].double().cpu(), want_fin[1]) <= tol
+    with torch.no_grad():  # (no gradient wanted: the operator in the inputs' dtype)
+        y_inf, *fin_inf = mamba3_siso_combined(**leaves, Input_States=sts,
+                                               return_final_states=True, cu_seqlens=cu.cuda())
+    assert rel_error(y_inf.double().cpu(), want) <= tol
+    assert _angle_error(fin_inf[0].cpu(), want_fin[0]) <= 10 * tol
+    for got, w in zip(fin_inf[1:], want_fin[1:]):
+        assert rel_error(got.double().cpu(), w) <= tol
     for name, a, w in zip(NAMES, grads, want_grads):
         assert torch.isfinite(a).all() and rel_error(a.double().cpu(), w) <= tol, name
 
@@ -341,96 +348,127 @@ def test_bench_model_builds_the_mamba3_mixers():
     assert blk(torch.randn(1, 9, 64)).shape == (1, 9, 64)
 
 
-def _turned_rows_case(batch, n, hqk, heads, p, a, dtype, device):
-    """``((Q, θ), run)`` for ``methods.mamba3_rows.turned_rows``: random Q and K in ``dtype``,
-    biases, θ and w as views (θ as ``running_angles`` returns it, w transposed), and ``run()``
-    giving ``(outputs, every input's gradient)`` for fixed random output gradients."""
+def _row_cases(batch, n, hqk, heads, p, a, dv, dtype, device):
+    """``[(label, outputs' names, inputs' names, run)]`` for ``methods.mamba3_rows``' two
+    passes, ``run()`` giving ``(outputs, every input's gradient)`` for fixed random output
+    gradients: the turned rows (Q and K in ``dtype`` read by ``heads / hqk`` heads each, biases,
+    θ and w as views: θ as ``running_angles`` returns it, w transposed), and the gated output
+    with and without z (o float32 as the operator's output is viewed, v and z in ``dtype``)."""
     from leetrepro.methods import mamba3_rows as rows
     gen = torch.Generator().manual_seed(4)
 
     def r(*shape):
         return torch.randn(*shape, generator=gen).to(device)
     Q, K = (r(batch, n, hqk, p).to(dtype) for _ in range(2))
-    qb, kb = r(heads, p), r(heads, p)
     theta = (r(batch, heads, a, n) * 3).permute(0, 3, 1, 2)
     w = torch.rand(batch, heads, n, generator=gen).to(device).transpose(1, 2)
-    grads = [r(batch, n, heads, p) for _ in range(3)]
+    turned = (Q, K, r(heads, p), r(heads, p), theta, w)
+    o = r(batch, heads, n, dv).transpose(1, 2)
+    gated = (o, r(batch, n, heads, dv).to(dtype), r(batch, n, heads, dv).to(dtype),
+             r(batch, heads, n).transpose(1, 2))
 
-    def run():
-        leaves = [t.clone().requires_grad_() for t in (Q, K, qb, kb, theta, w)]
-        out = rows.turned_rows(*leaves)
-        return out, torch.autograd.grad(out, leaves, grads)
-    return (Q, theta), run
+    def runner(fn, inputs, grads):
+        def run():
+            leaves = [None if t is None else t.clone().requires_grad_() for t in inputs]
+            out = fn(*leaves)
+            out = out if isinstance(out, tuple) else (out,)
+            return out, torch.autograd.grad(out, [t for t in leaves if t is not None], grads)
+        return run
+    dy = r(batch, n, heads, dv).to(dtype)
+    return [("turned rows", ("q", "key", "own"), ("Q", "K", "Q_bias", "K_bias", "theta", "w"),
+             runner(rows.turned_rows, turned, [r(batch, n, heads, p), r(batch, n, heads, p),
+                                               r(batch, n, heads)])),
+            ("gated output", ("y",), ("o", "v", "z", "w"), runner(rows.gated_output, gated, dy)),
+            ("output without z", ("y",), ("o", "v", "w"),
+             runner(rows.gated_output, (gated[0], gated[1], None, gated[3]), dy))]
+
+
+def _kernels_against_pytorch(cases, set_kernels, out_tol, grad_tol, dtype):
+    """Each case run with the kernels (``set_kernels(True)``) and with PyTorch's expressions:
+    outputs and every gradient within the tolerances, finite, in the same dtypes; 16-bit outputs
+    of 16-bit values equal in all but a few elements (a rounding may tip)."""
+    for label, outs, ins, run in cases:
+        set_kernels(True)
+        got, got_grads = run()
+        set_kernels(False)
+        want, want_grads = run()
+        for name, x, y in zip(outs, got, want):
+            assert x.dtype == y.dtype and rel_error(x.double(), y.double()) <= out_tol, (label, name)
+            assert dtype == torch.float32 or name == "own" or (x != y).float().mean() < 0.01, \
+                (label, name)
+        for name, x, y in zip(ins, got_grads, want_grads):
+            assert x.dtype == y.dtype and torch.isfinite(x).all() and \
+                rel_error(x.double(), y.double()) <= grad_tol, (label, name)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_turned_rows_kernels_on_the_gpu(monkeypatch, dtype):
-    """On a GPU (where bf16 rounds to nearest, as the interpreter does not) the turned rows'
-    kernels against their PyTorch expressions at mamba_ssm's test heads (headdim_qk 128, 32
-    angles, q/k heads read by four heads each), rows not a multiple of the row block, θ and w
-    as views: outputs and every gradient within 1e-5 in fp32, 1e-3 in bf16 (a rounding's tip)."""
+def test_the_row_kernels_on_the_gpu(monkeypatch, dtype):
+    """On a GPU (where bf16 rounds to nearest, as the interpreter does not) the turned rows' and
+    the gated output's kernels against their PyTorch expressions at mamba_ssm's test heads
+    (headdim_qk 128, 32 angles, q/k heads read by four heads each, headdim 64), rows not a
+    multiple of any row block, θ and w as views: outputs and every gradient within 1e-5 in fp32
+    (the kernels' cosines and sums against torch's), 1e-3 and 4e-3 in bf16 (a rounding's tip
+    moves one element by 2^-8, and the angles' gradient, taken at the rounded values, with it)."""
     from leetrepro.methods import mamba3_rows as rows
-    (Q, theta), run = _turned_rows_case(2, 333, 2, 8, 128, 32, dtype, "cuda")
-    assert rows._on_kernel(Q, theta)
-    got, got_grads = run()
-    monkeypatch.setattr(rows, "_on_kernel", lambda *a: False)
-    want, want_grads = run()
-    # (fp32: the kernel's cosines and sums against torch's, last bits apart in most elements;
-    # bf16: a rounding that tips moves one element by 2^-8, and the angles' gradient, taken at
-    # the rounded values, with it: few may tip)
-    tol = 1e-5 if dtype == torch.float32 else 1e-3
-    for name, x, y in zip(("q", "k", "key"), got, want):
-        assert rel_error(x, y) <= tol, name
-        assert dtype == torch.float32 or (x != y).float().mean() < 0.01, name
-    for name, x, y in zip(("Q", "K", "Q_bias", "K_bias", "theta", "w"), got_grads, want_grads):
-        assert torch.isfinite(x).all() and rel_error(x.double(), y.double()) <= tol, name
+    on = (rows._on_kernel, rows._on_output_kernel)
+
+    def set_kernels(kernel):
+        monkeypatch.setattr(rows, "_on_kernel", on[0] if kernel else lambda *a: False)
+        monkeypatch.setattr(rows, "_on_output_kernel", on[1] if kernel else lambda *a: False)
+    assert on[0](torch.empty(1, device="cuda", dtype=dtype), torch.empty(1, device="cuda"))
+    cases = _row_cases(2, 333, 2, 8, 128, 32, 64, dtype, "cuda")
+    tol = (1e-5, 1e-5) if dtype == torch.float32 else (4e-3, 1e-3)
+    _kernels_against_pytorch(cases, set_kernels, *tol, dtype)
 
 
 @pytest.mark.slow  # (opcheck's dozen calls: the quick lane keeps the drop-in's tests)
-def test_the_turned_rows_ops_pass_opcheck():
-    """Both custom ops of ``methods.mamba3_rows`` (their PyTorch expressions here) against their
-    fakes and schemas: θ and w as views, q/k heads read by two heads each."""
+def test_the_row_ops_pass_opcheck():
+    """The custom ops of ``methods.mamba3_rows`` (their PyTorch expressions here) against their
+    fakes and schemas: θ and w as views, q/k heads read by two heads each, the rows in 16 bits
+    wanted or not, the gated output with and without z."""
     from leetrepro.methods import mamba3_rows as rows
     gen = torch.Generator().manual_seed(2)
     Q, K = (torch.randn(1, 7, 2, 8, generator=gen).half() for _ in range(2))
     qb, kb = torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)
     theta = torch.randn(1, 4, 3, 7, generator=gen).permute(0, 3, 1, 2)
     w = torch.rand(1, 4, 7, generator=gen).transpose(1, 2)
+    torch.library.opcheck(rows.mamba3_rotate, (Q, K, qb, kb, theta, w, True))
     torch.library.opcheck(rows.mamba3_rotate, (Q, K, qb, kb, theta, w))
-    q, k, key = rows.mamba3_rotate(Q, K, qb, kb, theta, w)
-    dq, dk, dkey = (torch.randn(1, 7, 4, 8, generator=gen) for _ in range(3))
-    torch.library.opcheck(rows.mamba3_rotate_backward, (dq, dk, dkey, q, k, key, K, kb, theta, w))
+    q, key, _ = rows.mamba3_rotate(Q, K, qb, kb, theta, w)
+    dq, dkey = (torch.randn(1, 7, 4, 8, generator=gen) for _ in range(2))
+    down = torch.randn(1, 7, 4, generator=gen)
+    torch.library.opcheck(rows.mamba3_rotate_backward, (dq, dkey, down, q, key, K, kb, theta, w))
+    o = torch.randn(1, 4, 7, 5, generator=gen).transpose(1, 2)
+    v, z, dy = (torch.randn(1, 7, 4, 5, generator=gen).half() for _ in range(3))
+    for zz in (z, None):
+        torch.library.opcheck(rows.mamba3_gated_output, (o, v, zz, w))
+        torch.library.opcheck(rows.mamba3_gated_output_backward, (dy, o, v, zz, w))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
 @pytest.mark.slow  # (the interpreter; the quick lane keeps the PyTorch passes)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_the_turned_rows_kernels_are_their_pytorch_expressions(monkeypatch, dtype):
-    """``methods.mamba3_rows`` (q̃, k̃ and w·k̃ in one pass, and back in one; interpreted here)
-    against its PyTorch expressions: q/k heads read by two heads each, angles over part of the
-    pairs (a tail unturned), rows not a multiple of the row block, θ and w read through
-    transposed views, every gradient; the forward's rounding the same values. (fp16: Triton's
-    interpreter rounds to bf16 by truncation, where a GPU rounds to nearest.)"""
+def test_the_row_kernels_are_their_pytorch_expressions(monkeypatch, dtype):
+    """``methods.mamba3_rows`` (the turned rows and the gated output, one pass each way;
+    interpreted here) against its PyTorch expressions: q/k heads read by two heads each, angles
+    over part of the pairs (a tail unturned), rows not a multiple of any row block, θ, w and o
+    read through transposed views, every gradient. (fp16: Triton's interpreter rounds to bf16
+    by truncation, where a GPU rounds to nearest.)"""
     from leetrepro.methods import mamba3_rows as rows
-    (Q, theta), run = _turned_rows_case(2, 45, 2, 4, 12, 4, dtype, "cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
-    assert not rows._on_kernel(Q, theta)
-    want, want_grads = run()
-    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-    assert rows._on_kernel(Q, theta)
-    got, got_grads = run()
-    for name, x, y in zip(("q", "k", "key"), got, want):
-        assert x.dtype == torch.float32, name
-        if dtype == torch.float32:
-            assert rel_error(x, y) <= 1e-6, name
-        else:  # (on 16-bit values: a rounding may tip, rarely)
-            assert (x != y).float().mean() < 0.01 and rel_error(x, y) <= 4e-3, name
-    for name, x, y in zip(("Q", "K", "Q_bias", "K_bias", "theta", "w"), got_grads, want_grads):
-        assert x.dtype == y.dtype and rel_error(x.double(), y.double()) <= 1e-5, name
+
+    def set_kernels(kernel):
+        if kernel:
+            monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+        else:
+            monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+        assert rows._on_output_kernel(torch.empty(1, dtype=dtype)) == kernel
+    tol = (1e-6, 1e-5) if dtype == torch.float32 else (4e-3, 1e-3)
+    _kernels_against_pytorch(_row_cases(2, 45, 2, 4, 12, 4, 5, dtype, "cpu"), set_kernels, *tol,
+                             dtype)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "

@@ -1,22 +1,32 @@
-"""Mamba-3's rotated rows around the operator, one pass each way (``leetrepro.methods.mamba3_rows``).
+"""Mamba-3's rows around the operator, one pass each way (``leetrepro.methods.mamba3_rows``).
 
-Each program takes ``BLOCK_T`` rows of one (sequence, head): q and k read from their q/k head
-(``head // REP``, in place), the biases added, the first ``2·A`` dims turned by pairs through the
-running angles θ (pair i by θ_i), the rest as they are:
+The turned rows. Each program of the forward takes ``BLOCK_T`` rows of one (sequence, head): q
+and k read from their q/k head (``head // REP``, in place), the biases added, the first ``2·A``
+dims turned by pairs through the running angles θ (pair i by θ_i), the rest as they are:
 
-    Q̃ = round(R(θ)(Q + Q_bias)),   K̃ = round(R(θ)(K + K_bias)),   KEY = round(w · R(θ)(K + K_bias))
+    Q̃ = round(R(θ)(Q + Q_bias)),   K̃ = round(R(θ)(K + K_bias)),   KEY = round(w · R(θ)(K + K_bias)),
+    OWN = Σ_d Q̃·K̃   (a row's pair with itself, float32)
 
-``round``: to ``ROUND`` (the inputs' 16-bit dtype) and back to float32, the operator's operands
-held in float32 (so that the gradients it returns for them are not rounded). Backward, with the
-Jacobian taken at the rounded values (``leetrepro.methods.mamba3_rows``' docstring says why):
+``round``: to ``ROUND`` (the inputs' 16-bit dtype) and back to float32; Q̃ and KEY are stored in
+their outputs' dtype (float32 for the operator's gradients to come unrounded, or the inputs' own
+where no gradient is wanted). K̃ itself is not stored: OWN is all the rest of the layer reads of
+it. Backward, with the Jacobian taken at the rounded values (``leetrepro.methods.mamba3_rows``'
+docstring says why), a program per (row block, sequence, q/k head) walking that head's REP heads:
 
-    dXq = Rᵀ dQ̃,   dXk = Rᵀ (dK̃ + w·dKEY),   dw = Σ_d R(θ)(K + K_bias)·dKEY,
-    dθ_i = dQ̃_(2i+1) Q̃_2i − dQ̃_2i Q̃_(2i+1) + (the same for K̃ and KEY).
+    dXq = Σ_heads Rᵀ (dQ̃ + dOWN·K̃),   dXk = Σ_heads Rᵀ (dOWN·Q̃ + w·dKEY),
+    dw = Σ_d R(θ)(K + K_bias)·dKEY,   dθ_i = dQ̃_(2i+1) Q̃_2i − dQ̃_2i Q̃_(2i+1) + (the same for KEY),
+
+K̃ recomputed, OWN's parts of dθ left out (they cancel exactly: Q̃ and K̃ turn together), each
+head's sums of Rᵀ(·) over the program's rows stored for the biases' gradients.
+
+The gated output. ``y = (O + w·V)·silu(Z)`` over the rows (w per row: D − the own pair's
+weight), and back ``dO = dy·silu(Z)``, ``dV = w·dO``, ``dw = Σ_d V·dO``, ``dZ = dy·(O +
+w·V)·silu'(Z)``; products in float32.
 
 Tensors come as ``(pointer, batch stride, seqlen stride, head stride)`` (elements, the last
 dimension contiguous): rows ``(batch, seqlen, heads, ·)``; θ ``(batch, seqlen, heads, A)`` read
 through its own strides (a view of the angles summed along seqlen); w ``(batch, seqlen, heads)``
-likewise. The outputs are contiguous ``(batch, seqlen, heads, ·)`` float32.
+likewise. The outputs are contiguous ``(batch, seqlen, heads, ·)``.
 """
 import triton
 import triton.language as tl
@@ -102,44 +112,46 @@ def _load_grad(D, b, t, h, a, e, ok, A: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _program(TH, W, SIZE, A: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr,
-             BLOCK_E: tl.constexpr):
-    """This program's rows of one (sequence, head) (grid: row blocks, batch·heads): ``(b, h,
-    rows t, t in range, pairs a, tail dims e, cos θ, sin θ, w)``, cos θ and sin θ [BLOCK_T,
-    BLOCK_A] (1 and 0 past A), the rows' weights w [BLOCK_T]."""
-    N, H = SIZE
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    ok = t < N
-    a = tl.arange(0, BLOCK_A)
-    e = tl.arange(0, BLOCK_E)
+def _angles(TH, W, b, h, t, ok, a, A: tl.constexpr):
+    """``(cos θ, sin θ, w)`` of rows t of (sequence b, head h): [BLOCK_T, BLOCK_A] (1 and 0 past
+    A) and the rows' weights [BLOCK_T]."""
     th_ptr, th_b, th_t, th_h, th_a = TH
     theta = tl.load(th_ptr + b.to(tl.int64) * th_b + t.to(tl.int64)[:, None] * th_t + h * th_h +
                     a[None, :] * th_a, mask=ok[:, None] & (a < A)[None, :], other=0.0)
     w_ptr, w_b, w_t, w_h = W
     w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok,
                 other=0.0)
-    return b, h, t, ok, a, e, tl.cos(theta), tl.sin(theta), w
+    return tl.cos(theta), tl.sin(theta), w
 
 
 @triton.jit
-def rotate_rows(Q, K, QB, KB, TH, W, OUT_Q, OUT_K, OUT_KEY, SIZE, REP: tl.constexpr,
+def _program(N, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr):
+    """This program's ``(rows t, t in range, pairs a, tail dims e)``: row block ``program_id(0)``."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    return t, t < N, tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_E)
+
+
+@triton.jit
+def rotate_rows(Q, K, QB, KB, TH, W, OUT_Q, OUT_KEY, OWN, SIZE, REP: tl.constexpr,
                 A: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr,
                 BLOCK_E: tl.constexpr, ROUND: tl.constexpr):
-    """Q̃, K̃ and KEY of ``BLOCK_T`` rows of one (sequence, head): grid (row blocks, batch·heads).
-    ``SIZE = (N, H)``; θ as ``(pointer, batch, seqlen, head, angle strides)``."""
-    b, h, t, ok, a, e, cos, sin, w = _program(TH, W, SIZE, A, BLOCK_T, BLOCK_A, BLOCK_E)
-    even, odd = _turned(Q, QB, b, t, h // REP, h, a, ok, cos, sin, A, P)
-    tail = _tail(Q, QB, b, t, h // REP, h, e, ok, A, P)
-    _store_row(OUT_Q, b, t, h, a, e, ok, _rounded(even, ROUND), _rounded(odd, ROUND),
-               _rounded(tail, ROUND), SIZE, A, P)
-    even, odd = _turned(K, KB, b, t, h // REP, h, a, ok, cos, sin, A, P)
-    tail = _tail(K, KB, b, t, h // REP, h, e, ok, A, P)
-    _store_row(OUT_K, b, t, h, a, e, ok, _rounded(even, ROUND), _rounded(odd, ROUND),
-               _rounded(tail, ROUND), SIZE, A, P)
-    _store_row(OUT_KEY, b, t, h, a, e, ok, _rounded(even * w[:, None], ROUND),
-               _rounded(odd * w[:, None], ROUND), _rounded(tail * w[:, None], ROUND), SIZE, A, P)
+    """Q̃, KEY and OWN of ``BLOCK_T`` rows of one (sequence, head): grid (row blocks,
+    batch·heads). ``SIZE = (N, H)``; θ as ``(pointer, batch, seqlen, head, angle strides)``."""
+    N, H = SIZE
+    b, h = tl.program_id(1) // H, tl.program_id(1) % H
+    t, ok, a, e = _program(N, BLOCK_T, BLOCK_A, BLOCK_E)
+    cos, sin, w = _angles(TH, W, b, h, t, ok, a, A)
+    qe, qo = _turned(Q, QB, b, t, h // REP, h, a, ok, cos, sin, A, P)
+    qe, qo = _rounded(qe, ROUND), _rounded(qo, ROUND)
+    qt = _rounded(_tail(Q, QB, b, t, h // REP, h, e, ok, A, P), ROUND)
+    _store_row(OUT_Q, b, t, h, a, e, ok, qe, qo, qt, SIZE, A, P)
+    ke, ko = _turned(K, KB, b, t, h // REP, h, a, ok, cos, sin, A, P)
+    kt = _tail(K, KB, b, t, h // REP, h, e, ok, A, P)
+    own = tl.sum(qe * _rounded(ke, ROUND) + qo * _rounded(ko, ROUND), axis=1) + \
+        tl.sum(qt * _rounded(kt, ROUND), axis=1)
+    tl.store(OWN + _dense(b, t, h, SIZE), own, mask=ok)
+    _store_row(OUT_KEY, b, t, h, a, e, ok, _rounded(ke * w[:, None], ROUND),
+               _rounded(ko * w[:, None], ROUND), _rounded(kt * w[:, None], ROUND), SIZE, A, P)
 
 
 @triton.jit
@@ -155,32 +167,127 @@ def _quarter(dy_even, dy_odd, y_even, y_odd):
 
 
 @triton.jit
-def rotate_rows_backward(DQ, DK, DKEY, RQ, RK, RKEY, K, KB, TH, W, DXQ, DXK, DTH, DW, SIZE,
-                         REP: tl.constexpr, A: tl.constexpr, P: tl.constexpr,
-                         BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The gradients of :func:`rotate_rows`' inputs a head each: dXq, dXk (contiguous ``(batch,
-    seqlen, heads, P)`` float32, summed over each q/k head's heads and the rows by the caller),
-    dθ (contiguous ``(batch, seqlen, heads, A)``) and dw (contiguous ``(batch, seqlen, heads)``);
-    RQ, RK, RKEY the forward's rounded outputs."""
-    b, h, t, ok, a, e, cos, sin, w = _program(TH, W, SIZE, A, BLOCK_T, BLOCK_A, BLOCK_E)
-    # q: Rᵀ dQ̃, and its part of dθ at the rounded Q̃
-    de, do, dt_ = _load_grad(DQ, b, t, h, a, e, ok, A, P)
-    ye, yo, _ = _load_row(RQ, b, t, h, a, e, ok, SIZE, A, P)
-    dtheta = _quarter(de, do, ye, yo)
-    xe, xo = _turn_back(de, do, cos, sin)
-    _store_row(DXQ, b, t, h, a, e, ok, xe, xo, dt_, SIZE, A, P)
-    # k: the rows feed K̃ and KEY (= w·K̃ before rounding)
-    ke, ko, kt = _load_grad(DK, b, t, h, a, e, ok, A, P)
-    ye, yo, _ = _load_row(RK, b, t, h, a, e, ok, SIZE, A, P)
-    dtheta += _quarter(ke, ko, ye, yo)
-    ye_, yo_, _ = _load_row(RKEY, b, t, h, a, e, ok, SIZE, A, P)
-    de, do, dt_ = _load_grad(DKEY, b, t, h, a, e, ok, A, P)
-    dtheta += _quarter(de, do, ye_, yo_)
-    re, ro = _turned(K, KB, b, t, h // REP, h, a, ok, cos, sin, A, P)
-    rt = _tail(K, KB, b, t, h // REP, h, e, ok, A, P)
-    dw = tl.sum(re * de + ro * do, axis=1) + tl.sum(rt * dt_, axis=1)
-    xe, xo = _turn_back(ke + w[:, None] * de, ko + w[:, None] * do, cos, sin)
-    _store_row(DXK, b, t, h, a, e, ok, xe, xo, kt + w[:, None] * dt_, SIZE, A, P)
-    rows = _dense(b, t, h, SIZE)
-    tl.store(DTH + rows[:, None] * A + a[None, :], dtheta, mask=ok[:, None] & (a < A)[None, :])
-    tl.store(DW + rows, dw, mask=ok)
+def _store_sums(OUT, at, a, e, xe, xo, xt, A: tl.constexpr, P: tl.constexpr):
+    """The sums over the rows of (xe, xo, xt) (pairs and tail) as row ``at`` of OUT, float32
+    ``(·, P)``."""
+    row = OUT + at.to(tl.int64) * P
+    tl.store(row + 2 * a, tl.sum(xe, axis=0), mask=a < A)
+    tl.store(row + 2 * a + 1, tl.sum(xo, axis=0), mask=a < A)
+    tl.store(row + 2 * A + e, tl.sum(xt, axis=0), mask=e < P - 2 * A)
+
+
+@triton.jit
+def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, DKB, DTH, DW,
+                         SIZE, REP: tl.constexpr, A: tl.constexpr, P: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr,
+                         ROUND: tl.constexpr):
+    """The gradients of :func:`rotate_rows`' inputs: grid (row blocks, batch·q/k heads), each
+    program walking its q/k head's REP heads. dXq, dXk contiguous ``(batch, seqlen, q/k heads,
+    P)`` in their own dtype (summed over the heads in float32); DQB, DKB float32 ``(batch, row
+    blocks, heads, P)``, each head's sums over the block's rows (the caller sums them); dθ
+    contiguous ``(batch, seqlen, heads, A)`` and dw ``(batch, seqlen, heads)`` float32; RQ, RKEY
+    the forward's outputs, DOWN the own pairs' gradient ``(batch, seqlen, heads)``."""
+    N, H = SIZE
+    HQ = H // REP
+    b, hq = tl.program_id(1) // HQ, tl.program_id(1) % HQ
+    t, ok, a, e = _program(N, BLOCK_T, BLOCK_A, BLOCK_E)
+    sums = (b * tl.num_programs(0) + tl.program_id(0)) * H
+    q_e = tl.zeros([BLOCK_T, BLOCK_A], tl.float32)
+    q_o = tl.zeros([BLOCK_T, BLOCK_A], tl.float32)
+    q_t = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    k_e = tl.zeros([BLOCK_T, BLOCK_A], tl.float32)
+    k_o = tl.zeros([BLOCK_T, BLOCK_A], tl.float32)
+    k_t = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    for j in range(REP):
+        h = hq * REP + j
+        cos, sin, w = _angles(TH, W, b, h, t, ok, a, A)
+        down = tl.load(DOWN + _dense(b, t, h, SIZE), mask=ok, other=0.0)[:, None]
+        # dθ at the rounded Q̃ and KEY
+        de, do, dt_ = _load_grad(DQ, b, t, h, a, e, ok, A, P)
+        ye, yo, yt = _load_row(RQ, b, t, h, a, e, ok, SIZE, A, P)
+        ge, go, gt = _load_grad(DKEY, b, t, h, a, e, ok, A, P)
+        ze, zo, _ = _load_row(RKEY, b, t, h, a, e, ok, SIZE, A, P)
+        dtheta = _quarter(de, do, ye, yo) + _quarter(ge, go, ze, zo)
+        # K̃ again (unrounded: dw; rounded: the own pair's part of dQ̃)
+        re, ro = _turned(K, KB, b, t, hq, h, a, ok, cos, sin, A, P)
+        rt = _tail(K, KB, b, t, hq, h, e, ok, A, P)
+        dw = tl.sum(re * ge + ro * go, axis=1) + tl.sum(rt * gt, axis=1)
+        xe, xo = _turn_back(de + down * _rounded(re, ROUND), do + down * _rounded(ro, ROUND),
+                            cos, sin)
+        xt = dt_ + down * _rounded(rt, ROUND)
+        _store_sums(DQB, sums + h, a, e, xe, xo, xt, A, P)
+        q_e += xe
+        q_o += xo
+        q_t += xt
+        xe, xo = _turn_back(down * ye + w[:, None] * ge, down * yo + w[:, None] * go, cos, sin)
+        xt = down * yt + w[:, None] * gt
+        _store_sums(DKB, sums + h, a, e, xe, xo, xt, A, P)
+        k_e += xe
+        k_o += xo
+        k_t += xt
+        rows = _dense(b, t, h, SIZE)
+        tl.store(DTH + rows[:, None] * A + a[None, :], dtheta,
+                 mask=ok[:, None] & (a < A)[None, :])
+        tl.store(DW + rows, dw, mask=ok)
+    _store_row(DXQ, b, t, hq, a, e, ok, q_e, q_o, q_t, (N, HQ), A, P)
+    _store_row(DXK, b, t, hq, a, e, ok, k_e, k_o, k_t, (N, HQ), A, P)
+
+
+@triton.jit
+def _silu(z):
+    """(silu(z), its derivative), float32."""
+    s = 1.0 / (1.0 + tl.exp(-z))
+    return z * s, s * (1.0 + z * (1.0 - s))
+
+
+@triton.jit
+def _row_tile(T, b, t, h, c, mask):
+    """A [BLOCK_T, BLOCK_D] tile of rows t (sequence b, head h) of ``T``, float32."""
+    return tl.load(_at(T, b, t, h) + c[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def gated_output(O, V, Z, W, Y, SIZE, HAS_Z: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """y = (O + w·V)·silu(Z) (without ``HAS_Z``: O + w·V) for ``BLOCK_T`` rows of one (sequence,
+    head), Y contiguous ``(batch, seqlen, heads, D)``; ``SIZE = (N, H, D)``; grid (row blocks,
+    batch·heads)."""
+    N, H, D = SIZE
+    b, h = tl.program_id(1) // H, tl.program_id(1) % H
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.arange(0, BLOCK_D)
+    ok = t < N
+    mask = ok[:, None] & (c < D)[None, :]
+    w_ptr, w_b, w_t, w_h = W
+    w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok, other=0.0)
+    y = _row_tile(O, b, t, h, c, mask) + w[:, None] * _row_tile(V, b, t, h, c, mask)
+    if HAS_Z:
+        y = y * _silu(_row_tile(Z, b, t, h, c, mask))[0]
+    tl.store(Y + _dense(b, t, h, (N, H))[:, None] * D + c[None, :], y, mask=mask)
+
+
+@triton.jit
+def gated_output_backward(DY, O, V, Z, W, DO, DV, DZ, DW, SIZE, HAS_Z: tl.constexpr,
+                          BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The gradients of :func:`gated_output`: dO, dV (and with ``HAS_Z`` dZ) contiguous
+    ``(batch, seqlen, heads, D)`` in their own dtypes, dw float32 ``(batch, seqlen, heads)``."""
+    N, H, D = SIZE
+    b, h = tl.program_id(1) // H, tl.program_id(1) % H
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.arange(0, BLOCK_D)
+    ok = t < N
+    mask = ok[:, None] & (c < D)[None, :]
+    w_ptr, w_b, w_t, w_h = W
+    w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok, other=0.0)
+    dy = _row_tile(DY, b, t, h, c, mask)
+    v = _row_tile(V, b, t, h, c, mask)
+    rows = _dense(b, t, h, (N, H))
+    out = rows[:, None] * D + c[None, :]
+    if HAS_Z:
+        silu, slope = _silu(_row_tile(Z, b, t, h, c, mask))
+        pre = _row_tile(O, b, t, h, c, mask) + w[:, None] * v
+        tl.store(DZ + out, dy * pre * slope, mask=mask)
+        dy = dy * silu
+    tl.store(DO + out, dy, mask=mask)
+    tl.store(DV + out, w[:, None] * dy, mask=mask)
+    tl.store(DW + rows, tl.sum(v * dy, axis=1), mask=ok)

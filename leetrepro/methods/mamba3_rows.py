@@ -1,13 +1,17 @@
-"""Mamba-3's rotated rows: q̃, k̃ and the weighted keys the operator reads
-(:func:`leetrepro.compat.mamba3_siso_combined`), one pass each way.
+"""Mamba-3's rows around the operator (:func:`leetrepro.compat.mamba3_siso_combined`), one pass
+each way: the turned rows the operator reads, and the gated output after it.
 
-Forward, per (row, head): q + Q_bias and k + K_bias (read from their q/k head in place) turned
-by the running angles (:func:`leetrepro.decay.trapezoid.rotate_pairs`), and the keys also
-weighted by w (:func:`leetrepro.decay.trapezoid.key_weights`); each rounded once to Q's dtype
-and held in θ's (float32; float64 for float64 inputs). One launch of ``kernels/mamba3_rows.py``
-on a GPU where PyTorch took about thirty passes (strided even and odd columns, the biases, the
-cosines and sines, the repeats over a group's heads: 11 ms of a 44 ms step at 4 × 4096 rows ×
-64 heads on the H200, NOTES.md); PyTorch's expressions elsewhere.
+The turned rows, per (row, head): q + Q_bias and k + K_bias (read from their q/k head in place)
+turned by the running angles (:func:`leetrepro.decay.trapezoid.rotate_pairs`), the keys also
+weighted by w (:func:`leetrepro.decay.trapezoid.key_weights`), each rounded once to Q's dtype
+and held in θ's (float32; float64 for float64 inputs), and each row's pair with itself
+Σ q̃·k̃ (what the layer reads of k̃ besides the keys). Backward, each q/k head's gradient summed
+over the heads that read it in the same pass. Where no gradient is wanted the rows come in Q's
+own dtype, for the operator to run in it. The gated output ``(o + w·v)·silu(z)``: one pass each
+way. One launch of ``kernels/mamba3_rows.py`` each on a GPU, where PyTorch took about thirty
+passes (strided even and odd columns, the biases, the cosines and sines, the repeats over a
+group's heads: 11 ms of a 44 ms step at 4 × 4096 rows × 64 heads on the H200, NOTES.md);
+PyTorch's expressions elsewhere.
 
 Why held in float32 and differentiated at the rounded values: the output depends on the angles
 only through θ_t − θ_s of each pair of rows, so each pair's parts of dθ_t and dθ_s cancel, and
@@ -33,6 +37,11 @@ except ImportError as err:  # without Triton: PyTorch's expressions
 
 _TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 BLOCK_T = 32  # rows a program
+#: rows a program of the backward, which holds a q/k head's two sums beside a head's rows
+BLOCK_T_BACK = 16
+#: rows a program of the gated output, and its warps (at 4 its backward took 208 registers a
+#: thread at headdim 64, at 8 109: sm_90, ``probes.regs``' passes)
+BLOCK_T_OUT, WARPS_OUT = 32, 8
 #: warps of the forward and the backward program: with 4 the backward spilled 64 bytes a thread
 #: at headdim_qk 128 (sm_90), with 8 none (``probes.regs``' passes)
 WARPS = (8, 8)
@@ -41,6 +50,10 @@ WARPS = (8, 8)
 def _on_kernel(Q: torch.Tensor, theta: torch.Tensor) -> bool:
     return on_row_kernels(Q, kernels) and Q.dtype in _TRITON_DTYPE and \
         theta.dtype == torch.float32 and Q.numel() > 0
+
+
+def _on_output_kernel(v: torch.Tensor) -> bool:
+    return on_row_kernels(v, kernels) and v.dtype in _TRITON_DTYPE and v.numel() > 0
 
 
 def _rows(t: torch.Tensor) -> tuple:
@@ -61,73 +74,100 @@ def _quarter(dy: torch.Tensor, y: torch.Tensor, a: int) -> torch.Tensor:
 
 @torch.library.custom_op("leetrepro::mamba3_rotate", mutates_args=())
 def mamba3_rotate(Q: torch.Tensor, K: torch.Tensor, Q_bias: torch.Tensor, K_bias: torch.Tensor,
-                  theta: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                 torch.Tensor]:
-    """``(q̃, k̃, w·k̃)``, each ``(batch, seqlen, heads, headdim_qk)`` contiguous in θ's dtype with
-    values of Q's: Q, K ``(batch, seqlen, nheads_qk, headdim_qk)``; biases ``(heads,
-    headdim_qk)``; θ ``(batch, seqlen, heads, A)`` and w ``(batch, seqlen, heads)`` (any strides).
-    O(batch·seqlen·heads·headdim_qk)."""
+                  theta: torch.Tensor, w: torch.Tensor, narrow: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q̃, w·k̃, Σ_d q̃·k̃)``: the first two ``(batch, seqlen, heads, headdim_qk)`` contiguous
+    in θ's dtype with values of Q's (``narrow``: in Q's dtype), the own pairs ``(batch, seqlen,
+    heads)`` in θ's dtype, taken at the rounded rows. Q, K ``(batch, seqlen, nheads_qk,
+    headdim_qk)``; biases ``(heads, headdim_qk)``; θ ``(batch, seqlen, heads, A)`` and w
+    ``(batch, seqlen, heads)`` (any strides). O(batch·seqlen·heads·headdim_qk)."""
     batch, n, hqk, p = Q.shape
     heads, a = theta.shape[2], theta.shape[3]
     acc = theta.dtype
+    out = Q.dtype if narrow else acc
     if not _on_kernel(Q, theta):
-        rep = heads // hqk
-        xq = Q.repeat_interleave(rep, 2).to(acc) + Q_bias.to(acc)
-        xk = K.repeat_interleave(rep, 2).to(acc) + K_bias.to(acc)
-        turned = rotate_pairs(xk, theta)
-        return tuple(x.to(Q.dtype).to(acc).contiguous() for x in (
-            rotate_pairs(xq, theta), turned, turned * w.to(acc)[..., None]))
-    outs = [torch.empty(batch, n, heads, p, dtype=acc, device=Q.device) for _ in range(3)]
+        q, turned = _round(_turned(Q, Q_bias, theta), Q), _turned(K, K_bias, theta)
+        k = _round(turned, Q)
+        return (q.to(out).contiguous(), _round(turned * w.to(acc)[..., None], Q).to(out).contiguous(),
+                (q * k).sum(-1).contiguous())
+    q, key = (torch.empty(batch, n, heads, p, dtype=out, device=Q.device) for _ in range(2))
+    own = torch.empty(batch, n, heads, dtype=acc, device=Q.device)
     launch(kernels.rotate_rows, (cdiv(n, BLOCK_T), batch * heads),
            dict(Q=_rows(Q), K=_rows(K), QB=Q_bias.float().contiguous(),
                 KB=K_bias.float().contiguous(), TH=(theta, *theta.stride()),
-                W=(w, *w.stride()), OUT_Q=outs[0], OUT_K=outs[1], OUT_KEY=outs[2],
-                SIZE=(n, heads), REP=heads // hqk, ROUND=_TRITON_DTYPE[Q.dtype], **_blocks(a, p)),
+                W=(w, *w.stride()), OUT_Q=q, OUT_KEY=key, OWN=own, SIZE=(n, heads),
+                REP=heads // hqk, ROUND=_TRITON_DTYPE[Q.dtype], **_blocks(a, p)),
            num_warps=WARPS[0])
-    return tuple(outs)
+    return q, key, own
 
 
 @mamba3_rotate.register_fake
-def _(Q, K, Q_bias, K_bias, theta, w):
+def _(Q, K, Q_bias, K_bias, theta, w, narrow=False):
     shape = (*Q.shape[:2], theta.shape[2], Q.shape[3])
-    return tuple(Q.new_empty(shape, dtype=theta.dtype) for _ in range(3))
+    out = Q.dtype if narrow else theta.dtype
+    return (Q.new_empty(shape, dtype=out), Q.new_empty(shape, dtype=out),
+            Q.new_empty(shape[:3], dtype=theta.dtype))
+
+
+def _round(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """x rounded to like's dtype, held in x's."""
+    return x.to(like.dtype).to(x.dtype)
+
+
+def _turned(X: torch.Tensor, X_bias: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """R(θ)(X + X_bias) a head each, in θ's dtype: the kernels' rows in PyTorch."""
+    acc = theta.dtype
+    return rotate_pairs(X.repeat_interleave(theta.shape[2] // X.shape[2], 2).to(acc) +
+                        X_bias.to(acc), theta)
 
 
 @torch.library.custom_op("leetrepro::mamba3_rotate_backward", mutates_args=())
-def mamba3_rotate_backward(dq: torch.Tensor, dk: torch.Tensor, dkey: torch.Tensor,
-                           q: torch.Tensor, k: torch.Tensor, key: torch.Tensor, K: torch.Tensor,
+def mamba3_rotate_backward(dq: torch.Tensor, dkey: torch.Tensor, down: torch.Tensor,
+                           q: torch.Tensor, key: torch.Tensor, K: torch.Tensor,
                            K_bias: torch.Tensor, theta: torch.Tensor, w: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The gradients of :func:`mamba3_rotate`'s turned rows a head each, ``(dXq, dXk, dθ, dw)``:
-    dXq, dXk ``(batch, seqlen, heads, headdim_qk)`` (the rows before the turn, biases added),
-    dθ ``(batch, seqlen, heads, A)``, dw ``(batch, seqlen, heads)``, all contiguous in θ's dtype;
-    dθ taken at the rounded outputs q, k, key (the module docstring)."""
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                      torch.Tensor, torch.Tensor]:
+    """The gradients of :func:`mamba3_rotate`'s inputs from those of its outputs (dq, dkey
+    ``(batch, seqlen, heads, headdim_qk)``, down ``(batch, seqlen, heads)``) and its outputs q
+    and key: ``(dQ, dK, dQ_bias, dK_bias, dθ, dw)``, dQ and dK ``(batch, seqlen, nheads_qk,
+    headdim_qk)`` in K's dtype (each q/k head's summed over the heads that read it, in θ's
+    dtype), the biases' ``(heads, headdim_qk)``, dθ ``(batch, seqlen, heads, A)`` and dw
+    ``(batch, seqlen, heads)``, all in θ's dtype; dθ taken at the rounded q and key, the own
+    pairs' parts of it left out (they cancel: both rows turn together)."""
     batch, n, heads, p = q.shape
-    a = theta.shape[3]
+    hqk, a = K.shape[2], theta.shape[3]
     acc = theta.dtype
     if not _on_kernel(K, theta):
-        dq, dk, dkey = (x.to(acc) for x in (dq, dk, dkey))
-        dtheta = _quarter(dq, q, a) + _quarter(dk, k, a) + _quarter(dkey, key, a)
-        wk = w.to(acc)[..., None]
-        xk = K.repeat_interleave(heads // K.shape[2], 2).to(acc) + K_bias.to(acc)
-        return (rotate_pairs(dq, -theta).contiguous(),
-                rotate_pairs(dk + wk * dkey, -theta).contiguous(), dtheta.contiguous(),
-                (rotate_pairs(xk, theta) * dkey).sum(-1).contiguous())
-    dxq, dxk = (torch.empty(batch, n, heads, p, dtype=acc, device=q.device) for _ in range(2))
+        dq, dkey, down = (x.to(acc) for x in (dq, dkey, down))
+        turned = _turned(K, K_bias, theta)
+        k = _round(turned, K)
+        dtheta = _quarter(dq, q, a) + _quarter(dkey, key, a)
+        dxq = rotate_pairs(dq + down[..., None] * k, -theta)
+        dxk = rotate_pairs(down[..., None] * q + w.to(acc)[..., None] * dkey, -theta)
+        return (dxq.view(batch, n, hqk, -1, p).sum(3).to(K.dtype),
+                dxk.view(batch, n, hqk, -1, p).sum(3).to(K.dtype), dxq.sum((0, 1)),
+                dxk.sum((0, 1)), dtheta.contiguous(), (turned * dkey).sum(-1).contiguous())
+    blocks = cdiv(n, BLOCK_T_BACK)
+    dxq, dxk = (torch.empty(batch, n, hqk, p, dtype=K.dtype, device=q.device) for _ in range(2))
+    dqb, dkb = (torch.empty(batch, blocks, heads, p, dtype=acc, device=q.device)
+                for _ in range(2))
     dth = torch.empty(batch, n, heads, a, dtype=acc, device=q.device)
     dw = torch.empty(batch, n, heads, dtype=acc, device=q.device)
-    launch(kernels.rotate_rows_backward, (cdiv(n, BLOCK_T), batch * heads),
-           dict(DQ=_rows(dq), DK=_rows(dk), DKEY=_rows(dkey), RQ=q, RK=k, RKEY=key, K=_rows(K),
-                KB=K_bias.float().contiguous(), TH=(theta, *theta.stride()), W=(w, *w.stride()),
-                DXQ=dxq, DXK=dxk, DTH=dth, DW=dw, SIZE=(n, heads), REP=heads // K.shape[2],
-                **_blocks(a, p)),
+    launch(kernels.rotate_rows_backward, (blocks, batch * hqk),
+           dict(DQ=_rows(dq), DKEY=_rows(dkey), DOWN=down.contiguous(), RQ=q, RKEY=key,
+                K=_rows(K), KB=K_bias.float().contiguous(), TH=(theta, *theta.stride()),
+                W=(w, *w.stride()), DXQ=dxq, DXK=dxk, DQB=dqb, DKB=dkb, DTH=dth, DW=dw,
+                SIZE=(n, heads), REP=heads // hqk, ROUND=_TRITON_DTYPE[K.dtype],
+                **dict(_blocks(a, p), BLOCK_T=BLOCK_T_BACK)),
            num_warps=WARPS[1])
-    return dxq, dxk, dth, dw
+    return dxq, dxk, dqb.sum((0, 1)), dkb.sum((0, 1)), dth, dw
 
 
 @mamba3_rotate_backward.register_fake
-def _(dq, dk, dkey, q, k, key, K, K_bias, theta, w):
-    return (torch.empty_like(q), torch.empty_like(q), q.new_empty(*q.shape[:3], theta.shape[3]),
+def _(dq, dkey, down, q, key, K, K_bias, theta, w):
+    shape = (*q.shape[:2], K.shape[2], q.shape[3])
+    return (K.new_empty(shape), K.new_empty(shape), q.new_empty(q.shape[2:]),
+            q.new_empty(q.shape[2:]), q.new_empty(*q.shape[:3], theta.shape[3]),
             q.new_empty(q.shape[:3]))
 
 
@@ -137,27 +177,119 @@ _rotate, _rotate_backward = direct(mamba3_rotate), direct(mamba3_rotate_backward
 class _TurnedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, Q_bias, K_bias, theta, w):
-        q, k, key = _rotate(Q, K, Q_bias, K_bias, theta, w)
-        ctx.save_for_backward(K, K_bias, theta, w, q, k, key)
-        ctx.shapes = (Q.shape, Q.dtype, Q_bias.dtype, K_bias.dtype)
-        return q, k, key
+        q, key, own = _rotate(Q, K, Q_bias, K_bias, theta, w)
+        ctx.save_for_backward(K, K_bias, theta, w, q, key)
+        ctx.dtypes = (Q_bias.dtype, K_bias.dtype)
+        return q, key, own
 
     @staticmethod
-    def backward(ctx, dq, dk, dkey):
-        K, K_bias, theta, w, q, k, key = ctx.saved_tensors
-        shape, dtype, qb_dtype, kb_dtype = ctx.shapes
-        dq, dk, dkey = (torch.zeros_like(q) if x is None else x for x in (dq, dk, dkey))
-        dxq, dxk, dtheta, dw = _rotate_backward(dq, dk, dkey, q, k, key, K, K_bias, theta, w)
-        batch, n, hqk, p = shape
-        # (each q/k head's gradient summed over the heads that read it; the biases' over rows)
-        grads = [dxq.view(batch, n, hqk, -1, p).sum(3).to(dtype),
-                 dxk.view(batch, n, hqk, -1, p).sum(3).to(dtype),
-                 dxq.sum((0, 1)).to(qb_dtype), dxk.sum((0, 1)).to(kb_dtype), dtheta, dw]
+    def backward(ctx, dq, dkey, down):
+        K, K_bias, theta, w, q, key = ctx.saved_tensors
+        dq, dkey = (torch.zeros_like(q) if x is None else x for x in (dq, dkey))
+        down = torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device) if down is None else down
+        dQ, dK, dqb, dkb, dtheta, dw = _rotate_backward(dq, dkey, down, q, key, K, K_bias, theta,
+                                                        w)
+        grads = [dQ, dK, dqb.to(ctx.dtypes[0]), dkb.to(ctx.dtypes[1]), dtheta, dw]
         return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
 
 
 def turned_rows(Q: torch.Tensor, K: torch.Tensor, Q_bias: torch.Tensor, K_bias: torch.Tensor,
-                theta: torch.Tensor, w: torch.Tensor) -> tuple:
-    """``(q̃, k̃, w·k̃)`` of :func:`mamba3_rotate`, differentiable in every input, dθ taken at the
-    rounded values (the module docstring)."""
+                theta: torch.Tensor, w: torch.Tensor, narrow: bool = False) -> tuple:
+    """``(q̃, w·k̃, Σ_d q̃·k̃)`` of :func:`mamba3_rotate`, differentiable in every input, dθ taken
+    at the rounded values (the module docstring); ``narrow`` (for calls that want no gradient):
+    q̃ and w·k̃ in Q's dtype, not differentiable."""
+    if narrow:
+        return _rotate(Q, K, Q_bias, K_bias, theta, w, True)
     return _TurnedRows.apply(Q, K, Q_bias, K_bias, theta, w)
+
+
+@torch.library.custom_op("leetrepro::mamba3_gated_output", mutates_args=())
+def mamba3_gated_output(o: torch.Tensor, v: torch.Tensor, z: torch.Tensor | None,
+                        w: torch.Tensor) -> torch.Tensor:
+    """``(o + w·v)·silu(z)`` (z None: ``o + w·v``) in v's dtype, contiguous: o, v, z ``(batch,
+    seqlen, heads, headdim)`` (any strides), w float32 ``(batch, seqlen, heads)`` (any strides);
+    products in float32 (float64 for float64 v). O(batch·seqlen·heads·headdim)."""
+    if not _on_output_kernel(v):
+        acc = torch.float64 if v.dtype == torch.float64 else torch.float32
+        y = o.to(acc) + w.to(acc)[..., None] * v.to(acc)
+        y = y if z is None else y * torch.nn.functional.silu(z.to(acc))
+        return y.to(v.dtype).contiguous()
+    batch, n, heads, d = v.shape
+    y = torch.empty(batch, n, heads, d, dtype=v.dtype, device=v.device)
+    launch(kernels.gated_output, (cdiv(n, BLOCK_T_OUT), batch * heads),
+           dict(O=_rows(o), V=_rows(v), Z=_rows(z if z is not None else v), W=(w, *w.stride()),
+                Y=y, SIZE=(n, heads, d), HAS_Z=z is not None, BLOCK_T=BLOCK_T_OUT,
+                BLOCK_D=next_pow2(d)), num_warps=WARPS_OUT)
+    return y
+
+
+@mamba3_gated_output.register_fake
+def _(o, v, z, w):
+    return torch.empty_like(v, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("leetrepro::mamba3_gated_output_backward", mutates_args=())
+def mamba3_gated_output_backward(dy: torch.Tensor, o: torch.Tensor, v: torch.Tensor,
+                                 z: torch.Tensor | None, w: torch.Tensor
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor]:
+    """The gradients of :func:`mamba3_gated_output` ``(do, dv, dz, dw)``: do, dv, dz contiguous
+    in o's, v's and z's dtypes (dz empty without z), dw float32 (float64 for float64 v)."""
+    acc = torch.float64 if v.dtype == torch.float64 else torch.float32
+    if not _on_output_kernel(v):
+        dy = dy.to(acc)
+        v_, w_ = v.to(acc), w.to(acc)[..., None]
+        dz = v.new_empty(0)
+        if z is not None:
+            z_ = z.to(acc)
+            sig = torch.sigmoid(z_)
+            dz = (dy * (o.to(acc) + w_ * v_) * sig * (1 + z_ * (1 - sig))).to(z.dtype)
+            dy = dy * z_ * sig
+        return (dy.to(o.dtype).contiguous(), (w_ * dy).to(v.dtype).contiguous(),
+                dz.contiguous(), (v_ * dy).sum(-1).contiguous())
+    batch, n, heads, d = v.shape
+    do = torch.empty(batch, n, heads, d, dtype=o.dtype, device=v.device)
+    dv = torch.empty(batch, n, heads, d, dtype=v.dtype, device=v.device)
+    dz = torch.empty(batch, n, heads, d, dtype=z.dtype, device=v.device) if z is not None \
+        else v.new_empty(0)
+    dw = torch.empty(batch, n, heads, dtype=acc, device=v.device)
+    launch(kernels.gated_output_backward, (cdiv(n, BLOCK_T_OUT), batch * heads),
+           dict(DY=_rows(dy), O=_rows(o), V=_rows(v), Z=_rows(z if z is not None else v),
+                W=(w, *w.stride()), DO=do, DV=dv, DZ=dz if z is not None else dv, DW=dw,
+                SIZE=(n, heads, d), HAS_Z=z is not None, BLOCK_T=BLOCK_T_OUT,
+                BLOCK_D=next_pow2(d)), num_warps=WARPS_OUT)
+    return do, dv, dz, dw
+
+
+@mamba3_gated_output_backward.register_fake
+def _(dy, o, v, z, w):
+    dz = torch.empty_like(z, memory_format=torch.contiguous_format) if z is not None else \
+        v.new_empty(0)
+    return (torch.empty_like(o, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format), dz,
+            v.new_empty(v.shape[:3], dtype=torch.float64 if v.dtype == torch.float64 else
+                        torch.float32))
+
+
+_gated, _gated_backward = direct(mamba3_gated_output), direct(mamba3_gated_output_backward)
+
+
+class _GatedOutput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, o, v, z, w):
+        ctx.save_for_backward(o, v, z, w)
+        return _gated(o, v, z, w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        o, v, z, w = ctx.saved_tensors
+        do, dv, dz, dw = _gated_backward(dy, o, v, z, w)
+        grads = (do, dv, dz if z is not None else None, dw.to(w.dtype))
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
+
+
+def gated_output(o: torch.Tensor, v: torch.Tensor, z: torch.Tensor | None,
+                 w: torch.Tensor) -> torch.Tensor:
+    """``(o + w·v)·silu(z)`` of :func:`mamba3_gated_output`, differentiable in every input; one
+    pass each way on a GPU."""
+    return _GatedOutput.apply(o, v, z, w)

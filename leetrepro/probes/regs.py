@@ -343,25 +343,33 @@ def mamba3_step_job(p: int = 128, dv: int = 64, angles: int = 32) -> tuple:
             warps(p, dv))
 
 
-def mamba3_rows_jobs(p: int = 128, angles: int = 32) -> list:
-    """Mamba-3's turned rows (``methods.mamba3_rows``) both ways at mamba_ssm's test heads
-    (headdim_qk 128, rope fraction 0.5), bf16 Q and K, float32 angles, weights and outputs."""
+def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
+    """Mamba-3's row passes (``methods.mamba3_rows``) both ways at mamba_ssm's test heads
+    (headdim_qk 128, rope fraction 0.5, headdim 64), bf16 Q, K, V and Z, float32 angles,
+    weights, turned rows and the operator's output."""
     from ..kernels import mamba3_rows
-    from ..methods.mamba3_rows import WARPS, _blocks
+    from ..methods._gpu import next_pow2
+    from ..methods.mamba3_rows import BLOCK_T_BACK, BLOCK_T_OUT, WARPS, WARPS_OUT, _blocks
     c, f32, rows = "constexpr", "*fp32", ("*bf16", "i32", "i32", "i32")
     f32_rows, th = (f32, "i32", "i32", "i32"), (f32, "i32", "i32", "i32", "i32")
     blocks = _blocks(angles, p)
+    gated = dict(HAS_Z=True, BLOCK_T=BLOCK_T_OUT, BLOCK_D=next_pow2(dv))
     return [
         ("mamba3_rotate", mamba3_rows.rotate_rows,
-         dict(Q=rows, K=rows, QB=f32, KB=f32, TH=th, W=f32_rows, OUT_Q=f32, OUT_K=f32,
-              OUT_KEY=f32, SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c,
-              ROUND=c),
+         dict(Q=rows, K=rows, QB=f32, KB=f32, TH=th, W=f32_rows, OUT_Q=f32, OUT_KEY=f32, OWN=f32,
+              SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c),
          dict(REP=4, ROUND="bf16", **blocks), WARPS[0]),
         ("mamba3_rotate_backward", mamba3_rows.rotate_rows_backward,
-         dict(DQ=f32_rows, DK=f32_rows, DKEY=f32_rows, RQ=f32, RK=f32, RKEY=f32, K=rows, KB=f32,
-              TH=th, W=f32_rows, DXQ=f32, DXK=f32, DTH=f32, DW=f32, SIZE=("i32",) * 2, REP=c,
-              A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c),
-         dict(REP=4, **blocks), WARPS[1])]
+         dict(DQ=f32_rows, DKEY=f32_rows, DOWN=f32, RQ=f32, RKEY=f32, K=rows, KB=f32, TH=th,
+              W=f32_rows, DXQ="*bf16", DXK="*bf16", DQB=f32, DKB=f32, DTH=f32, DW=f32,
+              SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c),
+         dict(REP=4, ROUND="bf16", **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
+        ("mamba3_gated_output", mamba3_rows.gated_output,
+         dict(O=f32_rows, V=rows, Z=rows, W=f32_rows, Y="*bf16", SIZE=("i32",) * 3, HAS_Z=c,
+              BLOCK_T=c, BLOCK_D=c), gated, WARPS_OUT),
+        ("mamba3_gated_output_backward", mamba3_rows.gated_output_backward,
+         dict(DY=rows, O=f32_rows, V=rows, Z=rows, W=f32_rows, DO=f32, DV="*bf16", DZ="*bf16",
+              DW=f32, SIZE=("i32",) * 3, HAS_Z=c, BLOCK_T=c, BLOCK_D=c), gated, WARPS_OUT)]
 
 
 def state_update_job(headdim: int = 64, dstate: int = 128) -> tuple:
