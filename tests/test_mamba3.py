@@ -351,9 +351,10 @@ def test_bench_model_builds_the_mamba3_mixers():
 def _row_cases(batch, n, hqk, heads, p, a, dv, dtype, device):
     """``[(label, outputs' names, inputs' names, run)]`` for ``methods.mamba3_rows``' two
     passes, ``run()`` giving ``(outputs, every input's gradient)`` for fixed random output
-    gradients: the turned rows (Q and K in ``dtype`` read by ``heads / hqk`` heads each, biases,
-    θ and w as views: θ as ``running_angles`` returns it, w transposed), and the gated output
-    with and without z (o float32 as the operator's output is viewed, v and z in ``dtype``)."""
+    gradients: the turned rows (Q and K in ``dtype`` read by ``heads / hqk`` heads each,
+    biases, θ as ``running_angles`` returns it and contiguous, w transposed), and the gated
+    output with and without z (o float32 as the operator's output is viewed, v and z in
+    ``dtype``)."""
     from leetrepro.methods import mamba3_rows as rows
     gen = torch.Generator().manual_seed(4)
 
@@ -375,9 +376,11 @@ def _row_cases(batch, n, hqk, heads, p, a, dv, dtype, device):
             return out, torch.autograd.grad(out, [t for t in leaves if t is not None], grads)
         return run
     dy = r(batch, n, heads, dv).to(dtype)
-    return [("turned rows", ("q", "key", "own"), ("Q", "K", "Q_bias", "K_bias", "theta", "w"),
-             runner(rows.turned_rows, turned, [r(batch, n, heads, p), r(batch, n, heads, p),
-                                               r(batch, n, heads)])),
+    names = ("q", "key", "own"), ("Q", "K", "Q_bias", "K_bias", "theta", "w")
+    grads = [r(batch, n, heads, p), r(batch, n, heads, p), r(batch, n, heads)]
+    return [("turned rows", *names, runner(rows.turned_rows, turned, grads)),
+            ("θ contiguous", *names,
+             runner(rows.turned_rows, turned[:4] + (theta.contiguous(), w), grads)),
             ("gated output", ("y",), ("o", "v", "z", "w"), runner(rows.gated_output, gated, dy)),
             ("output without z", ("y",), ("o", "v", "w"),
              runner(rows.gated_output, (gated[0], gated[1], None, gated[3]), dy))]

@@ -40,15 +40,34 @@ def _at(T, b, t, h):
 
 
 @triton.jit
-def _turned(X, XB, b, t, hq, h, a, ok, cos, sin, A: tl.constexpr, P: tl.constexpr):
-    """``(even, odd)`` of R(θ)(X + XB) over the pairs ``a`` ([BLOCK_T, BLOCK_A], float32; 0 past
-    A)."""
-    rows = _at(X, b, t, hq)
-    mask = ok[:, None] & (a < A)[None, :]
-    even = tl.load(rows + 2 * a[None, :], mask=mask, other=0.0).to(tl.float32) + \
-        tl.load(XB + h * P + 2 * a, mask=a < A, other=0.0)[None, :]
-    odd = tl.load(rows + 2 * a[None, :] + 1, mask=mask, other=0.0).to(tl.float32) + \
-        tl.load(XB + h * P + 2 * a + 1, mask=a < A, other=0.0)[None, :]
+def _load_pairs(rows, ok, A: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr):
+    """``(even, odd)`` [BLOCK_T, BLOCK_A] float32 of the first 2·A dims of rows at pointers
+    ``rows`` ([BLOCK_T, 1]), 0 past them: one contiguous load, split in registers."""
+    d = tl.arange(0, 2 * BLOCK_A)
+    x = tl.load(rows + d[None, :], mask=ok[:, None] & (d < 2 * A)[None, :], other=0.0)
+    return tl.split(tl.reshape(x.to(tl.float32), [BLOCK_T, BLOCK_A, 2]))
+
+
+@triton.jit
+def _store_pairs(rows, ok, even, odd, A: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_A: tl.constexpr):
+    """even and odd [BLOCK_T, BLOCK_A] interleaved into the first 2·A dims at ``rows``: one
+    contiguous store."""
+    d = tl.arange(0, 2 * BLOCK_A)
+    tl.store(rows + d[None, :], tl.reshape(tl.join(even, odd), [BLOCK_T, 2 * BLOCK_A]),
+             mask=ok[:, None] & (d < 2 * A)[None, :])
+
+
+@triton.jit
+def _turned(X, XB, b, t, hq, h, ok, cos, sin, A: tl.constexpr, P: tl.constexpr,
+            BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr):
+    """``(even, odd)`` of R(θ)(X + XB) over the pairs ([BLOCK_T, BLOCK_A], float32; 0 past A)."""
+    even, odd = _load_pairs(_at(X, b, t, hq), ok, A, BLOCK_T, BLOCK_A)
+    d = tl.arange(0, 2 * BLOCK_A)
+    be, bo = tl.split(tl.reshape(tl.load(XB + h * P + d, mask=d < 2 * A, other=0.0),
+                                 [BLOCK_A, 2]))
+    even += be[None, :]
+    odd += bo[None, :]
     return even * cos - odd * sin, even * sin + odd * cos
 
 
@@ -80,44 +99,47 @@ def _dense(b, t, h, SIZE):
 
 
 @triton.jit
-def _store_row(OUT, b, t, h, a, e, ok, even, odd, tail, SIZE, A: tl.constexpr, P: tl.constexpr):
-    """Pairs and tail into OUT, contiguous ``(batch, seqlen, heads, P)`` float32."""
+def _store_row(OUT, b, t, h, e, ok, even, odd, tail, SIZE, A: tl.constexpr, P: tl.constexpr,
+               BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr):
+    """Pairs and tail into OUT, contiguous ``(batch, seqlen, heads, P)`` (stored in its dtype)."""
     rows = OUT + _dense(b, t, h, SIZE)[:, None] * P
-    pm = ok[:, None] & (a < A)[None, :]
-    tl.store(rows + 2 * a[None, :], even, mask=pm)
-    tl.store(rows + 2 * a[None, :] + 1, odd, mask=pm)
+    _store_pairs(rows, ok, even, odd, A, BLOCK_T, BLOCK_A)
     tl.store(rows + 2 * A + e[None, :], tail, mask=ok[:, None] & (e < P - 2 * A)[None, :])
 
 
 @triton.jit
-def _load_row(X, b, t, h, a, e, ok, SIZE, A: tl.constexpr, P: tl.constexpr):
-    """(even, odd, tail) of contiguous ``(batch, seqlen, heads, P)`` float32 rows."""
+def _load_row(X, b, t, h, e, ok, SIZE, A: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr,
+              BLOCK_A: tl.constexpr):
+    """(even, odd, tail) of contiguous ``(batch, seqlen, heads, P)`` rows, float32."""
     rows = X + _dense(b, t, h, SIZE)[:, None] * P
-    pm = ok[:, None] & (a < A)[None, :]
-    return (tl.load(rows + 2 * a[None, :], mask=pm, other=0.0),
-            tl.load(rows + 2 * a[None, :] + 1, mask=pm, other=0.0),
-            tl.load(rows + 2 * A + e[None, :], mask=ok[:, None] & (e < P - 2 * A)[None, :],
-                    other=0.0))
+    even, odd = _load_pairs(rows, ok, A, BLOCK_T, BLOCK_A)
+    return even, odd, tl.load(rows + 2 * A + e[None, :],
+                              mask=ok[:, None] & (e < P - 2 * A)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _load_grad(D, b, t, h, a, e, ok, A: tl.constexpr, P: tl.constexpr):
+def _load_grad(D, b, t, h, e, ok, A: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr,
+               BLOCK_A: tl.constexpr):
     """(even, odd, tail) of a gradient given as ``(pointer, strides…)``, float32."""
     rows = _at(D, b, t, h)
-    pm = ok[:, None] & (a < A)[None, :]
-    return (tl.load(rows + 2 * a[None, :], mask=pm, other=0.0).to(tl.float32),
-            tl.load(rows + 2 * a[None, :] + 1, mask=pm, other=0.0).to(tl.float32),
-            tl.load(rows + 2 * A + e[None, :], mask=ok[:, None] & (e < P - 2 * A)[None, :],
-                    other=0.0).to(tl.float32))
+    even, odd = _load_pairs(rows, ok, A, BLOCK_T, BLOCK_A)
+    return even, odd, tl.load(rows + 2 * A + e[None, :],
+                              mask=ok[:, None] & (e < P - 2 * A)[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _angles(TH, W, b, h, t, ok, a, A: tl.constexpr):
+def _angles(TH, W, b, h, t, ok, a, A: tl.constexpr, TH_T: tl.constexpr):
     """``(cos θ, sin θ, w)`` of rows t of (sequence b, head h): [BLOCK_T, BLOCK_A] (1 and 0 past
-    A) and the rows' weights [BLOCK_T]."""
+    A) and the rows' weights [BLOCK_T]. ``TH_T``: θ's rows are its contiguous dimension (as
+    ``running_angles`` returns it), so it is loaded along them and turned in registers."""
     th_ptr, th_b, th_t, th_h, th_a = TH
-    theta = tl.load(th_ptr + b.to(tl.int64) * th_b + t.to(tl.int64)[:, None] * th_t + h * th_h +
-                    a[None, :] * th_a, mask=ok[:, None] & (a < A)[None, :], other=0.0)
+    at = th_ptr + b.to(tl.int64) * th_b + h * th_h
+    if TH_T:
+        theta = tl.trans(tl.load(at + t.to(tl.int64)[None, :] * th_t + a[:, None] * th_a,
+                                 mask=ok[None, :] & (a < A)[:, None], other=0.0))
+    else:
+        theta = tl.load(at + t.to(tl.int64)[:, None] * th_t + a[None, :] * th_a,
+                        mask=ok[:, None] & (a < A)[None, :], other=0.0)
     w_ptr, w_b, w_t, w_h = W
     w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok,
                 other=0.0)
@@ -134,24 +156,25 @@ def _program(N, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.conste
 @triton.jit
 def rotate_rows(Q, K, QB, KB, TH, W, OUT_Q, OUT_KEY, OWN, SIZE, REP: tl.constexpr,
                 A: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr,
-                BLOCK_E: tl.constexpr, ROUND: tl.constexpr):
+                BLOCK_E: tl.constexpr, ROUND: tl.constexpr, TH_T: tl.constexpr):
     """Q̃, KEY and OWN of ``BLOCK_T`` rows of one (sequence, head): grid (row blocks,
     batch·heads). ``SIZE = (N, H)``; θ as ``(pointer, batch, seqlen, head, angle strides)``."""
     N, H = SIZE
     b, h = tl.program_id(1) // H, tl.program_id(1) % H
     t, ok, a, e = _program(N, BLOCK_T, BLOCK_A, BLOCK_E)
-    cos, sin, w = _angles(TH, W, b, h, t, ok, a, A)
-    qe, qo = _turned(Q, QB, b, t, h // REP, h, a, ok, cos, sin, A, P)
+    cos, sin, w = _angles(TH, W, b, h, t, ok, a, A, TH_T)
+    qe, qo = _turned(Q, QB, b, t, h // REP, h, ok, cos, sin, A, P, BLOCK_T, BLOCK_A)
     qe, qo = _rounded(qe, ROUND), _rounded(qo, ROUND)
     qt = _rounded(_tail(Q, QB, b, t, h // REP, h, e, ok, A, P), ROUND)
-    _store_row(OUT_Q, b, t, h, a, e, ok, qe, qo, qt, SIZE, A, P)
-    ke, ko = _turned(K, KB, b, t, h // REP, h, a, ok, cos, sin, A, P)
+    _store_row(OUT_Q, b, t, h, e, ok, qe, qo, qt, SIZE, A, P, BLOCK_T, BLOCK_A)
+    ke, ko = _turned(K, KB, b, t, h // REP, h, ok, cos, sin, A, P, BLOCK_T, BLOCK_A)
     kt = _tail(K, KB, b, t, h // REP, h, e, ok, A, P)
     own = tl.sum(qe * _rounded(ke, ROUND) + qo * _rounded(ko, ROUND), axis=1) + \
         tl.sum(qt * _rounded(kt, ROUND), axis=1)
     tl.store(OWN + _dense(b, t, h, SIZE), own, mask=ok)
-    _store_row(OUT_KEY, b, t, h, a, e, ok, _rounded(ke * w[:, None], ROUND),
-               _rounded(ko * w[:, None], ROUND), _rounded(kt * w[:, None], ROUND), SIZE, A, P)
+    _store_row(OUT_KEY, b, t, h, e, ok, _rounded(ke * w[:, None], ROUND),
+               _rounded(ko * w[:, None], ROUND), _rounded(kt * w[:, None], ROUND), SIZE, A, P,
+               BLOCK_T, BLOCK_A)
 
 
 @triton.jit
@@ -167,12 +190,14 @@ def _quarter(dy_even, dy_odd, y_even, y_odd):
 
 
 @triton.jit
-def _store_sums(OUT, at, a, e, xe, xo, xt, A: tl.constexpr, P: tl.constexpr):
+def _store_sums(OUT, at, e, xe, xo, xt, A: tl.constexpr, P: tl.constexpr,
+                BLOCK_A: tl.constexpr):
     """The sums over the rows of (xe, xo, xt) (pairs and tail) as row ``at`` of OUT, float32
     ``(·, P)``."""
     row = OUT + at.to(tl.int64) * P
-    tl.store(row + 2 * a, tl.sum(xe, axis=0), mask=a < A)
-    tl.store(row + 2 * a + 1, tl.sum(xo, axis=0), mask=a < A)
+    d = tl.arange(0, 2 * BLOCK_A)
+    tl.store(row + d, tl.reshape(tl.join(tl.sum(xe, axis=0), tl.sum(xo, axis=0)), [2 * BLOCK_A]),
+             mask=d < 2 * A)
     tl.store(row + 2 * A + e, tl.sum(xt, axis=0), mask=e < P - 2 * A)
 
 
@@ -180,7 +205,7 @@ def _store_sums(OUT, at, a, e, xe, xo, xt, A: tl.constexpr, P: tl.constexpr):
 def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, DKB, DTH, DW,
                          SIZE, REP: tl.constexpr, A: tl.constexpr, P: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr,
-                         ROUND: tl.constexpr):
+                         ROUND: tl.constexpr, TH_T: tl.constexpr):
     """The gradients of :func:`rotate_rows`' inputs: grid (row blocks, batch·q/k heads), each
     program walking its q/k head's REP heads. dXq, dXk contiguous ``(batch, seqlen, q/k heads,
     P)`` in their own dtype (summed over the heads in float32); DQB, DKB float32 ``(batch, row
@@ -200,28 +225,28 @@ def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, 
     k_t = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
     for j in range(REP):
         h = hq * REP + j
-        cos, sin, w = _angles(TH, W, b, h, t, ok, a, A)
+        cos, sin, w = _angles(TH, W, b, h, t, ok, a, A, TH_T)
         down = tl.load(DOWN + _dense(b, t, h, SIZE), mask=ok, other=0.0)[:, None]
         # dθ at the rounded Q̃ and KEY
-        de, do, dt_ = _load_grad(DQ, b, t, h, a, e, ok, A, P)
-        ye, yo, yt = _load_row(RQ, b, t, h, a, e, ok, SIZE, A, P)
-        ge, go, gt = _load_grad(DKEY, b, t, h, a, e, ok, A, P)
-        ze, zo, _ = _load_row(RKEY, b, t, h, a, e, ok, SIZE, A, P)
+        de, do, dt_ = _load_grad(DQ, b, t, h, e, ok, A, P, BLOCK_T, BLOCK_A)
+        ye, yo, yt = _load_row(RQ, b, t, h, e, ok, SIZE, A, P, BLOCK_T, BLOCK_A)
+        ge, go, gt = _load_grad(DKEY, b, t, h, e, ok, A, P, BLOCK_T, BLOCK_A)
+        ze, zo, _ = _load_row(RKEY, b, t, h, e, ok, SIZE, A, P, BLOCK_T, BLOCK_A)
         dtheta = _quarter(de, do, ye, yo) + _quarter(ge, go, ze, zo)
         # K̃ again (unrounded: dw; rounded: the own pair's part of dQ̃)
-        re, ro = _turned(K, KB, b, t, hq, h, a, ok, cos, sin, A, P)
+        re, ro = _turned(K, KB, b, t, hq, h, ok, cos, sin, A, P, BLOCK_T, BLOCK_A)
         rt = _tail(K, KB, b, t, hq, h, e, ok, A, P)
         dw = tl.sum(re * ge + ro * go, axis=1) + tl.sum(rt * gt, axis=1)
         xe, xo = _turn_back(de + down * _rounded(re, ROUND), do + down * _rounded(ro, ROUND),
                             cos, sin)
         xt = dt_ + down * _rounded(rt, ROUND)
-        _store_sums(DQB, sums + h, a, e, xe, xo, xt, A, P)
+        _store_sums(DQB, sums + h, e, xe, xo, xt, A, P, BLOCK_A)
         q_e += xe
         q_o += xo
         q_t += xt
         xe, xo = _turn_back(down * ye + w[:, None] * ge, down * yo + w[:, None] * go, cos, sin)
         xt = down * yt + w[:, None] * gt
-        _store_sums(DKB, sums + h, a, e, xe, xo, xt, A, P)
+        _store_sums(DKB, sums + h, e, xe, xo, xt, A, P, BLOCK_A)
         k_e += xe
         k_o += xo
         k_t += xt
@@ -229,8 +254,8 @@ def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, 
         tl.store(DTH + rows[:, None] * A + a[None, :], dtheta,
                  mask=ok[:, None] & (a < A)[None, :])
         tl.store(DW + rows, dw, mask=ok)
-    _store_row(DXQ, b, t, hq, a, e, ok, q_e, q_o, q_t, (N, HQ), A, P)
-    _store_row(DXK, b, t, hq, a, e, ok, k_e, k_o, k_t, (N, HQ), A, P)
+    _store_row(DXQ, b, t, hq, e, ok, q_e, q_o, q_t, (N, HQ), A, P, BLOCK_T, BLOCK_A)
+    _store_row(DXK, b, t, hq, e, ok, k_e, k_o, k_t, (N, HQ), A, P, BLOCK_T, BLOCK_A)
 
 
 @triton.jit
