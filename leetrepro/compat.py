@@ -21,10 +21,10 @@ import torch
 
 from ._inputs import check_4d, memo_by_tensor, positive_where_free
 from .decay.per_head import check_gamma_values, mark_checked
-from .decay.trapezoid import key_weights, pending_state, rotate_pairs, running_angles
+from .decay.trapezoid import key_weights, pending_state, rotate_pairs
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
-from .methods.mamba3_rows import gated_output, turned_rows
+from .methods.mamba3_rows import angle_sums, gated_output, turned_rows
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
@@ -372,7 +372,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
                   cu_seqlens)
     acc = torch.float64 if V.dtype == torch.float64 else torch.float32
     theta0, S0, k_prev, v_prev = Input_States if Input_States is not None else (None,) * 4
-    theta = running_angles(Angles, DT, theta0, cu_seqlens)          # (batch, seqlen, heads, A)
+    theta = angle_sums(Angles, DT, theta0, cu_seqlens)              # (batch, seqlen, heads, A)
     w, later = key_weights(DT, Trap, cu_seqlens, acc)                # (batch, heads, seqlen)
     # each rounded once to Q's dtype, held in float32 (float64), so that the operator's
     # gradients of them come unrounded and the angles' gradient is taken at those values

@@ -19,6 +19,9 @@ docstring says why), a program per (row block, sequence, q/k head) walking that 
 K̃ recomputed, OWN's parts of dθ left out (they cancel exactly: Q̃ and K̃ turn together), each
 head's sums of Rᵀ(·) over the program's rows stored for the biases' gradients.
 
+The running angles (:func:`angle_sums`): θ_t = θ0 + Σ_(s ≤ t) tanh(Angles_s)·π·dt_s in
+float64, a program a (sequence, head); back, the suffix sums of dθ in float64.
+
 The gated output. ``y = (O + w·V)·silu(Z)`` over the rows (w per row: D − the own pair's
 weight), and back ``dO = dy·silu(Z)``, ``dV = w·dO``, ``dw = Σ_d V·dO``, ``dZ = dy·(O +
 w·V)·silu'(Z)``; products in float32.
@@ -316,3 +319,82 @@ def gated_output_backward(DY, O, V, Z, W, DO, DV, DZ, DW, SIZE, HAS_Z: tl.conste
     tl.store(DO + out, dy, mask=mask)
     tl.store(DV + out, w[:, None] * dy, mask=mask)
     tl.store(DW + rows, tl.sum(v * dy, axis=1), mask=ok)
+
+
+@triton.jit
+def _tanh64(x):
+    """tanh of float64 x, from exp(−2|x|) (no cancellation near 0 beyond float64's)."""
+    u = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - u) / (1.0 + u)
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
+def _angle_tile(ANG, DT, b, h, t, a, ok, A: tl.constexpr):
+    """``(tanh(Angles), dt)`` of rows t of (sequence b, head h), float64 ([BLOCK_T, BLOCK_A],
+    [BLOCK_T]; 0 past the rows or A). ANG ``(pointer, batch, seqlen, head, angle strides)``; DT
+    ``(pointer, batch, head, seqlen strides)``."""
+    g_ptr, g_b, g_t, g_h, g_a = ANG
+    x = tl.load(g_ptr + b.to(tl.int64) * g_b + t.to(tl.int64)[:, None] * g_t + h * g_h +
+                a[None, :] * g_a, mask=ok[:, None] & (a < A)[None, :], other=0.0)
+    d_ptr, d_b, d_h, d_t = DT
+    dt = tl.load(d_ptr + b.to(tl.int64) * d_b + h * d_h + t.to(tl.int64) * d_t, mask=ok,
+                 other=0.0)
+    return _tanh64(x.to(tl.float64)), dt.to(tl.float64)
+
+
+@triton.jit
+def angle_sums(ANG, DT, TH0, TH, SIZE, HAS_TH0: tl.constexpr, BLOCK_T: tl.constexpr,
+               BLOCK_A: tl.constexpr):
+    """θ_t = θ0 + Σ_(s ≤ t) tanh(Angles_s)·π·dt_s, summed in float64 and reduced mod 2π, stored
+    in TH's dtype, contiguous ``(batch, heads, A, seqlen)``: one program a (sequence, head)
+    walking its rows, grid (batch·heads,); TH0 contiguous ``(batch, heads, A)``; ``SIZE = (N, H,
+    A)``."""
+    N, H, A = SIZE
+    b, h = tl.program_id(0) // H, tl.program_id(0) % H
+    a = tl.arange(0, BLOCK_A)
+    lane = tl.program_id(0).to(tl.int64) * A
+    if HAS_TH0:
+        carry = tl.load(TH0 + lane + a, mask=a < A, other=0.0).to(tl.float64)
+    else:
+        carry = tl.zeros([BLOCK_A], tl.float64)
+    two_pi = 6.283185307179586
+    for t0 in range(0, N, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        ok = t < N
+        th, dt = _angle_tile(ANG, DT, b, h, t, a, ok, A)
+        inc = th * (3.141592653589793 * dt)[:, None]
+        total = tl.cumsum(inc, axis=0) + carry[None, :]
+        carry += tl.sum(inc, axis=0)
+        total -= tl.floor(total / two_pi) * two_pi
+        tl.store(TH + (lane + a[None, :]) * N + t[:, None], total,
+                 mask=ok[:, None] & (a < A)[None, :])
+
+
+@triton.jit
+def angle_sums_backward(DTH, ANG, DT, DANG, DDT, DTH0, SIZE, BLOCK_T: tl.constexpr,
+                        BLOCK_A: tl.constexpr):
+    """The gradients of :func:`angle_sums`: each row's suffix sum S_t = Σ_(s ≥ t) dθ_s in
+    float64 (its terms cancel: the sums are small differences of large ones), dAngles = S·π·dt·
+    (1 − tanh²) and ddt = Σ_A S·π·tanh, and dθ0 = S_0. DTH ``(pointer, batch, seqlen, head,
+    angle strides)``; DANG contiguous ``(batch, seqlen, heads, A)``, DDT ``(batch, heads,
+    seqlen)``, DTH0 ``(batch, heads, A)``, each in its own dtype."""
+    N, H, A = SIZE
+    b, h = tl.program_id(0) // H, tl.program_id(0) % H
+    a = tl.arange(0, BLOCK_A)
+    carry = tl.zeros([BLOCK_A], tl.float64)
+    d_ptr, d_b, d_t, d_h, d_a = DTH
+    for i in range(0, N, BLOCK_T):
+        t = (N - 1 - i) - (BLOCK_T - 1) + tl.arange(0, BLOCK_T)
+        ok = (t >= 0) & (t < N)
+        mask = ok[:, None] & (a < A)[None, :]
+        g = tl.load(d_ptr + b.to(tl.int64) * d_b + t.to(tl.int64)[:, None] * d_t + h * d_h +
+                    a[None, :] * d_a, mask=mask, other=0.0).to(tl.float64)
+        suffix = tl.cumsum(g, axis=0, reverse=True) + carry[None, :]
+        carry += tl.sum(g, axis=0)
+        th, dt = _angle_tile(ANG, DT, b, h, t, a, ok, A)
+        s = suffix * 3.141592653589793
+        tl.store(DANG + ((b.to(tl.int64) * N + t.to(tl.int64)[:, None]) * H + h) * A +
+                 a[None, :], s * dt[:, None] * (1.0 - th * th), mask=mask)
+        tl.store(DDT + (b.to(tl.int64) * H + h) * N + t, tl.sum(s * th, axis=1), mask=ok)
+    tl.store(DTH0 + tl.program_id(0).to(tl.int64) * A + a, carry, mask=a < A)

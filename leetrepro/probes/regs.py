@@ -349,11 +349,13 @@ def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
     weights, turned rows and the operator's output."""
     from ..kernels import mamba3_rows
     from ..methods._gpu import next_pow2
-    from ..methods.mamba3_rows import BLOCK_T_BACK, BLOCK_T_OUT, WARPS, WARPS_OUT, _blocks
+    from ..methods.mamba3_rows import (BLOCK_T_ANGLES, BLOCK_T_BACK, BLOCK_T_OUT, WARPS,
+                                       WARPS_ANGLES, WARPS_OUT, _blocks)
     c, f32, rows = "constexpr", "*fp32", ("*bf16", "i32", "i32", "i32")
     f32_rows, th = (f32, "i32", "i32", "i32"), (f32, "i32", "i32", "i32", "i32")
     blocks = _blocks(angles, p)
     gated = dict(HAS_Z=True, BLOCK_T=BLOCK_T_OUT, BLOCK_D=next_pow2(dv))
+    angles_blocks = dict(BLOCK_T=BLOCK_T_ANGLES, BLOCK_A=next_pow2(angles))
     return [
         ("mamba3_rotate", mamba3_rows.rotate_rows,
          dict(Q=rows, K=rows, QB=f32, KB=f32, TH=th, W=f32_rows, OUT_Q=f32, OUT_KEY=f32, OWN=f32,
@@ -366,6 +368,12 @@ def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
               SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c,
               TH_T=c),
          dict(REP=4, ROUND="bf16", TH_T=True, **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
+        ("mamba3_angles", mamba3_rows.angle_sums,
+         dict(ANG=th, DT=f32_rows, TH0=f32, TH=f32, SIZE=("i32",) * 3, HAS_TH0=c, BLOCK_T=c,
+              BLOCK_A=c), dict(HAS_TH0=True, **angles_blocks), WARPS_ANGLES),
+        ("mamba3_angles_backward", mamba3_rows.angle_sums_backward,
+         dict(DTH=th, ANG=th, DT=f32_rows, DANG=f32, DDT=f32, DTH0=f32, SIZE=("i32",) * 3,
+              BLOCK_T=c, BLOCK_A=c), angles_blocks, WARPS_ANGLES),
         ("mamba3_gated_output", mamba3_rows.gated_output,
          dict(O=f32_rows, V=rows, Z=rows, W=f32_rows, Y="*bf16", SIZE=("i32",) * 3, HAS_Z=c,
               BLOCK_T=c, BLOCK_D=c), gated, WARPS_OUT),
