@@ -325,6 +325,11 @@ def ssd_output(o: torch.Tensor, skip, z: torch.Tensor | None, dtype: torch.dtype
 #: float64 at 4096 rows, 9.9e-3 at 16384 and 1.3e-2 at 65536 (H200, NOTES.md); with "tf32x3"
 #: 2.5e-3 and 2.3e-3 (the inputs' own rounding), for about 1.25× the call's time.
 MAMBA3_FP32_PRECISION = "tf32x3"
+#: the products of the gates' gradient (ADT's; the straddle kernel) in :func:`mamba3_siso_combined`
+#: for 16-bit inputs unless the caller names one: the float32 operands hold 16-bit values and the
+#: contract is 16-bit's, which tf32 keeps, where "tf32x3" took 8 of a 24 ms forward + backward
+#: (4 × 4096 rows × 64 heads, H200, NOTES.md)
+MAMBA3_GATE_GRAD_PRECISION = "tf32"
 
 
 def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tensor,
@@ -355,7 +360,8 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
         chunk_size: mamba_ssm's tile length: checked, not used (the kernels take their own).
         cu_seqlens: offsets of sequences packed along seqlen of a batch of one.
         **options: passed to :func:`leetrepro.causal_linear_decoder` (``method=``, …);
-            ``fp32_precision`` defaults to :data:`MAMBA3_FP32_PRECISION`.
+            ``fp32_precision`` defaults to :data:`MAMBA3_FP32_PRECISION`, and for 16-bit
+            inputs ``gate_grad_precision`` to :data:`MAMBA3_GATE_GRAD_PRECISION`.
 
     Returns the output ``(batch, seqlen, nheads, headdim_v)`` in V's dtype; with
     ``return_final_states`` also the angle (float32, mod 2π), ssm (float32), k (the last rotated
@@ -386,6 +392,8 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states
     options.setdefault("fp32_precision", MAMBA3_FP32_PRECISION)
+    if Q.dtype in (torch.float16, torch.bfloat16):  # (the gates' gradient to 16-bit's contract)
+        options.setdefault("gate_grad_precision", MAMBA3_GATE_GRAD_PRECISION)
     res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), v_op.transpose(1, 2),
                                 g=ADT.to(acc), initial_state=s0, output_final_state=want,
                                 cu_seqlens=cu_seqlens, scale=1.0, **options)

@@ -577,8 +577,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                                                  pieces["block"], cu_seqlens, tail, scale)
         dg = _into(dg.to(g.dtype), g, None)
     elif straddle:
-        dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale)
-                   .to(g.dtype), g, None)
+        dg = _into(_straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale,
+                                      opts.get("gate_grad_precision")).to(g.dtype), g, None)
     elif need_g:
         # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
         dg = _into(gate_gradient_from_dots(expand_groups(B, heads), dB, expand_groups(C, heads),
@@ -733,10 +733,10 @@ def _piece_opts(opts: dict, pieces: dict, i: int) -> dict:
     return dict(opts, config=pieces["configs"][i])
 
 
-def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale):
+def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale, precision=None):
     from .methods import chunk
     return chunk.gate_gradient(B, C, V, dO, gate, initial_state=initial_state, dS=dS,
-                               cu_seqlens=cu_seqlens, scale=scale)
+                               cu_seqlens=cu_seqlens, scale=scale, precision=precision)
 
 
 def _exact_dots(m: Method, opts: dict, dtype: torch.dtype) -> bool:

@@ -34,6 +34,8 @@ OPTION_RULES = {
     "segment": ("None or a positive integer (a multiple of the kernel's row block)",
                 lambda v: v is None or _positive_int(v)),
     "fp32_precision": (f"None or one of {FP32_PRECISIONS}", lambda v: v is None or v in FP32_PRECISIONS),
+    "gate_grad_precision": (f"None or one of {FP32_PRECISIONS}",
+                            lambda v: v is None or v in FP32_PRECISIONS),
     "kernel": ("one of 'auto', 'portable', 'hopper'", lambda v: v in ("auto", "portable", "hopper")),
     "gate_grad": ("one of 'auto', 'sweeps', 'straddle'",
                   lambda v: v in ("auto", "sweeps", "straddle")),
@@ -42,8 +44,11 @@ OPTION_RULES = {
                lambda v: v is None or isinstance(v, dict)),
 }
 #: options every method accepts: ``fp32_precision`` asks for at least that fp32 accuracy, which the
-#: PyTorch methods (plain fp32 arithmetic) always give; so ``method="auto"`` may take it too
-UNIVERSAL_OPTIONS = ("fp32_precision",)
+#: PyTorch methods (plain fp32 arithmetic) always give; ``gate_grad_precision`` likewise for the
+#: products of the fp32 gates' gradient (the straddle kernel's; default "tf32x3", fp32's contract:
+#: a caller whose fp32 operands hold 16-bit values and who wants 16-bit's contract may ask "tf32").
+#: So ``method="auto"`` may take them too
+UNIVERSAL_OPTIONS = ("fp32_precision", "gate_grad_precision")
 
 
 #: the decay rules a method can take, each a module of ``leetrepro.decay``: the per-head decay

@@ -364,6 +364,7 @@ def test_auto_is_case_insensitive_and_rejects_method_specific_options(method):
     ("LA_torch", {"block_size": "64"}, "block_size"), ("Recur", {"base": 0}, "base"),
     ("Vanilla", {"fp32_precision": "fast"}, "fp32_precision"),
     ("auto", {"fp32_precision": "half"}, "fp32_precision"),
+    ("auto", {"gate_grad_precision": "half"}, "gate_grad_precision"),
 ])
 def test_bad_option_values_are_value_errors_naming_the_option(method, options, word):
     B, C, V = make_inputs(1, 1, 10, 2, 2)

@@ -668,6 +668,23 @@ def test_where_the_gates_gradient_comes_from(monkeypatch, dtype, options, stradd
     assert calls == ([1] if straddle else [])
 
 
+def test_the_gates_gradient_takes_the_products_asked_for(monkeypatch):
+    """``gate_grad_precision`` (taken with ``method="auto"`` too) reaches the straddle kernel:
+    fp32's products there are tf32x3 unless a caller asks otherwise."""
+    from leetrepro.methods import chunk
+    seen = []
+    real = chunk.gate_gradient
+    monkeypatch.setattr(chunk, "gate_gradient",
+                        lambda *a, **k: seen.append(k["precision"]) or real(*a, **k))
+    B, C, V = (t.requires_grad_() for t in make_inputs(1, 2, 40, 8, 8, device=KERNEL_DEVICE,
+                                                         seed=5))
+    g = _gates(1, 2, 40, seed=6, device=KERNEL_DEVICE).requires_grad_()
+    for options in ({}, dict(gate_grad_precision="tf32")):
+        out = causal_linear_decoder(B, C, V, g=g, method="Chunk", **options)
+        torch.autograd.grad(out.sum(), (B, g))
+    assert seen == [None, "tf32"]
+
+
 @pytest.mark.slow
 def test_past_the_pieces_widest_state_the_gates_gradient_comes_from_the_straddle_kernel(
         monkeypatch):

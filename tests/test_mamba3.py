@@ -262,16 +262,22 @@ def _outputs_and_grads(leaves, dy, **options):
 
 def test_the_operator_takes_exact_products_unless_told(monkeypatch):
     """The drop-in asks the operator for ``MAMBA3_FP32_PRECISION`` (the test above: tf32's
-    rounding adds up in the Angles' gradient), and passes a caller's own choice through."""
+    rounding adds up in the Angles' gradient) and, for 16-bit inputs, for the gates' gradient at
+    ``MAMBA3_GATE_GRAD_PRECISION``; a caller's own choices pass through."""
     from leetrepro import compat
     seen = []
     real = compat.causal_linear_decoder
-    monkeypatch.setattr(compat, "causal_linear_decoder",
-                        lambda *a, **kw: seen.append(kw["fp32_precision"]) or real(*a, **kw))
+    monkeypatch.setattr(compat, "causal_linear_decoder", lambda *a, **kw: seen.append(
+        (kw["fp32_precision"], kw.get("gate_grad_precision"))) or real(*a, **kw))
     args, _ = _inputs()
     mamba3_siso_combined(**args)
     mamba3_siso_combined(**args, fp32_precision="tf32")
-    assert seen == [compat.MAMBA3_FP32_PRECISION, "tf32"] and seen[0] != "tf32"
+    mamba3_siso_combined(**{k: v.to(torch.bfloat16) for k, v in args.items()})
+    mamba3_siso_combined(**{k: v.to(torch.bfloat16) for k, v in args.items()},
+                         gate_grad_precision="tf32x3")
+    exact, gates = compat.MAMBA3_FP32_PRECISION, compat.MAMBA3_GATE_GRAD_PRECISION
+    assert seen == [(exact, None), ("tf32", None), (exact, gates), (exact, "tf32x3")]
+    assert exact != "tf32"
 
 
 def _block(**kw):

@@ -137,14 +137,15 @@ def _lanes_and_segment(cfg: dict, batch: int, heads: int, n: int, d: int, segmen
           summary="Triton: LA's chunked form, whole r×d state on chip; at batch 1 segment states "
                   "chained through a ring so every SM works; state in/out; reverse time",
           options={"fp32_precision": "tf32", "segment": None, "kernel": "auto", "config": None,
-                   "gate_grad": "auto"})
+                   "gate_grad": "auto", "gate_grad_precision": "tf32x3"})
 def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int | None = None,
                initial_state: torch.Tensor | None = None, output_final_state: bool = False,
                reverse: bool = False, dual: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None, scale: float = 1.0, kernel: str = "auto",
                config: dict | None = None, out: torch.Tensor | None = None,
                out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
-               gate_pieces: tuple | None = None, gate_grad: str = "auto"):
+               gate_pieces: tuple | None = None, gate_grad: str = "auto",
+               gate_grad_precision: str | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -178,13 +179,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
     ``gate_grad`` (the backward with per-token gates): where the gates' gradient comes from.
     ``"auto"``: from the sweeps' pieces (one kernel fewer, no workspace beyond a float per row),
-    except at fp32 with ``fp32_precision="tf32"`` (whose rounding the pieces would add up over
-    the chunks) and past r or d = 128 (``ops.PIECES_MAX_WIDTH``): there the straddle kernel.
-    In fp16/bf16 the sweeps carrying the pieces take two more 16-bit products a chunk (what the
-    state's operand and its update's rows round away), which keeps dg within 1.3× of the
-    straddle kernel's error (NOTES.md). ``"sweeps"``: from the pieces always; ``"straddle"``:
-    from the straddle kernel always
-    (:func:`gate_gradient`).
+    except at fp32 (whose rounding the pieces would add up over the chunks) and past r or d =
+    128 (``ops.PIECES_MAX_WIDTH``): there the straddle kernel. In fp16/bf16 the sweeps carrying
+    the pieces take two more 16-bit products a chunk (what the state's operand and its update's
+    rows round away), which keeps dg within 1.3× of the straddle kernel's error (NOTES.md).
+    ``"sweeps"``: from the pieces always; ``"straddle"``: from the straddle kernel always
+    (:func:`gate_gradient`). ``gate_grad_precision``: the straddle kernel's fp32 products
+    (default ``"tf32x3"``).
 
     ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
     shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the gates'
@@ -1283,7 +1284,7 @@ def straddle_tiles(r: int) -> tuple[int, int]:
 def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.Tensor,
                   g: torch.Tensor, *, initial_state: torch.Tensor | None = None,
                   dS: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
-                  scale: float = 1.0) -> torch.Tensor:
+                  scale: float = 1.0, precision: str | None = None) -> torch.Tensor:
     """dg, float32 ``(batch, heads, N)``: the gradient to the per-token gates ``g`` (float32
     ``(batch, heads, N)``, any strides, γ folded in) of ⟨dO, O⟩ + ⟨dS, S_N⟩ for
     O = scale·op(B, C, V) with the mask exp(G_i − G_j), as the sum over the pairs of rows
@@ -1295,7 +1296,9 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     and ``dS`` ``(batch or sequences, heads, r, d)``; ``cu_seqlens``: packed sequences, a batch
     of one. Two state passes over the rows per (batch, head), then every 256-row segment on its
     own, O(N·(r·d + 256·(r + d))) in all; a workspace of two fp32 r × d states per 256 rows.
-    r above :data:`STRADDLE_MAX_R` in pieces of it, their dg summed."""
+    r above :data:`STRADDLE_MAX_R` in pieces of it, their dg summed. fp32's products through
+    ``precision`` (default ``"tf32x3"``: fp32's contract; ``"tf32"`` for operands that hold
+    16-bit values, to 16-bit's contract)."""
     batch, heads, n, d = V.shape
     r = B.shape[-1]
     if n == 0 or B.numel() == 0 or V.numel() == 0:
@@ -1305,7 +1308,8 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
         piece = (lambda x, k: None if x is None else x[..., k:k + STRADDLE_MAX_R, :])
         return sum(gate_gradient(B[..., k:k + STRADDLE_MAX_R], C[..., k:k + STRADDLE_MAX_R], V, dO,
                                  g, initial_state=piece(initial_state, k), dS=piece(dS, k),
-                                 cu_seqlens=cu_seqlens, scale=scale) for k in parts)
+                                 cu_seqlens=cu_seqlens, scale=scale, precision=precision)
+                   for k in parts)
     if os.environ.get("TRITON_INTERPRET") == "1" and V.dtype == torch.bfloat16:
         B, C, V, dO = (x.float() for x in (B, C, V, dO))  # (the interpreter's bf16 dot is wrong)
     B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
@@ -1320,7 +1324,8 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     dg = (torch.empty if cu_seqlens is None else torch.zeros)(
         n_db, batch, heads, n, dtype=torch.float32, device=V.device)
     K = tiles.constants(dict(BLOCK_N=STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d),
-                        PRECISION=dot_precision(V.dtype, "tf32x3"), VARLEN=cu_seqlens is not None,
+                        PRECISION=dot_precision(V.dtype, precision or "tf32x3"),
+                        VARLEN=cu_seqlens is not None,
                         HALF_RANGE=V.dtype == torch.float16, SEG_BLOCKS=STRADDLE_SEGMENT_BLOCKS,
                         GROUPS=(heads // B.shape[1], heads // C.shape[1], 1, 1))
     state = (lambda x: None if x is None else x.to(torch.float32).contiguous())
