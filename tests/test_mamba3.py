@@ -345,6 +345,23 @@ def test_bench_ssd_times_the_drop_in_as_its_block_hands_it(monkeypatch):
         3 * ssd.mamba3_floor_bytes(1, 33, 4, 8, 16, 2, False)
 
 
+def test_bench_ssd_hands_over_each_pass_s_rows_as_it_measures_them(monkeypatch):
+    """``bench.ssd``'s measurements come a pass at a time, so that a run cut short (mamba_ssm's
+    autotuning can outrun a time limit) has written the passes it measured: the forward's rows
+    are there before the backward is timed. (The timing itself stubbed: no GPU here.)"""
+    from leetrepro.bench import ssd
+    timed = []
+
+    def fake(entries, args, reps, device, seed=0):
+        timed.append(set(entries))
+        return {"eager": {name: 1e-3 for name in entries}}, {}
+    monkeypatch.setattr(ssd, "timed_entries", fake)
+    parts = ssd.measure_mamba3(("tiny", 1, 33, 4, 8, 16, 2), "cpu", 1e12, 1, {}, None)
+    first = next(parts)
+    assert len(timed) == 1 and {row["pass"] for row in first} == {"fwd"}
+    assert {row["pass"] for row in next(parts)} == {"fwd+bwd"} and len(timed) == 2
+
+
 def test_bench_model_builds_the_mamba3_mixers():
     """``bench.model``'s Mamba-3 mixers: ours builds; mamba_ssm's is None without its source."""
     from leetrepro.bench import model

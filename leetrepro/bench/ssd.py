@@ -131,26 +131,25 @@ def _rows(what, label, shape, pass_, times, status, floor_ms, meta) -> list[dict
 
 
 def _measure_passes(what: str, shape, device, bw, reps: int, meta: dict, inputs, entries,
-                    floor_of) -> list[dict]:
+                    floor_of):
     """The rows of one shape ``(label, batch, seqlen, heads, headdim, dstate, ngroups)``, the
-    forward and then forward + backward: ``inputs(*dims, device, grad)``, ``entries(grad)`` and
+    forward's and then forward + backward's, yielded a pass at a time (a run cut short keeps
+    what it measured): ``inputs(*dims, device, grad)``, ``entries(grad)`` and
     ``floor_of(*dims, grad)`` (bytes) of the recurrence measured."""
     label, *dims = shape
     named = dict(zip(("batch", "seqlen", "heads", "headdim", "dstate", "ngroups"), dims))
-    rows = []
     for grad in (False, True):
         leaves, dy = inputs(*dims, device, grad)
         times, status = timed_entries(entries(grad), (leaves, dy), reps, device,
                                       seed=hash((label, grad)) % 1000)
         floor = floor_of(*dims, grad) / bw * 1e3
-        rows += _rows(what, label, named, "fwd+bwd" if grad else "fwd", times, status, floor,
-                      meta)
         del leaves, dy
         torch.cuda.empty_cache()
-    return rows
+        yield _rows(what, label, named, "fwd+bwd" if grad else "fwd", times, status, floor, meta)
 
 
-def measure(shape, device, bw, reps: int, meta: dict, peer, fla) -> list[dict]:
+def measure(shape, device, bw, reps: int, meta: dict, peer, fla):
+    """Mamba-2's SSD rows at ``shape``, a pass at a time."""
     return _measure_passes("ssd", shape, device, bw, reps, meta, _inputs,
                            lambda grad: _entries(peer, fla, grad), floor_bytes)
 
@@ -205,8 +204,9 @@ def mamba3_floor_bytes(batch, n, heads, dv, p, hqk, grad: bool) -> int:
     return 3 * big
 
 
-def measure_mamba3(shape, device, bw, reps: int, meta: dict, peer) -> list[dict]:
-    """Mamba-3's rows (``headdim`` V's, ``dstate`` q's and k's, ``ngroups`` the q/k heads)."""
+def measure_mamba3(shape, device, bw, reps: int, meta: dict, peer):
+    """Mamba-3's rows (``headdim`` V's, ``dstate`` q's and k's, ``ngroups`` the q/k heads), a
+    pass at a time."""
     return _measure_passes("mamba3", shape, device, bw, reps, meta, mamba3_inputs,
                            lambda grad: mamba3_entries(peer, grad), mamba3_floor_bytes)
 
@@ -291,9 +291,10 @@ def main(argv=None) -> int:
         pd.DataFrame(rows).to_csv(os.path.join(out, "ssd.csv"), index=False)
     for shape in SHAPES:
         if shape[0] in args.shapes and not args.only_mamba3:
-            rows += measure(shape, device, bw, args.reps, meta, peer,
-                            fla if shape[0] in args.fla_shapes else None)
-            write()
+            for part in measure(shape, device, bw, args.reps, meta, peer,
+                                fla if shape[0] in args.fla_shapes else None):
+                rows += part
+                write()
     if args.block:
         rows += measure_block(device, args.reps, meta, peer)
         write()
@@ -301,8 +302,9 @@ def main(argv=None) -> int:
         peer3 = mamba_ssm_peer(args.peers, "ops.triton.mamba3.mamba3_siso_combined",
                                "mamba3_siso_combined")
         for shape in MAMBA3_SHAPES:
-            rows += measure_mamba3(shape, device, bw, args.reps, meta, peer3)
-            write()
+            for part in measure_mamba3(shape, device, bw, args.reps, meta, peer3):
+                rows += part
+                write()
     if args.lm:
         train_lm(device, meta, peer).to_csv(os.path.join(out, "ssd_lm.csv"), index=False)
     print(f"-> {out}/ssd.csv")
