@@ -337,3 +337,91 @@ for dt_ in (torch.float64, torch.float32):
 mamba3_check = pd.DataFrame(m3_rows)
 assert (mamba3_check.y_rel_error[0] < 1e-12) and (mamba3_check.y_rel_error[1] < 1e-5), mamba3_check
 mamba3_check
+
+# %% [markdown]
+# ## Mamba-3's angles' gradient is a sum over the pairs that straddle each row
+# With $\tilde q_i = R_{\theta_i}x_i$, $\tilde k_j = R_{\theta_j}y_j$ and $s_{ij} = M_{ij}\,(dO_i\cdot v_j)$,
+# each pair $j \le i$ enters the loss through $\tilde q_i\cdot\tilde k_j$, which depends on the
+# angles only through $\theta_j - \theta_i$: its part of $d\theta_i$ is minus its part of
+# $d\theta_j$. So the suffix sum $\sum_{t\ge s} d\theta_t$ (what the Angles' and dt's gradients
+# are made of) keeps only the pairs with $j < s \le i$, and those factor through the states:
+# $F_s = \sum_{j<s} e^{G_s-G_j} v_j\tilde k_j^\top$ (the forward state entering row $s$) and
+# $R_s = \sum_{i\ge s} e^{G_i-G_s} dO_i\tilde q_i^\top$ (the backward state). With
+# $P_s = R_s^\top F_s$ ($r\times r$): the gates' gradient is $\operatorname{tr}P_s$ and angle $a$'s
+# suffix sum is $(P_s)_{2a,2a+1} - (P_s)_{2a+1,2a}$, the antisymmetric part of its $2\times2$
+# diagonal block. Checked in float64 against autograd, then what each form keeps of float64's
+# answer when the operator's gradients of $\tilde q$ and $\tilde k$ come rounded to bf16 (a 16-bit
+# operator's), against the states' form in float32 on the same bf16 values.
+
+# %%
+def straddle_blocks(q, k, v, dO, g):
+    """P_s = R_sᵀ F_s for every row s (N, r, r), from the two states' recurrences."""
+    N, r = q.shape
+    F = torch.zeros(v.shape[1], r, dtype=q.dtype)
+    R = torch.zeros_like(F)
+    Fs, Rs = [], [None] * N
+    for s in range(N):
+        Fs.append(F)
+        F = torch.exp(g[s + 1]) * (F + torch.outer(v[s], k[s])) if s + 1 < N else F
+    for s in reversed(range(N)):
+        R = torch.outer(dO[s], q[s]) + (torch.exp(g[s + 1]) * R if s + 1 < N else 0)
+        Rs[s] = R
+    return torch.einsum("sdc,sde->sce", torch.stack(Rs), torch.stack(Fs))
+
+
+def turn(z, th):
+    even, odd = z[:, 0::2], z[:, 1::2]
+    return torch.stack((even * th.cos() - odd * th.sin(), even * th.sin() + odd * th.cos()), -1) \
+        .flatten(1)
+
+
+def pair_parts(P):
+    """(the gates' gradient, each angle's suffix sum) from P (N, r, r)."""
+    a = torch.arange(P.shape[1] // 2)
+    return P.diagonal(dim1=1, dim2=2).sum(-1), P[:, 2 * a, 2 * a + 1] - P[:, 2 * a + 1, 2 * a]
+
+
+def angle_case(N, r=16, d=16, seed_=0):
+    gen_ = torch.Generator().manual_seed(seed_)
+    rnd_ = lambda *s: torch.randn(*s, dtype=torch.float64, generator=gen_)
+    x, y, v, dO = rnd_(N, r) / r ** 0.5, rnd_(N, r) / r ** 0.5, rnd_(N, d), rnd_(N, d)
+    g = -torch.nn.functional.softplus(rnd_(N) - 3)
+    theta = (rnd_(N, r // 2) * 0.3).cumsum(0)
+    return x, y, v, dO, g, theta
+
+
+x, y, v, dO, g, theta = angle_case(n)
+th = theta.clone().requires_grad_()
+gl = g.clone().requires_grad_()
+G = gl.cumsum(0)
+q_, k_ = turn(x, th), turn(y, th)
+M = torch.tril(torch.exp(G[:, None] - G[None, :]))
+loss = (dO * (((q_ @ k_.T) * M) @ v)).sum()
+d_theta, d_g = torch.autograd.grad(loss, (th, gl))
+dg_states, angles_states = pair_parts(straddle_blocks(q_.detach(), k_.detach(), v, dO, g))
+suffix = d_theta.flip(0).cumsum(0).flip(0)
+assert torch.allclose(dg_states, d_g, atol=1e-10) and torch.allclose(angles_states, suffix, atol=1e-10)
+display(Markdown("Both hold to float64 (the gates' gradient as the trace, each angle's suffix sum "
+                 "as its block's antisymmetric part). What each form keeps, bf16 values in:"))
+
+# %%
+def quarter(dz, z):
+    return dz[:, 1::2] * z[:, 0::2] - dz[:, 0::2] * z[:, 1::2]
+
+
+bf = lambda t: t.to(torch.bfloat16).double()
+angle_rows = []
+for N in (256, 1024, 4096):
+    x, y, v, dO, g, theta = (bf(t) if i < 4 else t for i, t in enumerate(angle_case(N, seed_=N)))
+    q_, k_ = bf(turn(x, theta)), bf(turn(y, theta))
+    M = torch.tril(torch.exp(g.cumsum(0)[:, None] - g.cumsum(0)[None, :]))
+    Sm = (dO @ v.T) * M
+    want = pair_parts(straddle_blocks(q_, k_, v, dO, g))[1]
+    dq, dk = bf((Sm @ k_).float()).double(), bf((Sm.T @ q_).float()).double()  # (bf16 outputs)
+    rounded = (quarter(dq, q_) + quarter(dk, k_)).flip(0).cumsum(0).flip(0)
+    f32 = pair_parts(straddle_blocks(*(t.float() for t in (q_, k_, v, dO, g))))[1].double()
+    angle_rows.append(dict(rows=N, suffix_sums_of_bf16_gradients=rel_error(rounded, want),
+                           states_in_float32=rel_error(f32, want)))
+angle_check = pd.DataFrame(angle_rows)
+assert (angle_check.states_in_float32 < 1e-5).all(), angle_check
+angle_check

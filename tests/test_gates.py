@@ -668,6 +668,7 @@ def test_where_the_gates_gradient_comes_from(monkeypatch, dtype, options, stradd
     assert calls == ([1] if straddle else [])
 
 
+@pytest.mark.slow  # (two interpreted backwards: the quick lane keeps the source's choice above)
 def test_the_gates_gradient_takes_the_products_asked_for(monkeypatch):
     """``gate_grad_precision`` (taken with ``method="auto"`` too) reaches the straddle kernel:
     fp32's products there are tf32x3 unless a caller asks otherwise."""
