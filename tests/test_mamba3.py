@@ -399,7 +399,9 @@ def _row_cases(batch, n, hqk, heads, p, a, dv, dtype, device):
             return out, torch.autograd.grad(out, [t for t in leaves if t is not None], grads)
         return run
     dy = r(batch, n, heads, dv).to(dtype)
-    # (Angles shared by the heads, as the block expands them; DT a transposed view)
+    # (Angles shared by the heads, as the block expands them; DT a transposed view; packed:
+    # four sequences, one of them without rows)
+    cu = torch.tensor([0, n // 3, n // 3, n - 5, n], device=device)
     angles = (r(batch, n, 1, a) * 2, torch.rand(batch, n, heads, generator=gen).to(device)
               .transpose(1, 2), r(batch, heads, a))
     names = ("q", "key", "own"), ("Q", "K", "Q_bias", "K_bias", "theta", "w")
@@ -410,6 +412,9 @@ def _row_cases(batch, n, hqk, heads, p, a, dv, dtype, device):
             ("angles", ("theta",), ("Angles", "DT", "theta0"),
              runner(lambda g, dt, th0: rows.angle_sums(g.expand(-1, -1, heads, -1), dt, th0),
                     angles, r(batch, n, heads, a))),
+            ("packed angles", ("theta",), ("Angles", "DT", "theta0"),
+             runner(lambda g, dt, th0: rows.angle_sums(g.expand(-1, -1, heads, -1), dt, th0, cu),
+                    (angles[0][:1], angles[1][:1], r(4, heads, a)), r(1, n, heads, a))),
             ("gated output", ("y",), ("o", "v", "z", "w"), runner(rows.gated_output, gated, dy)),
             ("output without z", ("y",), ("o", "v", "w"),
              runner(rows.gated_output, (gated[0], gated[1], None, gated[3]), dy))]
@@ -460,8 +465,8 @@ def test_the_row_kernels_on_the_gpu(monkeypatch, dtype):
 def test_the_row_ops_pass_opcheck():
     """The custom ops of ``methods.mamba3_rows`` (their PyTorch expressions here) against their
     fakes and schemas: θ and w as views, q/k heads read by two heads each, the rows in 16 bits
-    wanted or not, the angles with and without a starting angle (Angles shared by the heads),
-    the gated output with and without z."""
+    wanted or not, the angles with and without a starting angle, packed or not (Angles shared
+    by the heads), the gated output with and without z."""
     from leetrepro.methods import mamba3_rows as rows
     gen = torch.Generator().manual_seed(2)
     Q, K = (torch.randn(1, 7, 2, 8, generator=gen).half() for _ in range(2))
@@ -478,9 +483,12 @@ def test_the_row_ops_pass_opcheck():
     v, z, dy = (torch.randn(1, 7, 4, 5, generator=gen).half() for _ in range(3))
     angles = torch.randn(1, 7, 1, 3, generator=gen).expand(-1, -1, 4, -1)
     dt = torch.rand(1, 4, 7, generator=gen)
-    for th0 in (torch.randn(1, 4, 3, generator=gen), None):
-        torch.library.opcheck(rows.mamba3_angles, (angles, dt, th0))
-    torch.library.opcheck(rows.mamba3_angles_backward, (theta, angles, dt))
+    cu = torch.tensor([0, 3, 3, 7])
+    for th0, packed in ((torch.randn(1, 4, 3, generator=gen), None), (None, None),
+                        (torch.randn(3, 4, 3, generator=gen), cu)):
+        torch.library.opcheck(rows.mamba3_angles, (angles, dt, th0, packed))
+    torch.library.opcheck(rows.mamba3_angles_backward, (theta, angles, dt, None, 1))
+    torch.library.opcheck(rows.mamba3_angles_backward, (theta, angles, dt, cu, 3))
     for zz in (z, None):
         torch.library.opcheck(rows.mamba3_gated_output, (o, v, zz, w))
         torch.library.opcheck(rows.mamba3_gated_output_backward, (dy, o, v, zz, w))

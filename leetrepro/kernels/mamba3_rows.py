@@ -20,7 +20,8 @@ K̃ recomputed, OWN's parts of dθ left out (they cancel exactly: Q̃ and K̃ tu
 head's sums of Rᵀ(·) over the program's rows stored for the biases' gradients.
 
 The running angles (:func:`angle_sums`): θ_t = θ0 + Σ_(s ≤ t) tanh(Angles_s)·π·dt_s in
-float64, a program a (sequence, head); back, the suffix sums of dθ in float64.
+float64, a program a (batch row, head), packed sequences each started again (a segmented scan);
+back, the suffix sums of dθ in float64.
 
 The gated output. ``y = (O + w·V)·silu(Z)`` over the rows (w per row: D − the own pair's
 weight), and back ``dO = dy·silu(Z)``, ``dV = w·dO``, ``dw = Σ_d V·dO``, ``dZ = dy·(O +
@@ -344,57 +345,108 @@ def _angle_tile(ANG, DT, b, h, t, a, ok, A: tl.constexpr):
 
 
 @triton.jit
-def angle_sums(ANG, DT, TH0, TH, SIZE, HAS_TH0: tl.constexpr, BLOCK_T: tl.constexpr,
-               BLOCK_A: tl.constexpr):
-    """θ_t = θ0 + Σ_(s ≤ t) tanh(Angles_s)·π·dt_s, summed in float64 and reduced mod 2π, stored
-    in TH's dtype, contiguous ``(batch, heads, A, seqlen)``: one program a (sequence, head)
-    walking its rows, grid (batch·heads,); TH0 contiguous ``(batch, heads, A)``; ``SIZE = (N, H,
-    A)``."""
+def _restart(v1, f1, v2, f2):
+    """A running sum that starts again where a flag is set: the combine of a segmented scan."""
+    return tl.where(f2 != 0, v2, v1 + v2), f1 | f2
+
+
+@triton.jit
+def _running(x, flags, carry, VARLEN: tl.constexpr, BLOCK_T: tl.constexpr,
+             BLOCK_A: tl.constexpr):
+    """The running sums down a tile's rows of x [BLOCK_T, BLOCK_A] after ``carry`` [BLOCK_A];
+    ``VARLEN``: started again at each row whose flag is set (a segmented scan; unpacked the
+    sums run on from the carry, which starts at 0)."""
+    if VARLEN:
+        total, seen = tl.associative_scan(
+            (x, tl.broadcast_to(flags[:, None], [BLOCK_T, BLOCK_A])), 0, _restart)
+        total = tl.where(seen != 0, total, total + carry[None, :])
+    else:
+        total = tl.cumsum(x, axis=0) + carry[None, :]
+    return total
+
+
+@triton.jit
+def _starts(SEQ, b, t, ok, N, VARLEN: tl.constexpr, REVERSE: tl.constexpr):
+    """``(flags, sequence)`` of rows t: flags 1 where a sequence starts (``REVERSE``: ends), the
+    rows' sequence (``b`` unpacked); packed, from ``SEQ`` (each row's sequence, int64)."""
+    if VARLEN:
+        seq = tl.load(SEQ + t, mask=ok, other=0)
+        if REVERSE:
+            nxt = tl.load(SEQ + t + 1, mask=t + 1 < N, other=-1)
+            flags = (nxt != seq) | (t + 1 >= N)
+        else:
+            prev = tl.load(SEQ + t - 1, mask=ok & (t > 0), other=-1)
+            flags = prev != seq
+    else:
+        seq = tl.zeros_like(t) + b
+        if REVERSE:
+            flags = t == N - 1
+        else:
+            flags = t == 0
+    return flags.to(tl.int32), seq
+
+
+@triton.jit
+def angle_sums(ANG, DT, TH0, TH, SEQ, SIZE, HAS_TH0: tl.constexpr, VARLEN: tl.constexpr,
+               BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr):
+    """θ_t = θ0 + Σ_(s ≤ t) tanh(Angles_s)·π·dt_s down each sequence's rows, summed in float64
+    and reduced mod 2π, stored in TH's dtype, contiguous ``(batch, heads, A, seqlen)``: one
+    program a (batch row, head) walking its rows, grid (batch·heads,); ``VARLEN``: sequences
+    packed in a batch of one, ``SEQ`` each row's (int64), the sums started again at each; TH0
+    contiguous ``(sequences, heads, A)``; ``SIZE = (N, H, A)``."""
     N, H, A = SIZE
     b, h = tl.program_id(0) // H, tl.program_id(0) % H
     a = tl.arange(0, BLOCK_A)
     lane = tl.program_id(0).to(tl.int64) * A
-    if HAS_TH0:
-        carry = tl.load(TH0 + lane + a, mask=a < A, other=0.0).to(tl.float64)
-    else:
-        carry = tl.zeros([BLOCK_A], tl.float64)
+    carry = tl.zeros([BLOCK_A], tl.float64)
     two_pi = 6.283185307179586
     for t0 in range(0, N, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
         ok = t < N
         th, dt = _angle_tile(ANG, DT, b, h, t, a, ok, A)
         inc = th * (3.141592653589793 * dt)[:, None]
-        total = tl.cumsum(inc, axis=0) + carry[None, :]
-        carry += tl.sum(inc, axis=0)
+        flags, seq = _starts(SEQ, b, t, ok, N, VARLEN, False)
+        if HAS_TH0:  # (each sequence's starting angle enters with its first row)
+            inc += tl.where(flags[:, None] != 0,
+                            tl.load(TH0 + (seq.to(tl.int64) * H + h)[:, None] * A + a[None, :],
+                                    mask=ok[:, None] & (a < A)[None, :], other=0.0), 0.0)
+        total = _running(inc, flags, carry, VARLEN, BLOCK_T, BLOCK_A)
+        carry = tl.sum(tl.where(t[:, None] == tl.minimum(t0 + BLOCK_T, N) - 1, total, 0.0), 0)
         total -= tl.floor(total / two_pi) * two_pi
         tl.store(TH + (lane + a[None, :]) * N + t[:, None], total,
                  mask=ok[:, None] & (a < A)[None, :])
 
 
 @triton.jit
-def angle_sums_backward(DTH, ANG, DT, DANG, DDT, DTH0, SIZE, BLOCK_T: tl.constexpr,
-                        BLOCK_A: tl.constexpr):
-    """The gradients of :func:`angle_sums`: each row's suffix sum S_t = Σ_(s ≥ t) dθ_s in
-    float64 (its terms cancel: the sums are small differences of large ones), dAngles = S·π·dt·
-    (1 − tanh²) and ddt = Σ_A S·π·tanh, and dθ0 = S_0. DTH ``(pointer, batch, seqlen, head,
-    angle strides)``; DANG contiguous ``(batch, seqlen, heads, A)``, DDT ``(batch, heads,
-    seqlen)``, DTH0 ``(batch, heads, A)``, each in its own dtype."""
+def angle_sums_backward(DTH, ANG, DT, DANG, DDT, DTH0, SEQ, SIZE, VARLEN: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr):
+    """The gradients of :func:`angle_sums`: each row's suffix sum within its sequence S_t =
+    Σ_(s ≥ t) dθ_s in float64 (its terms cancel: the sums are small differences of large ones),
+    dAngles = S·π·dt·(1 − tanh²) and ddt = Σ_A S·π·tanh, and each sequence's dθ0 = S at its
+    first row. The rows walked from the last, each block in descending order. DTH
+    ``(pointer, batch, seqlen, head, angle strides)``; DANG contiguous ``(batch, seqlen, heads,
+    A)``, DDT ``(batch, heads, seqlen)``, DTH0 ``(sequences, heads, A)`` (zeros where a sequence
+    has no rows), each in its own dtype."""
     N, H, A = SIZE
     b, h = tl.program_id(0) // H, tl.program_id(0) % H
     a = tl.arange(0, BLOCK_A)
     carry = tl.zeros([BLOCK_A], tl.float64)
     d_ptr, d_b, d_t, d_h, d_a = DTH
     for i in range(0, N, BLOCK_T):
-        t = (N - 1 - i) - (BLOCK_T - 1) + tl.arange(0, BLOCK_T)
-        ok = (t >= 0) & (t < N)
+        t = (N - 1 - i) - tl.arange(0, BLOCK_T)
+        ok = t >= 0
         mask = ok[:, None] & (a < A)[None, :]
         g = tl.load(d_ptr + b.to(tl.int64) * d_b + t.to(tl.int64)[:, None] * d_t + h * d_h +
                     a[None, :] * d_a, mask=mask, other=0.0).to(tl.float64)
-        suffix = tl.cumsum(g, axis=0, reverse=True) + carry[None, :]
-        carry += tl.sum(g, axis=0)
+        flags, seq = _starts(SEQ, b, t, ok, N, VARLEN, True)
+        suffix = _running(g, flags, carry, VARLEN, BLOCK_T, BLOCK_A)
+        carry = tl.sum(tl.where(t[:, None] == tl.maximum(N - 1 - i - (BLOCK_T - 1), 0), suffix,
+                                0.0), 0)
         th, dt = _angle_tile(ANG, DT, b, h, t, a, ok, A)
         s = suffix * 3.141592653589793
         tl.store(DANG + ((b.to(tl.int64) * N + t.to(tl.int64)[:, None]) * H + h) * A +
                  a[None, :], s * dt[:, None] * (1.0 - th * th), mask=mask)
         tl.store(DDT + (b.to(tl.int64) * H + h) * N + t, tl.sum(s * th, axis=1), mask=ok)
-    tl.store(DTH0 + tl.program_id(0).to(tl.int64) * A + a, carry, mask=a < A)
+        first, _ = _starts(SEQ, b, t, ok, N, VARLEN, False)
+        tl.store(DTH0 + (seq.to(tl.int64) * H + h)[:, None] * A + a[None, :], suffix,
+                 mask=mask & (first[:, None] != 0))

@@ -3,7 +3,8 @@ each way: the running angles, the turned rows the operator reads, and the gated 
 it.
 
 The running angles (:func:`angle_sums`): each (sequence, head)'s sum of tanh(Angles)·π·dt down
-its rows in float64, one program walking them; back, the suffix sums of dθ likewise in float64.
+its rows in float64, one program walking them (packed sequences each started again); back, the
+suffix sums of dθ likewise in float64.
 
 The turned rows, per (row, head): q + Q_bias and k + K_bias (read from their q/k head in place)
 turned by the running angles (:func:`leetrepro.decay.trapezoid.rotate_pairs`), the keys also
@@ -33,7 +34,7 @@ import math
 import torch
 
 from .._direct import direct
-from ..decay.trapezoid import rotate_pairs, running_angles
+from ..decay.trapezoid import rotate_pairs, running_angles, sequence_starts
 from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
 
 try:
@@ -308,71 +309,88 @@ def gated_output(o: torch.Tensor, v: torch.Tensor, z: torch.Tensor | None,
 BLOCK_T_ANGLES, WARPS_ANGLES = 64, 8
 
 
-def _on_angle_kernel(Angles: torch.Tensor, cu_seqlens) -> bool:
+def _on_angle_kernel(Angles: torch.Tensor) -> bool:
     return on_row_kernels(Angles, kernels) and Angles.dtype in _TRITON_DTYPE and \
-        cu_seqlens is None and Angles.numel() > 0
+        Angles.numel() > 0
 
 
-def _angle_operands(Angles: torch.Tensor, DT: torch.Tensor) -> dict:
+def _angle_operands(Angles: torch.Tensor, DT: torch.Tensor, cu_seqlens) -> dict:
+    """The angles' kernels' shared arguments; packed, each row's sequence (int64)."""
     batch, n, heads, a = Angles.shape
-    return dict(ANG=(Angles, *Angles.stride()), DT=(DT, *DT.stride()), SIZE=(n, heads, a),
-                BLOCK_T=BLOCK_T_ANGLES, BLOCK_A=next_pow2(a))
+    seq = None if cu_seqlens is None else sequence_starts(n, cu_seqlens, Angles.device)[0]
+    return dict(ANG=(Angles, *Angles.stride()), DT=(DT, *DT.stride()), SEQ=seq,
+                SIZE=(n, heads, a), VARLEN=cu_seqlens is not None, BLOCK_T=BLOCK_T_ANGLES,
+                BLOCK_A=next_pow2(a))
 
 
 @torch.library.custom_op("leetrepro::mamba3_angles", mutates_args=())
-def mamba3_angles(Angles: torch.Tensor, DT: torch.Tensor,
-                  theta0: torch.Tensor | None) -> torch.Tensor:
-    """:func:`leetrepro.decay.trapezoid.running_angles` of unpacked rows (float32, a view of
-    contiguous ``(batch, heads, A, seqlen)``): Angles ``(batch, seqlen, heads, A)`` and DT
-    ``(batch, heads, seqlen)`` fp16/bf16/fp32 (any strides), theta0 ``(batch, heads, A)`` or
-    None; summed in float64 in one pass on a GPU. O(batch·seqlen·heads·A)."""
+def mamba3_angles(Angles: torch.Tensor, DT: torch.Tensor, theta0: torch.Tensor | None,
+                  cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """:func:`leetrepro.decay.trapezoid.running_angles` (float32, a view of contiguous
+    ``(batch, heads, A, seqlen)``): Angles ``(batch, seqlen, heads, A)`` and DT ``(batch, heads,
+    seqlen)`` fp16/bf16/fp32 (any strides), theta0 ``(sequences, heads, A)`` or None,
+    ``cu_seqlens`` packed sequences' offsets or None; summed in float64 in one pass on a GPU.
+    O(batch·seqlen·heads·A)."""
     batch, n, heads, a = Angles.shape
     out = torch.empty(batch, heads, a, n, dtype=torch.float32, device=Angles.device)
-    if not _on_angle_kernel(Angles, None):
-        out.copy_(running_angles(Angles, DT, theta0).permute(0, 2, 3, 1))
+    if not _on_angle_kernel(Angles):
+        out.copy_(running_angles(Angles, DT, theta0, cu_seqlens).permute(0, 2, 3, 1))
         return out.permute(0, 3, 1, 2)
     th0 = theta0.float().contiguous() if theta0 is not None else out
     launch(kernels.angle_sums, (batch * heads,),
-           dict(TH0=th0, TH=out, HAS_TH0=theta0 is not None, **_angle_operands(Angles, DT)),
-           num_warps=WARPS_ANGLES)
+           dict(TH0=th0, TH=out, HAS_TH0=theta0 is not None,
+                **_angle_operands(Angles, DT, cu_seqlens)), num_warps=WARPS_ANGLES)
     return out.permute(0, 3, 1, 2)
 
 
 @mamba3_angles.register_fake
-def _(Angles, DT, theta0):
+def _(Angles, DT, theta0, cu_seqlens):
     batch, n, heads, a = Angles.shape
     return Angles.new_empty(batch, heads, a, n, dtype=torch.float32).permute(0, 3, 1, 2)
 
 
 @torch.library.custom_op("leetrepro::mamba3_angles_backward", mutates_args=())
-def mamba3_angles_backward(dtheta: torch.Tensor, Angles: torch.Tensor, DT: torch.Tensor
+def mamba3_angles_backward(dtheta: torch.Tensor, Angles: torch.Tensor, DT: torch.Tensor,
+                           cu_seqlens: torch.Tensor | None, sequences: int
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of :func:`mamba3_angles` ``(dAngles, dDT, dtheta0)``: contiguous, in
-    Angles', DT's dtype and float32; each row's suffix sum of dθ taken in float64."""
+    Angles', DT's dtype and float32 (``(sequences, heads, A)``, zeros for a sequence without
+    rows); each row's suffix sum of dθ within its sequence taken in float64."""
     batch, n, heads, a = Angles.shape
-    if not _on_angle_kernel(Angles, None):
-        suffix = dtheta.to(torch.float64).flip(1).cumsum(1).flip(1)
+    if not _on_angle_kernel(Angles):
+        full = torch.nn.functional.pad(dtheta.to(torch.float64).flip(1).cumsum(1).flip(1),
+                                       (0, 0, 0, 0, 0, 1))
+        dth0 = dtheta.new_zeros(sequences, heads, a, dtype=torch.float32)
+        if cu_seqlens is None:
+            suffix = full[:, :n]
+            if n:
+                dth0 = suffix[:, 0].float()
+        else:  # (a sequence's suffix sums: the whole's less what follows its last row)
+            cu = cu_seqlens.to(device=Angles.device, dtype=torch.int64)
+            seq = sequence_starts(n, cu_seqlens, Angles.device)[0]
+            suffix = full[:, :n] - full[:, cu[seq + 1]]
+            has = cu[1:] > cu[:-1]
+            dth0[has] = suffix[0, cu[:-1][has]].float()
         th = torch.tanh(Angles.to(torch.float64))
         dt = DT.to(torch.float64).transpose(1, 2)[..., None]
         return ((suffix * math.pi * dt * (1 - th * th)).to(Angles.dtype).contiguous(),
                 (suffix * math.pi * th).sum(-1).transpose(1, 2).to(DT.dtype).contiguous(),
-                suffix[:, 0].float().contiguous() if n else
-                dtheta.new_zeros(batch, heads, a, dtype=torch.float32))
+                dth0.contiguous())
     dang = torch.empty(batch, n, heads, a, dtype=Angles.dtype, device=Angles.device)
     ddt = torch.empty(batch, heads, n, dtype=DT.dtype, device=DT.device)
-    dth0 = torch.empty(batch, heads, a, dtype=torch.float32, device=Angles.device)
+    dth0 = torch.zeros(sequences, heads, a, dtype=torch.float32, device=Angles.device)
     launch(kernels.angle_sums_backward, (batch * heads,),
            dict(DTH=(dtheta, *dtheta.stride()), DANG=dang, DDT=ddt, DTH0=dth0,
-                **_angle_operands(Angles, DT)), num_warps=WARPS_ANGLES)
+                **_angle_operands(Angles, DT, cu_seqlens)), num_warps=WARPS_ANGLES)
     return dang, ddt, dth0
 
 
 @mamba3_angles_backward.register_fake
-def _(dtheta, Angles, DT):
+def _(dtheta, Angles, DT, cu_seqlens, sequences):
     batch, n, heads, a = Angles.shape
     return (torch.empty_like(Angles, memory_format=torch.contiguous_format),
             torch.empty_like(DT, memory_format=torch.contiguous_format),
-            Angles.new_empty(batch, heads, a, dtype=torch.float32))
+            Angles.new_empty(sequences, heads, a, dtype=torch.float32))
 
 
 _angles, _angles_backward = direct(mamba3_angles), direct(mamba3_angles_backward)
@@ -380,24 +398,25 @@ _angles, _angles_backward = direct(mamba3_angles), direct(mamba3_angles_backward
 
 class _Angles(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, Angles, DT, theta0):
-        ctx.save_for_backward(Angles, DT)
+    def forward(ctx, Angles, DT, theta0, cu_seqlens):
+        ctx.save_for_backward(Angles, DT, cu_seqlens)
         ctx.theta0_dtype = None if theta0 is None else theta0.dtype
-        return _angles(Angles, DT, theta0)
+        ctx.sequences = Angles.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+        return _angles(Angles, DT, theta0, cu_seqlens)
 
     @staticmethod
     def backward(ctx, dtheta):
-        Angles, DT = ctx.saved_tensors
-        dang, ddt, dth0 = _angles_backward(dtheta, Angles, DT)
+        Angles, DT, cu_seqlens = ctx.saved_tensors
+        dang, ddt, dth0 = _angles_backward(dtheta, Angles, DT, cu_seqlens, ctx.sequences)
         want = ctx.needs_input_grad
         return (dang if want[0] else None, ddt if want[1] else None,
-                dth0.to(ctx.theta0_dtype) if want[2] else None)
+                dth0.to(ctx.theta0_dtype) if want[2] else None, None)
 
 
 def angle_sums(Angles: torch.Tensor, DT: torch.Tensor, theta0: torch.Tensor | None = None,
                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`leetrepro.decay.trapezoid.running_angles`, one pass each way on a GPU (summed in
-    float64 there too) where the rows are not packed; PyTorch's passes elsewhere."""
-    if not _on_angle_kernel(Angles, cu_seqlens):
+    float64 there too, packed sequences each from its own start); PyTorch's passes elsewhere."""
+    if not _on_angle_kernel(Angles):
         return running_angles(Angles, DT, theta0, cu_seqlens)
-    return _Angles.apply(Angles, DT, theta0)
+    return _Angles.apply(Angles, DT, theta0, cu_seqlens)

@@ -356,6 +356,10 @@ def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
     blocks = _blocks(angles, p)
     gated = dict(HAS_Z=True, BLOCK_T=BLOCK_T_OUT, BLOCK_D=next_pow2(dv))
     angles_blocks = dict(BLOCK_T=BLOCK_T_ANGLES, BLOCK_A=next_pow2(angles))
+    angles_sig = dict(ANG=th, DT=f32_rows, TH0=f32, TH=f32, SEQ="*i64", SIZE=("i32",) * 3,
+                      HAS_TH0=c, VARLEN=c, BLOCK_T=c, BLOCK_A=c)
+    angles_back_sig = dict(DTH=th, ANG=th, DT=f32_rows, DANG=f32, DDT=f32, DTH0=f32, SEQ="*i64",
+                           SIZE=("i32",) * 3, VARLEN=c, BLOCK_T=c, BLOCK_A=c)
     return [
         ("mamba3_rotate", mamba3_rows.rotate_rows,
          dict(Q=rows, K=rows, QB=f32, KB=f32, TH=th, W=f32_rows, OUT_Q=f32, OUT_KEY=f32, OWN=f32,
@@ -368,12 +372,15 @@ def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
               SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c,
               TH_T=c),
          dict(REP=4, ROUND="bf16", TH_T=True, **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
-        ("mamba3_angles", mamba3_rows.angle_sums,
-         dict(ANG=th, DT=f32_rows, TH0=f32, TH=f32, SIZE=("i32",) * 3, HAS_TH0=c, BLOCK_T=c,
-              BLOCK_A=c), dict(HAS_TH0=True, **angles_blocks), WARPS_ANGLES),
-        ("mamba3_angles_backward", mamba3_rows.angle_sums_backward,
-         dict(DTH=th, ANG=th, DT=f32_rows, DANG=f32, DDT=f32, DTH0=f32, SIZE=("i32",) * 3,
-              BLOCK_T=c, BLOCK_A=c), angles_blocks, WARPS_ANGLES),
+    ] + [  # (the angles unpacked, then packed: a segmented scan)
+        (f"mamba3_angles{'_packed' if varlen else ''}", mamba3_rows.angle_sums, angles_sig,
+         dict(angles_blocks, VARLEN=varlen, HAS_TH0=True), WARPS_ANGLES)
+        for varlen in (False, True)
+    ] + [
+        (f"mamba3_angles{'_packed' if varlen else ''}_backward", mamba3_rows.angle_sums_backward,
+         angles_back_sig, dict(angles_blocks, VARLEN=varlen), WARPS_ANGLES)
+        for varlen in (False, True)
+    ] + [
         ("mamba3_gated_output", mamba3_rows.gated_output,
          dict(O=f32_rows, V=rows, Z=rows, W=f32_rows, Y="*bf16", SIZE=("i32",) * 3, HAS_Z=c,
               BLOCK_T=c, BLOCK_D=c), gated, WARPS_OUT),
