@@ -362,6 +362,27 @@ def test_bench_ssd_hands_over_each_pass_s_rows_as_it_measures_them(monkeypatch):
     assert {row["pass"] for row in next(parts)} == {"fwd+bwd"} and len(timed) == 2
 
 
+def test_bench_ssd_times_the_decode_step_against_its_floor(monkeypatch):
+    """``bench.ssd``'s Mamba-3 decode rows on the CPU at a small batch (the timing stubbed after
+    one real step, whose output is finite): one row a mode, the floor the states read and
+    written plus the token's inputs and output."""
+    from leetrepro.bench import ssd
+    seen = []
+
+    def fake(entries, args, reps, device, seed=0):
+        seen.append(entries["ours"]())
+        return {"eager": {"ours": 2e-3}}, {}
+    monkeypatch.setattr(ssd, "timed_entries", fake)
+    rows = ssd.measure_mamba3_decode(("tiny", 3, 4, 8, 16, 2), "cpu", 1e9, 1, {})
+    assert seen[0].shape == (3, 4, 8) and torch.isfinite(seen[0].float()).all()
+    (row,) = rows
+    state = 4 * (4 * 4 + 8 * 16 * 4 + (16 + 8) * 2)
+    token = 2 * 16 * 2 * 2 + 4 * (8 * 2 * 3 + 3 * 4 + 4 * 4)
+    assert row["pass"] == "step" and \
+        row["floor_ms"] == pytest.approx(3 * (2 * state + token) / 1e9 * 1e3)
+    assert row["vs_floor"] == pytest.approx(2.0 / row["floor_ms"])
+
+
 def test_bench_model_builds_the_mamba3_mixers():
     """``bench.model``'s Mamba-3 mixers: ours builds; mamba_ssm's is None without its source."""
     from leetrepro.bench import model

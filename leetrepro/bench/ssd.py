@@ -27,7 +27,8 @@ weights on the same batches with each SSD: tokens/s and the loss curves (``ssd_l
 ``--mamba3``: Mamba-3's SISO recurrence, :func:`leetrepro.compat.mamba3_siso_combined` against
 mamba_ssm's ``mamba3_siso_combined`` (its Triton kernels) at :data:`MAMBA3_SHAPES` (``mamba3``
 rows: ``headdim`` is V's, ``dstate`` q's and k's, ``ngroups`` the q/k heads), the gradients of
-Q, K, V, ADT, DT, Trap, the biases, the angles, D and Z. Writes ``ssd.csv``.
+Q, K, V, ADT, DT, Trap, the biases, the angles, D and Z; and its decode step over a pool of
+states at :data:`MAMBA3_DECODE_SHAPES` (``pass`` "step", ours only). Writes ``ssd.csv``.
 """
 from __future__ import annotations
 
@@ -211,6 +212,44 @@ def measure_mamba3(shape, device, bw, reps: int, meta: dict, peer):
                            lambda grad: mamba3_entries(peer, grad), mamba3_floor_bytes)
 
 
+#: Mamba-3's decode step as timed: (label, batch, heads, headdim_v, headdim_qk, q/k heads),
+#: mamba_ssm's test heads at the batch the issue's target names
+MAMBA3_DECODE_SHAPES = [("decode-64", 64, 32, 64, 128, 8)]
+
+
+def measure_mamba3_decode(shape, device, bw, reps: int, meta: dict) -> list[dict]:
+    """Mamba-3's decode step (:func:`leetrepro.methods.mamba3_step.mamba3_step`) at ``shape``:
+    one token per sequence, bf16 inputs, the states at distinct slots of pools twice the batch
+    (float32 angles and SSM states, bf16 last key and value), eager and replayed from a graph,
+    against the floor of the states read and written and the token's inputs and output. (mamba_ssm's
+    own decode step is CuTe, which this bench does not run.)"""
+    from ..methods.mamba3_step import mamba3_step
+    label, batch, heads, dv, p, hqk = shape
+    a = p // 4
+    gen = torch.Generator().manual_seed(5)
+
+    def r(*dims, dtype=torch.bfloat16):
+        return torch.randn(*dims, generator=gen).to(device=device, dtype=dtype)
+    f32 = dict(dtype=torch.float32)
+    dt = torch.nn.functional.softplus(r(batch, heads, **f32) - 2)
+    inputs = dict(Q=r(batch, hqk, p), K=r(batch, hqk, p), V=r(batch, heads, dv),
+                  ADT=-dt * 0.5, DT=dt, Trap=r(batch, heads, **f32),
+                  Q_bias=r(heads, p, **f32), K_bias=r(heads, p, **f32),
+                  Angles=r(batch, heads, a, **f32), D=r(heads, **f32), Z=r(batch, heads, dv))
+    slots_n = 2 * batch
+    pools = (r(slots_n, heads, a, **f32), r(slots_n, heads, dv, p, **f32) / p,
+             r(slots_n, heads, p), r(slots_n, heads, dv))
+    slots = torch.randperm(slots_n, generator=gen)[:batch].to(device)
+    state = heads * (a * 4 + dv * p * 4 + (p + dv) * 2)       # a sequence's states, once
+    token = hqk * p * 2 * 2 + heads * (dv * 2 * 3 + 3 * 4 + a * 4)   # its inputs and output
+    floor = batch * (2 * state + token) / bw * 1e3
+    times, status = timed_entries({"ours": lambda: mamba3_step(**inputs, pools=pools,
+                                                               slots=slots)},
+                                  (), reps, device)
+    named = dict(batch=batch, seqlen=1, heads=heads, headdim=dv, dstate=p, ngroups=hqk)
+    return _rows("mamba3", label, named, "step", times, status, floor, meta)
+
+
 def measure_block(device, reps: int, meta: dict, peer, batch: int = 2, n: int = 8192) -> list[dict]:
     """The Mamba-2 block at the Codestral shape (d_model 4096, 128 heads of 64, 8 groups, d_state
     128), bf16 weights, forward + backward (input and weight gradients), our SSD and mamba_ssm's
@@ -301,6 +340,9 @@ def main(argv=None) -> int:
     if args.mamba3 or args.only_mamba3:
         peer3 = mamba_ssm_peer(args.peers, "ops.triton.mamba3.mamba3_siso_combined",
                                "mamba3_siso_combined")
+        for shape in MAMBA3_DECODE_SHAPES:
+            rows += measure_mamba3_decode(shape, device, bw, args.reps, meta)
+            write()
         for shape in MAMBA3_SHAPES:
             for part in measure_mamba3(shape, device, bw, args.reps, meta, peer3):
                 rows += part
