@@ -388,6 +388,7 @@ def test_host_probe_takes_the_ssd_at_bench_ssd_s_shapes(monkeypatch):
     assert len(grads) == 7 and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
+@pytest.mark.slow  # (a bench's plumbing, seconds interpreted: the full lane runs it)
 def test_train_sweeps_are_the_steps_own_backward(monkeypatch):
     """``bench.train --sweeps`` times Chunk's step as three sweeps: called as listed there, they
     give the step's forward output and its gradients (the dual sweep dV and dC, the last dB),
@@ -471,6 +472,7 @@ def test_layouts_compare_auto_with_the_fastest_named_method_in_its_layout_and_pa
     assert got[("model", "auto", "fwd")]["vs_fla"] == pytest.approx(1.5)
 
 
+@pytest.mark.slow  # (a bench's plumbing, seconds interpreted: the full lane runs it)
 def test_layer_with_one_fused_projection_computes_the_same_layer():
     """``bench.layer``: the layer with one projection cut by ``split_projection`` is the layer
     with three (their weights stacked), forward and gradients; its cell rows on the CPU."""
