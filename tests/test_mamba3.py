@@ -541,6 +541,31 @@ def test_the_row_kernels_are_their_pytorch_expressions(monkeypatch, dtype):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
+@pytest.mark.slow  # (the interpreter)
+def test_the_angles_split_among_programs_are_the_same_sums(monkeypatch):
+    """Where fewer (batch rows × heads) than SMs walk the rows, the angles' kernels split the
+    angles among more programs (ddt's parts summed after): packed and not, every gradient as
+    PyTorch's expressions give them (interpreted; the SMs made many so that four angles split
+    in two)."""
+    from leetrepro.methods import mamba3_rows as rows
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(rows, "sm_count", lambda device: 10 ** 6)
+    monkeypatch.setattr(rows, "ANGLE_MIN_BLOCK", 2)
+    assert rows._angle_block(8, 4, "cpu") == 2
+
+    def set_kernels(kernel):
+        if kernel:
+            monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+        else:
+            monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    cases = [c for c in _row_cases(2, 45, 2, 4, 12, 4, 5, torch.float32, "cpu")
+             if "angles" in c[0]]
+    assert len(cases) == 2
+    _kernels_against_pytorch(cases, set_kernels, 1e-6, 1e-5, torch.float32)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
+                    "GPU host Triton's driver is up already, and CPU tensors are refused")
 @pytest.mark.slow  # (the interpreter: seconds a case; the quick lane keeps the PyTorch step)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_decode_step_kernel_is_the_recurrence(monkeypatch, dtype):

@@ -391,12 +391,13 @@ def angle_sums(ANG, DT, TH0, TH, SEQ, SIZE, HAS_TH0: tl.constexpr, VARLEN: tl.co
                BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr):
     """θ_t = θ0 + Σ_(s ≤ t) tanh(Angles_s)·π·dt_s down each sequence's rows, summed in float64
     and reduced mod 2π, stored in TH's dtype, contiguous ``(batch, heads, A, seqlen)``: one
-    program a (batch row, head) walking its rows, grid (batch·heads,); ``VARLEN``: sequences
-    packed in a batch of one, ``SEQ`` each row's (int64), the sums started again at each; TH0
-    contiguous ``(sequences, heads, A)``; ``SIZE = (N, H, A)``."""
+    program a (batch row, head) and ``BLOCK_A`` angles walking its rows, grid (batch·heads,
+    angle blocks); ``VARLEN``: sequences packed in a batch of one, ``SEQ`` each row's (int64),
+    the sums started again at each; TH0 contiguous ``(sequences, heads, A)``; ``SIZE = (N, H,
+    A)``."""
     N, H, A = SIZE
     b, h = tl.program_id(0) // H, tl.program_id(0) % H
-    a = tl.arange(0, BLOCK_A)
+    a = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     lane = tl.program_id(0).to(tl.int64) * A
     carry = tl.zeros([BLOCK_A], tl.float64)
     two_pi = 6.283185307179586
@@ -423,13 +424,14 @@ def angle_sums_backward(DTH, ANG, DT, DANG, DDT, DTH0, SEQ, SIZE, VARLEN: tl.con
     """The gradients of :func:`angle_sums`: each row's suffix sum within its sequence S_t =
     Σ_(s ≥ t) dθ_s in float64 (its terms cancel: the sums are small differences of large ones),
     dAngles = S·π·dt·(1 − tanh²) and ddt = Σ_A S·π·tanh, and each sequence's dθ0 = S at its
-    first row. The rows walked from the last, each block in descending order. DTH
-    ``(pointer, batch, seqlen, head, angle strides)``; DANG contiguous ``(batch, seqlen, heads,
-    A)``, DDT ``(batch, heads, seqlen)``, DTH0 ``(sequences, heads, A)`` (zeros where a sequence
-    has no rows), each in its own dtype."""
+    first row. The rows walked from the last, each block in descending order; grid as
+    :func:`angle_sums`'. DTH ``(pointer, batch, seqlen, head, angle strides)``; DANG contiguous
+    ``(batch, seqlen, heads, A)``, DDT ``(angle blocks, batch, heads, seqlen)`` (each block's
+    part of ddt), DTH0 ``(sequences, heads, A)`` (zeros where a sequence has no rows), each in
+    its own dtype."""
     N, H, A = SIZE
     b, h = tl.program_id(0) // H, tl.program_id(0) % H
-    a = tl.arange(0, BLOCK_A)
+    a = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
     carry = tl.zeros([BLOCK_A], tl.float64)
     d_ptr, d_b, d_t, d_h, d_a = DTH
     for i in range(0, N, BLOCK_T):
@@ -446,7 +448,8 @@ def angle_sums_backward(DTH, ANG, DT, DANG, DDT, DTH0, SEQ, SIZE, VARLEN: tl.con
         s = suffix * 3.141592653589793
         tl.store(DANG + ((b.to(tl.int64) * N + t.to(tl.int64)[:, None]) * H + h) * A +
                  a[None, :], s * dt[:, None] * (1.0 - th * th), mask=mask)
-        tl.store(DDT + (b.to(tl.int64) * H + h) * N + t, tl.sum(s * th, axis=1), mask=ok)
+        tl.store(DDT + ((tl.program_id(1) * tl.num_programs(0) + b * H + h).to(tl.int64) * N
+                        + t), tl.sum(s * th, axis=1), mask=ok)
         first, _ = _starts(SEQ, b, t, ok, N, VARLEN, False)
         tl.store(DTH0 + (seq.to(tl.int64) * H + h)[:, None] * A + a[None, :], suffix,
                  mask=mask & (first[:, None] != 0))

@@ -35,7 +35,7 @@ import torch
 
 from .._direct import direct
 from ..decay.trapezoid import rotate_pairs, running_angles, sequence_starts
-from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels
+from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, sm_count
 
 try:
     from ..kernels import mamba3_rows as kernels
@@ -314,13 +314,29 @@ def _on_angle_kernel(Angles: torch.Tensor) -> bool:
         Angles.numel() > 0
 
 
-def _angle_operands(Angles: torch.Tensor, DT: torch.Tensor, cu_seqlens) -> dict:
-    """The angles' kernels' shared arguments; packed, each row's sequence (int64)."""
+#: the fewest angles a program of the angles' kernels takes where fewer (batch rows × heads)
+#: than SMs split the angles among more programs
+ANGLE_MIN_BLOCK = 8
+
+
+def _angle_block(lanes: int, a: int, device) -> int:
+    """Angles a program: all of them, halved while the programs stay fewer than the SMs (each
+    walks its rows one block after another, so at few batch rows × heads over long rows the
+    programs, not the bytes, bound the time) down to :data:`ANGLE_MIN_BLOCK`."""
+    block = next_pow2(a)
+    while block > ANGLE_MIN_BLOCK and lanes * cdiv(a, block) < sm_count(device):
+        block //= 2
+    return block
+
+
+def _angle_operands(Angles: torch.Tensor, DT: torch.Tensor, cu_seqlens) -> tuple:
+    """``(grid, the angles' kernels' shared arguments)``; packed, each row's sequence (int64)."""
     batch, n, heads, a = Angles.shape
     seq = None if cu_seqlens is None else sequence_starts(n, cu_seqlens, Angles.device)[0]
-    return dict(ANG=(Angles, *Angles.stride()), DT=(DT, *DT.stride()), SEQ=seq,
-                SIZE=(n, heads, a), VARLEN=cu_seqlens is not None, BLOCK_T=BLOCK_T_ANGLES,
-                BLOCK_A=next_pow2(a))
+    block = _angle_block(batch * heads, a, Angles.device)
+    return (batch * heads, cdiv(a, block)), dict(
+        ANG=(Angles, *Angles.stride()), DT=(DT, *DT.stride()), SEQ=seq, SIZE=(n, heads, a),
+        VARLEN=cu_seqlens is not None, BLOCK_T=BLOCK_T_ANGLES, BLOCK_A=block)
 
 
 @torch.library.custom_op("leetrepro::mamba3_angles", mutates_args=())
@@ -337,9 +353,9 @@ def mamba3_angles(Angles: torch.Tensor, DT: torch.Tensor, theta0: torch.Tensor |
         out.copy_(running_angles(Angles, DT, theta0, cu_seqlens).permute(0, 2, 3, 1))
         return out.permute(0, 3, 1, 2)
     th0 = theta0.float().contiguous() if theta0 is not None else out
-    launch(kernels.angle_sums, (batch * heads,),
-           dict(TH0=th0, TH=out, HAS_TH0=theta0 is not None,
-                **_angle_operands(Angles, DT, cu_seqlens)), num_warps=WARPS_ANGLES)
+    grid, common = _angle_operands(Angles, DT, cu_seqlens)
+    launch(kernels.angle_sums, grid,
+           dict(TH0=th0, TH=out, HAS_TH0=theta0 is not None, **common), num_warps=WARPS_ANGLES)
     return out.permute(0, 3, 1, 2)
 
 
@@ -376,13 +392,16 @@ def mamba3_angles_backward(dtheta: torch.Tensor, Angles: torch.Tensor, DT: torch
         return ((suffix * math.pi * dt * (1 - th * th)).to(Angles.dtype).contiguous(),
                 (suffix * math.pi * th).sum(-1).transpose(1, 2).to(DT.dtype).contiguous(),
                 dth0.contiguous())
+    grid, common = _angle_operands(Angles, DT, cu_seqlens)
     dang = torch.empty(batch, n, heads, a, dtype=Angles.dtype, device=Angles.device)
-    ddt = torch.empty(batch, heads, n, dtype=DT.dtype, device=DT.device)
+    # (each angle block's part of ddt, summed after where the angles are split)
+    ddt = torch.empty(grid[1], batch, heads, n, dtype=DT.dtype if grid[1] == 1 else
+                      torch.float32, device=DT.device)
     dth0 = torch.zeros(sequences, heads, a, dtype=torch.float32, device=Angles.device)
-    launch(kernels.angle_sums_backward, (batch * heads,),
-           dict(DTH=(dtheta, *dtheta.stride()), DANG=dang, DDT=ddt, DTH0=dth0,
-                **_angle_operands(Angles, DT, cu_seqlens)), num_warps=WARPS_ANGLES)
-    return dang, ddt, dth0
+    launch(kernels.angle_sums_backward, grid,
+           dict(DTH=(dtheta, *dtheta.stride()), DANG=dang, DDT=ddt, DTH0=dth0, **common),
+           num_warps=WARPS_ANGLES)
+    return dang, (ddt[0] if grid[1] == 1 else ddt.sum(0).to(DT.dtype)), dth0
 
 
 @mamba3_angles_backward.register_fake
