@@ -212,8 +212,8 @@ def test_the_drop_in_compiles_whole():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_drop_in_on_the_gpu(dtype):
     """On a GPU (the operator's kernels with gates, states and packed rows): outputs, states and
-    every gradient against the float64 recurrence within the contract (fp32: tf32 products, so
-    5e-3 as the contract says for kernels that use them)."""
+    every gradient against the float64 recurrence within the contract, bf16 1e-2 and fp32 1e-5
+    (the drop-in asks the operator for exact products, tf32x3, unless told otherwise)."""
     cu = torch.tensor([0, 40, 41, 97])
     args, st = _inputs(batch=1, n=97, hqk=2, heads=8, p=64, dv=32, angles=16, states=True, cu=cu)
     gen = torch.Generator().manual_seed(7)
@@ -227,7 +227,7 @@ def test_the_drop_in_on_the_gpu(dtype):
     want, want_fin = mamba3_reference(**wide, Input_States=tuple(t.to(dtype).double() for t in st),
                                       cu_seqlens=cu)
     want_grads = torch.autograd.grad((want * dy).sum(), list(wide.values()))
-    tol = 1e-2 if dtype == torch.bfloat16 else 5e-3
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
     assert rel_error(y.double().cpu(), want) <= tol
     assert rel_error(fin[1].double().cpu(), want_fin[1]) <= tol
     with torch.no_grad():  # (no gradient wanted: the operator in the inputs' dtype)
