@@ -368,11 +368,11 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     key, Q's dtype) and v states, mamba_ssm's order. Differentiable in every tensor input.
     Exact to the operator's contract: the angles are summed in float64 and the sines and
     cosines are torch's, where mamba_ssm's kernels use fast approximations. Besides the
-    operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of passes: the turned rows and the gated
-    output one Triton pass each way on a GPU (:mod:`leetrepro.methods.mamba3_rows`), the angles'
-    and the weights' per-row passes PyTorch's. With a gradient wanted the operator runs on
-    float32 rows (whose values are Q's dtype's: the angles' gradient needs its gradients
-    unrounded); without, in the inputs' dtype.
+    operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of passes: the running angles, the
+    turned rows and the gated output one Triton pass each way on a GPU
+    (:mod:`leetrepro.methods.mamba3_rows`), the keys' weights' per-row passes PyTorch's. With a
+    gradient wanted the operator runs on float32 rows (whose values are Q's dtype's: the angles'
+    gradient needs its gradients unrounded); without, in the inputs' dtype.
     """
     _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens)
@@ -382,8 +382,8 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     w, later = key_weights(DT, Trap, cu_seqlens, acc)                # (batch, heads, seqlen)
     # each rounded once to Q's dtype, held in float32 (float64), so that the operator's
     # gradients of them come unrounded and the angles' gradient is taken at those values
-    # (leetrepro.methods.mamba3_rows): float32 operands whose values are 16-bit
-    # without a gradient wanted, the operator runs in the inputs' dtype
+    # (leetrepro.methods.mamba3_rows): float32 operands whose values are 16-bit. Without a
+    # gradient wanted, the operator runs in the inputs' dtype
     narrow = Q.dtype == V.dtype and not (torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in
         (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, *(Input_States or ()))))

@@ -459,6 +459,22 @@ def _kernels_against_pytorch(cases, set_kernels, out_tol, grad_tol, dtype):
                 rel_error(x.double(), y.double()) <= grad_tol, (label, name)
 
 
+def _interpreted_kernels(monkeypatch, dtype):
+    """Under Triton's interpreter, ``set_kernels(kernel)`` for :func:`_kernels_against_pytorch`:
+    ``methods.mamba3_rows``' passes on their kernels (interpreted) or on PyTorch's expressions,
+    checked to have switched."""
+    from leetrepro.methods import mamba3_rows as rows
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def set_kernels(kernel):
+        if kernel:
+            monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+        else:
+            monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+        assert rows._on_output_kernel(torch.empty(1, dtype=dtype)) == kernel
+    return set_kernels
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -525,18 +541,9 @@ def test_the_row_kernels_are_their_pytorch_expressions(monkeypatch, dtype):
     over part of the pairs (a tail unturned), rows not a multiple of any row block, θ, w and o
     read through transposed views, every gradient. (fp16: Triton's interpreter rounds to bf16
     by truncation, where a GPU rounds to nearest.)"""
-    from leetrepro.methods import mamba3_rows as rows
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-    def set_kernels(kernel):
-        if kernel:
-            monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-        else:
-            monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
-        assert rows._on_output_kernel(torch.empty(1, dtype=dtype)) == kernel
     tol = (1e-6, 1e-5) if dtype == torch.float32 else (4e-3, 1e-3)
-    _kernels_against_pytorch(_row_cases(2, 45, 2, 4, 12, 4, 5, dtype, "cpu"), set_kernels, *tol,
-                             dtype)
+    _kernels_against_pytorch(_row_cases(2, 45, 2, 4, 12, 4, 5, dtype, "cpu"),
+                             _interpreted_kernels(monkeypatch, dtype), *tol, dtype)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
@@ -548,20 +555,14 @@ def test_the_angles_split_among_programs_are_the_same_sums(monkeypatch):
     PyTorch's expressions give them (interpreted; the SMs made many so that four angles split
     in two)."""
     from leetrepro.methods import mamba3_rows as rows
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(rows, "sm_count", lambda device: 10 ** 6)
     monkeypatch.setattr(rows, "ANGLE_MIN_BLOCK", 2)
     assert rows._angle_block(8, 4, "cpu") == 2
-
-    def set_kernels(kernel):
-        if kernel:
-            monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-        else:
-            monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
     cases = [c for c in _row_cases(2, 45, 2, 4, 12, 4, 5, torch.float32, "cpu")
              if "angles" in c[0]]
     assert len(cases) == 2
-    _kernels_against_pytorch(cases, set_kernels, 1e-6, 1e-5, torch.float32)
+    _kernels_against_pytorch(cases, _interpreted_kernels(monkeypatch, torch.float32), 1e-6, 1e-5,
+                             torch.float32)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "

@@ -144,10 +144,16 @@ def _angles(TH, W, b, h, t, ok, a, A: tl.constexpr, TH_T: tl.constexpr):
     else:
         theta = tl.load(at + t.to(tl.int64)[:, None] * th_t + a[None, :] * th_a,
                         mask=ok[:, None] & (a < A)[None, :], other=0.0)
+    return tl.cos(theta), tl.sin(theta), _row_weights(W, b, t, h, ok)
+
+
+@triton.jit
+def _row_weights(W, b, t, h, ok):
+    """The weights [BLOCK_T] of rows t of (sequence b, head h), W ``(pointer, batch, seqlen,
+    head strides)`` float32, 0 past the rows."""
     w_ptr, w_b, w_t, w_h = W
-    w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok,
-                other=0.0)
-    return tl.cos(theta), tl.sin(theta), w
+    return tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok,
+                   other=0.0)
 
 
 @triton.jit
@@ -276,23 +282,31 @@ def _row_tile(T, b, t, h, c, mask):
 
 
 @triton.jit
-def gated_output(O, V, Z, W, Y, SIZE, HAS_Z: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
-    """y = (O + w·V)·silu(Z) (without ``HAS_Z``: O + w·V) for ``BLOCK_T`` rows of one (sequence,
-    head), Y contiguous ``(batch, seqlen, heads, D)``; ``SIZE = (N, H, D)``; grid (row blocks,
-    batch·heads)."""
+def _output_program(W, SIZE, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The gated output's program (grid: row blocks, batch·heads): ``(b, h, rows t, columns c,
+    t in range, the tile's mask, the rows' weights w, the rows' dense index, the tile's offsets
+    in a contiguous (batch, seqlen, heads, D) output)``."""
     N, H, D = SIZE
     b, h = tl.program_id(1) // H, tl.program_id(1) % H
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.arange(0, BLOCK_D)
     ok = t < N
-    mask = ok[:, None] & (c < D)[None, :]
-    w_ptr, w_b, w_t, w_h = W
-    w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok, other=0.0)
+    rows = _dense(b, t, h, (N, H))
+    return (b, h, t, c, ok, ok[:, None] & (c < D)[None, :], _row_weights(W, b, t, h, ok), rows,
+            rows[:, None] * D + c[None, :])
+
+
+@triton.jit
+def gated_output(O, V, Z, W, Y, SIZE, HAS_Z: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    """y = (O + w·V)·silu(Z) (without ``HAS_Z``: O + w·V) for ``BLOCK_T`` rows of one (sequence,
+    head), Y contiguous ``(batch, seqlen, heads, D)``; ``SIZE = (N, H, D)``; grid (row blocks,
+    batch·heads)."""
+    b, h, t, c, ok, mask, w, _, out = _output_program(W, SIZE, BLOCK_T, BLOCK_D)
     y = _row_tile(O, b, t, h, c, mask) + w[:, None] * _row_tile(V, b, t, h, c, mask)
     if HAS_Z:
         y = y * _silu(_row_tile(Z, b, t, h, c, mask))[0]
-    tl.store(Y + _dense(b, t, h, (N, H))[:, None] * D + c[None, :], y, mask=mask)
+    tl.store(Y + out, y, mask=mask)
 
 
 @triton.jit
@@ -300,18 +314,9 @@ def gated_output_backward(DY, O, V, Z, W, DO, DV, DZ, DW, SIZE, HAS_Z: tl.conste
                           BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """The gradients of :func:`gated_output`: dO, dV (and with ``HAS_Z`` dZ) contiguous
     ``(batch, seqlen, heads, D)`` in their own dtypes, dw float32 ``(batch, seqlen, heads)``."""
-    N, H, D = SIZE
-    b, h = tl.program_id(1) // H, tl.program_id(1) % H
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.arange(0, BLOCK_D)
-    ok = t < N
-    mask = ok[:, None] & (c < D)[None, :]
-    w_ptr, w_b, w_t, w_h = W
-    w = tl.load(w_ptr + b.to(tl.int64) * w_b + t.to(tl.int64) * w_t + h * w_h, mask=ok, other=0.0)
+    b, h, t, c, ok, mask, w, rows, out = _output_program(W, SIZE, BLOCK_T, BLOCK_D)
     dy = _row_tile(DY, b, t, h, c, mask)
     v = _row_tile(V, b, t, h, c, mask)
-    rows = _dense(b, t, h, (N, H))
-    out = rows[:, None] * D + c[None, :]
     if HAS_Z:
         silu, slope = _silu(_row_tile(Z, b, t, h, c, mask))
         pre = _row_tile(O, b, t, h, c, mask) + w[:, None] * v
