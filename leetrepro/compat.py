@@ -24,7 +24,11 @@ from .decay.per_head import check_gamma_values, mark_checked
 from .decay.trapezoid import key_weights, pending_state, rotate_pairs
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
-from .methods.mamba3_rows import angle_sums, gated_output, turned_rows
+from . import ops
+from ._direct import direct
+from .methods.mamba3_rows import (angle_sums, gated_output, pair_sums, pair_sums_on_kernel,
+                                  suffix_differences, turned_rows)
+from .methods.mamba3_rows import rotate as _rotate, rotate_backward as _rotate_backward
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
@@ -330,6 +334,74 @@ MAMBA3_FP32_PRECISION = "tf32x3"
 #: contract is 16-bit's, which tf32 keeps, where "tf32x3" took 8 of a 24 ms forward + backward
 #: (4 × 4096 rows × 64 heads, H200, NOTES.md)
 MAMBA3_GATE_GRAD_PRECISION = "tf32"
+#: whether :func:`mamba3_siso_combined`'s gradient takes the angles' and the gates' gradients
+#: from the pairs straddling each row (:class:`_TurnedOperator`) where the kernel runs, the
+#: operator then in the inputs' dtype; False: the running sums of dθ from a float32 operator
+#: (the A/B switch of the measurements, and the path float64 and PyTorch's methods take)
+MAMBA3_PAIR_SUMS = True
+
+
+_operator, _operator_backward = direct(ops.causal_linear), direct(ops.causal_linear_backward)
+
+
+class _TurnedOperator(torch.autograd.Function):
+    """The turned rows (:func:`leetrepro.methods.mamba3_rows.mamba3_rotate`, in Q's dtype) and
+    the operator with the gates ADT on them, as one node: its backward takes the angles' and
+    the gates' gradients from the pairs that straddle each row
+    (:func:`leetrepro.methods.mamba3_rows.mamba3_pair_sums`), so the operator runs in the
+    inputs' dtype both ways (its gradients of q̃ and w·k̃ give dQ, dK, the biases' and w's
+    alone). The angles' gradient leaves as the differences of the suffix sums S_t − S_(t+1)
+    in float64, which the angles' own backward sums again (exact in float64: S is float32).
+
+    Inputs: Q, K, Q_bias, K_bias; θ float64 ``(batch, seqlen, heads, A)``; w ``(batch, seqlen,
+    heads)`` float32; V ``(batch, seqlen, heads, headdim_v)`` in Q's dtype; the gates float32
+    ``(batch, heads, seqlen)``; the initial state (or None), ``cu_seqlens``; then ``spec =
+    (method, options, final state wanted, pair sums' precision)``. Returns the operator's
+    output ``(batch, heads, seqlen, headdim_v)``, each row's own pair ``(batch, seqlen, heads)``
+    float32 and the final state (empty unless wanted)."""
+
+    @staticmethod
+    def forward(ctx, Q, K, Q_bias, K_bias, theta, w, V, g, s0, cu_seqlens, spec):
+        method, options, final, _ = spec
+        q, key, own = _rotate(Q, K, Q_bias, K_bias, theta.float(), w, True)
+        o, sn = _operator(q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2), None, s0,
+                          method, options, False, final, cu_seqlens, 1.0, True, g)
+        ctx.save_for_backward(K, K_bias, theta, w, V, g, s0, cu_seqlens, q, key,
+                              sn if final else None)
+        ctx.spec = spec
+        ctx.dtypes = (Q_bias.dtype, K_bias.dtype)
+        return o, own, sn
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, down, dsn):
+        K, K_bias, theta, w, V, g, s0, cu, q, key, sn = ctx.saved_tensors
+        method, options, final, precision = ctx.spec
+        need = ctx.needs_input_grad
+        rows = q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2)
+        do = torch.zeros_like(rows[2]) if do is None else do.to(V.dtype)
+        dS = dsn if final and dsn is not None and dsn.numel() else None
+        need_q, need_k = need[0] or need[2], need[1] or need[3] or need[5]
+        dq, dkey, dv, ds0, _ = _operator_backward(
+            do, *rows, None, s0, dS, method, options, False, need_q, need_k, need[6],
+            s0 is not None and need[8], cu, 1.0, g, None, False)
+        grads = [None] * 11
+        if need_q or need_k:
+            zero = (lambda x, want: x.transpose(1, 2) if want else torch.zeros_like(q))
+            down = torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device) \
+                if down is None else down
+            dQ, dK, dqb, dkb, _, dw = _rotate_backward(
+                zero(dq, need_q), zero(dkey, need_k), down, q, key, K, K_bias, theta.float(), w)
+            grads[:4] = dQ, dK, dqb.to(ctx.dtypes[0]), dkb.to(ctx.dtypes[1])
+            grads[5] = dw
+        if need[4] or need[7]:
+            dg, sums = pair_sums(*rows, do, g, s0, dS, sn if dS is not None else None, cu,
+                                        theta.shape[-1], precision)
+            grads[4] = suffix_differences(sums.transpose(1, 2), cu)
+            grads[7] = dg
+        grads[6] = dv.transpose(1, 2) if need[6] else None
+        grads[8] = ds0 if s0 is not None and need[8] else None
+        return tuple(x if n else None for x, n in zip(grads, need))
 
 
 def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tensor,
@@ -370,9 +442,14 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     cosines are torch's, where mamba_ssm's kernels use fast approximations. Besides the
     operator, O(seqlen·nheads·(headdim_qk + headdim_v)) of passes: the running angles, the
     turned rows and the gated output one Triton pass each way on a GPU
-    (:mod:`leetrepro.methods.mamba3_rows`), the keys' weights' per-row passes PyTorch's. With a
-    gradient wanted the operator runs on float32 rows (whose values are Q's dtype's: the angles'
-    gradient needs its gradients unrounded); without, in the inputs' dtype.
+    (:mod:`leetrepro.methods.mamba3_rows`), the keys' weights' per-row passes PyTorch's. The
+    operator runs in the inputs' dtype. With a gradient wanted, the Angles' and ADT's gradients
+    come from the pairs of rows that straddle each row (:class:`_TurnedOperator`; the straddle
+    kernel, about as long as the operator's three sweeps), never from running sums of each
+    row's rounded gradient, which add that rounding up along the sequence. Where that kernel
+    does not run (float64, a CPU), the operator runs on float32 rows holding Q's dtype's values
+    and the running sums are taken of its unrounded gradients
+    (:data:`MAMBA3_PAIR_SUMS`).
     """
     _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens)
@@ -380,24 +457,33 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     theta0, S0, k_prev, v_prev = Input_States if Input_States is not None else (None,) * 4
     theta = angle_sums(Angles, DT, theta0, cu_seqlens)              # (batch, seqlen, heads, A)
     w, later = key_weights(DT, Trap, cu_seqlens, acc)                # (batch, heads, seqlen)
-    # each rounded once to Q's dtype, held in float32 (float64), so that the operator's
-    # gradients of them come unrounded and the angles' gradient is taken at those values
-    # (leetrepro.methods.mamba3_rows): float32 operands whose values are 16-bit. Without a
-    # gradient wanted, the operator runs in the inputs' dtype
+    # (without the straddle kernel, the turned rows are each rounded once to Q's dtype and held
+    # in float32 (float64), so that the operator's gradients of them come unrounded and the
+    # angles' gradient is taken at those values: leetrepro.methods.mamba3_rows)
     narrow = Q.dtype == V.dtype and not (torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in
         (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, *(Input_States or ()))))
-    q, key, own = turned_rows(Q, K, Q_bias, K_bias, theta.to(acc), w.transpose(1, 2), narrow)
-    v_op = V.to(q.dtype)
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states
     options.setdefault("fp32_precision", MAMBA3_FP32_PRECISION)
     if Q.dtype in (torch.float16, torch.bfloat16):  # (the gates' gradient to 16-bit's contract)
         options.setdefault("gate_grad_precision", MAMBA3_GATE_GRAD_PRECISION)
-    res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2), v_op.transpose(1, 2),
-                                g=ADT.to(acc), initial_state=s0, output_final_state=want,
-                                cu_seqlens=cu_seqlens, scale=1.0, **options)
-    o, states = res if want else (res, None)
+    if MAMBA3_PAIR_SUMS and not narrow and pair_sums_on_kernel(V, Q.shape[-1], Angles.shape[-1]):
+        # (the angles' gradient from the straddling pairs: the operator in the inputs' dtype)
+        opts = dict(options)
+        method = opts.pop("method", "auto")
+        precision = opts.pop("gate_grad_precision", "tf32x3")
+        o, own, states = _TurnedOperator.apply(
+            Q, K, Q_bias, K_bias, theta, w.transpose(1, 2), V.to(Q.dtype), ADT.to(acc), s0,
+            cu_seqlens, (method, ops.encode_options(opts), want, precision))
+    else:
+        q, key, own = turned_rows(Q, K, Q_bias, K_bias, theta.to(acc), w.transpose(1, 2),
+                                  narrow)
+        res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2),
+                                    V.to(q.dtype).transpose(1, 2), g=ADT.to(acc),
+                                    initial_state=s0, output_final_state=want,
+                                    cu_seqlens=cu_seqlens, scale=1.0, **options)
+        o, states = res if want else (res, None)
     # row t's own pair holds w_t but only λ_t dt_t of it has entered at t
     weight = -own * later.transpose(1, 2)                # (batch, seqlen, heads)
     if D is not None:

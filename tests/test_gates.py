@@ -761,7 +761,8 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
     """The gates' gradient's two kernels through Triton's real code generation for sm_90 and
     ptxas (the interpreter checks their numbers, not their resources): each program's shared
     memory within Hopper's 227 KiB (the unrolled block pairs once asked for 546 KiB, and every
-    gated backward failed on the GPU), and their spills held at what was measured (NOTES.md:
+    gated backward failed on the GPU), with Mamba-3's turned pairs' sums too, and their spills
+    held at what was measured (NOTES.md:
     the pairs' tiles and the carried state exceed 255 registers a thread at any warp count);
     and the kernel taking dg from the Hopper kernel's rows (``kernels/gate_rows.py``) without
     spills."""
@@ -782,6 +783,8 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
         shared = int(line.split("shared=")[1].split()[0])
         assert 0 < shared <= 232448, line
         budget = {"segment_states": 400, "straddle_gradient": 1900}[line.split()[1]]
+        if " angles=" in line:  # (Mamba-3's turned pairs' sums too: 3.4-4.6 KB)
+            budget = 5000
         assert spill_bytes(line) <= (3 * budget if " fp32 " in line else budget), line
 
 

@@ -43,10 +43,13 @@ import triton.language as tl
 #: The gates' gradient (``gate_straddle.py``): ``SEG_BLOCKS`` the BLOCK_N blocks of its
 #: segments. ``GATE_GRAD``: a backward sweep also writes the gates' gradient's pieces
 #: (:func:`gate_pieces`). ``SPLIT``: the chunk-scan kernel's segments chained through its ring.
+#: ``ANGLES = (BLOCK_A, A, HALF)``: with A > 0 the gates' gradient's kernel also sums each
+#: row's A turned pairs (Mamba-3's angles) over the pairs straddling it (``HALF``: its pair
+#: tiles rounded to bf16 for their products).
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD SPLIT",
-    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False, False))
+                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD SPLIT ANGLES",
+    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False, False, (16, 0, False)))
 
 
 def constants(cfg: dict, **flags) -> Constants:

@@ -155,24 +155,87 @@ def segment_states(Xt, Y, G, WS, S, CU, INV_SCALE, SIZE, K: tl.constexpr):
 
 
 @triton.jit
-def straddle_gradient(Bt, Ct, V, DO, G, WF, WR, DG, CU, SIZE, K: tl.constexpr):
+def straddle_gradient(Bt, Ct, V, DO, G, WF, WR, DG, CU, SIZE, K: tl.constexpr, DA=None):
     """Each row's dg (partial over this lane's value columns) into ``DG`` (float32
     ``(column blocks, batch, heads, N)``, contiguous), one segment a program (grid: lanes ×
-    segments of the longest lane), from F in ``WF`` and R in ``WR`` (:func:`segment_states`)."""
+    segments of the longest lane), from F in ``WF`` and R in ``WR`` (:func:`segment_states`).
+    With ``K.ANGLES = (BLOCK_A, A, HALF)``, A > 0, also each row's turned pairs' sums into
+    ``DA`` (float32 ``(column blocks, batch, heads, N, A)``): :func:`_angle_block`; ``HALF``:
+    the pair tiles' products with the rows' halves in bf16, else fp32."""
     NB: tl.constexpr = K.SEG_BLOCKS
     BLOCK_N: tl.constexpr = K.BLOCK_N
     N, R, D, H, SLOTS = SIZE
     seq, head, d0, bos, n, row, slot0 = _lane(CU, SIZE, K)
     k = tl.program_id(1)
     if k * (NB * BLOCK_N) < n:  # (a packed lane shorter than the longest has fewer segments)
-        _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K, seq, head, d0, bos, n,
+        _segment(Bt, Ct, V, DO, G, WF, WR, (DG, DA), SIZE, K, (seq, head, d0, bos, n),
                  row * SLOTS + slot0 + k, k * (NB * BLOCK_N))
 
 
 @triton.jit
-def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0, bos, n, slot,
-             P):
-    """:func:`straddle_gradient`'s segment from row P, its states at workspace ``slot``."""
+def _out_rows(OUT, SIZE, lane, width, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr):
+    """Where this lane's row 0 starts in an output ``(column blocks, batch, heads, N, width)``
+    (a batch of one when packed)."""
+    N, R, D, H, SLOTS = SIZE
+    seq, head, d0, bos, n = lane
+    if VARLEN:
+        return OUT + (((d0 // BLOCK_D) * H + head) * N + bos) * width
+    else:
+        seqs = tl.num_programs(0) // (tl.cdiv(D, BLOCK_D) * H)
+        return OUT + ((((d0 // BLOCK_D) * seqs + seq) * H + head) * N) * width
+
+
+@triton.jit
+def _pair_halves(rows, phys, ok, BLOCK_A: tl.constexpr, A):
+    """The even and odd columns of the first 2·A of a lane's rows (the turned pairs' two
+    halves), [BLOCK_N, BLOCK_A] each."""
+    k = tl.arange(0, BLOCK_A)
+    return load_rows(rows, phys, ok, (2 * k, k < A)), load_rows(rows, phys, ok, (2 * k + 1, k < A))
+
+
+@triton.jit
+def _state_halves(WS, index, A, BLOCK_A: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """Rows 2a and 2a + 1 (a < A) of workspace state ``index``: [BLOCK_A, BLOCK_D] fp32 each."""
+    k = tl.arange(0, BLOCK_A)[:, None]
+    base = WS + index * BLOCK_R * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    ok = (k < A) & (tl.arange(0, BLOCK_D)[None, :] < BLOCK_D)
+    return tl.load(base + (2 * k) * BLOCK_D, mask=ok, other=0.0), \
+        tl.load(base + (2 * k + 1) * BLOCK_D, mask=ok, other=0.0)
+
+
+@triton.jit
+def _cross(xe, xo, ye, yo):
+    """x ×_a y = x_2a y_(2a+1) − x_(2a+1) y_2a for each pair a, from the halves of x and y."""
+    return xe * yo - xo * ye
+
+
+@triton.jit
+def _half_products(x, se, so, dtype: tl.constexpr, HALF_RANGE: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """(x seᵀ, x soᵀ) for a tile of rows x [BLOCK_N, BLOCK_D] and a state's halves (fp32
+    [BLOCK_A, BLOCK_D], rounded to x's dtype as :func:`state_operand` does)."""
+    e_op, e_scale = state_operand(se, dtype, HALF_RANGE)
+    o_op, o_scale = state_operand(so, dtype, HALF_RANGE)
+    return tl.dot(x, tl.trans(e_op), input_precision=PRECISION) * e_scale, \
+        tl.dot(x, tl.trans(o_op), input_precision=PRECISION) * o_scale
+
+
+@triton.jit
+def _tile_products(w, xe, xo, PRECISION: tl.constexpr, HALF: tl.constexpr):
+    """(w xe, w xo): an fp32 pair tile w times a tile's halves: with ``HALF`` the tile rounded
+    to the halves' 16-bit dtype (bf16's range), else in fp32 at ``PRECISION``."""
+    if HALF:
+        return tl.dot(w.to(xe.dtype), xe), tl.dot(w.to(xo.dtype), xo)
+    else:
+        return tl.dot(w, xe.to(tl.float32), input_precision=PRECISION), \
+            tl.dot(w, xo.to(tl.float32), input_precision=PRECISION)
+
+
+@triton.jit
+def _segment(Bt, Ct, V, DO, G, WF, WR, OUT, SIZE, K: tl.constexpr, lane, slot, P):
+    """:func:`straddle_gradient`'s segment from row P of ``lane`` (sequence or batch, head, first
+    value column, first row, rows), its states at workspace ``slot``; ``OUT = (DG, DA)``."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_N: tl.constexpr = K.BLOCK_N
     BLOCK_R: tl.constexpr = K.BLOCK_R
@@ -181,7 +244,13 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0,
     HALF_RANGE: tl.constexpr = K.HALF_RANGE
     GB: tl.constexpr = K.GROUPS[0]
     GC: tl.constexpr = K.GROUPS[1]
+    ANGLES: tl.constexpr = K.ANGLES[1] > 0
+    BLOCK_A: tl.constexpr = K.ANGLES[0]
+    A: tl.constexpr = K.ANGLES[1]
+    HALF_TILES: tl.constexpr = K.ANGLES[2]
+    VARLEN: tl.constexpr = K.VARLEN
     N, R, D, H, SLOTS = SIZE
+    seq, head, d0, bos, n = lane
     b_rows = lane_rows(Bt, seq, head // GB, bos, K.VARLEN)
     c_rows = lane_rows(Ct, seq, head // GC, bos, K.VARLEN)
     v_rows = lane_rows(V, seq, head, bos, K.VARLEN)
@@ -189,11 +258,7 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0,
     g_rows = lane_rows(G, seq, head, bos, K.VARLEN)
     cols_r = columns(0, R, BLOCK_R)
     cols_d = columns(d0, D, BLOCK_D)
-    n_db = tl.cdiv(D, BLOCK_D)
-    if K.VARLEN:
-        out = DG + ((d0 // BLOCK_D) * H + head) * N + bos
-    else:
-        out = DG + (((d0 // BLOCK_D) * (tl.num_programs(0) // (n_db * H)) + seq) * H + head) * N
+    out = _out_rows(OUT[0], SIZE, lane, 1, BLOCK_D, VARLEN)
     blk = tl.arange(0, NB)[:, None]
     within = tl.arange(0, BLOCK_N)
     lower = within[:, None] >= within[None, :]
@@ -203,7 +268,13 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0,
     acc = tl.zeros((NB, BLOCK_N), dtype=tl.float32) + tl.exp(seg_total) * tl.sum(
         tl.sum(f * tl.load(_slot(WR, slot, BLOCK_R, BLOCK_D)), axis=1), axis=0)
     f_op, f_scale = state_operand(f, DO[0].dtype.element_ty, HALF_RANGE)
-    for q in range(0, NB):  # rows i in block q
+    if ANGLES:
+        c0, x_after, ytot = _angle_start(Ct, V, G, WF, WR, SIZE, K, lane, slot, P, tot)
+    for qq in range(0, NB):  # rows i in block q (from the last block with the angles)
+        if ANGLES:
+            q = NB - 1 - qq
+        else:
+            q = qq
         ok_q, phys_q, Gq = _segment_block(g_rows, P, q, _before(tot, q, NB), n, BLOCK_N)
         b = load_rows(b_rows, phys_q, ok_q, cols_r)
         do = load_rows(o_rows, phys_q, ok_q, cols_d)
@@ -212,6 +283,9 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0,
         acc += tl.where(blk == q, (tl.sum(rho, axis=0) - tl.cumsum(rho, axis=0) + rho)[None, :],
                         0.0)
         acc += tl.where(blk < q, tl.sum(rho, axis=0), 0.0)
+        if ANGLES:
+            be, bo = _pair_halves(b_rows, phys_q, ok_q, BLOCK_A, A)
+            x = _angle_rows(be, bo, ok_q, Gq, do, WF, slot, K)
         for p in range(0, q + 1):  # columns j in block p ≤ q
             ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n, BLOCK_N)
             c = load_rows(c_rows, phys_p, ok_p, cols_r)
@@ -220,9 +294,9 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0,
             # lower triangle)
             keep = ok_q[:, None] & ok_p[None, :] & \
                 (within[:, None] + (q - p) * BLOCK_N >= within[None, :])
-            a = tl.dot(b, tl.trans(c), input_precision=PRECISION) * \
-                tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            a = tl.where(keep, a * tl.exp(tl.where(keep, Gq[:, None] - Gp[None, :], 0.0)), 0.0)
+            w = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            w = tl.where(keep, w * tl.exp(tl.where(keep, Gq[:, None] - Gp[None, :], 0.0)), 0.0)
+            a = tl.dot(b, tl.trans(c), input_precision=PRECISION) * w
             if p == q:  # Σ_(i ≥ t) Σ_(j < t) a_ij
                 before = tl.cumsum(a, axis=1) - a
                 acc += tl.where(blk == q,
@@ -236,6 +310,15 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0,
                 acc += tl.where(blk == p, (tl.cumsum(cols_sum, axis=0)
                                            - cols_sum)[None, :], 0.0)
                 acc += tl.where((blk > p) & (blk < q), total, 0.0)
+            if ANGLES:  # (the diagonal's own pairs j = i turn together: left out)
+                ce, co = _pair_halves(c_rows, phys_p, ok_p, BLOCK_A, A)
+                we, wo = _tile_products(tl.where(within[:, None] + (q - p) * BLOCK_N
+                                                 > within[None, :], w, 0.0), ce, co, PRECISION,
+                                        HALF_TILES)
+                x += _cross(be, bo, we, wo)
+        if ANGLES:
+            x_after = _angle_block((b_rows, c_rows, v_rows, o_rows, g_rows), WR, OUT[1], SIZE, K,
+                                   lane, slot, P, tot, q, x, c0, x_after, ytot)
     r_op, r_scale = state_operand(tl.load(_slot(WR, slot, BLOCK_R, BLOCK_D)),
                                  DO[0].dtype.element_ty, HALF_RANGE)
     for p in range(0, NB):  # columns j, paired with the rows after the segment
@@ -249,3 +332,118 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, DG, SIZE, K: tl.constexpr, seq, head, d0,
         acc += tl.where(blk > p, tl.sum(kappa, axis=0), 0.0)
     rows = P + blk * BLOCK_N + within[None, :]
     tl.store(out + rows, acc, mask=rows < n)
+
+
+# The turned pairs' sums (Mamba-3's angles, ``K.ANGLES``). A pair of rows j < i enters the loss
+# through b_i·c_j, where b and c are turned by their rows' angles: a turn of pair a by φ at row i
+# adds ∂/∂φ = w_ij (b_i ×_a c_j) (w_ij = M_ij dO_i·v_j) and the same turn at row j its negative.
+# So the sum over t ≥ s of the angles' gradient keeps the pairs with j < s ≤ i: the pairs that
+# straddle s, as dg does with b_i·c_j. Per segment, with x_u = ρ_u + Σ_(j<u) X_uj − Σ_(i>u) X_iu
+# over its own pairs (ρ: the pairs with a column before it) and y_u = κ_u (a row after it):
+#     S_s = C0 + Σ_(u ≥ s) x_u + Σ_(u < s) y_u,    C0 the pairs before × after,
+# walked block by block from the last, each x_u and y_u in fp32 from products of the inputs
+# (no long sum of rounded gradients: the suffix sums stay within a segment).
+
+
+@triton.jit
+def _angle_start(Ct, V, G, WF, WR, SIZE, K: tl.constexpr, lane, slot, P, tot):
+    """``(C0, Σ x of the blocks after, y's total per block)`` at a segment's start: C0 =
+    e^(G_E − G_(P−1)) Σ_d R ×_a F [BLOCK_A]; the y totals [NB, BLOCK_A]."""
+    BLOCK_A: tl.constexpr = K.ANGLES[0]
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    NB: tl.constexpr = K.SEG_BLOCKS
+    A: tl.constexpr = K.ANGLES[1]
+    GC: tl.constexpr = K.GROUPS[1]
+    N, R, D, H, SLOTS = SIZE
+    seq, head, d0, bos, n = lane
+    fe, fo = _state_halves(WF, slot, A, BLOCK_A, BLOCK_R, BLOCK_D)
+    re, ro = _state_halves(WR, slot, A, BLOCK_A, BLOCK_R, BLOCK_D)
+    seg_total = tl.sum(tot, axis=0)
+    c0 = tl.exp(seg_total) * tl.sum(_cross(re, ro, fe, fo), axis=1)
+    c_rows = lane_rows(Ct, seq, head // GC, bos, K.VARLEN)
+    v_rows = lane_rows(V, seq, head, bos, K.VARLEN)
+    g_rows = lane_rows(G, seq, head, bos, K.VARLEN)
+    blk = tl.arange(0, NB)[:, None]
+    ytot = tl.zeros((NB, BLOCK_A), dtype=tl.float32)
+    for p in range(0, NB):
+        ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n, BLOCK_N)
+        ytot += tl.where(blk == p, tl.sum(_angle_after(c_rows, v_rows, phys_p, ok_p, Gp,
+                                                       seg_total, re, ro, K, d0, D),
+                                          axis=0)[None, :], 0.0)
+    return c0, tl.zeros((BLOCK_A,), dtype=tl.float32), ytot
+
+
+@triton.jit
+def _angle_after(c_rows, v_rows, phys, ok, Gp, seg_total, re, ro, K: tl.constexpr, d0, D):
+    """y_j = κ_j: column j's pairs with the rows after the segment, e^(G_E − G_j) (v_j Rᵀ) ×_a c_j,
+    [BLOCK_N, BLOCK_A]."""
+    BLOCK_A: tl.constexpr = K.ANGLES[0]
+    A: tl.constexpr = K.ANGLES[1]
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    HALF_RANGE: tl.constexpr = K.HALF_RANGE
+    PRECISION: tl.constexpr = K.PRECISION
+    v = load_rows(v_rows, phys, ok, columns(d0, D, BLOCK_D))
+    ce, co = _pair_halves(c_rows, phys, ok, BLOCK_A, A)
+    we, wo = _half_products(v, re, ro, v.dtype, HALF_RANGE, PRECISION)
+    return _cross(we, wo, ce, co) * tl.where(ok, tl.exp(seg_total - Gp), 0.0)[:, None]
+
+
+@triton.jit
+def _angle_rows(be, bo, ok, Gq, do, WF, slot, K: tl.constexpr):
+    """x_i's first part ρ_i: row i's pairs with the columns before the segment,
+    e^(G_i − G_(P−1)) b_i ×_a (dO_i Fᵀ), [BLOCK_N, BLOCK_A]."""
+    BLOCK_A: tl.constexpr = K.ANGLES[0]
+    A: tl.constexpr = K.ANGLES[1]
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    HALF_RANGE: tl.constexpr = K.HALF_RANGE
+    PRECISION: tl.constexpr = K.PRECISION
+    fe, fo = _state_halves(WF, slot, A, BLOCK_A, BLOCK_R, BLOCK_D)
+    ue, uo = _half_products(do, fe, fo, do.dtype, HALF_RANGE, PRECISION)
+    return _cross(be, bo, ue, uo) * tl.where(ok, tl.exp(Gq), 0.0)[:, None]
+
+
+@triton.jit
+def _angle_block(rows, WR, DA, SIZE, K: tl.constexpr, lane, slot, P, tot, q, x, c0, x_after,
+                 ytot):
+    """Block q's turned pairs' sums into ``DA``, from x (its rows' ρ and the pairs whose row is
+    in it: the pairs whose column is in it are taken here), C0, the x of the blocks after it and
+    the blocks' y totals (:func:`_angle_start`); returns the x of the blocks from q on."""
+    BLOCK_A: tl.constexpr = K.ANGLES[0]
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    NB: tl.constexpr = K.SEG_BLOCKS
+    PRECISION: tl.constexpr = K.PRECISION
+    A: tl.constexpr = K.ANGLES[1]
+    HALF: tl.constexpr = K.ANGLES[2]
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    VARLEN: tl.constexpr = K.VARLEN
+    N, R, D, H, SLOTS = SIZE
+    seq, head, d0, bos, n = lane
+    b_rows, c_rows, v_rows, o_rows, g_rows = rows
+    within = tl.arange(0, BLOCK_N)
+    ok_q, phys_q, Gq = _segment_block(g_rows, P, q, _before(tot, q, NB), n, BLOCK_N)
+    ce, co = _pair_halves(c_rows, phys_q, ok_q, BLOCK_A, A)
+    v = load_rows(v_rows, phys_q, ok_q, columns(d0, D, BLOCK_D))
+    for i in range(q, NB):  # the pairs whose column is in block q (rows in block i ≥ q)
+        ok_i, phys_i, Gi = _segment_block(g_rows, P, i, _before(tot, i, NB), n, BLOCK_N)
+        do = load_rows(o_rows, phys_i, ok_i, columns(d0, D, BLOCK_D))
+        be, bo = _pair_halves(b_rows, phys_i, ok_i, BLOCK_A, A)
+        keep = ok_i[:, None] & ok_q[None, :] & \
+            (within[:, None] + (i - q) * BLOCK_N > within[None, :])
+        w = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        w = tl.where(keep, w * tl.exp(tl.where(keep, Gi[:, None] - Gq[None, :], 0.0)), 0.0)
+        he, ho = _tile_products(tl.trans(w), be, bo, PRECISION, HALF)
+        x -= _cross(he, ho, ce, co)
+    re, ro = _state_halves(WR, slot, A, BLOCK_A, BLOCK_R, BLOCK_D)
+    y = _angle_after(c_rows, v_rows, phys_q, ok_q, Gq, tl.sum(tot, axis=0), re, ro, K, d0, D)
+    blk = tl.arange(0, NB)[:, None]
+    s = c0[None, :] + x_after[None, :] + tl.cumsum(x, axis=0, reverse=True) + \
+        tl.cumsum(y, axis=0) - y + tl.sum(tl.where(blk < q, ytot, 0.0), axis=0)[None, :]
+    out = _out_rows(DA, SIZE, lane, A, BLOCK_D, VARLEN)
+    rows = P + q * BLOCK_N + within
+    k = tl.arange(0, BLOCK_A)
+    tl.store(out + rows[:, None] * A + k[None, :], s, mask=(rows < n)[:, None] & (k < A)[None, :])
+    return x_after + tl.sum(x, axis=0)

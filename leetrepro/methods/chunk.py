@@ -1264,12 +1264,17 @@ def gate_gradient_from_pieces(forward: tuple, backward: tuple, block_n: int,
 #: segment), the block of value columns a lane holds, warps. The value columns stay 64 at every
 #: d (fewer masked): at 4 warps and 64-row blocks, Triton 3.6's code for 32 or 16 of them beside
 #: r = 128 faults on the GPU (an illegal address), and at r = 256 it returns wrong sums
-#: (NOTES.md): r above :data:`STRADDLE_MAX_R` is taken in pieces of it (dg is a sum over r)
+#: (NOTES.md): r above :data:`STRADDLE_MAX_R` is taken in pieces of it (dg is a sum over r).
+#: With Mamba-3's turned pairs' sums too, 4 warps: at 8 (2.1 KB of spills a thread against 3.4
+#: at r = 128, bf16) it ran 1.13× slower, and in fp32 it faulted (H200, notes/mamba3.md)
 STRADDLE_BLOCK_N = 64
 STRADDLE_SEGMENT_BLOCKS = 4
 STRADDLE_BLOCK_D = 64
 STRADDLE_WARPS = 4
 STRADDLE_MAX_R = 128
+#: with bf16 rows, whether the turned pairs' sums take their pair tiles' products in bf16 (the
+#: tile rounded once), else in fp32 (tf32 products)
+STRADDLE_ANGLE_HALF_TILES = True
 
 
 def straddle_tiles(r: int) -> tuple[int, int]:
@@ -1284,7 +1289,8 @@ def straddle_tiles(r: int) -> tuple[int, int]:
 def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.Tensor,
                   g: torch.Tensor, *, initial_state: torch.Tensor | None = None,
                   dS: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
-                  scale: float = 1.0, precision: str | None = None) -> torch.Tensor:
+                  scale: float = 1.0, precision: str | None = None, angles: int = 0,
+                  final_state: torch.Tensor | None = None):
     """dg, float32 ``(batch, heads, N)``: the gradient to the per-token gates ``g`` (float32
     ``(batch, heads, N)``, any strides, γ folded in) of ⟨dO, O⟩ + ⟨dS, S_N⟩ for
     O = scale·op(B, C, V) with the mask exp(G_i − G_j), as the sum over the pairs of rows
@@ -1298,18 +1304,34 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     own, O(N·(r·d + 256·(r + d))) in all; a workspace of two fp32 r × d states per 256 rows.
     r above :data:`STRADDLE_MAX_R` in pieces of it, their dg summed. fp32's products through
     ``precision`` (default ``"tf32x3"``: fp32's contract; ``"tf32"`` for operands that hold
-    16-bit values, to 16-bit's contract)."""
+    16-bit values, to 16-bit's contract).
+
+    ``angles`` = A > 0 (Mamba-3's turned pairs, 2·A ≤ r): also, second, the sums S float32
+    ``(batch, heads, N, A)`` over the same pairs of M_ij (dO_i·v_j)(b_i ×_a c_j), b ×_a c =
+    b_2a c_(2a+1) − b_(2a+1) c_2a: the suffix sums Σ_(t ≥ s) of the gradient to an angle that
+    turns pair a of row t's b and c together, the states turned by none (the initial state a
+    column before the first row; with dS, ``final_state`` S_N: the kernel's dS_N stands as a
+    row after the last, so the pairs of S_N's columns with it, Σ_d dS_N ×_a S_N, are taken
+    off), each within a segment from fp32 products (``kernels/gate_straddle.py``), never a
+    long running sum. About twice the products of dg alone."""
     batch, heads, n, d = V.shape
     r = B.shape[-1]
+    if angles and 2 * angles > min(r, STRADDLE_MAX_R):
+        raise ValueError(f"angles={angles} turns 2·{angles} of r = {r} dims; the kernel takes "
+                         f"2·angles ≤ min(r, {STRADDLE_MAX_R})")
     if n == 0 or B.numel() == 0 or V.numel() == 0:
-        return V.new_zeros(batch, heads, n, dtype=torch.float32)
+        dg = V.new_zeros(batch, heads, n, dtype=torch.float32)
+        return (dg, V.new_zeros(batch, heads, n, angles, dtype=torch.float32)) if angles else dg
     if r > STRADDLE_MAX_R:  # (b_i·c_j is a sum over r, and so is every term: pieces of r, summed)
-        parts = range(0, r, STRADDLE_MAX_R)
         piece = (lambda x, k: None if x is None else x[..., k:k + STRADDLE_MAX_R, :])
-        return sum(gate_gradient(B[..., k:k + STRADDLE_MAX_R], C[..., k:k + STRADDLE_MAX_R], V, dO,
-                                 g, initial_state=piece(initial_state, k), dS=piece(dS, k),
-                                 cu_seqlens=cu_seqlens, scale=scale, precision=precision)
-                   for k in parts)
+        parts = [gate_gradient(B[..., k:k + STRADDLE_MAX_R], C[..., k:k + STRADDLE_MAX_R], V, dO,
+                               g, initial_state=piece(initial_state, k), dS=piece(dS, k),
+                               cu_seqlens=cu_seqlens, scale=scale, precision=precision,
+                               angles=angles if k == 0 else 0,  # (the turned dims: the first)
+                               final_state=piece(final_state, k))
+                 for k in range(0, r, STRADDLE_MAX_R)]
+        dg = sum(x[0] if isinstance(x, tuple) else x for x in parts)
+        return (dg, parts[0][1]) if angles else dg
     if os.environ.get("TRITON_INTERPRET") == "1" and V.dtype == torch.bfloat16:
         B, C, V, dO = (x.float() for x in (B, C, V, dO))  # (the interpreter's bf16 dot is wrong)
     B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
@@ -1327,7 +1349,9 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
                         PRECISION=dot_precision(V.dtype, precision or "tf32x3"),
                         VARLEN=cu_seqlens is not None,
                         HALF_RANGE=V.dtype == torch.float16, SEG_BLOCKS=STRADDLE_SEGMENT_BLOCKS,
-                        GROUPS=(heads // B.shape[1], heads // C.shape[1], 1, 1))
+                        GROUPS=(heads // B.shape[1], heads // C.shape[1], 1, 1),
+                        ANGLES=(max(16, next_pow2(angles)), angles,
+                                STRADDLE_ANGLE_HALF_TILES and V.dtype == torch.bfloat16))
     state = (lambda x: None if x is None else x.to(torch.float32).contiguous())
     common = dict(G=strided(g.to(torch.float32)), CU=cu_seqlens, SIZE=(n, r, d, heads, slots),
                   num_warps=STRADDLE_WARPS, num_stages=1)
@@ -1337,10 +1361,32 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
             Xt=strided(x), Y=strided(y), WS=ws[int(reverse)], S=state(s), INV_SCALE=inv,
             K=K._replace(REVERSE=reverse, HAS_S0=s is not None,
                          GROUPS=(heads // x.shape[1], 1, 1, 1)), **common)
+    da = (torch.empty if cu_seqlens is None else torch.zeros)(
+        n_db, batch, heads, n, angles, dtype=torch.float32, device=V.device) if angles else None
     straddle_kernels.straddle_gradient[(programs, cdiv(n, seg))](
         Bt=strided(B), Ct=strided(C), V=strided(V), DO=strided(dO), WF=ws[0], WR=ws[1], DG=dg, K=K,
-        **common)
-    return (dg.sum(0) if n_db > 1 else dg[0]) * scale
+        DA=da, **common)
+    dg = (dg.sum(0) if n_db > 1 else dg[0]) * scale
+    if not angles:
+        return dg
+    return dg, _frame_pairs((da.sum(0) if n_db > 1 else da[0]) * scale, dS, final_state,
+                            angles, cu_seqlens)
+
+
+def _frame_pairs(sums: torch.Tensor, dS, final_state, angles: int, cu_seqlens) -> torch.Tensor:
+    """The turned pairs' sums (:func:`gate_gradient`) with the final state's own pairs taken off:
+    Σ_d dS_N ×_a S_N per (sequence, head) off every row of its sequence."""
+    if dS is None:
+        return sums
+    if final_state is None:
+        raise ValueError("gate_gradient(angles=…, dS=…) needs final_state (S_N)")
+    dS, sn = dS[..., :2 * angles, :].double(), final_state[..., :2 * angles, :].double()
+    frame = (dS[..., 0::2, :] * sn[..., 1::2, :] - dS[..., 1::2, :] * sn[..., 0::2, :]).sum(-1)
+    if cu_seqlens is None:
+        return sums - frame[:, :, None, :].float()
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=sums.device, dtype=torch.int64)
+    per_row = frame.float().repeat_interleave(lengths, dim=0, output_size=sums.shape[2])
+    return sums - per_row.transpose(0, 1)[None]
 
 # the launch tables and plans that read data/<gpu>/ are forgotten when a table is rewritten
 on_change(_config.cache_clear)

@@ -180,13 +180,13 @@ def _(dq, dkey, down, q, key, K, K_bias, theta, w):
             q.new_empty(q.shape[:3]))
 
 
-_rotate, _rotate_backward = direct(mamba3_rotate), direct(mamba3_rotate_backward)
+rotate, rotate_backward = direct(mamba3_rotate), direct(mamba3_rotate_backward)
 
 
 class _TurnedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, Q_bias, K_bias, theta, w):
-        q, key, own = _rotate(Q, K, Q_bias, K_bias, theta, w)
+        q, key, own = rotate(Q, K, Q_bias, K_bias, theta, w)
         ctx.save_for_backward(K, K_bias, theta, w, q, key)
         ctx.dtypes = (Q_bias.dtype, K_bias.dtype)
         return q, key, own
@@ -196,7 +196,7 @@ class _TurnedRows(torch.autograd.Function):
         K, K_bias, theta, w, q, key = ctx.saved_tensors
         dq, dkey = (torch.zeros_like(q) if x is None else x for x in (dq, dkey))
         down = torch.zeros(q.shape[:3], dtype=q.dtype, device=q.device) if down is None else down
-        dQ, dK, dqb, dkb, dtheta, dw = _rotate_backward(dq, dkey, down, q, key, K, K_bias, theta,
+        dQ, dK, dqb, dkb, dtheta, dw = rotate_backward(dq, dkey, down, q, key, K, K_bias, theta,
                                                         w)
         grads = [dQ, dK, dqb.to(ctx.dtypes[0]), dkb.to(ctx.dtypes[1]), dtheta, dw]
         return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
@@ -208,7 +208,7 @@ def turned_rows(Q: torch.Tensor, K: torch.Tensor, Q_bias: torch.Tensor, K_bias: 
     at the rounded values (the module docstring); ``narrow`` (for calls that want no gradient):
     q̃ and w·k̃ in Q's dtype, not differentiable."""
     if narrow:
-        return _rotate(Q, K, Q_bias, K_bias, theta, w, True)
+        return rotate(Q, K, Q_bias, K_bias, theta, w, True)
     return _TurnedRows.apply(Q, K, Q_bias, K_bias, theta, w)
 
 
@@ -439,3 +439,56 @@ def angle_sums(Angles: torch.Tensor, DT: torch.Tensor, theta0: torch.Tensor | No
     if not _on_angle_kernel(Angles):
         return running_angles(Angles, DT, theta0, cu_seqlens)
     return _Angles.apply(Angles, DT, theta0, cu_seqlens)
+
+
+def pair_sums_on_kernel(V: torch.Tensor, r: int, angles: int) -> bool:
+    """Whether :func:`mamba3_pair_sums` runs for these rows: V ``(…)`` fp16/bf16/fp32 on the
+    row kernels' terms (:func:`on_row_kernels`: a GPU, or the interpreter asked for by name)
+    where Triton imported, the turned dims within the kernel's r (``2·angles ≤
+    chunk.STRADDLE_MAX_R``)."""
+    from . import chunk
+    return chunk.HAS_TRITON and on_row_kernels(V, chunk.straddle_kernels) and \
+        V.dtype in _TRITON_DTYPE and 0 < 2 * angles <= min(r, chunk.STRADDLE_MAX_R)
+
+
+@torch.library.custom_op("leetrepro::mamba3_pair_sums", mutates_args=())
+def mamba3_pair_sums(q: torch.Tensor, key: torch.Tensor, v: torch.Tensor, dO: torch.Tensor,
+                     g: torch.Tensor, initial_state: torch.Tensor | None,
+                     dS: torch.Tensor | None, SN: torch.Tensor | None,
+                     cu_seqlens: torch.Tensor | None, angles: int, precision: str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dg, S)``: the gates' gradient float32 ``(batch, heads, N)`` and the sums of the
+    angles' gradient from each row on, float32 ``(batch, heads, N, angles)``, of ⟨dO, O⟩ +
+    ⟨dS, S_N⟩ for the operator O, S_N on the turned rows q, key ``(batch, heads, N, r)``,
+    v, dO ``(batch, heads, N, d)`` with the gates g: both sums over the pairs of rows that
+    straddle each row (:func:`leetrepro.methods.chunk.gate_gradient` with ``angles``), so
+    neither adds up a rounding along the rows. The states (``initial_state``, S_N) are turned
+    by no angle; SN: the forward's final state, where dS is given. ``precision``: fp32's
+    products (16-bit inputs: its operands hold 16-bit values). O(N·(r·d + 256·(r + d))) a
+    (batch, head), about twice dg's alone."""
+    from . import chunk
+    return chunk.gate_gradient(q, key, v, dO, g, initial_state=initial_state, dS=dS,
+                               final_state=SN, cu_seqlens=cu_seqlens, precision=precision,
+                               angles=angles)
+
+
+@mamba3_pair_sums.register_fake
+def _(q, key, v, dO, g, initial_state, dS, SN, cu_seqlens, angles, precision):
+    return g.new_empty(v.shape[:3], dtype=torch.float32), \
+        g.new_empty(*v.shape[:3], angles, dtype=torch.float32)
+
+
+pair_sums = direct(mamba3_pair_sums)
+
+
+def suffix_differences(sums: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """Per row t, S_t − S_(t+1) in float64 from suffix sums S ``(batch, seqlen, heads, A)``
+    (S past each sequence's last row taken as 0): what a running sum from each sequence's last
+    row turns back into S, exactly (S float32, its differences exact in float64)."""
+    wide = sums.to(torch.float64)
+    after = torch.zeros_like(wide)
+    after[:, :-1] = wide[:, 1:]
+    if cu_seqlens is not None and wide.shape[1]:
+        last = (cu_seqlens[1:].to(device=wide.device, dtype=torch.int64) - 1).clamp_min(0)
+        after[:, last] = 0.0
+    return wide - after

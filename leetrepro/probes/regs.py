@@ -200,11 +200,12 @@ def hopper_unfit_for(dtype: str, r: int = 128, d: int = 128, dual: bool = False)
     return hopper_operand_unfit(b, b, v, dual=v if dual else None)
 
 
-def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: int = 90):
+def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: int = 90,
+                     angles: int = 0):
     """The gates' gradient's kernel ``kernel`` (``segment_states`` or ``straddle_gradient``,
     ``kernels/gate_straddle.py``) compiled as :func:`leetrepro.methods.chunk.gate_gradient`
     launches it (its tiles, warps and one stage; grouped B and C, the states walked in reverse
-    from a given one):
+    from a given one; with ``angles`` > 0 the turned pairs' sums too, B and C a head a lane):
     Triton's compiled kernel, whose ``metadata.shared`` and ``asm["ptx"]`` the probe reads."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -219,13 +220,15 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
     K = Constants(BLOCK_N=chunk.STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d,
                   PRECISION="tf32x3" if dtype == "fp32" else "tf32", HAS_S0=True, REVERSE=True,
                   HALF_RANGE=dtype == "fp16", SEG_BLOCKS=chunk.STRADDLE_SEGMENT_BLOCKS,
-                  GROUPS=(16, 16, 1, 1))
+                  GROUPS=(1, 1, 1, 1) if angles else (16, 16, 1, 1),
+                  ANGLES=(max(16, chunk.next_pow2(angles)), angles,
+                          chunk.STRADDLE_ANGLE_HALF_TILES and dtype == "bf16"))
     kinds = dict(Bt=strided, Ct=strided, Xt=strided, V=strided, Y=strided, DO=strided,
                  G=("*fp32", "i64", "i64", "i64"), WS="*fp32", WF="*fp32", WR="*fp32",
-                 DG="*fp32", S="*fp32", INV_SCALE="fp32", SIZE=("i32",) * 5)
+                 DG="*fp32", S="*fp32", INV_SCALE="fp32", SIZE=("i32",) * 5, DA="*fp32")
     sig, const = {}, {}
     for i, name in enumerate(kern.arg_names):
-        if name in ("CU", "K"):
+        if name in ("CU", "K") or (name == "DA" and not angles):
             sig[name] = "constexpr"
             const[(i,)] = K if name == "K" else None
         else:
@@ -448,16 +451,18 @@ def _passes_usage(job: tuple) -> str:
     return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], arch)}"
 
 
-#: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d)
-STRADDLE_JOBS = tuple((k, dtype, r, d) for k in ("segment_states", "straddle_gradient")
+#: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d, angles), the
+#: last two with Mamba-3's turned pairs (32 angles of d_state 128, fp16's range scaling)
+STRADDLE_JOBS = tuple((k, dtype, r, d, 0) for k in ("segment_states", "straddle_gradient")
                       for dtype, r, d in (("bf16", 128, 64), ("fp16", 128, 128),
-                                          ("fp32", 128, 64), ("bf16", 64, 32)))
+                                          ("fp32", 128, 64), ("bf16", 64, 32))) + \
+    (("straddle_gradient", "bf16", 128, 64, 32), ("straddle_gradient", "fp16", 128, 64, 32))
 
 
 def _straddle_usage(job: tuple) -> str:
     """``shared=<bytes>`` and ptxas's usage line of one straddle variant (a pool's job)."""
-    kernel, dtype, r, d, arch = job
-    compiled = compile_straddle(kernel, dtype, r, d, arch)
+    kernel, dtype, r, d, angles, arch = job
+    compiled = compile_straddle(kernel, dtype, r, d, arch, angles)
     return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], arch)}"
 
 
@@ -504,8 +509,9 @@ def main(argv=None) -> int:
         from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
             usages = pool.map(_straddle_usage, [job + (args.arch,) for job in STRADDLE_JOBS])
-            for (kernel, dtype, r, d), usage in zip(STRADDLE_JOBS, usages):
-                print(f"straddle {kernel} {dtype} {r}x{d} {usage}", flush=True)
+            for (kernel, dtype, r, d, angles), usage in zip(STRADDLE_JOBS, usages):
+                turned = f" angles={angles}" if angles else ""
+                print(f"straddle {kernel} {dtype} {r}x{d}{turned} {usage}", flush=True)
         for tail in (False, True):  # (and dg from the Hopper kernel's rows)
             usage = ptxas_usage(compile_gate_rows(tail, args.arch).asm["ptx"], args.arch)
             print(f"rows gate_rows_kernel tail={tail} {usage}", flush=True)
