@@ -15,6 +15,7 @@ q, k, v, g and the initial state. Mamba-2's state-space dual, mamba_ssm's
 """
 from __future__ import annotations
 
+import json
 import math
 
 import torch
@@ -24,8 +25,7 @@ from .decay.per_head import check_gamma_values, mark_checked
 from .decay.trapezoid import key_weights, pending_state, rotate_pairs
 from .api import causal_linear_decoder
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
-from . import ops
-from ._direct import direct
+from . import ops, registry
 from .methods.mamba3_rows import (angle_sums, gated_output, pair_sums, pair_sums_on_kernel,
                                   suffix_differences, turned_rows)
 from .methods.mamba3_rows import rotate as _rotate, rotate_backward as _rotate_backward
@@ -341,7 +341,24 @@ MAMBA3_GATE_GRAD_PRECISION = "tf32"
 MAMBA3_PAIR_SUMS = True
 
 
-_operator, _operator_backward = direct(ops.causal_linear), direct(ops.causal_linear_backward)
+#: the operator's method and options for the drop-in's eager calls with gradients
+#: (:class:`_TurnedOperator`), resolved once per signature as the API caches its own (the
+#: checks and the method's choice cost host time on every call otherwise)
+_RESOLVED: dict = {}
+registry.on_change(_RESOLVED.clear)
+
+
+def _resolved(method: str, options: str, rows: tuple, with_state: bool) -> tuple:
+    q, key, v = rows
+    sig = (method, options, with_state, q.shape, q.stride(), key.stride(), v.shape, v.stride(),
+           q.dtype, q.device)
+    got = _RESOLVED.get(sig)
+    if got is None:
+        if len(_RESOLVED) >= 256:
+            _RESOLVED.clear()
+        got = _RESOLVED[sig] = ops.prepare(method, json.loads(options) if options else {}, q,
+                                           None, with_state, v, True, True)
+    return got
 
 
 class _TurnedOperator(torch.autograd.Function):
@@ -364,8 +381,16 @@ class _TurnedOperator(torch.autograd.Function):
     def forward(ctx, Q, K, Q_bias, K_bias, theta, w, V, g, s0, cu_seqlens, spec):
         method, options, final, _ = spec
         q, key, own = _rotate(Q, K, Q_bias, K_bias, theta.float(), w, True)
-        o, sn = _operator(q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2), None, s0,
-                          method, options, False, final, cu_seqlens, 1.0, True, g)
+        rows = q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2)
+        # (eager: the method resolved once per signature and run without the op's dispatch)
+        ctx.resolved = None if torch.compiler.is_compiling() else \
+            _resolved(method, options, rows, s0 is not None or final)
+        if ctx.resolved is None:
+            o, sn = ops.causal_linear(*rows, None, s0, method, options, False, final, cu_seqlens,
+                                      1.0, True, g)
+        else:
+            o, sn = ops.run(*ctx.resolved, *rows, None, s0, False, final, cu_seqlens=cu_seqlens,
+                            scale=1.0, g=g)
         ctx.save_for_backward(K, K_bias, theta, w, V, g, s0, cu_seqlens, q, key,
                               sn if final else None)
         ctx.spec = spec
@@ -382,16 +407,21 @@ class _TurnedOperator(torch.autograd.Function):
         do = torch.zeros_like(rows[2]) if do is None else do.to(V.dtype)
         dS = dsn if final and dsn is not None and dsn.numel() else None
         need_q, need_k = need[0] or need[2], need[1] or need[3] or need[5]
-        dq, dkey, dv, ds0, _ = _operator_backward(
-            do, *rows, None, s0, dS, method, options, False, need_q, need_k, need[6],
-            s0 is not None and need[8], cu, 1.0, g, None, False)
+        flags = (False, need_q, need_k, need[6], s0 is not None and need[8], cu, 1.0)
+        if ctx.resolved is None:
+            dq, dkey, dv, ds0, _ = ops.causal_linear_backward(do, *rows, None, s0, dS, method,
+                                                              options, *flags, g, None, False)
+        else:
+            dq, dkey, dv, ds0, _ = ops.resolved_gradients(ctx.resolved, do, *rows, None, s0, dS,
+                                                          *flags, g=g)
         grads = [None] * 11
         if need_q or need_k:
             zero = (lambda x, want: x.transpose(1, 2) if want else torch.zeros_like(q))
             down = torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device) \
                 if down is None else down
             dQ, dK, dqb, dkb, _, dw = _rotate_backward(
-                zero(dq, need_q), zero(dkey, need_k), down, q, key, K, K_bias, theta.float(), w)
+                zero(dq, need_q), zero(dkey, need_k), down, q, key, K, K_bias, theta.float(), w,
+                False)
             grads[:4] = dQ, dK, dqb.to(ctx.dtypes[0]), dkb.to(ctx.dtypes[1])
             grads[5] = dw
         if need[4] or need[7]:

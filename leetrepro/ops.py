@@ -443,6 +443,14 @@ def gradients(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tenso
     return tuple(res[i] for i in keep)
 
 
+def resolved_gradients(resolved: tuple, *args, **kwargs) -> tuple:
+    """:func:`causal_linear_backward`'s ``(dB, dC, dV, dS0, dg)`` (its arguments after
+    ``options``, the same keywords) by a method and options already resolved (:func:`prepare`),
+    without the custom op's dispatch: what an ``autograd.Function`` built on the operator calls
+    from its eager backward, as :class:`Eager` does."""
+    return _gradients(*resolved, *args, **kwargs)
+
+
 def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, reverse: bool,
                need_b: bool, need_c: bool, need_v: bool, need_s0: bool, cu_seqlens,
                scale: float, shared: bool = False, g: torch.Tensor | None = None,

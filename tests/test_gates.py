@@ -493,6 +493,49 @@ def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     assert rel_error(got.cpu(), want) <= (1e-5 if dtype == torch.float32 else 2e-3)
 
 
+@pytest.mark.slow  # (the interpreter: seconds a case)
+@pytest.mark.parametrize("case", [dict(), dict(packed=True), dict(d=80, r=40, angles=7),
+                                  dict(max_r=16, r=40, angles=5)],
+                         ids=["states", "packed", "column-blocks", "r-pieces"])
+def test_the_straddle_kernel_sums_the_turned_pairs(monkeypatch, case):
+    """``gate_gradient(angles=A)`` (Mamba-3's angles): beside dg, each row's sums of the
+    gradient to an angle that turns pair a of every later row's b and c, against float64
+    autograd through such a turn (the suffix sums of its gradient), with states in and out (the
+    final state turned by none: ``final_state`` given), packed sequences with an empty one,
+    value columns in two blocks, r in pieces (the turned dims in the first)."""
+    from leetrepro.decay.trapezoid import rotate_pairs
+    from leetrepro.methods import chunk
+    if "max_r" in case:
+        monkeypatch.setattr(chunk, "STRADDLE_MAX_R", case["max_r"])
+    n, r, d, a, heads = 300, case.get("r", 16), case.get("d", 24), case.get("angles", 4), 3
+    packed = case.get("packed", False)
+    batch = 1 if packed else 2
+    cu = torch.tensor([0, 0, 30, 30, 290, n], dtype=torch.int32) if packed else None
+    gen = torch.Generator().manual_seed(3)
+    B, C = (torch.randn(batch, heads, n, r, generator=gen) / r ** 0.25 for _ in range(2))
+    V, dO = (torch.randn(batch, heads, n, d, generator=gen) for _ in range(2))
+    g = _gates(batch, heads, n, seed=4, strength=0.5)
+    count = batch if cu is None else cu.numel() - 1
+    S0, dS = (torch.randn(count, heads, r, d, generator=gen) for _ in range(2))
+    turn = torch.zeros(batch, heads, n, a, dtype=torch.float64, requires_grad=True)
+    gw = g.double().requires_grad_()
+    o, sn = reference(rotate_pairs(B.double(), turn), rotate_pairs(C.double(), turn), V.double(),
+                      None, g=gw, initial_state=S0.double(), output_final_state=True,
+                      cu_seqlens=cu)
+    dturn, dg_want = torch.autograd.grad((o * dO).sum() + (sn * dS).sum(), (turn, gw))
+    want = torch.zeros_like(dturn)
+    bounds = [0, n] if cu is None else cu.tolist()
+    for s0, s1 in zip(bounds[:-1], bounds[1:]):
+        want[:, :, s0:s1] = dturn[:, :, s0:s1].flip(2).cumsum(2).flip(2)
+    dg, sums = chunk.gate_gradient(B, C, V, dO, g, initial_state=S0, dS=dS,
+                                   final_state=sn.float(), cu_seqlens=cu, angles=a)
+    assert sums.shape == want.shape and sums.dtype == torch.float32
+    assert rel_error(dg.double(), dg_want) <= 1e-5
+    assert torch.isfinite(sums).all() and rel_error(sums.double(), want) <= 1e-5
+    with pytest.raises(ValueError, match="final_state"):
+        chunk.gate_gradient(B, C, V, dO, g, initial_state=S0, dS=dS, cu_seqlens=cu, angles=a)
+
+
 #: the sweeps' dg cases: (label, call's keyword changes, which inputs want gradients)
 PIECE_CASES = [
     ("all", {}, "BCVg"),

@@ -163,6 +163,51 @@ def test_16bit_gradients_of_the_angles_and_steps_keep_the_contract(dtype, packed
             (name, rel_error(a.double(), w))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors "
+                    "(a GPU host runs them in test_the_drop_in_on_the_gpu)")
+@pytest.mark.slow  # (the interpreter: seconds a case)
+@pytest.mark.parametrize("dtype, packed", [(torch.float32, False), (torch.float32, True),
+                                           (torch.float16, True)])
+def test_the_angles_and_gates_gradients_from_the_straddling_pairs(monkeypatch, dtype, packed):
+    """Where the straddle kernel runs (here interpreted), the drop-in's backward is one node
+    (``compat._TurnedOperator``): the operator in the inputs' dtype, ADT's and the Angles'
+    gradients from the pairs straddling each row. Every gradient (the input states' too, with
+    the final states' gradients given) against float64 autograd through the recurrence, fp32
+    1e-5 and fp16 1e-2; packed with an empty first sequence; and the node taken."""
+    from leetrepro import compat
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    taken = []
+    apply = compat._TurnedOperator.apply
+    monkeypatch.setattr(compat._TurnedOperator, "apply",
+                        staticmethod(lambda *a: taken.append(1) or apply(*a)))
+    cu = torch.tensor([0, 0, 9, 9, 23]) if packed else None
+    args, st = _inputs(batch=1 if packed else 2, states=True, cu=cu)
+    gen = torch.Generator().manual_seed(5)
+    dy = torch.randn(args["V"].shape, generator=gen, dtype=torch.float64)
+    count = 4 if packed else 2
+    dfin = [torch.randn(count, *shape, generator=gen, dtype=torch.float64)
+            for shape in ((4, 6, 8), (4, 8), (4, 6))]
+    extra = {} if cu is None else {"cu_seqlens": cu}
+
+    def run(fn, cast, **options):
+        leaves = {k: v.to(dtype).to(cast).requires_grad_() for k, v in args.items()}
+        sts = tuple(t.to(dtype).to(cast).requires_grad_() for t in st)
+        y, *fin = fn(**leaves, Input_States=sts, **extra, **options)
+        fin = fin[0] if fn is mamba3_reference else fin
+        loss = (y.double() * dy).sum() + sum((f.double() * w).sum()
+                                              for f, w in zip(fin[1:], dfin))
+        return torch.autograd.grad(loss, list(leaves.values()) + list(sts))
+    got = run(mamba3_siso_combined, dtype, return_final_states=True, method="Chunk")
+    assert taken
+    want = run(mamba3_reference, torch.float64)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    names = list(NAMES) + ["angle state", "ssm state", "k state", "v state"]
+    for name, a, w in zip(names, got, want):
+        assert torch.isfinite(a).all() and rel_error(a.double(), w) <= tol, \
+            (name, rel_error(a.double(), w))
+
+
 def test_bad_inputs_are_refused_by_name():
     args, st = _inputs(states=True)
     bad = [
@@ -192,18 +237,29 @@ def test_bad_inputs_are_refused_by_name():
 
 
 @pytest.mark.slow
-def test_the_drop_in_compiles_whole():
-    """``torch.compile(fullgraph=True)``: the same outputs and states, no graph break."""
+@pytest.mark.parametrize("pairs", [False, True])
+def test_the_drop_in_compiles_whole(monkeypatch, pairs):
+    """``torch.compile(fullgraph=True)``: the same outputs, states and gradients, no graph
+    break; ``pairs``: the backward from the straddling pairs (the kernels interpreted), through
+    AOT autograd."""
+    if pairs:
+        if torch.cuda.is_available():
+            pytest.skip("the kernels interpreted on CPU tensors")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
     args, st = _inputs(batch=1, n=20, states=True)
-    args = {k: v.float() for k, v in args.items()}
+    args = {k: v.float().requires_grad_() for k, v in args.items()}
     st = tuple(t.float() for t in st)
     torch._dynamo.reset()
-    fn = torch.compile(lambda a, s: mamba3_siso_combined(**a, Input_States=s,
-                                                          return_final_states=True),
-                       fullgraph=True, backend="eager")
-    got = fn(args, st)
-    want = mamba3_siso_combined(**args, Input_States=st, return_final_states=True)
+    options = dict(Input_States=st, return_final_states=True, method="Chunk" if pairs else "auto")
+    fn = torch.compile(lambda a: mamba3_siso_combined(**a, **options), fullgraph=True,
+                       backend="aot_eager" if pairs else "eager")
+    got = fn(args)
+    want = mamba3_siso_combined(**args, **options)
     for a, w in zip(got, want):
+        assert rel_error(a, w) <= 1e-6
+    for a, w in zip(torch.autograd.grad(got[0].sum(), list(args.values())),
+                    torch.autograd.grad(want[0].sum(), list(args.values()))):
         assert rel_error(a, w) <= 1e-6
 
 
@@ -516,6 +572,8 @@ def test_the_row_ops_pass_opcheck():
     dq, dkey = (torch.randn(1, 7, 4, 8, generator=gen) for _ in range(2))
     down = torch.randn(1, 7, 4, generator=gen)
     torch.library.opcheck(rows.mamba3_rotate_backward, (dq, dkey, down, q, key, K, kb, theta, w))
+    torch.library.opcheck(rows.mamba3_rotate_backward,
+                          (dq, dkey, down, q.half(), key.half(), K, kb, theta, w, False))
     o = torch.randn(1, 4, 7, 5, generator=gen).transpose(1, 2)
     v, z, dy = (torch.randn(1, 7, 4, 5, generator=gen).half() for _ in range(3))
     angles = torch.randn(1, 7, 1, 3, generator=gen).expand(-1, -1, 4, -1)
@@ -529,6 +587,14 @@ def test_the_row_ops_pass_opcheck():
     for zz in (z, None):
         torch.library.opcheck(rows.mamba3_gated_output, (o, v, zz, w))
         torch.library.opcheck(rows.mamba3_gated_output_backward, (dy, o, v, zz, w))
+    # the pairs' sums (the straddle kernel, interpreted on the CPU), with states and without
+    qt, kt = (torch.randn(1, 4, 70, 16, generator=gen) for _ in range(2))
+    vt, dot = (torch.randn(1, 4, 70, 8, generator=gen) for _ in range(2))
+    g = -torch.rand(1, 4, 70, generator=gen)
+    s0, ds, sn = (torch.randn(1, 4, 16, 8, generator=gen) for _ in range(3))
+    for states in ((s0, ds, sn), (None, None, None)):
+        torch.library.opcheck(rows.mamba3_pair_sums, (qt, kt, vt, dot, g, *states, None, 3,
+                                                      "ieee"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "

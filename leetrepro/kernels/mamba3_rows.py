@@ -215,13 +215,14 @@ def _store_sums(OUT, at, e, xe, xo, xt, A: tl.constexpr, P: tl.constexpr,
 def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, DKB, DTH, DW,
                          SIZE, REP: tl.constexpr, A: tl.constexpr, P: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr,
-                         ROUND: tl.constexpr, TH_T: tl.constexpr):
+                         ROUND: tl.constexpr, TH_T: tl.constexpr, DTHETA: tl.constexpr = True):
     """The gradients of :func:`rotate_rows`' inputs: grid (row blocks, batch·q/k heads), each
     program walking its q/k head's REP heads. dXq, dXk contiguous ``(batch, seqlen, q/k heads,
     P)`` in their own dtype (summed over the heads in float32); DQB, DKB float32 ``(batch, row
     blocks, heads, P)``, each head's sums over the block's rows (the caller sums them); dθ
     contiguous ``(batch, seqlen, heads, A)`` and dw ``(batch, seqlen, heads)`` float32; RQ, RKEY
-    the forward's outputs, DOWN the own pairs' gradient ``(batch, seqlen, heads)``."""
+    the forward's outputs, DOWN the own pairs' gradient ``(batch, seqlen, heads)``; without
+    ``DTHETA`` no dθ (RKEY unread)."""
     N, H = SIZE
     HQ = H // REP
     b, hq = tl.program_id(1) // HQ, tl.program_id(1) % HQ
@@ -241,8 +242,9 @@ def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, 
         de, do, dt_ = _load_grad(DQ, b, t, h, e, ok, A, P, BLOCK_T, BLOCK_A)
         ye, yo, yt = _load_row(RQ, b, t, h, e, ok, SIZE, A, P, BLOCK_T, BLOCK_A)
         ge, go, gt = _load_grad(DKEY, b, t, h, e, ok, A, P, BLOCK_T, BLOCK_A)
-        ze, zo, _ = _load_row(RKEY, b, t, h, e, ok, SIZE, A, P, BLOCK_T, BLOCK_A)
-        dtheta = _quarter(de, do, ye, yo) + _quarter(ge, go, ze, zo)
+        if DTHETA:
+            ze, zo, _ = _load_row(RKEY, b, t, h, e, ok, SIZE, A, P, BLOCK_T, BLOCK_A)
+            dtheta = _quarter(de, do, ye, yo) + _quarter(ge, go, ze, zo)
         # K̃ again (unrounded: dw; rounded: the own pair's part of dQ̃)
         re, ro = _turned(K, KB, b, t, hq, h, ok, cos, sin, A, P, BLOCK_T, BLOCK_A)
         rt = _tail(K, KB, b, t, hq, h, e, ok, A, P)
@@ -261,8 +263,9 @@ def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, 
         k_o += xo
         k_t += xt
         rows = _dense(b, t, h, SIZE)
-        tl.store(DTH + rows[:, None] * A + a[None, :], dtheta,
-                 mask=ok[:, None] & (a < A)[None, :])
+        if DTHETA:
+            tl.store(DTH + rows[:, None] * A + a[None, :], dtheta,
+                     mask=ok[:, None] & (a < A)[None, :])
         tl.store(DW + rows, dw, mask=ok)
     _store_row(DXQ, b, t, hq, e, ok, q_e, q_o, q_t, (N, HQ), A, P, BLOCK_T, BLOCK_A)
     _store_row(DXK, b, t, hq, e, ok, k_e, k_o, k_t, (N, HQ), A, P, BLOCK_T, BLOCK_A)

@@ -1275,6 +1275,9 @@ STRADDLE_MAX_R = 128
 #: with bf16 rows, whether the turned pairs' sums take their pair tiles' products in bf16 (the
 #: tile rounded once), else in fp32 (tf32 products)
 STRADDLE_ANGLE_HALF_TILES = True
+#: blocks per segment with the turned pairs' sums (each segment forms its pairs twice: per row
+#: and per column block, about NB²/2 tiles a segment)
+STRADDLE_ANGLE_SEGMENT_BLOCKS = 4
 
 
 def straddle_tiles(r: int) -> tuple[int, int]:
@@ -1338,7 +1341,8 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
     block_r, block_d = straddle_tiles(r)
     n_db = cdiv(d, block_d)
-    seg = STRADDLE_BLOCK_N * STRADDLE_SEGMENT_BLOCKS
+    blocks = STRADDLE_ANGLE_SEGMENT_BLOCKS if angles else STRADDLE_SEGMENT_BLOCKS
+    seg = STRADDLE_BLOCK_N * blocks
     slots = cdiv(n, seg) + (0 if cu_seqlens is None else seqs)
     programs = seqs * heads * n_db  # (lanes; packed, the workspace's rows are a head's, shared)
     ws = torch.empty(2, (seqs if cu_seqlens is None else 1) * heads * n_db, slots, block_r,
@@ -1348,7 +1352,7 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     K = tiles.constants(dict(BLOCK_N=STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d),
                         PRECISION=dot_precision(V.dtype, precision or "tf32x3"),
                         VARLEN=cu_seqlens is not None,
-                        HALF_RANGE=V.dtype == torch.float16, SEG_BLOCKS=STRADDLE_SEGMENT_BLOCKS,
+                        HALF_RANGE=V.dtype == torch.float16, SEG_BLOCKS=blocks,
                         GROUPS=(heads // B.shape[1], heads // C.shape[1], 1, 1),
                         ANGLES=(max(16, next_pow2(angles)), angles,
                                 STRADDLE_ANGLE_HALF_TILES and V.dtype == torch.bfloat16))

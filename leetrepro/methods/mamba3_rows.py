@@ -132,7 +132,8 @@ def _turned(X: torch.Tensor, X_bias: torch.Tensor, theta: torch.Tensor) -> torch
 @torch.library.custom_op("leetrepro::mamba3_rotate_backward", mutates_args=())
 def mamba3_rotate_backward(dq: torch.Tensor, dkey: torch.Tensor, down: torch.Tensor,
                            q: torch.Tensor, key: torch.Tensor, K: torch.Tensor,
-                           K_bias: torch.Tensor, theta: torch.Tensor, w: torch.Tensor
+                           K_bias: torch.Tensor, theta: torch.Tensor, w: torch.Tensor,
+                           need_theta: bool = True
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                       torch.Tensor, torch.Tensor]:
     """The gradients of :func:`mamba3_rotate`'s inputs from those of its outputs (dq, dkey
@@ -141,7 +142,8 @@ def mamba3_rotate_backward(dq: torch.Tensor, dkey: torch.Tensor, down: torch.Ten
     headdim_qk)`` in K's dtype (each q/k head's summed over the heads that read it, in θ's
     dtype), the biases' ``(heads, headdim_qk)``, dθ ``(batch, seqlen, heads, A)`` and dw
     ``(batch, seqlen, heads)``, all in θ's dtype; dθ taken at the rounded q and key, the own
-    pairs' parts of it left out (they cancel: both rows turn together)."""
+    pairs' parts of it left out (they cancel: both rows turn together). Without
+    ``need_theta`` dθ is an empty tensor (the key rows are then not read)."""
     batch, n, heads, p = q.shape
     hqk, a = K.shape[2], theta.shape[3]
     acc = theta.dtype
@@ -149,7 +151,7 @@ def mamba3_rotate_backward(dq: torch.Tensor, dkey: torch.Tensor, down: torch.Ten
         dq, dkey, down = (x.to(acc) for x in (dq, dkey, down))
         turned = _turned(K, K_bias, theta)
         k = _round(turned, K)
-        dtheta = _quarter(dq, q, a) + _quarter(dkey, key, a)
+        dtheta = _quarter(dq, q, a) + _quarter(dkey, key, a) if need_theta else theta.new_empty(0)
         dxq = rotate_pairs(dq + down[..., None] * k, -theta)
         dxk = rotate_pairs(down[..., None] * q + w.to(acc)[..., None] * dkey, -theta)
         return (dxq.view(batch, n, hqk, -1, p).sum(3).to(K.dtype),
@@ -159,25 +161,27 @@ def mamba3_rotate_backward(dq: torch.Tensor, dkey: torch.Tensor, down: torch.Ten
     dxq, dxk = (torch.empty(batch, n, hqk, p, dtype=K.dtype, device=q.device) for _ in range(2))
     dqb, dkb = (torch.empty(batch, blocks, heads, p, dtype=acc, device=q.device)
                 for _ in range(2))
-    dth = torch.empty(batch, n, heads, a, dtype=acc, device=q.device)
+    dth = torch.empty((batch, n, heads, a) if need_theta else (0,), dtype=acc, device=q.device)
     dw = torch.empty(batch, n, heads, dtype=acc, device=q.device)
     launch(kernels.rotate_rows_backward, (blocks, batch * hqk),
            dict(DQ=_rows(dq), DKEY=_rows(dkey), DOWN=down.contiguous(), RQ=q, RKEY=key,
                 K=_rows(K), KB=K_bias.float().contiguous(), TH=(theta, *theta.stride()),
                 W=(w, *w.stride()), DXQ=dxq, DXK=dxk, DQB=dqb, DKB=dkb, DTH=dth, DW=dw,
                 SIZE=(n, heads), REP=heads // hqk, ROUND=_TRITON_DTYPE[K.dtype],
-                TH_T=theta.stride(1) == 1,
+                TH_T=theta.stride(1) == 1, DTHETA=need_theta,
                 **dict(_blocks(a, p), BLOCK_T=BLOCK_T_BACK)),
            num_warps=WARPS[1])
     return dxq, dxk, dqb.sum((0, 1)), dkb.sum((0, 1)), dth, dw
 
 
 @mamba3_rotate_backward.register_fake
-def _(dq, dkey, down, q, key, K, K_bias, theta, w):
+def _(dq, dkey, down, q, key, K, K_bias, theta, w, need_theta=True):
     shape = (*q.shape[:2], K.shape[2], q.shape[3])
-    return (K.new_empty(shape), K.new_empty(shape), q.new_empty(q.shape[2:]),
-            q.new_empty(q.shape[2:]), q.new_empty(*q.shape[:3], theta.shape[3]),
-            q.new_empty(q.shape[:3]))
+    acc = theta.dtype
+    return (K.new_empty(shape), K.new_empty(shape), q.new_empty(q.shape[2:], dtype=acc),
+            q.new_empty(q.shape[2:], dtype=acc),
+            q.new_empty((*q.shape[:3], theta.shape[3]) if need_theta else (0,), dtype=acc),
+            q.new_empty(q.shape[:3], dtype=acc))
 
 
 rotate, rotate_backward = direct(mamba3_rotate), direct(mamba3_rotate_backward)
@@ -486,9 +490,11 @@ def suffix_differences(sums: torch.Tensor, cu_seqlens: torch.Tensor | None) -> t
     (S past each sequence's last row taken as 0): what a running sum from each sequence's last
     row turns back into S, exactly (S float32, its differences exact in float64)."""
     wide = sums.to(torch.float64)
-    after = torch.zeros_like(wide)
-    after[:, :-1] = wide[:, 1:]
+    out = wide - torch.nn.functional.pad(wide[:, 1:], (0, 0, 0, 0, 0, 1))
     if cu_seqlens is not None and wide.shape[1]:
-        last = (cu_seqlens[1:].to(device=wide.device, dtype=torch.int64) - 1).clamp_min(0)
-        after[:, last] = 0.0
-    return wide - after
+        # (row t is a sequence's last where t + 1 ends one; an empty first sequence's −1 is
+        # sent to the last row, a last row anyway)
+        last = cu_seqlens[1:].to(device=wide.device, dtype=torch.int64) - 1
+        last = torch.where(last < 0, wide.shape[1] - 1, last)
+        out[:, last] = wide[:, last]
+    return out
