@@ -1275,9 +1275,12 @@ STRADDLE_MAX_R = 128
 #: with bf16 rows, whether the turned pairs' sums take their pair tiles' products in bf16 (the
 #: tile rounded once), else in fp32 (tf32 products)
 STRADDLE_ANGLE_HALF_TILES = True
-#: blocks per segment with the turned pairs' sums (each segment forms its pairs twice: per row
-#: and per column block, about NB²/2 tiles a segment)
-STRADDLE_ANGLE_SEGMENT_BLOCKS = 4
+#: blocks per segment with the turned pairs' sums: each segment forms its own pairs twice (by
+#: rows and by columns), NB(NB+1)/2 tiles each way, so shorter segments form fewer a row and
+#: write more states (two fp32 r × d a segment: 0.5 GiB at 4 × 4096 rows × 64 heads, r = 128,
+#: d = 64, against 0.25 at 4). Mamba-3's training step there: 9.44 ms at 2, 10.56 at 4, 12.68
+#: at 8 (H200, bf16, graph; notes/mamba3.md)
+STRADDLE_ANGLE_SEGMENT_BLOCKS = 2
 
 
 def straddle_tiles(r: int) -> tuple[int, int]:
