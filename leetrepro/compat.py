@@ -323,16 +323,18 @@ def ssd_output(o: torch.Tensor, skip, z: torch.Tensor | None, dtype: torch.dtype
 
 
 #: the float32 operator's dot precision in :func:`mamba3_siso_combined` unless the caller names
-#: one. The Angles' gradient is a running sum over the rows of dθ, whose terms cancel (turning
-#: every row by one angle changes nothing), so each row's rounding in the operator's gradients
-#: adds up along the sequence: through tf32 products bf16 Angles' gradient was 3.8e-3 from
-#: float64 at 4096 rows, 9.9e-3 at 16384 and 1.3e-2 at 65536 (H200, NOTES.md); with "tf32x3"
-#: 2.5e-3 and 2.3e-3 (the inputs' own rounding), for about 1.25× the call's time.
+#: one: fp32's contract. Where the angles' gradient is taken as running sums of dθ (without the
+#: straddle kernel, :data:`MAMBA3_PAIR_SUMS`), it is also what keeps them: their terms cancel
+#: (turning every row by one angle changes nothing), so each row's rounding in the operator's
+#: gradients adds up along the sequence: through tf32 products bf16 Angles' gradient was 3.8e-3
+#: from float64 at 4096 rows, 9.9e-3 at 16384 and 1.3e-2 at 65536 (H200, NOTES.md); with
+#: "tf32x3" 2.5e-3 and 2.3e-3 (the inputs' own rounding).
 MAMBA3_FP32_PRECISION = "tf32x3"
-#: the products of the gates' gradient (ADT's; the straddle kernel) in :func:`mamba3_siso_combined`
-#: for 16-bit inputs unless the caller names one: the float32 operands hold 16-bit values and the
-#: contract is 16-bit's, which tf32 keeps, where "tf32x3" took 8 of a 24 ms forward + backward
-#: (4 × 4096 rows × 64 heads, H200, NOTES.md)
+#: the straddle kernel's fp32 products (ADT's gradient and the angles' sums) in
+#: :func:`mamba3_siso_combined` for 16-bit inputs unless the caller names one
+#: (``gate_grad_precision``): its operands hold 16-bit values and the contract is 16-bit's,
+#: which tf32 keeps, where "tf32x3" took 8 of a 24 ms forward + backward (4 × 4096 rows × 64
+#: heads, H200, NOTES.md)
 MAMBA3_GATE_GRAD_PRECISION = "tf32"
 #: whether :func:`mamba3_siso_combined`'s gradient takes the angles' and the gates' gradients
 #: from the pairs straddling each row (:class:`_TurnedOperator`) where the kernel runs, the
