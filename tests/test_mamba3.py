@@ -634,13 +634,16 @@ def test_the_angles_split_among_programs_are_the_same_sums(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
 @pytest.mark.slow  # (the interpreter: seconds a case; the quick lane keeps the PyTorch step)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_the_decode_step_kernel_is_the_recurrence(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype, rows", [(torch.float32, None), (torch.float16, None),
+                                         (torch.float32, 2)])
+def test_the_decode_step_kernel_is_the_recurrence(monkeypatch, dtype, rows):
     """``methods.mamba3_step`` (one token of the recurrence over a pool of states, one pass on a
     GPU; interpreted here) against its PyTorch expressions and against the block's forward:
     a prompt prefilled, then a decode step a token at slots out of order, the outputs and all
-    four pools; q/k heads shared by two heads each, the angles over half the pairs."""
+    four pools; q/k heads shared by two heads each, the angles over half the pairs; ``rows``:
+    the state's rows a step of the program's loop (``STEP_ROWS``; all at once by default)."""
     from leetrepro.methods import mamba3_step as step
+    monkeypatch.setattr(step, "STEP_ROWS", rows)
     blk = _block().float()
     gen = torch.Generator().manual_seed(8)
     u = torch.randn(2, 15, 32, generator=gen)

@@ -72,9 +72,23 @@ def mamba3_step(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Te
                 SLOTS=slots.to(device=V.device, dtype=torch.int64).contiguous(), OUT=out,
                 SIZE=(batch, heads, heads // Q.shape[1], p, dv, a), BLOCK_P=next_pow2(p),
                 BLOCK_V=next_pow2(dv), BLOCK_A=next_pow2(a), HAS_D=D is not None,
-                HAS_Z=Z is not None),
-           num_warps=warps(p, dv))
+                HAS_Z=Z is not None, STEP_V=step_rows(dv)),
+           num_warps=warps(p, step_rows(dv)))
     return out
+
+
+#: rows of a head's state a step of the decode step's program (None: all its rows at once, the
+#: measured default). At mamba_ssm's test heads (64 × 128) all at once take 16 warps at 128
+#: registers a thread, one program an SM: 0.32 ms a batch-64 step against a 0.032 ms floor
+#: (H200). 8 rows a step compile to 4 warps at 64 registers, 8 programs an SM (sm_90;
+#: prediction in notes/mamba3.md, not yet run on a GPU)
+STEP_ROWS = None
+
+
+def step_rows(dv: int) -> int:
+    """The state's rows a loop step of the decode step's program (:data:`STEP_ROWS`)."""
+    whole = next_pow2(dv)
+    return whole if STEP_ROWS is None else min(whole, next_pow2(STEP_ROWS))
 
 
 def warps(p: int, dv: int) -> int:

@@ -328,22 +328,28 @@ def passes_jobs() -> list:
          dict(X=p16, STATE=p32, W=p16, BIAS=p16, OUT=p16, SIZE=i3, XS=i3, SS=i3, OS=i3,
               BLOCK_C=c, BLOCK_W=c, HAS_BIAS=c, SILU=c),
          dict(BLOCK_C=256, BLOCK_W=4, HAS_BIAS=True, SILU=True), 4),
-    ] + normalizer_jobs() + [state_update_job(), mamba3_step_job()] + mamba3_rows_jobs()
+    ] + normalizer_jobs() + [state_update_job(), mamba3_step_job(), mamba3_step_job(step=8)] + \
+        mamba3_rows_jobs()
 
 
-def mamba3_step_job(p: int = 128, dv: int = 64, angles: int = 32) -> tuple:
+def mamba3_step_job(p: int = 128, dv: int = 64, angles: int = 32, step: int | None = None
+                    ) -> tuple:
     """Mamba-3's decode step (``methods.mamba3_step``) at mamba_ssm's test heads (headdim_qk 128,
-    headdim_v 64, rope fraction 0.5), bf16 rows, float32 states."""
+    headdim_v 64, rope fraction 0.5), bf16 rows, float32 states; ``step``: the state's rows a
+    loop step (all of them by default)."""
     from ..kernels import mamba3_step
     from ..methods._gpu import next_pow2
     from ..methods.mamba3_step import warps
     c, f32, b16 = "constexpr", "*fp32", "*bf16"
-    return ("mamba3_step", mamba3_step.mamba3_step,
+    step = dv if step is None else step
+    label = "mamba3_step" if step == dv else f"mamba3_step_rows{step}"
+    return (label, mamba3_step.mamba3_step,
             dict(QK=b16, VZ=b16, SCAL=f32, BIAS=f32, ANGLES=f32, D=f32,
                  STATES=(f32, f32, b16, b16), SLOTS="*i64", OUT=b16, SIZE=("i32",) * 6,
-                 BLOCK_P=c, BLOCK_V=c, BLOCK_A=c, HAS_D=c, HAS_Z=c),
-            dict(BLOCK_P=p, BLOCK_V=dv, BLOCK_A=next_pow2(angles), HAS_D=True, HAS_Z=True),
-            warps(p, dv))
+                 BLOCK_P=c, BLOCK_V=c, BLOCK_A=c, HAS_D=c, HAS_Z=c, STEP_V=c),
+            dict(BLOCK_P=p, BLOCK_V=dv, BLOCK_A=next_pow2(angles), HAS_D=True, HAS_Z=True,
+                 STEP_V=step),
+            warps(p, step))
 
 
 def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
