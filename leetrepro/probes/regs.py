@@ -379,8 +379,18 @@ def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
          dict(DQ=f32_rows, DKEY=f32_rows, DOWN=f32, RQ=f32, RKEY=f32, K=rows, KB=f32, TH=th,
               W=f32_rows, DXQ="*bf16", DXK="*bf16", DQB=f32, DKB=f32, DTH=f32, DW=f32,
               SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c,
-              TH_T=c),
-         dict(REP=4, ROUND="bf16", TH_T=True, **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
+              TH_T=c, DTHETA=c),
+         dict(REP=4, ROUND="bf16", TH_T=True, DTHETA=True,
+              **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
+        # (the straddling pairs' path: bf16 rows and gradients, no dθ, the training shape's
+        # 64 heads a q/k head)
+        ("mamba3_rotate_backward_pairs", mamba3_rows.rotate_rows_backward,
+         dict(DQ=rows, DKEY=rows, DOWN=f32, RQ="*bf16", RKEY="*bf16", K=rows, KB=f32, TH=th,
+              W=f32_rows, DXQ="*bf16", DXK="*bf16", DQB=f32, DKB=f32, DTH=f32, DW=f32,
+              SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c,
+              TH_T=c, DTHETA=c),
+         dict(REP=64, ROUND="bf16", TH_T=True, DTHETA=False,
+              **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
     ] + [  # (the angles unpacked, then packed: a segmented scan)
         (f"mamba3_angles{'_packed' if varlen else ''}", mamba3_rows.angle_sums, angles_sig,
          dict(angles_blocks, VARLEN=varlen, HAS_TH0=True), WARPS_ANGLES)
