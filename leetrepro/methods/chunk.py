@@ -26,7 +26,7 @@ import typing
 import torch
 
 from .._device import persistent
-from .._inputs import lane_heads
+from .._groups import lane_heads
 from ..registry import GPU_DTYPES, on_change, register
 from .. import tuning
 from ..tuning import CHUNK_TABLE, DUAL_TABLE, HOPPER
@@ -1312,14 +1312,10 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     ``precision`` (default ``"tf32x3"``: fp32's contract; ``"tf32"`` for operands that hold
     16-bit values, to 16-bit's contract).
 
-    ``angles`` = A > 0 (Mamba-3's turned pairs, 2·A ≤ r): also, second, the sums S float32
-    ``(batch, heads, N, A)`` over the same pairs of M_ij (dO_i·v_j)(b_i ×_a c_j), b ×_a c =
-    b_2a c_(2a+1) − b_(2a+1) c_2a: the suffix sums Σ_(t ≥ s) of the gradient to an angle that
-    turns pair a of row t's b and c together, the states turned by none (the initial state a
-    column before the first row; with dS, ``final_state`` S_N: the kernel's dS_N stands as a
-    row after the last, so the pairs of S_N's columns with it, Σ_d dS_N ×_a S_N, are taken
-    off), each within a segment from fp32 products (``kernels/gate_straddle.py``), never a
-    long running sum. About twice the products of dg alone."""
+    ``angles`` = A > 0 (Mamba-3's, 2·A ≤ r): second, float32 ``(batch, heads, N, A)``, the
+    sums over the same pairs of M_ij (dO_i·v_j)(b_i ×_a c_j) (b ×_a c = b_2a c_(2a+1) −
+    b_(2a+1) c_2a): Σ_(t ≥ s) of the gradient to an angle turning pair a of row t's b and c, the
+    states turned by none (with dS, ``final_state`` S_N: :func:`_frame_pairs`)."""
     batch, heads, n, d = V.shape
     r = B.shape[-1]
     if angles and 2 * angles > min(r, STRADDLE_MAX_R):
@@ -1329,15 +1325,9 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
         dg = V.new_zeros(batch, heads, n, dtype=torch.float32)
         return (dg, V.new_zeros(batch, heads, n, angles, dtype=torch.float32)) if angles else dg
     if r > STRADDLE_MAX_R:  # (b_i·c_j is a sum over r, and so is every term: pieces of r, summed)
-        piece = (lambda x, k: None if x is None else x[..., k:k + STRADDLE_MAX_R, :])
-        parts = [gate_gradient(B[..., k:k + STRADDLE_MAX_R], C[..., k:k + STRADDLE_MAX_R], V, dO,
-                               g, initial_state=piece(initial_state, k), dS=piece(dS, k),
-                               cu_seqlens=cu_seqlens, scale=scale, precision=precision,
-                               angles=angles if k == 0 else 0,  # (the turned dims: the first)
-                               final_state=piece(final_state, k))
-                 for k in range(0, r, STRADDLE_MAX_R)]
-        dg = sum(x[0] if isinstance(x, tuple) else x for x in parts)
-        return (dg, parts[0][1]) if angles else dg
+        return _in_pieces_of_r(B, C, V, dO, g, dict(
+            initial_state=initial_state, dS=dS, final_state=final_state, cu_seqlens=cu_seqlens,
+            scale=scale, precision=precision), angles)
     if os.environ.get("TRITON_INTERPRET") == "1" and V.dtype == torch.bfloat16:
         B, C, V, dO = (x.float() for x in (B, C, V, dO))  # (the interpreter's bf16 dot is wrong)
     B, C, V, dO = (rows_contiguous(x) for x in (B, C, V, dO))
@@ -1380,9 +1370,27 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
                             angles, cu_seqlens)
 
 
+def _in_pieces_of_r(B, C, V, dO, g, options: dict, angles: int):
+    """:func:`gate_gradient` (its keywords ``options``) for r above :data:`STRADDLE_MAX_R`, in
+    pieces of it, their dg summed; the turned pairs' sums from the first piece, which holds the
+    turned dims."""
+    parts = []
+    for k in range(0, B.shape[-1], STRADDLE_MAX_R):
+        piece = (lambda x: None if x is None else x[..., k:k + STRADDLE_MAX_R, :])
+        part = {n: piece(x) if n in ("initial_state", "dS", "final_state") else x
+                for n, x in options.items()}
+        parts.append(gate_gradient(B[..., k:k + STRADDLE_MAX_R], C[..., k:k + STRADDLE_MAX_R], V,
+                                   dO, g, angles=angles if k == 0 else 0, **part))
+    dg = sum(x[0] if isinstance(x, tuple) else x for x in parts)
+    return (dg, parts[0][1]) if angles else dg
+
+
 def _frame_pairs(sums: torch.Tensor, dS, final_state, angles: int, cu_seqlens) -> torch.Tensor:
     """The turned pairs' sums (:func:`gate_gradient`) with the final state's own pairs taken off:
-    Σ_d dS_N ×_a S_N per (sequence, head) off every row of its sequence."""
+    the kernel's dS_N stands as a row after the last, turned with it, where S_N is turned by
+    none, so Σ_d dS_N ×_a S_N per (sequence, head) comes off every row of its sequence. The
+    kernel forms each segment's sums from fp32 products, never a long running sum; about twice
+    dg's products alone."""
     if dS is None:
         return sums
     if final_state is None:
