@@ -7,11 +7,48 @@ import torch
 
 from . import methods as _methods  # noqa: F401  (fills the registry)
 from . import ops, registry
-from ._inputs import check_cu_seqlens, check_qkv
+from ._inputs import check_qkv
 from .decay.per_head import normalize_gamma
 from .decay.per_token import check_gates
 from ._state import check_state
 from .registry import get
+
+
+def check_cu_seqlens(cu_seqlens, B: torch.Tensor, host=None) -> int | None:
+    """The number of sequences packed along N, after checking ``cu_seqlens`` (None: not packed).
+
+    ``cu_seqlens``: 1-D int32/int64 offsets on B's device, ``cu[0] = 0``, non-decreasing,
+    ``cu[-1] = N``; B's batch must be 1 (flash-linear-attention's convention). The values are
+    checked on the host (one small device-to-host copy) unless ``torch.compile`` is tracing or
+    ``host``, the same offsets as a CPU tensor (flash-linear-attention's ``cu_seqlens_cpu``), is
+    given: its values are checked instead, with no synchronisation."""
+    if cu_seqlens is None:
+        if host is not None:
+            raise ValueError("cu_seqlens_cpu is given without cu_seqlens (the offsets on the "
+                             "inputs' device)")
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 \
+            or cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.numel() < 1:
+        raise TypeError("cu_seqlens must be a 1-D int32 (or int64) tensor of offsets "
+                        "[0, len_0, len_0 + len_1, ..., N]")
+    if cu_seqlens.device != B.device:
+        raise ValueError(f"cu_seqlens is on {cu_seqlens.device}, the inputs on {B.device}")
+    if host is not None and (not isinstance(host, torch.Tensor) or host.device.type != "cpu"
+                             or host.shape != cu_seqlens.shape or host.is_floating_point()):
+        raise ValueError(f"cu_seqlens_cpu must be the offsets of cu_seqlens as an integer CPU "
+                         f"tensor of shape {tuple(cu_seqlens.shape)}, got "
+                         f"{getattr(host, 'device', type(host).__name__)} "
+                         f"{tuple(getattr(host, 'shape', ()))}")
+    if B.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the sequences are packed along N of a batch of one; "
+                         f"got batch {B.shape[0]}")
+    if not torch.compiler.is_compiling():
+        cu = (cu_seqlens if host is None else host).tolist()
+        if cu[0] != 0 or cu[-1] != B.shape[2] or any(b < a for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"cu_seqlens must start at 0, never decrease and end at N = "
+                             f"{B.shape[2]}; got {cu[:4]}{' ...' if len(cu) > 4 else ''} "
+                             f"ending at {cu[-1]}")
+    return cu_seqlens.numel() - 1
 
 
 def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,

@@ -30,7 +30,7 @@ import functools
 import torch
 
 from ._device import sm_count
-from ._inputs import FLOAT_DTYPES
+from ._dtypes import FLOAT_DTYPES
 from .decay.per_head import normalize_gamma
 from .decay.per_token import check_gates
 from .registry import GPU_DTYPES

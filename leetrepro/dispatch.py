@@ -40,7 +40,7 @@ import torch
 
 from . import registry, tuning
 from ._device import gpu_tag
-from ._inputs import SHORT_NAMES
+from ._dtypes import SHORT_NAMES
 
 AUTO_SHORT_N = 128
 #: Chunk (this project's kernel, NOTES.md), lightningAttention-2 (fastest at batch 1 and N > 512

@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 
 from . import ops
-from ._inputs import check_qkv, expand_groups
+from ._inputs import check_qkv
+from ._groups import expand_groups
 from ._state import check_state, final_state
 from .api import _autocast
 from .compat import check_chunk_size, check_dt_limit, check_mamba, ssd_operands, ssd_output

@@ -74,7 +74,7 @@ import os
 import torch
 
 from . import dispatch, registry
-from ._inputs import expand_groups, lane_heads, sum_groups
+from ._groups import expand_groups, lane_heads, sum_groups
 from .decay.per_head import check_gamma_values, decayed_by, normalize_gamma
 from .decay.per_token import (final_pairs, first_decay, fold_gates, gate_dtype,
                               gate_gradient_from_dots, shift_gates)
@@ -237,7 +237,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     ``g``: per-token log gates ``(batch, heads, N)`` (a method with ``Method.gates``); a γ folds
     into them here (``folded``: the caller did, once for its several sweeps). In reverse time the
     method gets them shifted (:func:`shift_gates`).
-    Operands of fewer heads than the call (groups, :mod:`leetrepro._inputs`) go to a method with
+    Operands of fewer heads than the call (groups, :mod:`leetrepro._groups`) go to a method with
     ``Method.groups`` as they are (its outputs a head each, dense where their like is grouped),
     to others expanded. ``gate_pieces``: Chunk's gated backward sweeps' (:func:`_gradients`)."""
     # (plain comparisons, no call: the host path of every call runs them)
@@ -603,7 +603,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
 def _group_sums(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor:
     """Each head's gradient x summed over each group's heads, in ``like``'s layout: one kernel
     launch on a GPU (:func:`leetrepro.methods.ssd_rows.sum_groups_like`), else
-    :func:`leetrepro._inputs.sum_groups` then a copy into that layout where it differs."""
+    :func:`leetrepro._groups.sum_groups` then a copy into that layout where it differs."""
     from .methods.ssd_rows import sum_groups_like
     out = sum_groups_like(x, groups, like)
     return _into(sum_groups(x, groups), like, None) if out is None else out

@@ -8,7 +8,9 @@ import types
 
 import torch
 
-from ._inputs import check_qkv, expand_groups
+from ._inputs import check_qkv
+
+from ._groups import expand_groups
 from ._state import add_initial_state, check_state, final_state
 from .decay.per_head import causal_mask, log_gamma, normalize_gamma
 from .decay.per_token import check_gates, fold_gates, gate_mask
@@ -20,9 +22,9 @@ def reference(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
               cu_seqlens: torch.Tensor | None = None):
     """``O = (B Cᵀ ⊙ M) V`` by the quadratic formula, in float64.
 
-    Shapes: B, C ``(batch, heads, N, r)`` (or ``(batch, groups, N, r)``, :mod:`leetrepro._inputs`),
+    Shapes: B, C ``(batch, heads, N, r)`` (or ``(batch, groups, N, r)``, :mod:`leetrepro._groups`),
     V ``(batch, heads, N, d)``; returns ``(batch, heads, N, d)``
-    float64 on the inputs' device. ``gamma``: see :mod:`leetrepro._inputs`; M[i, j] = γ^(i-j) for
+    float64 on the inputs' device. ``gamma``: see :mod:`leetrepro.decay.per_head`; M[i, j] = γ^(i-j) for
     i ≥ j. Cost O(N²(r+d)) time; rows are processed ``row_block`` at a time so memory stays
     O(row_block·N) and long sequences can be checked on a GPU.
 

@@ -75,7 +75,7 @@ class Method:
     # per-head γ (None: the 0-1 mask); "per_token" also ``g=``, the per-token gates, γ folded in
     decays: frozenset = frozenset({"per_head"})
     groups: bool = False           # reads operands of fewer heads (groups) in place; others get
-    #                                them expanded to a head each (leetrepro._inputs.expand_groups)
+    #                                them expanded to a head each (leetrepro._groups.expand_groups)
     out: bool = False              # takes out=/out2= (writes O, the dual output into them, any
     #                                strides): the backward's gradients land in their inputs' layouts
     summary: str = ""
@@ -199,7 +199,7 @@ def available():
     rules it takes (``decays``: ``per_head``, ``per_token``)."""
     import pandas as pd
 
-    from ._inputs import SHORT_NAMES as short
+    from ._dtypes import SHORT_NAMES as short
 
     rows = [dict(name=m.name, abbr=m.abbr, language=m.language, complexity=m.complexity,
                  dtypes=",".join(short[d] for d in sorted(m.dtypes, key=lambda d: d.itemsize)

@@ -76,7 +76,7 @@ facts
 # Each cell: the paper's mean, then each GPU's (milliseconds, in the order of the header), `–` where a method did not run (out of memory, over the time limit, or not in the paper). The last row is each GPU's memory floor for the cell (B, C, V read and O written once at its measured copy bandwidth; the A6000's at its data-sheet rate): how far every paper method is from what the memory allows.
 
 # %%
-from leetrepro._inputs import parse_dtype
+from leetrepro._dtypes import parse_dtype
 from leetrepro.complexity import memory_floor_seconds
 
 frames = []

@@ -380,7 +380,7 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
     layout. Where the kernel does not run (a CPU without the interpreter asked for, float64):
     None, and the backward's PyTorch sums."""
     from leetrepro import ops
-    from leetrepro._inputs import sum_groups
+    from leetrepro._groups import sum_groups
     from leetrepro.methods import ssd_rows
     gen = torch.Generator().manual_seed(3)
     batch, groups, per, n, r = 2, 2, 3, 77, 24

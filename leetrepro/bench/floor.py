@@ -31,7 +31,7 @@ import time
 import torch
 
 from .. import _paths
-from .._inputs import SHORT_NAMES, parse_dtype
+from .._dtypes import SHORT_NAMES, parse_dtype
 from ..decay.per_head import alibi_gammas
 from ..api import causal_linear_decoder
 from ..complexity import io_bytes

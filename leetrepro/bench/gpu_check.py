@@ -43,7 +43,7 @@ import typing
 import torch
 
 from .. import causal_linear_decoder, reference, rel_error
-from .._inputs import DTYPE_NAMES, parse_dtype
+from .._dtypes import DTYPE_NAMES, parse_dtype
 from ..methods import methods
 from ..reference import GATE_GRAD_TF32_TOLERANCE, GATE_GRAD_TOLERANCE, TF32_TOLERANCE, TOLERANCE
 from .harness import gpu_main, random_inputs, sync

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from .._device import device_name, gpu_tag
-from .._inputs import DTYPE_NAMES, parse_dtype
+from .._dtypes import DTYPE_NAMES, parse_dtype
 from ..decay.per_head import alibi_gammas
 from .._paths import PACKAGE, ROOT
 

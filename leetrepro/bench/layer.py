@@ -31,7 +31,7 @@ import sys
 
 import torch
 
-from .._inputs import SHORT_NAMES, parse_dtype
+from .._dtypes import SHORT_NAMES, parse_dtype
 from .harness import failed_status, fla_chunk_simple_gla, gpu_main, interleaved_medians
 from .layouts import decays
 

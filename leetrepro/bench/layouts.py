@@ -36,7 +36,7 @@ import sys
 
 import torch
 
-from .._inputs import SHORT_NAMES, parse_dtype
+from .._dtypes import SHORT_NAMES, parse_dtype
 from ..complexity import io_bytes
 from .harness import (capture_graph, failed_status, fla_chunk_simple_gla, gpu_main,
                       interleaved_medians)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .. import _paths
-from .._inputs import parse_dtype
+from .._dtypes import parse_dtype
 from ..models import build
 from ..models.attention import linear_attention
 from ..registry import get

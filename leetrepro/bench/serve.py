@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from .._inputs import SHORT_NAMES
+from .._dtypes import SHORT_NAMES
 from ..api import causal_linear_decoder
 from ..compat import chunk_simple_gla
 from ..decode import decode_step

@@ -41,7 +41,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from .._inputs import SHORT_NAMES, parse_dtype
+from .._dtypes import SHORT_NAMES, parse_dtype
 from ..decay.per_head import alibi_gammas
 from ..api import causal_linear_decoder
 from ..distributed import _all_gather, causal_linear_decoder_sp

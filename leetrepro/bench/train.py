@@ -41,7 +41,7 @@ import sys
 
 import torch
 
-from .._inputs import SHORT_NAMES, parse_dtype
+from .._dtypes import SHORT_NAMES, parse_dtype
 from ..decay.per_head import alibi_gammas
 from ..api import causal_linear_decoder
 from ..reference import reference, rel_error

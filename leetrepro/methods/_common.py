@@ -6,8 +6,12 @@ import functools
 
 import torch
 
-from .._inputs import compute_dtype
 from ..decay.per_head import log_gamma
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The accumulation dtype of the PyTorch methods: at least float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def gamma_pow(lg: torch.Tensor | None, k: int):

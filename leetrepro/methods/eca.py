@@ -37,8 +37,7 @@ from fractions import Fraction
 
 import torch
 
-from ._common import torch_method
-from .._inputs import compute_dtype
+from ._common import compute_dtype, torch_method
 from ..decay.per_head import causal_mask, log_gamma
 from ..registry import register
 from .vanilla import check_quadratic_memory

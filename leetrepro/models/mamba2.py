@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from .._inputs import expand_groups
+from .._groups import expand_groups
 from ..compat import check_dt_limit, mamba_chunk_scan_combined
 from ..decode import decode_step
 from ._conv import causal_conv_silu, causal_conv_update

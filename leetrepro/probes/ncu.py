@@ -63,7 +63,7 @@ _STALL = "smsp__average_warps_issue_stalled_"
 
 def floor_bytes(label: str) -> tuple[int, int]:
     """The floor's bytes (:func:`complexity.io_bytes`) as read (B, C, V) and written (O)."""
-    from .._inputs import parse_dtype
+    from .._dtypes import parse_dtype
     from ..complexity import io_bytes
     dtype, batch, n, _, _ = CELLS[label]
     r, d, heads = cell_shape(label)
@@ -143,7 +143,7 @@ def profiled_call(label: str) -> None:
     import torch
 
     from .. import causal_linear_decoder
-    from .._inputs import parse_dtype
+    from .._dtypes import parse_dtype
     from ..decay.per_head import alibi_gammas
     from ..bench.harness import random_inputs
     dtype, batch, n, decay, options = CELLS[label]

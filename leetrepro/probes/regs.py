@@ -112,7 +112,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from .._inputs import parse_dtype
+    from .._dtypes import parse_dtype
     from ..methods.chunk import (HOPPER, _gates_layout, _tma_layout, gluon_dtype, hopper_constants,
                                  hopper_kernels)
     kern = hopper_kernels.chunk_hopper_kernel
@@ -194,7 +194,7 @@ def hopper_unfit_for(dtype: str, r: int = 128, d: int = 128, dual: bool = False)
     ``dual`` output): its launcher's own rule, asked of stand-in tensors; None where it can."""
     import torch
 
-    from .._inputs import parse_dtype
+    from .._dtypes import parse_dtype
     from ..methods.chunk import hopper_operand_unfit
     b, v = (torch.empty(1, 1, 64, k, dtype=parse_dtype(dtype)) for k in (r, d))
     return hopper_operand_unfit(b, b, v, dual=v if dual else None)

@@ -22,7 +22,7 @@ import sys
 import torch
 
 from .._device import sm_count
-from .._inputs import SHORT_NAMES, parse_dtype
+from .._dtypes import SHORT_NAMES, parse_dtype
 from ..api import causal_linear_decoder
 from ..bench.harness import capture_graph, gpu_main, median, random_inputs
 from ..decay.per_head import alibi_gammas

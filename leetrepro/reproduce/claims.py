@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._inputs import SHORT_NAMES, parse_dtype
+from .._dtypes import SHORT_NAMES, parse_dtype
 from ..bench.harness import runs_of
 
 TWINS = (("LA", "LA_torch"), ("FA", "FA_torch"), ("Cdotp", "Cdotp_torch"))
