@@ -164,6 +164,38 @@ def test_packed_sequences_train_as_each_alone(restored):
             assert rel_error(g, w) <= 10 * TOL, train
 
 
+@on_tested_release
+@pytest.mark.slow
+def test_the_causal_lm_hands_packed_sequences_to_its_backbone(restored):
+    """5.24's ``Mamba2ForCausalLM`` drops its keyword arguments: a ``seq_idx`` given to it ran
+    the packed batch as one sequence, silently. Enabled, its logits (eval) and its loss's
+    gradients (training, the fused call) are each sequence's alone; disabled, its own forward
+    is back."""
+    model = _mamba2()
+    forward = type(model).forward
+    a, b = (torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(n))
+            for n in (21, 30))
+    ids = torch.cat([a, b], 1)
+    seq_idx = torch.cat([torch.zeros(1, 21), torch.ones(1, 30)], 1).int()
+    lt.enable("mamba2")
+    assert type(model).forward is not forward
+    model.eval()
+    with torch.no_grad():
+        alone = torch.cat([model(a).logits, model(b).logits], 1)
+        assert rel_error(model(ids, seq_idx=seq_idx).logits, alone) <= TOL
+        assert rel_error(model(ids).logits, alone) > 100 * TOL  # (without it: one sequence)
+    model.train()
+    proj = torch.randn(1, 51, 97, generator=torch.Generator().manual_seed(5))
+    (torch.cat([model(a).logits, model(b).logits], 1) * proj).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    (model(ids, seq_idx=seq_idx).logits * proj).sum().backward()
+    for g, w in zip((p.grad for p in model.parameters()), want):
+        assert rel_error(g, w) <= 10 * TOL
+    lt.disable()
+    assert type(model).forward is forward
+
+
 def test_enable_warns_of_another_release_and_of_a_norm_over_all_channels(restored, monkeypatch):
     """:func:`enable` warns of another transformers release than :data:`TESTED`, naming it;
     where a family's gated norm takes no groups (5.17's Mamba-2), the warning says training and

@@ -21,6 +21,13 @@ the mixers call at run time, to this project's:
 * ``causal_conv1d_update``, ``mamba2_selective_state_update``: the decode step's convolution
   and state update (the latter one pass on a GPU).
 
+5.24's ``Mamba2ForCausalLM.forward`` drops its keyword arguments instead of handing them to its
+backbone, so a ``seq_idx`` given to it would be ignored and a packed batch run as one sequence,
+silently: :func:`enable` also has it hand ``seq_idx`` and ``cu_seqlens`` on. In the hybrid
+families the attention layers keep packed sequences apart only where transformers' own packing
+does (``position_ids`` restarting per sequence with an attention that reads them, such as
+``flash_attention_2``); this project serves the Mamba-2 layers.
+
 The modeling code is not copied: only the names it calls are replaced. Written and tested
 against transformers 5.24 (:data:`TESTED`); :func:`enable` refuses a family whose module lacks
 one of the names, naming it, and warns on another release.
@@ -50,6 +57,8 @@ TESTED = "5.24"
 NAMES = ("mamba2_chunk_scan", "mamba2_split_conv1d_scan_combined", "causal_conv1d_fn",
          "causal_conv1d_update", "mamba2_selective_state_update")
 _SAVED: dict = {}
+#: causal-LM classes whose forward does not hand its keyword arguments to its backbone (above)
+_DROPS_PACKING = {"mamba2": "Mamba2ForCausalLM"}
 
 
 def chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None,
@@ -172,7 +181,31 @@ def enable(families=FAMILIES) -> list[str]:
         for name in NAMES:
             _SAVED.setdefault((family, name), getattr(mod, name))
             setattr(mod, name, _OURS[name])
+        cls = getattr(mod, _DROPS_PACKING.get(family, ""), None)
+        if cls is not None and (family, "forward") not in _SAVED:
+            _SAVED[(family, "forward")] = cls.forward
+            cls.forward = _packing_on(cls.forward)
     return list(modules)
+
+
+def _packing_on(forward):
+    """A causal LM's ``forward`` that hands ``seq_idx`` and ``cu_seqlens`` on to its backbone
+    (a pre-hook for the call; no hook where neither is given)."""
+    import functools
+
+    @functools.wraps(forward)
+    def call(self, *args, seq_idx=None, cu_seqlens=None, **kwargs):
+        extra = {k: v for k, v in (("seq_idx", seq_idx), ("cu_seqlens", cu_seqlens))
+                 if v is not None}
+        if not extra:
+            return forward(self, *args, **kwargs)
+        hook = self.backbone.register_forward_pre_hook(
+            lambda module, a, kw: (a, {**kw, **extra}), with_kwargs=True)
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            hook.remove()
+    return call
 
 
 def _warn_of_release(modules: dict, version: str) -> None:
@@ -200,5 +233,7 @@ def _warn_of_release(modules: dict, version: str) -> None:
 def disable() -> None:
     """Undo :func:`enable`: each family's own functions back."""
     for (family, name), fn in list(_SAVED.items()):
-        setattr(_module(family), name, fn)
+        owner = getattr(_module(family), _DROPS_PACKING[family]) if name == "forward" else \
+            _module(family)
+        setattr(owner, name, fn)
         del _SAVED[(family, name)]
