@@ -147,10 +147,7 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             seen = ops.prepare(method, options, B, gam,
                                initial_state is not None or output_final_state, V, grad,
                                g is not None)
-            if key is not None:
-                if len(_SEEN) >= 1024:
-                    _SEEN.clear()
-                _SEEN[key] = seen
+            _remember(key, seen)
         m, opts = seen
         if not grad:
             # nothing for autograd to record: skip the op's dispatch (host time per call)
@@ -172,6 +169,27 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
 #: (``registry.on_change``).
 _SEEN: dict = {}
 registry.on_change(_SEEN.clear)
+
+
+def _remember(key, seen: tuple) -> None:
+    if key is not None:
+        if len(_SEEN) >= 1024:
+            _SEEN.clear()
+        _SEEN[key] = seen
+
+
+def prepared(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, method: str, options: dict,
+             with_state: bool, grad: bool, gates: bool) -> tuple:
+    """:func:`leetrepro.ops.prepare`'s ``(method, options)`` for operands B, C, V without a
+    per-head decay, remembered in :data:`_SEEN` by the call's signature as the API's own calls
+    are: what a layer that calls the operator's forward and backward itself resolves in eager
+    mode (``compat._TurnedOperator``)."""
+    key = _signature(B, C, V, method, options, with_state, True, grad, not gates)
+    seen = _SEEN.get(key) if key is not None else None
+    if seen is None:
+        seen = ops.prepare(method, options, B, None, with_state, V, grad, gates)
+        _remember(key, seen)
+    return seen
 
 
 def _signature(B, C, V, method, options: dict, final: bool, no_decay: bool,

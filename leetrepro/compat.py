@@ -23,12 +23,12 @@ import torch
 from ._inputs import check_4d, memo_by_tensor, positive_where_free
 from .decay.per_head import check_gamma_values, mark_checked
 from .decay.trapezoid import key_weights, pending_state, rotate_pairs
-from .api import causal_linear_decoder
+from .api import causal_linear_decoder, prepared
 from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
-from . import ops, registry
+from . import ops
 from .methods.mamba3_rows import (angle_sums, gated_output, pair_sums, pair_sums_on_kernel,
+                                  rotate as _rotate, rotate_backward as _rotate_backward,
                                   suffix_differences, turned_rows)
-from .methods.mamba3_rows import rotate as _rotate, rotate_backward as _rotate_backward
 from .methods.state_update import selective_state_update  # noqa: F401  (a drop-in, re-exported)
 
 #: exp(g_gamma) per g_gamma tensor (and version), so that a model calling every layer with the
@@ -343,26 +343,6 @@ MAMBA3_GATE_GRAD_PRECISION = "tf32"
 MAMBA3_PAIR_SUMS = True
 
 
-#: the operator's method and options for the drop-in's eager calls with gradients
-#: (:class:`_TurnedOperator`), resolved once per signature as the API caches its own (the
-#: checks and the method's choice cost host time on every call otherwise)
-_RESOLVED: dict = {}
-registry.on_change(_RESOLVED.clear)
-
-
-def _resolved(method: str, options: str, rows: tuple, with_state: bool) -> tuple:
-    q, key, v = rows
-    sig = (method, options, with_state, q.shape, q.stride(), key.stride(), v.shape, v.stride(),
-           q.dtype, q.device)
-    got = _RESOLVED.get(sig)
-    if got is None:
-        if len(_RESOLVED) >= 256:
-            _RESOLVED.clear()
-        got = _RESOLVED[sig] = ops.prepare(method, json.loads(options) if options else {}, q,
-                                           None, with_state, v, True, True)
-    return got
-
-
 class _TurnedOperator(torch.autograd.Function):
     """The turned rows (:func:`leetrepro.methods.mamba3_rows.mamba3_rotate`, in Q's dtype) and
     the operator with the gates ADT on them, as one node: its backward takes the angles' and
@@ -382,18 +362,21 @@ class _TurnedOperator(torch.autograd.Function):
     @staticmethod
     def forward(ctx, Q, K, Q_bias, K_bias, theta, w, V, g, s0, cu_seqlens, spec):
         method, options, final, _ = spec
-        q, key, own = _rotate(Q, K, Q_bias, K_bias, theta.float(), w, True)
+        angles = theta.float()
+        q, key, own = _rotate(Q, K, Q_bias, K_bias, angles, w, True)
         rows = q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2)
-        # (eager: the method resolved once per signature and run without the op's dispatch)
-        ctx.resolved = None if torch.compiler.is_compiling() else \
-            _resolved(method, options, rows, s0 is not None or final)
+        # (eager: the method resolved once per signature, as the API's calls are, and run
+        # without the op's dispatch)
+        ctx.resolved = None if torch.compiler.is_compiling() else prepared(
+            *rows, method, json.loads(options) if options else {}, s0 is not None or final,
+            True, True)
         if ctx.resolved is None:
             o, sn = ops.causal_linear(*rows, None, s0, method, options, False, final, cu_seqlens,
                                       1.0, True, g)
         else:
             o, sn = ops.run(*ctx.resolved, *rows, None, s0, False, final, cu_seqlens=cu_seqlens,
                             scale=1.0, g=g)
-        ctx.save_for_backward(K, K_bias, theta, w, V, g, s0, cu_seqlens, q, key,
+        ctx.save_for_backward(K, K_bias, angles, w, V, g, s0, cu_seqlens, q, key,
                               sn if final else None)
         ctx.spec = spec
         ctx.dtypes = (Q_bias.dtype, K_bias.dtype)
@@ -402,7 +385,7 @@ class _TurnedOperator(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, down, dsn):
-        K, K_bias, theta, w, V, g, s0, cu, q, key, sn = ctx.saved_tensors
+        K, K_bias, angles, w, V, g, s0, cu, q, key, sn = ctx.saved_tensors
         method, options, final, precision = ctx.spec
         need = ctx.needs_input_grad
         rows = q.transpose(1, 2), key.transpose(1, 2), V.transpose(1, 2)
@@ -422,13 +405,12 @@ class _TurnedOperator(torch.autograd.Function):
             down = torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device) \
                 if down is None else down
             dQ, dK, dqb, dkb, _, dw = _rotate_backward(
-                zero(dq, need_q), zero(dkey, need_k), down, q, key, K, K_bias, theta.float(), w,
-                False)
+                zero(dq, need_q), zero(dkey, need_k), down, q, key, K, K_bias, angles, w, False)
             grads[:4] = dQ, dK, dqb.to(ctx.dtypes[0]), dkb.to(ctx.dtypes[1])
             grads[5] = dw
         if need[4] or need[7]:
             dg, sums = pair_sums(*rows, do, g, s0, dS, sn if dS is not None else None, cu,
-                                        theta.shape[-1], precision)
+                                 angles.shape[-1], precision)
             grads[4] = suffix_differences(sums.transpose(1, 2), cu)
             grads[7] = dg
         grads[6] = dv.transpose(1, 2) if need[6] else None
@@ -504,7 +486,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
         # (the angles' gradient from the straddling pairs: the operator in the inputs' dtype)
         opts = dict(options)
         method = opts.pop("method", "auto")
-        precision = opts.pop("gate_grad_precision", "tf32x3")
+        precision = opts.pop("gate_grad_precision", None)  # (None: the kernel's default)
         o, own, states = _TurnedOperator.apply(
             Q, K, Q_bias, K_bias, theta, w.transpose(1, 2), V.to(Q.dtype), ADT.to(acc), s0,
             cu_seqlens, (method, ops.encode_options(opts), want, precision))

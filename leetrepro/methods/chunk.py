@@ -1307,7 +1307,8 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     each in any layout whose last dimension is contiguous, read in place; ``initial_state``
     and ``dS`` ``(batch or sequences, heads, r, d)``; ``cu_seqlens``: packed sequences, a batch
     of one. Two state passes over the rows per (batch, head), then every 256-row segment on its
-    own, O(N·(r·d + 256·(r + d))) in all; a workspace of two fp32 r × d states per 256 rows.
+    own, O(N·(r·d + 256·(r + d))) in all; a workspace of two fp32 r × d states per segment of
+    256 rows (128 with ``angles``).
     r above :data:`STRADDLE_MAX_R` in pieces of it, their dg summed. fp32's products through
     ``precision`` (default ``"tf32x3"``: fp32's contract; ``"tf32"`` for operands that hold
     16-bit values, to 16-bit's contract).

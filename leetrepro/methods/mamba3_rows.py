@@ -459,7 +459,7 @@ def pair_sums_on_kernel(V: torch.Tensor, r: int, angles: int) -> bool:
 def mamba3_pair_sums(q: torch.Tensor, key: torch.Tensor, v: torch.Tensor, dO: torch.Tensor,
                      g: torch.Tensor, initial_state: torch.Tensor | None,
                      dS: torch.Tensor | None, SN: torch.Tensor | None,
-                     cu_seqlens: torch.Tensor | None, angles: int, precision: str
+                     cu_seqlens: torch.Tensor | None, angles: int, precision: str | None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(dg, S)``: the gates' gradient float32 ``(batch, heads, N)`` and the sums of the
     angles' gradient from each row on, float32 ``(batch, heads, N, angles)``, of ⟨dO, O⟩ +
@@ -468,7 +468,7 @@ def mamba3_pair_sums(q: torch.Tensor, key: torch.Tensor, v: torch.Tensor, dO: to
     straddle each row (:func:`leetrepro.methods.chunk.gate_gradient` with ``angles``), so
     neither adds up a rounding along the rows. The states (``initial_state``, S_N) are turned
     by no angle; SN: the forward's final state, where dS is given. ``precision``: fp32's
-    products (16-bit inputs: its operands hold 16-bit values). O(N·(r·d + 256·(r + d))) a
+    products (16-bit inputs: its operands hold 16-bit values; None: the kernel's default). O(N·(r·d + 256·(r + d))) a
     (batch, head), about twice dg's alone."""
     from . import chunk
     return chunk.gate_gradient(q, key, v, dO, g, initial_state=initial_state, dS=dS,
