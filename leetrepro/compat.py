@@ -24,7 +24,9 @@ from ._inputs import check_4d, memo_by_tensor, positive_where_free
 from .decay.per_head import check_gamma_values, mark_checked
 from .decay.trapezoid import key_weights, pending_state, rotate_pairs
 from .api import causal_linear_decoder, prepared
-from .methods.ssd_rows import scale_rows, scale_rows_and_skip, step_sizes_and_gates
+from .methods import chunk
+from .methods.ssd_rows import (per_head, scale_rows, scale_rows_and_skip, ssd_rows_pass,
+                               step_sizes_and_gates)
 from . import ops
 from .methods.mamba3_rows import (angle_sums, gated_output, pair_sums, pair_sums_on_kernel,
                                   rotate as _rotate, rotate_backward as _rotate_backward,
@@ -272,13 +274,25 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     check_chunk_size(chunk_size)
     check_dt_limit(dt_limit)
     check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
-    operands, skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx,
-                                      (dt_softplus, dt_limit))
     want_state = return_final_states or return_varlen_states
-    res = causal_linear_decoder(*operands[:3], g=operands[3], initial_state=s0,
-                                output_final_state=want_state, cu_seqlens=cu_seqlens, **options)
-    o, states = res if want_state else (res, None)
-    y = ssd_output(o, skip, z, x.dtype)
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, dt, A, B, C, D, dt_bias, initial_states))
+    resolved = _rows_in_sweep(x, B, C, D, cu_seqlens, want_state or initial_states is not None,
+                              grad, options)
+    if resolved is not None:  # (V' = dt·x and D·x inside the sweep: neither pass over x)
+        steps, g = ssd_gates(dt, A, dt_bias, seq_idx, (dt_softplus, dt_limit))
+        s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
+        o, states = _SSDRowsInSweep.apply(x, steps, g, C, B, D, s0, (resolved, want_state))
+        y = ssd_output(o, None, z, x.dtype)
+        states = states if want_state else None
+    else:
+        operands, skip, s0 = ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx,
+                                          (dt_softplus, dt_limit))
+        res = causal_linear_decoder(*operands[:3], g=operands[3], initial_state=s0,
+                                    output_final_state=want_state, cu_seqlens=cu_seqlens,
+                                    **options)
+        o, states = res if want_state else (res, None)
+        y = ssd_output(o, skip, z, x.dtype)
     if not want_state:
         return y
     states = states.transpose(-1, -2)  # (…, headdim, dstate): Mamba-2's layout
@@ -296,19 +310,92 @@ def ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx, dt_rule,
     ``D·x`` term's pass (None without D), the initial state in the operator's layout.
     ``dt_rule``: ``(dt_softplus, dt_limit)``. ``first_cut`` ``(batch,)`` bool: whether row 0
     starts a sequence after rows that are not here (a rank's slice: the rank before holds them)."""
-    seqlen = x.shape[1]
-    # (batch, seqlen, heads), float32: the step sizes and the log decays, one pass
-    dt, g = step_sizes_and_gates(dt, A, dt_bias, *dt_rule)
-    if seq_idx is not None and seqlen:  # (a change of sequence: nothing crosses it)
-        cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
-        if first_cut is not None:
-            cut = torch.cat([first_cut[:, None], cut[:, 1:]], 1)
-        g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
+    dt, g = ssd_gates(dt, A, dt_bias, seq_idx, dt_rule, first_cut)
     # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, its backward is
     # the backward pass of dt·dV': dt·dV' + D·dy, with dt's and D's gradients)
     V, skip = scale_rows_and_skip(x, dt, D) if D is not None else (scale_rows(x, dt), None)
     s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
     return (C.transpose(1, 2), B.transpose(1, 2), V.transpose(1, 2), g.transpose(1, 2)), skip, s0
+
+
+def ssd_gates(dt, A, dt_bias, seq_idx, dt_rule, first_cut: torch.Tensor | None = None) -> tuple:
+    """The SSD's step sizes and log decays ``(dt, g)``, float32 ``(batch, seqlen, heads)``, one
+    pass (:func:`step_sizes_and_gates`), g −1e4 where ``seq_idx`` changes (:func:`ssd_operands`'
+    arguments)."""
+    dt, g = step_sizes_and_gates(dt, A, dt_bias, *dt_rule)
+    if seq_idx is not None and dt.shape[1]:  # (a change of sequence: nothing crosses it)
+        cut = torch.nn.functional.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0))
+        if first_cut is not None:
+            cut = torch.cat([first_cut[:, None], cut[:, 1:]], 1)
+        g = torch.where(cut[..., None], torch.full_like(g, -1e4), g)
+    return dt, g
+
+
+#: whether :func:`mamba_chunk_scan_combined` takes V' = dt·x and the skip D·x inside Chunk's
+#: forward sweep (:class:`_SSDRowsInSweep`) where it can: then neither is a pass over x of its
+#: own, and O is written once as y; False: the composition (V' written, the operator, the skip's
+#: pass), which float64, PyTorch's methods, ``torch.compile``, packed sequences and a
+#: ``(heads, headdim)`` D always take
+SSD_ROWS_IN_SWEEP = True
+
+
+def _rows_in_sweep(x, B, C, D, cu_seqlens, with_state: bool, grad: bool, options: dict):
+    """The resolved ``(method, options)`` (:func:`leetrepro.api.prepared`) where the SSD's rows
+    go into the sweep (:data:`SSD_ROWS_IN_SWEEP`): Chunk chosen, D per head, no packed sequences,
+    eager, a GPU or Triton's interpreter, and on the kernel the call would run anyway
+    (:func:`leetrepro.methods.chunk.rows_unfit`); else None."""
+    if not SSD_ROWS_IN_SWEEP or D is None or D.dim() != 1 or cu_seqlens is not None or \
+            x.dtype == torch.float64 or torch.compiler.is_compiling():
+        return None
+    q, k, v = C.transpose(1, 2), B.transpose(1, 2), x.transpose(1, 2)
+    if chunk.rows_unfit(q, k, v) is not None:
+        return None
+    rest = {key: value for key, value in options.items() if key != "method"}
+    resolved = prepared(q, k, v, options.get("method", "auto"), rest, with_state, grad, True)
+    return resolved if resolved[0].fn is chunk.chunk_scan else None
+
+
+class _SSDRowsInSweep(torch.autograd.Function):
+    """The SSD's operator with V' = dt·x and the skip D·x inside Chunk's forward sweep
+    (``chunk_scan``'s ``rows``): y' = op(C, B, dt·x) + D·x, head-major ``(batch, heads, seqlen,
+    headdim)`` in x's layout (time-major), and the final state (empty unless asked for). Its
+    backward writes V' once (the sweeps of the operator's backward read it) and takes dx = dt·dV'
+    + D·dy, dt's and D's gradients in one pass over x-sized tensors, as the composition's.
+
+    Inputs: x ``(batch, seqlen, heads, headdim)``; dt and g float32 ``(batch, seqlen, heads)``
+    (:func:`ssd_gates`); C, B ``(batch, seqlen, groups, dstate)``; D ``(heads,)``; the initial
+    state in the operator's layout or None; ``spec = ((method, options), final state wanted)``."""
+
+    @staticmethod
+    def forward(ctx, x, dt, g, C, B, D, s0, spec):
+        (m, opts), final = spec
+        rows = C.transpose(1, 2), B.transpose(1, 2), x.transpose(1, 2)
+        o, sn = ops.run(m, opts, *rows, None, s0, False, final, g=g.transpose(1, 2),
+                        rows=(dt.transpose(1, 2), D.float()))
+        ctx.save_for_backward(x, dt, g, C, B, D, s0, sn if final else None)
+        ctx.resolved = (m, opts)
+        return o, sn
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, dsn):
+        x, dt, g, C, B, D, s0, sn = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        v = ssd_rows_pass(x, dt, None, None, False)[0]  # V' again (time-major)
+        dy = torch.zeros_like(v).transpose(1, 2) if dy is None else dy.to(x.dtype)
+        dS = dsn if sn is not None and dsn is not None and dsn.numel() else None
+        rows = C.transpose(1, 2), B.transpose(1, 2), v.transpose(1, 2)
+        dq, dk, dv, ds0, dg = ops.resolved_gradients(
+            ctx.resolved, dy, *rows, None, s0, dS, False, need[3], need[4], True,
+            s0 is not None and need[6], None, 1.0, g=g.transpose(1, 2), SN=sn,
+            need_g=need[2])
+        # dx = dt·dV' + D·dy, Σ x·dV' (dt's) and Σ x·dy (D's), one pass
+        dx, ddt, dD = ssd_rows_pass(x, dt, dv.transpose(1, 2), None, need[1], per_head(D, x),
+                                    dy.transpose(1, 2), need[5])
+        return (dx if need[0] else None, ddt if need[1] else None,
+                dg.transpose(1, 2) if need[2] else None, dq.transpose(1, 2) if need[3] else None,
+                dk.transpose(1, 2) if need[4] else None, dD.sum((0, 1)).to(D.dtype) if need[5] else None,
+                ds0 if s0 is not None and need[6] else None, None)
 
 
 def ssd_output(o: torch.Tensor, skip, z: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

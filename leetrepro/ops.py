@@ -223,7 +223,8 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         output_final_state: bool, dual: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None, scale: float = 1.0,
         out: torch.Tensor | None = None, out2: torch.Tensor | None = None,
-        g: torch.Tensor | None = None, folded: bool = False, gate_pieces: tuple | None = None):
+        g: torch.Tensor | None = None, folded: bool = False, gate_pieces: tuple | None = None,
+        rows: tuple | None = None):
     """Run method ``m`` (already resolved, options checked): ``(O, S_N or an empty tensor)``;
     with ``dual`` (a method with ``Method.dual``, N ≥ 1), O is the pair (O, op(dual, V, C)).
     ``cu_seqlens``: sequences packed along N (batch 1), each with its own state; a method without
@@ -239,7 +240,9 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     method gets them shifted (:func:`shift_gates`).
     Operands of fewer heads than the call (groups, :mod:`leetrepro._groups`) go to a method with
     ``Method.groups`` as they are (its outputs a head each, dense where their like is grouped),
-    to others expanded. ``gate_pieces``: Chunk's gated backward sweeps' (:func:`_gradients`)."""
+    to others expanded. ``gate_pieces``: Chunk's gated backward sweeps' (:func:`_gradients`);
+    ``rows``: Chunk's gated forward sweep's V row weights and skip (``chunk_scan``'s, the SSD's
+    rows in the sweep: ``compat``)."""
     # (plain comparisons, no call: the host path of every call runs them)
     if B.shape[1] != V.shape[1] or C.shape[1] != V.shape[1] or \
             (dual is not None and dual.shape[1] != V.shape[1]):
@@ -273,6 +276,8 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         kw["dual"] = dual
     if gate_pieces is not None:
         kw["gate_pieces"] = gate_pieces
+    if rows is not None:
+        kw["rows"] = rows
     if cu_seqlens is not None:
         kw["cu_seqlens"] = cu_seqlens
     if g is not None:

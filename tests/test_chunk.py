@@ -511,7 +511,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     time the chunk's own pairs) at the value columns they launch with (``chunk.PIECES_DC``): at
     most 320 bytes a thread at 128 columns (116-316 when it was set: measured faster than two
     programs a lane at 64, each forming the scores again), 128 at fewer (forward at r = d = 128:
-    20 at 64 columns when it was set); the dual none."""
+    20 at 64 columns when it was set); the dual none. V's row weights and the skip (Mamba-2's
+    SSD forward, ``rows``) at r = 128 and 64 beside d = 64, one pass and segments: none."""
     import sys
 
     from leetrepro.probes.regs import HOPPER_SHAPES, spill_bytes
@@ -525,8 +526,12 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     gated = [line for line in lines if line.split()[1] == "gates"]
     grouped = [line for line in lines if line.split()[1] == "groups"]
     pieces = [line for line in lines if line.split()[1] == "pieces"]
-    assert len(lines) - len(shaped) - len(narrow) - len(gated) - len(grouped) - len(pieces) == 32
+    rows = [line for line in lines if line.split()[1] == "rows"]
+    assert len(lines) - len(shaped) - len(narrow) - len(gated) - len(grouped) - len(pieces) - \
+        len(rows) == 32
     assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 12
+    # (V's row weights and the skip, Mamba-2's forward at 128 × 64 and 64 × 64: no spills)
+    assert len(rows) == 4 and all(spill_bytes(line) == 0 for line in rows), rows
     assert all("Used 168 registers" in line for line in lines)
     # (what each launch asks of shared memory, the ring's slots as chunk.hopper_tiles counts
     # them and the allocator's padding, within the SM's 227 KB: a launch over it fails)

@@ -679,11 +679,14 @@ def test_the_decode_step_kernel_is_the_recurrence(monkeypatch, dtype, rows):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_decode_step_kernel_on_the_gpu(dtype):
+@pytest.mark.parametrize("rows", [None, 8])
+def test_the_decode_step_kernel_on_the_gpu(dtype, rows, monkeypatch):
     """On a GPU the decode step's one pass (mamba_ssm's test heads: 128/64, 8 heads on 2 q/k
     heads) against its PyTorch expressions on the same pools, several tokens at slots out of
-    order: outputs and every pool within the contract."""
+    order: outputs and every pool within the contract; the state's rows all at once and
+    ``rows`` a loop step (``STEP_ROWS``)."""
     from leetrepro.methods import mamba3_step as step
+    monkeypatch.setattr(step, "STEP_ROWS", rows)
     gen = torch.Generator().manual_seed(9)
     batch, heads, hqk, p, dv, a, slots_n = 3, 8, 2, 128, 64, 32, 5
     slots = torch.tensor([4, 0, 2], device="cuda")

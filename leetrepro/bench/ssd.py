@@ -40,9 +40,10 @@ import torch
 from .harness import fla_chunk_simple_gla, gpu_main, mamba_ssm_peer, timed_entries
 
 #: (label, batch, seqlen, heads, headdim, dstate, ngroups): Codestral-Mamba / Nemotron-H's
-#: mixer, Zamba2's, a Falcon-H1-like one (d_state 256)
+#: mixer, Zamba2's, a Falcon-H1-like one (d_state 256), and a short-sequence micro-batch (8 ×
+#: 2048 rows, 48 heads, one group)
 SHAPES = [("codestral", 2, 8192, 128, 64, 128, 8), ("zamba2", 4, 4096, 80, 64, 64, 1),
-          ("falcon-h1", 2, 8192, 64, 64, 256, 1)]
+          ("falcon-h1", 2, 8192, 64, 64, 256, 1), ("8x2048", 8, 2048, 48, 64, 128, 1)]
 CHUNK = 256  # mamba_ssm's chunk (ours takes its tiles from its own tables)
 #: (label, batch, seqlen, heads, headdim_v, headdim_qk, q/k heads): mamba_ssm's own test shape
 #: (GQA 4) and a 2048-wide model's training micro-batch (64 heads of 64, d_state 128, one group)

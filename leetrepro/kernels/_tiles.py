@@ -45,11 +45,13 @@ import triton.language as tl
 #: (:func:`gate_pieces`). ``SPLIT``: the chunk-scan kernel's segments chained through its ring.
 #: ``ANGLES = (BLOCK_A, A, HALF)``: with A > 0 the gates' gradient's kernel also sums each
 #: row's A turned pairs (Mamba-3's angles) over the pairs straddling it (``HALF``: its pair
-#: tiles rounded to bf16 for their products).
+#: tiles rounded to bf16 for their products). ``ROWS``: a forward sweep with gates also takes
+#: per-row weights w of V's rows (V' = w·V inside the products: Mamba-2's dt) and a per-head
+#: skip D (O = op(B, C, V') + D·V in the output's one store).
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD SPLIT ANGLES",
-    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False, False, (16, 0, False)))
+                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD SPLIT ANGLES ROWS",
+    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False, False, (16, 0, False), False))
 
 
 def constants(cfg: dict, **flags) -> Constants:
@@ -233,13 +235,14 @@ def accumulate_state(state, c, v, w_out, decay, HAS_DECAY: tl.constexpr, PRECISI
 
 @triton.jit
 def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: tl.constexpr,
-                  PAD=0):
+                  PAD=0, W_ROWS=0):
     """``(S, log decay)``: S = Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32
     [BLOCK_R, BLOCK_D]), the state a segment adds from zero, and the log of the segment's own
     decay (``(end - start)·log λ``; with gates their sum; 0 for the 0-1 mask). ``end - start``
     is a multiple of BLOCK_N unless end = N. ``g_rows``: the lane's gate rows (``HAS_GATE``) or
     None. ``K``: the kernel's constants (``BLOCK_N``, ``BLOCK_R``, ``BLOCK_D``, ``HAS_DECAY``,
-    ``HAS_GATE``, ``REVERSE``, ``PRECISION`` read here); ``PAD``: :func:`row_positions`'."""
+    ``HAS_GATE``, ``REVERSE``, ``PRECISION``, ``ROWS`` read here); ``PAD``:
+    :func:`row_positions`'; ``W_ROWS`` (``ROWS``): the lane's rows of V's row weights."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_N: tl.constexpr = K.BLOCK_N
     BLOCK_R: tl.constexpr = K.BLOCK_R
@@ -257,6 +260,8 @@ def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: 
             gk = load_gates(g_rows, phys, ok)
             last = tl.sum(gk, axis=0)
             w_out = tl.where(ok, tl.exp(last - tl.cumsum(gk, axis=0)), 0.0)
+            if K.ROWS:
+                w_out = w_out * load_gates(W_ROWS, phys, ok)
             local = accumulate_state(local, c, v, w_out, tl.exp(last), True, PRECISION,
                                      K.GATE_GRAD)
             total += last

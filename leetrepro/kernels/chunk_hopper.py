@@ -96,6 +96,12 @@ sweep makes are taken back as the portable kernel's ``EXACT`` does: the
 state's copy has a second copy of its remainder (one more wgmma into O's accumulator), the
 weighted v a second tile of its remainder (one more into the state's update).
 
+V's row weights and the skip (``ROWS``, a gated forward sweep in fp16/bf16: Mamba-2's V' = dt·x
+and y = o + D·x, with x as V): each chunk's weights w_j (float32, loaded by the consumers before
+the ring wait, by rows and by columns) multiply the masked scores' column j and the state's
+update row j, and D·v (the head's D over the output's scale, from the chunk's own v tile in the
+ring) joins O's accumulator before its one store, so no V' and no second pass over O.
+
 Rows past N are read as zeros (TMA fills them) and never stored (TMA clips them), per lane, as the
 descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-major inputs are read
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
@@ -195,10 +201,31 @@ def _ring_gates(ring, s, acc_l: gl.constexpr, K: gl.constexpr):
 
 
 @gluon.jit
-def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None):
+def _value_weights(prog, row, length, acc_l: gl.constexpr, K: gl.constexpr):
+    """``ROWS``: the chunk's V row weights w (float32, 0 past the lane's end) by rows: issued a
+    chunk ahead of their use (:func:`_sweep`), their columns made from them there
+    (:func:`_by_columns`)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    ri = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    return gl.load(prog.w + (row + ri).to(gl.int64) * prog.w_sn, mask=ri < length, other=0.0)
+
+
+@gluon.jit
+def _by_columns(w_rows, acc_l: gl.constexpr):
+    """V's row weights by rows and by columns (the masked scores' columns): the second through
+    shared memory, where holding both a chunk ahead took 16 more registers a thread."""
+    return w_rows, gl.convert_layout(w_rows, gl.SliceLayout(0, acc_l))
+
+
+@gluon.jit
+def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False):
     """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
-    with ``gates`` (:func:`_chunk_gates`) exp(G_i − G_j)), exactly 0 elsewhere."""
-    if gates is not None:
+    with ``gates`` (:func:`_chunk_gates`) exp(G_i − G_j), and with ``ROWS`` times V's row weight
+    w_j, :func:`_value_weights`), exactly 0 elsewhere."""
+    if ROWS:
+        return gl.where(diff >= 0, sc * gl.exp(gates[0][:, None] - gates[1][None, :]) *
+                        gates[4][None, :], 0.0)
+    elif gates is not None:
         return gl.where(diff >= 0, sc * gl.exp(gates[0][:, None] - gates[1][None, :]), 0.0)
     elif HAS_DECAY:
         return gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
@@ -271,6 +298,8 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
     REVERSE: gl.constexpr = K.REVERSE
     if gates is not None:
         w_out = gl.where(kr < length, gl.exp(gates[2] - gates[0]), 0.0)
+        if K.ROWS:  # (V' = w·V: row j's weight on the update's row j)
+            w_out = w_out * gates[3]
         vw = v_t.load(acc_l).to(gl.float32) * w_out[:, None]
         vw16 = vw.to(dtype)
         vw_s.store(vw16)
@@ -407,8 +436,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING",
-    defaults=((1, 1, 1, 1), False, False, False))
+                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS",
+    defaults=((1, 1, 1, 1), False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -425,7 +454,9 @@ class Program:
     ``i0 .. i0+steps-1`` of the lane's sweep, ``n`` rows, ``last`` of its lane; the lane's N and
     log λ (``lg``, 0.0 for the 0-1 mask), and its row of the gates' tile sums (``gates``, None
     without ``HAS_GATE``); with ``GATE_GRAD`` its rows of E (``e_rows``, row stride ``e_sr``)
-    and its row of the pieces' first block (``dg``, blocks ``dg_blk`` apart), else None."""
+    and its row of the pieces' first block (``dg``, blocks ``dg_blk`` apart), else None; with
+    ``ROWS`` its row of V's row weights (``w``, row stride ``w_sn``) and its head's skip D
+    (``skip``), else None."""
     bb: gl.base_value
     hh: gl.base_value
     N: gl.base_value
@@ -443,16 +474,20 @@ class Program:
     e_sr: gl.base_value
     dg: gl.base_value
     dg_blk: gl.base_value
+    w: gl.base_value
+    w_sn: gl.base_value
+    skip: gl.base_value
 
     @gluon.constexpr_function
     def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates,
-                 e_rows=None, e_sr=None, dg=None, dg_blk=None):
+                 e_rows=None, e_sr=None, dg=None, dg_blk=None, w=None, w_sn=None, skip=None):
         self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
         self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
         self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
         self.gates = _field(gates)
         self.e_rows, self.e_sr, self.dg, self.dg_blk = _field(e_rows), _field(e_sr), \
             _field(dg), _field(dg_blk)
+        self.w, self.w_sn, self.skip = _field(w), _field(w_sn), _field(skip)
 
     @gluon.jit
     def chunk(self, i, K: gl.constexpr):
@@ -683,9 +718,13 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             gates = None
             if K.HAS_GATE and not K.G_RING:  # (loaded before the wait, unless in the ring)
                 gates = _chunk_gates(prog, row, acc_l, K)
+            if K.ROWS:
+                w_v = _by_columns(_value_weights(prog, row, length, acc_l, K), acc_l)
             s = ring.consumer_wait(i)
             if K.HAS_GATE and K.G_RING:
                 gates = _ring_gates(ring, s, acc_l, K)
+            if K.ROWS:
+                gates = gates + w_v
             if K.HAS_GATE:
                 seg_log += gates[2]
             if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
@@ -763,6 +802,10 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
             w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
     col = prog.col0 + H_IDX * DH
+    w_next = 0.0
+    if K.ROWS:  # (V's row weights one chunk ahead: their load's latency behind a chunk's work)
+        row, length = prog.chunk(0, K)
+        w_next = _value_weights(prog, row, length, acc_l, K)
     for j in range(prog.steps):
         row, length = prog.chunk(j, K)
         gates = None
@@ -771,9 +814,16 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             gates = _chunk_gates(prog, row, acc_l, K)
         if K.GATE_GRAD and not (DUAL or K.E_RING):  # (E's tile, likewise, unless in the ring)
             e_t = _piece_rows(prog, row, length, col, ri, acc_l, DH)
+        if K.ROWS:
+            w_v = w_next
+            row_next, length_next = prog.chunk(j + 1, K)  # (past the segment: none read)
+            w_next = _value_weights(prog, row_next, gl.minimum(length_next, (prog.steps - 1 - j) *
+                                                               BLOCK_N), acc_l, K)
         s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
         if K.HAS_GATE and K.G_RING:
             gates = _ring_gates(ring, s, acc_l, K)
+        if K.ROWS:  # (the skip over O's stored scale: O·scale + D·v is stored)
+            gates = gates + _by_columns(w_v, acc_l) + (prog.skip / ops.scale,)
         o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
                                                       length, prog.lg, K, H_IDX, j, gates, e_t)
         if K.GATE_GRAD:  # (this consumer's block of the rows' buffer: its columns' part)
@@ -916,7 +966,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         sc = warpgroup_mma_wait(num_outstanding=4 if EXACT else 2, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
-        p = _masked(sc, diff, lg, HAS_DECAY, gates)
+        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
             e = _own_pairs(p * wv, diff)
@@ -931,6 +981,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+        if K.ROWS:  # (the skip D·v from the slot's own v, before the slot is released)
+            o += v_t.load(acc_l).to(gl.float32) * (gates[5] / p_up)
     if not DUAL and dtype != gl.float32:
         ring.release(s)
     return o, state, p_up, h_up, w_rows, e
@@ -1003,10 +1055,10 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
 
 
 @gluon.jit
-def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K: gl.constexpr):
+def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
     """This program's :class:`Program`: its unit, or with ``SPLIT`` its unit and segment taken in
     ticket order. ``DECAY = (GAMMA, G)``: λ per head, the gates' tile sums (lanes, whole
-    tiles); ``PIECES``: :func:`chunk_hopper_kernel`'s."""
+    tiles); ``PIECES``, ``ROWS``: :func:`chunk_hopper_kernel`'s."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
     DC: gl.constexpr = K.DC
@@ -1059,11 +1111,20 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K: gl.constexpr):
     if K.GATE_GRAD:
         gl.static_assert(not SPLIT and (K.REVERSE or not K.DUAL),
                          "the pieces: one segment a lane, the dual output in reverse time only")
-        E, e_sb, e_sh, e_sr, ROWS, dg_blk = PIECES
+        E, e_sb, e_sh, e_sr, DG_ROWS, dg_blk = PIECES
         e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
-        dg = ROWS + lane.to(gl.int64) * N
+        dg = DG_ROWS + lane.to(gl.int64) * N
+    w = None
+    w_sn = None
+    skip = None
+    if K.ROWS:
+        gl.static_assert(K.HAS_GATE and not (K.REVERSE or K.DUAL or K.GATE_GRAD),
+                         "V's row weights and the skip: a gated forward sweep")
+        W, w_sb, w_sh, w_sn, SKIP = ROWS
+        w = W + bb.to(gl.int64) * w_sb + hh.to(gl.int64) * w_sh
+        skip = gl.load(SKIP + hh).to(gl.float32)
     return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
-                   dg, dg_blk)
+                   dg, dg_blk, w, w_sn, skip)
 
 
 @gluon.jit
@@ -1129,7 +1190,7 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
 
 @gluon.jit
 def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, DECAY,
-                        SIZE, scale, PIECES, g_desc, K: gl.constexpr):
+                        SIZE, scale, PIECES, g_desc, K: gl.constexpr, ROWS=None):
     """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
     (the units of a lane next to each other in launch order, so that they run together and read
     B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
@@ -1147,11 +1208,12 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     like V (its last dimension contiguous) and the pieces' rows float32 (D/DH blocks, batch,
     heads, N) contiguous; ``g_desc`` (``G_RING``, else None): the gates' tile sums as (batch,
     heads, tiles, BLOCK_N), blocks (1, 1, 1, BLOCK_N), through the ring; ``K``:
-    :data:`Constants`."""
+    :data:`Constants`; ``ROWS`` (``ROWS``, else None): ``(W, batch stride, head stride, row
+    stride, D)``, V's row weights float32 (batch, heads, N) and the skip float32 (H,)."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING
-    prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, K)
+    prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K)
     ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K)
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, g_desc, S0, SN, FLAGS, WS,
                    SYNC, scale)

@@ -57,7 +57,7 @@ import triton.language as tl
 
 from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_inter, chunk_intra,
                      chunk_output, chunk_weights, columns, gate_pieces, has_nonfinite, intra_mask,
-                     lane_rows, load_chunk, load_rows, row_positions, segment_state,
+                     lane_rows, load_chunk, load_gates, load_rows, row_positions, segment_state,
                      state_operand, state_remainder, store_rows)
 
 
@@ -74,6 +74,9 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     per-token gates (float32 (batch, heads, N) as ``(pointer, strides)``); 0 for each the call
     has not.
     ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
+    ``SCALE``: O's factor; with ``K.ROWS`` ``(factor, W, batch stride, head stride, row stride,
+    D)``: V's row weights W (float32 (batch, heads, N)) and the skip D (float32 (H,)), O =
+    factor·op(B, C, W·V) + D·V.
     ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
     head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
     N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.
@@ -125,7 +128,11 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     n_db = tl.cdiv(D, BLOCK_D)
     bh = lane // n_db
     # the lane's rows of each tensor, through that tensor's own strides
-    rows, n, lg = _lane_io(io, DECAY, bh, H, N, CU, K)
+    rows, n, lg = _lane_io(io, DECAY, SCALE, bh, H, N, CU, K)
+    w_rows = 0
+    if K.ROWS:  # (V's row weights; the output's factor and the head's skip)
+        w_rows = rows[7]
+        SCALE = (SCALE[0], tl.load(SCALE[5] + bh % H).to(tl.float32))
     n, pad, pieces = _lane_pieces(DG, lane, bh, n, n_db, SIZE, CU, K)
     cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
     start = seg * SEG
@@ -150,7 +157,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     if SPLIT:
         if not last:
             local, seg_log = segment_state(rows[1], rows[2], rows[6], start, end, n, lg,
-                                           cols[0], cols[1], K, pad)
+                                           cols[0], cols[1], K, pad, w_rows)
 
     # 2. the state entering the segment
     if HAS_S0:
@@ -161,7 +168,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
         if FLAGS is None:  # the state entering the segment, from the rows before it
             if start > 0:
                 before, before_log = segment_state(rows[1], rows[2], rows[6], 0, start, n, lg,
-                                                   cols[0], cols[1], K, pad)
+                                                   cols[0], cols[1], K, pad, w_rows)
                 state = state * tl.exp(before_log) + before
     if SPLIT:  # ... from the previous segment, then 3. this one's published
         state = _chain(state, local, RING, lane, seg, last, go, seg_log, K)
@@ -188,10 +195,10 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
 
 
 @triton.jit
-def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
+def _lane_io(io, DECAY, SCALE, bh, H, N, CU, K: tl.constexpr):
     """``(rows, n, lg)``: the lane's rows (:func:`_tiles.lane_rows`) of B, C, V, O, E, O2, the
     gates, in that order (0 for each the call has not: E, O2 without ``K.DUAL``, the gates
-    without ``K.HAS_GATE``), its length (N, or with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1
+    without ``K.HAS_GATE``), then with ``K.ROWS`` V's row weights (``SCALE[1:5]``); its length (N, or with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1
     of the packed batch of one) and its head's log λ in fp32 (``K.HAS_DECAY``; else 0)."""
     DUAL: tl.constexpr = K.DUAL
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
@@ -229,6 +236,9 @@ def _lane_io(io, DECAY, bh, H, N, CU, K: tl.constexpr):
         rows = rows + (lane_rows(G, seq, head, bos, VARLEN),)
     else:
         rows = rows + (0,)
+    if K.ROWS:
+        rows = rows + (lane_rows((SCALE[1], SCALE[2], SCALE[3], SCALE[4]), seq, head, bos,
+                                 VARLEN),)
     return rows, n, lg
 
 
@@ -304,7 +314,8 @@ def _chain(state, local, RING, lane, seg, last, go, seg_log, K: tl.constexpr):
 def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.constexpr, pieces):
     """Step 4: the outputs of logical rows ``span = (start, end, n, pad)`` chunk by chunk from the
     entering ``state``, which it returns carried to ``end``. ``REPAIR``: c and v with their
-    non-finite entries zeroed, every row from the first non-finite one on NaN. ``pieces``
+    non-finite entries zeroed, every row from the first non-finite one on NaN. ``SCALE``: O's
+    factor, with ``K.ROWS`` (factor, the head's skip D). ``pieces``
     (``K.GATE_GRAD``): the lane's rows of the gates' gradient's pieces and its totals' pointer
     (``_scan``), where each chunk writes its own."""
     BLOCK_N: tl.constexpr = K.BLOCK_N
@@ -326,6 +337,10 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)
         if HAS_GATE:  # (the chunk's own mask and weights, from its gates)
             w_in, w_out, decay, mask = chunk_gates(rows[6], phys, ok, BLOCK_N)
+            if K.ROWS:  # (V' = w·V: row j of V reaches the mask's column j and the update)
+                w_v = load_gates(rows[7], phys, ok)
+                w_out = w_out * w_v
+                mask = mask * w_v[None, :]
         else:
             w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
             mask = intra
@@ -346,7 +361,10 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         if REPAIR:  # NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
-        store_rows(o_rows, phys, ok, cols_d, out * SCALE)
+        if K.ROWS:  # (the skip D·V from the chunk's own v, O stored once)
+            store_rows(o_rows, phys, ok, cols_d, out * SCALE[0] + SCALE[1] * v.to(tl.float32))
+        else:
+            store_rows(o_rows, phys, ok, cols_d, out * SCALE)
         if DUAL and not GATE_GRAD:  # (E loaded late: the plain dual sweep spills less so)
             e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
         if GATE_GRAD:

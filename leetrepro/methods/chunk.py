@@ -145,7 +145,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                config: dict | None = None, out: torch.Tensor | None = None,
                out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
                gate_pieces: tuple | None = None, gate_grad: str = "auto",
-               gate_grad_precision: str | None = None):
+               gate_grad_precision: str | None = None, rows: tuple | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -187,6 +187,11 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     (:func:`gate_gradient`). ``gate_grad_precision``: the straddle kernel's fp32 products
     (default ``"tf32x3"``).
 
+    ``rows``: ``(w, D)`` (a gated forward sweep): O = scale·op(B, C, w·V) + D·V, with w
+    float32 ``(batch, heads, N)`` any strides, each row of V's weight inside the products (the
+    mask's column and the state's update take it: no V' is written), and D float32 ``(heads,)``
+    added from V's own tile as O is stored: Mamba-2's V' = dt·x and skip D·x in the sweep.
+
     ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
     shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the gates'
     gradient's pieces, written into ``rows`` and ``totals`` (:func:`gate_piece_buffers`,
@@ -207,7 +212,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         out2 = None if dual is None else (per_head_like(B, heads) if out2 is None else out2)
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
-                       G=None if g is None else g.to(torch.float32))
+                       G=None if g is None else g.to(torch.float32), ROWS=rows)
     if gate_pieces is not None:
         w, rows, totals = gate_pieces
         tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
@@ -336,11 +341,13 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
                      dc: int | None = None, gates: bool = False,
-                     groups: tuple = (1, 1, 1, 1), gate_grad: bool = False) -> dict:
+                     groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
+                     rows: bool = False) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
-    :func:`block_d`); ``gate_grad``: the sweep writes the gates' gradient's pieces."""
+    :func:`block_d`); ``gate_grad``: the sweep writes the gates' gradient's pieces; ``rows``:
+    it takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``)."""
     dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
     # (the pieces' row vectors E in the ring where two slots of it fit, and the gates there too
     # where that costs no slot: their tiles then come with the chunk's, STAGES ahead, not by
@@ -356,7 +363,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
         SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups,
-        GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring))
+        GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows)
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -388,10 +395,10 @@ def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, 
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
-                 outputs: tuple = (), gates: bool = False) -> str | None:
+                 outputs: tuple = (), gates: bool = False, rows: bool = False) -> str | None:
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
     and operands it takes (:func:`hopper_operand_unfit`). Reverse time and the dual output are its
-    own."""
+    own; ``rows`` (V's row weights and the skip) where :data:`HOPPER_ROWS` is on."""
     if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU (not the interpreter)"
     if _capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
@@ -399,8 +406,26 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
         return "it needs an sm_90 GPU (H100, H200)"
     if gates and V.dtype == torch.float32:
         return "its per-token gates take float16/bfloat16"
+    if rows and not HOPPER_ROWS:
+        return "V's row weights and the skip are the portable kernel's (HOPPER_ROWS off)"
+    if rows and (B.shape[-1] > 128 or V.shape[-1] > 64):
+        # (compiled for sm_90 the sweep spills with them there: 112-304 bytes a thread at
+        # r = 256, 12-140 at r = d = 128; none at r ≤ 128, d = 64)
+        return "it takes V's row weights and the skip at r ≤ 128 and d = 64"
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
                                 outputs=outputs)
+
+
+def rows_unfit(B, C, V) -> str | None:
+    """Why V's row weights and the skip (:func:`chunk_scan`'s ``rows``) cannot join the forward
+    sweep a gated call would run anyway, or None: a GPU or Triton's interpreter, and where the
+    Hopper kernel takes the call without them, it takes them too (else the rows would move the
+    call to the slower portable kernel)."""
+    if not HAS_TRITON or (V.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
+        return "it needs Triton on a GPU or its interpreter"
+    if hopper_unfit(B, C, V, None, gates=True) is None:
+        return hopper_unfit(B, C, V, None, gates=True, rows=True)
+    return None
 
 
 def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
@@ -597,6 +622,9 @@ class Operands(typing.NamedTuple):
     #: the gates' gradient's pieces ``(rows, totals)`` a backward sweep writes
     #: (:func:`gate_piece_buffers`; its row vectors are E), or None
     DG: tuple | None = None
+    #: V's row weights and the skip ``(w, D)`` of a forward sweep (:func:`chunk_scan`'s
+    #: ``rows``), or None
+    ROWS: tuple | None = None
 
 
 class HopperLaunch:
@@ -675,12 +703,17 @@ class HopperLaunch:
         if self.consts.GATE_GRAD:  # (E's rows in place; the pieces' rows, a block per consumer)
             rows = t.DG[0]
             pieces = (t.E, *t.E.stride()[:3], rows, rows.stride(0))
+        weights = None
+        if self.consts.ROWS:  # (V's row weights and the skip)
+            w, skip = t.ROWS
+            weights = (w, *w.stride()[:3], skip)
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
                         e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
                         RING=(ws, sync, flags), DECAY=(t.GAMMA, gates), SIZE=self.size,
-                        scale=scale, PIECES=pieces, g_desc=g_desc, K=self.consts), self.key,
+                        scale=scale, PIECES=pieces, g_desc=g_desc, K=self.consts,
+                        ROWS=weights), self.key,
                    num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
         finally:
             for desc in descs + (g_desc,):
@@ -690,14 +723,15 @@ class HopperLaunch:
 
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
                    reverse, dual, serial: int, gates: bool = False,
-                   groups: tuple = (1, 1, 1, 1), gate_grad: bool = False) -> HopperLaunch:
+                   groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
+                   rows: bool = False) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
     (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
-                              dc=dc, gates=gates, groups=groups, gate_grad=gate_grad)
+                              dc=dc, gates=gates, groups=groups, gate_grad=gate_grad, rows=rows)
     dh = consts.DC // 2
     # (E's block: the dual output's input, or the pieces' row vectors in the ring, in the
     # consumers' halves)
@@ -841,6 +875,9 @@ class LaunchPlan:
         # (0 for what the call has not; the gates last: Triton 3.6 mis-binds a tuple's members
         # after a nested tuple followed by a constant, measured on the H100 and the H200)
         decay = (0 if t.GAMMA is None else t.GAMMA, 0 if g is None else (t.G, *g))
+        if t.ROWS is not None:  # (flat: no nested tuple, no constant after one)
+            w, skip = t.ROWS
+            scale = (scale, w, *w.stride()[:3], skip)
         args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
@@ -898,7 +935,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 t.DG is not None)
+                 t.DG is not None, t.ROWS is not None)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -911,6 +948,9 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
         else:
             strides.append(None)
         bit <<= 1
+    if t.ROWS is not None:  # (the row weights' strides and alignment)
+        strides.append(t.ROWS[0].stride())
+        aligned |= bit * (t.ROWS[0].data_ptr() % 16 == 0)
     key = (signature, tuple(strides), t.B.dtype, t.C.dtype,
            None if t.GAMMA is None else t.GAMMA.dtype, None if t.CU is None else t.CU.dtype,
            aligned)
@@ -926,7 +966,10 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
-     varlen, has_s0, store_sn, reverse, gates, gate_grad) = signature
+     varlen, has_s0, store_sn, reverse, gates, gate_grad, rows) = signature
+    if rows and (not gates or reverse or dual or gate_grad):
+        raise ValueError("rows (V's row weights and the skip) need a gated forward sweep "
+                         "without the dual output")
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -955,7 +998,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
             segment = cdiv(n, cfg["BLOCK_N"]) * cfg["BLOCK_N"]
     hopper = (kernel == "hopper") if gate_grad else _use_hopper(
         kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E if dual else None, cu_seqlens=t.CU,
-        precision=precision, outputs=(t.O, t.O2), gates=gates)
+        precision=precision, outputs=(t.O, t.O2), gates=gates, rows=rows)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
@@ -966,7 +1009,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           gates=gates, groups=groups, gate_grad=gate_grad)
+                           gates=gates, groups=groups, gate_grad=gate_grad, rows=rows)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
@@ -993,7 +1036,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
                               HAS_GATE=gates, GROUPS=groups,
                               # (the Hopper kernel's pieces are its own: its repair launch
                               # recomputes the outputs only)
-                              GATE_GRAD=gate_grad and not hopper),
+                              GATE_GRAD=gate_grad and not hopper, ROWS=rows),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 
@@ -1097,6 +1140,8 @@ HOPPER_GATES_RING = True
 #: spills) instead of the straddle kernel (``ops._in_sweeps``): Falcon-H1's SSD forward + backward
 #: 3.59 ms in a graph against 6.17 with the straddle kernel (H200, bf16, notes/gates.md)
 HOPPER_PIECES_WIDE = True
+#: whether the Hopper kernel takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``)
+HOPPER_ROWS = True
 
 
 def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,

@@ -117,9 +117,12 @@ def _(x, w, y, add, want_dw, w2=None, y2=None, want_dw2=False):
 
 
 _ssd_rows = direct(ssd_rows)  # (eager calls skip the dispatcher: leetrepro._direct)
+#: the pass itself for a node that calls it from its own eager backward
+#: (``compat._SSDRowsInSweep``)
+ssd_rows_pass = _ssd_rows
 
 
-def _per_head(D: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def per_head(D: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """D ``(heads,)`` as a float32 per-row factor of x's ``(batch, seqlen, heads)`` rows
     (strides 0 over batch and seqlen)."""
     return D.float()[None, None].expand(x.shape[0], x.shape[1], -1)
@@ -145,7 +148,7 @@ class _ScaleRows(torch.autograd.Function):
         want_dx, want_ddt = ctx.needs_input_grad[:2]
         want_dD = D is not None and ctx.needs_input_grad[3] and d_alias is not None
         if D is not None and d_alias is not None:
-            dx, ddt, dD = _ssd_rows(x, dt, dv, None, want_ddt, _per_head(D, x), d_alias, want_dD)
+            dx, ddt, dD = _ssd_rows(x, dt, dv, None, want_ddt, per_head(D, x), d_alias, want_dD)
         else:
             dx, ddt, _ = _ssd_rows(x, dt, dv, d_alias, want_ddt)
         return (dx if want_dx else None, ddt if want_ddt else None, None,
@@ -158,7 +161,7 @@ class _SkipOnAlias(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, x_alias, D):
-        return _ssd_rows(x_alias, _per_head(D, x_alias), None, o, False)[0]
+        return _ssd_rows(x_alias, per_head(D, x_alias), None, o, False)[0]
 
     @staticmethod
     def backward(ctx, dy):
@@ -170,7 +173,7 @@ class _Skip(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, o, x, D):
-        w = _per_head(D, x)
+        w = per_head(D, x)
         ctx.save_for_backward(x, w)
         return _ssd_rows(x, w, None, o, False)[0]
 

@@ -99,14 +99,16 @@ def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, rever
 def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    reverse: bool = False, dual: bool = False, r: int = 128,
                    d: int = 128, dc: int | None = None, gates: bool = False,
-                   groups: tuple = (1, 1, 1, 1), gate_grad: bool = False):
+                   groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
+                   rows: bool = False):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
     chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
     backward), with or without the ``dual`` output (the backward's dC beside dV); ``groups``:
     B, C, V, E read by groups of heads (the kernel's ``GROUPS``); ``gate_grad``: a gated
-    backward sweep writing the gates' gradient's pieces (``GATE_GRAD``, one segment a lane).
+    backward sweep writing the gates' gradient's pieces (``GATE_GRAD``, one segment a lane);
+    ``rows``: a gated forward sweep taking V's row weights and the skip (``ROWS``).
     Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -125,7 +127,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc,
-                             gates=gates, groups=groups, gate_grad=gate_grad)
+                             gates=gates, groups=groups, gate_grad=gate_grad, rows=rows)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
@@ -135,10 +137,13 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                PIECES=(f"*{dtype}", "i32", "i32", "i32", "*fp32", "i32") if gate_grad
                else "constexpr",
                g_desc=(f"tensordesc<fp32[1, 1, 1, {bn}],{_gates_layout(bn)!r}>" if const.G_RING
-                       else "constexpr"), K="constexpr")
+                       else "constexpr"), K="constexpr",
+               ROWS=("*fp32", "i32", "i32", "i32", "*fp32") if rows else "constexpr")
     constexprs = {(13,): const}
     if not const.G_RING:
         constexprs[(12,)] = None
+    if not rows:
+        constexprs[(14,)] = None
     if not gate_grad:
         constexprs[(11,)] = None
     if const.E_RING:  # (the pieces' row vectors through the ring: E's block DC/2 columns)
@@ -588,6 +593,13 @@ def main(argv=None) -> int:
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,
                               gates=True, r=64, d=64, gate_grad=True)))
+        # V's row weights and the skip in the gated forward (Mamba-2's SSD, B and C by groups),
+        # where chunk.hopper_unfit lets them in: r ≤ 128, d = 64
+        for (r, groups), split in itertools.product(((128, (16, 16, 1, 1)), (64, (80, 80, 1, 1))),
+                                                    (False, True)):
+            jobs.append((f"rows bf16 {r}x64:gates:{'split' if split else 'one'}",
+                         dict(dtype="bf16", decay=False, split=split, gates=True, r=r, d=64,
+                              groups=groups, rows=True)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
