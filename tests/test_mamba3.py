@@ -641,7 +641,7 @@ def test_the_decode_step_kernel_is_the_recurrence(monkeypatch, dtype, rows):
     GPU; interpreted here) against its PyTorch expressions and against the block's forward:
     a prompt prefilled, then a decode step a token at slots out of order, the outputs and all
     four pools; q/k heads shared by two heads each, the angles over half the pairs; ``rows``:
-    the state's rows a step of the program's loop (``STEP_ROWS``; all at once by default)."""
+    the state's rows a step of the program's loop (``STEP_ROWS``; None: all at once)."""
     from leetrepro.methods import mamba3_step as step
     monkeypatch.setattr(step, "STEP_ROWS", rows)
     blk = _block().float()
