@@ -419,7 +419,7 @@ def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, alia
         assert rel_error(a, b) <= (1e-6 if dtype == torch.float32 else 1e-2), name
         assert rel_error(a, e) <= (1e-5 if dtype == torch.float32 else 1e-2), name
     torch.library.opcheck(ssd_rows.ssd_rows, (x, dt, dv, o, True))
-    torch.library.opcheck(ssd_rows.ssd_rows, (x, dt, dv, None, True, ssd_rows._per_head(D, x), dy,
+    torch.library.opcheck(ssd_rows.ssd_rows, (x, dt, dv, None, True, ssd_rows.per_head(D, x), dy,
                                               True))
 
 
