@@ -198,7 +198,8 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
 def _lane_io(io, DECAY, SCALE, bh, H, N, CU, K: tl.constexpr):
     """``(rows, n, lg)``: the lane's rows (:func:`_tiles.lane_rows`) of B, C, V, O, E, O2, the
     gates, in that order (0 for each the call has not: E, O2 without ``K.DUAL``, the gates
-    without ``K.HAS_GATE``), then with ``K.ROWS`` V's row weights (``SCALE[1:5]``); its length (N, or with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1
+    without ``K.HAS_GATE``), then with ``K.ROWS`` V's row weights (``SCALE[1:5]``); its
+    length (N, or with ``K.VARLEN`` its sequence's, rows CU[seq]..CU[seq+1]-1
     of the packed batch of one) and its head's log λ in fp32 (``K.HAS_DECAY``; else 0)."""
     DUAL: tl.constexpr = K.DUAL
     HAS_DECAY: tl.constexpr = K.HAS_DECAY
