@@ -268,8 +268,10 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     Differentiable in x, dt, A, B, C, D, z, dt_bias and initial_states.
 
     The groups' B and C are read in place (each head reads its group's rows; their gradients
-    are summed over the group's heads); V' = dt·x is one more tensor like x (written in one
-    pass, dt rounded to x's dtype first), and ``D·x`` one more pass.
+    are summed over the group's heads). Where Chunk runs it in eager mode with D per head and
+    no ``cu_seqlens`` (:data:`SSD_ROWS_IN_SWEEP`), V' = dt·x and ``D·x`` are taken inside the
+    forward sweep and y is written once; elsewhere V' is one more tensor like x (one pass, dt
+    rounded to x's dtype first) and ``D·x`` one more pass. The backward writes V' once.
     """
     check_chunk_size(chunk_size)
     check_dt_limit(dt_limit)

@@ -218,6 +218,27 @@ def _by_columns(w_rows, acc_l: gl.constexpr):
 
 
 @gluon.jit
+def _first_pass_weights(prog, row, length, acc_l: gl.constexpr, K: gl.constexpr):
+    """A first pass's chunk before its ring wait: with ``ROWS`` V's row weights by rows and by
+    columns, else 0.0."""
+    if K.ROWS:
+        return _by_columns(_value_weights(prog, row, length, acc_l, K), acc_l)
+    else:
+        return 0.0
+
+
+@gluon.jit
+def _gates_after_wait(ring, s, gates, w_v, acc_l: gl.constexpr, K: gl.constexpr):
+    """A gated chunk's gates once ring slot s is ready: from the ring with ``G_RING`` (else
+    ``gates``, loaded before the wait), V's row weights ``w_v`` after them with ``ROWS``."""
+    if K.G_RING:
+        gates = _ring_gates(ring, s, acc_l, K)
+    if K.ROWS:
+        gates = gates + w_v
+    return gates
+
+
+@gluon.jit
 def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False):
     """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
     with ``gates`` (:func:`_chunk_gates`) exp(G_i − G_j), and with ``ROWS`` times V's row weight
@@ -718,14 +739,10 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             gates = None
             if K.HAS_GATE and not K.G_RING:  # (loaded before the wait, unless in the ring)
                 gates = _chunk_gates(prog, row, acc_l, K)
-            if K.ROWS:
-                w_v = _by_columns(_value_weights(prog, row, length, acc_l, K), acc_l)
+            w_v = _first_pass_weights(prog, row, length, acc_l, K)
             s = ring.consumer_wait(i)
-            if K.HAS_GATE and K.G_RING:
-                gates = _ring_gates(ring, s, acc_l, K)
-            if K.ROWS:
-                gates = gates + w_v
             if K.HAS_GATE:
+                gates = _gates_after_wait(ring, s, gates, w_v, acc_l, K)
                 seg_log += gates[2]
             if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
                 vw = None
@@ -1114,17 +1131,23 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
         E, e_sb, e_sh, e_sr, DG_ROWS, dg_blk = PIECES
         e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
         dg = DG_ROWS + lane.to(gl.int64) * N
-    w = None
-    w_sn = None
-    skip = None
+    w, w_sn, skip = _lane_value_rows(ROWS, bb, hh, K)
+    return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
+                   dg, dg_blk, w, w_sn, skip)
+
+
+@gluon.jit
+def _lane_value_rows(ROWS, bb, hh, K: gl.constexpr):
+    """``ROWS``: the lane's row of V's row weights, its row stride and its head's skip D (the
+    kernel's ``ROWS``); else three 0s."""
     if K.ROWS:
         gl.static_assert(K.HAS_GATE and not (K.REVERSE or K.DUAL or K.GATE_GRAD),
                          "V's row weights and the skip: a gated forward sweep")
         W, w_sb, w_sh, w_sn, SKIP = ROWS
-        w = W + bb.to(gl.int64) * w_sb + hh.to(gl.int64) * w_sh
-        skip = gl.load(SKIP + hh).to(gl.float32)
-    return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
-                   dg, dg_blk, w, w_sn, skip)
+        return (W + bb.to(gl.int64) * w_sb + hh.to(gl.int64) * w_sh, w_sn,
+                gl.load(SKIP + hh).to(gl.float32))
+    else:  # (a returned tuple holds no bare None: 0s stand for them, never read)
+        return 0, 0, 0.0
 
 
 @gluon.jit

@@ -112,10 +112,9 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
           REPAIR: tl.constexpr, DG=None):
     """Segment t // LANES of lane t % LANES: steps 1-4 of the module docstring. Returns, outside
     ``REPAIR``, whether the lane's first non-finite row is in this segment (its entering state
-    finite, its leaving state not): then its rows must be computed again. ``REPAIR``: the
-    segment's rows with non-finite rows handled, from its entering state recomputed from the
-    lane's start (C and V read again up to the segment); with ``FLAGS`` (a launch of its own, one
-    program per lane, SEG ≥ N), only the lanes flagged."""
+    finite, its leaving state not): then its rows must be computed again. ``REPAIR``: its rows
+    with non-finite rows handled, from its entering state recomputed from the lane's start (C, V
+    read again); with ``FLAGS`` (its own launch, a program a lane, SEG ≥ N), the lanes flagged."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_R: tl.constexpr = K.BLOCK_R
     HAS_S0: tl.constexpr = K.HAS_S0
@@ -129,10 +128,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     bh = lane // n_db
     # the lane's rows of each tensor, through that tensor's own strides
     rows, n, lg = _lane_io(io, DECAY, SCALE, bh, H, N, CU, K)
-    w_rows = 0
-    if K.ROWS:  # (V's row weights; the output's factor and the head's skip)
-        w_rows = rows[7]
-        SCALE = (SCALE[0], tl.load(SCALE[5] + bh % H).to(tl.float32))
+    w_rows, SCALE = _value_rows(rows, SCALE, bh % H, K)  # (K.ROWS: V's row weights, skip)
     n, pad, pieces = _lane_pieces(DG, lane, bh, n, n_db, SIZE, CU, K)
     cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
     start = seg * SEG
@@ -241,6 +237,16 @@ def _lane_io(io, DECAY, SCALE, bh, H, N, CU, K: tl.constexpr):
         rows = rows + (lane_rows((SCALE[1], SCALE[2], SCALE[3], SCALE[4]), seq, head, bos,
                                  VARLEN),)
     return rows, n, lg
+
+
+@triton.jit
+def _value_rows(rows, SCALE, head, K: tl.constexpr):
+    """``(V's row weights' lane rows, SCALE)`` with ``K.ROWS`` (SCALE then the output's factor
+    and the head's skip D), else ``(0, SCALE)``."""
+    if K.ROWS:
+        return rows[7], (SCALE[0], tl.load(SCALE[5] + head).to(tl.float32))
+    else:
+        return 0, SCALE
 
 
 @triton.jit

@@ -171,9 +171,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     kernel, ``kernels/chunk_hopper.py``: fp16/bf16, and fp32 through tf32, r and d each 64, 128
     or 256, forward, reverse and dual (r = d ≤ 128; elsewhere ``dual`` runs as two of its
     sweeps), one pass per lane or segments; a ValueError naming what rules it out elsewhere,
-    :func:`hopper_operand_unfit`) or ``"auto"`` (the
-    Hopper kernel where :func:`hopper_wins` says it was measured faster on this GPU, else the
-    portable one).
+    :func:`hopper_operand_unfit`) or ``"auto"`` (the Hopper kernel where :func:`hopper_wins`
+    says it was measured faster on this GPU, else the portable one).
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
 
@@ -185,20 +184,16 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     rows round away), which keeps dg within 1.3× of the straddle kernel's error (NOTES.md).
     ``"sweeps"``: from the pieces always; ``"straddle"``: from the straddle kernel always
     (:func:`gate_gradient`). ``gate_grad_precision``: the straddle kernel's fp32 products
-    (default ``"tf32x3"``).
-
-    ``rows``: ``(w, D)`` (a gated forward sweep): O = scale·op(B, C, w·V) + D·V, with w
-    float32 ``(batch, heads, N)`` any strides, each row of V's weight inside the products (the
-    mask's column and the state's update take it: no V' is written), and D float32 ``(heads,)``
-    added from V's own tile as O is stored: Mamba-2's V' = dt·x and skip D·x in the sweep.
+    (default ``"tf32x3"``). ``rows``: ``(w, D)`` (a gated forward sweep): O = scale·op(B, C,
+    w·V) + D·V, w float32 ``(batch, heads, N)`` any strides, D float32 ``(heads,)`` (Mamba-2's
+    dt and skip).
 
     ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
     shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the gates'
     gradient's pieces, written into ``rows`` and ``totals`` (:func:`gate_piece_buffers`,
     :func:`gate_gradient_from_pieces`).
     """
-    # every tensor is read and written in its own layout (its own strides): only a last dimension
-    # that is not contiguous is copied
+    # each tensor in its own layout (strides): only a last dimension not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
     # O in V's dimension order, dense (time-major V: time-major O, so that the caller's
     # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's; a head each
