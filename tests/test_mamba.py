@@ -113,7 +113,8 @@ def _rows_in_sweep_case(dtype, dev, options, batch=2, length=45, heads=4, headdi
     return errors, len(calls), finite
 
 
-@pytest.mark.parametrize("dtype", quick_lane([torch.float32, torch.float16], keep=(0,)))
+@pytest.mark.slow  # (interpreted, seconds a case: the full lane; the quick lane is near its minute)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_ssd_with_its_rows_in_the_sweep_against_float64(monkeypatch, dtype):
     """V' = dt·x and the skip D·x inside Chunk's forward sweep (``compat._SSDRowsInSweep``,
     ``chunk_scan``'s ``rows``; its backward writes V' once): y, the final state and every
