@@ -105,6 +105,18 @@ def test_hopper_split_cuts_segments_to_fill_the_sms_and_takes_fewer_columns_only
         split(r=256, d=256, dc=128)
 
 
+def test_misaligned_names_what_the_hopper_kernel_s_tma_refuses():
+    """``chunk.misaligned``, which the Hopper kernel's operand checks and the SSD's rows in the
+    sweep (``rows_unfit``: x is a slice of the block's convolution output) read: a base or a
+    stride but the last that is not a multiple of 16 bytes; time-major views of dense rows
+    pass."""
+    from leetrepro.methods.chunk import misaligned
+    dense = torch.empty(2, 10, 3, 8, dtype=torch.bfloat16)
+    assert not misaligned(dense) and not misaligned(dense.transpose(1, 2))
+    assert misaligned(torch.empty(2, 10, 3, 9, dtype=torch.bfloat16)[..., :8])  # (18-byte rows)
+    assert misaligned(torch.empty(64, dtype=torch.bfloat16)[1:9])  # (a base 2 bytes in)
+
+
 def test_hopper_kernel_takes_fp32_through_tf32_only_and_without_the_dual_output():
     """fp32 runs the Hopper kernel through tf32 wgmma (the default ``fp32_precision``); the exact
     precisions, the dual output in fp32, other ranks and packed sequences stay the portable

@@ -411,15 +411,25 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
                                 outputs=outputs)
 
 
+def misaligned(t: torch.Tensor) -> bool:
+    """Whether a tensor's base or a stride but the last is not a multiple of 16 bytes (the
+    Hopper kernel's TMA takes neither)."""
+    return bool(t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]))
+
+
 def rows_unfit(B, C, V) -> str | None:
     """Why V's row weights and the skip (:func:`chunk_scan`'s ``rows``) cannot join the forward
     sweep a gated call would run anyway, or None: a GPU or Triton's interpreter, and where the
     Hopper kernel takes the call without them, it takes them too (else the rows would move the
-    call to the slower portable kernel)."""
+    call to the slower portable kernel). The call without them reads a V' of its own, dense, so
+    a V not 16-byte aligned (a slice of odd width) is refused where the Hopper kernel runs."""
     if not HAS_TRITON or (V.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
         return "it needs Triton on a GPU or its interpreter"
     if hopper_unfit(B, C, V, None, gates=True) is None:
         return hopper_unfit(B, C, V, None, gates=True, rows=True)
+    if V.device.type == "cuda" and misaligned(V) and _capability(
+            V.device.index if V.device.index is not None else torch.cuda.current_device()) == (9, 0):
+        return "V is not 16-byte aligned: the Hopper kernel would not take it"
     return None
 
 
@@ -478,7 +488,7 @@ def hopper_operand_unfit(B, C, V, *, dual=None, cu_seqlens=None, precision: str 
     for name, t in named:
         if t is None:
             continue
-        if t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]):
+        if misaligned(t):
             return f"{name}'s base and strides must be 16-byte aligned"
     return None
 
@@ -1154,7 +1164,7 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
         return unfit
     if E is None or E.shape != V.shape[:1] + E.shape[1:2] + V.shape[2:] or E.stride(-1) != 1:
         return "its pieces need E shaped like V, its rows contiguous"
-    if E.data_ptr() % 16 or any(st * E.element_size() % 16 for st in E.stride()[:-1]):
+    if misaligned(E):
         return "its pieces' E's base and strides must be 16-byte aligned (TMA)"
     if _pieces_tiles(B.shape[-1], V.shape[-1], V.dtype, dual, reverse) is None:
         return "its remainders' copies do not fit shared memory beside two ring slots"
