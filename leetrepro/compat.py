@@ -25,8 +25,8 @@ from .decay.per_head import check_gamma_values, mark_checked
 from .decay.trapezoid import key_weights, pending_state, rotate_pairs
 from .api import causal_linear_decoder, prepared
 from .methods import chunk
-from .methods.ssd_rows import (per_head, scale_rows, scale_rows_and_skip, ssd_rows_pass,
-                               step_sizes_and_gates)
+from .methods.ssd_rows import (scale_and_skip_gradients, scale_rows, scale_rows_and_skip,
+                               scaled, step_sizes_and_gates)
 from . import ops
 from .methods.mamba3_rows import (angle_sums, gated_output, pair_sums, pair_sums_on_kernel,
                                   rotate as _rotate, rotate_backward as _rotate_backward,
@@ -383,7 +383,7 @@ class _SSDRowsInSweep(torch.autograd.Function):
     def backward(ctx, dy, dsn):
         x, dt, g, C, B, D, s0, sn = ctx.saved_tensors
         need = ctx.needs_input_grad
-        v = ssd_rows_pass(x, dt, None, None, False)[0]  # V' again (time-major)
+        v = scaled(x, dt)  # V' again (time-major)
         dy = torch.zeros_like(v).transpose(1, 2) if dy is None else dy.to(x.dtype)
         dS = dsn if sn is not None and dsn is not None and dsn.numel() else None
         rows = C.transpose(1, 2), B.transpose(1, 2), v.transpose(1, 2)
@@ -391,12 +391,11 @@ class _SSDRowsInSweep(torch.autograd.Function):
             ctx.resolved, dy, *rows, None, s0, dS, False, need[3], need[4], True,
             s0 is not None and need[6], None, 1.0, g=g.transpose(1, 2), SN=sn,
             need_g=need[2])
-        # dx = dt·dV' + D·dy, Σ x·dV' (dt's) and Σ x·dy (D's), one pass
-        dx, ddt, dD = ssd_rows_pass(x, dt, dv.transpose(1, 2), None, need[1], per_head(D, x),
-                                    dy.transpose(1, 2), need[5])
+        dx, ddt, dD = scale_and_skip_gradients(x, dt, D, dv.transpose(1, 2), dy.transpose(1, 2),
+                                               need[1], need[5])
         return (dx if need[0] else None, ddt if need[1] else None,
                 dg.transpose(1, 2) if need[2] else None, dq.transpose(1, 2) if need[3] else None,
-                dk.transpose(1, 2) if need[4] else None, dD.sum((0, 1)).to(D.dtype) if need[5] else None,
+                dk.transpose(1, 2) if need[4] else None, dD,
                 ds0 if s0 is not None and need[6] else None, None)
 
 

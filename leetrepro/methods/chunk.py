@@ -401,12 +401,9 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
         return "it needs an sm_90 GPU (H100, H200)"
     if gates and V.dtype == torch.float32:
         return "its per-token gates take float16/bfloat16"
-    if rows and not HOPPER_ROWS:
-        return "V's row weights and the skip are the portable kernel's (HOPPER_ROWS off)"
-    if rows and (B.shape[-1] > 128 or V.shape[-1] > 64):
-        # (compiled for sm_90 the sweep spills with them there: 112-304 bytes a thread at
-        # r = 256, 12-140 at r = d = 128; none at r ≤ 128, d = 64)
-        return "it takes V's row weights and the skip at r ≤ 128 and d = 64"
+    unfit = _hopper_rows_unfit(B, V) if rows else None
+    if unfit:
+        return unfit
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
                                 outputs=outputs)
 
@@ -417,6 +414,18 @@ def misaligned(t: torch.Tensor) -> bool:
     return bool(t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]))
 
 
+def _hopper_rows_unfit(B, V) -> str | None:
+    """Why the Hopper kernel, where it takes a gated call, does not take V's row weights and the
+    skip with it (:func:`hopper_unfit`'s ``rows``), or None."""
+    if not HOPPER_ROWS:
+        return "V's row weights and the skip are the portable kernel's (HOPPER_ROWS off)"
+    if B.shape[-1] > 128 or V.shape[-1] > 64:
+        # (compiled for sm_90 the sweep spills with them there: 112-304 bytes a thread at
+        # r = 256, 12-140 at r = d = 128; none at r ≤ 128, d = 64)
+        return "it takes V's row weights and the skip at r ≤ 128 and d = 64"
+    return None
+
+
 def rows_unfit(B, C, V) -> str | None:
     """Why V's row weights and the skip (:func:`chunk_scan`'s ``rows``) cannot join the forward
     sweep a gated call would run anyway, or None: a GPU or Triton's interpreter, and where the
@@ -425,8 +434,8 @@ def rows_unfit(B, C, V) -> str | None:
     a V not 16-byte aligned (a slice of odd width) is refused where the Hopper kernel runs."""
     if not HAS_TRITON or (V.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
         return "it needs Triton on a GPU or its interpreter"
-    if hopper_unfit(B, C, V, None, gates=True) is None:
-        return hopper_unfit(B, C, V, None, gates=True, rows=True)
+    if hopper_unfit(B, C, V, None, gates=True) is None:  # (the rows' own conditions alone then)
+        return _hopper_rows_unfit(B, V)
     if V.device.type == "cuda" and misaligned(V) and _capability(
             V.device.index if V.device.index is not None else torch.cuda.current_device()) == (9, 0):
         return "V is not 16-byte aligned: the Hopper kernel would not take it"

@@ -117,15 +117,27 @@ def _(x, w, y, add, want_dw, w2=None, y2=None, want_dw2=False):
 
 
 _ssd_rows = direct(ssd_rows)  # (eager calls skip the dispatcher: leetrepro._direct)
-#: the pass itself for a node that calls it from its own eager backward
-#: (``compat._SSDRowsInSweep``)
-ssd_rows_pass = _ssd_rows
 
 
 def per_head(D: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """D ``(heads,)`` as a float32 per-row factor of x's ``(batch, seqlen, heads)`` rows
     (strides 0 over batch and seqlen)."""
     return D.float()[None, None].expand(x.shape[0], x.shape[1], -1)
+
+
+def scaled(x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+    """``x · dt[..., None]`` (dt rounded to x's dtype), contiguous, one pass, outside autograd:
+    :func:`scale_rows`' forward, and V' made again by a node that saved x and dt
+    (``compat._SSDRowsInSweep``)."""
+    return _ssd_rows(x, dt, None, None, False)[0]
+
+
+def scale_and_skip_gradients(x, dt, D, dv, dy, want_ddt: bool, want_dD: bool) -> tuple:
+    """``(dx, ddt, dD)`` of V' = dt·x and y = o + D·x (D ``(heads,)``) from dV' and dy, in one
+    pass: dx = dt·dV' + D·dy, ddt = Σ_d x·dV' (float32, with ``want_ddt``) and dD = Σ x·dy over
+    every row, in D's dtype (with ``want_dD``; else None)."""
+    dx, ddt, dD = _ssd_rows(x, dt, dv, None, want_ddt, per_head(D, x), dy, want_dD)
+    return dx, ddt, dD.sum((0, 1)).to(D.dtype) if want_dD else None
 
 
 class _ScaleRows(torch.autograd.Function):
@@ -139,7 +151,7 @@ class _ScaleRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, dt, alias, D):
         ctx.save_for_backward(x, dt, D)
-        v = _ssd_rows(x, dt, None, None, False)[0]
+        v = scaled(x, dt)
         return (v, x.view_as(x)) if alias else v
 
     @staticmethod
@@ -148,11 +160,11 @@ class _ScaleRows(torch.autograd.Function):
         want_dx, want_ddt = ctx.needs_input_grad[:2]
         want_dD = D is not None and ctx.needs_input_grad[3] and d_alias is not None
         if D is not None and d_alias is not None:
-            dx, ddt, dD = _ssd_rows(x, dt, dv, None, want_ddt, per_head(D, x), d_alias, want_dD)
+            dx, ddt, dD = scale_and_skip_gradients(x, dt, D, dv, d_alias, want_ddt, want_dD)
         else:
             dx, ddt, _ = _ssd_rows(x, dt, dv, d_alias, want_ddt)
-        return (dx if want_dx else None, ddt if want_ddt else None, None,
-                dD.sum((0, 1)).to(D.dtype) if want_dD else None)
+            dD = None
+        return dx if want_dx else None, ddt if want_ddt else None, None, dD
 
 
 class _SkipOnAlias(torch.autograd.Function):
