@@ -24,6 +24,9 @@ import torch
 DIRECT = True
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+#: argument types that are not tensor subclasses, told apart without ``isinstance(·,
+#: torch.Tensor)`` (the tensor's metaclass makes that check cost as much as a small op's call)
+_NOT_SUBCLASSES = frozenset(_PLAIN + (int, bool, float, str, type(None), torch.dtype))
 
 
 def traced(args) -> bool:
@@ -32,7 +35,7 @@ def traced(args) -> bool:
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
             or torch._C._functorch.peek_interpreter_stack() is not None:
         return True
-    return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
+    return any(type(a) not in _NOT_SUBCLASSES and isinstance(a, torch.Tensor) for a in args)
 
 
 class _Autograd(torch.autograd.Function):

@@ -228,6 +228,25 @@ def test_launch_passes_arguments_by_name_and_checks_them(monkeypatch):
     assert [c[0] for c in calls] == ["bind", "bind"]
 
 
+def test_a_launch_key_holds_what_triton_specialises_on():
+    """A keyless launch's key (``_gpu._specialised``): each tensor's dtype and 16-byte
+    alignment, any other value as it is, a tuple (a named one too) element by element: two
+    calls share a compiled kernel only where Triton would compile the same one."""
+    import collections
+
+    from leetrepro.methods import _gpu
+
+    x = torch.zeros(8, dtype=torch.float16)
+    pair = collections.namedtuple("Pair", "a b")
+    key = _gpu._specialised([x, x[1:], 3, 1.5, True, None, "s", (x, 16, (x[1:], 0)),
+                             pair(x, 1), torch.float32])
+    assert key == ((torch.float16, True), (torch.float16, False), 3, 1.5, True, None, "s",
+                   ((torch.float16, True), 16, ((torch.float16, False), 0)),
+                   ((torch.float16, True), 1), torch.float32)
+    assert _gpu._specialised([torch.zeros(8, dtype=torch.float32)]) != _gpu._specialised([x])
+    hash(key)
+
+
 def test_launch_replays_through_the_launcher_as_tritons_runner_calls_it(monkeypatch):
     """On the Triton release whose runner was read (``DIRECT_TRITON``), a replayed launch calls the
     compiled kernel's launcher with the runner's layout (grid, stream, function, packed metadata,

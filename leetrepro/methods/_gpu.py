@@ -208,8 +208,9 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     if not given or len(arguments) != len(order[0]):
         _check_names(kernel, arguments, order)
     if not given:
-        key = (tuple(_specialised(a) for a in arguments.values()), tuple(options.items()),
-               next(a.device for a in arguments.values() if isinstance(a, torch.Tensor)))
+        values = arguments.values()
+        key = (_specialised(values), tuple(options.items()),
+               next(a.device for a in values if isinstance(a, torch.Tensor)))
     key = (kernel, len(grid), key)
     entry = _COMPILED.get(key) if order[1] else None
     if entry is None:  # (the interpreter returns no compiled kernel: it always comes here)
@@ -235,14 +236,30 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     compiled[grid](*args)
 
 
-def _specialised(a):
-    """What Triton specialises on in an argument: a tensor's dtype and 16-byte alignment, the
-    value of anything else, element by element in a tuple (a tensor with its strides)."""
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if isinstance(a, tuple):
-        return tuple(_specialised(x) for x in a)
-    return a
+#: arguments whose value is what Triton specialises on, told apart by their type alone
+_SCALARS = frozenset((int, bool, float, str, type(None)))
+
+
+def _specialised(values) -> tuple:
+    """What Triton specialises on in each of ``values``: a tensor's dtype and 16-byte alignment,
+    the value of anything else, element by element in a tuple (a tensor with its strides). The
+    types are checked before ``isinstance(·, torch.Tensor)``, which goes through the tensor's
+    metaclass: a keyless launch takes about 30 values, and that check on each was half its
+    key's host time."""
+    out = []
+    for a in values:
+        kind = type(a)
+        if kind in _SCALARS:
+            out.append(a)
+        elif kind is tuple:
+            out.append(_specialised(a))
+        elif isinstance(a, torch.Tensor):
+            out.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, tuple):  # (a named tuple: its fields)
+            out.append(_specialised(a))
+        else:
+            out.append(a)
+    return tuple(out)
 
 
 def _check_names(kernel, arguments: dict, order) -> None:
