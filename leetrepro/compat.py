@@ -333,6 +333,24 @@ def ssd_gates(dt, A, dt_bias, seq_idx, dt_rule, first_cut: torch.Tensor | None =
     return dt, g
 
 
+#: whether :class:`_SSDRowsInSweep`'s backward reads x in its reverse sweep where that sweep
+#: runs on the portable kernel with the gates' pieces (``ops._gradients``' ``rows``): dx = dt·dV'
+#: + D·dy and the rows' dots for dt's and D's gradients written by the sweep, no pass of its
+#: own; False: that pass after the sweep
+SSD_ROW_DOTS = True
+
+
+def row_dot_gradients(rd: torch.Tensor, shape, dtype: torch.dtype) -> tuple:
+    """``(ddt, dD)`` from the reverse sweep's row dots ``rd`` (float32 ``(2, blocks,
+    batch·heads, N)``: x·dV', x·dy) for x of ``shape`` ``(batch, seqlen, heads, headdim)``: dt's
+    gradient float32 ``(batch, seqlen, heads)`` and D's ``(heads,)`` in ``dtype``, each summed in
+    a fixed order."""
+    batch, n, heads, _ = shape
+    ddt = rd[0].sum(0).view(batch, heads, n).transpose(1, 2)
+    dD = rd[1].sum(0).view(batch, heads, n).sum((0, 2)).to(dtype)
+    return ddt, dD
+
+
 #: whether :func:`mamba_chunk_scan_combined` takes V' = dt·x and the skip D·x inside Chunk's
 #: forward sweep (:class:`_SSDRowsInSweep`) where it can: then neither is a pass over x of its
 #: own, and O is written once as y; False: the composition (V' written, the operator, the skip's
@@ -387,12 +405,19 @@ class _SSDRowsInSweep(torch.autograd.Function):
         dy = torch.zeros_like(v).transpose(1, 2) if dy is None else dy.to(x.dtype)
         dS = dsn if sn is not None and dsn is not None and dsn.numel() else None
         rows = C.transpose(1, 2), B.transpose(1, 2), v.transpose(1, 2)
-        dq, dk, dv, ds0, dg = ops.resolved_gradients(
+        dots = (x.transpose(1, 2), dt.transpose(1, 2), D.float()) if SSD_ROW_DOTS else None
+        res = ops.resolved_gradients(
             ctx.resolved, dy, *rows, None, s0, dS, False, need[3], need[4], True,
             s0 is not None and need[6], None, 1.0, g=g.transpose(1, 2), SN=sn,
-            need_g=need[2])
-        dx, ddt, dD = scale_and_skip_gradients(x, dt, D, dv.transpose(1, 2), dy.transpose(1, 2),
-                                               need[1], need[5])
+            need_g=need[2], rows=dots)
+        (dq, dk, dv, ds0, dg), rd = res if dots is not None else (res, None)
+        if rd is None:
+            dx, ddt, dD = scale_and_skip_gradients(x, dt, D, dv.transpose(1, 2),
+                                                   dy.transpose(1, 2), need[1], need[5])
+        else:  # (the reverse sweep wrote dx and the rows' dots x·dV', x·dy)
+            dx = dv.transpose(1, 2)
+            ddt, dD = row_dot_gradients(rd, x.shape, D.dtype)
+            dD = dD if need[5] else None
         return (dx if need[0] else None, ddt if need[1] else None,
                 dg.transpose(1, 2) if need[2] else None, dq.transpose(1, 2) if need[3] else None,
                 dk.transpose(1, 2) if need[4] else None, dD,

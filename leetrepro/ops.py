@@ -459,11 +459,20 @@ def resolved_gradients(resolved: tuple, *args, **kwargs) -> tuple:
 def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, reverse: bool,
                need_b: bool, need_c: bool, need_v: bool, need_s0: bool, cu_seqlens,
                scale: float, shared: bool = False, g: torch.Tensor | None = None,
-               SN: torch.Tensor | None = None, need_g: bool = False) -> tuple:
+               SN: torch.Tensor | None = None, need_g: bool = False,
+               rows: tuple | None = None) -> tuple:
     """:func:`causal_linear_backward` by a resolved method and its options. Each gradient comes
     in its input's layout (:func:`gradient_buffers`; ``shared``: as views of one buffer where
     B, C, V are the slices of one projection), written there by the kernel itself (Chunk), so
-    that neither autograd nor the projection's backward copies it."""
+    that neither autograd nor the projection's backward copies it.
+
+    ``rows = (x, w, D)``: V is w·x (Mamba-2's V' = dt·x, D its skip). Where the reverse sweep
+    with the dual output carries the gates' pieces on the portable kernel (:func:`_row_dots`),
+    it reads x (``chunk_scan``'s ``rows`` with the row dots) and writes dx = w·dV + D·dO in
+    dV's place; the result is then ``(gradients, RD)`` with RD the float32 row dots ``(2, 1,
+    batch·heads, N)`` (x·dV, x·dO), else ``(gradients, None)``."""
+    def done(res):  # (the paths that never take the rows: their gradients as they are)
+        return res if rows is None else (res, None)
     heads, groups = V.shape[1], B.shape[1]
     if groups != heads and (not m.groups or 0 in B.shape or 0 in V.shape):
         # a method that reads no groups: its gradients for B and C expanded, then summed over
@@ -472,8 +481,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         res = _gradients(m, opts, dO, expand_groups(B, heads), expand_groups(C, heads), V, gamma,
                          initial_state, dS, reverse, need_b, need_c, need_v, need_s0, cu_seqlens,
                          scale, False, g, SN, need_g)
-        return tuple(_group_sums(x, groups, like) if i < 2 and x.numel() else x
-                     for i, (x, like) in enumerate(zip(res, (B, C, V, V, V))))
+        return done(tuple(_group_sums(x, groups, like) if i < 2 and x.numel() else x
+                          for i, (x, like) in enumerate(zip(res, (B, C, V, V, V)))))
     gate = None
     if g is not None:
         if reverse:
@@ -515,22 +524,22 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # (the gates as folded above: γ is in them)
         res = _gradients(m, exact, *wide, None, initial_state, dS, reverse, *wanted[:4],
                          cu_seqlens, scale, g=gate, SN=SN, need_g=True)
-        return tuple(x.to(ref.dtype) if k and i < 3 else
-                     (_into(x.to(g.dtype), g, None) if k and i == 4 else x)
-                     for i, (x, ref, k) in enumerate(zip(res, (B, C, V, V, V), wanted)))
+        return done(tuple(x.to(ref.dtype) if k and i < 3 else
+                          (_into(x.to(g.dtype), g, None) if k and i == 4 else x)
+                          for i, (x, ref, k) in enumerate(zip(res, (B, C, V, V, V), wanted))))
     if m.gradients is not None and initial_state is None and dS is None and cu_seqlens is None \
             and not reverse and gate is None and (need_b or need_c or need_v):
         grads = m.gradients(dO * scale if scale != 1.0 else dO, B, C, V, gamma, **opts)
-        return tuple(_into(g, x, None) if k else V.new_empty(0)
-                     for g, x, k in zip(grads, (B, C, V), (need_b, need_c, need_v))) \
-            + (V.new_empty(0), V.new_empty(0))
+        return done(tuple(_into(g, x, None) if k else V.new_empty(0)
+                          for g, x, k in zip(grads, (B, C, V), (need_b, need_c, need_v))) +
+                    (V.new_empty(0), V.new_empty(0)))
     if groups != heads:  # (a head each: summed over each group's heads at the end)
         dB, dC = (B.new_empty(B.shape[0], heads, *B.shape[2:]) if need else None
                   for need in (need_b, need_c))
         dV = output_like(V) if need_v else None
     else:
         dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
-    dS0 = R = None
+    dS0 = R = rd = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
     rev = None
     if need_b:
@@ -558,8 +567,13 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             (pieces is None or pieces["dual"]):
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
-        (dV, dC), R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, dual=V,
+        dual, rd = V, _row_dots(m, rows, pieces, V)
+        if rd is not None:  # (x read in place of V = w·x: dx written in dV's place)
+            dual = rows[0]
+            call = dict(call, rows=(*rows[1:], rd))
+        (dV, dC), R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, dual=dual,
                           out=dv_out, out2=dC, gate_pieces=rev, **call)
+        call.pop("rows", None)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
@@ -601,8 +615,21 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                   for x, like in ((dB, B), (dC, C)))
     # a gradient not asked for is an empty tensor of its own: outputs of a custom op may not alias
     # one another (one shared empty tensor made every partial backward raise)
-    return tuple(x if k else V.new_empty(0)
-                 for x, k in zip((dB, dC, dV, dS0, dg), wanted))
+    res = tuple(x if k else V.new_empty(0) for x, k in zip((dB, dC, dV, dS0, dg), wanted))
+    return res if rows is None else (res, rd)
+
+
+def _row_dots(m: Method, rows, pieces, V: torch.Tensor) -> torch.Tensor | None:
+    """The row dots' buffer (float32 ``(2, 1, batch·heads, N)``) where the reverse sweep with
+    the dual output takes ``rows`` (:func:`_gradients`): Chunk's, carrying the gates' pieces
+    on the portable kernel; else None."""
+    if rows is None or pieces is None or not pieces["dual"] or pieces["hopper"][1]:
+        return None
+    from .methods import chunk
+    if m.fn is not chunk.chunk_scan:
+        return None
+    return torch.empty(2, 1, V.shape[0] * V.shape[1], V.shape[2], dtype=torch.float32,
+                       device=V.device)
 
 
 def _group_sums(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor:

@@ -81,7 +81,8 @@ def _rows_in_sweep_case(dtype, dev, options, batch=2, length=45, heads=4, headdi
                         dstate=16, seed=3, cut=20):
     """The SSD with V' = dt·x and the skip inside Chunk's sweep (``SSD_ROWS_IN_SWEEP``) against
     float64: the largest relative error of y, the final state and every gradient, and how many
-    times the fused node ran. Every argument: D per head, z, dt_bias, both states, ``seq_idx``
+    times the fused node ran and its backward took dx and the row dots from the reverse sweep
+    (``compat.SSD_ROW_DOTS``). Every argument: D per head, z, dt_bias, both states, ``seq_idx``
     (batch 0 cut at row ``cut``)."""
     from leetrepro import compat
     x, dt, A, B, C, D, z, dt_bias, h0 = _inputs(batch, length, heads, headdim, groups, dstate,
@@ -92,25 +93,27 @@ def _rows_in_sweep_case(dtype, dev, options, batch=2, length=45, heads=4, headdi
     seq_idx[0, cut:] = 1
     got = {k: v.detach().to(dev).requires_grad_() for k, v in leaves.items()}
     wide = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
-    calls = []
-    node = compat._SSDRowsInSweep.apply
+    calls, dots = [], []
+    node, row_dots = compat._SSDRowsInSweep.apply, compat.row_dot_gradients
     compat._SSDRowsInSweep.apply = lambda *a: calls.append(1) or node(*a)
+    compat.row_dot_gradients = lambda *a: dots.append(1) or row_dots(*a)
     try:
         y, h = mamba_chunk_scan_combined(**got, chunk_size=64, return_final_states=True,
                                          dt_softplus=True, seq_idx=seq_idx.to(dev), **options)
+        gen = torch.Generator().manual_seed(4)
+        wy, wh = ssd_reference(**wide, dt_softplus=True, seq_idx=seq_idx)
+        dy = torch.randn(wy.shape, generator=gen, dtype=torch.float64)
+        dh = torch.randn(wh.shape, generator=gen, dtype=torch.float64)
+        ga = torch.autograd.grad((y.double().cpu() * dy).sum() + (h.double().cpu() * dh).sum(),
+                                 list(got.values()))
     finally:
         compat._SSDRowsInSweep.apply = node
-    wy, wh = ssd_reference(**wide, dt_softplus=True, seq_idx=seq_idx)
-    gen = torch.Generator().manual_seed(4)
-    dy = torch.randn(wy.shape, generator=gen, dtype=torch.float64)
-    dh = torch.randn(wh.shape, generator=gen, dtype=torch.float64)
-    ga = torch.autograd.grad((y.double().cpu() * dy).sum() + (h.double().cpu() * dh).sum(),
-                             list(got.values()))
+        compat.row_dot_gradients = row_dots
     gw = torch.autograd.grad((wy * dy).sum() + (wh * dh).sum(), list(wide.values()))
     errors = {"y": rel_error(y.double().cpu(), wy), "h": rel_error(h.double().cpu(), wh)}
     errors.update({f"d{name}": rel_error(a.double().cpu(), b) for name, a, b in zip(got, ga, gw)})
     finite = all(torch.isfinite(t).all() for t in (y, h, *ga))
-    return errors, len(calls), finite
+    return errors, (len(calls), len(dots)), finite
 
 
 @pytest.mark.slow  # (interpreted, seconds a case: the full lane; the quick lane is near its minute)
@@ -119,13 +122,15 @@ def test_the_ssd_with_its_rows_in_the_sweep_against_float64(monkeypatch, dtype):
     """V' = dt·x and the skip D·x inside Chunk's forward sweep (``compat._SSDRowsInSweep``,
     ``chunk_scan``'s ``rows``; its backward writes V' once): y, the final state and every
     gradient against the float64 recurrence, within the contract (dt's, A's and dt_bias's
-    gradients within the gates' bound, as the composition's), and the node ran."""
+    gradients within the gates' bound, as the composition's), and the node ran; in fp16, whose
+    sweeps carry the gates' pieces, its reverse sweep wrote dx and the row dots (fp32's gates
+    take the straddle kernel, and the row pass)."""
     from leetrepro import compat
     monkeypatch.setattr(compat, "SSD_ROWS_IN_SWEEP", True)
     options = dict(method="Chunk") | (dict(fp32_precision="ieee") if dtype == torch.float32
                                       else {})
     errors, calls, finite = _rows_in_sweep_case(dtype, KERNEL_DEVICE, options)
-    assert calls == 1 and finite
+    assert calls == (1, int(dtype == torch.float16)) and finite
     bound = GATE_GRAD_TOLERANCE[torch.float32] if dtype == torch.float32 else 1e-2
     for name, err in errors.items():
         tol = ({"ddt": 1, "dA": 2, "ddt_bias": 2}.get(name, 0) * bound) or \
@@ -831,15 +836,20 @@ def test_a_compiled_mamba2_block_with_groups_trains_as_eager():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(2, 301, 16, 64, 2, 128, 150), (2, 301, 8, 64, 1, 64, 7),
-                                   (1, 5000, 4, 64, 1, 64, 4000), (2, 130, 4, 64, 1, 256, 70)],
-                         ids=["128x64-groups", "64x64", "segments", "256x64-composition"])
+@pytest.mark.parametrize("shape", [(2, 301, 16, 64, 2, 128, 150, "hopper"),
+                                   (2, 301, 8, 64, 1, 64, 7, "hopper"),
+                                   (1, 5000, 4, 64, 1, 64, 4000, "hopper"),
+                                   (2, 130, 4, 64, 1, 256, 70, "hopper"),
+                                   (2, 301, 8, 64, 2, 64, 7, "portable")],
+                         ids=["128x64-groups", "64x64", "segments", "256x64-composition",
+                              "64x64-portable-row-dots"])
 def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape):
     """On a GPU, the SSD with V' = dt·x and the skip inside the sweep (``compat.SSD_ROWS_IN_SWEEP``
     with the Hopper kernel's ``ROWS``, ``chunk.HOPPER_ROWS``) against float64: every output and
     gradient within the contract, N not a multiple of the chunk, groups, a lane cut into
     segments, both states and ``seq_idx``; the Hopper kernel took the rows where it takes them
-    (r ≤ 128, d = 64; the Hopper kernel forced) and the composition ran elsewhere (r = 256)."""
+    (r ≤ 128, d = 64; the Hopper kernel forced) and the composition ran elsewhere (r = 256);
+    the portable kernel forced, its reverse sweep wrote dx and the row dots."""
     from leetrepro import compat
     from leetrepro.methods import chunk
     monkeypatch.setattr(compat, "SSD_ROWS_IN_SWEEP", True)
@@ -849,8 +859,8 @@ def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape
     monkeypatch.setattr(chunk.HopperLaunch, "_launch",
                         lambda self, *a, **k: launched.append(self.consts.ROWS) or
                         run(self, *a, **k))
-    batch, length, heads, headdim, groups, dstate, cut = shape
-    chunk.force_kernel("hopper")  # (the measured table may give a call this small the other)
+    batch, length, heads, headdim, groups, dstate, cut, kernel = shape
+    chunk.force_kernel(kernel)  # (the measured table may give a call this small the other)
     try:
         errors, calls, finite = _rows_in_sweep_case(dtype, "cuda", {}, batch, length, heads,
                                                     headdim, groups, dstate, seed=7, cut=cut)
@@ -860,7 +870,10 @@ def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape
     # composition's; its backward is this node's, bit for bit)
     assert finite and all(err <= {"dA": 2, "ddt_bias": 2}.get(name, 1) * 1e-2
                           for name, err in errors.items()), errors
-    assert calls == (0 if dstate > 128 else 1) and launched[0] == (dstate <= 128)
+    if kernel == "portable":
+        assert calls == (1, 1) and not launched
+    else:
+        assert calls == (0 if dstate > 128 else 1, 0) and launched[0] == (dstate <= 128)
 
 
 @pytest.mark.gpu

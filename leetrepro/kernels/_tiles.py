@@ -260,7 +260,7 @@ def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: 
             gk = load_gates(g_rows, phys, ok)
             last = tl.sum(gk, axis=0)
             w_out = tl.where(ok, tl.exp(last - tl.cumsum(gk, axis=0)), 0.0)
-            if K.ROWS:
+            if K.ROWS == 1:
                 w_out = w_out * load_gates(W_ROWS, phys, ok)
             local = accumulate_state(local, c, v, w_out, tl.exp(last), True, PRECISION,
                                      K.GATE_GRAD)

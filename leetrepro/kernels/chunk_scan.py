@@ -76,7 +76,11 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     ``CU``: the packed sequences' offsets or None. ``SIZE = (N, R, D, H, LANES, SEG)``.
     ``SCALE``: O's factor; with ``K.ROWS`` ``(factor, W, batch stride, head stride, row stride,
     D)``: V's row weights W (float32 (batch, heads, N)) and the skip D (float32 (H,)), O =
-    factor·op(B, C, W·V) + D·V.
+    factor·op(B, C, W·V) + D·V; with ``K.ROWS == 2`` (a reverse sweep with the dual output: the
+    backward of Mamba-2's O = op(B, C, W·x) + D·x, E = x, V = dO) then also ``(RD, block stride,
+    half)``: E's rows weighted by W (the dual output and the gates' pieces take W·x), O = W·(
+    factor·op(B, C, V)) + D·V (dx), and float32 row dots x·(factor·op) and x·V into RD's two
+    halves ((2, value-column blocks, batch·heads, N), contiguous).
     ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
     head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
     N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.
@@ -128,7 +132,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
     bh = lane // n_db
     # the lane's rows of each tensor, through that tensor's own strides
     rows, n, lg = _lane_io(io, DECAY, SCALE, bh, H, N, CU, K)
-    w_rows, SCALE = _value_rows(rows, SCALE, bh % H, K)  # (K.ROWS: V's row weights, skip)
+    w_rows, SCALE = _value_rows(rows, SCALE, bh, H, lane % n_db, N, K)  # (K.ROWS: weights, skip)
     n, pad, pieces = _lane_pieces(DG, lane, bh, n, n_db, SIZE, CU, K)
     cols = (columns(0, R, BLOCK_R), columns((lane % n_db) * BLOCK_D, D, BLOCK_D))
     start = seg * SEG
@@ -240,13 +244,49 @@ def _lane_io(io, DECAY, SCALE, bh, H, N, CU, K: tl.constexpr):
 
 
 @triton.jit
-def _value_rows(rows, SCALE, head, K: tl.constexpr):
-    """``(V's row weights' lane rows, SCALE)`` with ``K.ROWS`` (SCALE then the output's factor
-    and the head's skip D), else ``(0, SCALE)``."""
-    if K.ROWS:
-        return rows[7], (SCALE[0], tl.load(SCALE[5] + head).to(tl.float32))
+def _value_rows(rows, SCALE, bh, H, blk, N, K: tl.constexpr):
+    """``(V's row weights' lane rows, SCALE)`` with ``K.ROWS == 1`` (SCALE then the output's
+    factor and the head's skip D); with ``K.ROWS == 2`` (the weights on E's and O's rows, which
+    a segment's state does not take: 0) SCALE also holds the lane's row of the row dots' first
+    half in value-column block ``blk`` and the halves' distance; else ``(0, SCALE)``."""
+    if K.ROWS == 2:
+        skip = tl.load(SCALE[5] + bh % H).to(tl.float32)
+        rd = SCALE[6] + blk.to(tl.int64) * SCALE[7] + bh.to(tl.int64) * N
+        return 0, (SCALE[0], skip, rd, SCALE[8])
+    elif K.ROWS:
+        return rows[7], (SCALE[0], tl.load(SCALE[5] + bh % H).to(tl.float32))
     else:
         return 0, SCALE
+
+
+@triton.jit
+def _weighted(x, w, K: tl.constexpr):
+    """E's tile x with ``K.ROWS == 2``: w·x by rows with w rounded to x's dtype first, the
+    product rounded to it: the tensor V' = w·x the dB sweep reads, bit for bit (the gates'
+    pieces of both sweeps then telescope); else x."""
+    if K.ROWS == 2:
+        return (x.to(tl.float32) * w.to(x.dtype).to(tl.float32)[:, None]).to(x.dtype)
+    else:
+        return x
+
+
+@triton.jit
+def _store_output(o_rows, phys, ok, cols_d, out, v, x_e, w_e, SCALE, K: tl.constexpr):
+    """O's chunk stored once: out·factor; with ``K.ROWS == 1`` plus the skip D·v; with ``K.ROWS
+    == 2`` (out = dV' for V' = w·x, x E's rows ``x_e``, v = dO: Mamba-2's backward) dx = w·dV' +
+    D·v, and the rows' dots x·dV' and x·v (float32, over this block's columns) into the two
+    halves of the row dots (:func:`_value_rows`)."""
+    if K.ROWS == 2:
+        dv = out * SCALE[0]
+        xf = x_e.to(tl.float32)
+        vf = v.to(tl.float32)
+        tl.store(SCALE[2] + phys, tl.sum(xf * dv, axis=1), mask=ok)
+        tl.store(SCALE[2] + SCALE[3] + phys, tl.sum(xf * vf, axis=1), mask=ok)
+        store_rows(o_rows, phys, ok, cols_d, dv * w_e[:, None] + SCALE[1] * vf)
+    elif K.ROWS:  # (the skip D·V from the chunk's own v)
+        store_rows(o_rows, phys, ok, cols_d, out * SCALE[0] + SCALE[1] * v.to(tl.float32))
+    else:
+        store_rows(o_rows, phys, ok, cols_d, out * SCALE)
 
 
 @triton.jit
@@ -344,17 +384,22 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)
         if HAS_GATE:  # (the chunk's own mask and weights, from its gates)
             w_in, w_out, decay, mask = chunk_gates(rows[6], phys, ok, BLOCK_N)
-            if K.ROWS:  # (V' = w·V: row j of V reaches the mask's column j and the update)
+            if K.ROWS == 1:  # (V' = w·V: row j of V reaches the mask's column j and the update)
                 w_v = load_gates(rows[7], phys, ok)
                 w_out = w_out * w_v
                 mask = mask * w_v[None, :]
         else:
             w_in, w_out, decay = chunk_weights(lg, s, n, BLOCK_N, HAS_DECAY)
             mask = intra
+        w_e = 0.0
+        x_e = 0.0
+        if K.ROWS == 2:  # (E = x, whose rows' weights w make E' = w·x: Mamba-2's V')
+            w_e = load_gates(rows[7], phys, ok)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
         if GATE_GRAD:  # (the rows' dots with the part from the state as soon as it is made, so
             # that it joins the output at once: fewer spills than keeping it apart)
-            e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+            x_e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+            e = _weighted(x_e, w_e, K)
             out = chunk_inter(b, h, h_scale, w_in, WEIGHTED, HALF_RANGE, PRECISION)
             if b.dtype != tl.float32:  # (the state's 16-bit rounding would add up across the
                 # chunks the pieces telescope over: its remainder's product too, NOTES.md)
@@ -368,12 +413,12 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         if REPAIR:  # NaN from the first non-finite row on, none before
             poison = tl.cumsum(bad, axis=0)[:, None]
             out += poison
-        if K.ROWS:  # (the skip D·V from the chunk's own v, O stored once)
-            store_rows(o_rows, phys, ok, cols_d, out * SCALE[0] + SCALE[1] * v.to(tl.float32))
-        else:
-            store_rows(o_rows, phys, ok, cols_d, out * SCALE)
-        if DUAL and not GATE_GRAD:  # (E loaded late: the plain dual sweep spills less so)
-            e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+        if K.ROWS == 2 and not GATE_GRAD:  # (E's rows for O's row dots)
+            x_e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
+            e = _weighted(x_e, w_e, K)
+        _store_output(o_rows, phys, ok, cols_d, out, v, x_e, w_e, SCALE, K)
+        if DUAL and not GATE_GRAD and K.ROWS != 2:  # (E loaded late: the plain dual sweep
+            e = load_rows(rows[4], phys, ok, cols_d)  # spills less so)  [BLOCK_N, BLOCK_D]
         if GATE_GRAD:
             part, total = gate_pieces(e_rows, scores, e, v, REVERSE, PRECISION)
             dg_ptr, dg_base, dg_stride = pieces[0]
@@ -388,7 +433,7 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
                                 HALF_RANGE, PRECISION)  # [BLOCK_N, BLOCK_R]
             if REPAIR:
                 out2 += poison
-            store_rows(rows[5], phys, ok, cols_r, out2 * SCALE)
+            store_rows(rows[5], phys, ok, cols_r, out2 * (SCALE[0] if K.ROWS else SCALE))
         state = accumulate_state(state, c, v, w_out, decay, WEIGHTED, PRECISION, GATE_GRAD)
         if REPAIR:
             state += tl.sum(bad, axis=0)

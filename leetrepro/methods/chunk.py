@@ -185,8 +185,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``"sweeps"``: from the pieces always; ``"straddle"``: from the straddle kernel always
     (:func:`gate_gradient`). ``gate_grad_precision``: the straddle kernel's fp32 products
     (default ``"tf32x3"``). ``rows``: ``(w, D)`` (a gated forward sweep): O = scale·op(B, C,
-    w·V) + D·V, w float32 ``(batch, heads, N)`` any strides, D float32 ``(heads,)`` (Mamba-2's
-    dt and skip).
+    w·V) + D·V, w float32 ``(batch, heads, N)``, D float32 ``(heads,)`` (Mamba-2's dt and
+    skip); ``(w, D, RD)``: its backward's reverse sweep, ``dual`` = x (``kernels/chunk_scan``).
 
     ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
     shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the gates'
@@ -401,7 +401,7 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
         return "it needs an sm_90 GPU (H100, H200)"
     if gates and V.dtype == torch.float32:
         return "its per-token gates take float16/bfloat16"
-    unfit = _hopper_rows_unfit(B, V) if rows else None
+    unfit = _hopper_rows_unfit(B, V, rows) if rows else None
     if unfit:
         return unfit
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
@@ -414,9 +414,12 @@ def misaligned(t: torch.Tensor) -> bool:
     return bool(t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]))
 
 
-def _hopper_rows_unfit(B, V) -> str | None:
+def _hopper_rows_unfit(B, V, mode: int = 1) -> str | None:
     """Why the Hopper kernel, where it takes a gated call, does not take V's row weights and the
-    skip with it (:func:`hopper_unfit`'s ``rows``), or None."""
+    skip with it (:func:`hopper_unfit`'s ``rows``; ``mode`` 2: E's row weights and the row
+    dots of a reverse sweep), or None."""
+    if mode == 2:
+        return "E's row weights and the row dots are the portable kernel's"
     if not HOPPER_ROWS:
         return "V's row weights and the skip are the portable kernel's (HOPPER_ROWS off)"
     if B.shape[-1] > 128 or V.shape[-1] > 64:
@@ -890,8 +893,11 @@ class LaunchPlan:
         # after a nested tuple followed by a constant, measured on the H100 and the H200)
         decay = (0 if t.GAMMA is None else t.GAMMA, 0 if g is None else (t.G, *g))
         if t.ROWS is not None:  # (flat: no nested tuple, no constant after one)
-            w, skip = t.ROWS
+            w, skip = t.ROWS[:2]
             scale = (scale, w, *w.stride()[:3], skip)
+            if len(t.ROWS) == 3:  # (the row dots: (2, blocks, lanes, N), contiguous)
+                rd = t.ROWS[2]
+                scale = scale + (rd, rd.stride(1), rd.stride(0))
         args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
@@ -949,7 +955,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 t.DG is not None, t.ROWS is not None)
+                 t.DG is not None, 0 if t.ROWS is None else len(t.ROWS) - 1)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -962,9 +968,11 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
         else:
             strides.append(None)
         bit <<= 1
-    if t.ROWS is not None:  # (the row weights' strides and alignment)
-        strides.append(t.ROWS[0].stride())
-        aligned |= bit * (t.ROWS[0].data_ptr() % 16 == 0)
+    if t.ROWS is not None:  # (the row weights' strides and alignment, the row dots' too)
+        for x in t.ROWS[::2]:
+            strides.append(x.stride())
+            aligned |= bit * (x.data_ptr() % 16 == 0)
+            bit <<= 1
     key = (signature, tuple(strides), t.B.dtype, t.C.dtype,
            None if t.GAMMA is None else t.GAMMA.dtype, None if t.CU is None else t.CU.dtype,
            aligned)
@@ -978,12 +986,21 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     return plan
 
 
+def _check_rows(rows: int, gates: bool, reverse: bool, dual: bool, varlen: bool) -> None:
+    """A ValueError where :func:`chunk_scan`'s ``rows`` (mode 1: ``(w, D)``, 2: ``(w, D, RD)``)
+    do not fit the sweep."""
+    if rows == 1 and (not gates or reverse or dual):
+        raise ValueError("rows (V's row weights and the skip) need a gated forward sweep "
+                         "without the dual output")
+    if rows == 2 and (not gates or not reverse or dual is False or varlen):
+        raise ValueError("rows with the row dots (E's row weights, dx and its dots) need a gated "
+                         "reverse sweep with the dual output, without cu_seqlens")
+
+
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
      varlen, has_s0, store_sn, reverse, gates, gate_grad, rows) = signature
-    if rows and (not gates or reverse or dual or gate_grad):
-        raise ValueError("rows (V's row weights and the skip) need a gated forward sweep "
-                         "without the dual output")
+    _check_rows(rows, gates, reverse, dual, varlen)
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -1002,6 +1019,9 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     if gate_grad:
+        if kernel == "hopper" and rows == 2:
+            raise ValueError(f"kernel='hopper' cannot run this call: "
+                             f"{_hopper_rows_unfit(t.B, t.V, rows)}")
         if kernel == "hopper":  # (its pieces: one segment a lane)
             unfit = hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, reverse=reverse,
                                         cu_seqlens=t.CU, outputs=(t.O, t.O2))

@@ -29,15 +29,17 @@ DEFAULT = ["fp16:0-1:64:3", "fp16:decay:64:3", "fp16:decay:32:3", "fp32:0-1:32:2
 
 def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool = True,
                 arch: int = 90, precision: str = "tf32", groups: tuple = (1, 1, 1, 1),
-                gate_grad: bool = False, reverse: bool = False, dual: bool = False) -> str:
+                gate_grad: bool = False, reverse: bool = False, dual: bool = False,
+                rows: int = 0) -> str:
     """The PTX of ``chunk_scan_kernel`` for one configuration (forward, no state in or out;
     ``groups``: the kernel's ``GROUPS``, B, C, V, E read by groups of heads). ``gate_grad``: a
     gated backward sweep with the gates' gradient's pieces instead (per-token gates, the
-    repair launch's flags; ``reverse``, ``dual``: the reverse sweep, with dC's output), as
-    ``leetrepro.ops`` launches it."""
+    repair launch's flags; ``reverse``, ``dual``: the reverse sweep, with dC's output; ``rows``
+    2: with E's row weights, dx and the row dots, Mamba-2's), as ``leetrepro.ops`` launches
+    it."""
     if gate_grad:
         return _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse,
-                                      dual)
+                                      dual, rows)
     from ..kernels._tiles import Constants
     p = POINTER[dtype]
     strided = (p, "i64", "i64", "i64")
@@ -74,7 +76,8 @@ def _scan_ptx(sig: dict, const: dict, stages: int, arch: int) -> str:
     return compiled.asm["ptx"]
 
 
-def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse, dual) -> str:
+def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse, dual,
+                           rows=0) -> str:
     from ..kernels._tiles import Constants
     p = POINTER[dtype]
     strided = (p, "i64", "i64", "i64")
@@ -82,13 +85,15 @@ def _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, rever
                O2=strided if dual else "constexpr", STATES=("constexpr", "constexpr"),
                RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
                DECAY=("constexpr", ("*fp32", "i64", "i64", "i64")), CU="constexpr",
-               SIZE=("i32",) * 6, SCALE="fp32", K="constexpr", REPAIR="constexpr",
+               SIZE=("i32",) * 6, K="constexpr", REPAIR="constexpr",
+               SCALE=("fp32", "*fp32", "i64", "i64", "i64", "*fp32", "*fp32", "i64", "i64")
+               if rows == 2 else "fp32",
                DG=("*fp32", "i64", "i64", "i64", "i64", "*fp32", "i32"))
     const = {(6, 0): None, (6, 1): None, (8, 0): None, (9,): None, (13,): False,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
                               HALF_RANGE=dtype != "fp32", HAS_GATE=True, REVERSE=reverse,
-                              DUAL=dual, GATE_GRAD=True, SPLIT=split)}
+                              DUAL=dual, GATE_GRAD=True, SPLIT=split, ROWS=rows)}
     if not dual:
         const[(5,)] = None
     if not split:
