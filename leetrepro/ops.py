@@ -467,7 +467,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     that neither autograd nor the projection's backward copies it.
 
     ``rows = (x, w, D)``: V is w·x (Mamba-2's V' = dt·x, D its skip). Where the reverse sweep
-    with the dual output carries the gates' pieces on the portable kernel (:func:`_row_dots`),
+    with the dual output carries the gates' pieces (:func:`_row_dots`),
     it reads x (``chunk_scan``'s ``rows`` with the row dots) and writes dx = w·dV + D·dO in
     dV's place; the result is then ``(gradients, RD)`` with RD the float32 row dots ``(2, 1,
     batch·heads, N)`` (x·dV, x·dO), else ``(gradients, None)``."""
@@ -567,7 +567,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             (pieces is None or pieces["dual"]):
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
-        dual, rd = V, _row_dots(m, rows, pieces, V)
+        dual, rd = V, _row_dots(m, rows, pieces, B, V)
         if rd is not None:  # (x read in place of V = w·x: dx written in dV's place)
             dual = rows[0]
             call = dict(call, rows=(*rows[1:], rd))
@@ -619,17 +619,21 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     return res if rows is None else (res, rd)
 
 
-def _row_dots(m: Method, rows, pieces, V: torch.Tensor) -> torch.Tensor | None:
+def _row_dots(m: Method, rows, pieces, B: torch.Tensor, V: torch.Tensor) -> torch.Tensor | None:
     """The row dots' buffer (float32 ``(2, 1, batch·heads, N)``) where the reverse sweep with
     the dual output takes ``rows`` (:func:`_gradients`): Chunk's, carrying the gates' pieces
-    on the portable kernel; else None."""
-    if rows is None or pieces is None or not pieces["dual"] or pieces["hopper"][1]:
+    (on the Hopper kernel where it takes them: ``chunk.HOPPER_ROW_DOTS``); else None."""
+    if rows is None or pieces is None or not pieces["dual"]:
         return None
     from .methods import chunk
     if m.fn is not chunk.chunk_scan:
         return None
-    return torch.empty(2, 1, V.shape[0] * V.shape[1], V.shape[2], dtype=torch.float32,
-                       device=V.device)
+    shape = (2, 1, V.shape[0] * V.shape[1], V.shape[2])
+    if pieces["hopper"][1]:  # (its two consumers add their columns' halves there: from zeros)
+        if chunk._hopper_rows_unfit(B, V, 2):
+            return None
+        return torch.zeros(shape, dtype=torch.float32, device=V.device)
+    return torch.empty(shape, dtype=torch.float32, device=V.device)
 
 
 def _group_sums(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor:

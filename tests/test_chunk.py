@@ -524,7 +524,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     most 320 bytes a thread at 128 columns (116-316 when it was set: measured faster than two
     programs a lane at 64, each forming the scores again), 128 at fewer (forward at r = d = 128:
     20 at 64 columns when it was set); the dual none. V's row weights and the skip (Mamba-2's
-    SSD forward, ``rows``) at r = 128 and 64 beside d = 64, one pass and segments: none."""
+    SSD forward, ``rows``) at r = 128 and 64 beside d = 64, one pass and segments: none; E's
+    row weights and the row dots (its backward's reverse sweep, ``rows`` 2) at 64 × 64: none."""
     import sys
 
     from leetrepro.probes.regs import HOPPER_SHAPES, spill_bytes
@@ -539,11 +540,14 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     grouped = [line for line in lines if line.split()[1] == "groups"]
     pieces = [line for line in lines if line.split()[1] == "pieces"]
     rows = [line for line in lines if line.split()[1] == "rows"]
+    row_dots = [line for line in lines if line.split()[1] == "rowdots"]
     assert len(lines) - len(shaped) - len(narrow) - len(gated) - len(grouped) - len(pieces) - \
-        len(rows) == 32
+        len(rows) - len(row_dots) == 32
     assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 12
     # (V's row weights and the skip, Mamba-2's forward at 128 × 64 and 64 × 64: no spills)
     assert len(rows) == 4 and all(spill_bytes(line) == 0 for line in rows), rows
+    # (E's row weights and the row dots, Mamba-2's backward at 64 × 64, fp16 and bf16: none)
+    assert len(row_dots) == 2 and all(spill_bytes(line) == 0 for line in row_dots), row_dots
     assert all("Used 168 registers" in line for line in lines)
     # (what each launch asks of shared memory, the ring's slots as chunk.hopper_tiles counts
     # them and the allocator's padding, within the SM's 227 KB: a launch over it fails)

@@ -849,7 +849,8 @@ def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape
     gradient within the contract, N not a multiple of the chunk, groups, a lane cut into
     segments, both states and ``seq_idx``; the Hopper kernel took the rows where it takes them
     (r ≤ 128, d = 64; the Hopper kernel forced) and the composition ran elsewhere (r = 256);
-    the portable kernel forced, its reverse sweep wrote dx and the row dots."""
+    the reverse sweep wrote dx and the row dots on the Hopper kernel at r = d = 64 and on the
+    portable kernel forced."""
     from leetrepro import compat
     from leetrepro.methods import chunk
     monkeypatch.setattr(compat, "SSD_ROWS_IN_SWEEP", True)
@@ -872,8 +873,9 @@ def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape
                           for name, err in errors.items()), errors
     if kernel == "portable":
         assert calls == (1, 1) and not launched
-    else:
-        assert calls == (0 if dstate > 128 else 1, 0) and launched[0] == (dstate <= 128)
+    else:  # (the row dots in the Hopper kernel's reverse dual sweep at r = d = 64 only)
+        assert calls == (0 if dstate > 128 else 1, int(dstate == headdim == 64)) and \
+            launched[0] == (dstate <= 128) and (2 in launched) == (dstate == headdim == 64)
 
 
 @pytest.mark.gpu

@@ -221,7 +221,7 @@ def _by_columns(w_rows, acc_l: gl.constexpr):
 def _first_pass_weights(prog, row, length, acc_l: gl.constexpr, K: gl.constexpr):
     """A first pass's chunk before its ring wait: with ``ROWS`` V's row weights by rows and by
     columns, else 0.0."""
-    if K.ROWS:
+    if K.ROWS == 1:
         return _by_columns(_value_weights(prog, row, length, acc_l, K), acc_l)
     else:
         return 0.0
@@ -233,7 +233,7 @@ def _gates_after_wait(ring, s, gates, w_v, acc_l: gl.constexpr, K: gl.constexpr)
     ``gates``, loaded before the wait), V's row weights ``w_v`` after them with ``ROWS``."""
     if K.G_RING:
         gates = _ring_gates(ring, s, acc_l, K)
-    if K.ROWS:
+    if K.ROWS == 1:
         gates = gates + w_v
     return gates
 
@@ -252,6 +252,28 @@ def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexp
         return gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
     else:
         return gl.where(diff >= 0, sc, 0.0)
+
+
+@gluon.jit
+def _weighted(e_t, gates, K: gl.constexpr):
+    """E's tile in float32; with ``ROWS == 2`` (E = x of V' = w·x) w·x with w rounded to x's
+    dtype and the product rounded to it: V' bit for bit, as the dB sweep reads it (the gates'
+    pieces of both sweeps then telescope)."""
+    if K.ROWS == 2:
+        w = gates[3].to(e_t.dtype).to(gl.float32)
+        return (e_t.to(gl.float32) * w[:, None]).to(e_t.dtype).to(gl.float32)
+    else:
+        return e_t.to(gl.float32)
+
+
+@gluon.jit
+def _row_grad(o, e, x, v, gates, p_up):
+    """``ROWS == 2``'s chunk end: O's half (dV' in the scores' units, 1/p_up) made dx's, w·dV'
+    + D·dO (``gates[3]``: w by rows, ``gates[5]``: D over O's scale), and ``(e, x·dV', x·dO)``
+    over this consumer's columns (``x``, ``v``: E's and dO's halves, float32)."""
+    rd1 = gl.sum(x * o, axis=1) * p_up
+    rd2 = gl.sum(x * v, axis=1)
+    return o * gates[3][:, None] + v * (gates[5] / p_up), (e, rd1, rd2)
 
 
 @gluon.jit
@@ -319,7 +341,7 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
     REVERSE: gl.constexpr = K.REVERSE
     if gates is not None:
         w_out = gl.where(kr < length, gl.exp(gates[2] - gates[0]), 0.0)
-        if K.ROWS:  # (V' = w·V: row j's weight on the update's row j)
+        if K.ROWS == 1:  # (V' = w·V: row j's weight on the update's row j)
             w_out = w_out * gates[3]
         vw = v_t.load(acc_l).to(gl.float32) * w_out[:, None]
         vw16 = vw.to(dtype)
@@ -477,7 +499,8 @@ class Program:
     without ``HAS_GATE``); with ``GATE_GRAD`` its rows of E (``e_rows``, row stride ``e_sr``)
     and its row of the pieces' first block (``dg``, blocks ``dg_blk`` apart), else None; with
     ``ROWS`` its row of V's row weights (``w``, row stride ``w_sn``) and its head's skip D
-    (``skip``), else None."""
+    (``skip``), else None; with ``ROWS == 2`` its row of the row dots' first half (``rd``) and
+    the halves' distance (``rd_half``), else None."""
     bb: gl.base_value
     hh: gl.base_value
     N: gl.base_value
@@ -498,10 +521,13 @@ class Program:
     w: gl.base_value
     w_sn: gl.base_value
     skip: gl.base_value
+    rd: gl.base_value
+    rd_half: gl.base_value
 
     @gluon.constexpr_function
     def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates,
-                 e_rows=None, e_sr=None, dg=None, dg_blk=None, w=None, w_sn=None, skip=None):
+                 e_rows=None, e_sr=None, dg=None, dg_blk=None, w=None, w_sn=None, skip=None,
+                 rd=None, rd_half=None):
         self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
         self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
         self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
@@ -509,6 +535,7 @@ class Program:
         self.e_rows, self.e_sr, self.dg, self.dg_blk = _field(e_rows), _field(e_sr), \
             _field(dg), _field(dg_blk)
         self.w, self.w_sn, self.skip = _field(w), _field(w_sn), _field(skip)
+        self.rd, self.rd_half = _field(rd), _field(rd_half)
 
     @gluon.jit
     def chunk(self, i, K: gl.constexpr):
@@ -820,7 +847,7 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
     col = prog.col0 + H_IDX * DH
     w_next = 0.0
-    if K.ROWS:  # (V's row weights one chunk ahead: their load's latency behind a chunk's work)
+    if K.ROWS == 1:  # (V's row weights a chunk ahead: their load's latency behind a chunk's work)
         row, length = prog.chunk(0, K)
         w_next = _value_weights(prog, row, length, acc_l, K)
     for j in range(prog.steps):
@@ -831,18 +858,27 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             gates = _chunk_gates(prog, row, acc_l, K)
         if K.GATE_GRAD and not (DUAL or K.E_RING):  # (E's tile, likewise, unless in the ring)
             e_t = _piece_rows(prog, row, length, col, ri, acc_l, DH)
-        if K.ROWS:
+        if K.ROWS == 1:
             w_v = w_next
             row_next, length_next = prog.chunk(j + 1, K)  # (past the segment: none read)
             w_next = _value_weights(prog, row_next, gl.minimum(length_next, (prog.steps - 1 - j) *
                                                                BLOCK_N), acc_l, K)
+        elif K.ROWS == 2:  # (E's and O's row weights, loaded before the wait)
+            w_v = _value_weights(prog, row, length, acc_l, K)
         s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
         if K.HAS_GATE and K.G_RING:
             gates = _ring_gates(ring, s, acc_l, K)
-        if K.ROWS:  # (the skip over O's stored scale: O·scale + D·v is stored)
+        if K.ROWS == 1:  # (the skip over O's stored scale: O·scale + D·v is stored)
             gates = gates + _by_columns(w_v, acc_l) + (prog.skip / ops.scale,)
+        elif K.ROWS == 2:
+            gates = gates + (w_v, 0.0, prog.skip / ops.scale)
         o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
                                                       length, prog.lg, K, H_IDX, j, gates, e_t)
+        if K.ROWS == 2:  # (the consumers' halves of the rows' dots added: two addends onto
+            # zeros, the same sum in either order)
+            e, rd1, rd2 = e
+            gl.atomic_add(prog.rd + row + ri, rd1 * ops.scale, mask=ri < length)
+            gl.atomic_add(prog.rd + prog.rd_half + row + ri, rd2, mask=ri < length)
         if K.GATE_GRAD:  # (this consumer's block of the rows' buffer: its columns' part)
             gl.store(prog.dg + (col // DH) * prog.dg_blk + row + ri, e, mask=ri < length)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
@@ -983,7 +1019,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         sc = warpgroup_mma_wait(num_outstanding=4 if EXACT else 2, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
-        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS)
+        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
             e = _own_pairs(p * wv, diff)
@@ -994,12 +1030,15 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         if EXACT:  # (o is the part from the state in the scores' units here: 1/p_up)
             if DUAL or K.E_RING:
                 e_t = e_t.load(acc_l)
-            e += gl.sum(o * e_t.to(gl.float32), axis=1) * p_up
+            e += gl.sum(o * _weighted(e_t, gates, K), axis=1) * p_up
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-        if K.ROWS:  # (the skip D·v from the slot's own v, before the slot is released)
+        if K.ROWS == 1:  # (the skip D·v from the slot's own v, before the slot is released)
             o += v_t.load(acc_l).to(gl.float32) * (gates[5] / p_up)
+        elif K.ROWS == 2:  # (dx = w·dV' + D·dO and the rows' dots, x from E's slot again)
+            o, e = _row_grad(o, e, _tile(ring.e, 2 * s + H_IDX).load(acc_l).to(gl.float32),
+                             v_t.load(acc_l).to(gl.float32), gates, p_up)
     if not DUAL and dtype != gl.float32:
         ring.release(s)
     return o, state, p_up, h_up, w_rows, e
@@ -1067,6 +1106,8 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     o2 = warpgroup_mma(pa2, _tile(ring.c, s).slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     ring.release(s)
+    if K.ROWS == 2:  # (E = x: dC's rows take V' = w·x's weights)
+        o2 = o2 * gates[3][:, None]
     _store_half(ops.o2, st.o.index(2 + H_IDX), o2, p2_up, ops.scale, prog.bb, prog.hh, row,
                 H_IDX * DH, BLOCK_N, DH, dtype)
 
@@ -1131,23 +1172,31 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
         E, e_sb, e_sh, e_sr, DG_ROWS, dg_blk = PIECES
         e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
         dg = DG_ROWS + lane.to(gl.int64) * N
-    w, w_sn, skip = _lane_value_rows(ROWS, bb, hh, K)
+    w, w_sn, skip, rd, rd_half = _lane_value_rows(ROWS, bb, hh, lane, N, K)
     return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
-                   dg, dg_blk, w, w_sn, skip)
+                   dg, dg_blk, w, w_sn, skip, rd, rd_half)
 
 
 @gluon.jit
-def _lane_value_rows(ROWS, bb, hh, K: gl.constexpr):
-    """``ROWS``: the lane's row of V's row weights, its row stride and its head's skip D (the
-    kernel's ``ROWS``); else three 0s."""
-    if K.ROWS:
+def _lane_value_rows(ROWS, bb, hh, lane, N, K: gl.constexpr):
+    """``ROWS``: the lane's row of the row weights, its row stride, its head's skip D and, with
+    ``ROWS == 2``, its row of the row dots' first half and the halves' distance (the kernel's
+    ``ROWS``); else 0s."""
+    if K.ROWS == 2:
+        gl.static_assert(K.HAS_GATE and K.REVERSE and K.DUAL and K.GATE_GRAD and not K.SPLIT,
+                         "E's row weights and the row dots: the reverse sweep with the dual "
+                         "output and the gates' pieces")
+        W, w_sb, w_sh, w_sn, SKIP, RD, rd_half = ROWS
+        return (W + bb.to(gl.int64) * w_sb + hh.to(gl.int64) * w_sh, w_sn,
+                gl.load(SKIP + hh).to(gl.float32), RD + lane.to(gl.int64) * N, rd_half)
+    elif K.ROWS:
         gl.static_assert(K.HAS_GATE and not (K.REVERSE or K.DUAL or K.GATE_GRAD),
                          "V's row weights and the skip: a gated forward sweep")
         W, w_sb, w_sh, w_sn, SKIP = ROWS
         return (W + bb.to(gl.int64) * w_sb + hh.to(gl.int64) * w_sh, w_sn,
-                gl.load(SKIP + hh).to(gl.float32))
+                gl.load(SKIP + hh).to(gl.float32), 0, 0)
     else:  # (a returned tuple holds no bare None: 0s stand for them, never read)
-        return 0, 0, 0.0
+        return 0, 0, 0.0, 0, 0
 
 
 @gluon.jit

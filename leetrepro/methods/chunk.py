@@ -418,8 +418,13 @@ def _hopper_rows_unfit(B, V, mode: int = 1) -> str | None:
     """Why the Hopper kernel, where it takes a gated call, does not take V's row weights and the
     skip with it (:func:`hopper_unfit`'s ``rows``; ``mode`` 2: E's row weights and the row
     dots of a reverse sweep), or None."""
-    if mode == 2:
-        return "E's row weights and the row dots are the portable kernel's"
+    if mode == 2:  # (compiled for sm_90 and checked at Mamba-2's 64 × 64 heads only)
+        if not HOPPER_ROW_DOTS:
+            return "E's row weights and the row dots are the portable kernel's " \
+                   "(HOPPER_ROW_DOTS off)"
+        if B.shape[-1] != 64 or V.shape[-1] != 64:
+            return "it takes E's row weights and the row dots at r = d = 64"
+        return None
     if not HOPPER_ROWS:
         return "V's row weights and the skip are the portable kernel's (HOPPER_ROWS off)"
     if B.shape[-1] > 128 or V.shape[-1] > 64:
@@ -721,9 +726,11 @@ class HopperLaunch:
             rows = t.DG[0]
             pieces = (t.E, *t.E.stride()[:3], rows, rows.stride(0))
         weights = None
-        if self.consts.ROWS:  # (V's row weights and the skip)
-            w, skip = t.ROWS
+        if self.consts.ROWS:  # (the row weights and the skip; the row dots' (2, 1, lanes, N))
+            w, skip = t.ROWS[:2]
             weights = (w, *w.stride()[:3], skip)
+            if self.consts.ROWS == 2:
+                weights = weights + (t.ROWS[2], t.ROWS[2].stride(0))
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
@@ -1019,7 +1026,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     if gate_grad:
-        if kernel == "hopper" and rows == 2:
+        if kernel == "hopper" and rows == 2 and _hopper_rows_unfit(t.B, t.V, rows):
             raise ValueError(f"kernel='hopper' cannot run this call: "
                              f"{_hopper_rows_unfit(t.B, t.V, rows)}")
         if kernel == "hopper":  # (its pieces: one segment a lane)
@@ -1176,6 +1183,10 @@ HOPPER_GATES_RING = True
 HOPPER_PIECES_WIDE = True
 #: whether the Hopper kernel takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``)
 HOPPER_ROWS = True
+#: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
+#: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
+#: it runs anyway; off, the SSD's backward keeps its row pass there
+HOPPER_ROW_DOTS = True
 
 
 def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,

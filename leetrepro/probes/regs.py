@@ -105,7 +105,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    reverse: bool = False, dual: bool = False, r: int = 128,
                    d: int = 128, dc: int | None = None, gates: bool = False,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                   rows: bool = False):
+                   rows: int = 0):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -113,7 +113,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     backward), with or without the ``dual`` output (the backward's dC beside dV); ``groups``:
     B, C, V, E read by groups of heads (the kernel's ``GROUPS``); ``gate_grad``: a gated
     backward sweep writing the gates' gradient's pieces (``GATE_GRAD``, one segment a lane);
-    ``rows``: a gated forward sweep taking V's row weights and the skip (``ROWS``).
+    ``rows``: a gated forward sweep taking V's row weights and the skip (``ROWS``); 2: the
+    reverse sweep with the dual output and the pieces taking E's row weights and the row dots.
     Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -143,7 +144,9 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                else "constexpr",
                g_desc=(f"tensordesc<fp32[1, 1, 1, {bn}],{_gates_layout(bn)!r}>" if const.G_RING
                        else "constexpr"), K="constexpr",
-               ROWS=("*fp32", "i32", "i32", "i32", "*fp32") if rows else "constexpr")
+               ROWS=("*fp32", "i32", "i32", "i32", "*fp32") + (("*fp32", "i32") if rows == 2
+                                                                 else ()) if rows
+               else "constexpr")
     constexprs = {(13,): const}
     if not const.G_RING:
         constexprs[(12,)] = None
@@ -605,6 +608,13 @@ def main(argv=None) -> int:
             jobs.append((f"rows bf16 {r}x64:gates:{'split' if split else 'one'}",
                          dict(dtype="bf16", decay=False, split=split, gates=True, r=r, d=64,
                               groups=groups, rows=True)))
+        # E's row weights and the row dots in the reverse sweep with the dual output and the
+        # pieces (Mamba-2's backward, where chunk.HOPPER_ROW_DOTS lets them in: r = d = 64)
+        for dtype in ("bf16", "fp16"):
+            jobs.append((f"rowdots {dtype} 64x64:gates:one:reverse:dual",
+                         dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,
+                              gates=True, r=64, d=64, groups=(80, 80, 1, 1), gate_grad=True,
+                              rows=2)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
