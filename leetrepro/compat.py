@@ -334,10 +334,11 @@ def ssd_gates(dt, A, dt_bias, seq_idx, dt_rule, first_cut: torch.Tensor | None =
 
 
 #: whether :class:`_SSDRowsInSweep`'s backward reads x in its reverse sweep where that sweep
-#: runs on the portable kernel with the gates' pieces (``ops._gradients``' ``rows``): dx = dt·dV'
-#: + D·dy and the rows' dots for dt's and D's gradients written by the sweep, no pass of its
-#: own; False: that pass after the sweep
-SSD_ROW_DOTS = True
+#: takes the dual output and the gates' pieces (``ops._gradients``' ``rows``; on the Hopper
+#: kernel at r = d = 64, ``chunk.HOPPER_ROW_DOTS``): dx = dt·dV' + D·dy and the rows' dots for
+#: dt's and D's gradients written by the sweep, no pass of its own. Off until measured on a
+#: GPU (checked interpreted and compiled for sm_90 only, NOTES.md): that pass after the sweep
+SSD_ROW_DOTS = False
 
 
 def row_dot_gradients(rd: torch.Tensor, shape, dtype: torch.dtype) -> tuple:

@@ -127,6 +127,7 @@ def test_the_ssd_with_its_rows_in_the_sweep_against_float64(monkeypatch, dtype):
     take the straddle kernel, and the row pass)."""
     from leetrepro import compat
     monkeypatch.setattr(compat, "SSD_ROWS_IN_SWEEP", True)
+    monkeypatch.setattr(compat, "SSD_ROW_DOTS", True)
     options = dict(method="Chunk") | (dict(fp32_precision="ieee") if dtype == torch.float32
                                       else {})
     errors, calls, finite = _rows_in_sweep_case(dtype, KERNEL_DEVICE, options)
@@ -181,13 +182,20 @@ def test_the_clamp_stops_the_gradient_where_it_acts():
     (torch.float16, {}), (torch.float16, dict(gate_grad="sweeps")),
     (torch.float32, dict(fp32_precision="ieee")), (torch.float32, {}),
     pytest.param(BF16.values[0], {}, marks=BF16.marks),
-    pytest.param(BF16.values[0], dict(gate_grad="sweeps"), marks=BF16.marks)], unpack=True),
-    ids=["fp16", "fp16-sweeps", "fp32-exact", "fp32", "bf16", "bf16-sweeps"])
-def test_two_backward_passes_give_the_same_bits(dtype, options):
+    pytest.param(BF16.values[0], dict(gate_grad="sweeps"), marks=BF16.marks),
+    pytest.param(BF16.values[0], dict(row_dots=True), marks=BF16.marks),
+    (torch.float16, dict(row_dots=True))], unpack=True),
+    ids=["fp16", "fp16-sweeps", "fp32-exact", "fp32", "bf16", "bf16-sweeps", "bf16-row-dots",
+         "fp16-row-dots"])
+def test_two_backward_passes_give_the_same_bits(monkeypatch, dtype, options):
     """Mamba-2's SSD backward, every gradient (the gates' through the straddle kernel or the
     sweeps' pieces, D, dt_bias, the initial state), twice on the same inputs: the same bits (no
-    atomics in the sums, every reduction in a fixed order). On a GPU at a length whose lanes are
-    cut into segments chained through the ring."""
+    atomics in the sums, every reduction in a fixed order; the row dots' two consumers' halves
+    are two addends onto zeros, ``row_dots``: ``compat.SSD_ROW_DOTS`` on). On a GPU at a length
+    whose lanes are cut into segments chained through the ring."""
+    from leetrepro import compat
+    options = dict(options)
+    monkeypatch.setattr(compat, "SSD_ROW_DOTS", options.pop("row_dots", False))
     batch, length, heads, headdim, dstate = (1, 100, 2, 8, 16) if INTERPRETED else \
         (1, 8192, 4, 64, 64)
     leaves = dict(zip(("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "initial_states"),
@@ -854,7 +862,9 @@ def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape
     from leetrepro import compat
     from leetrepro.methods import chunk
     monkeypatch.setattr(compat, "SSD_ROWS_IN_SWEEP", True)
+    monkeypatch.setattr(compat, "SSD_ROW_DOTS", True)
     monkeypatch.setattr(chunk, "HOPPER_ROWS", True)
+    monkeypatch.setattr(chunk, "HOPPER_ROW_DOTS", True)
     launched = []
     run = chunk.HopperLaunch._launch
     monkeypatch.setattr(chunk.HopperLaunch, "_launch",
