@@ -105,6 +105,23 @@ def test_hopper_split_cuts_segments_to_fill_the_sms_and_takes_fewer_columns_only
         split(r=256, d=256, dc=128)
 
 
+def test_the_row_weights_refuse_a_sweep_they_do_not_fit():
+    """``chunk_scan``'s ``rows``: V's row weights and the skip ``(w, D)`` need a gated forward
+    sweep; with the row dots ``(w, D, RD)`` a gated reverse sweep with the dual output. A call
+    that is neither is refused with what it needs, before any launch."""
+    from leetrepro.methods import chunk
+    B, C, V = make_inputs(1, 2, 40, 8, 8, dtype=torch.float32, device=DEVICE, seed=3)
+    g = -torch.rand(1, 2, 40, device=DEVICE)
+    w, D = torch.rand(1, 2, 40, device=DEVICE), torch.rand(2, device=DEVICE)
+    rd = torch.empty(2, 1, 2, 40, device=DEVICE)
+    with pytest.raises(ValueError, match="gated forward sweep"):
+        chunk.chunk_scan(B, C, V, None, g=g, reverse=True, rows=(w, D))
+    with pytest.raises(ValueError, match="reverse sweep with the dual output"):
+        chunk.chunk_scan(B, C, V, None, g=g, rows=(w, D, rd))
+    with pytest.raises(ValueError, match="reverse sweep with the dual output"):
+        chunk.chunk_scan(B, C, V, None, g=g, reverse=True, rows=(w, D, rd))
+
+
 def test_misaligned_names_what_the_hopper_kernel_s_tma_refuses():
     """``chunk.misaligned``, which the Hopper kernel's operand checks and the SSD's rows in the
     sweep (``rows_unfit``: x is a slice of the block's convolution output) read: a base or a

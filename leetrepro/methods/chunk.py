@@ -999,7 +999,7 @@ def _check_rows(rows: int, gates: bool, reverse: bool, dual: bool, varlen: bool)
     if rows == 1 and (not gates or reverse or dual):
         raise ValueError("rows (V's row weights and the skip) need a gated forward sweep "
                          "without the dual output")
-    if rows == 2 and (not gates or not reverse or dual is False or varlen):
+    if rows == 2 and (not gates or not reverse or not dual or varlen):
         raise ValueError("rows with the row dots (E's row weights, dx and its dots) need a gated "
                          "reverse sweep with the dual output, without cu_seqlens")
 
