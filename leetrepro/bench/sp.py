@@ -230,7 +230,9 @@ def main(argv=None) -> int:
     cap = args.max_gib * 2 ** 30
     rows, done = [], set()
     if args.resume and os.path.exists(path):
-        kept = pd.read_csv(path)
+        # (the commit as text: a hash of digits and one "e" reads as a float otherwise, 85379474e521
+        # as inf, and no row would match)
+        kept = pd.read_csv(path, dtype={"commit": str})
         # (cells that did not fit are judged again: the memory free may differ now)
         # (a file from before the status column: every row was measured)
         status = kept["status"] if "status" in kept else "ok"

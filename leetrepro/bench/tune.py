@@ -114,7 +114,7 @@ def measured_before(path: str, limit: float):
 
     if not os.path.exists(path):
         return [], {}
-    old = pd.read_csv(path)
+    old = pd.read_csv(path, dtype={"commit": str})  # (kept rows are written back: as text)
     old = old[old.regret.notna()] if "regret" in old else old.iloc[:0]
     dropped: dict = {}
     for row in old.to_dict("records"):
