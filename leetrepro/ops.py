@@ -567,13 +567,11 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             (pieces is None or pieces["dual"]):
         # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
         dv_out = dV if dV is not None else output_like(V)
-        dual, rd = V, _row_dots(m, rows, pieces, B, V)
-        if rd is not None:  # (x read in place of V = w·x: dx written in dV's place)
-            dual = rows[0]
-            call = dict(call, rows=(*rows[1:], rd))
-        (dV, dC), R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, dual=dual,
-                          out=dv_out, out2=dC, gate_pieces=rev, **call)
-        call.pop("rows", None)
+        rd = _row_dots(m, rows, pieces, B, V)
+        # (with the row dots x is read in place of V = w·x, and dx written in dV's place)
+        (dV, dC), R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0,
+                          dual=V if rd is None else rows[0], out=dv_out, out2=dC,
+                          gate_pieces=rev, rows=None if rd is None else (*rows[1:], rd), **call)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,

@@ -1026,12 +1026,10 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     if gate_grad:
-        if kernel == "hopper" and rows == 2 and _hopper_rows_unfit(t.B, t.V, rows):
-            raise ValueError(f"kernel='hopper' cannot run this call: "
-                             f"{_hopper_rows_unfit(t.B, t.V, rows)}")
         if kernel == "hopper":  # (its pieces: one segment a lane)
-            unfit = hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, reverse=reverse,
-                                        cu_seqlens=t.CU, outputs=(t.O, t.O2))
+            unfit = (_hopper_rows_unfit(t.B, t.V, rows) if rows == 2 else None) or \
+                hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, reverse=reverse,
+                                    cu_seqlens=t.CU, outputs=(t.O, t.O2))
             if unfit:
                 raise ValueError(f"kernel='hopper' cannot run this call: {unfit}")
             asked = n
