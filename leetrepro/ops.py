@@ -618,20 +618,21 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
 
 
 def _row_dots(m: Method, rows, pieces, B: torch.Tensor, V: torch.Tensor) -> torch.Tensor | None:
-    """The row dots' buffer (float32 ``(2, 1, batch·heads, N)``) where the reverse sweep with
-    the dual output takes ``rows`` (:func:`_gradients`): Chunk's, carrying the gates' pieces
-    (on the Hopper kernel where it takes them: ``chunk.HOPPER_ROW_DOTS``); else None."""
+    """The row dots' buffer (float32 ``(2, blocks, batch·heads, N)``, summed over its blocks
+    after the sweep) where the reverse sweep with the dual output takes ``rows``
+    (:func:`_gradients`): Chunk's, carrying the gates' pieces (on the Hopper kernel where it
+    takes them, ``chunk.HOPPER_ROW_DOTS``: a block per consumer's DC/2 columns); else None."""
     if rows is None or pieces is None or not pieces["dual"]:
         return None
     from .methods import chunk
     if m.fn is not chunk.chunk_scan:
         return None
-    shape = (2, 1, V.shape[0] * V.shape[1], V.shape[2])
-    if pieces["hopper"][1]:  # (its two consumers add their columns' halves there: from zeros)
-        if chunk._hopper_rows_unfit(B, V, 2):
-            return None
-        return torch.zeros(shape, dtype=torch.float32, device=V.device)
-    return torch.empty(shape, dtype=torch.float32, device=V.device)
+    dc = pieces["hopper"][1]
+    if dc and chunk._hopper_rows_unfit(B, V, 2):
+        return None
+    blocks = 2 * V.shape[-1] // dc if dc else 1
+    return torch.empty(2, blocks, V.shape[0] * V.shape[1], V.shape[2], dtype=torch.float32,
+                       device=V.device)
 
 
 def _group_sums(x: torch.Tensor, groups: int, like: torch.Tensor) -> torch.Tensor:

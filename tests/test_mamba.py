@@ -190,8 +190,8 @@ def test_the_clamp_stops_the_gradient_where_it_acts():
 def test_two_backward_passes_give_the_same_bits(monkeypatch, dtype, options):
     """Mamba-2's SSD backward, every gradient (the gates' through the straddle kernel or the
     sweeps' pieces, D, dt_bias, the initial state), twice on the same inputs: the same bits (no
-    atomics in the sums, every reduction in a fixed order; the row dots' two consumers' halves
-    are two addends onto zeros, ``row_dots``: ``compat.SSD_ROW_DOTS`` on). On a GPU at a length
+    atomics in the sums, every reduction in a fixed order; the row dots a block per consumer,
+    ``row_dots``: ``compat.SSD_ROW_DOTS`` on). On a GPU at a length
     whose lanes are cut into segments chained through the ring."""
     from leetrepro import compat
     options = dict(options)

@@ -499,8 +499,9 @@ class Program:
     without ``HAS_GATE``); with ``GATE_GRAD`` its rows of E (``e_rows``, row stride ``e_sr``)
     and its row of the pieces' first block (``dg``, blocks ``dg_blk`` apart), else None; with
     ``ROWS`` its row of V's row weights (``w``, row stride ``w_sn``) and its head's skip D
-    (``skip``), else None; with ``ROWS == 2`` its row of the row dots' first half (``rd``) and
-    the halves' distance (``rd_half``), else None."""
+    (``skip``), else None; with ``ROWS == 2`` its row of the row dots' first half's first
+    block (``rd``; a block per consumer's columns, ``rd_blk`` apart) and the halves' distance
+    (``rd_half``), else None."""
     bb: gl.base_value
     hh: gl.base_value
     N: gl.base_value
@@ -522,12 +523,13 @@ class Program:
     w_sn: gl.base_value
     skip: gl.base_value
     rd: gl.base_value
+    rd_blk: gl.base_value
     rd_half: gl.base_value
 
     @gluon.constexpr_function
     def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates,
                  e_rows=None, e_sr=None, dg=None, dg_blk=None, w=None, w_sn=None, skip=None,
-                 rd=None, rd_half=None):
+                 rd=None, rd_blk=None, rd_half=None):
         self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
         self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
         self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
@@ -535,7 +537,7 @@ class Program:
         self.e_rows, self.e_sr, self.dg, self.dg_blk = _field(e_rows), _field(e_sr), \
             _field(dg), _field(dg_blk)
         self.w, self.w_sn, self.skip = _field(w), _field(w_sn), _field(skip)
-        self.rd, self.rd_half = _field(rd), _field(rd_half)
+        self.rd, self.rd_blk, self.rd_half = _field(rd), _field(rd_blk), _field(rd_half)
 
     @gluon.jit
     def chunk(self, i, K: gl.constexpr):
@@ -874,11 +876,13 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             gates = gates + (w_v, 0.0, prog.skip / ops.scale)
         o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
                                                       length, prog.lg, K, H_IDX, j, gates, e_t)
-        if K.ROWS == 2:  # (the consumers' halves of the rows' dots added: two addends onto
-            # zeros, the same sum in either order)
+        if K.ROWS == 2:  # (this consumer's columns' part of the rows' dots, in a block of its
+            # own, summed after the sweep: Gluon's atomics default to acquire-release, which
+            # took the sweep from 0.50 to 1.10 ms at Zamba2's shape, notes/gates.md)
             e, rd1, rd2 = e
-            gl.atomic_add(prog.rd + row + ri, rd1 * ops.scale, mask=ri < length)
-            gl.atomic_add(prog.rd + prog.rd_half + row + ri, rd2, mask=ri < length)
+            rd = prog.rd + (col // DH) * prog.rd_blk + row + ri
+            gl.store(rd, rd1 * ops.scale, mask=ri < length)
+            gl.store(rd + prog.rd_half, rd2, mask=ri < length)
         if K.GATE_GRAD:  # (this consumer's block of the rows' buffer: its columns' part)
             gl.store(prog.dg + (col // DH) * prog.dg_blk + row + ri, e, mask=ri < length)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
@@ -1172,31 +1176,31 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
         E, e_sb, e_sh, e_sr, DG_ROWS, dg_blk = PIECES
         e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
         dg = DG_ROWS + lane.to(gl.int64) * N
-    w, w_sn, skip, rd, rd_half = _lane_value_rows(ROWS, bb, hh, lane, N, K)
+    w, w_sn, skip, rd, rd_blk, rd_half = _lane_value_rows(ROWS, bb, hh, lane, N, K)
     return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
-                   dg, dg_blk, w, w_sn, skip, rd, rd_half)
+                   dg, dg_blk, w, w_sn, skip, rd, rd_blk, rd_half)
 
 
 @gluon.jit
 def _lane_value_rows(ROWS, bb, hh, lane, N, K: gl.constexpr):
     """``ROWS``: the lane's row of the row weights, its row stride, its head's skip D and, with
-    ``ROWS == 2``, its row of the row dots' first half and the halves' distance (the kernel's
-    ``ROWS``); else 0s."""
+    ``ROWS == 2``, its row of the row dots' first half's first block, the blocks' and the
+    halves' distances (the kernel's ``ROWS``); else 0s."""
     if K.ROWS == 2:
         gl.static_assert(K.HAS_GATE and K.REVERSE and K.DUAL and K.GATE_GRAD and not K.SPLIT,
                          "E's row weights and the row dots: the reverse sweep with the dual "
                          "output and the gates' pieces")
-        W, w_sb, w_sh, w_sn, SKIP, RD, rd_half = ROWS
+        W, w_sb, w_sh, w_sn, SKIP, RD, rd_blk, rd_half = ROWS
         return (W + bb.to(gl.int64) * w_sb + hh.to(gl.int64) * w_sh, w_sn,
-                gl.load(SKIP + hh).to(gl.float32), RD + lane.to(gl.int64) * N, rd_half)
+                gl.load(SKIP + hh).to(gl.float32), RD + lane.to(gl.int64) * N, rd_blk, rd_half)
     elif K.ROWS:
         gl.static_assert(K.HAS_GATE and not (K.REVERSE or K.DUAL or K.GATE_GRAD),
                          "V's row weights and the skip: a gated forward sweep")
         W, w_sb, w_sh, w_sn, SKIP = ROWS
         return (W + bb.to(gl.int64) * w_sb + hh.to(gl.int64) * w_sh, w_sn,
-                gl.load(SKIP + hh).to(gl.float32), 0, 0)
+                gl.load(SKIP + hh).to(gl.float32), 0, 0, 0)
     else:  # (a returned tuple holds no bare None: 0s stand for them, never read)
-        return 0, 0, 0.0, 0, 0
+        return 0, 0, 0.0, 0, 0, 0
 
 
 @gluon.jit
@@ -1281,7 +1285,9 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     heads, N) contiguous; ``g_desc`` (``G_RING``, else None): the gates' tile sums as (batch,
     heads, tiles, BLOCK_N), blocks (1, 1, 1, BLOCK_N), through the ring; ``K``:
     :data:`Constants`; ``ROWS`` (``ROWS``, else None): ``(W, batch stride, head stride, row
-    stride, D)``, V's row weights float32 (batch, heads, N) and the skip float32 (H,)."""
+    stride, D)``, V's row weights float32 (batch, heads, N) and the skip float32 (H,); with
+    ``ROWS == 2`` then ``(RD, block stride, half stride)``: the row dots float32 (2, D/DH
+    blocks, lanes, N), a block per consumer's columns."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING

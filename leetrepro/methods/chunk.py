@@ -726,11 +726,12 @@ class HopperLaunch:
             rows = t.DG[0]
             pieces = (t.E, *t.E.stride()[:3], rows, rows.stride(0))
         weights = None
-        if self.consts.ROWS:  # (the row weights and the skip; the row dots' (2, 1, lanes, N))
+        if self.consts.ROWS:  # (the row weights and the skip; the row dots' (2, blocks, lanes,
+            # N), a block per consumer's DC/2 columns)
             w, skip = t.ROWS[:2]
             weights = (w, *w.stride()[:3], skip)
             if self.consts.ROWS == 2:
-                weights = weights + (t.ROWS[2], t.ROWS[2].stride(0))
+                weights = weights + (t.ROWS[2], t.ROWS[2].stride(1), t.ROWS[2].stride(0))
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],

@@ -144,9 +144,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                else "constexpr",
                g_desc=(f"tensordesc<fp32[1, 1, 1, {bn}],{_gates_layout(bn)!r}>" if const.G_RING
                        else "constexpr"), K="constexpr",
-               ROWS=("*fp32", "i32", "i32", "i32", "*fp32") + (("*fp32", "i32") if rows == 2
-                                                                 else ()) if rows
-               else "constexpr")
+               ROWS=("*fp32", "i32", "i32", "i32", "*fp32") +
+               (("*fp32", "i32", "i32") if rows == 2 else ()) if rows else "constexpr")
     constexprs = {(13,): const}
     if not const.G_RING:
         constexprs[(12,)] = None
