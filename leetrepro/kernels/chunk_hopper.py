@@ -849,7 +849,7 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
     col = prog.col0 + H_IDX * DH
     w_next = 0.0
-    if K.ROWS == 1:  # (V's row weights a chunk ahead: their load's latency behind a chunk's work)
+    if K.ROWS:  # (the row weights a chunk ahead: their load's latency behind a chunk's work)
         row, length = prog.chunk(0, K)
         w_next = _value_weights(prog, row, length, acc_l, K)
     for j in range(prog.steps):
@@ -860,13 +860,12 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             gates = _chunk_gates(prog, row, acc_l, K)
         if K.GATE_GRAD and not (DUAL or K.E_RING):  # (E's tile, likewise, unless in the ring)
             e_t = _piece_rows(prog, row, length, col, ri, acc_l, DH)
-        if K.ROWS == 1:
+        if K.ROWS:  # (E's and O's row weights with ROWS 2: loaded in the chunk that used them
+            # the sweep took 0.12 ms more at Zamba2's shape, H200, notes/gates.md)
             w_v = w_next
             row_next, length_next = prog.chunk(j + 1, K)  # (past the segment: none read)
             w_next = _value_weights(prog, row_next, gl.minimum(length_next, (prog.steps - 1 - j) *
                                                                BLOCK_N), acc_l, K)
-        elif K.ROWS == 2:  # (E's and O's row weights, loaded before the wait)
-            w_v = _value_weights(prog, row, length, acc_l, K)
         s = ring.consumer_wait(first + j)  # (the ring's chunk counter runs on from the first pass)
         if K.HAS_GATE and K.G_RING:
             gates = _ring_gates(ring, s, acc_l, K)
