@@ -1038,12 +1038,15 @@ def main(argv=None) -> int:
         chunk.force_kernel(args.chunk_kernel)
     meta = dict(meta, chunk_kernel=args.chunk_kernel)
     chosen = [m for m in methods() if args.methods is None or m.abbr in args.methods]
+    def keep(rows):  # (a cut run keeps the rows of each group it completed)
+        pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)
     if args.mamba_only:
         from .harness import mamba_ssm_peer
         peer, rows = mamba_ssm_peer(), []
         for dtype in map(parse_dtype, args.dtypes):
             check_mamba(dtype, device, rows, meta, peer)
             check_groups(dtype, device, rows, meta)
+            keep(rows)
         return _report(rows, out, args.csv)
     cases = matrix(chosen, [parse_dtype(x) for x in args.dtypes], device, quick=args.quick,
                    heads_only=args.heads_only, layouts_only=args.layouts_only,
@@ -1053,7 +1056,7 @@ def main(argv=None) -> int:
     for i, case in enumerate(cases):
         case.run(rows=rows, meta=meta)
         if i + 1 == len(cases) or cases[i + 1].group != case.group:
-            pd.DataFrame(rows).to_csv(os.path.join(out, args.csv), index=False)  # a cut run keeps its rows
+            keep(rows)
     if not (args.heads_only or args.layouts_only):  # gates: the drop-ins' cases, the edges
         from .harness import mamba_ssm_peer
         peer = mamba_ssm_peer()
@@ -1062,10 +1065,12 @@ def main(argv=None) -> int:
             check_gate_edges(dtype, device, rows, meta)
             check_mamba(dtype, device, rows, meta, peer)
             check_groups(dtype, device, rows, meta)
+            keep(rows)
     if args.serving:
         for dtype in map(parse_dtype, args.dtypes):
             for decay in (False, True):
                 check_serving(dtype, decay, device, rows, meta)
+            keep(rows)
     return _report(rows, out, args.csv)
 
 
