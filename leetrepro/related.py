@@ -36,6 +36,7 @@ import torch
 from . import ops
 from ._direct import direct
 from .api import causal_linear_decoder
+from .methods import normalizer
 from .methods.normalizer import (normalized_epilogue, normalized_output, normalized_prologue,
                                  on_kernels)
 
@@ -80,7 +81,12 @@ class _Normalized(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, c, eps, method, options):
         ctx.args = (c, method, options)
+        if normalizer.in_sweep(q, k, v, method, options):  # (one sweep, normaliser and all)
+            o, den = normalizer.normalized_in_sweep(q, k, v, c, eps)
+            ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
+            return o
         if on_kernels(q, k, v):  # (the running sums, the division and the casts: two passes)
+
             num = causal_linear_decoder(q, k, v, method=method, **options)
             o, den = _output(num, q, k, v, c, eps)
             ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))

@@ -194,8 +194,70 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
                               (*grads, small[0], small[1], do, den, pro[1], *pro[2:], constant))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
+@pytest.mark.parametrize("dtype, constant", quick_lane(
+    [(torch.float32, 1.0), (torch.float16, 2.5), (torch.float32, 0.0)], keep=(), unpack=True))
+def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
+    """The layer's forward as one sweep of Chunk's portable kernel (``normalizer.IN_SWEEP``;
+    interpreted here): the output and the denominators against the float64 definition, and the
+    layer's output and every gradient through it (its backward takes the saved denominators),
+    within the contract; time-major q and k, N over several chunks and not a multiple of one,
+    r ≠ d, batch > 1, more value columns than one block (two programs a lane, one storing the
+    denominators). A call it cannot take (a decay) is refused by name."""
+    from leetrepro.methods import chunk, normalizer
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    q, k, v = _qkv(2, 3, 150, 12, 70)
+    if constant == 0.0:
+        q, k = q.abs(), k.abs()
+    ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    o, den = normalizer.normalized_in_sweep(*ins, constant, 1e-6)
+    a = torch.tril(constant + q @ k.transpose(-1, -2))
+    assert o.dtype == dtype and torch.isfinite(o).all()
+    assert rel_error(o, related.normalized_direct(q, k, v, constant=constant)) <= tolerance(dtype)
+    assert rel_error(den, a.sum(-1) + 1e-6) <= tolerance(dtype)
+    monkeypatch.setattr(normalizer, "IN_SWEEP", True)
+    assert normalizer.in_sweep(*ins, "auto", {})
+    dO = torch.randn(2, 3, 150, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    ref, want = _grads(lambda *t: related.normalized_direct(*t, constant=constant), (q, k, v), dO)
+    out, got = _grads(lambda *t: related.normalized_linear_attention(*t, constant=constant), ins,
+                      dO.to(dtype))
+    for x, e in zip([out, *got], [ref, *want]):
+        assert x.dtype == dtype and torch.isfinite(x).all()
+        assert rel_error(x, e) <= tolerance(dtype), rel_error(x, e)
+    with pytest.raises(ValueError, match="norm .* takes no a decay"):
+        chunk.chunk_scan(*ins, torch.full((3,), 0.9, dtype=torch.float64), kernel="portable",
+                         norm=(constant, 1e-6, den))
+
+
+@pytest.mark.slow  # (~20 s: Triton's code generation for sm_90 and ptxas)
+def test_normalized_sweep_compiles_for_hopper_without_spills():
+    """Chunk's portable sweep carrying the normaliser (``chunk_scan``'s ``norm``), as the GPU will
+    run it at r = d = 128 (the whole state in one program, one segment a lane, 8 warps),
+    compiles for sm_90 in fp16, bf16 and fp32, its spills under a ceiling: 656, 656 and 960
+    bytes a thread when it was set, where the plain sweep of the same tiles spills 184, 184 and
+    116 (its sums ride as [r, 16] and [16, d] products with ones: as fp32 vectors made from row
+    tiles it spilled 1514 in fp16)."""
+    import os
+    import subprocess
+    import sys
+    code = ("from leetrepro.probes.regs import compile_ptx, ptxas_usage, spill_bytes\n"
+            "for dt, bn in (('fp16', 64), ('bf16', 64), ('fp32', 32)):\n"
+            "    use = ptxas_usage(compile_ptx(dt, False, bn, 2, split=False, norm=True))\n"
+            "    print(dt, spill_bytes(use), use.strip()[-120:])\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [line.split() for line in res.stdout.strip().split("\n")]
+    assert [x[0] for x in lines] == ["fp16", "bf16", "fp32"], res.stdout
+    assert all(int(x[1]) <= 1024 for x in lines), res.stdout
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors")
 def test_the_chunks_sums_before_and_after_each_chunk(monkeypatch):
+
+
     """The chunk scan (interpreted): each chunk's sum over the chunks before it and after it,
     against float64 cumulative sums, over more chunks than a program takes at once (the carry)
     and a width not a multiple of its columns."""

@@ -47,11 +47,12 @@ import triton.language as tl
 #: row's A turned pairs (Mamba-3's angles) over the pairs straddling it (``HALF``: its pair
 #: tiles rounded to bf16 for their products). ``ROWS``: a forward sweep with gates also takes
 #: per-row weights w of V's rows (V' = w·V inside the products: Mamba-2's dt) and a per-head
-#: skip D (O = op(B, C, V') + D·V in the output's one store).
+#: skip D (O = op(B, C, V') + D·V in the output's one store). ``NORM``: normalised linear
+#: attention's forward in the sweep (``chunk_scan.py``'s ``_normalised``).
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N BLOCK_R BLOCK_D PRECISION HAS_DECAY VARLEN HAS_S0 STORE_SN REVERSE DUAL "
-                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD SPLIT ANGLES ROWS",
-    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False, False, (16, 0, False), False))
+                 "HALF_RANGE HAS_GATE GROUPS SEG_BLOCKS GATE_GRAD SPLIT ANGLES ROWS NORM",
+    defaults=(False,) * 8 + ((1, 1, 1, 1), 1, False, False, (16, 0, False), False, False))
 
 
 def constants(cfg: dict, **flags) -> Constants:

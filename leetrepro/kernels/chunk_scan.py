@@ -56,9 +56,9 @@ import triton
 import triton.language as tl
 
 from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_inter, chunk_intra,
-                     chunk_output, chunk_weights, columns, gate_pieces, has_nonfinite, intra_mask,
-                     lane_rows, load_chunk, load_gates, load_rows, row_positions, segment_state,
-                     state_operand, state_remainder, store_rows)
+                     chunk_output, chunk_weights, columns, gate_pieces, half_operand,
+                     has_nonfinite, intra_mask, lane_rows, load_chunk, load_gates, load_rows,
+                     row_positions, segment_state, state_operand, state_remainder, store_rows)
 
 
 @triton.jit
@@ -80,7 +80,9 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     backward of Mamba-2's O = op(B, C, W·x) + D·x, E = x, V = dO) then also ``(RD, block stride,
     half)``: E's rows weighted by W (the dual output and the gates' pieces take W·x), O = W·(
     factor·op(B, C, V)) + D·V (dx), and float32 row dots x·(factor·op) and x·V into RD's two
-    halves ((2, value-column blocks, batch·heads, N), contiguous).
+    halves ((2, value-column blocks, batch·heads, N), contiguous); with ``K.NORM`` ``(factor,
+    c, eps, DEN)``: normalised linear attention's forward (γ = 1, one segment a lane, no
+    states; ``_normalised``), its denominators into DEN (float32 (batch·heads, N)).
     ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
     head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
     N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.
@@ -248,13 +250,17 @@ def _value_rows(rows, SCALE, bh, H, blk, N, K: tl.constexpr):
     """``(V's row weights' lane rows, SCALE)`` with ``K.ROWS == 1`` (SCALE then the output's
     factor and the head's skip D); with ``K.ROWS == 2`` (the weights on E's and O's rows, which
     a segment's state does not take: 0) SCALE also holds the lane's row of the row dots' first
-    half in value-column block ``blk`` and the halves' distance; else ``(0, SCALE)``."""
+    half in value-column block ``blk`` and the halves' distance; with ``K.NORM`` (0, (c, eps,
+    the lane's row of the denominators, whether block ``blk`` stores them)); else ``(0,
+    SCALE)``."""
     if K.ROWS == 2:
         skip = tl.load(SCALE[5] + bh % H).to(tl.float32)
         rd = SCALE[6] + blk.to(tl.int64) * SCALE[7] + bh.to(tl.int64) * N
         return 0, (SCALE[0], skip, rd, SCALE[8])
     elif K.ROWS:
         return rows[7], (SCALE[0], tl.load(SCALE[5] + bh % H).to(tl.float32))
+    elif K.NORM:  # (c, eps, the lane's row of the denominators, whether this block stores them)
+        return 0, (SCALE[1], SCALE[2], SCALE[3] + bh.to(tl.int64) * N, blk == 0)
     else:
         return 0, SCALE
 
@@ -268,6 +274,53 @@ def _weighted(x, w, K: tl.constexpr):
         return (x.to(tl.float32) * w.to(x.dtype).to(tl.float32)[:, None]).to(x.dtype)
     else:
         return x
+
+
+@triton.jit
+def _no_sums(K: tl.constexpr):
+    """:func:`_normalised`'s sums before a lane's first chunk."""
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    return tl.zeros([BLOCK_R, 16], dtype=tl.float32), tl.zeros([16, BLOCK_D], dtype=tl.float32)
+
+
+@triton.jit
+def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.constexpr):
+    """``K.NORM``'s chunk (γ = 1): normalised linear attention with f(x) = c + x,
+    ``o_i = Σ_{j≤i} (b_i·c_j + c) v_j / (Σ_{j≤i} (b_i·c_j + c) + eps)``, the operator's
+    (b, c, v) = (q, k, v). The masked scores take + c on and below the diagonal; beside the
+    state the sweep carries ``sums``, Σ c_j and Σ v_j over the rows before the chunk (float32,
+    [BLOCK_R, 16] and [16, BLOCK_D], every column or row the same sum: products with a tile of
+    ones, which hold no fp32 copy of a row tile in registers), so that a row's part from them is
+    ``q_i·H + c·Σv`` over ``q_i·Σk + c·s`` (q_i·Σk from Σk's 16-bit operand and its remainder's,
+    as exact as fp32's). Returns the chunk's rows divided by their denominators (float32) and
+    the sums carried past it; the block that ``SCALE[3]`` names stores the denominators
+    (float32, row by row)."""
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    HALF_RANGE: tl.constexpr = K.HALF_RANGE
+    PRECISION: tl.constexpr = K.PRECISION
+    cst = SCALE[0]
+    z, sv = sums
+    out = chunk_inter(b, h, h_scale, 1.0, False, HALF_RANGE, PRECISION)
+    scores = tl.where(mask != 0.0, tl.dot(b, tl.trans(c), input_precision=PRECISION) + cst, 0.0)
+    den = tl.sum(scores, axis=1)
+    if HALF_RANGE:
+        p, p_scale = half_operand(scores, v.dtype)
+        out += tl.dot(p, v, input_precision=PRECISION) * p_scale
+        zh, z_scale = half_operand(z, b.dtype)
+        zl = (z * (1.0 / z_scale) - zh.to(tl.float32)).to(b.dtype)
+        qz = (tl.dot(b, zh, input_precision=PRECISION) + tl.dot(b, zl, input_precision=PRECISION)) * z_scale
+    else:
+        out += tl.dot(scores.to(v.dtype), v, input_precision=PRECISION)
+        qz = tl.dot(b, z.to(b.dtype), input_precision=PRECISION)
+    den += tl.sum(qz, axis=1) * (1.0 / 16.0) + (cst * s + SCALE[1])
+    if SCALE[3]:
+        tl.store(SCALE[2] + phys, den, mask=ok)
+    out = (out + cst * (tl.sum(sv, axis=0) * (1.0 / 16.0))[None, :]) / den[:, None]
+    ones = tl.full([BLOCK_N, 16], 1.0, c.dtype)
+    z = tl.dot(tl.trans(c), ones, acc=z, input_precision=PRECISION)
+    sv = tl.dot(tl.trans(ones.to(v.dtype)), v, acc=sv, input_precision=PRECISION)
+    return out, (z, sv)
 
 
 @triton.jit
@@ -285,6 +338,8 @@ def _store_output(o_rows, phys, ok, cols_d, out, v, x_e, w_e, SCALE, K: tl.const
         store_rows(o_rows, phys, ok, cols_d, dv * w_e[:, None] + SCALE[1] * vf)
     elif K.ROWS:  # (the skip D·V from the chunk's own v)
         store_rows(o_rows, phys, ok, cols_d, out * SCALE[0] + SCALE[1] * v.to(tl.float32))
+    elif K.NORM:  # (divided by its denominators already)
+        store_rows(o_rows, phys, ok, cols_d, out)
     else:
         store_rows(o_rows, phys, ok, cols_d, out * SCALE)
 
@@ -361,10 +416,9 @@ def _chain(state, local, RING, lane, seg, last, go, seg_log, K: tl.constexpr):
 def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.constexpr, pieces):
     """Step 4: the outputs of logical rows ``span = (start, end, n, pad)`` chunk by chunk from the
     entering ``state``, which it returns carried to ``end``. ``REPAIR``: c and v with their
-    non-finite entries zeroed, every row from the first non-finite one on NaN. ``SCALE``: O's
-    factor, with ``K.ROWS`` (factor, the head's skip D). ``pieces``
-    (``K.GATE_GRAD``): the lane's rows of the gates' gradient's pieces and its totals' pointer
-    (``_scan``), where each chunk writes its own."""
+    non-finite entries zeroed, every row from the first non-finite one on NaN. ``SCALE``:
+    :func:`_value_rows`'. ``pieces`` (``K.GATE_GRAD``): the lane's rows of the gates'
+    gradient's pieces and its totals' pointer (``_scan``), where each chunk writes its own."""
     BLOCK_N: tl.constexpr = K.BLOCK_N
     DUAL: tl.constexpr = K.DUAL
     HALF_RANGE: tl.constexpr = K.HALF_RANGE
@@ -378,10 +432,10 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
     start, end, n, pad = span
     cols_r, cols_d = cols
     intra = intra_mask(lg, BLOCK_N, HAS_DECAY)  # [BLOCK_N, BLOCK_N] (γ: one for every chunk)
+    sums = _no_sums(K)  # (K.NORM's, beside the state)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, n, BLOCK_N, REVERSE, pad)
-        # b, c: [BLOCK_N, BLOCK_R]; v: [BLOCK_N, BLOCK_D]
-        b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)
+        b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)  # (N,R|D)
         if HAS_GATE:  # (the chunk's own mask and weights, from its gates)
             w_in, w_out, decay, mask = chunk_gates(rows[6], phys, ok, BLOCK_N)
             if K.ROWS == 1:  # (V' = w·V: row j of V reaches the mask's column j and the update)
@@ -396,8 +450,7 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
         if K.ROWS == 2:  # (E = x, whose rows' weights w make E' = w·x: Mamba-2's V')
             w_e = load_gates(rows[7], phys, ok)
         h, h_scale = state_operand(state, b.dtype, HALF_RANGE)  # [BLOCK_R, BLOCK_D]
-        if GATE_GRAD:  # (the rows' dots with the part from the state as soon as it is made, so
-            # that it joins the output at once: fewer spills than keeping it apart)
+        if GATE_GRAD:  # (the rows' dots with the state's part as it is made: fewer spills)
             x_e = load_rows(rows[4], phys, ok, cols_d)  # [BLOCK_N, BLOCK_D]
             e = _weighted(x_e, w_e, K)
             out = chunk_inter(b, h, h_scale, w_in, WEIGHTED, HALF_RANGE, PRECISION)
@@ -408,6 +461,8 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
             e_rows = tl.sum(out * e.to(tl.float32), axis=1)
             scores, own = chunk_intra(b, c, v, mask, HALF_RANGE, PRECISION)
             out += own  # [BLOCK_N, BLOCK_D]
+        elif K.NORM:
+            out, sums = _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K)
         else:
             out = chunk_output(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE, PRECISION)
         if REPAIR:  # NaN from the first non-finite row on, none before

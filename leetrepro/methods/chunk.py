@@ -145,7 +145,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                config: dict | None = None, out: torch.Tensor | None = None,
                out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
                gate_pieces: tuple | None = None, gate_grad: str = "auto",
-               gate_grad_precision: str | None = None, rows: tuple | None = None):
+               gate_grad_precision: str | None = None, rows: tuple | None = None,
+               norm: tuple | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -157,12 +158,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     one lane (r·d ≤ 128·128). ``cu_seqlens``: int32/int64 offsets of sequences packed along N of a
     batch of one, each with its own state (``initial_state``/final state ``(sequences, heads, r, d)``).
 
-    Layouts: each of B, C, V (and ``dual``) is read in place in its own layout, any whose last
-    dimension is contiguous (flash-linear-attention's time-major ``(batch, N, heads, r)``
-    transposed to ``(batch, heads, N, r)``, the slices of one fused projection); no input is
-    copied. O comes out dense in V's dimension order (``torch.empty_like(V)``: time-major for a
-    time-major V), the dual output in B's; ``out``/``out2``: tensors to write them into instead,
-    any such layout (the backward writes each gradient in its input's layout).
+    Layouts: B, C, V (and ``dual``) are read in place in any layout whose last dimension is
+    contiguous (time-major views, a fused projection's slices). O comes out dense in V's
+    dimension order, the dual output in B's; ``out``/``out2``: tensors to write them into
+    instead, any such layout (the backward writes each gradient in its input's layout).
     ``scale`` multiplies O (and the dual output) as it is stored. ``g``: per-token gates
     ``(batch, heads, N)`` float32, any strides, γ folded in (gamma None; :func:`leetrepro.ops.run`
     folds them and shifts them for reverse time): the portable kernel computes them.
@@ -177,26 +176,26 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
 
     ``gate_grad`` (the backward with per-token gates): where the gates' gradient comes from.
-    ``"auto"``: from the sweeps' pieces (one kernel fewer, no workspace beyond a float per row),
-    except at fp32 (whose rounding the pieces would add up over the chunks) and past r or d =
-    128 (``ops.PIECES_MAX_WIDTH``): there the straddle kernel. In fp16/bf16 the sweeps carrying
-    the pieces take two more 16-bit products a chunk (what the state's operand and its update's
-    rows round away), which keeps dg within 1.3× of the straddle kernel's error (NOTES.md).
-    ``"sweeps"``: from the pieces always; ``"straddle"``: from the straddle kernel always
-    (:func:`gate_gradient`). ``gate_grad_precision``: the straddle kernel's fp32 products
-    (default ``"tf32x3"``). ``rows``: ``(w, D)`` (a gated forward sweep): O = scale·op(B, C,
-    w·V) + D·V, w float32 ``(batch, heads, N)``, D float32 ``(heads,)`` (Mamba-2's dt and
-    skip); ``(w, D, RD)``: its backward's reverse sweep, ``dual`` = x (``kernels/chunk_scan``).
+    ``"auto"``: from the sweeps' pieces (one kernel fewer, no workspace beyond a float per row;
+    in fp16/bf16 two more 16-bit products a chunk keep dg within 1.3× of the straddle kernel's
+    error), except at fp32 and past ``ops.PIECES_MAX_WIDTH``: there the straddle kernel
+    (:func:`gate_gradient`), as ``"straddle"`` asks always; ``"sweeps"``: the pieces always.
+    ``gate_grad_precision``: the straddle kernel's fp32 products (default ``"tf32x3"``).
+    ``rows``: ``(w, D)`` (a gated forward sweep): O = scale·op(B, C, w·V) + D·V, w float32
+    ``(batch, heads, N)``, D float32 ``(heads,)`` (Mamba-2's dt and skip); ``(w, D, RD)``: its
+    backward's reverse sweep, ``dual`` = x (``kernels/chunk_scan``).
 
     ``gate_pieces``: ``(W, rows, totals)`` (a gated backward sweep, the portable kernel): W,
     shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the gates'
     gradient's pieces, written into ``rows`` and ``totals`` (:func:`gate_piece_buffers`,
-    :func:`gate_gradient_from_pieces`).
+    :func:`gate_gradient_from_pieces`). ``norm``: ``(c, eps, den)``: normalised linear attention
+    in the portable kernel's sweep (γ = 1, nothing else above), O_i = Σ_{j≤i} (B_i·C_j + c) V_j /
+    (Σ_{j≤i} (B_i·C_j + c) + eps), its denominators into ``den`` (float32, contiguous).
     """
     # each tensor in its own layout (strides): only a last dimension not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
-    # O in V's dimension order, dense (time-major V: time-major O, so that the caller's
-    # O.transpose(1, 2).reshape(b, N, h·d) is a view); the dual output in B's; a head each
+    # O in V's dimension order, dense (time-major V: time-major O, the caller's reshape a
+    # view); the dual output in B's; a head each
     # (where V or B holds groups, dense head-major)
     if B.shape[1] == V.shape[1] == C.shape[1]:
         out = torch.empty_like(V) if out is None else out
@@ -207,7 +206,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         out2 = None if dual is None else (per_head_like(B, heads) if out2 is None else out2)
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
-                       G=None if g is None else g.to(torch.float32), ROWS=rows)
+                       G=None if g is None else g.to(torch.float32), ROWS=rows, NORM=norm)
     if gate_pieces is not None:
         w, rows, totals = gate_pieces
         tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
@@ -647,6 +646,9 @@ class Operands(typing.NamedTuple):
     #: V's row weights and the skip ``(w, D)`` of a forward sweep (:func:`chunk_scan`'s
     #: ``rows``), or None
     ROWS: tuple | None = None
+    #: normalised linear attention's ``(c, eps, denominators)`` (:func:`chunk_scan`'s ``norm``),
+    #: or None
+    NORM: tuple | None = None
 
 
 class HopperLaunch:
@@ -906,6 +908,9 @@ class LaunchPlan:
             if len(t.ROWS) == 3:  # (the row dots: (2, blocks, lanes, N), contiguous)
                 rd = t.ROWS[2]
                 scale = scale + (rd, rd.stride(1), rd.stride(0))
+        elif t.NORM is not None:
+            scale = (scale, float(t.NORM[0]), float(t.NORM[1]), t.NORM[2])
+
         args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
@@ -963,7 +968,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 t.DG is not None, 0 if t.ROWS is None else len(t.ROWS) - 1)
+                 t.DG is not None, 0 if t.ROWS is None else len(t.ROWS) - 1, t.NORM is not None)
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -976,11 +981,13 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
         else:
             strides.append(None)
         bit <<= 1
-    if t.ROWS is not None:  # (the row weights' strides and alignment, the row dots' too)
-        for x in t.ROWS[::2]:
-            strides.append(x.stride())
-            aligned |= bit * (x.data_ptr() % 16 == 0)
-            bit <<= 1
+    extra = () if t.ROWS is None else t.ROWS[::2]
+    if t.NORM is not None:
+        extra = (t.NORM[2],)
+    for x in extra:  # (the row weights', the row dots' or the denominators' too)
+        strides.append(x.stride())
+        aligned |= bit * (x.data_ptr() % 16 == 0)
+        bit <<= 1
     key = (signature, tuple(strides), t.B.dtype, t.C.dtype,
            None if t.GAMMA is None else t.GAMMA.dtype, None if t.CU is None else t.CU.dtype,
            aligned)
@@ -1005,10 +1012,24 @@ def _check_rows(rows: int, gates: bool, reverse: bool, dual: bool, varlen: bool)
                          "reverse sweep with the dual output, without cu_seqlens")
 
 
+def _check_norm(decay: bool, rows: bool, states: bool, reversed_: bool, varlen: bool,
+                kernel: str) -> None:
+    """A ValueError where :func:`chunk_scan`'s ``norm`` does not fit the call."""
+    for bad, what in ((decay, "a decay (γ)"), (rows, "gates or row weights"),
+                      (states, "initial or final states"), (reversed_, "reverse time or dual"),
+                      (varlen, "cu_seqlens"), (kernel == "hopper", "kernel='hopper'")):
+        if bad:
+            raise ValueError(f"norm (normalised linear attention in the sweep) takes no {what}")
+
+
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
-     varlen, has_s0, store_sn, reverse, gates, gate_grad, rows) = signature
+     varlen, has_s0, store_sn, reverse, gates, gate_grad, rows, norm) = signature
     _check_rows(rows, gates, reverse, dual, varlen)
+    if norm:
+        _check_norm(decay, gates or gate_grad or rows, has_s0 or store_sn, reverse or dual, varlen,
+                    kernel)
+        segment = n  # (its sums are carried by the sweep, not chained through the ring)
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -1036,7 +1057,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
             asked = n
         elif segment >= n:  # (one segment: whole chunks, for the reverse sweep's padded rows)
             segment = cdiv(n, cfg["BLOCK_N"]) * cfg["BLOCK_N"]
-    hopper = (kernel == "hopper") if gate_grad else _use_hopper(
+    hopper = False if norm else (kernel == "hopper") if gate_grad else _use_hopper(
         kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E if dual else None, cu_seqlens=t.CU,
         precision=precision, outputs=(t.O, t.O2), gates=gates, rows=rows)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
@@ -1076,7 +1097,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
                               HAS_GATE=gates, GROUPS=groups,
                               # (the Hopper kernel's pieces are its own: its repair launch
                               # recomputes the outputs only)
-                              GATE_GRAD=gate_grad and not hopper, ROWS=rows),
+                              GATE_GRAD=gate_grad and not hopper, ROWS=rows, NORM=norm),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 

@@ -88,7 +88,40 @@ def _after(sums: torch.Tensor) -> torch.Tensor:
     return _scan(sums, True)
 
 
+#: whether the layer's eager forward (``related.normalized_linear_attention`` with
+#: ``method="auto"``) runs as one sweep of Chunk's portable kernel that carries the normaliser
+#: (:func:`normalized_in_sweep`) instead of the operator and the passes around it. Off until
+#: measured on a GPU (checked interpreted against float64 only; the Hopper kernel has no such
+#: sweep yet, and the portable kernel takes one segment a lane there, notes/other_papers.md)
+IN_SWEEP = False
+
+
+def in_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str, options: dict,
+             ) -> bool:
+    """Whether the layer's forward takes :func:`normalized_in_sweep` (:data:`IN_SWEEP`): the
+    passes' kernels at hand (:func:`on_kernels`), ``method="auto"`` with no options, eager, one
+    dtype, r and d at most 128."""
+    return IN_SWEEP and method == "auto" and not options and on_kernels(q, k, v) and \
+        not torch.compiler.is_compiling() and q.dtype == k.dtype == v.dtype and \
+        q.shape[-1] <= 128 and v.shape[-1] <= 128
+
+
+def normalized_in_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: float,
+                        eps: float) -> tuple:
+    """``(o, den)`` as :func:`normalized_output` gives them, from one sweep of Chunk's portable
+    kernel (``chunk_scan``'s ``norm``): the scores take + c, the sums of k and v ride beside the
+    state, each row is divided in the epilogue and stored once in v's dtype, the denominators
+    (float32 ``(batch, heads, N)``) beside it. q, k ``(batch, heads, N, r)``, v ``(batch,
+    heads, N, d)``, any strides with a contiguous last dimension; O(N·(L·(r + d) + r·d)) a
+    lane, no pass of its own."""
+    from .chunk import chunk_scan
+    den = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    o = chunk_scan(q, k, v, None, kernel="portable", norm=(c, eps, den))
+    return o, den
+
+
 @torch.library.custom_op("leetrepro::normalized_output", mutates_args=())
+
 def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       c: float, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, den)``: o ``(batch, heads, N, d)`` contiguous in v's dtype, den float32
