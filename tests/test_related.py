@@ -203,7 +203,8 @@ def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
     layer's output and every gradient through it (its backward takes the saved denominators),
     within the contract; time-major q and k, N over several chunks and not a multiple of one,
     r ≠ d, batch > 1, more value columns than one block (two programs a lane, one storing the
-    denominators). A call it cannot take (a decay) is refused by name."""
+    denominators); and with the lanes cut into segments. A call it cannot take (a decay) is
+    refused by name."""
     from leetrepro.methods import chunk, normalizer
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
@@ -216,6 +217,12 @@ def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
     assert o.dtype == dtype and torch.isfinite(o).all()
     assert rel_error(o, related.normalized_direct(q, k, v, constant=constant)) <= tolerance(dtype)
     assert rel_error(den, a.sum(-1) + 1e-6) <= tolerance(dtype)
+    # the lanes cut into segments of 64 rows, their sums published beside their states
+    den2 = torch.empty_like(den)
+    o2 = chunk.chunk_scan(*ins, None, kernel="portable", segment=64, norm=(constant, 1e-6, den2))
+    assert rel_error(o2, o) <= tolerance(dtype) and rel_error(den2, den) <= tolerance(dtype)
+    assert any(p.split for k, p in chunk._PLANS.items() if k[0][0][11] == 64 and
+               k[0][0][6] == dtype and k[0][0][-1])  # (the signature: segment, dtype, norm)
     monkeypatch.setattr(normalizer, "IN_SWEEP", True)
     assert normalizer.in_sweep(*ins, "auto", {})
     dO = torch.randn(2, 3, 150, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
@@ -233,24 +240,26 @@ def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
 @pytest.mark.slow  # (~20 s: Triton's code generation for sm_90 and ptxas)
 def test_normalized_sweep_compiles_for_hopper_without_spills():
     """Chunk's portable sweep carrying the normaliser (``chunk_scan``'s ``norm``), as the GPU will
-    run it at r = d = 128 (the whole state in one program, one segment a lane, 8 warps),
-    compiles for sm_90 in fp16, bf16 and fp32, its spills under a ceiling: 656, 656 and 960
-    bytes a thread when it was set, where the plain sweep of the same tiles spills 184, 184 and
-    116 (its sums ride as [r, 16] and [16, d] products with ones: as fp32 vectors made from row
-    tiles it spilled 1514 in fp16)."""
+    run it at r = d = 128 (the whole state in one program, 8 warps), one segment a lane and
+    segments, compiles for sm_90 in fp16, bf16 and fp32, its spills under a ceiling: 656, 656,
+    960 and 660 (fp16, segments) bytes a thread when it was set, where the plain sweep of the
+    same tiles spills 184, 184, 116 and 228 (its sums ride as [r, 16] and [16, d] products
+    with ones: as fp32 vectors made from row tiles it spilled 1514 in fp16)."""
     import os
     import subprocess
     import sys
     code = ("from leetrepro.probes.regs import compile_ptx, ptxas_usage, spill_bytes\n"
-            "for dt, bn in (('fp16', 64), ('bf16', 64), ('fp32', 32)):\n"
-            "    use = ptxas_usage(compile_ptx(dt, False, bn, 2, split=False, norm=True))\n"
+            "for dt, bn, sp in (('fp16', 64, 0), ('bf16', 64, 0), ('fp32', 32, 0),\n"
+            "                   ('fp16', 64, 1)):\n"
+            "    use = ptxas_usage(compile_ptx(dt, False, bn, 2, split=bool(sp), norm=True))\n"
             "    print(dt, spill_bytes(use), use.strip()[-120:])\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = [line.split() for line in res.stdout.strip().split("\n")]
-    assert [x[0] for x in lines] == ["fp16", "bf16", "fp32"], res.stdout
+    assert [x[0] for x in lines] == ["fp16", "bf16", "fp32", "fp16"], res.stdout
+
     assert all(int(x[1]) <= 1024 for x in lines), res.stdout
 
 

@@ -239,7 +239,8 @@ def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: 
                   PAD=0, W_ROWS=0):
     """``(S, log decay)``: S = Σ_{start≤j<end} λ^(end-1-j) c_jᵀ v_j over logical rows (fp32
     [BLOCK_R, BLOCK_D]), the state a segment adds from zero, and the log of the segment's own
-    decay (``(end - start)·log λ``; with gates their sum; 0 for the 0-1 mask). ``end - start``
+    decay (``(end - start)·log λ``; with gates their sum; 0 for the 0-1 mask); with ``K.NORM``
+    also the rows' sums of c and v (:func:`add_norm_sums`). ``end - start``
     is a multiple of BLOCK_N unless end = N. ``g_rows``: the lane's gate rows (``HAS_GATE``) or
     None. ``K``: the kernel's constants (``BLOCK_N``, ``BLOCK_R``, ``BLOCK_D``, ``HAS_DECAY``,
     ``HAS_GATE``, ``REVERSE``, ``PRECISION``, ``ROWS`` read here); ``PAD``:
@@ -253,6 +254,7 @@ def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: 
     REVERSE: tl.constexpr = K.REVERSE
     local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
     total = tl.full([], 0.0, tl.float32)
+    sums = no_norm_sums(K)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, N, BLOCK_N, REVERSE, PAD)
         c = load_rows(c_rows, phys, ok, cols_r)  # [BLOCK_N, BLOCK_R]
@@ -269,9 +271,34 @@ def segment_state(c_rows, v_rows, g_rows, start, end, N, lg, cols_r, cols_d, K: 
         else:
             w_in, w_out, decay = chunk_weights(lg, s, N, BLOCK_N, HAS_DECAY)
             local = accumulate_state(local, c, v, w_out, decay, HAS_DECAY, PRECISION)
+            if K.NORM:
+                sums = add_norm_sums(sums, c, v, PRECISION)
     if HAS_DECAY:
         total = (end - start).to(tl.float32) * lg
-    return local, total
+    if K.NORM:
+        res = (local, total, sums)
+    else:
+        res = (local, total)
+    return res
+
+
+@triton.jit
+def no_norm_sums(K: tl.constexpr):
+    """``K.NORM``'s sums of a lane's c and v rows before any (``chunk_scan.py``'s
+    ``_normalised``): float32 [BLOCK_R, 16] and [16, BLOCK_D], each column (row) the same."""
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    return tl.zeros([BLOCK_R, 16], dtype=tl.float32), tl.zeros([16, BLOCK_D], dtype=tl.float32)
+
+
+@triton.jit
+def add_norm_sums(sums, c, v, PRECISION: tl.constexpr):
+    """:func:`no_norm_sums`' sums with a chunk's rows c and v added, as products with a tile of
+    ones (no fp32 copy of a row tile in registers)."""
+    BLOCK_N: tl.constexpr = c.shape[0]
+    ones = tl.full([BLOCK_N, 16], 1.0, c.dtype)
+    return (tl.dot(tl.trans(c), ones, acc=sums[0], input_precision=PRECISION),
+            tl.dot(tl.trans(ones.to(v.dtype)), v, acc=sums[1], input_precision=PRECISION))
 
 
 @triton.jit

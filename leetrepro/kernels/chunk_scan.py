@@ -58,7 +58,8 @@ import triton.language as tl
 from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_inter, chunk_intra,
                      chunk_output, chunk_weights, columns, gate_pieces, half_operand,
                      has_nonfinite, intra_mask, lane_rows, load_chunk, load_gates, load_rows,
-                     row_positions, segment_state, state_operand, state_remainder, store_rows)
+                     add_norm_sums, no_norm_sums, row_positions, segment_state, state_operand,
+                     state_remainder, store_rows)
 
 
 @triton.jit
@@ -81,8 +82,10 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     half)``: E's rows weighted by W (the dual output and the gates' pieces take W·x), O = W·(
     factor·op(B, C, V)) + D·V (dx), and float32 row dots x·(factor·op) and x·V into RD's two
     halves ((2, value-column blocks, batch·heads, N), contiguous); with ``K.NORM`` ``(factor,
-    c, eps, DEN)``: normalised linear attention's forward (γ = 1, one segment a lane, no
-    states; ``_normalised``), its denominators into DEN (float32 (batch·heads, N)).
+    c, eps, DEN, SUMS, lane stride)``: normalised linear attention's forward (γ = 1, no states;
+    ``_normalised``), its denominators into DEN (float32 (batch·heads, N)), each segment's sums
+    of its c and v rows published into SUMS (float32 (lanes, segments, BLOCK_R + BLOCK_D)).
+
     ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
     head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
     N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.
@@ -153,27 +156,9 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
             end = tl.where(go, end, start)
     state_off, state_ok = _state_tile(bh, cols, R, D)
 
-    # 1. this segment's own state (a first read of its C and V rows)
-    local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
-    seg_log = tl.full([], 0.0, tl.float32)  # log of the segment's own decay
-    if SPLIT:
-        if not last:
-            local, seg_log = segment_state(rows[1], rows[2], rows[6], start, end, n, lg,
-                                           cols[0], cols[1], K, pad, w_rows)
-
-    # 2. the state entering the segment
-    if HAS_S0:
-        state = tl.load(S0 + state_off, mask=state_ok, other=0.0).to(tl.float32)
-    else:
-        state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
-    if REPAIR:
-        if FLAGS is None:  # the state entering the segment, from the rows before it
-            if start > 0:
-                before, before_log = segment_state(rows[1], rows[2], rows[6], 0, start, n, lg,
-                                                   cols[0], cols[1], K, pad, w_rows)
-                state = state * tl.exp(before_log) + before
-    if SPLIT:  # ... from the previous segment, then 3. this one's published
-        state = _chain(state, local, RING, lane, seg, last, go, seg_log, K)
+    # 1.-3. the state entering the segment, and this one's published
+    state, sums = _entering(rows, S0, RING, (lane, seg, last, go), (start, end, n, pad), lg, cols,
+                            (state_off, state_ok), w_rows, SCALE, K, SPLIT, REPAIR)
 
     entering_ok = True
     if not REPAIR:
@@ -182,7 +167,7 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
                 entering_ok = has_nonfinite(state) == 0
 
     # 4. the outputs, chunk by chunk, carrying the state on chip
-    state = _sweep(state, rows, (start, end, n, pad), lg, cols, SCALE, K, REPAIR, pieces)
+    state = _sweep(state, sums, rows, (start, end, n, pad), lg, cols, SCALE, K, REPAIR, pieces)
     fix = False
     if not REPAIR:  # a non-finite c or v leaves the state non-finite for good, and every later
         # segment's with it: one check
@@ -194,6 +179,68 @@ def _scan(t, io, STATES, RING, DECAY, CU, SIZE, SCALE, K: tl.constexpr, SPLIT: t
         if last:
             tl.store(SN + state_off, state, mask=and_flag(state_ok, go))
     return fix
+
+
+@triton.jit
+def _entering(rows, S0, RING, where, span, lg, cols, tile, w_rows, SCALE, K: tl.constexpr,
+              SPLIT: tl.constexpr, REPAIR: tl.constexpr):
+    """Steps 1-3 for segment ``where = (lane, seg, last, go)`` of logical rows ``span = (start,
+    end, n, pad)``: ``(state, sums)``, the state entering it (the initial state ``S0``'s
+    ``tile``, else zero; with ``REPAIR`` and no repair flags, the rows before it added; with
+    ``SPLIT``, the previous segment's, once this one's is published) and, with ``K.NORM``, the
+    sums of the lane's c and v rows before it (:func:`_sums_before`; else zeros)."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    lane, seg, last, go = where
+    start, end, n, pad = span
+    # 1. this segment's own state (a first read of its C and V rows)
+    local = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    seg_log = tl.full([], 0.0, tl.float32)  # log of the segment's own decay
+    own = no_norm_sums(K)
+    if SPLIT:
+        if not last:
+            res = segment_state(rows[1], rows[2], rows[6], start, end, n, lg, cols[0], cols[1],
+                                K, pad, w_rows)
+            local, seg_log = res[0], res[1]
+            if K.NORM:
+                own = res[2]
+    # 2. the state entering the segment
+    if K.HAS_S0:
+        state = tl.load(S0 + tile[0], mask=tile[1], other=0.0).to(tl.float32)
+    else:
+        state = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+    sums = no_norm_sums(K)
+    if REPAIR:
+        if RING[2] is None:  # the state entering the segment, from the rows before it
+            if start > 0:
+                res = segment_state(rows[1], rows[2], rows[6], 0, start, n, lg, cols[0],
+                                    cols[1], K, pad, w_rows)
+                state = state * tl.exp(res[1]) + res[0]
+                if K.NORM:
+                    sums = res[2]
+    if SPLIT:  # ... from the previous segment, then 3. this one's published
+        state = _chain(state, local, RING, lane, seg, last, go, seg_log, K, (own, SCALE))
+        if K.NORM:
+            sums = _sums_before(SCALE, lane, seg, K)
+    return state, sums
+
+
+@triton.jit
+def _sums_before(SCALE, lane, seg, K: tl.constexpr):
+    """``K.NORM``'s sums of the c and v rows of a lane's segments before ``seg``, from what each
+    published (:func:`_chain`; read once this segment's flag has risen, past L1): in a fixed
+    order, as :func:`_tiles.no_norm_sums` holds them."""
+    BLOCK_D: tl.constexpr = K.BLOCK_D
+    BLOCK_R: tl.constexpr = K.BLOCK_R
+    at = SCALE[4] + lane.to(tl.int64) * SCALE[5]
+    z = tl.zeros([BLOCK_R], dtype=tl.float32)
+    sv = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(0, seg):
+        z += tl.load(at + j * (BLOCK_R + BLOCK_D) + tl.arange(0, BLOCK_R), cache_modifier=".cg")
+        sv += tl.load(at + j * (BLOCK_R + BLOCK_D) + BLOCK_R + tl.arange(0, BLOCK_D),
+                      cache_modifier=".cg")
+    return (z[:, None] + tl.zeros([BLOCK_R, 16], dtype=tl.float32),
+            sv[None, :] + tl.zeros([16, BLOCK_D], dtype=tl.float32))
 
 
 @triton.jit
@@ -260,7 +307,8 @@ def _value_rows(rows, SCALE, bh, H, blk, N, K: tl.constexpr):
     elif K.ROWS:
         return rows[7], (SCALE[0], tl.load(SCALE[5] + bh % H).to(tl.float32))
     elif K.NORM:  # (c, eps, the lane's row of the denominators, whether this block stores them)
-        return 0, (SCALE[1], SCALE[2], SCALE[3] + bh.to(tl.int64) * N, blk == 0)
+        return 0, (SCALE[1], SCALE[2], SCALE[3] + bh.to(tl.int64) * N, blk == 0, SCALE[4],
+                   SCALE[5])
     else:
         return 0, SCALE
 
@@ -277,14 +325,6 @@ def _weighted(x, w, K: tl.constexpr):
 
 
 @triton.jit
-def _no_sums(K: tl.constexpr):
-    """:func:`_normalised`'s sums before a lane's first chunk."""
-    BLOCK_R: tl.constexpr = K.BLOCK_R
-    BLOCK_D: tl.constexpr = K.BLOCK_D
-    return tl.zeros([BLOCK_R, 16], dtype=tl.float32), tl.zeros([16, BLOCK_D], dtype=tl.float32)
-
-
-@triton.jit
 def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.constexpr):
     """``K.NORM``'s chunk (γ = 1): normalised linear attention with f(x) = c + x,
     ``o_i = Σ_{j≤i} (b_i·c_j + c) v_j / (Σ_{j≤i} (b_i·c_j + c) + eps)``, the operator's
@@ -296,7 +336,6 @@ def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.const
     as exact as fp32's). Returns the chunk's rows divided by their denominators (float32) and
     the sums carried past it; the block that ``SCALE[3]`` names stores the denominators
     (float32, row by row)."""
-    BLOCK_N: tl.constexpr = K.BLOCK_N
     HALF_RANGE: tl.constexpr = K.HALF_RANGE
     PRECISION: tl.constexpr = K.PRECISION
     cst = SCALE[0]
@@ -313,14 +352,11 @@ def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.const
     else:
         out += tl.dot(scores.to(v.dtype), v, input_precision=PRECISION)
         qz = tl.dot(b, z.to(b.dtype), input_precision=PRECISION)
-    den += tl.sum(qz, axis=1) * (1.0 / 16.0) + (cst * s + SCALE[1])
+    den += tl.max(qz, axis=1) + (cst * s + SCALE[1])  # (its 16 columns are the same)
     if SCALE[3]:
         tl.store(SCALE[2] + phys, den, mask=ok)
-    out = (out + cst * (tl.sum(sv, axis=0) * (1.0 / 16.0))[None, :]) / den[:, None]
-    ones = tl.full([BLOCK_N, 16], 1.0, c.dtype)
-    z = tl.dot(tl.trans(c), ones, acc=z, input_precision=PRECISION)
-    sv = tl.dot(tl.trans(ones.to(v.dtype)), v, acc=sv, input_precision=PRECISION)
-    return out, (z, sv)
+    out = (out + cst * tl.max(sv, axis=0)[None, :]) / den[:, None]
+    return out, add_norm_sums(sums, c, v, PRECISION)
 
 
 @triton.jit
@@ -384,11 +420,13 @@ def _state_tile(bh, cols, R, D):
 
 
 @triton.jit
-def _chain(state, local, RING, lane, seg, last, go, seg_log, K: tl.constexpr):
+def _chain(state, local, RING, lane, seg, last, go, seg_log, K: tl.constexpr, norm=0):
     """Steps 2-3 with segments: the state entering segment ``seg`` (``state``: the lane's initial
     one) from the previous segment's ring slot once its flag rises, and, unless ``last``, this
     segment's P_k = e^seg_log P_(k-1) + ``local`` published to the other slot, its flag raised
-    (``seg_log``: the log of the segment's decay, λ^length or its gates' total)."""
+    (``seg_log``: the log of the segment's decay, λ^length or its gates' total). ``norm``
+    (``K.NORM``): ``(the segment's own sums, SCALE)``, its sums published beside it
+    (:func:`_sums_before`)."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_R: tl.constexpr = K.BLOCK_R
     WS, SYNC, FLAGS = RING
@@ -407,15 +445,20 @@ def _chain(state, local, RING, lane, seg, last, go, seg_log, K: tl.constexpr):
     if not last:
         tl.store(WS + (lane * 2 + seg % 2).to(tl.int64) * BLOCK_R * BLOCK_D + ws_tile,
                  state * tl.exp(seg_log) + local)
+        if K.NORM:  # (columns and rows the same: one of each)
+            at = norm[1][4] + lane.to(tl.int64) * norm[1][5] + seg * (BLOCK_R + BLOCK_D)
+            tl.store(at + tl.arange(0, BLOCK_R), tl.max(norm[0][0], axis=1))
+            tl.store(at + BLOCK_R + tl.arange(0, BLOCK_D), tl.max(norm[0][1], axis=0))
         tl.debug_barrier()  # every thread's part of P_k is written before the flag rises
         tl.atomic_xchg(SYNC + lane, seg + 1, sem="release")
     return state
 
 
 @triton.jit
-def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.constexpr, pieces):
+def _sweep(state, sums, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.constexpr,
+           pieces):
     """Step 4: the outputs of logical rows ``span = (start, end, n, pad)`` chunk by chunk from the
-    entering ``state``, which it returns carried to ``end``. ``REPAIR``: c and v with their
+    entering ``state`` (and ``K.NORM``'s ``sums``), which it returns carried to ``end``. ``REPAIR``: c and v with their
     non-finite entries zeroed, every row from the first non-finite one on NaN. ``SCALE``:
     :func:`_value_rows`'. ``pieces`` (``K.GATE_GRAD``): the lane's rows of the gates'
     gradient's pieces and its totals' pointer (``_scan``), where each chunk writes its own."""
@@ -432,7 +475,6 @@ def _sweep(state, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl.const
     start, end, n, pad = span
     cols_r, cols_d = cols
     intra = intra_mask(lg, BLOCK_N, HAS_DECAY)  # [BLOCK_N, BLOCK_N] (γ: one for every chunk)
-    sums = _no_sums(K)  # (K.NORM's, beside the state)
     for s in range(start, end, BLOCK_N):
         ok, phys = row_positions(s, n, BLOCK_N, REVERSE, pad)
         b, c, v, bad = load_chunk(b_rows, c_rows, v_rows, phys, ok, cols_r, cols_d, REPAIR)  # (N,R|D)

@@ -908,8 +908,13 @@ class LaunchPlan:
             if len(t.ROWS) == 3:  # (the row dots: (2, blocks, lanes, N), contiguous)
                 rd = t.ROWS[2]
                 scale = scale + (rd, rd.stride(1), rd.stride(0))
-        elif t.NORM is not None:
-            scale = (scale, float(t.NORM[0]), float(t.NORM[1]), t.NORM[2])
+        elif t.NORM is not None:  # (and the segments' sums of C and V rows, published apart)
+            width, segs = self.consts.BLOCK_R + self.consts.BLOCK_D, cdiv(size[0], size[5])
+            sums = torch.empty(self.lanes, segs, width, dtype=torch.float32,
+                               device=t.V.device) if split else t.NORM[2]
+            scale = (scale, float(t.NORM[0]), float(t.NORM[1]), t.NORM[2], sums,
+                     segs * width if split else 0)
+
 
         args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
@@ -1029,7 +1034,6 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     if norm:
         _check_norm(decay, gates or gate_grad or rows, has_s0 or store_sn, reverse or dual, varlen,
                     kernel)
-        segment = n  # (its sums are carried by the sweep, not chained through the ring)
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,

@@ -92,7 +92,8 @@ def _after(sums: torch.Tensor) -> torch.Tensor:
 #: ``method="auto"``) runs as one sweep of Chunk's portable kernel that carries the normaliser
 #: (:func:`normalized_in_sweep`) instead of the operator and the passes around it. Off until
 #: measured on a GPU (checked interpreted against float64 only; the Hopper kernel has no such
-#: sweep yet, and the portable kernel takes one segment a lane there, notes/other_papers.md)
+#: sweep yet, notes/other_papers.md)
+
 IN_SWEEP = False
 
 

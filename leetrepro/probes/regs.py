@@ -36,7 +36,8 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     gated backward sweep with the gates' gradient's pieces instead (per-token gates, the
     repair launch's flags; ``reverse``, ``dual``: the reverse sweep, with dC's output; ``rows``
     2: with E's row weights, dx and the row dots, Mamba-2's), as ``leetrepro.ops`` launches
-    it. ``norm``: normalised linear attention's forward in the sweep (one segment a lane)."""
+    it. ``norm``: normalised linear attention's forward in the sweep, one segment a lane."""
+
     if gate_grad:
         return _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse,
                                       dual, rows)
@@ -47,7 +48,7 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
                STATES=("constexpr", "constexpr"),
                RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
                DECAY=("*fp64" if decay else "constexpr", "constexpr"), CU="constexpr",
-               SIZE=("i32",) * 6, SCALE=("fp32", "fp32", "fp32", "*fp32") if norm else "fp32",
+               SIZE=("i32",) * 6, SCALE=("fp32", "fp32", "fp32", "*fp32", "*fp32", "i32") if norm else "fp32",
                K="constexpr", REPAIR="constexpr")
     const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None,
              (9,): None,
