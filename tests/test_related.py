@@ -284,8 +284,30 @@ def test_the_chunks_sums_before_and_after_each_chunk(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("segment", [None, 256])
+def test_normalized_in_one_sweep_on_the_gpu(dtype, segment):
+    """On a GPU, the normaliser's sweep (``chunk_scan``'s ``norm``, the portable kernel compiled):
+    r = d = 128 time-major views, N not a multiple of a chunk, the lanes whole or cut into
+    256-row segments; the output and the denominators against the float64 definition within the
+    contract (fp32: tf32's), finite."""
+    from leetrepro.methods import chunk
+    q, k, v = _qkv(2, 4, 1000, 128, 128)
+    a = torch.tril(1.0 + q @ k.transpose(-1, -2))
+    ins = [t.to("cuda", dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    den = torch.empty(2, 4, 1000, dtype=torch.float32, device="cuda")
+    o = chunk.chunk_scan(*ins, None, kernel="portable", segment=segment, norm=(1.0, 1e-6, den))
+    tol = tolerance(dtype) if dtype != torch.float32 else 5e-3
+    assert torch.isfinite(o).all() and torch.isfinite(den).all()
+    assert rel_error(o.double().cpu(), related.normalized_direct(q, k, v)) <= tol
+    assert rel_error(den.double().cpu(), a.sum(-1) + 1e-6) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_normalized_passes_on_the_gpu(dtype):
+
     """On a GPU, where the normaliser's passes run on their kernels: the layer (time-major views
     of q, k, v, as a model's projection hands them; r = d = 128, N not a multiple of the chunk)
     against the float64 definition within the contract (fp32: the operator's tf32), output and
