@@ -15,7 +15,10 @@ direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel 
   hands it), forward and forward + backward, time and peak memory above the inputs: this
   project's ``normalized_linear_attention`` (1 + x), flash-linear-attention's ``chunk_gla`` (the
   paper's baseline, Gated Linear Attention) and ``chunk_linear_attn`` (its normalised linear
-  attention), softmax attention (``scaled_dot_product_attention``, causal);
+  attention), softmax attention (``scaled_dot_product_attention``, causal), and this project's
+  layer again with its forward as one sweep of Chunk's portable kernel (``SWEEP``; its
+  ``passes`` column says what ran);
+
   ``kernel_paper_lm.csv``: a training step (forward, backward, fused AdamW; bf16 parameters) of
   a decoder language model of the paper's 1.4B size with each mixer.
 * ``related_methods.csv``: each reducible method of the blog through the operator against its
@@ -41,6 +44,11 @@ SEQLENS = {"cuda": (1024, 2048, 4096, 8192, 16384), "cpu": (512, 1024, 2048, 409
 LAYER_CELLS = ((2, 16, 128, 4096), (2, 16, 128, 16384))
 LM = dict(vocab=32000, dim=2048, layers=24, heads=16, mlp=5632, batch=2, seq=4096)
 MIXERS = ("leetrepro (1+x)", "fla chunk_gla", "fla chunk_linear_attn", "softmax (SDPA)")
+#: the layer's entries: the mixers, and this project's layer with its forward as one sweep of
+#: Chunk's portable kernel (``methods.normalizer.IN_SWEEP`` on for its calls; its ``passes``
+#: column says ``sweep`` where the sweep took it)
+SWEEP = "leetrepro (1+x) one sweep"
+LAYER_ENTRIES = MIXERS + (SWEEP,)
 
 
 def _timed(fns: dict, reps: int, device, seed: int = 0) -> dict:
@@ -163,6 +171,8 @@ def mixer(name: str):
 
     if name == MIXERS[0]:
         return ours
+    if name == SWEEP:
+        return _in_sweep(ours)
     if name == MIXERS[3]:
         return sdpa
     fn = _fla("gla" if "gla" in name else "linear")
@@ -172,6 +182,19 @@ def mixer(name: str):
         return lambda q, k, v, g: fn(q, k, v, g, scale=q.shape[-1] ** -0.5)[0]
     phi = related.FEATURE_MAPS["elu+1"]
     return lambda q, k, v, g: fn(phi(q), phi(k), v, scale=1.0, normalize=True)[0]
+
+
+def _in_sweep(fn):
+    """``fn`` called with the layer's forward as one sweep (``normalizer.IN_SWEEP``)."""
+    from ..methods import normalizer
+
+    def call(*args):
+        old, normalizer.IN_SWEEP = normalizer.IN_SWEEP, True
+        try:
+            return fn(*args)
+        finally:
+            normalizer.IN_SWEEP = old
+    return call
 
 
 def passes(device, dtype=torch.bfloat16) -> str:
@@ -184,6 +207,11 @@ def passes(device, dtype=torch.bfloat16) -> str:
 
 
 def _passes_of(entry: str, device, dtype) -> str | None:
+    if entry == SWEEP:
+        from ..methods import normalizer
+        probe = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
+        taken = _in_sweep(lambda: normalizer.in_sweep(probe, probe, probe, "auto", {}))()
+        return "sweep" if taken else passes(device, dtype)
     return passes(device, dtype) if entry == MIXERS[0] else None
 
 
@@ -197,7 +225,7 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
                                                        device=device)).div(16).requires_grad_()
         do = torch.randn_like(v)
         fwd, step = {}, {}
-        for name in MIXERS:
+        for name in LAYER_ENTRIES:
             mix = mixer(name)
             if mix is None:
                 continue
@@ -213,7 +241,8 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
                                  dtype=str(dtype)[6:], reps=reps, median_s=t, peak_bytes=peak,
                                  status=status, passes=_passes_of(name, device, dtype)))
         print(f"layer b{batch} h{heads} d{dh} N={n}: " + ", ".join(
-            f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-8:]),
+            f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-10:]),
+
             flush=True)
     return rows
 

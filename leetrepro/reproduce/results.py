@@ -381,7 +381,7 @@ def other_papers(tags: list[str]) -> str:
     kernel paper's layer and training step beside flash-linear-attention and softmax attention."""
     import pandas as pd
 
-    from ..bench.related import MIXERS
+    from ..bench.related import LAYER_ENTRIES
     frames = {t: pd.concat(parts, ignore_index=True) for t in tags
               if (parts := [df for name in OTHER_CLAIMS if (df := _read(t, name)) is not None])}
     if not frames:
@@ -407,12 +407,14 @@ def other_papers(tags: list[str]) -> str:
                 cell = g.set_index("entry")
                 layer_rows.append([t.upper(), what, int(n)] + [
                     f"{cell.median_s[e] * 1e3:.2f} ms, {cell.peak_bytes[e] / 2 ** 30:.2f} GiB"
-                    if e in cell.index else "-" for e in MIXERS] + [_commits(g)])
+                    if e in cell.index else "-" for e in LAYER_ENTRIES] + [_commits(g)])
     if layer_rows:
         text += ("\n\nThe kernel paper's normalised linear attention (1 + x) on this project's "
                  "operator, forward + backward (bf16, time-major, batch 2 × 16 heads × 128; the "
                  "step: the whole 1.4B model with fused AdamW), time and peak memory above the "
-                 "inputs:\n\n" + _table(["GPU", "what", "N", *MIXERS, "commit"], layer_rows))
+                 "inputs:\n\n" + _table(["GPU", "what", "N", *LAYER_ENTRIES, "commit"],
+                                        layer_rows))
+
     return text
 
 
