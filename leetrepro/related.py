@@ -42,8 +42,8 @@ from .methods.normalizer import (normalized_epilogue, normalized_output, normali
 
 
 # (eager calls skip the dispatcher: leetrepro._direct)
-_output, _prologue, _epilogue = (direct(op) for op in (normalized_output, normalized_prologue,
-                                                      normalized_epilogue))
+_output, _prologue, _epilogue, _in_sweep = (direct(op) for op in (
+    normalized_output, normalized_prologue, normalized_epilogue, normalizer.normalized_in_sweep))
 
 #: rows a running sum takes in one piece (:func:`_cumsum`)
 SCAN_BLOCK = 64
@@ -82,7 +82,8 @@ class _Normalized(torch.autograd.Function):
     def forward(ctx, q, k, v, c, eps, method, options):
         ctx.args = (c, method, options)
         if normalizer.in_sweep(q, k, v, method, options):  # (one sweep, normaliser and all)
-            o, den = normalizer.normalized_in_sweep(q, k, v, c, eps)
+            o, den = _in_sweep(q, k, v, c, eps)
+
             ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
             return o
         if on_kernels(q, k, v):  # (the running sums, the division and the casts: two passes)

@@ -235,6 +235,14 @@ def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
     with pytest.raises(ValueError, match="norm .* takes no a decay"):
         chunk.chunk_scan(*ins, torch.full((3,), 0.9, dtype=torch.float64), kernel="portable",
                          norm=(constant, 1e-6, den))
+    if dtype == torch.float32 and constant == 1.0:  # (a custom op: checked, and compiled)
+        small = [t[:1, :2, :40] for t in ins]
+        torch.library.opcheck(normalizer.normalized_in_sweep, (*small, constant, 1e-6))
+        compiled = torch.compile(related.normalized_linear_attention, fullgraph=True)
+        out2, got2 = _grads(compiled, ins, dO.to(dtype))
+        for x, e in zip([out2, *got2], [ref, *want]):
+            assert rel_error(x, e) <= tolerance(dtype), rel_error(x, e)
+
 
 
 @pytest.mark.slow  # (~20 s: Triton's code generation for sm_90 and ptxas)

@@ -100,25 +100,32 @@ IN_SWEEP = False
 def in_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str, options: dict,
              ) -> bool:
     """Whether the layer's forward takes :func:`normalized_in_sweep` (:data:`IN_SWEEP`): the
-    passes' kernels at hand (:func:`on_kernels`), ``method="auto"`` with no options, eager, one
-    dtype, r and d at most 128."""
+    passes' kernels at hand (:func:`on_kernels`), ``method="auto"`` with no options, one dtype,
+    r and d at most 128, the last dimensions contiguous."""
     return IN_SWEEP and method == "auto" and not options and on_kernels(q, k, v) and \
-        not torch.compiler.is_compiling() and q.dtype == k.dtype == v.dtype and \
-        q.shape[-1] <= 128 and v.shape[-1] <= 128
+        q.dtype == k.dtype == v.dtype and q.shape[-1] <= 128 and v.shape[-1] <= 128 and \
+        all(t.stride(-1) == 1 for t in (q, k, v))
 
 
+@torch.library.custom_op("leetrepro::normalized_in_sweep", mutates_args=())
 def normalized_in_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: float,
-                        eps: float) -> tuple:
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, den)`` as :func:`normalized_output` gives them, from one sweep of Chunk's portable
     kernel (``chunk_scan``'s ``norm``): the scores take + c, the sums of k and v ride beside the
-    state, each row is divided in the epilogue and stored once in v's dtype, the denominators
-    (float32 ``(batch, heads, N)``) beside it. q, k ``(batch, heads, N, r)``, v ``(batch,
-    heads, N, d)``, any strides with a contiguous last dimension; O(N·(L·(r + d) + r·d)) a
-    lane, no pass of its own."""
+    state, each row is divided in the epilogue and stored once in v's dtype (o in v's layout),
+    the denominators (float32 ``(batch, heads, N)``) beside it. q, k ``(batch, heads, N, r)``,
+    v ``(batch, heads, N, d)``, any strides with a contiguous last dimension;
+    O(N·(L·(r + d) + r·d)) a lane, no pass of its own. A custom op: a compiled graph holds it."""
     from .chunk import chunk_scan
     den = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     o = chunk_scan(q, k, v, None, kernel="portable", norm=(c, eps, den))
     return o, den
+
+
+@normalized_in_sweep.register_fake
+def _(q, k, v, c, eps):
+    return torch.empty_like(v), v.new_empty(q.shape[:3], dtype=torch.float32)
+
 
 
 @torch.library.custom_op("leetrepro::normalized_output", mutates_args=())
