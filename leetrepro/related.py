@@ -83,11 +83,9 @@ class _Normalized(torch.autograd.Function):
         ctx.args = (c, method, options)
         if normalizer.in_sweep(q, k, v, method, options):  # (one sweep, normaliser and all)
             o, den = _in_sweep(q, k, v, c, eps)
-
             ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
             return o
         if on_kernels(q, k, v):  # (the running sums, the division and the casts: two passes)
-
             num = causal_linear_decoder(q, k, v, method=method, **options)
             o, den = _output(num, q, k, v, c, eps)
             ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))

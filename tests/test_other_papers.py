@@ -94,7 +94,6 @@ def test_bench_cells_on_the_cpu():
     assert {r["passes"] for r in layer if r["entry"] == "leetrepro (1+x)"} == {"composition"}
     # (the one-sweep entry, where the sweep cannot run, says what ran instead)
     assert {r["passes"] for r in layer if r["entry"] == R.SWEEP} == {"composition"}
-
     lm = R.measure_lm(cpu, dict(vocab=50, dim=32, layers=1, heads=2, mlp=64, batch=1, seq=16),
                       steps=1, warmup=1)
     assert all(r["status"] == "ok" for r in lm)

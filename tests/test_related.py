@@ -244,7 +244,6 @@ def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
             assert rel_error(x, e) <= tolerance(dtype), rel_error(x, e)
 
 
-
 @pytest.mark.slow  # (~20 s: Triton's code generation for sm_90 and ptxas)
 def test_normalized_sweep_compiles_for_hopper_without_spills():
     """Chunk's portable sweep carrying the normaliser (``chunk_scan``'s ``norm``), as the GPU will
@@ -267,14 +266,11 @@ def test_normalized_sweep_compiles_for_hopper_without_spills():
     assert res.returncode == 0, res.stderr[-2000:]
     lines = [line.split() for line in res.stdout.strip().split("\n")]
     assert [x[0] for x in lines] == ["fp16", "bf16", "fp32", "fp16"], res.stdout
-
     assert all(int(x[1]) <= 1024 for x in lines), res.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors")
 def test_the_chunks_sums_before_and_after_each_chunk(monkeypatch):
-
-
     """The chunk scan (interpreted): each chunk's sum over the chunks before it and after it,
     against float64 cumulative sums, over more chunks than a program takes at once (the carry)
     and a width not a multiple of its columns."""
@@ -315,7 +311,6 @@ def test_normalized_in_one_sweep_on_the_gpu(dtype, segment):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_normalized_passes_on_the_gpu(dtype):
-
     """On a GPU, where the normaliser's passes run on their kernels: the layer (time-major views
     of q, k, v, as a model's projection hands them; r = d = 128, N not a multiple of the chunk)
     against the float64 definition within the contract (fp32: the operator's tf32), output and

@@ -18,7 +18,6 @@ direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel 
   attention), softmax attention (``scaled_dot_product_attention``, causal), and this project's
   layer again with its forward as one sweep of Chunk's portable kernel (``SWEEP``; its
   ``passes`` column says what ran);
-
   ``kernel_paper_lm.csv``: a training step (forward, backward, fused AdamW; bf16 parameters) of
   a decoder language model of the paper's 1.4B size with each mixer.
 * ``related_methods.csv``: each reducible method of the blog through the operator against its
@@ -242,7 +241,6 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
                                  status=status, passes=_passes_of(name, device, dtype)))
         print(f"layer b{batch} h{heads} d{dh} N={n}: " + ", ".join(
             f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-10:]),
-
             flush=True)
     return rows
 

@@ -85,7 +85,6 @@ def chunk_scan_kernel(B, C, V, O, E, O2, STATES, RING, DECAY, CU, SIZE, SCALE, K
     c, eps, DEN, SUMS, lane stride)``: normalised linear attention's forward (γ = 1, no states;
     ``_normalised``), its denominators into DEN (float32 (batch·heads, N)), each segment's sums
     of its c and v rows published into SUMS (float32 (lanes, segments, BLOCK_R + BLOCK_D)).
-
     ``DG`` (``K.GATE_GRAD``): the gates' gradient's pieces, ``(rows, block stride, batch stride,
     head stride, row stride, totals, chunks)``: float32 rows (value-column blocks, batch, heads,
     N) and totals (value-column blocks, batch·heads, chunks), each lane writing its block's.

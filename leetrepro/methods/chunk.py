@@ -914,8 +914,6 @@ class LaunchPlan:
                                device=t.V.device) if split else t.NORM[2]
             scale = (scale, float(t.NORM[0]), float(t.NORM[1]), t.NORM[2], sums,
                      segs * width if split else 0)
-
-
         args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,

@@ -93,7 +93,6 @@ def _after(sums: torch.Tensor) -> torch.Tensor:
 #: (:func:`normalized_in_sweep`) instead of the operator and the passes around it. Off until
 #: measured on a GPU (checked interpreted against float64 only; the Hopper kernel has no such
 #: sweep yet, notes/other_papers.md)
-
 IN_SWEEP = False
 
 
@@ -127,9 +126,7 @@ def _(q, k, v, c, eps):
     return torch.empty_like(v), v.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-
 @torch.library.custom_op("leetrepro::normalized_output", mutates_args=())
-
 def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       c: float, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, den)``: o ``(batch, heads, N, d)`` contiguous in v's dtype, den float32

@@ -37,7 +37,6 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
     repair launch's flags; ``reverse``, ``dual``: the reverse sweep, with dC's output; ``rows``
     2: with E's row weights, dx and the row dots, Mamba-2's), as ``leetrepro.ops`` launches
     it. ``norm``: normalised linear attention's forward in the sweep, one segment a lane."""
-
     if gate_grad:
         return _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse,
                                       dual, rows)
@@ -56,7 +55,6 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
                               PRECISION=precision if dtype == "fp32" else "tf32",
                               HAS_DECAY=decay, HALF_RANGE=dtype != "fp32", GROUPS=groups,
                               SPLIT=split, NORM=norm),
-
              (13,): False}
     if not split:
         const.update({(7, 0): None, (7, 1): None})

@@ -414,7 +414,6 @@ def other_papers(tags: list[str]) -> str:
                  "step: the whole 1.4B model with fused AdamW), time and peak memory above the "
                  "inputs:\n\n" + _table(["GPU", "what", "N", *LAYER_ENTRIES, "commit"],
                                         layer_rows))
-
     return text
 
 
