@@ -133,3 +133,16 @@ def git_status() -> str | None:
         return None
     return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout
+
+
+def real_codegen(*args: str, timeout: int = 600):
+    """``python *args`` in a subprocess with Triton's real code generation (sm_90 and ptxas, not
+    the interpreter the tests run under without a GPU): what the GPU will run compiles, and its
+    resources can be read. Its completed process, asserted to have exited 0."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                         timeout=timeout)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    return res

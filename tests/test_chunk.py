@@ -3,8 +3,6 @@ kernel under TRITON_INTERPRET=1 against the oracle, its state-only kernel, its l
 (segments, the compiled-kernel cache), the choice of the Hopper kernel, and the Hopper kernel
 compiled for sm_90 on the host with its register budget. Gradients: ``test_autograd.py``; packed
 prompts and the decode step: ``test_serving.py``; on a GPU: ``make gpu-check``."""
-import os
-import subprocess
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder
 
 from conftest import BF16, INTERPRETED, KERNEL_DEVICE as DEVICE, check_kernel as _check, make_inputs, \
-    quick_lane, random_gammas, shape_id, tolerance
+    quick_lane, random_gammas, real_codegen, shape_id, tolerance
 
 pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
 # a split of 37 rows into one 64-row segment and 37 whole (9 lanes fill the interpreter's 4
@@ -543,13 +541,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     20 at 64 columns when it was set); the dual none. V's row weights and the skip (Mamba-2's
     SSD forward, ``rows``) at r = 128 and 64 beside d = 64, one pass and segments: none; E's
     row weights and the row dots (its backward's reverse sweep, ``rows`` 2) at 64 × 64: none."""
-    import sys
-
     from leetrepro.probes.regs import HOPPER_SHAPES, spill_bytes
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--hopper"],
-                         capture_output=True, text=True, env=env, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    res = real_codegen("-m", "leetrepro.probes.regs", "--hopper", timeout=900)
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
     shaped = [line for line in lines if line.split()[1][0].isdigit()]
     narrow = [line for line in lines if line.split()[1].startswith("dc")]
@@ -592,12 +585,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
 def test_chunk_kernel_compiles_for_hopper_without_a_gpu():
     """The scan kernel goes through Triton's real code generation for sm_90 and ptxas (not the
     interpreter): what the GPU will run compiles, and its register use can be read (NOTES.md)."""
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
-    res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--configs", "fp16:decay:64:3"],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0 and "registers" in res.stdout, res.stdout + res.stderr[-2000:]
+    res = real_codegen("-m", "leetrepro.probes.regs", "--configs", "fp16:decay:64:3")
+    assert "registers" in res.stdout, res.stdout + res.stderr[-2000:]
 
 
 def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatch):

@@ -4,7 +4,6 @@ the numbers at the edges (hard resets, strong gates over long sequences); the dr
 (flash-linear-attention's ``chunk_simple_gla``/``fused_recurrent_simple_gla`` with ``g``), the
 decode step and the custom op. The Chunk kernel runs under Triton's interpreter without a GPU;
 sequence parallelism with gates is in test_distributed.py."""
-import os
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from leetrepro.reference import GATE_GRAD_TOLERANCE
 from leetrepro.registry import get, methods
 
 from conftest import BF16, INTERPRETED, KERNEL_DEVICE, make_inputs, quick_lane, random_gammas, \
-    tolerance
+    real_codegen, tolerance
 
 GATED = [m.abbr for m in methods() if m.gates]
 OPTIONS = {"Bb": dict(block_size=16), "LA_torch": dict(block_size=16), "Recur": dict(base=8),
@@ -616,17 +615,12 @@ def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
     the dB sweep, the reverse dual sweep), as the GPU will run them, compile for sm_90 without
     one; their spills stay under a ceiling (3.1 and 3.4 KB a thread when it was set: the
     portable kernel's fp32-exact sweeps spill already, NOTES.md)."""
-    import subprocess
-    import sys
     code = ("from leetrepro.probes.regs import compile_ptx, ptxas_usage, spill_bytes\n"
             "for rev in (False, True):\n"
             "    use = ptxas_usage(compile_ptx('fp32', False, 16, 1, precision='ieee',\n"
             "                                  gate_grad=True, reverse=rev, dual=rev))\n"
             "    print(rev, spill_bytes(use), use.strip()[-120:])\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
+    res = real_codegen("-c", code)
     lines = res.stdout.split("\n")[:2]
     assert [int(line.split()[1]) <= 4096 for line in lines] == [True, True], res.stdout
 
@@ -809,15 +803,8 @@ def test_the_straddle_kernels_compile_for_hopper_within_its_shared_memory():
     the pairs' tiles and the carried state exceed 255 registers a thread at any warp count);
     and the kernel taking dg from the Hopper kernel's rows (``kernels/gate_rows.py``) without
     spills."""
-    import os
-    import subprocess
-    import sys
-
     from leetrepro.probes.regs import STRADDLE_JOBS, spill_bytes
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--straddle"],
-                         capture_output=True, text=True, env=env, timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    res = real_codegen("-m", "leetrepro.probes.regs", "--straddle", timeout=900)
     rows = [line for line in res.stdout.splitlines() if line.startswith("rows ")]
     assert len(rows) == 2 and all(spill_bytes(line) == 0 for line in rows), rows
     lines = [line for line in res.stdout.splitlines() if line.startswith("straddle ")]

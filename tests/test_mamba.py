@@ -11,7 +11,7 @@ from leetrepro import rel_error
 from leetrepro.compat import mamba_chunk_scan_combined
 from leetrepro.reference import GATE_GRAD_TOLERANCE, reference, ssd_reference
 
-from conftest import BF16, INTERPRETED, KERNEL_DEVICE, quick_lane
+from conftest import BF16, INTERPRETED, KERNEL_DEVICE, quick_lane, real_codegen
 
 METHODS = {"Chunk": dict(method="Chunk", fp32_precision="ieee"),
            "LA_torch": dict(method="LA_torch", block_size=16)}
@@ -622,15 +622,8 @@ def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
     on the host as their launchers launch them at Codestral's shapes (the interpreter checks their numbers, not their
     resources): each compiles within the SM's shared memory and spills nothing (the gated norm's
     backward at Codestral's groups of 1024 channels and over a whole row of 8192)."""
-    import os
-    import subprocess
-    import sys
-
     from leetrepro.probes.regs import passes_jobs, spill_bytes
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-m", "leetrepro.probes.regs", "--passes"],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    res = real_codegen("-m", "leetrepro.probes.regs", "--passes")
     lines = [line for line in res.stdout.splitlines() if line.startswith("pass ")]
     assert [line.split()[1] for line in lines] == [job[0] for job in passes_jobs()]
     for line in lines:

@@ -6,7 +6,7 @@ import torch
 from leetrepro import related
 from leetrepro.reference import rel_error
 
-from conftest import quick_lane, tolerance
+from conftest import quick_lane, real_codegen, tolerance
 
 
 def _unit(x):
@@ -252,18 +252,12 @@ def test_normalized_sweep_compiles_for_hopper_without_spills():
     960 and 660 (fp16, segments) bytes a thread when it was set, where the plain sweep of the
     same tiles spills 184, 184, 116 and 228 (its sums ride as [r, 16] and [16, d] products
     with ones: as fp32 vectors made from row tiles it spilled 1514 in fp16)."""
-    import os
-    import subprocess
-    import sys
     code = ("from leetrepro.probes.regs import compile_ptx, ptxas_usage, spill_bytes\n"
             "for dt, bn, sp in (('fp16', 64, 0), ('bf16', 64, 0), ('fp32', 32, 0),\n"
             "                   ('fp16', 64, 1)):\n"
             "    use = ptxas_usage(compile_ptx(dt, False, bn, 2, split=bool(sp), norm=True))\n"
             "    print(dt, spill_bytes(use), use.strip()[-120:])\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real code generation
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
+    res = real_codegen("-c", code)
     lines = [line.split() for line in res.stdout.strip().split("\n")]
     assert [x[0] for x in lines] == ["fp16", "bf16", "fp32", "fp16"], res.stdout
     assert all(int(x[1]) <= 1024 for x in lines), res.stdout
