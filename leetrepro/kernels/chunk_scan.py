@@ -55,10 +55,10 @@ already, earlier ones' exact. Shared tile code: ``_tiles.py``. Launcher:
 import triton
 import triton.language as tl
 
-from ._tiles import (accumulate_state, and_flag, chunk_gates, chunk_inter, chunk_intra,
-                     chunk_output, chunk_weights, columns, gate_pieces, half_operand,
-                     has_nonfinite, intra_mask, lane_rows, load_chunk, load_gates, load_rows,
-                     add_norm_sums, no_norm_sums, row_positions, segment_state, state_operand,
+from ._tiles import (accumulate_state, add_norm_sums, and_flag, chunk_gates, chunk_inter,
+                     chunk_intra, chunk_output, chunk_weights, columns, gate_pieces,
+                     half_operand, has_nonfinite, intra_mask, lane_rows, load_chunk, load_gates,
+                     load_rows, no_norm_sums, row_positions, segment_state, state_operand,
                      state_remainder, store_rows)
 
 
@@ -340,18 +340,22 @@ def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.const
     cst = SCALE[0]
     z, sv = sums
     out = chunk_inter(b, h, h_scale, 1.0, False, HALF_RANGE, PRECISION)
+    # (chunk_intra's product with c added: through it, with the 0-1 mask multiplied in, the fp32
+    # sweep spilled 1028-1032 bytes a thread where this spills 808, sm_90, r = d = 128)
     scores = tl.where(mask != 0.0, tl.dot(b, tl.trans(c), input_precision=PRECISION) + cst, 0.0)
-    den = tl.sum(scores, axis=1)
     if HALF_RANGE:
         p, p_scale = half_operand(scores, v.dtype)
         out += tl.dot(p, v, input_precision=PRECISION) * p_scale
-        zh, z_scale = half_operand(z, b.dtype)
-        zl = (z * (1.0 / z_scale) - zh.to(tl.float32)).to(b.dtype)
-        qz = (tl.dot(b, zh, input_precision=PRECISION) + tl.dot(b, zl, input_precision=PRECISION)) * z_scale
     else:
         out += tl.dot(scores.to(v.dtype), v, input_precision=PRECISION)
-        qz = tl.dot(b, z.to(b.dtype), input_precision=PRECISION)
-    den += tl.max(qz, axis=1) + (cst * s + SCALE[1])  # (its 16 columns are the same)
+    # q·Σk as the state's part is taken: Σk as an operand, and in 16 bits its remainder's too
+    zh, z_scale = state_operand(z, b.dtype, HALF_RANGE)
+    qz = chunk_inter(b, zh, z_scale, 1.0, False, HALF_RANGE, PRECISION)
+    if HALF_RANGE:
+        qz += chunk_inter(b, state_remainder(z, zh, z_scale), z_scale, 1.0, False, HALF_RANGE,
+                          PRECISION)
+    # (qz's 16 columns are the same: any one of them)
+    den = tl.sum(scores, axis=1) + tl.max(qz, axis=1) + (cst * s + SCALE[1])
     if SCALE[3]:
         tl.store(SCALE[2] + phys, den, mask=ok)
     out = (out + cst * tl.max(sv, axis=0)[None, :]) / den[:, None]
