@@ -17,7 +17,8 @@ direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel 
   paper's baseline, Gated Linear Attention) and ``chunk_linear_attn`` (its normalised linear
   attention), softmax attention (``scaled_dot_product_attention``, causal), and this project's
   layer again with its forward as one sweep of Chunk's portable kernel (``SWEEP``; its
-  ``passes`` column says what ran);
+  ``passes`` column says what ran), and the operator alone on the same inputs (``OPERATOR``, γ = 1:
+  the time the fused layer is judged against);
   ``kernel_paper_lm.csv``: a training step (forward, backward, fused AdamW; bf16 parameters) of
   a decoder language model of the paper's 1.4B size with each mixer.
 * ``related_methods.csv``: each reducible method of the blog through the operator against its
@@ -32,6 +33,7 @@ import sys
 import torch
 
 from .. import related
+from ..api import causal_linear_decoder
 from .._device import gpu_tag
 from ..methods import eca
 from ..models.decoder import DecoderLM
@@ -47,7 +49,10 @@ MIXERS = ("leetrepro (1+x)", "fla chunk_gla", "fla chunk_linear_attn", "softmax 
 #: Chunk's portable kernel (``methods.normalizer.IN_SWEEP`` on for its calls; its ``passes``
 #: column says ``sweep`` where the sweep took it)
 SWEEP = "leetrepro (1+x) one sweep"
-LAYER_ENTRIES = MIXERS + (SWEEP,)
+#: the operator alone on the same q, k, v (γ = 1, no normaliser): what the fused layer's time is
+#: judged against
+OPERATOR = "leetrepro operator (γ = 1)"
+LAYER_ENTRIES = MIXERS + (SWEEP, OPERATOR)
 
 
 def _timed(fns: dict, reps: int, device, seed: int = 0) -> dict:
@@ -172,6 +177,9 @@ def mixer(name: str):
         return ours
     if name == SWEEP:
         return _in_sweep(ours)
+    if name == OPERATOR:
+        return lambda q, k, v, g: causal_linear_decoder(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     if name == MIXERS[3]:
         return sdpa
     fn = _fla("gla" if "gla" in name else "linear")
@@ -240,7 +248,7 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
                                  dtype=str(dtype)[6:], reps=reps, median_s=t, peak_bytes=peak,
                                  status=status, passes=_passes_of(name, device, dtype)))
         print(f"layer b{batch} h{heads} d{dh} N={n}: " + ", ".join(
-            f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-10:]),
+            f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-2 * len(LAYER_ENTRIES):]),
             flush=True)
     return rows
 
