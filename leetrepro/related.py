@@ -42,8 +42,9 @@ from .methods.normalizer import (normalized_epilogue, normalized_output, normali
 
 
 # (eager calls skip the dispatcher: leetrepro._direct)
-_output, _prologue, _epilogue, _in_sweep = (direct(op) for op in (
-    normalized_output, normalized_prologue, normalized_epilogue, normalizer.normalized_in_sweep))
+_output, _prologue, _epilogue, _in_sweep, _rows, _rows_back = (direct(op) for op in (
+    normalized_output, normalized_prologue, normalized_epilogue, normalizer.normalized_in_sweep,
+    normalizer.row_normalized, normalizer.row_normalized_backward))
 
 #: rows a running sum takes in one piece (:func:`_cumsum`)
 SCAN_BLOCK = 64
@@ -112,7 +113,7 @@ class _Normalized(torch.autograd.Function):
             dnum, dden, k_before, dq_after, dnum_after = _prologue(do, o, den[..., 0], q, k)
             dq, dk, dv = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
             dq, dk, dv2 = _epilogue(*(g if w else None for g, w in zip((dq, dk, dv), need)),
-                                    q, k, do, den[..., 0], dden, k_before, dq_after,
+                                    q, k, v, do, den[..., 0], dden, k_before, dq_after,
                                     dnum_after, c)
             return (dq if need[0] else None, dk if need[1] else None,
                     (dv2 if c else dv) if need[2] else None, None, None, None, None)
@@ -137,8 +138,8 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
     q, k ``(batch, heads, N, r)``, v ``(batch, heads, N, d)``, one floating dtype; returns
     ``(batch, heads, N, d)`` in v's dtype. No scale is applied to q·k (the paper normalises the
-    rows of q and k first, its Eq. 22: pass ``q / q.norm(dim=-1, keepdim=True)``, which also
-    keeps every ``1 + q·k`` ≥ 0 and the denominators positive). Differentiable in q, k, v.
+    rows of q and k first, its Eq. 22: pass :func:`normalize_rows` of each, which also keeps
+    every ``1 + q·k`` ≥ 0 and the denominators positive). Differentiable in q, k, v.
     Time O(N r d) through the operator (``method``, ``options``: as
     :func:`leetrepro.causal_linear_decoder`); around it, on a GPU, the running sums, the
     denominators, the division and the casts are two passes forward and two backward, beside
@@ -147,6 +148,36 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     Compiles into one graph (``torch.compile(fullgraph=True)``: the backward goes through the
     operator's backward op and the passes' custom ops)."""
     return _Normalized.apply(q, k, v, float(constant), float(eps), method, options)
+
+
+class _RowNormalized(torch.autograd.Function):
+    """x / max(‖x‖₂, eps) by rows, one pass each way; saves the output and one float32 norm a
+    row (the output is what the layer after it saves too: no second copy)."""
+
+    @staticmethod
+    def forward(ctx, x, eps):
+        y, s = _rows(x, eps)
+        ctx.eps = eps
+        ctx.save_for_backward(y, s)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        y, s = ctx.saved_tensors
+        return _rows_back(dy, y, s, ctx.eps), None
+
+
+def normalize_rows(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``x / max(‖x‖₂, eps)`` over the last dimension, as ``torch.nn.functional.normalize(x,
+    dim=-1, eps=eps)``: the kernel paper's row-normalised q and k (its Eq. 22), which keep every
+    ``1 + q·k`` ≥ 0. Any shape ``(..., r)``, fp16/bf16/fp32; the result in x's dtype and layout.
+    On a GPU one Triton pass forward and one backward (norms in float32; saved: the result and
+    one float32 a row), where PyTorch's composition takes about eight passes, each strided
+    where the norm is broadcast; elsewhere PyTorch's own. Differentiable once."""
+    if normalizer.on_row_norm_kernels(x):
+        return _RowNormalized.apply(x, float(eps))
+    return torch.nn.functional.normalize(x, dim=-1, eps=eps)
 
 
 def normalized_via_ones(q, k, v, *, constant: float = 1.0, eps: float = 1e-6,

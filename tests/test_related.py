@@ -168,6 +168,8 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
                for t, w in zip((q, k, v), need)]
         out = related.normalized_linear_attention(*ins, constant=constant)
         grads = torch.autograd.grad(out, [t for t in ins if t.requires_grad], dO.to(dtype))
+        if normalizer.on_kernels(*ins):  # (each gradient in its input's layout)
+            assert [g.stride() for g in grads] == [t.stride() for t in ins if t.requires_grad]
         return [out, *grads]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
@@ -191,7 +193,53 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
         torch.library.opcheck(normalizer.normalized_prologue, (do, o, den, small[0], small[1]))
         grads = [torch.randn_like(t) for t in small]
         torch.library.opcheck(normalizer.normalized_epilogue,
-                              (*grads, small[0], small[1], do, den, pro[1], *pro[2:], constant))
+                              (*grads, *small, do, den, pro[1], *pro[2:], constant))
+
+
+def _row_layouts(dtype):
+    """(name, x) of the layouts a model hands a row normalisation: dense, a time-major view, a
+    slice of a fused projection, a strided last dimension, three dimensions with a row of zeros
+    and one below eps (fp32: in half precision its gradient, dy / eps, is past the range)."""
+    g = torch.Generator().manual_seed(4)
+    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    yield "dense", rnd(2, 37, 3, 20)
+    yield "time-major view", rnd(2, 37, 3, 20).transpose(1, 2)
+    yield "fused projection", rnd(2, 37, 60)[..., 20:40]
+    yield "strided rows", rnd(20, 37).t()
+    if dtype == torch.float32:
+        z = rnd(2, 5, 20)
+        z[0, 1], z[1, 2] = 0, z[1, 2] * 1e-14
+        yield "zero and tiny rows", z
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
+@pytest.mark.parametrize("dtype", quick_lane([torch.float32, torch.float16, torch.bfloat16],
+                                             keep=(0,)))
+def test_normalize_rows_kernels(monkeypatch, dtype):
+    """``normalize_rows`` on its Triton passes (interpreted) against float64
+    ``torch.nn.functional.normalize``, value and gradient, in every layout a model hands it: the
+    result and the gradient in the input's dtype and layout, finite; both ops through opcheck."""
+    from leetrepro.methods import normalizer
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    for name, x64 in _row_layouts(dtype):
+        x = x64.to(dtype).requires_grad_()
+        assert normalizer.on_row_norm_kernels(x), name
+        dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        y = related.normalize_rows(x)
+        dx, = torch.autograd.grad(y, x, dy.to(dtype))
+        x64 = x64.detach().requires_grad_()
+        ref = torch.nn.functional.normalize(x64, dim=-1)
+        want, = torch.autograd.grad(ref, x64, dy)
+        for a, e in ((y, ref), (dx, want)):
+            assert a.dtype == dtype and torch.isfinite(a).all(), name
+            assert rel_error(a.double(), e) <= tolerance(dtype), (name, rel_error(a.double(), e))
+        if name in ("dense", "time-major view"):
+            assert y.stride() == x.stride() and dx.stride() == x.stride(), name
+    x = x64.detach().to(dtype)[:1].contiguous()
+    torch.library.opcheck(normalizer.row_normalized, (x, 1e-12))
+    y, s = normalizer.row_normalized(x, 1e-12)
+    torch.library.opcheck(normalizer.row_normalized_backward, (torch.randn_like(y), y, s, 1e-12))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
@@ -326,3 +374,24 @@ def test_normalized_passes_on_the_gpu(dtype):
     out2, got2 = _grads(compiled, ins, dO.to("cuda", dtype))
     for a, e in zip([out2, *got2], [ref, *want]):
         assert torch.isfinite(a).all() and rel_error(a.double().cpu(), e) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_normalize_rows_on_the_gpu(dtype):
+    """On a GPU, ``normalize_rows`` (its Triton passes compiled) in every layout of
+    :func:`_row_layouts` against float64, value and gradient, finite, in the input's dtype."""
+    from leetrepro.methods import normalizer
+    for name, x64 in _row_layouts(dtype):
+        x = x64.to("cuda", dtype).requires_grad_()
+        assert normalizer.on_row_norm_kernels(x)
+        dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        y = related.normalize_rows(x)
+        dx, = torch.autograd.grad(y, x, dy.to("cuda", dtype))
+        x64 = x64.detach().requires_grad_()
+        ref = torch.nn.functional.normalize(x64, dim=-1)
+        want, = torch.autograd.grad(ref, x64, dy)
+        for a, e in ((y, ref), (dx, want)):
+            assert a.dtype == dtype and torch.isfinite(a).all(), name
+            assert rel_error(a.double().cpu(), e) <= tolerance(dtype), name

@@ -1044,9 +1044,11 @@ def main(argv=None) -> int:
         from .harness import mamba_ssm_peer
         peer, rows = mamba_ssm_peer(), []
         for dtype in map(parse_dtype, args.dtypes):
-            check_mamba(dtype, device, rows, meta, peer)
-            check_groups(dtype, device, rows, meta)
-            keep(rows)
+            for check in (functools.partial(check_mamba, peer=peer), check_groups):
+                t0 = time.perf_counter()
+                check(dtype, device, rows, meta)
+                keep(rows)  # (the long-sequence case alone can take minutes: keep what ran)
+                print(f"({len(rows)} rows, {time.perf_counter() - t0:.0f} s)", flush=True)
         return _report(rows, out, args.csv)
     cases = matrix(chosen, [parse_dtype(x) for x in args.dtypes], device, quick=args.quick,
                    heads_only=args.heads_only, layouts_only=args.layouts_only,

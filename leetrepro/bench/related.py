@@ -17,8 +17,8 @@ direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel 
   paper's baseline, Gated Linear Attention) and ``chunk_linear_attn`` (its normalised linear
   attention), softmax attention (``scaled_dot_product_attention``, causal), and this project's
   layer again with its forward as one sweep of Chunk's portable kernel (``SWEEP``; its
-  ``passes`` column says what ran), and the operator alone on the same inputs (``OPERATOR``, γ = 1:
-  the time the fused layer is judged against);
+  ``passes`` column says what ran), and the same layer with the operator in place of normalised
+  attention (``OPERATOR``, γ = 1: the time the normaliser's cost is judged against);
   ``kernel_paper_lm.csv``: a training step (forward, backward, fused AdamW; bf16 parameters) of
   a decoder language model of the paper's 1.4B size with each mixer.
 * ``related_methods.csv``: each reducible method of the blog through the operator against its
@@ -49,8 +49,8 @@ MIXERS = ("leetrepro (1+x)", "fla chunk_gla", "fla chunk_linear_attn", "softmax 
 #: Chunk's portable kernel (``methods.normalizer.IN_SWEEP`` on for its calls; its ``passes``
 #: column says ``sweep`` where the sweep took it)
 SWEEP = "leetrepro (1+x) one sweep"
-#: the operator alone on the same q, k, v (γ = 1, no normaliser): what the fused layer's time is
-#: judged against
+#: the same layer with the operator in place of normalised attention (rows of q and k
+#: normalised, γ = 1, no denominator): what the normaliser's cost is judged against
 OPERATOR = "leetrepro operator (γ = 1)"
 LAYER_ENTRIES = MIXERS + (SWEEP, OPERATOR)
 
@@ -164,7 +164,7 @@ def mixer(name: str):
     """``mix(q, k, v, g) -> o`` on time-major ``(b, N, h, d)`` tensors (g: GLA's log gates), or
     None where the peer is not installed."""
     def ours(q, k, v, g):
-        q, k = (torch.nn.functional.normalize(t, dim=-1) for t in (q, k))
+        q, k = related.normalize_rows(q), related.normalize_rows(k)
         o = related.normalized_linear_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return o.transpose(1, 2)
 
@@ -179,7 +179,8 @@ def mixer(name: str):
         return _in_sweep(ours)
     if name == OPERATOR:
         return lambda q, k, v, g: causal_linear_decoder(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+            related.normalize_rows(q).transpose(1, 2), related.normalize_rows(k).transpose(1, 2),
+            v.transpose(1, 2)).transpose(1, 2)
     if name == MIXERS[3]:
         return sdpa
     fn = _fla("gla" if "gla" in name else "linear")

@@ -10,8 +10,10 @@ and the backward, with ``dnum = dO / den`` (the operator's dO) and ``dden_i = �
 
 Every pass is one launch over chunks of ``BLOCK_N`` rows, grid (batch·heads, chunks): a chunk's
 running sums start from the prefix (or suffix) of the chunks' totals, summed across chunks by
-:func:`normalizer_chunk_scan` (a few floats a chunk). A tensor argument is ``(pointer, batch stride, head
-stride, row stride)``, its last dimension contiguous; sums and products in float32.
+:func:`normalizer_chunk_scan` (a few floats a chunk). The row normalisation of q and k
+(``x / max(‖x‖₂, eps)``, :func:`row_normalize_forward` and its backward) is one pass each way
+over the same chunks. A tensor argument is ``(pointer, batch stride, head stride, row
+stride)``, its last dimension contiguous; sums and products in float32.
 """
 import triton
 import triton.language as tl
@@ -187,3 +189,33 @@ def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, OUT_DQ, OUT
         ds = tl.cumsum(do * inv[:, None], axis=0, reverse=True) + \
             tl.load(at, mask=ok, other=0.0)[None, :]
         _add_rows(DV, OUT_DV, bh, H, n0, N, D, c * ds, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def row_normalize_forward(X, Y, S, SIZE, eps, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Each row of X divided by its clamped norm ``s = max(‖x‖₂, eps)``: Y (its dtype) and S
+    (float32 ``(batch·heads, N)``); ``SIZE = (N, R, H)``."""
+    N, R, H = SIZE
+    bh, chunk = tl.program_id(0), tl.program_id(1)
+    n0 = chunk * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    x = _rows(X, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    s = tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
+    _store_rows(Y, x / s[:, None], bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    tl.store(S + bh.to(tl.int64) * N + rows, s, mask=rows < N)
+
+
+@triton.jit
+def row_normalize_backward(DY, Y, S, DX, SIZE, eps, BLOCK_N: tl.constexpr,
+                           BLOCK_R: tl.constexpr):
+    """DX = (DY − Y·(Y·DY)) / s for a row whose norm passed eps, DY / s for one clamped to it
+    (its norm then a constant), from :func:`row_normalize_forward`'s Y and S."""
+    N, R, H = SIZE
+    bh, chunk = tl.program_id(0), tl.program_id(1)
+    n0 = chunk * BLOCK_N
+    rows = n0 + tl.arange(0, BLOCK_N)
+    s = tl.load(S + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
+    dy = _rows(DY, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    y = _rows(Y, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    along = tl.where(s > eps, tl.sum(y * dy, axis=1), 0.0)
+    _store_rows(DX, (dy - y * along[:, None]) / s[:, None], bh, H, n0, N, R, BLOCK_N, BLOCK_R)

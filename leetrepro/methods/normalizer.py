@@ -12,6 +12,12 @@ With f(x) = c + x and the operator's numerator ``num = op(q, k, v)`` (γ = 1):
 * :func:`normalized_epilogue`: ``dq + dden·cumsum(k)``, ``dk + revcumsum(dden·q)``, ``dv +
   c·revcumsum(dO / den)``: one launch.
 
+And the kernel paper's row normalisation of q and k (its Eq. 22), one pass each way:
+:func:`row_normalized` (``x / max(‖x‖₂, eps)`` and the norms) and
+:func:`row_normalized_backward`, in any layout a model hands them (a time-major view's rows
+stay where they are), where PyTorch's ``normalize`` takes about eight passes, strided where the
+norm is broadcast.
+
 Each is a custom op (``torch.library``) with its fake, so that a compiled graph holds it. Shapes:
 q, k ``(batch, heads, N, r)``, v, num, o, dO ``(batch, heads, N, d)`` (any strides but a
 contiguous last dimension), fp16/bf16/fp32; the denominators ``(batch, heads, N)`` float32.
@@ -57,7 +63,7 @@ def _options(r: int, d: int) -> dict:
 #: chunk's column sums and running sums stay within a warp's threads; with 8 warps the totals
 #: pass ran at 5× its memory floor, L1-bound on the sums across warps (ncu, H200; the sweep in
 #: notes/other_papers.md chose these at N = 16384, r = d = 128)
-WARPS = {"totals": 1, "forward": 4, "prologue": 2, "epilogue": 4}
+WARPS = {"totals": 1, "forward": 4, "prologue": 2, "epilogue": 4, "rows": 2}
 #: chunks a program of the chunk scan takes at once, its columns and warps (a few hundred
 #: programs, each a few steps: the scan is latency-bound)
 SCAN_BLOCK = (128, 16, 2)
@@ -189,38 +195,116 @@ def _(do, o, den, q, k):
             sums(r), sums(r), sums(d))
 
 
-def _epilogue_outputs(dq, dk, dv, q, c) -> list:
-    """The epilogue's dq, dk, dv: each new and dense where given (dv only where c ≠ 0: it has no
-    term of its own otherwise), else an empty tensor."""
-    return [torch.empty(t.shape, dtype=t.dtype, device=t.device) if t is not None and want else
-            q.new_empty(0) for t, want in ((dq, True), (dk, True), (dv, c != 0))]
+def _epilogue_outputs(dq, dk, dv, q, k, v, c) -> list:
+    """The epilogue's dq, dk, dv: each new where given, in its own dtype and its input's layout
+    (``torch.empty_like`` of q, k, v: a time-major view's gradient comes back time-major, so that
+    what runs after it, a row normalisation or a projection's backward, reads it as dense
+    rows), dv only where c ≠ 0 (it has no term of its own otherwise); else an empty tensor."""
+    return [torch.empty_like(x, dtype=t.dtype) if t is not None and want else q.new_empty(0)
+            for t, x, want in ((dq, q, True), (dk, k, True), (dv, v, c != 0))]
 
 
 @torch.library.custom_op("leetrepro::normalized_epilogue", mutates_args=())
 def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
                         dv: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
-                        do: torch.Tensor, den: torch.Tensor, dden: torch.Tensor,
+                        v: torch.Tensor, do: torch.Tensor, den: torch.Tensor, dden: torch.Tensor,
                         k_before: torch.Tensor, dq_after: torch.Tensor, dnum_after: torch.Tensor,
                         c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The operator's dq, dk, dv (each None where not wanted) with the denominator's terms
-    added, each in its own dtype contiguous (an empty tensor for those not given, and for dv
-    where c = 0: it has no such term)."""
+    added, each in its own dtype and in the layout of q, k, v (an empty tensor for those not
+    given, and for dv where c = 0: it has no such term)."""
+    outs = _epilogue_outputs(dq, dk, dv, q, k, v, c)
     q, k, do = (rows_contiguous(t) for t in (q, k, do))
     batch, heads, n, r, d = _shape(q, do)
     want_v = dv is not None and c != 0
-    outs = _epilogue_outputs(dq, dk, dv, q, c)
     ins = [rows_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
+    out = [rows_contiguous(t) if t.numel() else q for t in outs]
     launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BLOCK_N)),
            dict(DQ=strided(ins[0]), DK=strided(ins[1]), DV=strided(ins[2]), Q=strided(q),
                 K=strided(k), DO=strided(do), DEN=den.contiguous(), DDEN=dden, KP=k_before,
-                QS=dq_after, DS=dnum_after, OUT_DQ=strided(outs[0] if dq is not None else q),
-                OUT_DK=strided(outs[1] if dk is not None else q),
-                OUT_DV=strided(outs[2] if want_v else q), SIZE=(n, r, d, heads), c=float(c),
+                QS=dq_after, DS=dnum_after, OUT_DQ=strided(out[0]), OUT_DK=strided(out[1]),
+                OUT_DV=strided(out[2]), SIZE=(n, r, d, heads), c=float(c),
                 WANT_DQ=dq is not None, WANT_DK=dk is not None, WANT_DV=want_v,
                 **_options(r, d)), num_warps=_warps("epilogue", r, d))
+    for o, t in zip(out, outs):
+        if t.numel() and o.data_ptr() != t.data_ptr():  # (an input whose last dim was strided)
+            t.copy_(o)
     return tuple(outs)
 
 
 @normalized_epilogue.register_fake
-def _(dq, dk, dv, q, k, do, den, dden, k_before, dq_after, dnum_after, c):
-    return tuple(_epilogue_outputs(dq, dk, dv, q, c))
+def _(dq, dk, dv, q, k, v, do, den, dden, k_before, dq_after, dnum_after, c):
+    return tuple(_epilogue_outputs(dq, dk, dv, q, k, v, c))
+
+
+
+def _row_views(*tensors: torch.Tensor) -> list:
+    """The tensors (each ``(..., r)``, one shape) as 4-D ``(a, b, rows, r)`` views that the row
+    passes address alike, row for row: every row flattened into one lane where each tensor
+    flattens as a view, else the 4-D tensors themselves (any strides, contiguous rows), else
+    contiguous copies (flattened)."""
+    flat = []
+    for t in tensors:
+        try:
+            f = t.view(-1, t.shape[-1])
+        except RuntimeError:
+            break
+        if f.stride(-1) != 1:
+            break
+        flat.append(f[None, None])
+    else:
+        return flat
+    if tensors[0].dim() == 4 and all(t.stride(-1) == 1 for t in tensors):
+        return list(tensors)
+    return [t.contiguous().view(-1, t.shape[-1])[None, None] for t in tensors]
+
+
+def _row_pass(kernel, tensors: dict, out: str, s: torch.Tensor, eps: float) -> None:
+    """One launch of a row pass over ``tensors`` (by the kernel's names, one shape, viewed alike by
+    :func:`_row_views`); ``s``: the rows' norms, float32 contiguous. The output ``tensors[out]``
+    is written back where its view had to be a copy."""
+    views = dict(zip(tensors, _row_views(*tensors.values())))
+    a, b, n, r = views[out].shape
+    launch(kernel, (a * b, cdiv(n, BLOCK_N)),
+           dict({k: strided(v) for k, v in views.items()}, S=s, SIZE=(n, r, b), eps=float(eps),
+                BLOCK_N=BLOCK_N, BLOCK_R=next_pow2(r)), num_warps=_warps("rows", r, r))
+    if views[out].data_ptr() != tensors[out].data_ptr():
+        tensors[out].copy_(views[out].view(tensors[out].shape))
+
+
+def on_row_norm_kernels(x: torch.Tensor) -> bool:
+    """Whether :func:`row_normalized` runs on its kernels for x (:func:`on_row_kernels`;
+    fp16/bf16/fp32, rows of at most 256)."""
+    return on_row_kernels(x, kernels) and x.dtype in DTYPES and x.dim() >= 1 and \
+        0 < x.shape[-1] <= 256 and x.numel() > 0
+
+
+@torch.library.custom_op("leetrepro::row_normalized", mutates_args=())
+def row_normalized(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x / s, s)`` with ``s = max(‖x‖₂, eps)`` over x's last dimension: the rows in x's dtype
+    and layout (``torch.empty_like``), the norms float32 ``x.shape[:-1]``, contiguous. One pass,
+    O(numel)."""
+    y, s = torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    _row_pass(kernels.row_normalize_forward, dict(X=x, Y=y), "Y", s, eps)
+    return y, s
+
+
+@row_normalized.register_fake
+def _(x, eps):
+    return torch.empty_like(x), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("leetrepro::row_normalized_backward", mutates_args=())
+def row_normalized_backward(dy: torch.Tensor, y: torch.Tensor, s: torch.Tensor,
+                            eps: float) -> torch.Tensor:
+    """x's gradient from :func:`row_normalized`'s ``(y, s)`` and y's gradient dy: ``(dy −
+    y·(y·dy)) / s`` per row (``dy / s`` where the norm was clamped to eps), in y's dtype and
+    layout. One pass."""
+    dx = torch.empty_like(y)
+    _row_pass(kernels.row_normalize_backward, dict(DY=dy, Y=y, DX=dx), "DX", s, eps)
+    return dx
+
+
+@row_normalized_backward.register_fake
+def _(dy, y, s, eps):
+    return torch.empty_like(y)
