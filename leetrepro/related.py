@@ -74,22 +74,40 @@ def _positions(n: int, like: torch.Tensor) -> torch.Tensor:
     return torch.arange(1, n + 1, device=like.device, dtype=like.dtype).view(n, 1)
 
 
+#: where a row's norm is clamped by :func:`normalize_rows` (``torch.nn.functional.normalize``'s)
+ROW_EPS = 1e-12
+
+
+def _unnormalized(g: torch.Tensor, y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x's gradient from y's (g), ``y = x / s`` by rows with s ``(…, N, 1)`` clamped at
+    :data:`ROW_EPS` (PyTorch's composition of the epilogue's ``ROWS_NORMALIZED``)."""
+    g32, y32 = g.to(s.dtype), y.to(s.dtype)
+    along = torch.where(s > ROW_EPS, (g32 * y32).sum(-1, keepdim=True), 0.0)
+    return ((g32 - y32 * along) / s).to(g.dtype)
+
+
 class _Normalized(torch.autograd.Function):
     """``num / den`` with ``num = c·cumsum(V) + op(Q, K, V)``, ``den = c·(i+1) + q_i·cumsum(K)_i``;
     saves Q, K, V, O and den (N per head), and computes the operator's gradients without running
-    its forward again (:func:`leetrepro.ops.gradients`)."""
+    its forward again (:func:`leetrepro.ops.gradients`). With ``rows`` (the passes' kernels
+    only), Q and K are first normalised by rows here (:func:`normalize_rows`), their norms saved
+    (N per head each) and the backward's last pass carries dq and dk back through it."""
 
     @staticmethod
-    def forward(ctx, q, k, v, c, eps, method, options):
+    def forward(ctx, q, k, v, c, eps, rows, method, options):
         ctx.args = (c, method, options)
+        norms = (None, None)
+        if rows:
+            (q, sq), (k, sk) = _rows(q, ROW_EPS), _rows(k, ROW_EPS)
+            norms = (sq.unsqueeze(-1), sk.unsqueeze(-1))
         if normalizer.in_sweep(q, k, v, method, options):  # (one sweep, normaliser and all)
             o, den = _in_sweep(q, k, v, c, eps)
-            ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
+            ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1), *norms)
             return o
         if on_kernels(q, k, v):  # (the running sums, the division and the casts: two passes)
             num = causal_linear_decoder(q, k, v, method=method, **options)
             o, den = _output(num, q, k, v, c, eps)
-            ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1))
+            ctx.save_for_backward(q, k, v, o, den.unsqueeze(-1), *norms)
             return o
         acc = torch.promote_types(v.dtype, torch.float32)
         num = causal_linear_decoder(q, k, v, method=method, **options).to(acc)
@@ -100,13 +118,13 @@ class _Normalized(torch.autograd.Function):
         if c:
             den = den + c * _positions(q.shape[-2], den)
         o = (num / den).to(v.dtype)
-        ctx.save_for_backward(q, k, v, o, den)
+        ctx.save_for_backward(q, k, v, o, den, *norms)
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do):
-        q, k, v, o, den = ctx.saved_tensors
+        q, k, v, o, den, sq, sk = ctx.saved_tensors
         c, method, options = ctx.args
         need = ctx.needs_input_grad[:3]
         if on_kernels(q, k, v, do):  # (one pass before the operator's backward, one after)
@@ -114,9 +132,10 @@ class _Normalized(torch.autograd.Function):
             dq, dk, dv = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
             dq, dk, dv2 = _epilogue(*(g if w else None for g, w in zip((dq, dk, dv), need)),
                                     q, k, v, do, den[..., 0], dden, k_before, dq_after,
-                                    dnum_after, c)
+                                    dnum_after, *(None if s is None else s[..., 0]
+                                                  for s in (sq, sk)), c, ROW_EPS)
             return (dq if need[0] else None, dk if need[1] else None,
-                    (dv2 if c else dv) if need[2] else None, None, None, None, None)
+                    (dv2 if c else dv) if need[2] else None, None, None, None, None, None)
         dnum = do.to(den.dtype) / den                                  # (…, N, d)
         dden = -(dnum * o.to(den.dtype)).sum(-1, keepdim=True)          # (…, N, 1)
         dq, dk, dv = ops.gradients(dnum.to(v.dtype), q, k, v, method=method, need=need, **options)
@@ -126,28 +145,39 @@ class _Normalized(torch.autograd.Function):
             dk = (dk.to(den.dtype) + _cumsum(dden * q.to(den.dtype), reverse=True)).to(k.dtype)
         if need[2] and c:
             dv = (dv.to(den.dtype) + c * _cumsum(dnum, reverse=True)).to(v.dtype)
+        if sq is not None:
+            dq = _unnormalized(dq, q, sq) if need[0] else dq
+            dk = _unnormalized(dk, k, sk) if need[1] else dk
         return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                                constant: float = 1.0, eps: float = 1e-6, method: str = "auto",
+                                constant: float = 1.0, eps: float = 1e-6,
+                                normalize_rows: bool = False, method: str = "auto",
                                 **options) -> torch.Tensor:
     """Causal normalised linear attention with ``f(x) = constant + x`` (the kernel paper's
     ``1 + x`` by default): ``o_i = Σ_{j≤i} f(q_i·k_j) v_j / (Σ_{j≤i} f(q_i·k_j) + eps)``.
 
     q, k ``(batch, heads, N, r)``, v ``(batch, heads, N, d)``, one floating dtype; returns
     ``(batch, heads, N, d)`` in v's dtype. No scale is applied to q·k (the paper normalises the
-    rows of q and k first, its Eq. 22: pass :func:`normalize_rows` of each, which also keeps
-    every ``1 + q·k`` ≥ 0 and the denominators positive). Differentiable in q, k, v.
+    rows of q and k first, its Eq. 22, which also keeps every ``1 + q·k`` ≥ 0 and the
+    denominators positive: ``normalize_rows=True`` does it inside the layer, as
+    :func:`normalize_rows` of each would, with their backward folded into the layer's last pass
+    on a GPU). Differentiable in q, k, v.
     Time O(N r d) through the operator (``method``, ``options``: as
     :func:`leetrepro.causal_linear_decoder`); around it, on a GPU, the running sums, the
     denominators, the division and the casts are two passes forward and two backward, beside
-    the chunks' small scans (:mod:`leetrepro.methods.normalizer`; PyTorch's composition elsewhere); memory: the inputs,
-    the output and N denominators per head are saved, nothing of size N × N or N × r × d.
+    the chunks' small scans (:mod:`leetrepro.methods.normalizer`; PyTorch's composition
+    elsewhere); memory: the inputs (q and k normalised, where the layer normalises them), the
+    output and N denominators per head are saved (and N norms per head for each of q and k
+    where it normalises them), nothing of size N × N or N × r × d.
     Compiles into one graph (``torch.compile(fullgraph=True)``: the backward goes through the
     operator's backward op and the passes' custom ops)."""
-    return _Normalized.apply(q, k, v, float(constant), float(eps), method, options)
+    rows = normalize_rows and on_kernels(q, k, v)
+    if normalize_rows and not rows:
+        q, k = (torch.nn.functional.normalize(t, dim=-1, eps=ROW_EPS) for t in (q, k))
+    return _Normalized.apply(q, k, v, float(constant), float(eps), rows, method, options)
 
 
 class _RowNormalized(torch.autograd.Function):
@@ -168,7 +198,7 @@ class _RowNormalized(torch.autograd.Function):
         return _rows_back(dy, y, s, ctx.eps), None
 
 
-def normalize_rows(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+def normalize_rows(x: torch.Tensor, eps: float = ROW_EPS) -> torch.Tensor:
     """``x / max(‖x‖₂, eps)`` over the last dimension, as ``torch.nn.functional.normalize(x,
     dim=-1, eps=eps)``: the kernel paper's row-normalised q and k (its Eq. 22), which keep every
     ``1 + q·k`` ≥ 0. Any shape ``(..., r)``, fp16/bf16/fp32; the result in x's dtype and layout.

@@ -92,8 +92,10 @@ def test_bench_cells_on_the_cpu():
     layer = R.measure_layer(cpu, cells=((1, 2, 16, 64),), reps=1, dtype=torch.float32)
     assert {r["entry"] for r in layer} >= {"leetrepro (1+x)", "softmax (SDPA)"}
     assert {r["passes"] for r in layer if r["entry"] == "leetrepro (1+x)"} == {"composition"}
-    # (the one-sweep entry, where the sweep cannot run, says what ran instead)
-    assert {r["passes"] for r in layer if r["entry"] == R.SWEEP} == {"composition"}
+    # (the passes' entry, where their kernels cannot run, says what ran instead)
+    assert {r["passes"] for r in layer if r["entry"] == R.PASSES} == {"composition"}
+    assert {r["entry"] for r in layer} == set(R.LAYER_ENTRIES) - {e for e in R.MIXERS if "fla" in e
+                                                                 and R.mixer(e) is None}
     lm = R.measure_lm(cpu, dict(vocab=50, dim=32, layers=1, heads=2, mlp=64, batch=1, seq=16),
                       steps=1, warmup=1)
     assert all(r["status"] == "ok" for r in lm)

@@ -192,8 +192,43 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
         pro = normalizer.normalized_prologue(do, o, den, small[0], small[1])
         torch.library.opcheck(normalizer.normalized_prologue, (do, o, den, small[0], small[1]))
         grads = [torch.randn_like(t) for t in small]
-        torch.library.opcheck(normalizer.normalized_epilogue,
-                              (*grads, *small, do, den, pro[1], *pro[2:], constant))
+        for norms in ((None, None), tuple(t.norm(dim=-1) for t in small[:2])):
+            torch.library.opcheck(normalizer.normalized_epilogue,
+                                  (*grads, *small, do, den, pro[1], *pro[2:], *norms, constant,
+                                   1e-12))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
+@pytest.mark.parametrize("dtype, need", quick_lane(
+    [(torch.float32, (True, True, True)), (torch.float16, (True, True, True)),
+     (torch.float32, (False, True, False)), (torch.float32, (True, False, False))],
+    keep=(0,), unpack=True))
+def test_normalized_with_its_rows_normalized(monkeypatch, dtype, need):
+    """``normalize_rows=True``: q and k normalised by rows inside the layer (the paper's Eq.
+    22), their backward folded into the epilogue (interpreted) or PyTorch's normalize around the
+    composition: output and each wanted gradient of the raw q, k, v against float64 (the
+    definition of the normalised rows), time-major views, rows of several scales."""
+    from leetrepro.methods import normalizer
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(2, 3, 75, 12, generator=g, dtype=torch.float64) *
+            torch.rand(2, 3, 75, 1, generator=g, dtype=torch.float64).add(0.2) * 3 for _ in "qk")
+    v = torch.randn(2, 3, 75, 10, generator=g, dtype=torch.float64)
+    dO = torch.randn(2, 3, 75, 10, generator=g, dtype=torch.float64)
+    unit = lambda t: torch.nn.functional.normalize(t, dim=-1)  # noqa: E731
+    ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c), (q, k, v),
+                       dO)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for kernels in (False, True):
+        if kernels:
+            monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+        ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(w)
+               for t, w in zip((q, k, v), need)]
+        assert normalizer.on_kernels(*ins) == kernels
+        out = related.normalized_linear_attention(*ins, normalize_rows=True)
+        got = torch.autograd.grad(out, [t for t in ins if t.requires_grad], dO.to(dtype))
+        for a, e in zip([out, *got], [ref] + [w for w, n in zip(want, need) if n]):
+            assert a.dtype == dtype and torch.isfinite(a).all()
+            assert rel_error(a.double(), e) <= tolerance(dtype), (kernels, rel_error(a.double(), e))
 
 
 def _row_layouts(dtype):
@@ -353,24 +388,31 @@ def test_normalized_in_one_sweep_on_the_gpu(dtype, segment):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_normalized_passes_on_the_gpu(dtype):
+@pytest.mark.parametrize("rows", [False, True])
+def test_normalized_passes_on_the_gpu(dtype, rows):
     """On a GPU, where the normaliser's passes run on their kernels: the layer (time-major views
     of q, k, v, as a model's projection hands them; r = d = 128, N not a multiple of the chunk)
     against the float64 definition within the contract (fp32: the operator's tf32), output and
-    every gradient finite."""
+    every gradient finite; ``rows``: q and k of several scales, normalised inside the layer
+    (``normalize_rows=True``)."""
     from leetrepro.methods import normalizer
     q, k, v = _qkv(2, 4, 1000, 128, 128)
+    if rows:
+        q, k = (t * torch.linspace(0.3, 3.0, 1000, dtype=t.dtype)[:, None] for t in (q, k))
     dO = torch.randn(2, 4, 1000, 128, dtype=torch.float64,
                      generator=torch.Generator().manual_seed(3))
-    ref, want = _grads(related.normalized_direct, (q, k, v), dO)
+    unit = (lambda t: torch.nn.functional.normalize(t, dim=-1)) if rows else (lambda t: t)
+    ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c), (q, k, v),
+                       dO)
     ins = [t.to("cuda", dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
     assert normalizer.on_kernels(*ins)
-    out, got = _grads(related.normalized_linear_attention, ins, dO.to("cuda", dtype))
+    layer = lambda *t: related.normalized_linear_attention(*t, normalize_rows=rows)  # noqa: E731
+    out, got = _grads(layer, ins, dO.to("cuda", dtype))
     tol = tolerance(dtype) if dtype != torch.float32 else 5e-3
     for a, e in zip([out, *got], [ref, *want]):
         assert torch.isfinite(a).all() and rel_error(a.double().cpu(), e) <= tol
     # (one compiled graph holds the passes' custom ops, forward and backward)
-    compiled = torch.compile(related.normalized_linear_attention, fullgraph=True)
+    compiled = torch.compile(layer, fullgraph=True)
     out2, got2 = _grads(compiled, ins, dO.to("cuda", dtype))
     for a, e in zip([out2, *got2], [ref, *want]):
         assert torch.isfinite(a).all() and rel_error(a.double().cpu(), e) <= tol

@@ -13,11 +13,12 @@ direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel 
   paper's Table 1-2 shapes (L = 8192, d = 4096 and 8192, fp32) beside ``torch.matmul``.
 * ``kernel_paper_layer.csv``: one attention layer's mixer (time-major ``(b, N, h, d)`` as a model
   hands it), forward and forward + backward, time and peak memory above the inputs: this
-  project's ``normalized_linear_attention`` (1 + x), flash-linear-attention's ``chunk_gla`` (the
-  paper's baseline, Gated Linear Attention) and ``chunk_linear_attn`` (its normalised linear
-  attention), softmax attention (``scaled_dot_product_attention``, causal), and this project's
-  layer again with its forward as one sweep of Chunk's portable kernel (``SWEEP``; its
-  ``passes`` column says what ran), and the same layer with the operator in place of normalised
+  project's ``normalized_linear_attention`` (1 + x, rows of q and k normalised inside),
+  flash-linear-attention's ``chunk_gla`` (the paper's baseline, Gated Linear Attention) and
+  ``chunk_linear_attn`` (its normalised linear attention), softmax attention
+  (``scaled_dot_product_attention``, causal), this project's layer again with its forward as
+  the operator and passes around it (``PASSES``; the ``passes`` column says what ran for each of
+  this project's layers), and the same layer with the operator in place of normalised
   attention (``OPERATOR``, γ = 1: the time the normaliser's cost is judged against);
   ``kernel_paper_lm.csv``: a training step (forward, backward, fused AdamW; bf16 parameters) of
   a decoder language model of the paper's 1.4B size with each mixer.
@@ -45,14 +46,15 @@ SEQLENS = {"cuda": (1024, 2048, 4096, 8192, 16384), "cpu": (512, 1024, 2048, 409
 LAYER_CELLS = ((2, 16, 128, 4096), (2, 16, 128, 16384))
 LM = dict(vocab=32000, dim=2048, layers=24, heads=16, mlp=5632, batch=2, seq=4096)
 MIXERS = ("leetrepro (1+x)", "fla chunk_gla", "fla chunk_linear_attn", "softmax (SDPA)")
-#: the layer's entries: the mixers, and this project's layer with its forward as one sweep of
-#: Chunk's portable kernel (``methods.normalizer.IN_SWEEP`` on for its calls; its ``passes``
-#: column says ``sweep`` where the sweep took it)
-SWEEP = "leetrepro (1+x) one sweep"
+#: the layer's entries: the mixers (this project's as users call it: its forward one sweep of
+#: Chunk's portable kernel where ``methods.normalizer.IN_SWEEP`` allows, the default), this
+#: project's layer with its forward as the operator and the passes around it (``IN_SWEEP`` off
+#: for its calls; the ``passes`` column says what ran for each)
+PASSES = "leetrepro (1+x) passes"
 #: the same layer with the operator in place of normalised attention (rows of q and k
 #: normalised, γ = 1, no denominator): what the normaliser's cost is judged against
 OPERATOR = "leetrepro operator (γ = 1)"
-LAYER_ENTRIES = MIXERS + (SWEEP, OPERATOR)
+LAYER_ENTRIES = MIXERS + (PASSES, OPERATOR)
 
 
 def _timed(fns: dict, reps: int, device, seed: int = 0) -> dict:
@@ -164,8 +166,8 @@ def mixer(name: str):
     """``mix(q, k, v, g) -> o`` on time-major ``(b, N, h, d)`` tensors (g: GLA's log gates), or
     None where the peer is not installed."""
     def ours(q, k, v, g):
-        q, k = related.normalize_rows(q), related.normalize_rows(k)
-        o = related.normalized_linear_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        o = related.normalized_linear_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                v.transpose(1, 2), normalize_rows=True)
         return o.transpose(1, 2)
 
     def sdpa(q, k, v, g):
@@ -175,8 +177,8 @@ def mixer(name: str):
 
     if name == MIXERS[0]:
         return ours
-    if name == SWEEP:
-        return _in_sweep(ours)
+    if name == PASSES:
+        return _sweep(ours, False)
     if name == OPERATOR:
         return lambda q, k, v, g: causal_linear_decoder(
             related.normalize_rows(q).transpose(1, 2), related.normalize_rows(k).transpose(1, 2),
@@ -192,12 +194,12 @@ def mixer(name: str):
     return lambda q, k, v, g: fn(phi(q), phi(k), v, scale=1.0, normalize=True)[0]
 
 
-def _in_sweep(fn):
-    """``fn`` called with the layer's forward as one sweep (``normalizer.IN_SWEEP``)."""
+def _sweep(fn, on: bool):
+    """``fn`` called with the layer's forward as one sweep or not (``normalizer.IN_SWEEP``)."""
     from ..methods import normalizer
 
     def call(*args):
-        old, normalizer.IN_SWEEP = normalizer.IN_SWEEP, True
+        old, normalizer.IN_SWEEP = normalizer.IN_SWEEP, on
         try:
             return fn(*args)
         finally:
@@ -215,12 +217,15 @@ def passes(device, dtype=torch.bfloat16) -> str:
 
 
 def _passes_of(entry: str, device, dtype) -> str | None:
-    if entry == SWEEP:
-        from ..methods import normalizer
-        probe = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
-        taken = _in_sweep(lambda: normalizer.in_sweep(probe, probe, probe, "auto", {}))()
-        return "sweep" if taken else passes(device, dtype)
-    return passes(device, dtype) if entry == MIXERS[0] else None
+    """What ran around (or instead of) the operator for this project's layer entries: ``sweep``,
+    or :func:`passes`'s answer."""
+    if entry not in (MIXERS[0], PASSES):
+        return None
+    from ..methods import normalizer
+    probe = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
+    taken = _sweep(lambda: normalizer.in_sweep(probe, probe, probe, "auto", {}),
+                   entry == MIXERS[0])()
+    return "sweep" if taken else passes(device, dtype)
 
 
 def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat16):

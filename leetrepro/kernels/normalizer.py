@@ -151,44 +151,61 @@ def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, KT, QT, DT, SIZE, BLOCK_N:
 
 
 @triton.jit
-def _add_rows(G, OUT, bh, H, n0, N, WIDTH, term, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
-    """OUT's chunk rows = G's + term (float32 [BLOCK_N, BLOCK_W]), in OUT's dtype."""
-    g = _rows(G, bh, H, n0, N, WIDTH, BLOCK_N, BLOCK_W)
-    _store_rows(OUT, g + term, bh, H, n0, N, WIDTH, BLOCK_N, BLOCK_W)
+def _unnormalized(g, y, s, eps):
+    """The gradient of x from that of ``y = x / s`` (s = max(‖x‖₂, eps) per row, float32 [rows]):
+    ``(g − y·(y·g)) / s``, or ``g / s`` where the norm was clamped to eps (a constant then)."""
+    along = tl.where(s > eps, tl.sum(y * g, axis=1), 0.0)
+    return (g - y * along[:, None]) / s[:, None]
 
 
 @triton.jit
-def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, OUT_DQ, OUT_DK, OUT_DV,
-                        SIZE, c, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+def _norms(S, bh, N, rows):
+    return tl.load(S + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
+
+
+@triton.jit
+def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, SQ, SK, OUT_DQ, OUT_DK,
+                        OUT_DV, SIZE, c, row_eps, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                         BLOCK_D: tl.constexpr, WANT_DQ: tl.constexpr, WANT_DK: tl.constexpr,
-                        WANT_DV: tl.constexpr):
+                        WANT_DV: tl.constexpr, ROWS_NORMALIZED: tl.constexpr):
     """The backward's last pass: the operator's dq, dk, dv (DQ, DK, DV) plus the denominator's
     terms, into OUT_DQ, OUT_DK, OUT_DV (their dtypes); KP: the sums of k over the chunks before
-    each, QS and DS: the sums of dden·q and of dO / den over the chunks after each;
-    ``SIZE = (N, R, D, H)``."""
+    each, QS and DS: the sums of dden·q and of dO / den over the chunks after each. Where
+    ROWS_NORMALIZED, q and k are rows normalised by the layer (their norms SQ, SK, float32
+    ``(batch·heads, N)``, clamped at ``row_eps``) and dq, dk are carried back through that
+    normalisation. ``SIZE = (N, R, D, H)``."""
     N, R, D, H = SIZE
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
     rows = n0 + tl.arange(0, BLOCK_N)
     ddn = tl.load(DDEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=0.0)
-    if WANT_DQ:
+    if WANT_DK or ROWS_NORMALIZED:
+        q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    if WANT_DQ or ROWS_NORMALIZED:
         k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    if WANT_DQ:
         at, ok = _chunk(KP, bh, chunk, R, BLOCK_R)
         ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
-        _add_rows(DQ, OUT_DQ, bh, H, n0, N, R, ddn[:, None] * ks, BLOCK_N, BLOCK_R)
+        dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + ddn[:, None] * ks
+        if ROWS_NORMALIZED:
+            dq = _unnormalized(dq, q, _norms(SQ, bh, N, rows), row_eps)
+        _store_rows(OUT_DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DK:
-        q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
         at, ok = _chunk(QS, bh, chunk, R, BLOCK_R)
         qs = tl.cumsum(q * ddn[:, None], axis=0, reverse=True) + \
             tl.load(at, mask=ok, other=0.0)[None, :]
-        _add_rows(DK, OUT_DK, bh, H, n0, N, R, qs, BLOCK_N, BLOCK_R)
+        dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
+        if ROWS_NORMALIZED:
+            dk = _unnormalized(dk, k, _norms(SK, bh, N, rows), row_eps)
+        _store_rows(OUT_DK, dk, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DV:
         inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
         do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
         at, ok = _chunk(DS, bh, chunk, D, BLOCK_D)
         ds = tl.cumsum(do * inv[:, None], axis=0, reverse=True) + \
             tl.load(at, mask=ok, other=0.0)[None, :]
-        _add_rows(DV, OUT_DV, bh, H, n0, N, D, c * ds, BLOCK_N, BLOCK_D)
+        dv = _rows(DV, bh, H, n0, N, D, BLOCK_N, BLOCK_D) + c * ds
+        _store_rows(OUT_DV, dv, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
 
 
 @triton.jit
@@ -214,8 +231,7 @@ def row_normalize_backward(DY, Y, S, DX, SIZE, eps, BLOCK_N: tl.constexpr,
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
     rows = n0 + tl.arange(0, BLOCK_N)
-    s = tl.load(S + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
     dy = _rows(DY, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     y = _rows(Y, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    along = tl.where(s > eps, tl.sum(y * dy, axis=1), 0.0)
-    _store_rows(DX, (dy - y * along[:, None]) / s[:, None], bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    _store_rows(DX, _unnormalized(dy, y, _norms(S, bh, N, rows), eps), bh, H, n0, N, R, BLOCK_N,
+                BLOCK_R)

@@ -164,10 +164,16 @@ def strided(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t, *t.stride()[:3])
 
 
+def interpreted_bf16(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` is bf16 under Triton's interpreter (``TRITON_INTERPRET=1``), which
+    computes bf16 ``tl.dot`` wrongly."""
+    return dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def refuse_interpreted_bf16(dtype: torch.dtype, abbr: str) -> None:
     """Triton's interpreter (``TRITON_INTERPRET=1``, how the kernels run on a CPU) computes bf16
     ``tl.dot`` wrongly: refuse rather than return wrong numbers."""
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+    if interpreted_bf16(dtype):
         raise ValueError(f"{abbr} cannot run bfloat16 under TRITON_INTERPRET=1: Triton's "
                          f"interpreter computes bf16 dot products wrongly. Use float16/float32 "
                          f"there, a GPU for bf16, or a PyTorch method")
