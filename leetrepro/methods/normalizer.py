@@ -21,7 +21,8 @@ norm is broadcast.
 Each is a custom op (``torch.library``) with its fake, so that a compiled graph holds it. Shapes:
 q, k ``(batch, heads, N, r)``, v, num, o, dO ``(batch, heads, N, d)`` (any strides but a
 contiguous last dimension), fp16/bf16/fp32; the denominators ``(batch, heads, N)`` float32.
-Running sums in float32, in chunks of :data:`BLOCK_N` rows from the prefix of the chunks' sums.
+Running sums in float32, in chunks of :data:`BLOCK_N` rows (the backward's:
+:data:`BACKWARD_BLOCK_N`) from the prefix of the chunks' sums.
 The chunks' sums before (or after) each chunk are one small launch each (:func:`_scan`).
 O(N·(r + d)) per head. :func:`on_kernels` says where they run (a GPU; on a CPU, Triton's
 interpreter asked for by name).
@@ -38,8 +39,12 @@ try:
 except ImportError as err:  # without Triton: PyTorch's composition
     kernels = NoTriton(err)
 
-#: rows a program takes (its running sums within the chunk, from the chunks' prefix)
-BLOCK_N = 32
+#: rows a program takes (its running sums within the chunk, from the chunks' prefix): the
+#: forward's passes and the row normalisation, and the backward's (prologue and epilogue: the
+#: epilogue at 16 rows and one warp took 369 µs against 484 at 32 and four, 458 against 745
+#: with the rows' normalisation folded in, at N = 16384, r = d = 128, bf16, H200; every pair
+#: of 16-64 rows and 1-8 warps tried)
+BLOCK_N, BACKWARD_BLOCK_N = 32, 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -56,15 +61,15 @@ def _shape(q: torch.Tensor, v: torch.Tensor) -> tuple:
     return batch, heads, n, r, v.shape[-1]
 
 
-def _options(r: int, d: int) -> dict:
-    return dict(BLOCK_N=BLOCK_N, BLOCK_R=next_pow2(r), BLOCK_D=next_pow2(d))
+def _options(r: int, d: int, block_n: int = BLOCK_N) -> dict:
+    return dict(BLOCK_N=block_n, BLOCK_R=next_pow2(r), BLOCK_D=next_pow2(d))
 
 
 #: warps of each pass's programs (a chunk of BLOCK_N rows by the head's width): few, so that a
 #: chunk's column sums and running sums stay within a warp's threads; with 8 warps the totals
 #: pass ran at 5× its memory floor, L1-bound on the sums across warps (ncu, H200; the sweep in
 #: notes/other_papers.md chose these at N = 16384, r = d = 128)
-WARPS = {"totals": 1, "forward": 4, "prologue": 2, "epilogue": 4, "rows": 2}
+WARPS = {"totals": 1, "forward": 4, "prologue": 1, "epilogue": 1, "rows": 2}
 #: chunks a program of the chunk scan takes at once, its columns and warps (a few hundred
 #: programs, each a few steps: the scan is latency-bound)
 SCAN_BLOCK = (128, 16, 2)
@@ -177,7 +182,7 @@ def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q:
     ``(batch, heads, N)``, the sums float32 ``(batch·heads, chunks, r or d)``."""
     do, o, q, k = (rows_contiguous(t) for t in (do, o, q, k))
     batch, heads, n, r, d = _shape(q, o)
-    chunks = cdiv(n, BLOCK_N)
+    chunks = cdiv(n, BACKWARD_BLOCK_N)
     dnum = torch.empty(batch, heads, n, d, dtype=o.dtype, device=o.device)
     dden = torch.empty(batch, heads, n, dtype=torch.float32, device=o.device)
     kt, qt = (torch.empty(batch * heads, chunks, r, dtype=torch.float32, device=o.device)
@@ -186,14 +191,14 @@ def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q:
     launch(kernels.normalizer_prologue, (batch * heads, chunks),
            dict(DO=strided(do), O=strided(o), DEN=den.contiguous(), Q=strided(q), K=strided(k),
                 DNUM=strided(dnum), DDEN=dden, KT=kt, QT=qt, DT=dt, SIZE=(n, r, d, heads),
-                **_options(r, d)), num_warps=_warps("prologue", r, d))
+                **_options(r, d, BACKWARD_BLOCK_N)), num_warps=_warps("prologue", r, d))
     return dnum, dden, _before(kt), _after(qt), _after(dt)
 
 
 @normalized_prologue.register_fake
 def _(do, o, den, q, k):
     batch, heads, n, r, d = _shape(q, o)
-    chunks = cdiv(n, BLOCK_N)
+    chunks = cdiv(n, BACKWARD_BLOCK_N)
     sums = lambda w: o.new_empty(batch * heads, chunks, w, dtype=torch.float32)  # noqa: E731
     return (o.new_empty(batch, heads, n, d), o.new_empty(batch, heads, n, dtype=torch.float32),
             sums(r), sums(r), sums(d))
@@ -226,14 +231,14 @@ def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
     want_v = dv is not None and c != 0
     ins = [rows_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
     out = [rows_contiguous(t) if t.numel() else q for t in outs]
-    launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BLOCK_N)),
+    launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BACKWARD_BLOCK_N)),
            dict(DQ=strided(ins[0]), DK=strided(ins[1]), DV=strided(ins[2]), Q=strided(q),
                 K=strided(k), DO=strided(do), DEN=den.contiguous(), DDEN=dden, KP=k_before,
                 QS=dq_after, DS=dnum_after, SQ=_norms(q_norms, den), SK=_norms(k_norms, den),
                 OUT_DQ=strided(out[0]), OUT_DK=strided(out[1]), OUT_DV=strided(out[2]),
                 SIZE=(n, r, d, heads), c=float(c), row_eps=float(row_eps),
                 WANT_DQ=dq is not None, WANT_DK=dk is not None, WANT_DV=want_v,
-                ROWS_NORMALIZED=q_norms is not None, **_options(r, d)),
+                ROWS_NORMALIZED=q_norms is not None, **_options(r, d, BACKWARD_BLOCK_N)),
            num_warps=_warps("epilogue", r, d))
     for o, t in zip(out, outs):
         if t.numel() and o.data_ptr() != t.data_ptr():  # (an input whose last dim was strided)
