@@ -259,13 +259,14 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
     return rows
 
 
-def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2):
-    """ms per training step and its peak memory, one model per mixer (built, timed, freed)."""
+def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2, mixers=MIXERS):
+    """ms per training step and its peak memory, one model per mixer of ``mixers`` (built,
+    timed, freed)."""
     rows = []
     gen = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, config["vocab"], (config["batch"], config["seq"] + 1), generator=gen,
                         device=device)
-    for name in MIXERS:
+    for name in mixers:
         mix = mixer(name)
         if mix is None:
             continue
