@@ -129,13 +129,12 @@ class _Normalized(torch.autograd.Function):
         need = ctx.needs_input_grad[:3]
         if on_kernels(q, k, v, do):  # (one pass before the operator's backward, one after)
             dnum, dden, k_before, dq_after, dnum_after = _prologue(do, o, den[..., 0], q, k)
-            dq, dk, dv = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
-            dq, dk, dv2 = _epilogue(*(g if w else None for g, w in zip((dq, dk, dv), need)),
-                                    q, k, v, do, den[..., 0], dden, k_before, dq_after,
-                                    dnum_after, *(None if s is None else s[..., 0]
-                                                  for s in (sq, sk)), c, ROW_EPS)
-            return (dq if need[0] else None, dk if need[1] else None,
-                    (dv2 if c else dv) if need[2] else None, None, None, None, None, None)
+            grads = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
+            del dnum  # (freed before the last pass, which adds its terms in place)
+            grads = [g if w else None for g, w in zip(grads, need)]
+            _epilogue(*grads, q, k, do, den[..., 0], dden, k_before, dq_after, dnum_after,
+                      *(None if s is None else s[..., 0] for s in (sq, sk)), c, ROW_EPS)
+            return (*grads, None, None, None, None, None)
         dnum = do.to(den.dtype) / den                                  # (…, N, d)
         dden = -(dnum * o.to(den.dtype)).sum(-1, keepdim=True)          # (…, N, 1)
         dq, dk, dv = ops.gradients(dnum.to(v.dtype), q, k, v, method=method, need=need, **options)

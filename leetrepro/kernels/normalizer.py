@@ -164,13 +164,14 @@ def _norms(S, bh, N, rows):
 
 
 @triton.jit
-def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, SQ, SK, OUT_DQ, OUT_DK,
-                        OUT_DV, SIZE, c, row_eps, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-                        BLOCK_D: tl.constexpr, WANT_DQ: tl.constexpr, WANT_DK: tl.constexpr,
-                        WANT_DV: tl.constexpr, ROWS_NORMALIZED: tl.constexpr):
-    """The backward's last pass: the operator's dq, dk, dv (DQ, DK, DV) plus the denominator's
-    terms, into OUT_DQ, OUT_DK, OUT_DV (their dtypes); KP: the sums of k over the chunks before
-    each, QS and DS: the sums of dden·q and of dO / den over the chunks after each. Where
+def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, SQ, SK, SIZE, c, row_eps,
+                        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                        WANT_DQ: tl.constexpr, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
+                        ROWS_NORMALIZED: tl.constexpr):
+    """The backward's last pass: the denominator's terms added in place to the operator's dq,
+    dk, dv (DQ, DK, DV: each program reads its own rows, then writes them); KP: the sums of k
+    over the chunks before each, QS and DS: the sums of dden·q and of dO / den over the chunks
+    after each. Where
     ROWS_NORMALIZED, q and k are rows normalised by the layer (their norms SQ, SK, float32
     ``(batch·heads, N)``, clamped at ``row_eps``) and dq, dk are carried back through that
     normalisation. ``SIZE = (N, R, D, H)``."""
@@ -189,7 +190,7 @@ def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, SQ, SK, OUT
         dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + ddn[:, None] * ks
         if ROWS_NORMALIZED:
             dq = _unnormalized(dq, q, _norms(SQ, bh, N, rows), row_eps)
-        _store_rows(OUT_DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+        _store_rows(DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DK:
         at, ok = _chunk(QS, bh, chunk, R, BLOCK_R)
         qs = tl.cumsum(q * ddn[:, None], axis=0, reverse=True) + \
@@ -197,7 +198,7 @@ def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, SQ, SK, OUT
         dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
         if ROWS_NORMALIZED:
             dk = _unnormalized(dk, k, _norms(SK, bh, N, rows), row_eps)
-        _store_rows(OUT_DK, dk, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+        _store_rows(DK, dk, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DV:
         inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
         do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
@@ -205,7 +206,7 @@ def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, SQ, SK, OUT
         ds = tl.cumsum(do * inv[:, None], axis=0, reverse=True) + \
             tl.load(at, mask=ok, other=0.0)[None, :]
         dv = _rows(DV, bh, H, n0, N, D, BLOCK_N, BLOCK_D) + c * ds
-        _store_rows(OUT_DV, dv, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+        _store_rows(DV, dv, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
 
 
 @triton.jit

@@ -204,46 +204,34 @@ def _(do, o, den, q, k):
             sums(r), sums(r), sums(d))
 
 
-def _epilogue_outputs(dq, dk, dv, q, k, v, c) -> list:
-    """The epilogue's dq, dk, dv: each new where given, in its own dtype and its input's layout
-    (``torch.empty_like`` of q, k, v: a time-major view's gradient comes back time-major, so that
-    what runs after it, a row normalisation or a projection's backward, reads it as dense
-    rows), dv only where c ≠ 0 (it has no term of its own otherwise); else an empty tensor."""
-    return [torch.empty_like(x, dtype=t.dtype) if t is not None and want else q.new_empty(0)
-            for t, x, want in ((dq, q, True), (dk, k, True), (dv, v, c != 0))]
-
-
-@torch.library.custom_op("leetrepro::normalized_epilogue", mutates_args=())
+@torch.library.custom_op("leetrepro::normalized_epilogue", mutates_args=("dq", "dk", "dv"))
 def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
                         dv: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor, do: torch.Tensor, den: torch.Tensor, dden: torch.Tensor,
+                        do: torch.Tensor, den: torch.Tensor, dden: torch.Tensor,
                         k_before: torch.Tensor, dq_after: torch.Tensor, dnum_after: torch.Tensor,
                         q_norms: torch.Tensor | None, k_norms: torch.Tensor | None, c: float,
-                        row_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The operator's dq, dk, dv (each None where not wanted) with the denominator's terms
-    added, each in its own dtype and in the layout of q, k, v (an empty tensor for those not
-    given, and for dv where c = 0: it has no such term). Where ``q_norms`` and ``k_norms`` are
-    given (:func:`row_normalized`'s, clamped at ``row_eps``), q and k are the layer's
-    normalised rows, and dq, dk come back as the gradients of the rows before it."""
-    outs = _epilogue_outputs(dq, dk, dv, q, k, v, c)
+                        row_eps: float) -> None:
+    """The denominator's terms added in place to the operator's dq, dk, dv (each None where not
+    wanted; dv untouched where c = 0: it has no such term), in their own dtypes and layouts (the
+    operator's gradients come in their inputs' layouts: no second buffer, and a time-major
+    view's gradient stays time-major). Where ``q_norms`` and ``k_norms`` are given
+    (:func:`row_normalized`'s, clamped at ``row_eps``), q and k are the layer's normalised rows,
+    and dq, dk become the gradients of the rows before it."""
     q, k, do = (rows_contiguous(t) for t in (q, k, do))
     batch, heads, n, r, d = _shape(q, do)
     want_v = dv is not None and c != 0
-    ins = [rows_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
-    out = [rows_contiguous(t) if t.numel() else q for t in outs]
+    grads = [rows_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
     launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BACKWARD_BLOCK_N)),
-           dict(DQ=strided(ins[0]), DK=strided(ins[1]), DV=strided(ins[2]), Q=strided(q),
+           dict(DQ=strided(grads[0]), DK=strided(grads[1]), DV=strided(grads[2]), Q=strided(q),
                 K=strided(k), DO=strided(do), DEN=den.contiguous(), DDEN=dden, KP=k_before,
                 QS=dq_after, DS=dnum_after, SQ=_norms(q_norms, den), SK=_norms(k_norms, den),
-                OUT_DQ=strided(out[0]), OUT_DK=strided(out[1]), OUT_DV=strided(out[2]),
                 SIZE=(n, r, d, heads), c=float(c), row_eps=float(row_eps),
                 WANT_DQ=dq is not None, WANT_DK=dk is not None, WANT_DV=want_v,
                 ROWS_NORMALIZED=q_norms is not None, **_options(r, d, BACKWARD_BLOCK_N)),
            num_warps=_warps("epilogue", r, d))
-    for o, t in zip(out, outs):
-        if t.numel() and o.data_ptr() != t.data_ptr():  # (an input whose last dim was strided)
-            t.copy_(o)
-    return tuple(outs)
+    for g, t in zip(grads, (dq, dk, dv)):
+        if t is not None and g.data_ptr() != t.data_ptr():  # (a gradient with strided rows)
+            t.copy_(g)
 
 
 def _norms(norms: torch.Tensor | None, den: torch.Tensor) -> torch.Tensor:
@@ -253,10 +241,9 @@ def _norms(norms: torch.Tensor | None, den: torch.Tensor) -> torch.Tensor:
 
 
 @normalized_epilogue.register_fake
-def _(dq, dk, dv, q, k, v, do, den, dden, k_before, dq_after, dnum_after, q_norms, k_norms, c,
+def _(dq, dk, dv, q, k, do, den, dden, k_before, dq_after, dnum_after, q_norms, k_norms, c,
       row_eps):
-    return tuple(_epilogue_outputs(dq, dk, dv, q, k, v, c))
-
+    return None
 
 
 def _row_views(*tensors: torch.Tensor) -> list:

@@ -217,7 +217,9 @@ def _passes(rows) -> str:
     ``passes`` column; rows without one predate the passes' kernels (PyTorch's composition)."""
     kinds = set(rows.passes.dropna()) if "passes" in rows else set()
     names = {"kernels": "its passes on Triton kernels",
-             "composition": "its passes by PyTorch's composition"}
+             "composition": "its passes by PyTorch's composition",
+             "sweep": "its forward one sweep of Chunk's kernel, its backward's passes on Triton "
+                      "kernels"}
     return " and ".join(names.get(k, k) for k in sorted(kinds)) or names["composition"]
 
 
