@@ -19,7 +19,9 @@ direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel 
   (``scaled_dot_product_attention``, causal), this project's layer again with its forward as
   the operator and passes around it (``PASSES``; the ``passes`` column says what ran for each of
   this project's layers), and the same layer with the operator in place of normalised
-  attention (``OPERATOR``, γ = 1: the time the normaliser's cost is judged against);
+  attention (``OPERATOR``, γ = 1: the time the normaliser's cost is judged against), and the
+  blog's Linear Transformer on the same kernels (``LINEAR_TRANSFORMER``, ``elu + 1``: what fla's
+  ``chunk_linear_attn`` entry computes);
   ``kernel_paper_lm.csv``: a training step (forward, backward, fused AdamW; bf16 parameters) of
   a decoder language model of the paper's 1.4B size with each mixer.
 * ``related_methods.csv``: each reducible method of the blog through the operator against its
@@ -54,7 +56,10 @@ PASSES = "leetrepro (1+x) passes"
 #: the same layer with the operator in place of normalised attention (rows of q and k
 #: normalised, γ = 1, no denominator): what the normaliser's cost is judged against
 OPERATOR = "leetrepro operator (γ = 1)"
-LAYER_ENTRIES = MIXERS + (PASSES, OPERATOR)
+#: the blog's Linear Transformer (``elu + 1`` features, c = 0) on the same kernels: what fla's
+#: ``chunk_linear_attn`` entry computes
+LINEAR_TRANSFORMER = "leetrepro linear transformer (elu+1)"
+LAYER_ENTRIES = MIXERS + (PASSES, OPERATOR, LINEAR_TRANSFORMER)
 
 
 def _timed(fns: dict, reps: int, device, seed: int = 0) -> dict:
@@ -179,6 +184,9 @@ def mixer(name: str):
         return ours
     if name == PASSES:
         return _sweep(ours, False)
+    if name == LINEAR_TRANSFORMER:
+        return lambda q, k, v, g: related.linear_transformer(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
     if name == OPERATOR:
         return lambda q, k, v, g: causal_linear_decoder(
             related.normalize_rows(q).transpose(1, 2), related.normalize_rows(k).transpose(1, 2),
@@ -219,12 +227,12 @@ def passes(device, dtype=torch.bfloat16) -> str:
 def _passes_of(entry: str, device, dtype) -> str | None:
     """What ran around (or instead of) the operator for this project's layer entries: ``sweep``,
     or :func:`passes`'s answer."""
-    if entry not in (MIXERS[0], PASSES):
+    if entry not in (MIXERS[0], PASSES, LINEAR_TRANSFORMER):
         return None
     from ..methods import normalizer
     probe = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
     taken = _sweep(lambda: normalizer.in_sweep(probe, probe, probe, "auto", {}),
-                   entry == MIXERS[0])()
+                   entry != PASSES)()
     return "sweep" if taken else passes(device, dtype)
 
 
