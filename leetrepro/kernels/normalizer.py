@@ -18,6 +18,11 @@ stride)``, its last dimension contiguous; sums and products in float32.
 import triton
 import triton.language as tl
 
+#: the bits of :func:`normalizer_epilogue`'s ``WANT``: which gradients it adds to, and whether
+#: q and k are rows the layer normalised (a bit first in ``bit & WANT``: the interpreter passes
+#: WANT as a plain int, which takes no constexpr on its right)
+WANT_DQ, WANT_DK, WANT_DV, ROWS_NORMALIZED = (tl.constexpr(1 << i) for i in range(4))
+
 
 @triton.jit
 def _where(T, bh, H, n0, N, WIDTH, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
@@ -164,42 +169,43 @@ def _norms(S, bh, N, rows):
 
 
 @triton.jit
-def normalizer_epilogue(DQ, DK, DV, Q, K, DO, DEN, DDEN, KP, QS, DS, SQ, SK, SIZE, c, row_eps,
-                        BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                        WANT_DQ: tl.constexpr, WANT_DK: tl.constexpr, WANT_DV: tl.constexpr,
-                        ROWS_NORMALIZED: tl.constexpr):
-    """The backward's last pass: the denominator's terms added in place to the operator's dq,
-    dk, dv (DQ, DK, DV: each program reads its own rows, then writes them); KP: the sums of k
-    over the chunks before each, QS and DS: the sums of dden·q and of dO / den over the chunks
-    after each. Where
-    ROWS_NORMALIZED, q and k are rows normalised by the layer (their norms SQ, SK, float32
-    ``(batch·heads, N)``, clamped at ``row_eps``) and dq, dk are carried back through that
-    normalisation. ``SIZE = (N, R, D, H)``."""
+def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_N: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, WANT: tl.constexpr):
+    """The backward's last pass: the denominator's terms added in place to the operator's
+    ``GRADS = (dq, dk, dv)`` (each program reads its own rows, then writes them), those that
+    ``WANT`` names (bits: :data:`WANT_DQ`, :data:`WANT_DK`, :data:`WANT_DV`); ``SUMS = (KP, QS,
+    DS)``: the sums of k over the chunks before each, of dden·q and of dO / den over the chunks
+    after each. With the bit :data:`ROWS_NORMALIZED`, q and k are rows normalised by the layer
+    (``NORMS = (SQ, SK, row_eps)``: their norms, float32 ``(batch·heads, N)``, clamped at
+    row_eps) and dq, dk are carried back through that normalisation. ``SIZE = (N, R, D, H)``."""
     N, R, D, H = SIZE
+    DQ, DK, DV = GRADS
+    KP, QS, DS = SUMS
+    SQ, SK, row_eps = NORMS
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
     rows = n0 + tl.arange(0, BLOCK_N)
     ddn = tl.load(DDEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=0.0)
-    if WANT_DK or ROWS_NORMALIZED:
+    if (WANT_DK & WANT) or (ROWS_NORMALIZED & WANT):
         q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    if WANT_DQ or ROWS_NORMALIZED:
+    if (WANT_DQ & WANT) or (ROWS_NORMALIZED & WANT):
         k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    if WANT_DQ:
+    if WANT_DQ & WANT:
         at, ok = _chunk(KP, bh, chunk, R, BLOCK_R)
         ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
         dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + ddn[:, None] * ks
-        if ROWS_NORMALIZED:
+        if ROWS_NORMALIZED & WANT:
             dq = _unnormalized(dq, q, _norms(SQ, bh, N, rows), row_eps)
         _store_rows(DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    if WANT_DK:
+    if WANT_DK & WANT:
         at, ok = _chunk(QS, bh, chunk, R, BLOCK_R)
         qs = tl.cumsum(q * ddn[:, None], axis=0, reverse=True) + \
             tl.load(at, mask=ok, other=0.0)[None, :]
         dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
-        if ROWS_NORMALIZED:
+        if ROWS_NORMALIZED & WANT:
             dk = _unnormalized(dk, k, _norms(SK, bh, N, rows), row_eps)
         _store_rows(DK, dk, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    if WANT_DV:
+    if WANT_DV & WANT:
         inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
         do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
         at, ok = _chunk(DS, bh, chunk, D, BLOCK_D)

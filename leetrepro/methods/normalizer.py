@@ -40,10 +40,11 @@ except ImportError as err:  # without Triton: PyTorch's composition
     kernels = NoTriton(err)
 
 #: rows a program takes (its running sums within the chunk, from the chunks' prefix): the
-#: forward's passes and the row normalisation, and the backward's (prologue and epilogue: the
-#: epilogue at 16 rows and one warp took 369 µs against 484 at 32 and four, 458 against 745
-#: with the rows' normalisation folded in, at N = 16384, r = d = 128, bf16, H200; every pair
-#: of 16-64 rows and 1-8 warps tried)
+#: forward's passes and the row normalisation, and the backward's (prologue and epilogue: at
+#: N = 16384, r = d = 128, bf16, H200, every pair of 16-64 rows and 1-8 warps tried, the
+#: epilogue took 408 µs at 16 rows and two warps against 484 at 32 and four, 454 against 745
+#: with the rows' normalisation folded in; one warp, 369 and 458, spills 148 bytes a thread on
+#: sm_90 with the normalisation, two none)
 BLOCK_N, BACKWARD_BLOCK_N = 32, 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -69,7 +70,7 @@ def _options(r: int, d: int, block_n: int = BLOCK_N) -> dict:
 #: chunk's column sums and running sums stay within a warp's threads; with 8 warps the totals
 #: pass ran at 5× its memory floor, L1-bound on the sums across warps (ncu, H200; the sweep in
 #: notes/other_papers.md chose these at N = 16384, r = d = 128)
-WARPS = {"totals": 1, "forward": 4, "prologue": 1, "epilogue": 1, "rows": 2}
+WARPS = {"totals": 1, "forward": 4, "prologue": 1, "epilogue": 2, "rows": 2}
 #: chunks a program of the chunk scan takes at once, its columns and warps (a few hundred
 #: programs, each a few steps: the scan is latency-bound)
 SCAN_BLOCK = (128, 16, 2)
@@ -221,13 +222,15 @@ def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
     batch, heads, n, r, d = _shape(q, do)
     want_v = dv is not None and c != 0
     grads = [rows_contiguous(t) if t is not None else q for t in (dq, dk, dv)]
+    want = sum(bit.value for bit, on in ((kernels.WANT_DQ, dq is not None),
+                                         (kernels.WANT_DK, dk is not None),
+                                         (kernels.WANT_DV, want_v),
+                                         (kernels.ROWS_NORMALIZED, q_norms is not None)) if on)
     launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BACKWARD_BLOCK_N)),
-           dict(DQ=strided(grads[0]), DK=strided(grads[1]), DV=strided(grads[2]), Q=strided(q),
-                K=strided(k), DO=strided(do), DEN=den.contiguous(), DDEN=dden, KP=k_before,
-                QS=dq_after, DS=dnum_after, SQ=_norms(q_norms, den), SK=_norms(k_norms, den),
-                SIZE=(n, r, d, heads), c=float(c), row_eps=float(row_eps),
-                WANT_DQ=dq is not None, WANT_DK=dk is not None, WANT_DV=want_v,
-                ROWS_NORMALIZED=q_norms is not None, **_options(r, d, BACKWARD_BLOCK_N)),
+           dict(GRADS=tuple(map(strided, grads)), Q=strided(q), K=strided(k), DO=strided(do),
+                DEN=den.contiguous(), DDEN=dden, SUMS=(k_before, dq_after, dnum_after),
+                NORMS=(_norms(q_norms, den), _norms(k_norms, den), float(row_eps)),
+                SIZE=(n, r, d, heads), c=float(c), WANT=want, **_options(r, d, BACKWARD_BLOCK_N)),
            num_warps=_warps("epilogue", r, d))
     for g, t in zip(grads, (dq, dk, dv)):
         if t is not None and g.data_ptr() != t.data_ptr():  # (a gradient with strided rows)

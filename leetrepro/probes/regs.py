@@ -445,6 +445,7 @@ def normalizer_jobs(r: int = 128, d: int = 128) -> list:
     t4, p32, c = ("*bf16", "i32", "i32", "i32"), "*fp32", "constexpr"
     size, warps = ("i32",) * 4, lambda kind: launcher._warps(kind, r, d)  # noqa: E731
     blocks = launcher._options(r, d)
+    back = launcher._options(r, d, launcher.BACKWARD_BLOCK_N)
     block_c, block_w, scan_warps = launcher.SCAN_BLOCK
     sig = lambda **names: {k: (t4 if v == "t" else p32 if v == "f" else  # noqa: E731
                                "fp32" if v == "s" else size if v == "z" else c)
@@ -462,13 +463,19 @@ def normalizer_jobs(r: int = 128, d: int = 128) -> list:
          warps("forward")),
         ("normalizer_prologue", normalizer.normalizer_prologue,
          sig(DO="t", O="t", DEN="f", Q="t", K="t", DNUM="t", DDEN="f", KT="f", QT="f", DT="f",
-             SIZE="z", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c), blocks, warps("prologue")),
+             SIZE="z", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c), back, warps("prologue")),
         ("normalizer_epilogue", normalizer.normalizer_epilogue,
-         sig(DQ="t", DK="t", DV="t", Q="t", K="t", DO="t", DEN="f", DDEN="f", KP="f", QS="f",
-             DS="f", OUT_DQ="t", OUT_DK="t", OUT_DV="t", SIZE="z", c="s", BLOCK_N=c, BLOCK_R=c,
-             BLOCK_D=c, WANT_DQ=c, WANT_DK=c, WANT_DV=c),
-         dict(blocks, WANT_DQ=True, WANT_DK=True, WANT_DV=True), warps("epilogue")),
-    ]
+         dict(sig(GRADS=c, Q="t", K="t", DO="t", DEN="f", DDEN="f", SUMS=c, NORMS=c, SIZE="z",
+                  c="s", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c, WANT=c),
+              GRADS=(t4,) * 3, SUMS=(p32,) * 3, NORMS=(p32, p32, "fp32")),
+         dict(back, WANT=15), warps("epilogue")),
+    ] + [(kernel.__name__, kernel, names | {"SIZE": ("i32",) * 3},
+          dict(BLOCK_N=launcher.BLOCK_N, BLOCK_R=blocks["BLOCK_R"]), warps("rows"))
+         for kernel, names in (
+             (normalizer.row_normalize_forward,
+              sig(X="t", Y="t", S="f", SIZE="z", eps="s", BLOCK_N=c, BLOCK_R=c)),
+             (normalizer.row_normalize_backward,
+              sig(DY="t", Y="t", S="f", DX="t", SIZE="z", eps="s", BLOCK_N=c, BLOCK_R=c)))]
 
 
 def _passes_usage(job: tuple) -> str:

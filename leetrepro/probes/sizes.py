@@ -25,7 +25,8 @@ MAX_LINES = 80
 FILES = ("kernels/_tiles.py", "kernels/chunk_scan.py", "kernels/chunk_hopper.py",
          "kernels/chunk_state.py", "kernels/lightning_attn.py", "kernels/fleet_attn.py",
          "kernels/decode_step.py", "methods/chunk.py", "methods/_gpu.py",
-         "methods/lightning.py", "methods/fleet.py", "decode.py")
+         "methods/lightning.py", "methods/fleet.py", "decode.py", "kernels/normalizer.py",
+         "methods/normalizer.py")
 
 
 class Size(typing.NamedTuple):
