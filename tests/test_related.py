@@ -72,6 +72,24 @@ def test_normalized_saves_inputs_output_and_row_sums_only():
     assert sum(saved) <= inputs_output + 2 * 4 * 256  # + the denominators, N per head
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
+def test_normalized_rows_inside_save_their_rows_and_norms_only(monkeypatch):
+    """With ``normalize_rows=True`` on the passes' kernels (interpreted): the layer saves q and k
+    normalised in place of q and k, v, the output, and N floats per head for each of the
+    denominators and the two rows' norms, nothing else (no copy of the raw q and k)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    q, k, v = (t.float().mul(3).requires_grad_() for t in _qkv(2, 4, 40, 16, 8))
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        related.normalized_linear_attention(q, k, v, normalize_rows=True)
+    assert sum(saved) == q.numel() + k.numel() + 2 * v.numel() + 3 * 2 * 4 * 40, saved
+
+
 def test_only_the_gradients_asked_for():
     q, k, v = _qkv(1, 2, 40, 4, 4)
     v = v.requires_grad_()
