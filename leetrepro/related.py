@@ -9,8 +9,9 @@ how.
   :func:`normalized_linear_attention` runs the numerator through the operator at r and d
   themselves and the denominator as a running sum (a ones column would make d + 1, which pads
   the kernels' tiles), saving only the inputs, the output and the N denominators per head;
-  on a GPU its passes around the operator are Triton launches (``methods/normalizer.py``):
-  two forward and two backward, beside the chunks' small scans.
+  on a GPU its forward is one sweep of Chunk's portable kernel carrying the denominator, and
+  its backward the operator's between two Triton passes (``methods/normalizer.py``).
+  :func:`normalize_rows` is the paper's row normalisation of q and k, one pass each way.
 * **Linear Transformer / Performer** (``fast-attention-blog.txt``): the same with ``c = 0`` and a
   feature map applied to Q and K first (``elu + 1``; Performer's random features likewise):
   :func:`linear_transformer`.
@@ -165,12 +166,14 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     :func:`normalize_rows` of each would, with their backward folded into the layer's last pass
     on a GPU). Differentiable in q, k, v.
     Time O(N r d) through the operator (``method``, ``options``: as
-    :func:`leetrepro.causal_linear_decoder`); around it, on a GPU, the running sums, the
-    denominators, the division and the casts are two passes forward and two backward, beside
-    the chunks' small scans (:mod:`leetrepro.methods.normalizer`; PyTorch's composition
-    elsewhere); memory: the inputs (q and k normalised, where the layer normalises them), the
-    output and N denominators per head are saved (and N norms per head for each of q and k
-    where it normalises them), nothing of size N × N or N × r × d.
+    :func:`leetrepro.causal_linear_decoder`). On a GPU the forward is one sweep of Chunk's
+    portable kernel that carries the normaliser (``method="auto"``, no options, r and d at most
+    128: :data:`leetrepro.methods.normalizer.IN_SWEEP`), else the operator and two passes; the
+    backward is the operator's backward between two passes, beside the chunks' small scans
+    (:mod:`leetrepro.methods.normalizer`; PyTorch's composition elsewhere). Memory: the
+    inputs (q and k normalised, where the layer normalises them), the output and N
+    denominators per head are saved (and N norms per head for each of q and k where it
+    normalises them), nothing of size N × N or N × r × d.
     Compiles into one graph (``torch.compile(fullgraph=True)``: the backward goes through the
     operator's backward op and the passes' custom ops)."""
     rows = normalize_rows and on_kernels(q, k, v)

@@ -236,17 +236,20 @@ def test_normalized_with_its_rows_normalized(monkeypatch, dtype, need):
     ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c), (q, k, v),
                        dO)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for kernels in (False, True):
-        if kernels:
+    for kernels, sweep in ((False, False), (True, True), (True, False)):
+        if kernels:  # (the forward as one sweep, or as the operator and the passes)
             monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+        monkeypatch.setattr(normalizer, "IN_SWEEP", sweep)
         ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(w)
                for t, w in zip((q, k, v), need)]
         assert normalizer.on_kernels(*ins) == kernels
+        assert normalizer.in_sweep(*ins, "auto", {}) == sweep
         out = related.normalized_linear_attention(*ins, normalize_rows=True)
         got = torch.autograd.grad(out, [t for t in ins if t.requires_grad], dO.to(dtype))
         for a, e in zip([out, *got], [ref] + [w for w, n in zip(want, need) if n]):
             assert a.dtype == dtype and torch.isfinite(a).all()
-            assert rel_error(a.double(), e) <= tolerance(dtype), (kernels, rel_error(a.double(), e))
+            assert rel_error(a.double(), e) <= tolerance(dtype), (kernels, sweep,
+                                                                 rel_error(a.double(), e))
 
 
 def _row_layouts(dtype):
