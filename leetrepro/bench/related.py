@@ -12,7 +12,9 @@ direct forms. ``python -m leetrepro.bench.related --out DIR [--parts eca kernel 
   (``in-dtype``, the paper's Tables 3-4); ``eca_stages.csv`` (GPU): each stage alone at the
   paper's Table 1-2 shapes (L = 8192, d = 4096 and 8192, fp32) beside ``torch.matmul``.
 * ``kernel_paper_layer.csv``: one attention layer's mixer (time-major ``(b, N, h, d)`` as a model
-  hands it), forward and forward + backward, time and peak memory above the inputs: this
+  hands it), forward and forward + backward, time (eager, ``median_s``, and on a GPU replayed
+  from a CUDA graph, ``graph_s``: the GPU's work without the host's) and peak memory above
+  the inputs: this
   project's ``normalized_linear_attention`` (1 + x, rows of q and k normalised inside),
   flash-linear-attention's ``chunk_gla`` (the paper's baseline, Gated Linear Attention) and
   ``chunk_linear_attn`` (its normalised linear attention), softmax attention
@@ -41,7 +43,8 @@ from .._device import gpu_tag
 from ..methods import eca
 from ..models.decoder import DecoderLM
 from ..reference import reference, rel_error
-from .harness import failed_status, interleaved_medians, peak_above, provenance, sync
+from .harness import (failed_status, interleaved_medians, peak_above, provenance, sync,
+                      timed_entries)
 
 SEQLENS = {"cuda": (1024, 2048, 4096, 8192, 16384), "cpu": (512, 1024, 2048, 4096)}
 #: (batch, heads, head dim, N) of the kernel paper's layer cells, and its language model
@@ -254,17 +257,31 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
             step[name] = lambda mix=mix: torch.autograd.grad(mix(q, k, v, g), (q, k, v, g), do,
                                                              allow_unused=True)
         for mode, fns in (("fwd", fwd), ("fwd+bwd", step)):
-            for name, (t, status) in _timed(fns, reps, device, seed=i).items():
+            for name, (t, graph, status, why) in _timed_eager_and_graph(fns, reps, device,
+                                                                        i).items():
                 peak = None
                 if status == "ok" and device.type == "cuda":
                     peak = peak_above(fns[name], device)[1]
                 rows.append(dict(entry=name, mode=mode, batch=batch, heads=heads, head_dim=dh, N=n,
-                                 dtype=str(dtype)[6:], reps=reps, median_s=t, peak_bytes=peak,
-                                 status=status, passes=_passes_of(name, device, dtype)))
-        print(f"layer b{batch} h{heads} d{dh} N={n}: " + ", ".join(
-            f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} s" for r in rows[-2 * len(LAYER_ENTRIES):]),
-            flush=True)
+                                 dtype=str(dtype)[6:], reps=reps, median_s=t, graph_s=graph,
+                                 peak_bytes=peak, status=status, graph_status=why,
+                                 passes=_passes_of(name, device, dtype)))
+        print(f"layer b{batch} h{heads} d{dh} N={n} (eager / graph s): " + ", ".join(
+            f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} / "
+            f"{r['graph_s'] or float('nan'):.4g}" for r in rows[-2 * len(fwd):]), flush=True)
     return rows
+
+
+def _timed_eager_and_graph(fns: dict, reps: int, device, seed: int) -> dict:
+    """``{entry: (eager median s, CUDA-graph median s, status, the graph's status)}``: on a GPU
+    both (:func:`harness.timed_entries`; a capture that fails leaves its time None and says why
+    in the last), elsewhere eager alone (no graph: both None)."""
+    if device.type != "cuda":
+        return {k: (t, None, status, None)
+                for k, (t, status) in _timed(fns, reps, device, seed).items()}
+    times, status = timed_entries(fns, (), reps, device, seed=seed)
+    return {k: (times["eager"].get(k), times["graph"].get(k), status.get(k, "ok"),
+                status.get(k + "/graph")) for k in fns}
 
 
 def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2, mixers=MIXERS):

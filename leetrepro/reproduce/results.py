@@ -406,15 +406,23 @@ def other_papers(tags: list[str]) -> str:
             for n, g in df.groupby("N"):
                 cell = g.set_index("entry")
                 layer_rows.append([t.upper(), what, int(n)] + [
-                    f"{cell.median_s[e] * 1e3:.2f} ms, {cell.peak_bytes[e] / 2 ** 30:.2f} GiB"
-                    if e in cell.index else "-" for e in LAYER_ENTRIES] + [_commits(g)])
+                    _layer_cell(cell.loc[e]) if e in cell.index else "-"
+                    for e in LAYER_ENTRIES] + [_commits(g)])
     if layer_rows:
         text += ("\n\nThe kernel paper's normalised linear attention (1 + x) on this project's "
                  "operator, forward + backward (bf16, time-major, batch 2 × 16 heads × 128; the "
-                 "step: the whole 1.4B model with fused AdamW), time and peak memory above the "
-                 "inputs:\n\n" + _table(["GPU", "what", "N", *LAYER_ENTRIES, "commit"],
-                                        layer_rows))
+                 "step: the whole 1.4B model with fused AdamW), eager time (and replayed from a "
+                 "CUDA graph, where the row has one) and peak memory above the inputs:\n\n" +
+                 _table(["GPU", "what", "N", *LAYER_ENTRIES, "commit"], layer_rows))
     return text
+
+
+def _layer_cell(row) -> str:
+    """One entry of the kernel paper's table: eager ms (the graph's beside it where measured),
+    peak GiB."""
+    graph = row.get("graph_s")
+    graph = f" (graph {graph * 1e3:.2f})" if graph is not None and graph == graph else ""
+    return f"{row.median_s * 1e3:.2f} ms{graph}, {row.peak_bytes / 2 ** 30:.2f} GiB"
 
 
 #: ``make bench-ssd``'s files: the package as it is first, then the earlier backwards NOTES.md
