@@ -129,11 +129,11 @@ class _Normalized(torch.autograd.Function):
         c, method, options = ctx.args
         need = ctx.needs_input_grad[:3]
         if on_kernels(q, k, v, do):  # (one pass before the operator's backward, one after)
-            dnum, dden, k_before, dq_after, dnum_after = _prologue(do, o, den[..., 0], q, k)
+            dnum, dden, sums = _prologue(do, o, den[..., 0], q, k)
             grads = ops.gradients(dnum, q, k, v, method=method, need=need, **options)
             del dnum  # (freed before the last pass, which adds its terms in place)
             grads = [g if w else None for g, w in zip(grads, need)]
-            _epilogue(*grads, q, k, do, den[..., 0], dden, k_before, dq_after, dnum_after,
+            _epilogue(*grads, q, k, do, den[..., 0], dden, sums,
                       *(None if s is None else s[..., 0] for s in (sq, sk)), c, ROW_EPS)
             return (*grads, None, None, None, None, None)
         dnum = do.to(den.dtype) / den                                  # (…, N, d)

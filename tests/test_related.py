@@ -212,7 +212,7 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
         grads = [torch.randn_like(t) for t in small]
         for norms in ((None, None), tuple(t.norm(dim=-1) for t in small[:2])):
             torch.library.opcheck(normalizer.normalized_epilogue,
-                                  (*grads, *small[:2], do, den, pro[1], *pro[2:], *norms,
+                                  (*grads, *small[:2], do, den, pro[1], pro[2], *norms,
                                    constant, 1e-12))
 
 
@@ -383,6 +383,10 @@ def test_the_chunks_sums_before_and_after_each_chunk(monkeypatch):
     assert rel_error(normalizer._before(sums), before) <= 1e-6
     assert rel_error(normalizer._after(sums), after) <= 1e-6
     assert (normalizer._before(sums)[:, 0] == 0).all() and (normalizer._after(sums)[:, -1] == 0).all()
+    # (the passes' parts side by side: the first block of columns forward, the rest reversed)
+    mixed = normalizer._scan(sums, block_w)
+    assert rel_error(mixed[..., :block_w], before[..., :block_w]) <= 1e-6
+    assert rel_error(mixed[..., block_w:], after[..., block_w:]) <= 1e-6
 
 
 @pytest.mark.gpu

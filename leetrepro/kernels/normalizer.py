@@ -52,24 +52,21 @@ def _store_rows(T, x, bh, H, n0, N, WIDTH, BLOCK_N: tl.constexpr, BLOCK_W: tl.co
 
 
 @triton.jit
-def _chunk(SUMS, bh, chunk, WIDTH, BLOCK_W: tl.constexpr):
-    """Row ``chunk`` of a float32 ``(batch·heads, chunks, WIDTH)`` tensor of chunk sums, its
-    pointers and mask."""
+def _chunk(SUMS, part, bh, chunk, WIDTH, BLOCK_W: tl.constexpr, STRIDE: tl.constexpr):
+    """Chunk ``chunk``'s sums of one part of a float32 ``(batch·heads, chunks, STRIDE)`` tensor:
+    WIDTH columns from column ``part`` (the parts side by side, each padded to its block), their
+    pointers and mask. A pass stores the whole block, its padding 0 (the rows are read as 0
+    past WIDTH), so that every column of the tensor is defined."""
     cols = tl.arange(0, BLOCK_W)
-    at = SUMS + (bh.to(tl.int64) * tl.num_programs(1) + chunk) * WIDTH + cols
+    at = SUMS + (bh.to(tl.int64) * tl.num_programs(1) + chunk) * STRIDE + part + cols
     return at, cols < WIDTH
 
 
 @triton.jit
-def normalizer_chunk_scan(SUMS, OUT, CHUNKS, WIDTH, REVERSE: tl.constexpr, BLOCK_C: tl.constexpr,
-                          BLOCK_W: tl.constexpr):
-    """OUT[bh, c] = the sum of SUMS[bh, c′] over the chunks before c (after it where REVERSE):
-    float32 ``(batch·heads, CHUNKS, WIDTH)``, grid (batch·heads, column blocks). Each block of
-    chunks is read one chunk shifted (the exclusive sum is the running sum of the shifted rows:
-    no difference of large terms) and its running sum carried to the next."""
-    bh, cols = tl.program_id(0), tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-    base = bh.to(tl.int64) * CHUNKS * WIDTH
-    carry = tl.zeros([BLOCK_W], dtype=tl.float32)
+def _scan_columns(SUMS, OUT, base, cols, CHUNKS, WIDTH, REVERSE: tl.constexpr,
+                  BLOCK_C: tl.constexpr):
+    """:func:`normalizer_chunk_scan` over one block of columns, one direction."""
+    carry = tl.zeros(cols.shape, dtype=tl.float32)
     for i in range(0, tl.cdiv(CHUNKS, BLOCK_C)):
         if REVERSE:
             at = CHUNKS - (i + 1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -87,39 +84,57 @@ def normalizer_chunk_scan(SUMS, OUT, CHUNKS, WIDTH, REVERSE: tl.constexpr, BLOCK
 
 
 @triton.jit
-def normalizer_totals(K, V, KT, VT, SIZE, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+def normalizer_chunk_scan(SUMS, OUT, CHUNKS, WIDTH, REVERSE_FROM, BLOCK_C: tl.constexpr,
+                          BLOCK_W: tl.constexpr):
+    """OUT[bh, c] = the sum of SUMS[bh, c′] over the chunks before c, or after it for the
+    columns from REVERSE_FROM on (a multiple of BLOCK_W: the parts of a pass's sums are padded
+    to their blocks): float32 ``(batch·heads, CHUNKS, WIDTH)``, grid (batch·heads, column
+    blocks). Each block of chunks is read one chunk shifted (the exclusive sum is the running
+    sum of the shifted rows: no difference of large terms) and its running sum carried to the
+    next."""
+    bh, first = tl.program_id(0), tl.program_id(1) * BLOCK_W
+    cols = first + tl.arange(0, BLOCK_W)
+    base = bh.to(tl.int64) * CHUNKS * WIDTH
+    if first >= REVERSE_FROM:
+        _scan_columns(SUMS, OUT, base, cols, CHUNKS, WIDTH, True, BLOCK_C)
+    else:
+        _scan_columns(SUMS, OUT, base, cols, CHUNKS, WIDTH, False, BLOCK_C)
+
+
+@triton.jit
+def normalizer_totals(K, V, SUMS, SIZE, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                       BLOCK_D: tl.constexpr):
-    """Each chunk's sums of k and of v: KT ``(batch·heads, chunks, r)``, VT ``(…, d)``, float32;
-    ``SIZE = (N, R, D, H)``."""
+    """Each chunk's sums of k and of v into SUMS, float32 ``(batch·heads, chunks, BLOCK_R +
+    BLOCK_D)``: k's from column 0, v's from BLOCK_R; ``SIZE = (N, R, D, H)``."""
     N, R, D, H = SIZE
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
     k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    at, ok = _chunk(KT, bh, chunk, R, BLOCK_R)
-    tl.store(at, tl.sum(k, axis=0), mask=ok)
+    at, ok = _chunk(SUMS, 0, bh, chunk, R, BLOCK_R, BLOCK_R + BLOCK_D)
+    tl.store(at, tl.sum(k, axis=0))
     v = _rows(V, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
-    at, ok = _chunk(VT, bh, chunk, D, BLOCK_D)
-    tl.store(at, tl.sum(v, axis=0), mask=ok)
+    at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, D, BLOCK_D, BLOCK_R + BLOCK_D)
+    tl.store(at, tl.sum(v, axis=0))
 
 
 @triton.jit
-def normalizer_forward(NUM, Q, K, V, O, DEN, KP, VP, SIZE, c, eps, BLOCK_N: tl.constexpr,
+def normalizer_forward(NUM, Q, K, V, O, DEN, SUMS, SIZE, c, eps, BLOCK_N: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_C: tl.constexpr):
     """O (its dtype) and DEN (float32 ``(batch·heads, N)``) from NUM (the operator's output) and
-    q, k, v; KP, VP: the sums of k and v over the chunks before each (float32, as KT, VT);
-    ``SIZE = (N, R, D, H)``."""
+    q, k, v; SUMS: the sums of k and v over the chunks before each (float32, as
+    :func:`normalizer_totals` lays them out); ``SIZE = (N, R, D, H)``."""
     N, R, D, H = SIZE
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
     rows = n0 + tl.arange(0, BLOCK_N)
     k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    at, ok = _chunk(KP, bh, chunk, R, BLOCK_R)
+    at, ok = _chunk(SUMS, 0, bh, chunk, R, BLOCK_R, BLOCK_R + BLOCK_D)
     ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
     den = tl.sum(_rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R) * ks, axis=1) + eps
     if HAS_C:  # (v's running sum first: num is read last, into the sum)
         den += c * (rows + 1).to(tl.float32)
         v = _rows(V, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
-        at, ok = _chunk(VP, bh, chunk, D, BLOCK_D)
+        at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, D, BLOCK_D, BLOCK_R + BLOCK_D)
         num = c * (tl.cumsum(v, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]) + \
             _rows(NUM, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
     else:
@@ -129,11 +144,12 @@ def normalizer_forward(NUM, Q, K, V, O, DEN, KP, VP, SIZE, c, eps, BLOCK_N: tl.c
 
 
 @triton.jit
-def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, KT, QT, DT, SIZE, BLOCK_N: tl.constexpr,
+def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, SUMS, SIZE, BLOCK_N: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """The backward's first pass: DNUM = dO / den (DNUM's dtype: the operator's dO), DDEN =
-    −(dO·o) / den (float32 ``(batch·heads, N)``), and each chunk's sums of k (KT), dden·q (QT)
-    and dO / den (DT), float32 as :func:`normalizer_totals`'s; ``SIZE = (N, R, D, H)``."""
+    −(dO·o) / den (float32 ``(batch·heads, N)``), and each chunk's sums into SUMS, float32
+    ``(batch·heads, chunks, 2·BLOCK_R + BLOCK_D)``: k's from column 0, dden·q's from BLOCK_R,
+    (dO / den)'s from 2·BLOCK_R; ``SIZE = (N, R, D, H)``."""
     N, R, D, H = SIZE
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
@@ -145,14 +161,15 @@ def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, KT, QT, DT, SIZE, BLOCK_N:
     dden = -tl.sum(dnum * o, axis=1)
     tl.store(DDEN + bh.to(tl.int64) * N + rows, dden, mask=rows < N)
     _store_rows(DNUM, dnum, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
-    at, ok = _chunk(DT, bh, chunk, D, BLOCK_D)
-    tl.store(at, tl.sum(dnum, axis=0), mask=ok)
+    STRIDE: tl.constexpr = 2 * BLOCK_R + BLOCK_D
+    at, ok = _chunk(SUMS, 2 * BLOCK_R, bh, chunk, D, BLOCK_D, STRIDE)
+    tl.store(at, tl.sum(dnum, axis=0))
     k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    at, ok = _chunk(KT, bh, chunk, R, BLOCK_R)
-    tl.store(at, tl.sum(k, axis=0), mask=ok)
+    at, ok = _chunk(SUMS, 0, bh, chunk, R, BLOCK_R, STRIDE)
+    tl.store(at, tl.sum(k, axis=0))
     q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    at, ok = _chunk(QT, bh, chunk, R, BLOCK_R)
-    tl.store(at, tl.sum(q * dden[:, None], axis=0), mask=ok)
+    at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, R, BLOCK_R, STRIDE)
+    tl.store(at, tl.sum(q * dden[:, None], axis=0))
 
 
 @triton.jit
@@ -173,14 +190,15 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, WANT: tl.constexpr):
     """The backward's last pass: the denominator's terms added in place to the operator's
     ``GRADS = (dq, dk, dv)`` (each program reads its own rows, then writes them), those that
-    ``WANT`` names (bits: :data:`WANT_DQ`, :data:`WANT_DK`, :data:`WANT_DV`); ``SUMS = (KP, QS,
-    DS)``: the sums of k over the chunks before each, of dden·q and of dO / den over the chunks
-    after each. With the bit :data:`ROWS_NORMALIZED`, q and k are rows normalised by the layer
-    (``NORMS = (SQ, SK, row_eps)``: their norms, float32 ``(batch·heads, N)``, clamped at
-    row_eps) and dq, dk are carried back through that normalisation. ``SIZE = (N, R, D, H)``."""
+    ``WANT`` names (bits: :data:`WANT_DQ`, :data:`WANT_DK`, :data:`WANT_DV`); SUMS: the sums of
+    k over the chunks before each, of dden·q and of dO / den over the chunks after each (as
+    :func:`normalizer_prologue` lays them out). With the bit :data:`ROWS_NORMALIZED`, q and k
+    are rows normalised by the layer (``NORMS = (SQ, SK, row_eps)``: their norms, float32
+    ``(batch·heads, N)``, clamped at row_eps) and dq, dk are carried back through that
+    normalisation. ``SIZE = (N, R, D, H)``."""
     N, R, D, H = SIZE
     DQ, DK, DV = GRADS
-    KP, QS, DS = SUMS
+    STRIDE: tl.constexpr = 2 * BLOCK_R + BLOCK_D
     SQ, SK, row_eps = NORMS
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
@@ -191,14 +209,14 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
     if (WANT_DQ & WANT) or (ROWS_NORMALIZED & WANT):
         k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DQ & WANT:
-        at, ok = _chunk(KP, bh, chunk, R, BLOCK_R)
+        at, ok = _chunk(SUMS, 0, bh, chunk, R, BLOCK_R, STRIDE)
         ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
         dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + ddn[:, None] * ks
         if ROWS_NORMALIZED & WANT:
             dq = _unnormalized(dq, q, _norms(SQ, bh, N, rows), row_eps)
         _store_rows(DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DK & WANT:
-        at, ok = _chunk(QS, bh, chunk, R, BLOCK_R)
+        at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, R, BLOCK_R, STRIDE)
         qs = tl.cumsum(q * ddn[:, None], axis=0, reverse=True) + \
             tl.load(at, mask=ok, other=0.0)[None, :]
         dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
@@ -208,7 +226,7 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
     if WANT_DV & WANT:
         inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
         do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
-        at, ok = _chunk(DS, bh, chunk, D, BLOCK_D)
+        at, ok = _chunk(SUMS, 2 * BLOCK_R, bh, chunk, D, BLOCK_D, STRIDE)
         ds = tl.cumsum(do * inv[:, None], axis=0, reverse=True) + \
             tl.load(at, mask=ok, other=0.0)[None, :]
         dv = _rows(DV, bh, H, n0, N, D, BLOCK_N, BLOCK_D) + c * ds

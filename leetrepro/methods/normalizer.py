@@ -6,9 +6,11 @@ With f(x) = c + x and the operator's numerator ``num = op(q, k, v)`` (γ = 1):
 
 * :func:`normalized_output`: ``o = (num + c·cumsum(v)) / (c·(i + 1) + q·cumsum(k) + eps)``, in
   v's dtype, and the denominators (float32): two passes (the chunks' sums of k and v, then
-  the output), reading q, k, v and num once each, and between them the chunks' scans;
+  the output), reading q, k, v and num once each, and between them one scan of the chunks'
+  sums;
 * :func:`normalized_prologue`: the operator's dO (``dO / den``, in v's dtype), ``dden =
-  −(dO·o) / den`` and the chunks' sums the last pass starts from: one pass, then their scans;
+  −(dO·o) / den`` and the chunks' sums the last pass starts from: one pass, then one scan of
+  them all (k's forward, the others reversed);
 * :func:`normalized_epilogue`: ``dq + dden·cumsum(k)``, ``dk + revcumsum(dden·q)``, ``dv +
   c·revcumsum(dO / den)``: one launch.
 
@@ -23,7 +25,8 @@ q, k ``(batch, heads, N, r)``, v, num, o, dO ``(batch, heads, N, d)`` (any strid
 contiguous last dimension), fp16/bf16/fp32; the denominators ``(batch, heads, N)`` float32.
 Running sums in float32, in chunks of :data:`BLOCK_N` rows (the backward's:
 :data:`BACKWARD_BLOCK_N`) from the prefix of the chunks' sums.
-The chunks' sums before (or after) each chunk are one small launch each (:func:`_scan`).
+A pass's chunk sums sit side by side in one tensor (each part padded to its block), and their
+sums before (or after) each chunk are one small launch (:func:`_scan`).
 O(N·(r + d)) per head. :func:`on_kernels` says where they run (a GPU; on a CPU, Triton's
 interpreter asked for by name).
 """
@@ -81,24 +84,31 @@ def _warps(kind: str, r: int, d: int) -> int:
     return WARPS[kind] * (2 if max(r, d) > 128 else 1)
 
 
-def _scan(sums: torch.Tensor, reverse: bool) -> torch.Tensor:
-    """Each chunk's sum over the chunks before it (after it where ``reverse``): float32
-    ``(batch·heads, chunks, width)``, one launch."""
+def _scan(sums: torch.Tensor, reverse_from: int) -> torch.Tensor:
+    """Each chunk's sum over the chunks before it, or after it for the columns from
+    ``reverse_from`` on (a multiple of the scan's column block, where the passes' parts start):
+    float32 ``(batch·heads, chunks, width)``, one launch."""
     bh, chunks, width = sums.shape
     out = torch.empty_like(sums)
     block_c, block_w, warps = SCAN_BLOCK
     launch(kernels.normalizer_chunk_scan, (bh, cdiv(width, block_w)),
-           dict(SUMS=sums, OUT=out, CHUNKS=chunks, WIDTH=width, REVERSE=reverse, BLOCK_C=block_c,
-                BLOCK_W=block_w), num_warps=warps)
+           dict(SUMS=sums, OUT=out, CHUNKS=chunks, WIDTH=width, REVERSE_FROM=reverse_from,
+                BLOCK_C=block_c, BLOCK_W=block_w), num_warps=warps)
     return out
 
 
 def _before(sums: torch.Tensor) -> torch.Tensor:
-    return _scan(sums, False)
+    return _scan(sums, sums.shape[-1])
 
 
 def _after(sums: torch.Tensor) -> torch.Tensor:
-    return _scan(sums, True)
+    return _scan(sums, 0)
+
+
+def _sums(batch_heads: int, chunks: int, width: int, like: torch.Tensor) -> torch.Tensor:
+    """A pass's chunk sums, its parts side by side in ``width`` columns (each part padded to its
+    block: the kernels' layout), float32."""
+    return torch.empty(batch_heads, chunks, width, dtype=torch.float32, device=like.device)
 
 
 #: whether the layer's forward (``related.normalized_linear_attention`` with ``method="auto"``)
@@ -153,18 +163,16 @@ def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     size, opts = (n, r, d, heads), _options(r, d)
     o = torch.empty(batch, heads, n, d, dtype=v.dtype, device=v.device)
     den = torch.empty(batch, heads, n, dtype=torch.float32, device=v.device)
-    kt = torch.empty(batch * heads, chunks, r, dtype=torch.float32, device=v.device)
-    vt = torch.empty(batch * heads, chunks, d, dtype=torch.float32, device=v.device)
+    # (k's sums, then v's: one scan for both)
+    sums = _sums(batch * heads, chunks, opts["BLOCK_R"] + opts["BLOCK_D"], v)
     grid = (batch * heads, chunks)
     launch(kernels.normalizer_totals, grid,
-           dict(K=strided(k), V=strided(v), KT=kt, VT=vt, SIZE=size, **opts),
+           dict(K=strided(k), V=strided(v), SUMS=sums, SIZE=size, **opts),
            num_warps=_warps("totals", r, d))
-    kp = _before(kt)
     launch(kernels.normalizer_forward, grid,
            dict(NUM=strided(num), Q=strided(q), K=strided(k), V=strided(v), O=strided(o), DEN=den,
-                # (v's sums are read only where c ≠ 0: no scan of them otherwise)
-                KP=kp, VP=_before(vt) if c != 0 else kp, SIZE=size, c=float(c), eps=float(eps),
-                HAS_C=c != 0, **opts), num_warps=_warps("forward", r, d))
+                SUMS=_before(sums), SIZE=size, c=float(c), eps=float(eps), HAS_C=c != 0, **opts),
+           num_warps=_warps("forward", r, d))
     return o, den
 
 
@@ -176,42 +184,41 @@ def _(num, q, k, v, c, eps):
 
 @torch.library.custom_op("leetrepro::normalized_prologue", mutates_args=())
 def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q: torch.Tensor,
-                        k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
-                                                  torch.Tensor, torch.Tensor]:
-    """``(dnum, dden, k's chunk sums before each chunk, dden·q's after, (dO / den)'s after)``:
-    dnum ``(batch, heads, N, d)`` contiguous in o's dtype (the operator's dO), dden float32
-    ``(batch, heads, N)``, the sums float32 ``(batch·heads, chunks, r or d)``."""
+                        k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dnum, dden, sums)``: dnum ``(batch, heads, N, d)`` contiguous in o's dtype (the
+    operator's dO), dden float32 ``(batch, heads, N)``, and the sums float32 ``(batch·heads,
+    chunks, 2·BLOCK_R + BLOCK_D)``: k's over the chunks before each, dden·q's and (dO / den)'s
+    over the chunks after each, side by side (:func:`normalized_epilogue` reads them)."""
     do, o, q, k = (rows_contiguous(t) for t in (do, o, q, k))
     batch, heads, n, r, d = _shape(q, o)
     chunks = cdiv(n, BACKWARD_BLOCK_N)
+    opts = _options(r, d, BACKWARD_BLOCK_N)
     dnum = torch.empty(batch, heads, n, d, dtype=o.dtype, device=o.device)
     dden = torch.empty(batch, heads, n, dtype=torch.float32, device=o.device)
-    kt, qt = (torch.empty(batch * heads, chunks, r, dtype=torch.float32, device=o.device)
-              for _ in range(2))
-    dt = torch.empty(batch * heads, chunks, d, dtype=torch.float32, device=o.device)
+    sums = _sums(batch * heads, chunks, 2 * opts["BLOCK_R"] + opts["BLOCK_D"], o)
     launch(kernels.normalizer_prologue, (batch * heads, chunks),
            dict(DO=strided(do), O=strided(o), DEN=den.contiguous(), Q=strided(q), K=strided(k),
-                DNUM=strided(dnum), DDEN=dden, KT=kt, QT=qt, DT=dt, SIZE=(n, r, d, heads),
-                **_options(r, d, BACKWARD_BLOCK_N)), num_warps=_warps("prologue", r, d))
-    return dnum, dden, _before(kt), _after(qt), _after(dt)
+                DNUM=strided(dnum), DDEN=dden, SUMS=sums, SIZE=(n, r, d, heads), **opts),
+           num_warps=_warps("prologue", r, d))
+    # (k's part forward, the others reversed: one scan)
+    return dnum, dden, _scan(sums, opts["BLOCK_R"])
 
 
 @normalized_prologue.register_fake
 def _(do, o, den, q, k):
     batch, heads, n, r, d = _shape(q, o)
-    chunks = cdiv(n, BACKWARD_BLOCK_N)
-    sums = lambda w: o.new_empty(batch * heads, chunks, w, dtype=torch.float32)  # noqa: E731
+    opts = _options(r, d, BACKWARD_BLOCK_N)
     return (o.new_empty(batch, heads, n, d), o.new_empty(batch, heads, n, dtype=torch.float32),
-            sums(r), sums(r), sums(d))
+            o.new_empty(batch * heads, cdiv(n, BACKWARD_BLOCK_N),
+                        2 * opts["BLOCK_R"] + opts["BLOCK_D"], dtype=torch.float32))
 
 
 @torch.library.custom_op("leetrepro::normalized_epilogue", mutates_args=("dq", "dk", "dv"))
 def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
                         dv: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                         do: torch.Tensor, den: torch.Tensor, dden: torch.Tensor,
-                        k_before: torch.Tensor, dq_after: torch.Tensor, dnum_after: torch.Tensor,
-                        q_norms: torch.Tensor | None, k_norms: torch.Tensor | None, c: float,
-                        row_eps: float) -> None:
+                        sums: torch.Tensor, q_norms: torch.Tensor | None,
+                        k_norms: torch.Tensor | None, c: float, row_eps: float) -> None:
     """The denominator's terms added in place to the operator's dq, dk, dv (each None where not
     wanted; dv untouched where c = 0: it has no such term), in their own dtypes and layouts (the
     operator's gradients come in their inputs' layouts: no second buffer, and a time-major
@@ -228,7 +235,7 @@ def normalized_epilogue(dq: torch.Tensor | None, dk: torch.Tensor | None,
                                          (kernels.ROWS_NORMALIZED, q_norms is not None)) if on)
     launch(kernels.normalizer_epilogue, (batch * heads, cdiv(n, BACKWARD_BLOCK_N)),
            dict(GRADS=tuple(map(strided, grads)), Q=strided(q), K=strided(k), DO=strided(do),
-                DEN=den.contiguous(), DDEN=dden, SUMS=(k_before, dq_after, dnum_after),
+                DEN=den.contiguous(), DDEN=dden, SUMS=sums,
                 NORMS=(_norms(q_norms, den), _norms(k_norms, den), float(row_eps)),
                 SIZE=(n, r, d, heads), c=float(c), WANT=want, **_options(r, d, BACKWARD_BLOCK_N)),
            num_warps=_warps("epilogue", r, d))
@@ -244,8 +251,7 @@ def _norms(norms: torch.Tensor | None, den: torch.Tensor) -> torch.Tensor:
 
 
 @normalized_epilogue.register_fake
-def _(dq, dk, dv, q, k, do, den, dden, k_before, dq_after, dnum_after, q_norms, k_norms, c,
-      row_eps):
+def _(dq, dk, dv, q, k, do, den, dden, sums, q_norms, k_norms, c, row_eps):
     return None
 
 
