@@ -618,7 +618,8 @@ def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
     """The portable one-launch passes around the operator (the gates' tile sums, the group sums
     at a few heads a group and at many, the step sizes and their backward, the gated norm, the
     causal convolution forward and backward and its decode step, Mamba-3's decode step and its
-    turned rows both ways; normalised linear attention's four at r = d = 128), compiled for sm_90
+    turned rows both ways; normalised linear attention's passes, their chunk scan and its rows'
+    normalisation both ways at r = d = 128), compiled for sm_90
     on the host as their launchers launch them at Codestral's shapes (the interpreter checks their numbers, not their
     resources): each compiles within the SM's shared memory and spills nothing (the gated norm's
     backward at Codestral's groups of 1024 channels and over a whole row of 8192)."""

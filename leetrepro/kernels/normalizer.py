@@ -154,7 +154,7 @@ def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, SUMS, SIZE, BLOCK_N: tl.co
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
     rows = n0 + tl.arange(0, BLOCK_N)
-    inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
+    inv = 1.0 / _row_values(DEN, bh, N, rows)
     do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
     o = _rows(O, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
     dnum = do * inv[:, None]
@@ -181,7 +181,9 @@ def _unnormalized(g, y, s, eps):
 
 
 @triton.jit
-def _norms(S, bh, N, rows):
+def _row_values(S, bh, N, rows):
+    """The chunk rows' entries of a float32 ``(batch·heads, N)`` tensor (denominators, norms),
+    1 past N (a safe divisor)."""
     return tl.load(S + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
 
 
@@ -213,7 +215,7 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
         ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
         dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + ddn[:, None] * ks
         if ROWS_NORMALIZED & WANT:
-            dq = _unnormalized(dq, q, _norms(SQ, bh, N, rows), row_eps)
+            dq = _unnormalized(dq, q, _row_values(SQ, bh, N, rows), row_eps)
         _store_rows(DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DK & WANT:
         at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, R, BLOCK_R, STRIDE)
@@ -221,10 +223,10 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
             tl.load(at, mask=ok, other=0.0)[None, :]
         dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
         if ROWS_NORMALIZED & WANT:
-            dk = _unnormalized(dk, k, _norms(SK, bh, N, rows), row_eps)
+            dk = _unnormalized(dk, k, _row_values(SK, bh, N, rows), row_eps)
         _store_rows(DK, dk, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DV & WANT:
-        inv = 1.0 / tl.load(DEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=1.0)
+        inv = 1.0 / _row_values(DEN, bh, N, rows)
         do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
         at, ok = _chunk(SUMS, 2 * BLOCK_R, bh, chunk, D, BLOCK_D, STRIDE)
         ds = tl.cumsum(do * inv[:, None], axis=0, reverse=True) + \
@@ -258,5 +260,5 @@ def row_normalize_backward(DY, Y, S, DX, SIZE, eps, BLOCK_N: tl.constexpr,
     rows = n0 + tl.arange(0, BLOCK_N)
     dy = _rows(DY, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     y = _rows(Y, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    _store_rows(DX, _unnormalized(dy, y, _norms(S, bh, N, rows), eps), bh, H, n0, N, R, BLOCK_N,
-                BLOCK_R)
+    dx = _unnormalized(dy, y, _row_values(S, bh, N, rows), eps)
+    _store_rows(DX, dx, bh, H, n0, N, R, BLOCK_N, BLOCK_R)

@@ -101,10 +101,6 @@ def _before(sums: torch.Tensor) -> torch.Tensor:
     return _scan(sums, sums.shape[-1])
 
 
-def _after(sums: torch.Tensor) -> torch.Tensor:
-    return _scan(sums, 0)
-
-
 def _sums(batch_heads: int, chunks: int, width: int, like: torch.Tensor) -> torch.Tensor:
     """A pass's chunk sums, its parts side by side in ``width`` columns (each part padded to its
     block: the kernels' layout), float32."""

@@ -420,8 +420,9 @@ def other_papers(tags: list[str]) -> str:
 def _layer_cell(row) -> str:
     """One entry of the kernel paper's table: eager ms (the graph's beside it where measured),
     peak GiB."""
+    import pandas as pd
     graph = row.get("graph_s")
-    graph = f" (graph {graph * 1e3:.2f})" if graph is not None and graph == graph else ""
+    graph = f" (graph {graph * 1e3:.2f})" if pd.notna(graph) else ""
     return f"{row.median_s * 1e3:.2f} ms{graph}, {row.peak_bytes / 2 ** 30:.2f} GiB"
 
 
