@@ -102,6 +102,28 @@ def normalizer_chunk_scan(SUMS, OUT, CHUNKS, WIDTH, REVERSE_FROM, BLOCK_C: tl.co
 
 
 @triton.jit
+def _running(x, carry, REVERSE: tl.constexpr, RUN: tl.constexpr):
+    """The running sums of a chunk's rows (float32 [BLOCK_N, W]) plus ``carry`` (the sum of the
+    rows before the chunk, or after it with REVERSE). RUN 0: ``tl.cumsum``; else on the tensor
+    cores, a triangular matrix of ones times x split in two 16-bit parts (x's high bits, then
+    the rest: each term within 2⁻¹⁷ of itself, the sums in float32), RUN 1 in bf16, RUN 2 in fp16
+    (under Triton's interpreter, whose bf16 dot products are wrong)."""
+    if RUN == 0:
+        run = tl.cumsum(x, axis=0, reverse=REVERSE)
+    else:
+        i = tl.arange(0, x.shape[0])
+        if REVERSE:
+            tri = i[None, :] >= i[:, None]
+        else:
+            tri = i[None, :] <= i[:, None]
+        ty = tl.bfloat16 if RUN == 1 else tl.float16
+        high = x.to(ty)
+        low = (x - high.to(tl.float32)).to(ty)
+        run = tl.dot(tri.to(ty), high) + tl.dot(tri.to(ty), low)
+    return run + carry[None, :]
+
+
+@triton.jit
 def normalizer_totals(K, V, SUMS, SIZE, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     """Each chunk's sums of k and of v into SUMS, float32 ``(batch·heads, chunks, BLOCK_R +
@@ -119,7 +141,8 @@ def normalizer_totals(K, V, SUMS, SIZE, BLOCK_N: tl.constexpr, BLOCK_R: tl.const
 
 @triton.jit
 def normalizer_forward(NUM, Q, K, V, O, DEN, SUMS, SIZE, c, eps, BLOCK_N: tl.constexpr,
-                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_C: tl.constexpr):
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, HAS_C: tl.constexpr,
+                       RUN: tl.constexpr):
     """O (its dtype) and DEN (float32 ``(batch·heads, N)``) from NUM (the operator's output) and
     q, k, v; SUMS: the sums of k and v over the chunks before each (float32, as
     :func:`normalizer_totals` lays them out); ``SIZE = (N, R, D, H)``."""
@@ -129,13 +152,13 @@ def normalizer_forward(NUM, Q, K, V, O, DEN, SUMS, SIZE, c, eps, BLOCK_N: tl.con
     rows = n0 + tl.arange(0, BLOCK_N)
     k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     at, ok = _chunk(SUMS, 0, bh, chunk, R, BLOCK_R, BLOCK_R + BLOCK_D)
-    ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
+    ks = _running(k, tl.load(at, mask=ok, other=0.0), False, RUN)
     den = tl.sum(_rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R) * ks, axis=1) + eps
     if HAS_C:  # (v's running sum first: num is read last, into the sum)
         den += c * (rows + 1).to(tl.float32)
         v = _rows(V, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
         at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, D, BLOCK_D, BLOCK_R + BLOCK_D)
-        num = c * (tl.cumsum(v, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]) + \
+        num = c * _running(v, tl.load(at, mask=ok, other=0.0), False, RUN) + \
             _rows(NUM, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
     else:
         num = _rows(NUM, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
@@ -189,7 +212,8 @@ def _row_values(S, bh, N, rows):
 
 @triton.jit
 def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_N: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, WANT: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, WANT: tl.constexpr,
+                        RUN: tl.constexpr):
     """The backward's last pass: the denominator's terms added in place to the operator's
     ``GRADS = (dq, dk, dv)`` (each program reads its own rows, then writes them), those that
     ``WANT`` names (bits: :data:`WANT_DQ`, :data:`WANT_DK`, :data:`WANT_DV`); SUMS: the sums of
@@ -212,15 +236,14 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
         k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DQ & WANT:
         at, ok = _chunk(SUMS, 0, bh, chunk, R, BLOCK_R, STRIDE)
-        ks = tl.cumsum(k, axis=0) + tl.load(at, mask=ok, other=0.0)[None, :]
+        ks = _running(k, tl.load(at, mask=ok, other=0.0), False, RUN)
         dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + ddn[:, None] * ks
         if ROWS_NORMALIZED & WANT:
             dq = _unnormalized(dq, q, _row_values(SQ, bh, N, rows), row_eps)
         _store_rows(DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DK & WANT:
         at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, R, BLOCK_R, STRIDE)
-        qs = tl.cumsum(q * ddn[:, None], axis=0, reverse=True) + \
-            tl.load(at, mask=ok, other=0.0)[None, :]
+        qs = _running(q * ddn[:, None], tl.load(at, mask=ok, other=0.0), True, RUN)
         dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
         if ROWS_NORMALIZED & WANT:
             dk = _unnormalized(dk, k, _row_values(SK, bh, N, rows), row_eps)
@@ -229,8 +252,7 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
         inv = 1.0 / _row_values(DEN, bh, N, rows)
         do = _rows(DO, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
         at, ok = _chunk(SUMS, 2 * BLOCK_R, bh, chunk, D, BLOCK_D, STRIDE)
-        ds = tl.cumsum(do * inv[:, None], axis=0, reverse=True) + \
-            tl.load(at, mask=ok, other=0.0)[None, :]
+        ds = _running(do * inv[:, None], tl.load(at, mask=ok, other=0.0), True, RUN)
         dv = _rows(DV, bh, H, n0, N, D, BLOCK_N, BLOCK_D) + c * ds
         _store_rows(DV, dv, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
 
