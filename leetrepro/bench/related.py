@@ -257,6 +257,10 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
             step[name] = lambda mix=mix: torch.autograd.grad(mix(q, k, v, g), (q, k, v, g), do,
                                                              allow_unused=True)
         for mode, fns in (("fwd", fwd), ("fwd+bwd", step)):
+            if any(name.startswith("fla") for name in fns):  # (minutes of silence otherwise)
+                print(f"layer N={n} {mode}: timing {len(fns)} entries; fla autotunes its kernels "
+                      "on their first call, several minutes a shape on a fresh host (kept on "
+                      "disk for the host's later runs)", flush=True)
             for name, (t, graph, status, why) in _timed_eager_and_graph(fns, reps, device,
                                                                         i).items():
                 peak = None
