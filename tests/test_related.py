@@ -216,6 +216,50 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
                                    constant, 1e-12))
 
 
+def _non_finite_rows_stay_on_their_side(sweep: bool, device: str, dtype, run: int):
+    """A NaN in one row of k and an infinity in a later row of v: the output and dq before those
+    rows are the clean call's, the output from them on non-finite, the other head untouched (a
+    block's triangular product must not carry a non-finite entry to the rows before it)."""
+    from leetrepro.methods import normalizer
+    q, k, v = (t.to(device, dtype) for t in _qkv(1, 2, 75, 12, 10))
+    dO = torch.randn(1, 2, 75, 10, generator=torch.Generator().manual_seed(3)).to(device, dtype)
+    bad_k, bad_v = k.clone(), v.clone()
+    bad_k[0, 0, 40, 3], bad_v[0, 0, 50, 1] = float("nan"), float("inf")
+    assert normalizer.on_kernels(q, v) and normalizer._run(v.dtype) == run
+    old, normalizer.IN_SWEEP = normalizer.IN_SWEEP, sweep
+    try:
+        def call(k, v):
+            ins = [t.clone().requires_grad_(w) for t, w in zip((q, k, v), (True, False, False))]
+            out = related.normalized_linear_attention(*ins)
+            return out.float().cpu(), torch.autograd.grad(out, ins[0], dO)[0].float().cpu()
+        (o, dq), (clean, clean_dq) = call(bad_k, bad_v), call(k, v)
+    finally:
+        normalizer.IN_SWEEP = old
+    for a, b in ((o, clean), (dq, clean_dq)):
+        assert torch.isfinite(a[0, 0, :40]).all() and torch.isfinite(a[0, 1]).all()
+        assert rel_error(a[0, 0, :40], b[0, 0, :40]) <= 1e-3
+        assert rel_error(a[0, 1], b[0, 1]) <= 1e-3
+    assert (~torch.isfinite(o[0, 0, 40:])).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
+@pytest.mark.parametrize("sweep", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_non_finite_row_stays_on_its_side(monkeypatch, sweep):
+    """:func:`_non_finite_rows_stay_on_their_side` interpreted, fp16: the passes' running sums on
+    the tensor cores in the interpreter's fp16 split, the forward as passes or as one sweep."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    _non_finite_rows_stay_on_their_side(sweep, "cpu", torch.float16, run=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_non_finite_row_stays_on_its_side_on_the_gpu(sweep):
+    """:func:`_non_finite_rows_stay_on_their_side` on a GPU, bf16 (the bf16 split)."""
+    _non_finite_rows_stay_on_their_side(sweep, "cuda", torch.bfloat16, run=1)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
 @pytest.mark.parametrize("dtype, need", quick_lane(
     [(torch.float32, (True, True, True)), (torch.float16, (True, True, True)),

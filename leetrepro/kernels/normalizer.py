@@ -102,24 +102,35 @@ def normalizer_chunk_scan(SUMS, OUT, CHUNKS, WIDTH, REVERSE_FROM, BLOCK_C: tl.co
 
 
 @triton.jit
+def _triangular(x, REVERSE: tl.constexpr, TY: tl.constexpr):
+    """The running sums of x's rows (float32 [BLOCK_N, W]) on the tensor cores: a triangular
+    matrix of ones times x split in two TY parts (x's high bits, then the rest: each term within
+    2⁻¹⁷ of itself), summed in float32. A non-finite entry is left out of the products, whose
+    zeros would carry it to the rows on the other side of it, where the answer is finite; the
+    sums on its side are NaN (``tl.cumsum`` would give an infinity or NaN there)."""
+    i = tl.arange(0, x.shape[0])
+    if REVERSE:
+        tri = (i[None, :] >= i[:, None]).to(TY)
+    else:
+        tri = (i[None, :] <= i[:, None]).to(TY)
+    bad = ~(tl.abs(x) < float("inf"))
+    x = tl.where(bad, 0.0, x)
+    high = x.to(TY)
+    run = tl.dot(tri, high) + tl.dot(tri, (x - high.to(tl.float32)).to(TY))
+    seen = tl.dot(tri, bad.to(TY))  # (how many non-finite entries each row's sum takes)
+    return tl.where(seen > 0, float("nan"), run)
+
+
+@triton.jit
 def _running(x, carry, REVERSE: tl.constexpr, RUN: tl.constexpr):
     """The running sums of a chunk's rows (float32 [BLOCK_N, W]) plus ``carry`` (the sum of the
     rows before the chunk, or after it with REVERSE). RUN 0: ``tl.cumsum``; else on the tensor
-    cores, a triangular matrix of ones times x split in two 16-bit parts (x's high bits, then
-    the rest: each term within 2⁻¹⁷ of itself, the sums in float32), RUN 1 in bf16, RUN 2 in fp16
-    (under Triton's interpreter, whose bf16 dot products are wrong)."""
+    cores (:func:`_triangular`), RUN 1 in bf16, RUN 2 in fp16 (under Triton's interpreter, whose
+    bf16 dot products are wrong)."""
     if RUN == 0:
         run = tl.cumsum(x, axis=0, reverse=REVERSE)
     else:
-        i = tl.arange(0, x.shape[0])
-        if REVERSE:
-            tri = i[None, :] >= i[:, None]
-        else:
-            tri = i[None, :] <= i[:, None]
-        ty = tl.bfloat16 if RUN == 1 else tl.float16
-        high = x.to(ty)
-        low = (x - high.to(tl.float32)).to(ty)
-        run = tl.dot(tri.to(ty), high) + tl.dot(tri.to(ty), low)
+        run = _triangular(x, REVERSE, tl.bfloat16 if RUN == 1 else tl.float16)
     return run + carry[None, :]
 
 
