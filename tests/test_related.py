@@ -172,7 +172,8 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
     """The normaliser's passes on their Triton kernels (``methods.normalizer``; interpreted here):
     the output and each wanted gradient against the float64 definition within the contract, and
     against PyTorch's composition; q and k strided views (time-major), N not a multiple of the
-    kernels' chunk (several chunks), r ≠ d, batch > 1; each op through opcheck."""
+    kernels' chunk (several chunks), r ≠ d, batch > 1; each op through opcheck; 16-bit inputs with
+    the running sums on the tensor cores (``RUN_ON_MMA``)."""
     from leetrepro.methods import normalizer
     q, k, v = _qkv(2, 3, 75, 12, 10)
     if constant == 0.0:
@@ -191,6 +192,9 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
         return [out, *grads]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
+    # (16-bit inputs with the running sums on the tensor cores, built off: the other tests take
+    # tl.cumsum)
+    monkeypatch.setattr(normalizer, "RUN_ON_MMA", True)
     assert not normalizer.on_kernels(q.float(), v.float())
     plain = run()
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
@@ -225,16 +229,17 @@ def _non_finite_rows_stay_on_their_side(sweep: bool, device: str, dtype, run: in
     dO = torch.randn(1, 2, 75, 10, generator=torch.Generator().manual_seed(3)).to(device, dtype)
     bad_k, bad_v = k.clone(), v.clone()
     bad_k[0, 0, 40, 3], bad_v[0, 0, 50, 1] = float("nan"), float("inf")
-    assert normalizer.on_kernels(q, v) and normalizer._run(v.dtype) == run
-    old, normalizer.IN_SWEEP = normalizer.IN_SWEEP, sweep
+    old = normalizer.IN_SWEEP, normalizer.RUN_ON_MMA
+    normalizer.IN_SWEEP, normalizer.RUN_ON_MMA = sweep, run != 0
     try:
+        assert normalizer.on_kernels(q, v) and normalizer._run(v.dtype) == run
         def call(k, v):
             ins = [t.clone().requires_grad_(w) for t, w in zip((q, k, v), (True, False, False))]
             out = related.normalized_linear_attention(*ins)
             return out.float().cpu(), torch.autograd.grad(out, ins[0], dO)[0].float().cpu()
         (o, dq), (clean, clean_dq) = call(bad_k, bad_v), call(k, v)
     finally:
-        normalizer.IN_SWEEP = old
+        normalizer.IN_SWEEP, normalizer.RUN_ON_MMA = old
     for a, b in ((o, clean), (dq, clean_dq)):
         assert torch.isfinite(a[0, 0, :40]).all() and torch.isfinite(a[0, 1]).all()
         assert rel_error(a[0, 0, :40], b[0, 0, :40]) <= 1e-3
@@ -243,20 +248,23 @@ def _non_finite_rows_stay_on_their_side(sweep: bool, device: str, dtype, run: in
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
-@pytest.mark.parametrize("sweep", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_a_non_finite_row_stays_on_its_side(monkeypatch, sweep):
+@pytest.mark.parametrize("sweep, run", [(False, 2), (False, 0),
+                                        pytest.param(True, 2, marks=pytest.mark.slow)])
+def test_a_non_finite_row_stays_on_its_side(monkeypatch, sweep, run):
     """:func:`_non_finite_rows_stay_on_their_side` interpreted, fp16: the passes' running sums on
-    the tensor cores in the interpreter's fp16 split, the forward as passes or as one sweep."""
+    the tensor cores (``run`` 2: the interpreter's fp16 split) or by ``tl.cumsum`` (0), the
+    forward as passes or as one sweep."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-    _non_finite_rows_stay_on_their_side(sweep, "cpu", torch.float16, run=2)
+    _non_finite_rows_stay_on_their_side(sweep, "cpu", torch.float16, run=run)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("sweep", [False, True])
 def test_a_non_finite_row_stays_on_its_side_on_the_gpu(sweep):
-    """:func:`_non_finite_rows_stay_on_their_side` on a GPU, bf16 (the bf16 split)."""
+    """:func:`_non_finite_rows_stay_on_their_side` on a GPU, bf16, the running sums on the
+    tensor cores (the bf16 split)."""
     _non_finite_rows_stay_on_their_side(sweep, "cuda", torch.bfloat16, run=1)
 
 

@@ -240,24 +240,27 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
     rows = n0 + tl.arange(0, BLOCK_N)
-    ddn = tl.load(DDEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=0.0)
-    if (WANT_DK & WANT) or (ROWS_NORMALIZED & WANT):
-        q = _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
-    if (WANT_DQ & WANT) or (ROWS_NORMALIZED & WANT):
-        k = _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
+    # (each gradient's part reads its own tiles, q and k again from the cache: with q and k
+    # held across the parts the pass took 170 registers a thread, two programs an SM)
     if WANT_DQ & WANT:
         at, ok = _chunk(SUMS, 0, bh, chunk, R, BLOCK_R, STRIDE)
-        ks = _running(k, tl.load(at, mask=ok, other=0.0), False, RUN)
-        dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + ddn[:, None] * ks
+        ks = _running(_rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R),
+                      tl.load(at, mask=ok, other=0.0), False, RUN)
+        dq = _rows(DQ, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + \
+            _row_values(DDEN, bh, N, rows)[:, None] * ks
         if ROWS_NORMALIZED & WANT:
-            dq = _unnormalized(dq, q, _row_values(SQ, bh, N, rows), row_eps)
+            dq = _unnormalized(dq, _rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R),
+                               _row_values(SQ, bh, N, rows), row_eps)
         _store_rows(DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DK & WANT:
         at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, R, BLOCK_R, STRIDE)
-        qs = _running(q * ddn[:, None], tl.load(at, mask=ok, other=0.0), True, RUN)
+        ddn = tl.load(DDEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=0.0)
+        qs = _running(_rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R) * ddn[:, None],
+                      tl.load(at, mask=ok, other=0.0), True, RUN)
         dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
         if ROWS_NORMALIZED & WANT:
-            dk = _unnormalized(dk, k, _row_values(SK, bh, N, rows), row_eps)
+            dk = _unnormalized(dk, _rows(K, bh, H, n0, N, R, BLOCK_N, BLOCK_R),
+                               _row_values(SK, bh, N, rows), row_eps)
         _store_rows(DK, dk, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DV & WANT:
         inv = 1.0 / _row_values(DEN, bh, N, rows)

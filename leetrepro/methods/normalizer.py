@@ -68,11 +68,13 @@ def _shape(q: torch.Tensor, v: torch.Tensor) -> tuple:
 
 
 #: whether the running sums within a chunk of 16-bit inputs run on the tensor cores (a
-#: triangular matrix of ones times the rows, split in two 16-bit parts: ``kernels._running``)
-#: rather than as ``tl.cumsum``, whose scan across a chunk's threads made the epilogue
-#: instruction-bound: at N = 16384, r = d = 128, bf16, H200, the epilogue 468 → 413 µs, the
-#: forward's pass 198 → 194 (torch's profiler); fp32 inputs keep ``tl.cumsum``
-RUN_ON_MMA = True
+#: triangular matrix of ones times the rows, split in two 16-bit parts: ``kernels._triangular``)
+#: rather than as ``tl.cumsum``. Off: at N = 16384, r = d = 128, bf16, H200 (torch's profiler)
+#: the product took the epilogue 468 → 413 µs with each gradient's part reading its own tiles,
+#: but kept to a non-finite entry's side (as ``tl.cumsum`` is, and the operator) it took 601
+#: against 559 µs with the tiles read once, the forward's pass 252 against 189; not measured
+#: kept to its side with each part's own tiles (notes/other_papers.md). fp32 never takes it
+RUN_ON_MMA = False
 
 
 def _run(dtype: torch.dtype) -> int:
