@@ -67,6 +67,12 @@ def test_kernel_paper_claims_from_constructed_rows():
     assert "PyTorch's composition" in O.kernel_paper_claims(layer, None).evidence.iloc[0]
     on_kernels = layer.assign(passes=["kernels", None])
     assert "Triton kernels" in O.kernel_paper_claims(on_kernels, None).evidence.iloc[0]
+    # (graph times said beside the eager verdict, for the time claim alone, never judged)
+    graphs = O.kernel_paper_claims(layer.assign(graph_s=[0.5, 3.0]), None)
+    assert "CUDA graphs 6.00×" in graphs.evidence.iloc[0] and "graph" not in graphs.evidence.iloc[1]
+    assert list(graphs.holds) == list(O.kernel_paper_claims(layer, None).holds)
+    assert "graph" not in O.kernel_paper_claims(layer.assign(graph_s=[0.5, None]),
+                                                None).evidence.iloc[0]
 
 
 @pytest.mark.parametrize("tag", ["h100", "h200"])
