@@ -254,8 +254,8 @@ def normalizer_epilogue(GRADS, Q, K, DO, DEN, DDEN, SUMS, NORMS, SIZE, c, BLOCK_
         _store_rows(DQ, dq, bh, H, n0, N, R, BLOCK_N, BLOCK_R)
     if WANT_DK & WANT:
         at, ok = _chunk(SUMS, BLOCK_R, bh, chunk, R, BLOCK_R, STRIDE)
-        ddn = tl.load(DDEN + bh.to(tl.int64) * N + rows, mask=rows < N, other=0.0)
-        qs = _running(_rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R) * ddn[:, None],
+        qs = _running(_rows(Q, bh, H, n0, N, R, BLOCK_N, BLOCK_R) *
+                      _row_values(DDEN, bh, N, rows)[:, None],
                       tl.load(at, mask=ok, other=0.0), True, RUN)
         dk = _rows(DK, bh, H, n0, N, R, BLOCK_N, BLOCK_R) + qs
         if ROWS_NORMALIZED & WANT:

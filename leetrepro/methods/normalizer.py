@@ -32,8 +32,6 @@ interpreter asked for by name).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ._gpu import (NoTriton, cdiv, interpreted_bf16, launch, next_pow2, on_row_kernels,
@@ -82,7 +80,7 @@ def _run(dtype: torch.dtype) -> int:
     2 in fp16 (under Triton's interpreter, whose bf16 dot products are wrong)."""
     if not RUN_ON_MMA or dtype == torch.float32:
         return 0
-    return 2 if os.environ.get("TRITON_INTERPRET") == "1" else 1
+    return 2 if interpreted_bf16(torch.bfloat16) else 1
 
 
 def _options(r: int, d: int, block_n: int = BLOCK_N) -> dict:

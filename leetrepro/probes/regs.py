@@ -440,6 +440,8 @@ def state_update_job(headdim: int = 64, dstate: int = 128) -> tuple:
 def normalizer_jobs(r: int = 128, d: int = 128) -> list:
     """Normalised linear attention's passes (``methods.normalizer``) as launched at r × d, bf16:
     ``(label, kernel, signature, constexprs, num_warps)``."""
+    import torch
+
     from ..kernels import normalizer
     from ..methods import normalizer as launcher
     t4, p32, c = ("*bf16", "i32", "i32", "i32"), "*fp32", "constexpr"
@@ -460,7 +462,7 @@ def normalizer_jobs(r: int = 128, d: int = 128) -> list:
         ("normalizer_forward", normalizer.normalizer_forward,
          sig(NUM="t", Q="t", K="t", V="t", O="t", DEN="f", SUMS="f", SIZE="z", c="s",
              eps="s", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c, HAS_C=c, RUN=c),
-         dict(blocks, HAS_C=True, RUN=launcher._run(launcher.DTYPES[1])),
+         dict(blocks, HAS_C=True, RUN=launcher._run(torch.bfloat16)),
          warps("forward")),
         ("normalizer_prologue", normalizer.normalizer_prologue,
          sig(DO="t", O="t", DEN="f", Q="t", K="t", DNUM="t", DDEN="f", SUMS="f", SIZE="z",
@@ -469,7 +471,7 @@ def normalizer_jobs(r: int = 128, d: int = 128) -> list:
          dict(sig(GRADS=c, Q="t", K="t", DO="t", DEN="f", DDEN="f", SUMS="f", NORMS=c,
                   SIZE="z", c="s", BLOCK_N=c, BLOCK_R=c, BLOCK_D=c, WANT=c, RUN=c),
               GRADS=(t4,) * 3, NORMS=(p32, p32, "fp32")),
-         dict(back, WANT=15, RUN=launcher._run(launcher.DTYPES[1])),
+         dict(back, WANT=15, RUN=launcher._run(torch.bfloat16)),
          warps("epilogue")),
     ] + [(kernel.__name__, kernel, names | {"SIZE": ("i32",) * 3},
           dict(BLOCK_N=launcher.BLOCK_N, BLOCK_R=blocks["BLOCK_R"]), warps("rows"))
