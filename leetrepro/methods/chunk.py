@@ -1250,12 +1250,13 @@ def _pieces_tiles(r: int, d: int, dtype: torch.dtype, dual: bool, reverse: bool)
 #: 264) and still ran faster than two programs a lane at 64, each forming the chunk's scores
 #: again (H200, bf16: Mamba-2's 2 × 64 heads × 8192, 128 × 64, forward + backward 1.64 ms in a
 #: graph against 2.26; gated `gla` 4.84 against 5.08 in reverse, notes/gates.md). Forward in time
-#: at r = 128 (the dB sweep where the operator's d is 128): 64. At 128 columns it spilled 992
-#: bytes a thread (the ring has no room for E and the gates there), at 64 316 by loads and 20 with
-#: E and the gates in the ring: the gated `gla` shape's backward 4.43 ms in a graph against 4.84
-#: with the portable dB sweep (H200, bf16). In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`):
-#: 32, the most that fits beside the pieces.
-PIECES_DC = {(64, False): 128, (64, True): 128, (128, False): 64, (128, True): 128,
+#: at r = 128 (the dB sweep where the operator's d is 128) likewise 128, though it spills 808
+#: bytes a thread there (bf16; the ring has no room for E and the gates, and the chunk's own
+#: pairs hold a fourth 64 × 64 accumulator): a lane's chunks take about as long at 128 columns
+#: as at 64, so one program a lane halves the sweep's programs, and the gated `gla` shape's
+#: forward + backward took 3.80 ms in a graph against 4.35 at 64 (H200, bf16, notes/gates.md).
+#: In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`): 32, the most that fits beside the pieces.
+PIECES_DC = {(64, False): 128, (64, True): 128, (128, False): 128, (128, True): 128,
              (256, True): 32}
 
 

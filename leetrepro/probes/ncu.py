@@ -49,6 +49,7 @@ CELLS.update({label: ("bfloat16", 8, 8192, True, {}) for label in SHAPED})
 BACKWARD = {"bf16_bwd_gates_mamba2": (2, 64, 8192, 128, 64, True),
             "bf16_bwd_gamma_mamba2": (2, 64, 8192, 128, 64, False),
             "bf16_bwd_gates_gla": (8, 32, 8192, 128, 128, True),
+            "bf16_bwd_gamma_gla": (8, 32, 8192, 128, 128, False),
             "bf16_bwd_gates_mamba2_64": (2, 64, 8192, 64, 64, True)}
 
 
