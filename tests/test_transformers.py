@@ -280,6 +280,51 @@ def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored, monkeypatch):
     assert got[3:] == [("mamba_ssm", "train", "error: RuntimeError: a peer that fails")]
 
 
+def test_the_benchmark_s_entries_are_what_they_say_whatever_transformers_resolved(restored,
+                                                                                monkeypatch):
+    """transformers resolves each name when its modeling module is imported: to mamba_ssm's
+    kernels where mamba_ssm imports then (the peer's source the bench registers counts, which
+    once made the ``fallback`` rows mamba_ssm's). ``bench.hf._route`` sets every name itself:
+    ``fallback`` the PyTorch references, ``mamba_ssm`` the peer's scan and state update (the
+    rest PyTorch's), each called as transformers calls what it resolved (keywords the function
+    does not name dropped: Zamba2's mixer hands ``position_embeddings`` on); both undone."""
+    import functools
+    import inspect
+
+    from leetrepro.bench import hf
+    mod = lt._module("zamba2")
+    own = {n: getattr(mod, n) for n in lt.NAMES}
+    torch_fns = {n: inspect.unwrap(f) for n, f in own.items()}
+    assert all(f.__module__ == mod.__name__ for f in torch_fns.values())
+
+    def resolved(fn):  # (as transformers wraps what it found installed)
+        @functools.wraps(fn)
+        def kernel(*args, **kwargs):
+            raise AssertionError("the module's resolved kernel was called")
+        return kernel
+    for n, f in torch_fns.items():
+        monkeypatch.setattr(mod, n, resolved(f))
+    assert hf._route("zamba2", "fallback", None)
+    assert {n: inspect.unwrap(getattr(mod, n)) for n in lt.NAMES} == torch_fns
+
+    seen = []
+
+    def scan(x, dt, A, B, C, chunk_size, D=None):  # (a peer naming fewer keywords)
+        seen.append((chunk_size, D))
+        return x
+    assert not hf._route("zamba2", "mamba_ssm", None)  # (no peer: not present)
+    assert hf._route("zamba2", "mamba_ssm", {"mamba2_chunk_scan": scan,
+                                             "mamba2_selective_state_update": len})
+    assert mod.mamba2_chunk_scan(1, 2, 3, 4, 5, chunk_size=8, D=9, position_embeddings=0,
+                                 dt_softplus=True) == 1
+    assert seen == [(8, 9)]
+    assert inspect.unwrap(mod.mamba2_selective_state_update) is len
+    assert inspect.unwrap(mod.causal_conv1d_fn) is torch_fns["causal_conv1d_fn"]
+    lt.disable()
+    assert all(inspect.unwrap(getattr(mod, n)) is torch_fns[n] for n in lt.NAMES)
+    assert not lt._SAVED
+
+
 @pytest.mark.slow
 def test_the_benchmark_s_models_build():
     """``bench.hf.MODELS``' configurations build (on the meta device: no weights), 0.5-2.5B

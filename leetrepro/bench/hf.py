@@ -66,19 +66,44 @@ def _mamba_ssm_functions(peers: str | None) -> dict | None:
     return {"mamba2_chunk_scan": scan, "mamba2_selective_state_update": update}
 
 
+def _as_transformers_calls(fn):
+    """``fn`` called as transformers' ``use_kernel_func_from_hub_with_fallback`` calls the
+    implementation it resolved: the keyword arguments ``fn`` names, the rest dropped (the mixers
+    hand on theirs, ``position_embeddings`` among them, which mamba_ssm's functions refuse)."""
+    import functools
+    import inspect
+    names = frozenset(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return fn(*args, **{k: v for k, v in kwargs.items() if k in names})
+    return call
+
+
 def _route(family: str, entry: str, peer_functions: dict | None) -> bool:
-    """Point the family's module at the entry's functions; False where the entry is missing."""
+    """Point the family's module at the entry's functions; False where the entry is missing.
+
+    transformers resolves each name once, when the modeling module is imported: to mamba_ssm's
+    kernels wherever ``mamba_ssm`` imports then (the peer's source registered by this bench
+    counts), else to its PyTorch reference. So ``fallback`` and ``mamba_ssm`` set every name
+    themselves, whatever was resolved: the PyTorch references (transformers' own functions
+    under its wrapper) for ``fallback``; mamba_ssm's chunk scan and state update, the rest
+    PyTorch's, for ``mamba_ssm``; each called as transformers calls what it resolved."""
+    import inspect
+
     from ..integrations import transformers as lt
     lt.disable()
     if entry == "leetrepro":
         lt.enable(family)
-    elif entry == "mamba_ssm":
-        if peer_functions is None:
-            return False
-        mod = lt._module(family)
-        for name, fn in peer_functions.items():
-            lt._SAVED.setdefault((family, name), getattr(mod, name))
-            setattr(mod, name, fn)
+        return True
+    if entry == "mamba_ssm" and peer_functions is None:
+        return False
+    mod = lt._module(family)
+    chosen = peer_functions if entry == "mamba_ssm" else {}
+    for name in lt.NAMES:
+        own = getattr(mod, name)
+        lt._SAVED.setdefault((family, name), own)
+        setattr(mod, name, _as_transformers_calls(chosen.get(name) or inspect.unwrap(own)))
     return True
 
 
