@@ -1027,7 +1027,9 @@ def test_the_state_update_kernel_is_one_token_of_the_recurrence(monkeypatch, dty
     ``(headdim, dstate)``): the kernel interpreted and PyTorch's expressions against the
     recurrence in float64, the state stepped in place and the output; dt, A, D and dt_bias
     expanded as transformers passes them (stride 0), per-head forms, z, headdim and dstate not
-    powers of two, two groups; and mamba_ssm's form without heads."""
+    powers of two, two groups; the state as a transposed view (dstate's stride not 1: how
+    Zamba2's and Falcon-H1's caches hand it on), on the kernel too; and mamba_ssm's form without
+    heads."""
     from leetrepro import compat
     from leetrepro.methods import state_update
     assert compat.selective_state_update is state_update.selective_state_update  # (the drop-in)
@@ -1049,8 +1051,10 @@ def test_the_state_update_kernel_is_one_token_of_the_recurrence(monkeypatch, dty
     want = want * torch.nn.functional.silu(z.double())
     tol = 1e-5 if dtype == torch.float32 and state_dtype == torch.float32 else 1e-2
 
-    def run(expanded):
+    def run(expanded, transposed=False):
         state = state0.to(state_dtype).clone()
+        if transposed:  # (the same values, laid out (batch, heads, dstate, headdim))
+            state = state.transpose(-1, -2).contiguous().transpose(-1, -2)
         args = (dt.to(dtype)[..., None].expand(-1, -1, p), A[:, None, None].expand(heads, p, n),
                 D[:, None].expand(heads, p), bias[:, None].expand(heads, p)) if expanded else \
             (dt.to(dtype), A, D, bias)
@@ -1058,15 +1062,21 @@ def test_the_state_update_kernel_is_one_token_of_the_recurrence(monkeypatch, dty
             state, x.to(dtype), args[0], args[1], B.to(dtype), C.to(dtype), D=args[2],
             z=z.to(dtype), dt_bias=args[3], dt_softplus=True)
         return out, state
+    pytorch = state_update._pytorch
+    took = []
+    monkeypatch.setattr(state_update, "_pytorch", lambda *a: took.append(1) or pytorch(*a))
     for kernel in (False, True):
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1" if kernel else "0")
         assert state_update.on_row_kernels(x, state_update.kernels) == kernel
-        for expanded in (True, False):
-            out, state = run(expanded)
+        for expanded, transposed in ((True, False), (False, False), (True, True)):
+            took.clear()
+            out, state = run(expanded, transposed)
             assert out.dtype == dtype and state.dtype == state_dtype
-            assert rel_error(out.double(), want) <= tol, (kernel, expanded)
-            assert rel_error(state.double(), want_state) <= tol, (kernel, expanded)
+            assert state.stride(-1) == (p if transposed else 1)
+            assert bool(took) != kernel, (kernel, expanded, transposed)  # (the path it says)
+            assert rel_error(out.double(), want) <= tol, (kernel, expanded, transposed)
+            assert rel_error(state.double(), want_state) <= tol, (kernel, expanded, transposed)
     # (mamba_ssm's form without heads: one head's state (batch, headdim, dstate))
     state = state0[:, 0].clone()
     out = state_update.selective_state_update(

@@ -6,7 +6,8 @@ place (``leetrepro.methods.state_update``):
 
 per (sequence, head) program: the head's whole state ``[BLOCK_P, BLOCK_N]`` read and written
 once. Every tensor but the output comes as its pointer and strides (transformers passes dt, A, D and dt_bias
-expanded over headdim and dstate: stride 0 is read as it is). float32 inside.
+expanded over headdim and dstate: stride 0 is read as it is; its hybrid models' caches hand the
+state on as a transposed view, dstate's stride not 1). float32 inside.
 """
 import triton
 import triton.language as tl
@@ -24,7 +25,7 @@ def _at(T, i, j, k):
 def selective_state_update(STATE, X, DT, A, B, C, D, Z, DT_BIAS, OUT, SIZE,
                            BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_D: tl.constexpr,
                            HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
-    """STATE ``(batch, heads, P, N)`` (last stride 1); X, Z ``(batch, heads, P)``; OUT the same,
+    """STATE ``(batch, heads, P, N)`` (any strides); X, Z ``(batch, heads, P)``; OUT the same,
     contiguous; DT ``(batch, heads, P)``; A ``(heads, P, N)``; B, C ``(batch, groups, N)``; D, DT_BIAS
     ``(heads, P)``: each ``(pointer, strides…)``; ``SIZE = (heads, P, N, heads a group)``; grid
     (batch, heads)."""
@@ -36,8 +37,8 @@ def selective_state_update(STATE, X, DT, A, B, C, D, Z, DT_BIAS, OUT, SIZE,
     n = tl.arange(0, BLOCK_N)
     ok_p, ok_n = p < P, n < N
     ok = ok_p[:, None] & ok_n[None, :]
-    s_ptr, s_sb, s_sh, s_sp = STATE
-    at_state = s_ptr + b * s_sb + h * s_sh + p[:, None] * s_sp + n[None, :]
+    s_ptr, s_sb, s_sh, s_sp, s_sn = STATE
+    at_state = s_ptr + b * s_sb + h * s_sh + p[:, None] * s_sp + n[None, :] * s_sn
     state = tl.load(at_state, mask=ok, other=0.0).to(tl.float32)
     x = tl.load(_at(X, b, h, p), mask=ok_p, other=0.0).to(tl.float32)
     dt = tl.load(_at(DT, b, h, p), mask=ok_p, other=0.0).to(tl.float32)

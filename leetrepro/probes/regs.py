@@ -429,7 +429,7 @@ def state_update_job(headdim: int = 64, dstate: int = 128) -> tuple:
     t4, c = ("*bf16", "i32", "i32", "i32"), "constexpr"
     p, n = next_pow2(headdim), next_pow2(dstate)
     return ("selective_state_update", state_update.selective_state_update,
-            dict(STATE=("*fp32", "i32", "i32", "i32"), X=t4, DT=t4, A=("*fp32", "i32", "i32", "i32"),
+            dict(STATE=("*fp32", "i32", "i32", "i32", "i32"), X=t4, DT=t4, A=("*fp32", "i32", "i32", "i32"),
                  B=t4, C=t4, D=("*fp32", "i32", "i32"), Z=t4, DT_BIAS=("*fp32", "i32", "i32"),
                  OUT="*bf16", SIZE=("i32",) * 4, BLOCK_P=c, BLOCK_N=c, HAS_D=c, HAS_Z=c,
                  HAS_BIAS=c, SOFTPLUS=c),
