@@ -1,6 +1,9 @@
 """transformers' Mamba-2 family on this project (``leetrepro.integrations.transformers``): tiny
 configurations with random weights, the same model with and without :func:`enable`, in float32
 on the CPU (transformers' own path is the reference: its chunk scan computes in float32)."""
+import functools
+import inspect
+
 import pytest
 import torch
 
@@ -249,7 +252,7 @@ def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored, monkeypatch):
     """``bench.hf.measure`` on the CPU with a tiny model: a training row and the generation rows
     for each entry this host has, in order; an entry whose peer is absent is a row saying so;
     the entries take turns on one model (interleaved); an entry that raises is a row with its
-    error and the others go on."""
+    error and the others go on; one whose training raised still generates."""
     from leetrepro.bench import hf
     routed = []
     real_route = hf._route
@@ -277,7 +280,24 @@ def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored, monkeypatch):
                       **kw)
     got = [(r["entry"], r["what"], r["status"][:40]) for r in rows]
     assert got[:3] == [("leetrepro", w, "ok") for w in ("train", "generate", "generate")]
-    assert got[3:] == [("mamba_ssm", "train", "error: RuntimeError: a peer that fails")]
+    assert got[3:] == [("mamba_ssm", w, "error: RuntimeError: a peer that fails")
+                       for w in ("train", "generate", "generate")]
+
+    torch_scan = inspect.unwrap(lt._module("mamba2").mamba2_chunk_scan)
+
+    @functools.wraps(torch_scan)  # (its signature: the keywords transformers hands on)
+    def fails_training(*args, **kwargs):  # (the scan raises with gradients, as an OOM would)
+        if torch.is_grad_enabled():
+            raise RuntimeError("out of memory")
+        return torch_scan(*args, **kwargs)
+    rows = hf.measure("mamba2", CONFIGS["mamba2"](), ["leetrepro", "mamba_ssm"],
+                      torch.device("cpu"), peer_functions={
+                          "mamba2_chunk_scan": fails_training,
+                          "mamba2_selective_state_update": inspect.unwrap(
+                              lt._module("mamba2").mamba2_selective_state_update)}, **kw)
+    got = [(r["entry"], r["what"], r["status"][:30]) for r in rows]
+    assert got[3:] == [("mamba_ssm", "train", "OOM")] + \
+        [("mamba_ssm", "generate", "ok")] * 2
 
 
 def test_the_benchmark_s_entries_are_what_they_say_whatever_transformers_resolved(restored,

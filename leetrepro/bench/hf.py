@@ -194,6 +194,12 @@ def measure(family: str, config, entries, device, *, reps: int = 5, train=TRAIN,
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                   pad_token_id=0)
         for batch in batches:
+            # (each batch a cell of its own: an entry whose training step raised, or whose
+            # generate did at another batch, still generates; transformers' fallback runs out
+            # of memory training these models at 4096 tokens on some releases, not generating)
+            failed.clear()
+            if cuda:
+                torch.cuda.empty_cache()
             prompt_ids = ids[:1, :prompt].expand(batch, -1).contiguous()
             calls = {e: [] for e in present if e not in failed}
             with torch.no_grad():

@@ -537,24 +537,26 @@ def model(tags: list[str]) -> str:
 
 def hf(tags: list[str]) -> str:
     """``make bench-hf``'s rows: transformers' models trained and generating with each entry,
-    per GPU, beside the same model on transformers' own fallback."""
+    per GPU, beside the same model on transformers' own fallback and on mamba_ssm's kernels."""
     rows = []
     for tag in tags:
         df = _read(tag, "hf.csv")
         if df is None:
             continue
         ok = df[df.status == "ok"]
-        base = {(r.model, r.what, r.batch): r.tokens_per_s for r in ok.itertuples()
-                if r.entry == "fallback"}
+        base = {(r.entry, r.model, r.what, r.batch): r.tokens_per_s for r in ok.itertuples()
+                if r.entry in ("fallback", "mamba_ssm")}
         for r in df.itertuples():
             good = r.status == "ok"
-            ref = base.get((r.model, r.what, r.batch))
+            ratios = [base.get((peer, r.model, r.what, r.batch))
+                      for peer in ("fallback", "mamba_ssm")]
             rows.append([tag.upper(), r.model, r.entry, r.what,
                          "-" if not good else int(r.batch), f"{r.ms:.1f}" if good else "-",
                          f"{r.tokens_per_s:,.0f}" if good else "-",
-                         _x(r.tokens_per_s / ref) if good and ref else "-",
+                         *(_x(r.tokens_per_s / ref) if good and ref else "-" for ref in ratios),
                          f"{r.peak_GiB:.1f}" if good and _given(r.peak_GiB) else "-",
-                         "ok" if good else str(r.status)[:90], r.commit])
+                         "ok" if good else str(r.status)[:90],
+                         str(getattr(r, "transformers", "-")), r.commit])
     if not rows:
         return "Nothing measured yet."
     return ("transformers' models (random weights, 24 layers, hidden 2048, bf16) with their "
@@ -563,10 +565,10 @@ def hf(tags: list[str]) -> str:
             "mamba_ssm's Triton kernels where they were carried to the host. `train`: a step "
             "(forward, backward, fused AdamW) on batch × tokens, median ms, peak memory; "
             "`generate`: greedy new tokens after a 128-token prompt, each call after one of the "
-            "same length (eager, host-bound). `vs fallback`: tokens/s over the fallback's in "
-            "the same cell.\n\n"
+            "same length (eager, host-bound). `vs fallback`, `vs mamba_ssm`: tokens/s over "
+            "that entry's in the same cell; `transformers`: the release measured (hosts differ).\n\n"
             + _table(["GPU", "model", "entry", "what", "batch", "ms", "tokens/s", "vs fallback",
-                      "peak GiB", "status", "commit"], rows))
+                      "vs mamba_ssm", "peak GiB", "status", "transformers", "commit"], rows))
 
 
 def _geo(values) -> float:
