@@ -1033,25 +1033,32 @@ def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("r, d, dtype, states, reset, dual", [
-    (128, 64, torch.bfloat16, False, False, False), (64, 64, torch.float16, True, False, False),
-    (128, 128, torch.bfloat16, False, True, False), (128, 128, torch.float16, True, False, False),
-    (64, 64, torch.bfloat16, True, True, True), (64, 64, torch.float16, False, False, True),
-    (256, 64, torch.bfloat16, True, False, False)])
+@pytest.mark.parametrize("r, d, dtype, states, reset, dual, late", [
+    (128, 64, torch.bfloat16, False, False, False, False),
+    (64, 64, torch.float16, True, False, False, False),
+    (128, 128, torch.bfloat16, False, True, False, False),
+    (128, 128, torch.float16, True, False, False, False),
+    (64, 64, torch.bfloat16, True, True, True, False),
+    (64, 64, torch.float16, False, False, True, False),
+    (256, 64, torch.bfloat16, True, False, False, False),
+    (128, 128, torch.bfloat16, True, True, False, True),
+    (128, 64, torch.float16, False, False, False, True)])
 def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request, r, d, dtype,
-                                                            states, reset, dual):
+                                                            states, reset, dual, late):
     """On an sm_90 GPU, both sweeps' pieces taken on the Hopper kernel (forced at a small
     shape: ``force_kernel("hopper")`` waives the lanes' rule) give every gradient within the
     contract of float64 (dg within GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of
     the chunk, states in and out, a hard reset, and the reverse sweep with dC's dual output
-    (``chunk.HOPPER_DUAL_PIECES``), and at r = 256 (Falcon-H1's d_state:
-    ``chunk.HOPPER_PIECES_WIDE``); the same bits twice."""
+    (``chunk.HOPPER_DUAL_PIECES``), at r = 256 (Falcon-H1's d_state:
+    ``chunk.HOPPER_PIECES_WIDE``), and with the dB sweep's own pairs after O's store
+    (``chunk.HOPPER_LATE_PAIRS``); the same bits twice."""
     from leetrepro.methods import chunk
     from leetrepro.reference import rel_error
     if chunk.hopper_unfit(*make_inputs(1, 1, 64, 64, 64, dtype=dtype, device="cuda"), None):
         pytest.skip("needs an sm_90 GPU")
     monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", dual)
     monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", True)
+    monkeypatch.setattr(chunk, "HOPPER_LATE_PAIRS", late)
     chunk.force_kernel("hopper")  # (the lanes' rule waived at this small shape)
     request.addfinalizer(lambda: chunk.force_kernel(None))
     calls = []

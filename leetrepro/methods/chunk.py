@@ -336,12 +336,15 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
                      dc: int | None = None, gates: bool = False,
                      groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                     rows: bool = False) -> dict:
+                     rows: bool = False, late_pairs: bool | None = None) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
     :func:`block_d`); ``gate_grad``: the sweep writes the gates' gradient's pieces; ``rows``:
-    it takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``)."""
+    it takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``); ``late_pairs``:
+    forward in time with the pieces, the own pairs after O's store (default
+    :data:`HOPPER_LATE_PAIRS`)."""
+    late_pairs = HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
     dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
     # (the pieces' row vectors E in the ring where two slots of it fit, and the gates there too
     # where that costs no slot: their tiles then come with the chunk's, STAGES ahead, not by
@@ -357,7 +360,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
         SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups,
-        GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows)
+        GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows,
+        LATE_PAIRS=bool(gate_grad and not reverse and late_pairs))
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -995,7 +999,9 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
            None if t.GAMMA is None else t.GAMMA.dtype, None if t.CU is None else t.CU.dtype,
            aligned)
     short = t.B.shape[0] * heads * n <= SELF_REPAIR_ROWS
-    cache_key = (key, kernel, _FORCED[0], short)
+    # (with the Hopper kernel's A/B switches: a plan keeps the constants it was made with)
+    cache_key = (key, kernel, _FORCED[0], short, HOPPER_E_RING, HOPPER_GATES_RING,
+                 HOPPER_LATE_PAIRS)
     plan = _PLANS.get(cache_key)
     if plan is None:
         if len(_PLANS) >= 1024:
@@ -1205,6 +1211,12 @@ HOPPER_GATES_RING = True
 HOPPER_PIECES_WIDE = True
 #: whether the Hopper kernel takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``)
 HOPPER_ROWS = True
+#: whether the Hopper kernel's dB sweep with the pieces (forward in time) adds the chunk's own
+#: pairs once O's half has left for its store, not beside O's MMAs (``LATE_PAIRS``): compiled
+#: for sm_90 at r = d = 128 and 128 columns its spills fall from 808 to 452 bytes a thread
+#: (bf16; fp16 912 to 600), at the price of that MMA waited on in the chunk's chain. Off until
+#: a GPU has timed both (notes/gates.md)
+HOPPER_LATE_PAIRS = False
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there

@@ -106,7 +106,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    reverse: bool = False, dual: bool = False, r: int = 128,
                    d: int = 128, dc: int | None = None, gates: bool = False,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                   rows: int = 0):
+                   rows: int = 0, late_pairs: bool | None = None):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -115,7 +115,9 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     B, C, V, E read by groups of heads (the kernel's ``GROUPS``); ``gate_grad``: a gated
     backward sweep writing the gates' gradient's pieces (``GATE_GRAD``, one segment a lane);
     ``rows``: a gated forward sweep taking V's row weights and the skip (``ROWS``); 2: the
-    reverse sweep with the dual output and the pieces taking E's row weights and the row dots.
+    reverse sweep with the dual output and the pieces taking E's row weights and the row dots;
+    ``late_pairs``: the dB sweep's own pairs after O's store (``LATE_PAIRS``; default the
+    launcher's switch).
     Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -134,7 +136,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
 
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
                              store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc,
-                             gates=gates, groups=groups, gate_grad=gate_grad, rows=rows)
+                             gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
+                             late_pairs=late_pairs)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
@@ -608,6 +611,10 @@ def main(argv=None) -> int:
             jobs.append((f"pieces {dtype} {r}x{d}:gates:one{':reverse' if reverse else ''}",
                          dict(dtype=dtype, decay=False, split=False, reverse=reverse, gates=True,
                               r=r, d=d, dc=min(d, PIECES_DC[(r, reverse)]), gate_grad=True)))
+        # (the dB sweep's own pairs after O's store, chunk.HOPPER_LATE_PAIRS: the widest)
+        jobs.append(("pieces bf16 128x128:gates:one:late",
+                     dict(dtype="bf16", decay=False, split=False, gates=True, r=128, d=128,
+                          dc=128, gate_grad=True, late_pairs=True)))
         for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.HOPPER_DUAL_PIECES)
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,
