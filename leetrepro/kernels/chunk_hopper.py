@@ -882,7 +882,7 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             rd = prog.rd + (col // DH) * prog.rd_blk + row + ri
             gl.store(rd, rd1 * ops.scale, mask=ri < length)
             gl.store(rd + prog.rd_half, rd2, mask=ri < length)
-        LATE: gl.constexpr = K.GATE_GRAD and not REVERSE and K.LATE_PAIRS
+        LATE: gl.constexpr = K.LATE_PAIRS  # (with the pieces forward in time only)
         if K.GATE_GRAD and not LATE:  # (this consumer's block of the rows' buffer: its part)
             gl.store(prog.dg + (col // DH) * prog.dg_blk + row + ri, e, mask=ri < length)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
@@ -996,19 +996,18 @@ def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
 @gluon.jit
 def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
                 H_IDX: gl.constexpr, j, gates, e_t=None):
-    """Chunk j (ring slot s) of this consumer: (its half of O, its half of the state leaving the
-    chunk, O's fp16 scale, the state copy's scale, the rows' powers onto the entering state, the
-    rows' pieces e; 0.0 without ``GATE_GRAD``). ``w_in = (forward powers, rows)`` (:func:`_row_weights`);
-    ``gates``: the chunk's (:func:`_chunk_gates`) or None; ``e_t``: E's tile (``GATE_GRAD``),
-    whose dot with each row's part from the entering state (both 16-bit copies of it) is e."""
-    DC: gl.constexpr = K.DC
+    """Chunk j (ring slot s) of this consumer: (its halves of O and of the state leaving it, O's
+    fp16 scale, the state copy's, the rows' powers onto the entering state, the rows' pieces e:
+    0.0 without ``GATE_GRAD``, ``(e, p, E's tile)`` with ``LATE_PAIRS``). ``w_in = (forward
+    powers, rows)`` (:func:`_row_weights`); ``gates``: :func:`_chunk_gates`' or None; ``e_t``:
+    E's tile (``GATE_GRAD``), whose dot with each row's part from the entering state is e."""
     DUAL: gl.constexpr = K.DUAL
     HALF_RANGE: gl.constexpr = K.HALF_RANGE
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
     R: gl.constexpr = K.R
     REVERSE: gl.constexpr = K.REVERSE
     WEIGHTED: gl.constexpr = K.HAS_DECAY or K.HAS_GATE
-    DH: gl.constexpr = DC // 2
+    DH: gl.constexpr = K.DC // 2
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
     a_l: gl.constexpr = _operand_layout(dtype, DH)
@@ -1070,7 +1069,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         elif K.ROWS == 2:  # (dx = w·dV' + D·dO and the rows' dots, x from E's slot again)
             o, e = _row_grad(o, e, _tile(ring.e, 2 * s + H_IDX).load(acc_l).to(gl.float32),
                              v_t.load(acc_l).to(gl.float32), gates, p_up)
-    if K.GATE_GRAD and not REVERSE and K.LATE_PAIRS:  # (the slot held for the own pairs)
+    if K.LATE_PAIRS:  # (the slot held for the own pairs: :func:`_late_own_pairs`)
         e = (e, p, e_t)
     elif not DUAL and dtype != gl.float32:
         ring.release(s)
