@@ -308,9 +308,6 @@ def test_the_benchmark_s_entries_are_what_they_say_whatever_transformers_resolve
     ``fallback`` the PyTorch references, ``mamba_ssm`` the peer's scan and state update (the
     rest PyTorch's), each called as transformers calls what it resolved (keywords the function
     does not name dropped: Zamba2's mixer hands ``position_embeddings`` on); both undone."""
-    import functools
-    import inspect
-
     from leetrepro.bench import hf
     mod = lt._module("zamba2")
     own = {n: getattr(mod, n) for n in lt.NAMES}

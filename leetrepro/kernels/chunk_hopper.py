@@ -941,11 +941,7 @@ def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: g
                        use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
     wv = 0.0
     if EXACT and not K.REVERSE and not K.LATE_PAIRS:
-        if not K.E_RING:  # (in registers: the A operand's layout; in the ring, read from there)
-            e_t = gl.convert_layout(e_t, _operand_layout(dtype, DH))
-        wv = warpgroup_mma(e_t, v_t.permute((1, 0)),
-                           gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l), use_acc=False,
-                           is_async=True)  # [BLOCK_N, BLOCK_N]
+        wv = _pairs_mma(e_t, v_t, K)
     o = warpgroup_mma(b_t, st.h.index(H_IDX), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
                       use_acc=False, is_async=True)  # [BLOCK_N, DH]
     if EXACT:
@@ -954,6 +950,21 @@ def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: g
     if EXACT:
         state = warpgroup_mma(update[0], update[2], state, is_async=True)
     return sc, wv, o, state
+
+
+@gluon.jit
+def _pairs_mma(e_t, v_t, K: gl.constexpr):
+    """E's tile against the v tile, w_i·v_j over this consumer's columns ([BLOCK_N, BLOCK_N],
+    issued asynchronously): the chunk's own pairs' second factor. E from the ring (``E_RING``)
+    or from registers in O's accumulator layout, taken into the A operand's."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DH: gl.constexpr = K.DC // 2
+    dtype: gl.constexpr = v_t.dtype
+    if not K.E_RING:
+        e_t = gl.convert_layout(e_t, _operand_layout(dtype, DH))
+    return warpgroup_mma(e_t, v_t.permute((1, 0)),
+                         gl.zeros([BLOCK_N, BLOCK_N], gl.float32, _acc_layout(dtype, DH)),
+                         use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -973,21 +984,15 @@ def _own_pairs(pairs, diff):
 def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
     """``LATE_PAIRS``: the rows' pieces of chunk s with the chunk's own pairs added once O's
     half has left for its store, ``late = (e, p, E's tile)`` from :func:`_chunk_step` (E's tile
-    in O's accumulator layout, or None with ``E_RING``); the ring slot released after. The own
+    in O's accumulator layout; with ``E_RING`` read again from the ring slot, released after
+    the pairs' MMA). The own
     pairs' 64 × 64 accumulator is then never live beside O's (at r = d = 128 forward in time
     that took the sweep's spills from 808 to 452 bytes a thread, bf16, compiled for sm_90), at
     the price of its MMA waited on in the chunk's chain."""
-    BLOCK_N: gl.constexpr = K.BLOCK_N
-    DH: gl.constexpr = K.DC // 2
     e, p, e_t = late
-    dtype: gl.constexpr = ring.b.dtype
     if K.E_RING:
-        e_op = _tile(ring.e, 2 * s + H_IDX)
-    else:
-        e_op = gl.convert_layout(e_t, _operand_layout(dtype, DH))
-    wv = warpgroup_mma(e_op, _tile(ring.v, 2 * s + H_IDX).permute((1, 0)),
-                       gl.zeros([BLOCK_N, BLOCK_N], gl.float32, _acc_layout(dtype, DH)),
-                       use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
+        e_t = _tile(ring.e, 2 * s + H_IDX)
+    wv = _pairs_mma(e_t, _tile(ring.v, 2 * s + H_IDX), K)
     wv = warpgroup_mma_wait(num_outstanding=0, deps=(wv,))
     ring.release(s)
     return e + _own_pairs(p * wv, diff)

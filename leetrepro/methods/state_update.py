@@ -70,7 +70,8 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     out = torch.empty(batch, heads, p, dtype=x.dtype, device=x.device)
     block_p, block_n = next_pow2(p), next_pow2(n)
     launch(kernels.selective_state_update, (batch, heads),
-           # (each tensor with its first three strides; D and dt_bias, (heads, headdim), two)
+           # (the state with its four strides, each other tensor with its first three; D and
+           # dt_bias, (heads, headdim), two)
            dict(STATE=(state, *state.stride()), X=strided(x), DT=strided(dt), A=strided(A), B=strided(B),
                 C=strided(C), D=strided(D if D is not None else x)[:3],
                 Z=strided(z if z is not None else x),
