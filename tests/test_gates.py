@@ -1058,7 +1058,8 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
         pytest.skip("needs an sm_90 GPU")
     monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", dual)
     monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", True)
-    monkeypatch.setattr(chunk, "HOPPER_LATE_PAIRS", late)
+    # (the dB sweep's r is the operator's d, and its columns a program the operator's r)
+    monkeypatch.setattr(chunk, "HOPPER_LATE_PAIRS", frozenset({(d, r)} if late else ()))
     chunk.force_kernel("hopper")  # (the lanes' rule waived at this small shape)
     request.addfinalizer(lambda: chunk.force_kernel(None))
     calls = []

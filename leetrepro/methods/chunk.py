@@ -344,8 +344,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     it takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``); ``late_pairs``:
     forward in time with the pieces, the own pairs after O's store (default
     :data:`HOPPER_LATE_PAIRS`)."""
-    late_pairs = HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
     dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
+    late_pairs = (r, dc) in HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
     # (the pieces' row vectors E in the ring where two slots of it fit, and the gates there too
     # where that costs no slot: their tiles then come with the chunk's, STAGES ahead, not by
     # loads the consumers wait on each chunk)
@@ -1211,12 +1211,13 @@ HOPPER_GATES_RING = True
 HOPPER_PIECES_WIDE = True
 #: whether the Hopper kernel takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``)
 HOPPER_ROWS = True
-#: whether the Hopper kernel's dB sweep with the pieces (forward in time) adds the chunk's own
-#: pairs once O's half has left for its store, not beside O's MMAs (``LATE_PAIRS``): compiled
-#: for sm_90 at r = d = 128 and 128 columns its spills fall from 808 to 452 bytes a thread
-#: (bf16; fp16 912 to 600), at the price of that MMA waited on in the chunk's chain. Off until
-#: a GPU has timed both (notes/gates.md)
-HOPPER_LATE_PAIRS = False
+#: the (r, value columns a program) tiles at which the Hopper kernel's dB sweep with the pieces
+#: (forward in time) adds the chunk's own pairs once O's half has left for its store, not beside
+#: O's MMAs (``LATE_PAIRS``): at 128 × 128 that sweep's spills fall from 808 to 452 bytes a
+#: thread compiled for sm_90 (bf16; fp16 912 to 600), and `gla`'s forward + backward from 3.91
+#: to 3.76 ms in a graph; at 128 × 64 and 64 × 64 (Mamba-2's), with few spills either way, the
+#: MMA waited on in the chunk's chain cost 1-2 % (H200, notes/gates.md). Empty: never
+HOPPER_LATE_PAIRS = frozenset({(128, 128)})
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there

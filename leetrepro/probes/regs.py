@@ -611,10 +611,11 @@ def main(argv=None) -> int:
             jobs.append((f"pieces {dtype} {r}x{d}:gates:one{':reverse' if reverse else ''}",
                          dict(dtype=dtype, decay=False, split=False, reverse=reverse, gates=True,
                               r=r, d=d, dc=min(d, PIECES_DC[(r, reverse)]), gate_grad=True)))
-        # (the dB sweep's own pairs after O's store, chunk.HOPPER_LATE_PAIRS: the widest)
-        jobs.append(("pieces bf16 128x128:gates:one:late",
+        # (the dB sweep's own pairs beside O's MMAs at the widest, where chunk.HOPPER_LATE_PAIRS
+        # has them after O's store)
+        jobs.append(("pieces bf16 128x128:gates:one:early",
                      dict(dtype="bf16", decay=False, split=False, gates=True, r=128, d=128,
-                          dc=128, gate_grad=True, late_pairs=True)))
+                          dc=128, gate_grad=True, late_pairs=False)))
         for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.HOPPER_DUAL_PIECES)
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,
