@@ -203,7 +203,9 @@ def measure(family: str, config, entries, device, *, reps: int = 5, train=TRAIN,
             prompt_ids = ids[:1, :prompt].expand(batch, -1).contiguous()
             calls = {e: [] for e in present if e not in failed}
             with torch.no_grad():
-                for i in range(3):  # (round 0 warms each entry up at the timed length)
+                # (round 0 warms each entry up at the timed length; then as many rounds as
+                # training's: a batch-1 call is the host's time, which two rounds left noisy)
+                for i in range(reps + 1):
                     for e in calls:
                         t = timed(e, lambda: model.generate(prompt_ids, **kw))
                         if t is not None and i:
