@@ -58,7 +58,8 @@ def cell_shape(label: str) -> tuple[int, int, int]:
     return SHAPED.get(label, (R, D, HEADS))
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "WarpStateStats", "Occupancy", "LaunchStats",
             "ComputeWorkloadAnalysis", "SchedulerStats")
-METRICS = "dram__bytes_read.sum,dram__bytes_write.sum"
+METRICS = ("dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum,"
+           "smsp__sass_inst_executed_op_local_ld.sum,smsp__sass_inst_executed_op_local_st.sum")
 _STALL = "smsp__average_warps_issue_stalled_"
 
 
@@ -117,6 +118,17 @@ def summarize(raw_csv: str, label: str, top: int = 5) -> str:
             f"cycles/issue {cycles:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in worst))
 
 
+def _instructions(r) -> str:
+    """A kernel's warp instructions and, of them, its local-memory loads and stores (spills'
+    reloads wait on the long scoreboard), where the row has them."""
+    names = ("smsp__inst_executed.sum", "smsp__sass_inst_executed_op_local_ld.sum",
+             "smsp__sass_inst_executed_op_local_st.sum")
+    if not all(n in r.index for n in names):
+        return ""
+    total, ld, st = (_num(r[n]) for n in names)
+    return f"{total / 1e6:.1f} M warp instructions (local ld {ld / 1e6:.2f} M, st {st / 1e6:.2f} M), "
+
+
 def summarize_kernels(raw_csv: str, label: str, top: int = 3, least_us: float = 20.0) -> list:
     """A backward cell's lines from ``ncu --csv --page raw``'s output: each kernel of at least
     ``least_us`` microseconds in launch order, its name, time, DRAM bytes read and written (MB),
@@ -134,6 +146,7 @@ def summarize_kernels(raw_csv: str, label: str, top: int = 3, least_us: float = 
             f"DRAM read {read / 1e6:.0f} MB, write {write / 1e6:.0f} MB; issue active "
             f"{_num(r['smsp__issue_active.avg.pct_of_peak_sustained_active']):.0f}%, "
             + (f"tensor pipe {tensor:.0f}%, " if tensor is not None else "") +
+            _instructions(r) +
             f"cycles/issue {cycles:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in worst))
     lines.append(f"{label:24s} every kernel: {len(d)} launches, t={total * 1e3:.3f}ms")
     return lines
