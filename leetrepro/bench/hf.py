@@ -177,7 +177,8 @@ def measure(family: str, config, entries, device, *, reps: int = 5, train=TRAIN,
                 add(dict(entry=e, what="train", status="not installed"))
                 continue
             if e in failed:
-                add(dict(entry=e, what="train", status=failed[e]))
+                add(dict(entry=e, what="train", batch=train["batch"], tokens=train["seq"],
+                         status=failed[e]))
                 continue
             peak = None
             if cuda:

@@ -551,7 +551,8 @@ def hf(tags: list[str]) -> str:
             ratios = [base.get((peer, r.model, r.what, r.batch))
                       for peer in ("fallback", "mamba_ssm")]
             rows.append([tag.upper(), r.model, r.entry, r.what,
-                         "-" if not good else int(r.batch), f"{r.ms:.1f}" if good else "-",
+                         int(r.batch) if _given(r.batch) else "-",  # (a failed cell's too)
+                         f"{r.ms:.1f}" if good else "-",
                          f"{r.tokens_per_s:,.0f}" if good else "-",
                          *(_x(r.tokens_per_s / ref) if good and ref else "-" for ref in ratios),
                          f"{r.peak_GiB:.1f}" if good and _given(r.peak_GiB) else "-",
