@@ -268,9 +268,10 @@ def test_the_benchmark_s_machinery_writes_a_row_per_cell(restored, monkeypatch):
     for r in rows[:-1]:
         assert r["ms"] > 0 and r["tokens_per_s"] > 0
     assert not lt._SAVED  # (each entry's routing undone)
-    # (after the probe of which entries are present: leetrepro and fallback in turn, every call)
+    # (after the probe of which entries are present: leetrepro and fallback in turn, every call:
+    # reps + 2 training steps, and reps + 1 generate calls a batch)
     turns = routed[3:]
-    assert len(turns) == 2 * (3 + 2 * 3) and turns == ["leetrepro", "fallback"] * (len(turns) // 2)
+    assert len(turns) == 2 * (3 + 2 * 2) and turns == ["leetrepro", "fallback"] * (len(turns) // 2)
 
     def broken(*args, **kwargs):
         raise RuntimeError("a peer that fails")
