@@ -209,9 +209,14 @@ def encode_options(options: dict) -> str:
     return _encode(tuple(sorted(options.items())))
 
 
-@torch.compiler.assume_constant_result  # traced once as a constant: the options are Python values
 def _encode(items: tuple) -> str:
     return json.dumps(dict(items), sort_keys=True)
+
+
+# traced once as a constant (the options are Python values): the mark that
+# torch.compiler.assume_constant_result sets, set here without importing torch._dynamo, which
+# took 2 of `import leetrepro`'s 5 seconds (tests/test_package.py holds the two marks equal)
+_encode._dynamo_marked_constant = True
 
 
 @functools.lru_cache(maxsize=1024)

@@ -349,3 +349,22 @@ def _reads_or_defines(module, name: str) -> bool:
             return True
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
                for n in ast.walk(tree))
+
+
+def test_importing_the_package_leaves_torch_dynamo_unimported():
+    """``import leetrepro`` does not import ``torch._dynamo`` (2 of its 5 seconds on a CPU, in
+    every process a notebook, a rank or a benchmark starts), and the options' encoder carries the
+    very mark ``torch.compiler.assume_constant_result`` would set (what ``torch.compile`` reads)."""
+    code = ("import sys, leetrepro; assert 'torch._dynamo' not in sys.modules, "
+            "'torch._dynamo imported by leetrepro'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import torch
+
+    from leetrepro import ops
+
+    def probe():
+        return None
+    marked = torch.compiler.assume_constant_result(probe)
+    assert {k: v for k, v in vars(marked).items() if k.startswith("_dynamo")} == \
+        {k: v for k, v in vars(ops._encode).items() if k.startswith("_dynamo")} != {}
