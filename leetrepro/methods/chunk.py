@@ -342,8 +342,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     the widest), and the repair launch's value columns per lane (the portable kernel's,
     :func:`block_d`); ``gate_grad``: the sweep writes the gates' gradient's pieces; ``rows``:
     it takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``); ``late_pairs``:
-    forward in time with the pieces, the own pairs after O's store (default
-    :data:`HOPPER_LATE_PAIRS`)."""
+    forward in time with the pieces, the own pairs after O's store (default: where r and the
+    program's value columns are among :data:`HOPPER_LATE_PAIRS`)."""
     dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
     late_pairs = (r, dc) in HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
     # (the pieces' row vectors E in the ring where two slots of it fit, and the gates there too
@@ -1216,7 +1216,7 @@ HOPPER_ROWS = True
 #: O's MMAs (``LATE_PAIRS``): at 128 × 128 that sweep's spills fall from 808 to 452 bytes a
 #: thread compiled for sm_90 (bf16; fp16 912 to 600), and `gla`'s forward + backward from 3.91
 #: to 3.76 ms in a graph; at 128 × 64 and 64 × 64 (Mamba-2's), with few spills either way, the
-#: MMA waited on in the chunk's chain cost 1-2 % (H200, notes/gates.md). Empty: never
+#: MMA waited on in the chunk's chain cost 0.7-2 % (H200, notes/gates.md). Empty: never
 HOPPER_LATE_PAIRS = frozenset({(128, 128)})
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
