@@ -21,6 +21,51 @@ from leetrepro import reference, rel_error
 from leetrepro.reference import TOLERANCE
 
 
+def _patch_the_interpreter_once_a_launch():
+    """Triton's interpreter (3.6) patches ``triton.language``'s builtins at every call of a
+    device function, walking each module with ``inspect.getmembers``: in the straddle kernel's
+    tests that was a third of the time. Within one launch the patches of a module stand once made
+    (they are undone at its end), so a call whose modules are patched already is given an
+    empty patch scope. Left alone where the interpreter's internals differ."""
+    import inspect
+
+    from triton import language as tl
+    try:
+        from triton.runtime import interpreter as ti
+        grid_call, patch, scope_cls = ti.GridExecutor.__call__, ti._patch_lang, ti._LangPatchScope
+    except (ImportError, AttributeError):
+        return
+    patched = []  # per launch in progress: the ids of the language modules patched
+    seen = {}
+
+    def langs(fn):
+        if fn not in seen:
+            seen[fn] = {id(v) for v in fn.__globals__.values()
+                        if inspect.ismodule(v) and v in (tl, tl.core)}
+        return seen[fn]
+
+    def patch_once(fn):
+        if patched and langs(fn) <= patched[-1]:
+            return scope_cls()
+        scope = patch(fn)
+        if patched:
+            patched[-1] |= langs(fn)
+        return scope
+
+    def launch(self, *args, **kwargs):
+        patched.append(set())
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    ti._patch_lang, ti.GridExecutor.__call__ = patch_once, launch
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_the_interpreter_once_a_launch()
+
+
 def make_inputs(batch, heads, n, r, d, dtype=torch.float32, device="cpu", seed=0, scale=1.0):
     """Random (never zero) inputs; scaled by 1/sqrt(r) so sums stay O(1) in half precision."""
     g = torch.Generator().manual_seed(seed)
@@ -121,6 +166,21 @@ def quick_lane(values, keep=(0,), unpack=False):
         marks = tuple(p.marks) + (() if i in keep else (pytest.mark.slow,))
         out.append(pytest.param(*p.values, id=p.id, marks=marks))
     return out
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The quick lane (``-m "not slow"``) runs each parametrised test once: its first case that
+    is not marked slow (by :func:`quick_lane`, :func:`method_params` or by hand); every other
+    case is marked slow here, before pytest's own selection by marks. The full lane runs all."""
+    groups = {}
+    for item in items:
+        if hasattr(item, "callspec"):
+            groups.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
+    for cases in groups.values():
+        quick = [c for c in cases if not c.get_closest_marker("slow")]
+        for c in quick[1:]:
+            c.add_marker(pytest.mark.slow)
 
 
 def git_status() -> str | None:

@@ -264,6 +264,7 @@ def test_the_drop_in_traces_whole_with_a_fixed_or_a_per_token_decay(decay):
     torch.testing.assert_close(out, mix(q, k, v))
 
 
+@pytest.mark.slow  # (torch.compile: seconds)
 def test_the_compiled_drop_in_checks_its_decays_once_not_at_every_call(monkeypatch):
     """Traced, exp(g_gamma) was a new tensor at every run of the graph, and the operator copied
     each to the host to check it: a host sync per layer and step (a compiled model's steps 7 %

@@ -61,11 +61,12 @@ def _in_group(rank, world, init, failures, body):
         raise
 
 
-def _worker(rank, world, init, failures):
-    _in_group(rank, world, init, failures, lambda: _worker_cases(rank, world))
-
 
 def _worker_cases(rank, world):
+    """The operator over the ranks (:data:`CASES`' slices, one of a row and an empty one among
+    them): both masks and per-head γ, initial and final states, float64 and float32; O, S_N and
+    every gradient against the oracle on the whole sequence; an initial state off rank 0
+    refused."""
     seed = 0
     for lengths, batch, heads, r, d in CASES[world]:
         lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
@@ -112,13 +113,10 @@ def _worker_cases(rank, world):
             causal_linear_decoder_sp(B, C, V, initial_state=torch.zeros(1, 1, 2, 2))
 
 
-def _gated_worker(rank, world, init, failures):
-    """Per-token gates over the ranks: each passes its rows of g; O, S_N and the gradients of
-    B, C, V, g and S0 against the float64 oracle on the whole sequence."""
-    _in_group(rank, world, init, failures, lambda: _gated_worker_cases(rank, world))
-
 
 def _gated_worker_cases(rank, world):
+    """Per-token gates over the ranks: each passes its rows of g; O, S_N and the gradients of
+    B, C, V, g and S0 against the float64 oracle on the whole sequence."""
     seed = 100
     for lengths, batch, heads, r, d in CASES[world]:
         lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
@@ -171,16 +169,13 @@ def _gated_worker_cases(rank, world):
                     assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
 
 
-def _ssd_worker(rank, world, init, failures):
+
+def _ssd_worker_cases(rank, world):
     """Mamba-2's SSD over the ranks (``mamba_chunk_scan_combined_sp``): each rank its rows of x,
     dt, B, C and z, the shared A, D and dt_bias (their gradients summed over the ranks, as a
     replicated parameter's are), the initial state on rank 0, sequences packed by seq_idx (one
     starting at a rank's first row, one running across ranks); y, the final state and every
     gradient against the single-process drop-in on the whole sequence."""
-    _in_group(rank, world, init, failures, lambda: _ssd_worker_cases(rank, world))
-
-
-def _ssd_worker_cases(rank, world):
     from leetrepro.compat import mamba_chunk_scan_combined
     from leetrepro.distributed import mamba_chunk_scan_combined_sp
     lengths = {2: (23, 17), 3: (23, 1, 17)}[world]
@@ -242,14 +237,11 @@ def _ssd_worker_cases(rank, world):
                 assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
 
 
-def _block_worker(rank, world, init, failures):
+
+def _block_worker_cases(rank, world):
     """A Mamba-2 block over the ranks (``Mamba2Block.forward(u, group=)``): each rank its rows of
     u, a slice shorter than the convolution's window among them; the output, u's gradient and
     every parameter's (summed over the ranks) against the block on the whole sequence."""
-    _in_group(rank, world, init, failures, lambda: _block_worker_cases(rank, world))
-
-
-def _block_worker_cases(rank, world):
     from leetrepro.models import Mamba2Block
     lengths = {2: (23, 2), 3: (20, 1, 19)}[world]
     lo, hi = sum(lengths[:rank]), sum(lengths[:rank + 1])
@@ -274,30 +266,25 @@ def _block_worker_cases(rank, world):
         assert rel_error(got[name], p.grad) <= 1e-6, (name, rel_error(got[name], p.grad))
 
 
-# processes take seconds to start: every world size runs in the full lane (the quick lane checks
-# one process without a group, below)
+#: what the processes of each world size check, in one spawn (starting processes is the cost)
+SUITES = {2: (_worker_cases, _gated_worker_cases, _ssd_worker_cases, _block_worker_cases),
+          3: (_worker_cases, _gated_worker_cases, _ssd_worker_cases, _block_worker_cases),
+          4: (_worker_cases,), 8: (_worker_cases,)}
+
+
+def _every_suite(rank, world, init, failures):
+    _in_group(rank, world, init, failures, lambda: [cases(rank, world) for cases in SUITES[world]])
+
+
+# every world size runs in the full lane (the quick lane checks one process without a group,
+# below)
 @pytest.mark.slow
-@pytest.mark.parametrize("world", sorted(CASES))
-def test_sequence_parallel_equals_one_process(world):
-    _spawn(_worker, world)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_sequence_parallel_with_gates_equals_the_oracle(world):
-    _spawn(_gated_worker, world)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_the_ssd_over_ranks_equals_one_process(world):
-    _spawn(_ssd_worker, world)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_a_mamba2_block_over_ranks_equals_one_process(world):
-    _spawn(_block_worker, world)
+@pytest.mark.parametrize("world", sorted(SUITES))
+def test_sequence_parallel_equals_one_process_and_the_oracle(world):
+    """The operator with γ or the 0-1 mask, with per-token gates, Mamba-2's SSD and a Mamba-2
+    block over ``world`` gloo processes (the last three at 2 and 3 processes), each against the
+    float64 oracle or one process on the whole sequence (each suite's docstring says how)."""
+    _spawn(_every_suite, world)
 
 
 def _spawn(worker, world):

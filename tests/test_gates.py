@@ -414,6 +414,7 @@ def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):
     assert asked == [True, False]
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 @pytest.mark.parametrize("abbr", quick_lane(["Chunk", "LA_torch"]))
 def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
     """In fp16 the backward asked for dg runs on fp32 copies at fp32-exact dots (the gates as
@@ -437,6 +438,7 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
         assert rel_error(a, b) <= (2e-3 if name == "g" else 1e-2), f"d{name}: {rel_error(a, b):.2e}"
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 @pytest.mark.parametrize("case", quick_lane([
     dict(),
     dict(groups=1, scale=0.3, n=100),  # (one segment: the first case crosses segments)
@@ -660,7 +662,8 @@ def test_the_pieces_in_16_bit_are_as_accurate_as_the_straddle_kernel():
     assert errors["sweeps"] <= GATE_GRAD_TOLERANCE[torch.float16] / 10, errors
 
 
-@pytest.mark.parametrize("source", ["sweeps", pytest.param("straddle", marks=pytest.mark.slow)])
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
+@pytest.mark.parametrize("source", ["sweeps", "straddle"])
 def test_the_gates_gradient_never_reads_the_forwards_final_state(source):
     """⟨dS_N, S_N⟩ joins every row's dg, so the forward's S_N, rounded as a 16-bit sweep rounds
     it, would put that rounding into each row (bf16 dg 1.2e-2 from float64 on the H200): either

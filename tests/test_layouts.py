@@ -149,6 +149,7 @@ def test_no_copy_on_the_kernel_path(layout):
         assert grads[0].is_contiguous()
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 @pytest.mark.parametrize("method", quick_lane(["LA_torch", "Chunk"], keep=(1,)))
 def test_the_correctness_matrix_checks_every_layout(method):
     """``gpu_check``'s layout rows, run here: O and dB, dC, dV in each model layout, all passing,

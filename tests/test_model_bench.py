@@ -92,6 +92,7 @@ def test_an_unknown_mixer_is_named():
         M.mixer("nope", TINY, torch.device("cpu"))
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 def test_the_cuda_graph_mode_is_a_row_of_its_own():
     """``graphs``: the blocks under torch.compile(mode="reduce-overhead") on a GPU, a step
     marked as a new iteration each time (here dynamo alone: the plumbing, not the graphs)."""

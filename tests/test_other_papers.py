@@ -35,6 +35,7 @@ def test_eca_tables_read_from_the_papers_text_are_the_committed_ones():
     assert set(errors.table) == {3, 4}
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 def test_eca_claims_from_constructed_rows():
     counts = O.eca_counts((64, 256), r=16, depths=(0, 1))
     assert counts.equal.all()

@@ -1,5 +1,6 @@
 """The installed package: the wheel carries the kernels and the dispatch tables, and an installed
 copy finds its own (not a checkout's)."""
+import functools
 import os
 import subprocess
 import sys
@@ -330,27 +331,35 @@ def _reads_or_defines(module, name: str) -> bool:
     """Whether a patch of ``module.name`` reaches code: the module defines the name at its top
     level (others read it as ``module.name``) or its own code reads it (an imported function
     its functions call); a name the module only re-exports is neither."""
-    import ast
     import inspect
     if not inspect.ismodule(module):
         return True
+    names = _defined_and_read(module.__name__)
+    return names is None or name in names[0] or name in names[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _defined_and_read(module_name: str):
+    """``(names defined at the top level, names read anywhere)`` of a module's source, parsed
+    once; None where it has no source."""
+    import ast
+    import inspect
     try:
-        tree = ast.parse(inspect.getsource(module))
+        tree = ast.parse(inspect.getsource(sys.modules[module_name]))
     except (OSError, TypeError):
-        return True
+        return None
+    defined = set()
     for node in tree.body:
-        targets = []
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            targets = [node.name]
+            defined.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-                targets += [n.id for n in ast.walk(t) if isinstance(n, ast.Name)]
-        if name in targets:
-            return True
-    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               for n in ast.walk(tree))
+                defined.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return defined, read
 
 
+@pytest.mark.slow  # (a process importing torch)
 def test_importing_the_package_leaves_torch_dynamo_unimported():
     """``import leetrepro`` does not import ``torch._dynamo`` (2 of its 5 seconds on a CPU, in
     every process a notebook, a rank or a benchmark starts), and the options' encoder carries the

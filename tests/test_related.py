@@ -162,6 +162,7 @@ def test_normalized_compiles_into_one_graph():
         assert rel_error(a, b) < 1e-5
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors: on "
                     "a GPU host Triton's driver is up already, and CPU tensors are refused")
 @pytest.mark.parametrize("dtype, constant, need", quick_lane(
@@ -272,7 +273,7 @@ def test_a_non_finite_row_stays_on_its_side_on_the_gpu(sweep):
 @pytest.mark.parametrize("dtype, need", quick_lane(
     [(torch.float32, (True, True, True)), (torch.float16, (True, True, True)),
      (torch.float32, (False, True, False)), (torch.float32, (True, False, False))],
-    keep=(0,), unpack=True))
+    keep=(), unpack=True))
 def test_normalized_with_its_rows_normalized(monkeypatch, dtype, need):
     """``normalize_rows=True``: q and k normalised by rows inside the layer (the paper's Eq.
     22), their backward folded into the epilogue (interpreted) or PyTorch's normalize around the

@@ -83,13 +83,16 @@ def run_notebook(name: str, out_root: str | None = None, **parameters) -> str:
     return out
 
 
-def main(argv=None) -> int:
+def main(argv=None, standalone: bool = True) -> int:
+    """papermill's command line on ``argv`` (default ``sys.argv[1:]``) with the IPC engine. It
+    exits with papermill's status; ``standalone=False``: returns 0, or raises papermill's error
+    (in a process that runs several notebooks, the tests')."""
     from papermill.cli import papermill
     from papermill.engines import papermill_engines
 
     papermill_engines.register(ENGINE, _engine())
     args = list(sys.argv[1:] if argv is None else argv)
-    papermill.main(args + ["--engine", ENGINE], prog_name="papermill")  # exits with its status
+    papermill.main(args + ["--engine", ENGINE], prog_name="papermill", standalone_mode=standalone)
     return 0
 
 
