@@ -528,23 +528,23 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     the reverse sweep with the dual output: the backward's sweeps; fp32 through tf32, forward and
     reverse), at r = d = 128 in every variant and at the other head shapes it takes (64, 128, 256;
     d ≠ r) in their largest (decay, segments): 168 registers a thread at launch (the partitions'
-    own budgets set by setmaxnreg); spills: none with the 0-1 mask, at most 128 bytes a thread
-    with the decay (the consumer's scalars; the profile reads them as L1 hits), also with fewer
-    value columns a program (``config``'s DC: 32 in bf16, 64 in fp32); the dual sweep
-    holds two more products a chunk: at most 80 bytes (fp16's two scales) with the 0-1 mask, 272
-    with the decay (NOTES.md: measured at 1.1-1.5× its floor); fp32 at most 24 bytes with the 0-1
-    mask, 224 with the decay (the state's weights beside cᵀ in registers). Per-token gates and
-    B and C read by groups of heads (Mamba-2's forward and dB sweep) hold the decay's budgets.
-    The gated sweeps writing the gates' gradient's pieces (two remainders' copies, and forward in
-    time the chunk's own pairs) at the value columns they launch with (``chunk.PIECES_DC``): at
-    most 320 bytes a thread at 128 columns (116-316 when it was set: measured faster than two
-    programs a lane at 64, each forming the scores again), 128 at fewer; forward in time at
-    r = d = 128, with the own pairs after O's store (``chunk.HOPPER_LATE_PAIRS``) at most 512
-    (452 when it was set), and with that accumulator beside the state's, O's and the scores' at
-    most 1024 (808 in bf16 and 912 in fp16 when it was set, and still measured faster than 64
-    columns); the dual none. V's row weights and the skip (Mamba-2's
-    SSD forward, ``rows``) at r = 128 and 64 beside d = 64, one pass and segments: none; E's
-    row weights and the row dots (its backward's reverse sweep, ``rows`` 2) at 64 × 64: none."""
+    own budgets set by setmaxnreg; at r = d = 128 the consumers' staging buffers addressed where
+    they are used, ``chunk.HOPPER_UNHOISTED``); spills: none with the 0-1 mask, at most 128
+    bytes a thread with the decay (the consumer's scalars; the profile reads them as L1 hits),
+    also with fewer value columns a program (``config``'s DC: 32 in bf16, 64 in fp32); the dual
+    sweep holds two more products a chunk: at most 80 bytes (fp16's two scales) with the 0-1
+    mask, 272 with the decay (NOTES.md: measured at 1.1-1.5× its floor); fp32 at most 24 bytes
+    with the 0-1 mask, 224 with the decay (the state's weights beside cᵀ in registers).
+    Per-token gates and B and C read by groups of heads (Mamba-2's forward and dB sweep) hold
+    the decay's budgets. The gated sweeps writing the gates' gradient's pieces (two remainders'
+    copies, and forward in time the chunk's own pairs) at the value columns they launch with
+    (``chunk.PIECES_DC``): at r = d = 128 at most 64 bytes a thread (0-32 once the staging
+    buffers were unhoisted, from 264-452), forward in time with the own pairs after O's store
+    (``chunk.HOPPER_LATE_PAIRS``), and with that accumulator beside the state's, O's and the
+    scores' at most 512 (336; 808 before); at r = 64, d = 128 at most 320, 128 at fewer columns;
+    the dual none. V's row weights and the skip (Mamba-2's SSD forward, ``rows``) at r = 128 and
+    64 beside d = 64, one pass and segments: none; E's row weights and the row dots (its
+    backward's reverse sweep, ``rows`` 2) at 64 × 64: none."""
     from leetrepro.probes.regs import HOPPER_SHAPES, spill_bytes
     res = real_codegen("-m", "leetrepro.probes.regs", "--hopper", timeout=900)
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
@@ -574,9 +574,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
         if line.split()[1] == "pieces":
             # (d = 128: the sweep launches with 128 columns a program, forward at r = d = 128
             # with the own pairs beside them)
-            wide = "64x128:" in line or "128x128:" in line
-            budget = 0 if ":dual" in line else 320 if wide and ":reverse" in line or \
-                "64x128:" in line else 1024 if ":early" in line else 512 if wide else 128
+            budget = 0 if ":dual" in line else 512 if ":early" in line else \
+                64 if "128x128:" in line else 320 if "64x128:" in line else 128
         elif ":dual" in line:
             budget = 272 if "decay" in line or "gates" in line else 80 if "fp16" in line else 0
         elif "fp32" in line:

@@ -479,8 +479,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS",
-    defaults=((1, 1, 1, 1), False, False, False, False, False))
+                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -776,7 +776,7 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
                 vw = None
             else:
-                vw = st.vw.index(H_IDX)
+                vw = st.vw.index(H_IDX + _unhoisted(i, K))
             local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
                                                 _tile(ring.v, 2 * s + H_IDX), vw, length,
                                                 prog.lg, kr, acc_l, dtype, K, gates)
@@ -909,29 +909,46 @@ def _piece_rows(prog, row, length, col, ri, acc_l: gl.constexpr, DH: gl.constexp
 
 
 @gluon.jit
-def _store_copies(state, h_down, st, H_IDX: gl.constexpr, dtype: gl.constexpr,
-                  EXACT: gl.constexpr):
+def _unhoisted(j, K: gl.constexpr):
+    """With ``UNHOIST``, 0 at every chunk ``j`` of a sweep (j < 2³⁰) in a form the compiler
+    cannot prove constant, else 0. A consumer's staging buffers are indexed by its constant group
+    plus this: with ``UNHOIST`` their shared-memory addresses and MMA descriptors are formed
+    where they are used, a few integer instructions a chunk. Indexed by the constant alone, they
+    are formed once before the loop and held through it in 64-bit registers; where the state, O
+    and the scores need those, they spill and are reloaded on the chunk's chain (the gated dB
+    sweep at r = d = 128, bf16, sm_90: 452 → 16 bytes of spills a thread). Where nothing spills
+    the integer instructions are the price alone (:data:`leetrepro.methods.chunk.HOPPER_UNHOISTED`
+    says where it is on)."""
+    if K.UNHOIST:
+        return j >> 30
+    else:
+        return 0
+
+
+@gluon.jit
+def _store_copies(state, h_down, st, hz, dtype: gl.constexpr, EXACT: gl.constexpr):
     """The state entering a chunk as this consumer's 16-bit copy (times ``h_down``), and with
     ``EXACT`` (the pieces) its rounding's remainder as a second copy; returns the weighted v's
-    remainder buffer (``EXACT``) or None."""
+    remainder buffer (``EXACT``) or None. ``hz``: this consumer's index into the staging
+    buffers (:func:`_unhoisted`)."""
     scaled = state * h_down
     h16 = scaled.to(dtype)
-    st.h.index(H_IDX).store(h16)  # [R, DH]
+    st.h.index(hz).store(h16)  # [R, DH]
     vwl_s = None
     if EXACT:
-        st.hl.index(H_IDX).store((scaled - h16.to(gl.float32)).to(dtype))
-        vwl_s = st.vwl.index(H_IDX)
+        st.hl.index(hz).store((scaled - h16.to(gl.float32)).to(dtype))
+        vwl_s = st.vwl.index(hz)
     return vwl_s
 
 
 @gluon.jit
-def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: gl.constexpr):
+def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, hz):
     """A 16-bit chunk's products, issued asynchronously in this order, one group each: the
     scores b cᵀ; forward in time with the pieces, E's tile against the v tile (the chunk's own
     pairs' w_i·v_j over this consumer's columns; else 0.0 stands for it); b H from the state's
     copy (and its remainder's, ``GATE_GRAD``); the state's update from ``update = (cᵀ, weighted
-    v)``, with ``GATE_GRAD`` the weighted v's remainder third. Returns (scores, w vᵀ, O's part
-    from the state, state)."""
+    v)``, with ``GATE_GRAD`` the weighted v's remainder third (``hz``: this consumer's staging
+    index, :func:`_unhoisted`). Returns (scores, w vᵀ, O's part from the state, state)."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DH: gl.constexpr = K.DC // 2
     EXACT: gl.constexpr = K.GATE_GRAD
@@ -942,10 +959,10 @@ def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, H_IDX: g
     wv = 0.0
     if EXACT and not K.REVERSE and not K.LATE_PAIRS:
         wv = _pairs_mma(e_t, v_t, K)
-    o = warpgroup_mma(b_t, st.h.index(H_IDX), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
+    o = warpgroup_mma(b_t, st.h.index(hz), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
                       use_acc=False, is_async=True)  # [BLOCK_N, DH]
     if EXACT:
-        o = warpgroup_mma(b_t, st.hl.index(H_IDX), o, is_async=True)
+        o = warpgroup_mma(b_t, st.hl.index(hz), o, is_async=True)
     state = warpgroup_mma(update[0], update[1], state, is_async=True)  # [R, DH]
     if EXACT:
         state = warpgroup_mma(update[0], update[2], state, is_async=True)
@@ -1019,7 +1036,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     b_t = _tile(ring.b, s)  # [BLOCK_N, R]
     c_t = _tile(ring.c, s)  # [BLOCK_N, R]
     v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
-    h_s = st.h.index(H_IDX)
+    hz = H_IDX + _unhoisted(j, K)
+    h_s = st.h.index(hz)
     # the state entering the chunk as an operand in shared memory, then the state's own
     # decay: every register the MMAs below write is settled before the first is issued, so
     # ptxas need not serialise them
@@ -1040,8 +1058,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         # (with the pieces: each 16-bit rounding's remainder a second operand, MMAs two more)
         EXACT: gl.constexpr = K.GATE_GRAD
         PAIRS: gl.constexpr = EXACT and not REVERSE and not K.LATE_PAIRS
-        vwl_s = _store_copies(state, h_down, st, H_IDX, dtype, EXACT)
-        state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(H_IDX), length, lg, kr,
+        vwl_s = _store_copies(state, h_down, st, hz, dtype, EXACT)
+        state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(hz), length, lg, kr,
                                             acc_l, dtype, K, gates, vwl_s)
         fence_async_shared()
         if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
@@ -1049,7 +1067,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         update = (c_op, v_op)
         if EXACT:
             update = (c_op, v_op, vwl_s)
-        sc, wv, o, state = _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K, H_IDX)
+        sc, wv, o, state = _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K, hz)
         # (the MMAs issued after each one waited on: one a group)
         sc = warpgroup_mma_wait(num_outstanding=4 if EXACT else 2, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
@@ -1091,7 +1109,7 @@ def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
     elif DUAL:
         # one staging buffer (O2 takes the second); the store of the last chunk's O has left
         # it, its O2 may still be in flight
-        return st.o.index(H_IDX)
+        return st.o.index(H_IDX + _unhoisted(j, K))
     else:
         # two staging buffers: the store of two chunks ago has left this one before it is
         # rewritten, the last chunk's may still be in flight
@@ -1119,19 +1137,20 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
                        is_async=True)  # [BLOCK_N, BLOCK_N]
     s2 = warpgroup_mma(_tile(ring.e, 2 * s + 1), _tile(ring.v, 2 * s + 1).permute((1, 0)), s2,
                        is_async=True)
+    hz = H_IDX + _unhoisted(j, K)
     o2 = warpgroup_mma(_tile(ring.e, 2 * s + H_IDX),
-                       st.h.index(H_IDX).slice(H_IDX * DH, DH).permute((1, 0)),
+                       st.h.index(hz).slice(H_IDX * DH, DH).permute((1, 0)),
                        gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
                        is_async=True)  # [BLOCK_N, DH]
     mbarrier.wait(st.hbar.index(0), j & 1)  # the other consumer's copy is written
     if HALF_RANGE:  # the copies have their own scales: O2 in units of the other's
         o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
-        other_up = gl.max(st.hs_up.index(1 - H_IDX).load(gl.SliceLayout(1, acc_l)), axis=0)
+        other_up = gl.max(st.hs_up.index(1 - hz).load(gl.SliceLayout(1, acc_l)), axis=0)
         o2 = o2 * (h_up / other_up)
     else:
         other_up = 1.0
     o2 = warpgroup_mma(_tile(ring.e, 2 * s + 1 - H_IDX),
-                       st.h.index(1 - H_IDX).slice(H_IDX * DH, DH).permute((1, 0)), o2,
+                       st.h.index(1 - hz).slice(H_IDX * DH, DH).permute((1, 0)), o2,
                        is_async=True)
     s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
     p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates)
@@ -1145,7 +1164,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     ring.release(s)
     if K.ROWS == 2:  # (E = x: dC's rows take V' = w·x's weights)
         o2 = o2 * gates[3][:, None]
-    _store_half(ops.o2, st.o.index(2 + H_IDX), o2, p2_up, ops.scale, prog.bb, prog.hh, row,
+    _store_half(ops.o2, st.o.index(2 + hz), o2, p2_up, ops.scale, prog.bb, prog.hh, row,
                 H_IDX * DH, BLOCK_N, DH, dtype)
 
 

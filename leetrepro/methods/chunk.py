@@ -336,16 +336,20 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
                      dc: int | None = None, gates: bool = False,
                      groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                     rows: bool = False, late_pairs: bool | None = None) -> dict:
+                     rows: bool = False, late_pairs: bool | None = None,
+                     unhoist: bool | None = None) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
     :func:`block_d`); ``gate_grad``: the sweep writes the gates' gradient's pieces; ``rows``:
     it takes V's row weights and the skip (:func:`chunk_scan`'s ``rows``); ``late_pairs``:
     forward in time with the pieces, the own pairs after O's store (default: where r and the
-    program's value columns are among :data:`HOPPER_LATE_PAIRS`)."""
+    program's value columns are among :data:`HOPPER_LATE_PAIRS`); ``unhoist``: the consumers'
+    staging buffers addressed where they are used (default: where r and the program's value
+    columns are among :data:`HOPPER_UNHOISTED`)."""
     dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
     late_pairs = (r, dc) in HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
+    unhoist = (r, dc) in HOPPER_UNHOISTED if unhoist is None else unhoist
     # (the pieces' row vectors E in the ring where two slots of it fit, and the gates there too
     # where that costs no slot: their tiles then come with the chunk's, STAGES ahead, not by
     # loads the consumers wait on each chunk)
@@ -361,7 +365,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
         SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups,
         GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows,
-        LATE_PAIRS=bool(gate_grad and not reverse and late_pairs))
+        LATE_PAIRS=bool(gate_grad and not reverse and late_pairs), UNHOIST=bool(unhoist))
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -1218,6 +1222,14 @@ HOPPER_ROWS = True
 #: to 3.76 ms in a graph; at 128 × 64 and 64 × 64 (Mamba-2's), with few spills either way, the
 #: MMA waited on in the chunk's chain cost 0.7-2 % (H200, notes/gates.md). Empty: never
 HOPPER_LATE_PAIRS = frozenset({(128, 128)})
+#: the (r, value columns a program) tiles at which the Hopper kernel's consumers address their
+#: staging buffers where they use them (``UNHOIST``, :func:`hopper_kernels._unhoisted`), not
+#: through registers held across the sweep: at 128 × 128 the gated dB sweep's spills fall from
+#: 452 to 16 bytes a thread compiled for sm_90 (bf16; the γ sweeps' to 0), `gla`'s gated forward
+#: + backward from 3.73-3.82 to 3.53-3.62 ms in a graph, its γ one from 1.87 to 1.84; at Mamba-2's
+#: tiles (128 × 64, 64 × 64), which spilled nothing, the address arithmetic on the chain cost
+#: the gated step 5-8 % (H200, bit-identical gradients, notes/gates.md). Empty: never
+HOPPER_UNHOISTED = frozenset({(128, 128)})
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there
