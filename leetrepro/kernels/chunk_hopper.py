@@ -1037,7 +1037,6 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     c_t = _tile(ring.c, s)  # [BLOCK_N, R]
     v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
     hz = H_IDX + _unhoisted(j, K)
-    h_s = st.h.index(hz)
     # the state entering the chunk as an operand in shared memory, then the state's own
     # decay: every register the MMAs below write is settled before the first is issued, so
     # ptxas need not serialise them
@@ -1052,7 +1051,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         e_t = _tile(ring.e, 2 * s + H_IDX)
     if dtype == gl.float32:
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
-        o, state = _tf32_chunk(b_t, c_t, v_t, h_s, state, diff, kr, w_rows, length, lg, K)
+        o, state = _tf32_chunk(b_t, c_t, v_t, st.h.index(hz), state, diff, kr, w_rows, length, lg, K)
         p_up = 1.0
     else:
         # (with the pieces: each 16-bit rounding's remainder a second operand, MMAs two more)
