@@ -1005,7 +1005,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     short = t.B.shape[0] * heads * n <= SELF_REPAIR_ROWS
     # (with the Hopper kernel's A/B switches: a plan keeps the constants it was made with)
     cache_key = (key, kernel, _FORCED[0], short, HOPPER_E_RING, HOPPER_GATES_RING,
-                 HOPPER_LATE_PAIRS)
+                 HOPPER_LATE_PAIRS, HOPPER_UNHOISTED)
     plan = _PLANS.get(cache_key)
     if plan is None:
         if len(_PLANS) >= 1024:
@@ -1228,7 +1228,9 @@ HOPPER_LATE_PAIRS = frozenset({(128, 128)})
 #: 452 to 16 bytes a thread compiled for sm_90 (bf16; the γ sweeps' to 0), `gla`'s gated forward
 #: + backward from 3.73-3.82 to 3.53-3.62 ms in a graph, its γ one from 1.87 to 1.84; at Mamba-2's
 #: tiles (128 × 64, 64 × 64), which spilled nothing, the address arithmetic on the chain cost
-#: the gated step 5-8 % (H200, bit-identical gradients, notes/gates.md). Empty: never
+#: the gated step 5-8 %; at Falcon-H1's (256 × 64, 64 × 128), where it took 52 bytes of spills to
+#: 0, its SSD step did not move (3.38-3.39 against 3.40-3.41 ms in a graph; H200, bit-identical
+#: gradients, notes/gates.md). Empty: never
 HOPPER_UNHOISTED = frozenset({(128, 128)})
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
