@@ -192,6 +192,29 @@ def ptxas_usage(ptx: str, arch: int = 90) -> str:
     return "; ".join(keep)
 
 
+def compiled_usage(make, arch: int = 90) -> tuple:
+    """``(compiled, usage)``: the kernel ``make()`` compiles and ptxas's resource line for it
+    (:func:`ptxas_usage`'s form). Triton runs ``ptxas -v`` when it compiles: its log is asked for
+    and read here, so a fresh compile is not assembled twice (a second ptxas run was a third of
+    the register check's time); a kernel from Triton's cache has no log, and ptxas runs again on
+    its PTX."""
+    import contextlib
+    import io
+    from triton import knobs
+    log, before = io.StringIO(), getattr(knobs.nvidia, "dump_ptxas_log", None)
+    try:
+        if before is not None:
+            knobs.nvidia.dump_ptxas_log = True
+        with contextlib.redirect_stdout(log):
+            compiled = make()
+    finally:
+        if before is not None:
+            knobs.nvidia.dump_ptxas_log = before
+    keep = [line.split(":", 1)[-1].strip() for line in log.getvalue().splitlines()
+            if "registers" in line or "spill" in line]
+    return compiled, "; ".join(keep) if keep else ptxas_usage(compiled.asm["ptx"], arch)
+
+
 def _ptxas(arch: int) -> str:
     """The ptxas Triton ships with (it reads the PTX version that Triton writes; a system ptxas
     older than the Triton release refuses it), else the one on PATH."""
@@ -490,8 +513,8 @@ def _passes_usage(job: tuple) -> str:
     in :func:`passes_jobs`, the arch)."""
     index, arch = job
     label, kernel, sig, const, warps = passes_jobs()[index]
-    compiled = compile_portable(kernel, sig, const, warps, arch)
-    return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], arch)}"
+    compiled, usage = compiled_usage(lambda: compile_portable(kernel, sig, const, warps, arch), arch)
+    return f"shared={compiled.metadata.shared} {usage}"
 
 
 #: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d, angles), the
@@ -505,8 +528,8 @@ STRADDLE_JOBS = tuple((k, dtype, r, d, 0) for k in ("segment_states", "straddle_
 def _straddle_usage(job: tuple) -> str:
     """``shared=<bytes>`` and ptxas's usage line of one straddle variant (a pool's job)."""
     kernel, dtype, r, d, angles, arch = job
-    compiled = compile_straddle(kernel, dtype, r, d, arch, angles)
-    return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], arch)}"
+    compiled, usage = compiled_usage(lambda: compile_straddle(kernel, dtype, r, d, arch, angles), arch)
+    return f"shared={compiled.metadata.shared} {usage}"
 
 
 #: the other head shapes the Hopper kernel takes, compiled for the register check in its sweeps
@@ -518,8 +541,8 @@ HOPPER_SHAPES = ((64, 64), (128, 64), (64, 128), (128, 256), (256, 128), (256, 2
 def _hopper_usage(kw: dict) -> str:
     """``shared=<bytes>`` (what a launch asks of the SM's shared memory) and ptxas's usage line
     of one Hopper variant (a process pool's job)."""
-    compiled = compile_hopper(**kw)
-    return f"shared={compiled.metadata.shared} {ptxas_usage(compiled.asm['ptx'], kw['arch'])}"
+    compiled, usage = compiled_usage(lambda: compile_hopper(**kw), kw["arch"])
+    return f"shared={compiled.metadata.shared} {usage}"
 
 
 def main(argv=None) -> int:
