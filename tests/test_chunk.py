@@ -409,11 +409,9 @@ def test_segments_fill_the_last_wave_of_programs():
 
 
 @pytest.mark.parametrize("self_repair", [True, False], ids=["in-launch", "repair-launch"])
-# the quick lane: one case, the bad row in the second of three segments, repaired either way
 @pytest.mark.slow  # (seconds a case: the full lane runs it)
-@pytest.mark.parametrize("segment, row", quick_lane([(None, 70), (32, 5), (32, 70), (32, 140)], keep=(2,),
-                                                             unpack=True))
-@pytest.mark.parametrize("reverse", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("segment, row", [(None, 70), (32, 5), (32, 70), (32, 140)])
+@pytest.mark.parametrize("reverse", [False, True])
 def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch, self_repair,
                                                                      segment, row, reverse):
     """A NaN in one lane's C: short calls repair within their launch (the segment holding the first

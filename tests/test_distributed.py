@@ -61,7 +61,6 @@ def _in_group(rank, world, init, failures, body):
         raise
 
 
-
 def _worker_cases(rank, world):
     """The operator over the ranks (:data:`CASES`' slices, one of a row and an empty one among
     them): both masks and per-head γ, initial and final states, float64 and float32; O, S_N and
@@ -111,7 +110,6 @@ def _worker_cases(rank, world):
         B, C, V = make_inputs(1, 1, 3, 2, 2)
         with pytest.raises(ValueError, match="rank 0"):
             causal_linear_decoder_sp(B, C, V, initial_state=torch.zeros(1, 1, 2, 2))
-
 
 
 def _gated_worker_cases(rank, world):
@@ -167,7 +165,6 @@ def _gated_worker_cases(rank, world):
                         # gate decays only the initial state; relative to the whole's)
                         err = (got.double() - w).norm().item() / ref[3].grad.norm().item()
                     assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
-
 
 
 def _ssd_worker_cases(rank, world):
@@ -237,7 +234,6 @@ def _ssd_worker_cases(rank, world):
                 assert err <= tol, f"{label}: {name} relative error {err:.2e} > {tol:.0e}"
 
 
-
 def _block_worker_cases(rank, world):
     """A Mamba-2 block over the ranks (``Mamba2Block.forward(u, group=)``): each rank its rows of
     u, a slice shorter than the convolution's window among them; the output, u's gradient and
@@ -267,9 +263,8 @@ def _block_worker_cases(rank, world):
 
 
 #: what the processes of each world size check, in one spawn (starting processes is the cost)
-SUITES = {2: (_worker_cases, _gated_worker_cases, _ssd_worker_cases, _block_worker_cases),
-          3: (_worker_cases, _gated_worker_cases, _ssd_worker_cases, _block_worker_cases),
-          4: (_worker_cases,), 8: (_worker_cases,)}
+EVERY = (_worker_cases, _gated_worker_cases, _ssd_worker_cases, _block_worker_cases)
+SUITES = {2: EVERY, 3: EVERY, 4: EVERY[:1], 8: EVERY[:1]}
 
 
 def _every_suite(rank, world, init, failures):

@@ -415,7 +415,7 @@ def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):
 
 
 @pytest.mark.slow  # (seconds a case: the full lane runs it)
-@pytest.mark.parametrize("abbr", quick_lane(["Chunk", "LA_torch"]))
+@pytest.mark.parametrize("abbr", ["Chunk", "LA_torch"])
 def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
     """In fp16 the backward asked for dg runs on fp32 copies at fp32-exact dots (the gates as
     folded, γ in them) and takes the final state again: every gradient within the contract, dg
@@ -439,14 +439,14 @@ def test_half_precision_gradients_keep_gamma_and_the_final_state(abbr):
 
 
 @pytest.mark.slow  # (seconds a case: the full lane runs it)
-@pytest.mark.parametrize("case", quick_lane([
+@pytest.mark.parametrize("case", [
     dict(),
     dict(groups=1, scale=0.3, n=100),  # (one segment: the first case crosses segments)
     dict(packed=True),
     dict(r=40, d=130, n=100, states=False),
     dict(dtype=torch.float16, gamma=False, n=100),
     dict(r=40, max_r=16, n=100),
-], keep=(4,)))  # (the quick lane's: fp16, where the straddle kernel is the default past r = 128)
+])
 def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     """The gates' gradient summed over the pairs of rows straddling each row
     (``kernels/gate_straddle.py``) against the float64 oracle's: groups read in place, packed

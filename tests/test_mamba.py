@@ -632,11 +632,12 @@ def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
         assert spill_bytes(line) == 0, line
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernel interpreted on CPU tensors: on a "
                     "GPU host Triton's driver is up already, and CPU tensors are refused")
-@pytest.mark.parametrize("dtype, bias, k", quick_lane(
-    [(torch.float32, True, 4), (torch.float16, True, 4), (torch.float32, False, 4),
-     (torch.float32, True, 3)], keep=(), unpack=True))
+@pytest.mark.parametrize("dtype, bias, k", [
+    (torch.float32, True, 4), (torch.float16, True, 4), (torch.float32, False, 4),
+    (torch.float32, True, 3)])
 def test_the_causal_conv_kernel_is_the_block_s_convolution(monkeypatch, dtype, bias, k):
     """``models._conv.causal_conv_silu`` (the Mamba-2 block's depthwise causal convolution and
     SiLU, one pass each way on a GPU; interpreted here) against ``nn.Conv1d``'s with its

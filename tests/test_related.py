@@ -165,10 +165,10 @@ def test_normalized_compiles_into_one_graph():
 @pytest.mark.slow  # (seconds a case: the full lane runs it)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors: on "
                     "a GPU host Triton's driver is up already, and CPU tensors are refused")
-@pytest.mark.parametrize("dtype, constant, need", quick_lane(
-    [(torch.float32, 1.0, (True, True, True)), (torch.float16, 2.5, (True, True, True)),
-     (torch.float32, 0.0, (True, True, True)), (torch.float32, 1.0, (False, True, False)),
-     (torch.bfloat16, 1.0, (True, False, True))], keep=(3,), unpack=True))
+@pytest.mark.parametrize("dtype, constant, need", [
+    (torch.float32, 1.0, (True, True, True)), (torch.float16, 2.5, (True, True, True)),
+    (torch.float32, 0.0, (True, True, True)), (torch.float32, 1.0, (False, True, False)),
+    (torch.bfloat16, 1.0, (True, False, True))])
 def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, constant, need):
     """The normaliser's passes on their Triton kernels (``methods.normalizer``; interpreted here):
     the output and each wanted gradient against the float64 definition within the contract, and
@@ -269,11 +269,11 @@ def test_a_non_finite_row_stays_on_its_side_on_the_gpu(sweep):
     _non_finite_rows_stay_on_their_side(sweep, "cuda", torch.bfloat16, run=1)
 
 
+@pytest.mark.slow  # (seconds a case: the full lane runs it)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the kernels interpreted on CPU tensors")
-@pytest.mark.parametrize("dtype, need", quick_lane(
-    [(torch.float32, (True, True, True)), (torch.float16, (True, True, True)),
-     (torch.float32, (False, True, False)), (torch.float32, (True, False, False))],
-    keep=(), unpack=True))
+@pytest.mark.parametrize("dtype, need", [
+    (torch.float32, (True, True, True)), (torch.float16, (True, True, True)),
+    (torch.float32, (False, True, False)), (torch.float32, (True, False, False))])
 def test_normalized_with_its_rows_normalized(monkeypatch, dtype, need):
     """``normalize_rows=True``: q and k normalised by rows inside the layer (the paper's Eq.
     22), their backward folded into the epilogue (interpreted) or PyTorch's normalize around the

@@ -1,6 +1,7 @@
 """The reproduction machinery: side-by-side tables, the claims checks, and every notebook run by
 papermill on tiny parameters (CPU)."""
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -118,41 +119,33 @@ def test_every_notebook_source_is_exercised():
     assert {f[:-3] for f in os.listdir(NOTEBOOKS) if f.endswith(".py")} == set(TINY)
 
 
-def _execute(name: str, tmp_path, params, capfd) -> tuple[Path, str]:
+def _execute(name: str, tmp_path, params, capfd, caplog, monkeypatch) -> tuple[Path, str]:
     """Notebook ``name`` made from its source as `make notebooks` does, run through the command
     line `make` runs (``leetrepro.reproduce.execute``), in this process: a process of its own
     would import torch again for every notebook, the kernel's own import aside (output folders
     under ``tmp_path``, papermill ``params``). Asserts that it ran; returns the executed notebook
-    and what the run wrote to stderr and logged."""
-    import logging
-
+    and what the run wrote to stderr and logged at WARNING or above."""
     pytest.importorskip("papermill")
     jupytext = pytest.importorskip("jupytext")
     from leetrepro.reproduce import execute
     source = tmp_path / f"{name}.source.ipynb"
     jupytext.write(jupytext.read(os.path.join(NOTEBOOKS, f"{name}.py")), str(source))
     out = tmp_path / f"{name}.ipynb"
-    log, handler = [], logging.Handler(logging.WARNING)
-    handler.emit = lambda record: log.append(f"{record.levelname} {record.getMessage()}")
-    logging.getLogger().addHandler(handler)
-    env = {k: os.environ.get(k) for k in ("PYTHONPATH", "MPLBACKEND")}
-    os.environ.update(PYTHONPATH=ROOT, MPLBACKEND="Agg")  # (the kernel's environment)
-    try:
-        execute.main(["-k", "python3", "--log-level", "WARNING", "--execution-timeout", "600",
-                      str(source), str(out), "-p", "out_root", str(tmp_path), *params],
-                     standalone=False)
-    finally:
-        logging.getLogger().removeHandler(handler)
-        for k, v in env.items():
-            os.environ.pop(k) if v is None else os.environ.update({k: v})
+    monkeypatch.setenv("PYTHONPATH", ROOT)  # (the kernel's environment)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    execute.main(["-k", "python3", "--log-level", "WARNING", "--execution-timeout", "600",
+                  str(source), str(out), "-p", "out_root", str(tmp_path), *params],
+                 standalone=False)
     assert out.exists()
-    return out, capfd.readouterr().err + "\n".join(log)
+    logged = [f"{r.levelname} {r.getMessage()}" for r in caplog.records
+              if r.levelno >= logging.WARNING]
+    return out, capfd.readouterr().err + "\n".join(logged)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_notebook_runs_on_tiny_parameters(name, tmp_path, capfd):
-    out, err = _execute(name, tmp_path, TINY[name], capfd)
+def test_notebook_runs_on_tiny_parameters(name, tmp_path, capfd, caplog, monkeypatch):
+    out, err = _execute(name, tmp_path, TINY[name], capfd, caplog, monkeypatch)
     # a clean run prints progress and results only (papermill warnings, the kernel's TCP warning)
     for noise in ("Unable to parse", "without encryption", "WARNING"):
         assert noise not in err, err[-3000:]
@@ -169,10 +162,11 @@ def test_notebook_runs_on_tiny_parameters(name, tmp_path, capfd):
 @pytest.mark.parametrize("gpu", sorted(
     g for g in os.listdir(os.path.join(ROOT, "data"))
     if g != "h100" and os.path.exists(os.path.join(ROOT, "data", g, "serve.csv"))))
-def test_the_serving_notebook_renders_each_gpus_committed_rows(gpu, tmp_path, capfd):
+def test_the_serving_notebook_renders_each_gpus_committed_rows(gpu, tmp_path, capfd, caplog,
+                                                               monkeypatch):
     """``make bench-serve GPU=h200`` without a GPU: that GPU's rows, measured before a column the
     notebook now reads (``host_us_per_layer``), once raised a KeyError (h100 is TINY's case)."""
-    _execute("serve", tmp_path, ["-p", "gpu", gpu], capfd)
+    _execute("serve", tmp_path, ["-p", "gpu", gpu], capfd, caplog, monkeypatch)
 
 
 def test_floor_targets_from_a_constructed_table():
@@ -371,7 +365,7 @@ def test_every_row_under_data_names_its_run():
 
 
 @pytest.mark.slow
-def test_scaling_notebook_judges_a_larger_host(tmp_path, capfd):
+def test_scaling_notebook_judges_a_larger_host(tmp_path, capfd, caplog, monkeypatch):
     """A fresh run on four GPUs beside the committed two-GPU run: weak scaling is judged against
     its target and strong scaling stated beside the design's ceilings (here a four-GPU run made up
     of the two-GPU one: 3 % slower per step, 2.7× over one GPU), and eight GPUs, not run, say so."""
@@ -384,7 +378,7 @@ def test_scaling_notebook_judges_a_larger_host(tmp_path, capfd):
     four.loc[many & (four["pass"] == "fwd_bwd_longest"), "N"] *= 2
     (tmp_path / "data" / "h200x4").mkdir(parents=True)
     four.to_csv(tmp_path / "data" / "h200x4" / "sp.csv", index=False)
-    out, _ = _execute("scaling", tmp_path, ["-p", "tag", "h200x4"], capfd)
+    out, _ = _execute("scaling", tmp_path, ["-p", "tag", "h200x4"], capfd, caplog, monkeypatch)
     text = out.read_text()
     assert "**4 GPUs**: weak scaling, the step grows by at most **+3.0 %** from two GPUs" in text
     assert "target ≤ 5 %: met" in text

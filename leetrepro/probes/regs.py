@@ -187,9 +187,13 @@ def ptxas_usage(ptx: str, arch: int = 90) -> str:
             f.write(ptx)
         res = subprocess.run([_ptxas(arch), f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull],
                              capture_output=True, text=True, check=True)
-    keep = [line.split(":", 1)[-1].strip() for line in res.stderr.splitlines()
-            if "registers" in line or "spill" in line]
-    return "; ".join(keep)
+    return _usage_lines(res.stderr)
+
+
+def _usage_lines(log: str) -> str:
+    """The resource lines of ``ptxas -v``'s log (registers, stack frame, spills), joined."""
+    return "; ".join(line.split(":", 1)[-1].strip() for line in log.splitlines()
+                     if "registers" in line or "spill" in line)
 
 
 def compiled_usage(make, arch: int = 90) -> tuple:
@@ -210,9 +214,7 @@ def compiled_usage(make, arch: int = 90) -> tuple:
     finally:
         if before is not None:
             knobs.nvidia.dump_ptxas_log = before
-    keep = [line.split(":", 1)[-1].strip() for line in log.getvalue().splitlines()
-            if "registers" in line or "spill" in line]
-    return compiled, "; ".join(keep) if keep else ptxas_usage(compiled.asm["ptx"], arch)
+    return compiled, _usage_lines(log.getvalue()) or ptxas_usage(compiled.asm["ptx"], arch)
 
 
 def _ptxas(arch: int) -> str:
