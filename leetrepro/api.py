@@ -11,6 +11,7 @@ from ._inputs import check_qkv
 from .decay.per_head import normalize_gamma
 from .decay.per_token import check_gates
 from ._state import check_state
+from .projection import rejoined
 from .registry import get
 
 
@@ -154,6 +155,9 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
             out, s = ops.run(m, opts, B, C, V, gam, initial_state, False, output_final_state,
                              cu_seqlens=cu_seqlens, scale=scale, g=g)
             return (out, s) if output_final_state else out
+        # (slices of one fused projection: their gradients handed on as one buffer, no
+        # concatenation, projection.rejoined)
+        B, C, V = rejoined(B, C, V)
         out, s = ops.Eager.apply(B, C, V, gam, initial_state, seen, False, output_final_state,
                                  cu_seqlens, scale, g)
         return (out, s) if output_final_state else out

@@ -805,13 +805,19 @@ def gradient_buffers(B, C, V, need_b: bool, need_c: bool, need_v: bool, shared: 
     storage (the slices of one fused projection, :func:`leetrepro.split_projection`): views of one
     buffer laid out as that storage, at the inputs' own offsets and strides, so that the
     projection's gradient is that buffer itself, with no concatenation."""
-    if shared and need_b and need_c and need_v and _one_storage(B, C, V) and \
-            B.untyped_storage().nbytes() == (B.numel() + C.numel() + V.numel()) * B.element_size():
-        # (the three cover their storage exactly: every element of the buffer is written)
+    if shared and need_b and need_c and need_v and one_buffer(B, C, V):
         flat = torch.empty(B.numel() + C.numel() + V.numel(), dtype=B.dtype, device=B.device)
         return tuple(flat.as_strided(t.shape, t.stride(), t.storage_offset()) for t in (B, C, V))
     return tuple(output_like(t) if need else None
                  for t, need in ((B, need_b), (C, need_c), (V, need_v)))
+
+
+def one_buffer(B, C, V) -> bool:
+    """Whether B, C, V are disjoint views of one storage that cover it exactly
+    (:func:`_one_storage`), so that a buffer laid out as that storage, every element written,
+    holds their three gradients at their own offsets and strides."""
+    return _one_storage(B, C, V) and \
+        B.untyped_storage().nbytes() == (B.numel() + C.numel() + V.numel()) * B.element_size()
 
 
 def _one_storage(B, C, V) -> bool:

@@ -3,11 +3,15 @@
 A model that projects x once, ``y = x @ W`` with ``W`` of ``heads·(2r + d)`` columns, and slices y
 into B, C and V hands the operator three strided views of one tensor. Through ``split``, ``view``
 and ``transpose`` autograd assembles y's gradient with a concatenation: one more pass over every
-gradient. :func:`split_projection` makes the same views, and its backward recognises the
-gradients the operator wrote as views of one buffer laid out as y (eager calls with all three
-needing grad: :func:`leetrepro.ops.gradient_buffers`): that buffer is y's gradient, no copy.
-Anything else (a frozen part, gradients summed from another use, ``torch.compile``, which fuses
-the concatenation itself) takes the ordinary path.
+gradient, and a slow one (PyTorch's concatenation of strided slices: 3.0 ms for the 1.6 GB of a
+b8 × 32 heads × 8192 × (128 + 128 + 128) projection on an H200, where the operator's whole
+forward and backward take 1.9, notes/gates.md). The operator writes the three gradients into
+one buffer laid out as y (eager calls with all three needing grad:
+:func:`leetrepro.ops.gradient_buffers`), and the node here (:class:`_Views`) hands that buffer
+on as y's gradient, no copy. :func:`split_projection` cuts y through it;
+:func:`rejoined` puts any such views through it (the API does, in eager mode), however the
+model cut them. Anything else (a frozen part, gradients summed from another use,
+``torch.compile``, which fuses the concatenation itself) takes the ordinary path.
 """
 from __future__ import annotations
 
@@ -32,9 +36,10 @@ def split_projection(y: torch.Tensor, heads: int, r: int, d: int | None = None):
     if y.dim() != 3 or y.shape[-1] != heads * (2 * r + d):
         raise ValueError(f"y must be (batch, N, heads·(2r + d)) = (batch, N, {heads * (2 * r + d)})"
                          f" for heads={heads}, r={r}, d={d}; got {tuple(y.shape)}")
+    views = _views(y, heads, r, d)
     if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and y.requires_grad):
-        return _views(y, heads, r, d)
-    return _SplitProjection.apply(y, heads, r, d)
+        return views
+    return _Views.apply(y, tuple(_geometry(t) for t in views))
 
 
 def _count(name: str, value) -> int:
@@ -57,29 +62,61 @@ def _views(y, heads, r, d):
     return tuple(p.view(b, n, heads, w).transpose(1, 2) for p, w in zip(parts, (r, r, d)))
 
 
-class _SplitProjection(torch.autograd.Function):
+def rejoined(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> tuple:
+    """``(B, C, V)`` as given, or the same views made again from their common base through
+    :class:`_Views` where the operator's gradients, written into one buffer, can be that base's
+    gradient as they are: all three views (not leaves) that need grad, of one plain tensor that
+    needs grad, disjoint and covering its storage exactly (:func:`leetrepro.ops.one_buffer`: the
+    slices of one fused projection, cut by ``split``, ``chunk``, indexing, ``view`` and
+    ``transpose`` in any order). The base's gradient is then what autograd's path through the
+    views would give (each element's gradient where the views put it), without its
+    concatenation. For eager calls with gradients (the API's); O(1)."""
+    base = B._base
+    if base is None or C._base is not base or V._base is not base or \
+            type(base) is not torch.Tensor or not base.requires_grad or \
+            base.device.type == "meta" or \
+            not all(t.requires_grad and t.grad_fn is not None for t in (B, C, V)) or \
+            base.numel() * base.element_size() != base.untyped_storage().nbytes():
+        return B, C, V
+    from .ops import one_buffer
+    if not one_buffer(B, C, V):
+        return B, C, V
+    return _Views.apply(base, (_geometry(B), _geometry(C), _geometry(V)))
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+class _Views(torch.autograd.Function):
+    """Views of y, each ``(shape, strides, storage offset)`` in y's storage. Backward: where the
+    views' gradients are views of one buffer at those same places (the operator's shared
+    gradient buffer), that buffer laid out as y is y's gradient, with no copy; else a zero
+    gradient with each view's gradient copied in where the view lies."""
+
     @staticmethod
-    def forward(ctx, y, heads, r, d):
-        out = _views(y, heads, r, d)
-        ctx.layout = (tuple(y.shape), y.stride(), y.storage_offset(),
-                      tuple((t.stride(), t.storage_offset()) for t in out))
-        ctx.dims = (heads, r, d)
-        return out
+    def forward(ctx, y, geometry):
+        ctx.layout = _geometry(y)
+        ctx.geometry = geometry
+        return tuple(y.as_strided(*g) for g in geometry)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dB, dC, dV):
-        shape, stride, offset, views = ctx.layout
-        grads = (dB, dC, dV)
-        if all(g is not None for g in grads):
-            ptr = dB.untyped_storage().data_ptr()
-            if all(g.untyped_storage().data_ptr() == ptr and (g.stride(), g.storage_offset()) == v
-                   for g, v in zip(grads, views)):
-                # the operator wrote the three into one buffer laid out as y: it is y's gradient
-                return dB.as_strided(shape, stride, offset), None, None, None
-        heads, r, d = ctx.dims
-        dy = next(g for g in grads if g is not None).new_zeros(shape)
-        for part, g in zip(_views(dy, heads, r, d), grads):
+    def backward(ctx, *grads):
+        given = [g for g in grads if g is not None]
+        if len(given) == len(grads):
+            ptr = grads[0].untyped_storage().data_ptr()
+            if all(g.untyped_storage().data_ptr() == ptr and _geometry(g) == where
+                   for g, where in zip(grads, ctx.geometry)):
+                # the operator wrote the views' gradients into one buffer laid out as y: it is
+                # y's gradient
+                return grads[0].as_strided(*ctx.layout), None
+        # (a zero buffer over the span of y's storage that y covers, y and the views placed
+        # in it as in that storage)
+        shape, stride, first = ctx.layout
+        span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        flat = given[0].new_zeros(span)
+        for g, (g_shape, g_stride, offset) in zip(grads, ctx.geometry):
             if g is not None:
-                part.copy_(g)
-        return dy, None, None, None
+                flat.as_strided(g_shape, g_stride, offset - first).copy_(g)
+        return flat.as_strided(shape, stride, 0), None

@@ -50,6 +50,24 @@ def test_fleet_attention_triton_is_correct_and_deterministic(shape, decay, dtype
     assert torch.equal(out, causal_linear_decoder(B, C, V, g, method="FA"))
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="the interpreter's scans: on the CPU only")
+def test_the_interpreter_s_scans_a_slice_at_a_time_give_its_own_bits(monkeypatch):
+    """The tests' interpreter takes a scan with the kernel's own combine function a slice at a
+    time (``conftest._scan_slices_at_once``): FleetAttention's decayed running sum (a pair of
+    tensors combined) and its 0-1 twin give the same bits as the interpreter's own scan, element
+    by element."""
+    import conftest
+    from triton.runtime import interpreter as ti
+    if not conftest.SCANS_AT_ONCE:
+        pytest.skip("the interpreter's scans were left as they are (its internals differ)")
+    B, C, V = make_inputs(1, 2, 70, 2, 5, device=DEVICE)
+    gamma = torch.tensor([0.9, 0.6], dtype=torch.float64)
+    ours = [causal_linear_decoder(B, C, V, g, method="FA") for g in (gamma, None)]
+    monkeypatch.setattr(ti.ScanOps, "generic_scan", ti.ScanOps.generic_scan.replaced)
+    theirs = [causal_linear_decoder(B, C, V, g, method="FA") for g in (gamma, None)]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
 def test_fa_modify_is_registered_unsafe_and_never_auto():
     m = get("FA_modify")
     assert m.unsafe and "UNSAFE" in m.fn.__doc__

@@ -129,9 +129,9 @@ class _Copies(TorchDispatchMode):
 def test_no_copy_on_the_kernel_path(layout):
     """Chunk's forward and backward in a model's layouts copy no input, output or gradient
     (copies of at least one row block's worth of elements; under the interpreter the kernels'
-    own reads are numpy views, not aten ops). The README's interleaved slices pass through
-    autograd's own split and chunk backward: their concatenation is autograd's, so that layout
-    is checked for the forward alone; :func:`split_projection` avoids it."""
+    own reads are numpy views, not aten ops). The README's interleaved slices, cut by autograd's
+    own split and chunk, copy nothing either (``projection.rejoined``: no concatenation), and
+    the projection's gradient is the buffer the kernel wrote."""
     b, h, n, r, d = 2, 2, 40, 16, 16
     x, bcv = leaves_in(layout, b, h, n, r, d)
     B, C, V = bcv(*x)
@@ -142,10 +142,9 @@ def test_no_copy_on_the_kernel_path(layout):
         grads = torch.autograd.grad(out, x, dO)
     small = b * h * n * min(r, d) // 4  # any copy of a tensor this large is a copy of an input
     assert [c for c in fwd.seen if c[1] >= small] == []
-    if layout != "fused-interleaved":
-        assert [c for c in bwd.seen if c[1] >= small] == []
+    assert [c for c in bwd.seen if c[1] >= small] == []
     assert all(g.shape == t.shape for g, t in zip(grads, x))
-    if layout == "fused":  # the projection's gradient is the buffer the kernel wrote
+    if layout != "model":  # the projection's gradient is the buffer the kernel wrote
         assert grads[0].is_contiguous()
 
 
@@ -195,3 +194,50 @@ def test_split_projection_names_the_bad_argument(args, error, word):
         split_projection([[1.0]], 2, 4)
     B, C, V = split_projection(y, torch.tensor(2), 4)  # a 0-d integer tensor is an int
     assert B.shape == (1, 2, 3, 4) and V.shape == (1, 2, 3, 4)
+
+
+def test_hand_cut_slices_of_one_projection_give_its_gradient_without_a_concatenation():
+    """``projection.rejoined`` (the API's eager path): B, C, V cut by hand from one tensor that
+    needs grad and that they cover exactly are made again from it through one node, whose
+    backward hands on the operator's buffer as that tensor's gradient; everything else keeps
+    autograd's own path: a tensor with a column left over, a frozen part, views that are leaves
+    of their own, a tensor that does not need grad. Every gradient equals autograd's through
+    the views (float64's, within fp32's contract, tf32's on a GPU), also where a view feeds a
+    second use."""
+    from leetrepro import projection
+    b, h, n, r, d = 2, 3, 37, 4, 5
+    gen = torch.Generator().manual_seed(4)
+
+    def cut(x, width=2 * r + d):
+        parts = x[..., :h * width].view(b, n, h, width).transpose(1, 2).split([r, r, d], -1)
+        return list(parts)
+
+    def grads(x, bcv, extra=None):
+        out = causal_linear_decoder(*bcv, 0.9, method="Chunk")
+        loss = (out * dO).sum() + (0.0 if extra is None else extra(bcv))
+        return torch.autograd.grad(loss, x)
+    dO = torch.randn(b, h, n, d, generator=gen).to(DEVICE)
+    for width, extra in ((h * (2 * r + d), None), (h * (2 * r + d), lambda t: t[0].square().sum()),
+                         (h * (2 * r + d) + 1, None)):
+        x = torch.randn(b, n, width, generator=gen).to(DEVICE).requires_grad_()
+        bcv = cut(x)
+        assert (projection.rejoined(*bcv)[0] is not bcv[0]) == (width == h * (2 * r + d))
+        got, = grads([x], bcv, extra)
+        ref = x.detach().cpu().double().requires_grad_()
+        rbcv = cut(ref)
+        want, = torch.autograd.grad((reference(*rbcv, torch.full((h,), 0.9, dtype=torch.float64))
+                                     * dO.cpu().double()).sum() + (0.0 if extra is None else
+                                                                   extra(rbcv)), ref)
+        assert rel_error(got.cpu(), want) <= tolerance(torch.float32, tf32=not INTERPRETED)
+    x = torch.randn(b, n, h * (2 * r + d), generator=gen, requires_grad=True)
+    frozen = cut(x)
+    frozen[1] = frozen[1].detach()
+    own = [t.detach().requires_grad_() for t in cut(x.detach())]
+    for bcv in (frozen, own, cut(x.detach())):
+        assert all(a is t for a, t in zip(projection.rejoined(*bcv), bcv))
+    # the node's own path where the gradients are not one buffer: each copied into zeros
+    bcv = projection.rejoined(*cut(x))
+    dx, = torch.autograd.grad(bcv[0].sum() + 2 * bcv[2].sum(), x)
+    want = torch.zeros(b, n, h, 2 * r + d)
+    want[..., :r], want[..., 2 * r:] = 1.0, 2.0
+    assert torch.equal(dx, want.view(b, n, -1))

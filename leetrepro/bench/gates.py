@@ -5,11 +5,11 @@ Per cell (shape × layout × pass × mode), bf16, the gates a ``(batch, N, heads
 read through ``transpose(1, 2)``, in two layouts (``layout``):
 
 * ``model``: B, C, V time-major slices of one fused projection ``(batch, N, heads, 2K + V)``,
-  sliced in each step as a model does; their gradients reach the projection through autograd's
-  concatenation of the slices (one more pass over the projection's gradient, in both entries);
+  sliced in each step as a model does; in eager calls their gradients are written into one
+  buffer that is the projection's gradient (``projection.rejoined``; autograd's concatenation
+  of the slices where a peer's are not);
 * ``separate``: B, C, V time-major views of three tensors ``(batch, N, heads, K or V)``, their
-  gradients written once: the operator's own cost, so that ``gated ÷ γ`` is not flattened by a
-  pass both entries pay;
+  gradients written once: the operator's own cost;
 
 and the entries
 
