@@ -201,7 +201,7 @@ def test_hand_cut_slices_of_one_projection_give_its_gradient_without_a_concatena
     needs grad and that they cover exactly are made again from it through one node, whose
     backward hands on the operator's buffer as that tensor's gradient; everything else keeps
     autograd's own path: a tensor with a column left over, a frozen part, views that are leaves
-    of their own, a tensor that does not need grad. Every gradient equals autograd's through
+    of their own, a tensor that does not need grad, a ``torch.func`` transform's wrappers. Every gradient equals autograd's through
     the views (float64's, within fp32's contract, tf32's on a GPU), also where a view feeds a
     second use."""
     from leetrepro import projection
@@ -235,6 +235,12 @@ def test_hand_cut_slices_of_one_projection_give_its_gradient_without_a_concatena
     own = [t.detach().requires_grad_() for t in cut(x.detach())]
     for bcv in (frozen, own, cut(x.detach())):
         assert all(a is t for a, t in zip(projection.rejoined(*bcv), bcv))
+
+    def under_a_transform(y):  # (torch.func's wrappers: their storage is not theirs to read)
+        bcv = cut(y)
+        assert all(a is t for a, t in zip(projection.rejoined(*bcv), bcv))
+        return y.sum()
+    torch.func.grad(under_a_transform)(x.detach())
     # the node's own path where the gradients are not one buffer: each copied into zeros
     bcv = projection.rejoined(*cut(x))
     dx, = torch.autograd.grad(bcv[0].sum() + 2 * bcv[2].sum(), x)
