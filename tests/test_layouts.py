@@ -201,9 +201,9 @@ def test_hand_cut_slices_of_one_projection_give_its_gradient_without_a_concatena
     needs grad and that they cover exactly are made again from it through one node, whose
     backward hands on the operator's buffer as that tensor's gradient; everything else keeps
     autograd's own path: a tensor with a column left over, a frozen part, views that are leaves
-    of their own, a tensor that does not need grad, a ``torch.func`` transform's wrappers. Every gradient equals autograd's through
-    the views (float64's, within fp32's contract, tf32's on a GPU), also where a view feeds a
-    second use."""
+    of their own, a tensor that does not need grad, a ``torch.func`` transform's wrappers.
+    Every gradient equals autograd's through the views (float64's, within fp32's contract,
+    tf32's on a GPU), also where a view feeds a second use."""
     from leetrepro import projection
     b, h, n, r, d = 2, 3, 37, 4, 5
     gen = torch.Generator().manual_seed(4)
