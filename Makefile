@@ -94,10 +94,13 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# the suite over TEST_JOBS processes (pytest-xdist; 0: one process)
+# the suite over TEST_JOBS processes (pytest-xdist; 0: one process), the CPU's on any machine
+# (a GPU hidden: the tests that are not marked gpu are written for the interpreter; a GPU's are
+# make test-gpu's)
 TEST_JOBS ?= 2
+CPU_ONLY = CUDA_VISIBLE_DEVICES=
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_JOBS) $(PYTEST_ARGS)
+	$(CPU_ONLY) $(PY) -m pytest -q -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 # pyflakes' and pycodestyle's checks (ruff; its settings in pyproject.toml), a few seconds
 lint: $(VENV)/.installed
@@ -113,7 +116,7 @@ test-gpu: $(VENV)/.installed
 GPU_TEST_JOBS ?= 8
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow" $(PYTEST_ARGS)
+	$(CPU_ONLY) $(PY) -m pytest -q -n $(TEST_JOBS) -m "not slow" $(PYTEST_ARGS)
 
 # the tests under the newest Triton's interpreter (CI runs its quick lane: NEXT_ARGS='-m "not slow"')
 NEXT_ARGS ?=
@@ -125,7 +128,7 @@ test-triton-next: $(VENV)/.installed
 		"$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
 	PYTHONPATH= .venv-triton-next/bin/python -m pip install -q triton==$(TRITON_NEXT)
 	.venv-triton-next/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_NEXT)', triton.__version__"
-	.venv-triton-next/bin/python -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
+	$(CPU_ONLY) .venv-triton-next/bin/python -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
 
 # JupyterLab on the notebooks: a double-clicked .py source opens as a notebook (jupytext's viewer,
 # set as the default for Python files in this virtualenv's JupyterLab), saving writes the source
