@@ -209,6 +209,11 @@ def test_enable_warns_of_another_release_and_of_a_norm_over_all_channels(restore
     class WholeRowNormGated(torch.nn.Module):  # (5.17's signature)
         def __init__(self, hidden_size, eps=1e-6):
             super().__init__()
+
+    class GroupedNormGated(torch.nn.Module):  # (the tested release's, whatever is installed)
+        def __init__(self, hidden_size, group_size=None, eps=1e-6):
+            super().__init__()
+    monkeypatch.setattr(mod, "MambaRMSNormGated", GroupedNormGated, raising=False)
     with pytest.warns(UserWarning, match=r"tested with transformers .*not 5\.17\.0$"):
         lt._warn_of_release({"mamba2": mod}, "5.17.0")
     monkeypatch.setattr(mod, "MambaRMSNormGated", WholeRowNormGated, raising=False)
