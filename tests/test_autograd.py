@@ -8,7 +8,8 @@ from leetrepro.bench.gpu_check import frozen_subsets
 from leetrepro.methods import methods
 from leetrepro.reference import TOLERANCE
 
-from conftest import interpreted_once, make_inputs, method_params, random_gammas, tolerance
+from conftest import (KERNEL_DEVICE, interpreted_once, make_inputs, method_params, random_gammas,
+                      tolerance)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
@@ -165,7 +166,9 @@ def test_opcheck():
     # time-major views (a model's layout): the fake's O and gradients take V's and the inputs'
     # dimension order, as the kernels write them
     tm = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (B, C, V)]
-    cases += [(*tm, g, None, "LA_torch", "", False, False), (*tm, g, S0, "Chunk", "", False, True)]
+    on = [t.to(KERNEL_DEVICE) for t in (*tm, g, S0)]  # (Chunk on its kernels' device)
+    cases += [(*tm, g, None, "LA_torch", "", False, False),
+              (*on[:4], on[4], "Chunk", '{"fp32_precision": "ieee"}', False, True)]
     # a method with a backward of its own (ECA's products), in both layouts
     cases += [(B, C, V, g, None, "ECA", '{"depth": 1}', False, False),
               (*tm, None, None, "ECA", "", False, False)]

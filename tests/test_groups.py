@@ -116,8 +116,9 @@ def test_groups_that_do_not_divide_the_heads_are_an_error():
 def test_opcheck_with_groups():
     from leetrepro.ops import causal_linear
     B, C, V, g = _grouped(2, 21, 4, 5, seed=41, device="cpu")
+    on = [t.to(KERNEL_DEVICE) for t in (B, C, V)]  # (Chunk on its kernels' device)
     for args in [(B, C, V, None, None, "LA_torch", "", False, True, None, 1.0, True, g),
-                 (B, C, V, None, None, "Chunk", '{"fp32_precision": "ieee"}', False, False,
+                 (*on, None, None, "Chunk", '{"fp32_precision": "ieee"}', False, False,
                   None, 1.0, True, None)]:
         args = tuple(a.clone().requires_grad_() if isinstance(a, torch.Tensor) else a
                      for a in args)
