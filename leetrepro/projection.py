@@ -19,6 +19,8 @@ import operator
 
 import torch
 
+from .ops import one_buffer
+
 
 def split_projection(y: torch.Tensor, heads: int, r: int, d: int | None = None):
     """``(B, C, V)`` views of a fused projection ``y`` ``(batch, N, heads·(2r + d))``, its last
@@ -78,7 +80,6 @@ def rejoined(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> tuple:
             not all(t.requires_grad and t.grad_fn is not None for t in (B, C, V)) or \
             base.numel() * base.element_size() != base.untyped_storage().nbytes():
         return B, C, V
-    from .ops import one_buffer
     if not one_buffer(B, C, V):
         return B, C, V
     return _Views.apply(base, (_geometry(B), _geometry(C), _geometry(V)))

@@ -217,6 +217,13 @@ def compiled_usage(make, arch: int = 90) -> tuple:
     return compiled, _usage_lines(log.getvalue()) or ptxas_usage(compiled.asm["ptx"], arch)
 
 
+def _resources(make, arch: int) -> str:
+    """``shared=<bytes>`` (what a launch asks of the SM's shared memory) and ptxas's usage line
+    of the kernel ``make()`` compiles (:func:`compiled_usage`): a process pool's job's answer."""
+    compiled, usage = compiled_usage(make, arch)
+    return f"shared={compiled.metadata.shared} {usage}"
+
+
 def _ptxas(arch: int) -> str:
     """The ptxas Triton ships with (it reads the PTX version that Triton writes; a system ptxas
     older than the Triton release refuses it), else the one on PATH."""
@@ -515,8 +522,7 @@ def _passes_usage(job: tuple) -> str:
     in :func:`passes_jobs`, the arch)."""
     index, arch = job
     label, kernel, sig, const, warps = passes_jobs()[index]
-    compiled, usage = compiled_usage(lambda: compile_portable(kernel, sig, const, warps, arch), arch)
-    return f"shared={compiled.metadata.shared} {usage}"
+    return _resources(lambda: compile_portable(kernel, sig, const, warps, arch), arch)
 
 
 #: the gates' gradient's kernels as the probe compiles them: (kernel, dtype, r, d, angles), the
@@ -530,8 +536,7 @@ STRADDLE_JOBS = tuple((k, dtype, r, d, 0) for k in ("segment_states", "straddle_
 def _straddle_usage(job: tuple) -> str:
     """``shared=<bytes>`` and ptxas's usage line of one straddle variant (a pool's job)."""
     kernel, dtype, r, d, angles, arch = job
-    compiled, usage = compiled_usage(lambda: compile_straddle(kernel, dtype, r, d, arch, angles), arch)
-    return f"shared={compiled.metadata.shared} {usage}"
+    return _resources(lambda: compile_straddle(kernel, dtype, r, d, arch, angles), arch)
 
 
 #: the other head shapes the Hopper kernel takes, compiled for the register check in its sweeps
@@ -543,8 +548,7 @@ HOPPER_SHAPES = ((64, 64), (128, 64), (64, 128), (128, 256), (256, 128), (256, 2
 def _hopper_usage(kw: dict) -> str:
     """``shared=<bytes>`` (what a launch asks of the SM's shared memory) and ptxas's usage line
     of one Hopper variant (a process pool's job)."""
-    compiled, usage = compiled_usage(lambda: compile_hopper(**kw), kw["arch"])
-    return f"shared={compiled.metadata.shared} {usage}"
+    return _resources(lambda: compile_hopper(**kw), kw["arch"])
 
 
 def main(argv=None) -> int:
