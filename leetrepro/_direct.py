@@ -32,10 +32,41 @@ _NOT_SUBCLASSES = frozenset(_PLAIN + (int, bool, float, str, type(None), torch.d
 def traced(args) -> bool:
     """Whether a call with these positional arguments must take the custom op: a compiler, a
     dispatch mode or a functorch transform is active, or an argument is a tensor subclass."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
-            or torch._C._functorch.peek_interpreter_stack() is not None:
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or transformed():
         return True
     return any(type(a) not in _NOT_SUBCLASSES and isinstance(a, torch.Tensor) for a in args)
+
+
+def transformed() -> bool:
+    """Whether a torch.func transform (``grad``, ``vjp``, ``vmap``) is active."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def outside_transforms():
+    """A context in which torch.func's active transforms are set aside: tensors made in it are
+    plain (a factory call under ``grad`` makes a wrapper, whose storage cannot be read)."""
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+    return temporarily_clear_interpreter_stack()
+
+
+#: whether a tensor is a torch.func transform's wrapper (its storage is not its own to read)
+wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def unwrapped(t):
+    """t without torch.func's gradient wrappers (``grad``, ``vjp``): what a kernel can read, for
+    a value no gradient flows through (a decay) or a first-order backward, whose results need
+    none. A vmap's batched tensor (``vmap``, ``jacrev``, ``jacfwd``, ``hessian``) is refused:
+    the kernels have no batching rule."""
+    functorch = torch._C._functorch
+    while isinstance(t, torch.Tensor) and wrapped(t):
+        if functorch.is_batchedtensor(t):
+            raise NotImplementedError(
+                "the operator under torch.func.vmap (also jacrev, jacfwd, hessian) is not "
+                "supported: its kernels have no batching rule; torch.func.grad and vjp work, "
+                "or loop over the rows")
+        t = functorch.get_unwrapped(t)
+    return t
 
 
 class _Autograd(torch.autograd.Function):

@@ -74,6 +74,7 @@ import os
 import torch
 
 from . import dispatch, registry
+from ._direct import outside_transforms, unwrapped, wrapped
 from ._groups import expand_groups, lane_heads, sum_groups
 from .decay.per_head import check_gamma_values, decayed_by, normalize_gamma
 from .decay.per_token import (final_pairs, first_decay, fold_gates, gate_dtype,
@@ -877,6 +878,14 @@ def _backward(ctx, dO, dS):
     None for every other input of the custom op (``ctx.args``: :func:`_setup_context`) or of
     :class:`Eager` (``ctx.resolved``)."""
     B, C, V, gamma, S0, cu_seqlens, g, SN = ctx.saved_tensors
+    if any(map(wrapped, (dO, B, C, V))):  # (torch.func.grad, vjp: wrappers without storage)
+        with outside_transforms():
+            return _backward_of(ctx, *map(unwrapped, (B, C, V, gamma, S0, cu_seqlens, g, SN,
+                                                       dO, dS)))
+    return _backward_of(ctx, B, C, V, gamma, S0, cu_seqlens, g, SN, dO, dS)
+
+
+def _backward_of(ctx, B, C, V, gamma, S0, cu_seqlens, g, SN, dO, dS):
     method, options, reverse, final, scale = ctx.args
     need_b, need_c, need_v, _, need_s0 = ctx.needs_input_grad[:5]
     need_g = g is not None and ctx.needs_input_grad[ctx.g_index]
@@ -908,17 +917,23 @@ class Eager(torch.autograd.Function):
     op instead (:func:`leetrepro.causal_linear_decoder` chooses). First-order only, as the op."""
 
     @staticmethod
-    def forward(ctx, B, C, V, gamma, initial_state, resolved, reverse, output_final_state,
-                cu_seqlens, scale, g=None):
+    def forward(B, C, V, gamma, initial_state, resolved, reverse, output_final_state, cu_seqlens,
+                scale, g=None):
         m, opts = resolved
-        out, s = run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-                     cu_seqlens=cu_seqlens, scale=scale, g=g)
+        return run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
+                   cu_seqlens=cu_seqlens, scale=scale, g=g)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        # (the forward apart from its context: what torch.func's transforms ask of a Function)
+        B, C, V, gamma, initial_state, resolved, reverse, output_final_state, cu_seqlens, \
+            scale, *rest = inputs
+        g = rest[0] if rest else None
         ctx.save_for_backward(B, C, V, gamma, initial_state, cu_seqlens, g,
-                              s if g is not None and output_final_state else None)
+                              output[1] if g is not None and output_final_state else None)
         ctx.args = (None, None, reverse, output_final_state, scale)
         ctx.resolved = resolved
         ctx.g_index = 10
-        return out, s
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -469,3 +469,27 @@ def test_a_meta_gamma_is_refused_by_name():
     B, C, V = make_inputs(1, 2, 8, 3, 3)
     with pytest.raises(ValueError, match="gamma is on the meta device"):
         causal_linear_decoder(B, C, V, torch.full((2,), 0.9, device="meta"))
+
+
+def test_torch_func_grad_and_vjp_give_autograd_s_gradients_and_vmap_is_refused_by_name():
+    """torch.func.grad / vjp over the eager call (functional training loops) give the gradients
+    torch.autograd gives, per-head γ and per-token gates alike; a vmap over the backward (jacrev)
+    is refused with the transform named, not an error about storage."""
+    torch.manual_seed(0)
+    B, C, V = (torch.randn(2, 2, 37, n, dtype=torch.float64) for n in (5, 5, 3))
+    g = -torch.rand(2, 2, 37, dtype=torch.float64)
+    for kw in ({"gamma": [0.9, 0.7]}, {"g": g}):
+        by_func = torch.func.grad(lambda b, c: causal_linear_decoder(b, c, V, **kw).square().sum(),
+                                  argnums=(0, 1))(B, C)
+        b, c = B.clone().requires_grad_(), C.clone().requires_grad_()
+        causal_linear_decoder(b, c, V, **kw).square().sum().backward()
+        assert torch.allclose(by_func[0], b.grad) and torch.allclose(by_func[1], c.grad)
+        out, pull = torch.func.vjp(lambda v: causal_linear_decoder(B, C, v, **kw), V)
+        assert torch.allclose(out, causal_linear_decoder(B, C, V, **kw))
+        assert pull(torch.ones_like(out))[0].abs().sum() > 0
+    dg = torch.func.grad(lambda x: causal_linear_decoder(B, C, V, g=x).sum())(g)
+    x = g.clone().requires_grad_()
+    causal_linear_decoder(B, C, V, g=x).sum().backward()
+    assert torch.allclose(dg, x.grad)
+    with pytest.raises(NotImplementedError, match="vmap"):
+        torch.func.jacrev(lambda v: causal_linear_decoder(B, C, v, gamma=0.9)[0, 0, 5])(V)

@@ -16,6 +16,8 @@ import weakref
 
 import torch
 
+from .._direct import outside_transforms, transformed, unwrapped
+
 
 #: normalised decays already checked and copied to a device, so that a model calling the operator
 
@@ -40,6 +42,9 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
     """
     if gamma is None:
         return None
+    if transformed():  # (torch.func.grad: the decays take no gradient, so made outside it)
+        with outside_transforms():
+            return normalize_gamma(unwrapped(gamma), heads, device)
     if isinstance(gamma, (list, tuple)):  # one decay per head, as typed: float64, never rounded
         try:
             gamma = torch.tensor(gamma, dtype=torch.float64)
