@@ -542,7 +542,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     scores' at most 512 (336; 808 before); at r = 64, d = 128 at most 320, 128 at fewer columns;
     the dual none. V's row weights and the skip (Mamba-2's SSD forward, ``rows``) at r = 128 and
     64 beside d = 64, one pass and segments: none; E's row weights and the row dots (its
-    backward's reverse sweep, ``rows`` 2) at 64 × 64: none."""
+    backward's reverse sweep, ``rows`` 2) at 64 × 64: none; normalised linear attention's
+    forward (``norm``) at r = 128 and 64, d = 128: none."""
     from leetrepro.probes.regs import HOPPER_SHAPES, spill_bytes
     res = real_codegen("-m", "leetrepro.probes.regs", "--hopper", timeout=900)
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
@@ -553,8 +554,11 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     pieces = [line for line in lines if line.split()[1] == "pieces"]
     rows = [line for line in lines if line.split()[1] == "rows"]
     row_dots = [line for line in lines if line.split()[1] == "rowdots"]
+    norm = [line for line in lines if line.split()[1] == "norm"]
     assert len(lines) - len(shaped) - len(narrow) - len(gated) - len(grouped) - len(pieces) - \
-        len(rows) - len(row_dots) == 32
+        len(rows) - len(row_dots) - len(norm) == 32
+    # (normalised linear attention's forward, r = 128 and 64, one pass and segments: none)
+    assert len(norm) == 4 and all(spill_bytes(line) == 0 for line in norm), norm
     assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 13
     # (V's row weights and the skip, Mamba-2's forward at 128 × 64 and 64 × 64: no spills)
     assert len(rows) == 4 and all(spill_bytes(line) == 0 for line in rows), rows

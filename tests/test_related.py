@@ -465,6 +465,47 @@ def test_normalized_in_one_sweep_on_the_gpu(dtype, segment):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("r, constant, segment", [(128, 1.0, None), (128, 2.5, 256),
+                                                  (64, 1.0, 128), (128, 0.0, None)])
+def test_normalized_in_one_hopper_sweep_on_the_gpu(r, constant, segment):
+    """On an sm_90 GPU, the normaliser's sweep on the Hopper kernel (``chunk.HOPPER_NORM``, bf16,
+    d = 128): time-major views, N not a multiple of a chunk, batch > 1, the lanes whole, cut by
+    the launcher (3 lanes of 5000 rows: a few programs, so segments) or into the segments
+    asked; the output and the denominators against the float64 definition within the contract,
+    finite, and equal to the portable kernel's sweep within bf16's rounding; the plan says it ran
+    the Hopper kernel, and a call it cannot take (fp16) is refused by name."""
+    from leetrepro.methods import chunk
+    if chunk.hopper_norm_unfit(*(torch.empty(1, 1, 64, n, device="cuda", dtype=torch.bfloat16)
+                                 for n in (r, r, 128))):
+        pytest.skip("needs the Hopper kernel (an sm_90 GPU)")
+    for batch, heads, n in ((2, 3, 1000), (1, 3, 5000)):
+        q, k, v = _qkv(batch, heads, n, r, 128)
+        if constant == 0.0:
+            q, k = q.abs(), k.abs()
+        a = torch.tril(constant + q @ k.transpose(-1, -2))
+        ins = [t.to("cuda", torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
+               for t in (q, k, v)]
+        den = torch.empty(batch, heads, n, dtype=torch.float32, device="cuda")
+        o = chunk.chunk_scan(*ins, None, segment=segment, norm=(constant, 1e-6, den))
+        # (the plans' keys: (signature: N, r, …, segment at 11, …, norm last), kernel asked, …)
+        plan = [p for key, p in chunk._PLANS.items() if key[0][0][-1] and key[1] == "auto" and
+                key[0][0][:2] == (n, r) and key[0][0][11] == segment]
+        assert plan and all(p.kernel == "hopper" for p in plan)
+        assert torch.isfinite(o).all() and torch.isfinite(den).all()
+        assert rel_error(o.double().cpu(), related.normalized_direct(q, k, v, constant=constant)) \
+            <= tolerance(torch.bfloat16)
+        assert rel_error(den.double().cpu(), a.sum(-1) + 1e-6) <= 1e-5
+        den2 = torch.empty_like(den)
+        o2 = chunk.chunk_scan(*ins, None, kernel="portable", segment=segment,
+                              norm=(constant, 1e-6, den2))
+        assert rel_error(o, o2) <= 4e-3 and rel_error(den, den2) <= 1e-5
+    with pytest.raises(ValueError, match="kernel='hopper' cannot run norm"):
+        chunk.chunk_scan(*(t.half() for t in ins), None, kernel="hopper",
+                         norm=(constant, 1e-6, den))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [False, True])
 def test_normalized_passes_on_the_gpu(dtype, rows):

@@ -479,8 +479,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False))
+                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -501,7 +501,8 @@ class Program:
     ``ROWS`` its row of V's row weights (``w``, row stride ``w_sn``) and its head's skip D
     (``skip``), else None; with ``ROWS == 2`` its row of the row dots' first half's first
     block (``rd``; a block per consumer's columns, ``rd_blk`` apart) and the halves' distance
-    (``rd_half``), else None."""
+    (``rd_half``), else None; with ``NORM`` ``(c, eps, its row of the denominators, its row of
+    the segments' sums)``, else None."""
     bb: gl.base_value
     hh: gl.base_value
     N: gl.base_value
@@ -525,11 +526,12 @@ class Program:
     rd: gl.base_value
     rd_blk: gl.base_value
     rd_half: gl.base_value
+    norm: gl.base_value
 
     @gluon.constexpr_function
     def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates,
                  e_rows=None, e_sr=None, dg=None, dg_blk=None, w=None, w_sn=None, skip=None,
-                 rd=None, rd_blk=None, rd_half=None):
+                 rd=None, rd_blk=None, rd_half=None, norm=None):
         self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
         self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
         self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
@@ -538,6 +540,7 @@ class Program:
             _field(dg), _field(dg_blk)
         self.w, self.w_sn, self.skip = _field(w), _field(w_sn), _field(skip)
         self.rd, self.rd_blk, self.rd_half = _field(rd), _field(rd_blk), _field(rd_half)
+        self.norm = _field(norm)
 
     @gluon.jit
     def chunk(self, i, K: gl.constexpr):
@@ -634,7 +637,8 @@ class Staging:
     copies (the B operand of b·H; fp32: two halves, K-major), O's staging (fp32: in the ring's V
     tiles, None here), the weighted v (fp16/bf16 with the decay), and with ``DUAL`` the copies'
     barriers (0: both written, 1: both read) and, in fp16, their scales; with ``GATE_GRAD`` the
-    16-bit remainders of the state's copies and of the weighted v (None where unused)."""
+    16-bit remainders of the state's copies and of the weighted v; with ``NORM`` (in place of the
+    weighted v) the operands of Σk and c·Σv and a tile of ones (None where unused)."""
     h: gl.shared_memory_descriptor
     o: gl.base_value
     vw: gl.base_value
@@ -642,12 +646,16 @@ class Staging:
     hs_up: gl.base_value
     hl: gl.base_value
     vwl: gl.base_value
+    z: gl.base_value
+    sv: gl.base_value
+    ones: gl.base_value
 
     @gluon.constexpr_function
-    def __init__(self, h, o, vw, hbar, hs_up, hl=None, vwl=None):
+    def __init__(self, h, o, vw, hbar, hs_up, hl=None, vwl=None, z=None, sv=None, ones=None):
         self.h, self.o, self.vw = h, _field(o), _field(vw)
         self.hbar, self.hs_up = _field(hbar), _field(hs_up)
         self.hl, self.vwl = _field(hl), _field(vwl)
+        self.z, self.sv, self.ones = _field(z), _field(sv), _field(ones)
 
 
 @gluon.jit
@@ -712,8 +720,12 @@ def _consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexpr):
     # made again where they are used, not held through the sweep)
     col = prog.col0 + H_IDX * DH
     first = prog.first_pass(K)  # (the ring's chunk counter runs on from the first pass)
-    state = _entering_state(first, prog, ring, ops, st, kr, col, K, H_IDX)
-    state = _sweep(state, first, prog, ring, ops, st, kr, K, H_IDX)
+    if K.NORM:  # (the ones Σk and Σv are products with, written once)
+        ones_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
+        st.ones.index(H_IDX).store(gl.full([BLOCK_N, NORM_COLS], 1.0, ops.b.dtype, ones_l))
+        fence_async_shared()
+    state, sums = _entering_state(first, prog, ring, ops, st, kr, col, K, H_IDX)
+    state = _sweep(state, sums, first, prog, ring, ops, st, kr, K, H_IDX)
     tma.store_wait(pendings=0)
 
     # a non-finite c or v leaves the state non-finite for good: the lane is flagged for repair
@@ -747,7 +759,8 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
     """Steps 1-3 of the module docstring for this consumer's columns: with segments, the
     segment's own state from its C and V (the first pass, none for a lane's last segment), the
     state entering it from the previous segment's ring slot, and the one leaving it published;
-    without, the caller's initial state (zeros without one)."""
+    without, the caller's initial state (zeros without one). Returns it and ``NORM``'s sums
+    entering the segment (:func:`_no_sums` where there are none)."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
     DC: gl.constexpr = K.DC
@@ -759,9 +772,11 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
     a_l: gl.constexpr = _operand_layout(dtype, DH)
     st_tile = _state_tile(R, D, DH, acc_l)  # [R, DH]
+    sums = _no_sums(K)
     if SPLIT:
         # 1. the segment's own state from its C and V (none for a lane's last segment)
         local = gl.zeros([R, DH], gl.float32, acc_l)
+        own = _no_sums(K)  # (NORM: the segment's own Σk and Σv)
         seg_log = prog.n.to(gl.float32) * 0.0  # (gates: the segment's log decay, tiles' totals)
         for i in range(first):
             row, length = prog.chunk(i, K)
@@ -773,7 +788,7 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             if K.HAS_GATE:
                 gates = _gates_after_wait(ring, s, gates, w_v, acc_l, K)
                 seg_log += gates[2]
-            if dtype == gl.float32:  # (no weighted v: the weights go on cᵀ in registers)
+            if dtype == gl.float32 or K.NORM:  # (no weighted v: fp32 weighs cᵀ in registers)
                 vw = None
             else:
                 vw = st.vw.index(H_IDX + _unhoisted(i, K))
@@ -788,6 +803,9 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
                                           local)
             else:
                 local = warpgroup_mma(c_op, v_op, local)
+            if K.NORM:  # (done before the slot is released: the products read it)
+                own = warpgroup_mma_wait(num_outstanding=0,
+                                         deps=_sums_step(own, c_op, v_op, st, H_IDX))
             ring.release(s)
         # 2. the state entering the segment (loaded only now: the first pass holds one state),
         # published by the previous segment's program (each half of the state has its own
@@ -808,8 +826,13 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             # .cg: from L2, never a stale L1 line of an earlier use of the ring slot
             state = gl.load(ring_ptr + ((prog.seg - 1) % 2) * R * D + st_tile,
                             cache_modifier=".cg")
+        if K.NORM:  # (Σk and Σv of the segments before it, each published apart)
+            if prog.seg > 0:
+                sums = _sums_before(prog, col, K, H_IDX)
         # 3. publish the state leaving it, P_k = λ^len P_(k-1) + S_k, then raise flag k+1
         if not prog.last:
+            if K.NORM:
+                _publish_sums(own, prog, col, K, H_IDX)
             if K.HAS_GATE:
                 local += state * gl.exp(seg_log)
             elif HAS_DECAY:
@@ -821,11 +844,11 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             gl.atomic_xchg(flag_ptr, prog.seg + 1, sem="release")
     else:
         state = _initial_state(ops.S0, prog, col, st_tile, acc_l, K)
-    return state
+    return state, sums
 
 
 @gluon.jit
-def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
+def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
     """Step 4: the segment's chunks, O's columns of this consumer (and with ``DUAL`` O2's) stored
     as they come, the state carried on; returns the state leaving the segment."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
@@ -873,8 +896,18 @@ def _sweep(state, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.con
             gates = gates + _by_columns(w_v, acc_l) + (prog.skip / ops.scale,)
         elif K.ROWS == 2:
             gates = gates + (w_v, 0.0, prog.skip / ops.scale)
-        o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr, (w_in, ri),
-                                                      length, prog.lg, K, H_IDX, j, gates, e_t)
+        if K.NORM:
+            o, state, sums, den = _norm_step(state, sums, ring, st, s, diff, prog, K, H_IDX, j)
+            den = den + (prog.norm[0] * row.to(gl.float32) + prog.norm[1])
+            o = o / den[:, None]
+            if H_IDX == 0:  # (both consumers have the same denominators: one stores them)
+                gl.store(prog.norm[2] + row + ri, den, mask=ri < length)
+            p_up = 1.0
+            e = 0.0
+        else:
+            o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr,
+                                                          (w_in, ri), length, prog.lg, K, H_IDX,
+                                                          j, gates, e_t)
         if K.ROWS == 2:  # (this consumer's columns' part of the rows' dots, in a block of its
             # own, summed after the sweep: Gluon's atomics default to acquire-release, which
             # took the sweep from 0.50 to 1.10 ms at Zamba2's shape, notes/gates.md)
@@ -1098,6 +1131,133 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     return o, state, p_up, h_up, w_rows, e
 
 
+#: ``NORM``'s sums Σk (R × NORM_COLS) and Σv (DH × NORM_COLS) are products with a tile of ones
+#: (every column the same sum: no row tile held in fp32 registers), and their 16-bit operands
+#: hold the sum's rounding in the first half of the columns and its remainder in the second
+NORM_COLS = gl.constexpr(16)
+
+
+@gluon.jit
+def _no_sums(K: gl.constexpr):
+    """``NORM``'s sums of k and v before a chunk at the lane's start, (Σk, Σv) float32 zeros in
+    the layout of their products (:func:`_sums_step`); else (0.0, 0.0)."""
+    if K.NORM:
+        R: gl.constexpr = K.R
+        DH: gl.constexpr = K.DC // 2
+        s_l: gl.constexpr = _acc_layout(gl.bfloat16, NORM_COLS)
+        return (gl.zeros([R, NORM_COLS], gl.float32, s_l),
+                gl.zeros([DH, NORM_COLS], gl.float32, s_l))
+    else:
+        return 0.0, 0.0
+
+
+@gluon.jit
+def _sums_step(sums, c_op, v_t, st, hz):
+    """(Σk, Σv) past a chunk: kᵀ·1 and v[:, h]ᵀ·1 added (``c_op``: the chunk's kᵀ as the state's
+    update takes it; ``v_t``: this consumer's half of its v tile), issued asynchronously after
+    the chunk's other products, one group each."""
+    ones = st.ones.index(hz)
+    z = warpgroup_mma(c_op, ones, sums[0], is_async=True)
+    sv = warpgroup_mma(v_t.permute((1, 0)), ones, sums[1], is_async=True)
+    return z, sv
+
+
+@gluon.jit
+def _sum_operand(x, dst):
+    """A sum's 16-bit operand in ``dst`` (its shape): the sum rounded in the first half of the
+    columns, the rounding's remainder in the second, so that a product with it, halved over
+    the columns, is as exact as fp32's."""
+    dtype: gl.constexpr = dst.dtype
+    hi = x.to(dtype)
+    lo = (x - hi.to(gl.float32)).to(dtype)
+    cols = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, x.type.layout))
+    dst.store(gl.where((cols < NORM_COLS // 2)[None, :], hi, lo))
+
+
+@gluon.jit
+def _sums_at(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Offsets of this consumer's Σk (its own copy: each consumer reads what it published
+    itself, ordered by its own flag) and Σv (its columns) within a segment's published sums
+    (``2R + D`` float32), as [R, NORM_COLS] and [DH, NORM_COLS] tiles whose columns repeat."""
+    R: gl.constexpr = K.R
+    DH: gl.constexpr = K.DC // 2
+    s_l: gl.constexpr = _acc_layout(gl.bfloat16, NORM_COLS)
+    zero = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, s_l))[None, :] * 0
+    z_at = H_IDX * R + gl.arange(0, R, layout=gl.SliceLayout(1, s_l))[:, None] + zero
+    v_at = 2 * R + col + gl.arange(0, DH, layout=gl.SliceLayout(1, s_l))[:, None] + zero
+    return z_at, v_at
+
+
+@gluon.jit
+def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
+    """``NORM``: this segment's own (Σk, Σv), one column of each, into its slot of the lane's
+    published sums (before the flag that publishes its state rises)."""
+    z_at, v_at = _sums_at(prog, col, K, H_IDX)
+    s_l: gl.constexpr = _acc_layout(gl.bfloat16, NORM_COLS)
+    first = (gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, s_l)) == 0)[None, :]
+    at = prog.norm[3] + prog.seg * (2 * K.R + K.D)
+    gl.store(at + z_at, own[0], mask=first)
+    gl.store(at + v_at, own[1], mask=first)
+
+
+@gluon.jit
+def _sums_before(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
+    """``NORM``: (Σk, Σv) over the lane's segments before this one, from what each published
+    (read once this segment's flag has risen, past L1), in a fixed order."""
+    z_at, v_at = _sums_at(prog, col, K, H_IDX)
+    z, sv = _no_sums(K)
+    for j in range(prog.seg):
+        at = prog.norm[3] + j * (2 * K.R + K.D)
+        z += gl.load(at + z_at, cache_modifier=".cg")
+        sv += gl.load(at + v_at, cache_modifier=".cg")
+    return z, sv
+
+
+@gluon.jit
+def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.constexpr, j):
+    """``NORM``'s chunk (γ = 1, bf16) of this consumer, normalised linear attention with
+    f(x) = c + x: its half of ``q·H + c·Σv + (P ⊙ M)·v`` with P = q kᵀ + c, the state and the
+    sums (Σk, Σv) carried past the chunk, and each row's denominator but its ``c·t0 + eps``:
+    rowsum(P ⊙ M) + q·Σk. c·Σv enters O's accumulator as a product (a column of eighths
+    against c·Σv's operand), q·Σk as another against Σk's; both operands carry their sum's
+    remainder (:func:`_sum_operand`)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DH: gl.constexpr = K.DC // 2
+    dtype: gl.constexpr = ring.b.dtype
+    acc_l: gl.constexpr = _acc_layout(dtype, DH)
+    a_l: gl.constexpr = _operand_layout(dtype, DH)
+    s_l: gl.constexpr = _acc_layout(dtype, NORM_COLS)
+    cst = prog.norm[0]
+    b_t = _tile(ring.b, s)  # [BLOCK_N, R]
+    c_t = _tile(ring.c, s)  # [BLOCK_N, R]
+    v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
+    hz = H_IDX + _unhoisted(j, K)
+    _store_copies(state, 1.0, st, hz, dtype, False)
+    _sum_operand(sums[0], st.z.index(hz))
+    _sum_operand(sums[1] * cst, st.sv.index(hz))
+    fence_async_shared()
+    sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
+                       use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
+    o = warpgroup_mma(b_t, st.h.index(hz), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
+                      use_acc=False, is_async=True)  # [BLOCK_N, DH]
+    eighths = gl.full([BLOCK_N, NORM_COLS], 2.0 / NORM_COLS, dtype, a_l)
+    o = warpgroup_mma(eighths, st.sv.index(hz).permute((1, 0)), o, is_async=True)
+    qz = warpgroup_mma(b_t, st.z.index(hz), gl.zeros([BLOCK_N, NORM_COLS], gl.float32, s_l),
+                       use_acc=False, is_async=True)  # [BLOCK_N, NORM_COLS]
+    state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)  # [R, DH]
+    sums = _sums_step(sums, c_t.permute((1, 0)), v_t, st, hz)
+    sc = warpgroup_mma_wait(num_outstanding=6, deps=(sc,))
+    p = gl.where(diff >= 0, sc + cst, 0.0)
+    den = gl.sum(p, axis=1)
+    o = warpgroup_mma_wait(num_outstanding=4, deps=(o,))
+    o = warpgroup_mma(gl.convert_layout(p.to(dtype), a_l), v_t, o, is_async=True)
+    o, state, qz, z, sv = warpgroup_mma_wait(num_outstanding=0,
+                                             deps=(o, state, qz, sums[0], sums[1]))
+    ring.release(s)
+    qz = gl.sum(qz, axis=1) * (2.0 / NORM_COLS)
+    return o, state, (z, sv), den + gl.convert_layout(qz, gl.SliceLayout(1, acc_l))
+
+
 @gluon.jit
 def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
     """Where chunk j's half of O is staged for its TMA store."""
@@ -1168,10 +1328,10 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
 
 
 @gluon.jit
-def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
+def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr, NORM=None):
     """This program's :class:`Program`: its unit, or with ``SPLIT`` its unit and segment taken in
     ticket order. ``DECAY = (GAMMA, G)``: λ per head, the gates' tile sums (lanes, whole
-    tiles); ``PIECES``, ``ROWS``: :func:`chunk_hopper_kernel`'s."""
+    tiles); ``PIECES``, ``ROWS``, ``NORM``: :func:`chunk_hopper_kernel`'s."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
     DC: gl.constexpr = K.DC
@@ -1228,8 +1388,16 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
         e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
         dg = DG_ROWS + lane.to(gl.int64) * N
     w, w_sn, skip, rd, rd_blk, rd_half = _lane_value_rows(ROWS, bb, hh, lane, N, K)
+    norm = None
+    if K.NORM:
+        gl.static_assert(not (HAS_DECAY or K.HAS_GATE or K.GATE_GRAD or K.ROWS or REVERSE or
+                              K.DUAL or K.HALF_RANGE or K.HAS_S0 or K.STORE_SN) and D == DC and
+                         DC == 128, "NORM: a forward sweep in bf16 without a decay, states or "
+                                    "other modes, one program a lane of 128 value columns")
+        cst, eps, DEN, SUMS, sums_lane = NORM
+        norm = (cst, eps, DEN + lane.to(gl.int64) * N, SUMS + lane.to(gl.int64) * sums_lane)
     return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
-                   dg, dg_blk, w, w_sn, skip, rd, rd_blk, rd_half)
+                   dg, dg_blk, w, w_sn, skip, rd, rd_blk, rd_half, norm)
 
 
 @gluon.jit
@@ -1282,7 +1450,9 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
         h_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
         o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
         vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
-        vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
+        vw_bufs = None
+        if not K.NORM:
+            vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -1297,6 +1467,18 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
     hs_up = None
     hl_bufs = None
     vwl_bufs = None
+    z_bufs = None
+    sv_bufs = None
+    ones_bufs = None
+    if K.NORM:  # (no weighted v: the sums' operands and the ones in its place)
+        z_bufs = gl.allocate_shared_memory(
+            dtype, [2, R, NORM_COLS], gl.NVMMASharedLayout.get_default_for([R, NORM_COLS], dtype))
+        sv_bufs = gl.allocate_shared_memory(
+            dtype, [2, DH, NORM_COLS],
+            gl.NVMMASharedLayout.get_default_for([DH, NORM_COLS], dtype))
+        ones_bufs = gl.allocate_shared_memory(
+            dtype, [2, BLOCK_N, NORM_COLS],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, NORM_COLS], dtype))
     if K.GATE_GRAD:  # (fp16/bf16: the remainders' copies, laid out as the copies themselves)
         hl_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
         vwl_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
@@ -1312,12 +1494,13 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
             hs_up = gl.allocate_shared_memory(gl.float32, [2, R],
                                               gl.SwizzledSharedLayout(1, 1, 1, [0]))
     return (Ring(b_bufs, c_bufs, v_bufs, e_bufs, g_bufs, ready, empty, STAGES),
-            Staging(h_bufs, o_bufs, vw_bufs, hbar, hs_up, hl_bufs, vwl_bufs))
+            Staging(h_bufs, o_bufs, vw_bufs, hbar, hs_up, hl_bufs, vwl_bufs, z_bufs, sv_bufs,
+                    ones_bufs))
 
 
 @gluon.jit
 def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, DECAY,
-                        SIZE, scale, PIECES, g_desc, K: gl.constexpr, ROWS=None):
+                        SIZE, scale, PIECES, g_desc, K: gl.constexpr, ROWS=None, NORM=None):
     """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
     (the units of a lane next to each other in launch order, so that they run together and read
     B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
@@ -1338,11 +1521,13 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     :data:`Constants`; ``ROWS`` (``ROWS``, else None): ``(W, batch stride, head stride, row
     stride, D)``, V's row weights float32 (batch, heads, N) and the skip float32 (H,); with
     ``ROWS == 2`` then ``(RD, block stride, half stride)``: the row dots float32 (2, D/DH
-    blocks, lanes, N), a block per consumer's columns."""
+    blocks, lanes, N), a block per consumer's columns. ``NORM`` (``NORM``, else None): ``(c, eps,
+    DEN, SUMS, lane stride)``, the denominators float32 (lanes, N) and the segments' published
+    sums float32 (lanes, segments, 2R + D; with segments, else any pointer)."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING
-    prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K)
+    prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K, NORM)
     ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K)
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, g_desc, S0, SN, FLAGS, WS,
                    SYNC, scale)

@@ -289,7 +289,8 @@ def _widest_dc(r: int, d: int) -> int:
 @functools.lru_cache(maxsize=None)
 def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
                  dc: int | None = None, pieces: bool = False,
-                 e_ring: bool = False, gates: bool = False) -> tuple[int, int] | None:
+                 e_ring: bool = False, gates: bool = False,
+                 norm: bool = False) -> tuple[int, int] | None:
     """``(DC, STAGES)``: the value columns a program holds (its two consumers DC/2 each) and the
     ring's slots, or None where two slots do not fit shared memory (fp32 at r = 256).
 
@@ -309,7 +310,9 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
     allocator lays out around their buffer (compiled for sm_90: 0.35-2.1 KB over the slots and
     fixed buffers beside the 1 KB always kept; a launch at 4 slots of 33 KB asked 72 bytes too
     many, H200). :class:`HopperLaunch` takes the gates, then E, out of the ring wherever a launch
-    still asks too much."""
+    still asks too much. ``norm`` (normalised linear attention, :func:`chunk_scan`'s ``norm``):
+    in place of the weighted V, Σk's and c·Σv's operands and a tile of ones (16 columns each).
+    """
     from .._device import SM90_SHARED_BYTES
     bn, size = HOPPER["BLOCK_N"], dtype.itemsize
     widest = _widest_dc(r, d)
@@ -325,6 +328,8 @@ def hopper_tiles(r: int, d: int, dtype: torch.dtype, dual: bool,
         fixed = 2 * dh * (r // 2 if r > 64 else r) * size
     else:
         fixed = (2 * r * dh + 4 * bn * dh + 2 * bn * dh) * size
+        if norm:
+            fixed += (2 * 16 * (r + dh + bn) - 2 * bn * dh) * size
         if pieces:
             fixed += (2 * r * dh + 2 * bn * dh) * size
     stages = min(HOPPER["MAX_STAGES"],
@@ -337,7 +342,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
                      dc: int | None = None, gates: bool = False,
                      groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
                      rows: bool = False, late_pairs: bool | None = None,
-                     unhoist: bool | None = None) -> dict:
+                     unhoist: bool | None = None, norm: bool = False) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
@@ -346,8 +351,9 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     forward in time with the pieces, the own pairs after O's store (default: where r and the
     program's value columns are among :data:`HOPPER_LATE_PAIRS`); ``unhoist``: the consumers'
     staging buffers addressed where they are used (default: where r and the program's value
-    columns are among :data:`HOPPER_UNHOISTED`)."""
-    dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad)
+    columns are among :data:`HOPPER_UNHOISTED`); ``norm``: normalised linear attention
+    (:func:`chunk_scan`'s ``norm``, :func:`hopper_norm_unfit`)."""
+    dc, stages = hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad, norm=norm)
     late_pairs = (r, dc) in HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
     unhoist = (r, dc) in HOPPER_UNHOISTED if unhoist is None else unhoist
     # (the pieces' row vectors E in the ring where two slots of it fit, and the gates there too
@@ -365,7 +371,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
         SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups,
         GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows,
-        LATE_PAIRS=bool(gate_grad and not reverse and late_pairs), UNHOIST=bool(unhoist))
+        LATE_PAIRS=bool(gate_grad and not reverse and late_pairs), UNHOIST=bool(unhoist),
+        NORM=norm)
 
 
 def hopper_split(*, r: int, d: int, dtype: torch.dtype, dual: bool, lanes: int, n: int,
@@ -413,6 +420,26 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
         return unfit
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
                                 outputs=outputs)
+
+
+#: normalised linear attention's forward (:func:`chunk_scan`'s ``norm``) on the Hopper kernel
+#: where it takes the call (:func:`hopper_norm_unfit`); off: the portable kernel's sweep
+HOPPER_NORM = True
+
+
+def hopper_norm_unfit(B, C, V) -> str | None:
+    """Why the Hopper kernel cannot take normalised linear attention's forward over these
+    operands (a phrase), or None: :func:`hopper_unfit`'s, then bf16, r of 64 or 128 and d of
+    128 (one program a lane holds every value column; fp16's range and fp32's tf32 operands
+    stay on the portable kernel), and :data:`HOPPER_NORM` on."""
+    if not HOPPER_NORM:
+        return "HOPPER_NORM is off"
+    unfit = hopper_unfit(B, C, V, None, outputs=(V,))
+    if unfit:
+        return unfit
+    if V.dtype != torch.bfloat16 or B.shape[-1] not in (64, 128) or V.shape[-1] != 128:
+        return "its normalised sweep takes bfloat16 with r of 64 or 128 and d = 128"
+    return None
 
 
 def misaligned(t: torch.Tensor) -> bool:
@@ -742,13 +769,21 @@ class HopperLaunch:
             weights = (w, *w.stride()[:3], skip)
             if self.consts.ROWS == 2:
                 weights = weights + (t.ROWS[2], t.ROWS[2].stride(1), t.ROWS[2].stride(0))
+        norm = None
+        if self.consts.NORM:  # (c, eps, the denominators, the segments' published sums)
+            c, eps, den = t.NORM
+            n, _, lanes, segment = self.size
+            width, segs = 2 * self.consts.R + self.consts.D, cdiv(n, segment)
+            sums = torch.empty(lanes, segs, width, dtype=torch.float32, device=den.device) \
+                if segs > 1 else den
+            norm = (float(c), float(eps), den, sums, segs * width if segs > 1 else 0)
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
                         e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
                         RING=(ws, sync, flags), DECAY=(t.GAMMA, gates), SIZE=self.size,
                         scale=scale, PIECES=pieces, g_desc=g_desc, K=self.consts,
-                        ROWS=weights), self.key,
+                        ROWS=weights, NORM=norm), self.key,
                    num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
         finally:
             for desc in descs + (g_desc,):
@@ -759,14 +794,15 @@ class HopperLaunch:
 def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, store_sn,
                    reverse, dual, serial: int, gates: bool = False,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                   rows: bool = False) -> HopperLaunch:
+                   rows: bool = False, norm: bool = False) -> HopperLaunch:
     """The :class:`HopperLaunch` of a call: ``lanes`` (batch·heads) of N rows in segments of
     ``segment`` rows (N: one pass per lane), ``dc`` value columns a program
     (:func:`hopper_split`)."""
     n_seg = cdiv(n, segment)
     consts = hopper_constants(r=r, d=d, dtype=dtype, decay=decay, has_s0=has_s0,
                               store_sn=store_sn, split=n_seg > 1, reverse=reverse, dual=dual,
-                              dc=dc, gates=gates, groups=groups, gate_grad=gate_grad, rows=rows)
+                              dc=dc, gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
+                              norm=norm)
     dh = consts.DC // 2
     # (E's block: the dual output's input, or the pieces' row vectors in the ring, in the
     # consumers' halves)
@@ -1005,7 +1041,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     short = t.B.shape[0] * heads * n <= SELF_REPAIR_ROWS
     # (with the Hopper kernel's A/B switches: a plan keeps the constants it was made with)
     cache_key = (key, kernel, _FORCED[0], short, HOPPER_E_RING, HOPPER_GATES_RING,
-                 HOPPER_LATE_PAIRS, HOPPER_UNHOISTED)
+                 HOPPER_LATE_PAIRS, HOPPER_UNHOISTED, HOPPER_NORM)
     plan = _PLANS.get(cache_key)
     if plan is None:
         if len(_PLANS) >= 1024:
@@ -1026,22 +1062,29 @@ def _check_rows(rows: int, gates: bool, reverse: bool, dual: bool, varlen: bool)
 
 
 def _check_norm(decay: bool, rows: bool, states: bool, reversed_: bool, varlen: bool,
-                kernel: str) -> None:
-    """A ValueError where :func:`chunk_scan`'s ``norm`` does not fit the call."""
+                kernel: str, t: Operands) -> bool:
+    """A ValueError where :func:`chunk_scan`'s ``norm`` does not fit the call; whether the
+    Hopper kernel runs it (``kernel="hopper"``, or ``"auto"`` where :func:`hopper_norm_unfit`
+    lets it)."""
     for bad, what in ((decay, "a decay (γ)"), (rows, "gates or row weights"),
                       (states, "initial or final states"), (reversed_, "reverse time or dual"),
-                      (varlen, "cu_seqlens"), (kernel == "hopper", "kernel='hopper'")):
+                      (varlen, "cu_seqlens")):
         if bad:
             raise ValueError(f"norm (normalised linear attention in the sweep) takes no {what}")
+    if kernel == "portable":
+        return False
+    unfit = hopper_norm_unfit(t.B, t.C, t.V)
+    if kernel == "hopper" and unfit:
+        raise ValueError(f"kernel='hopper' cannot run norm over this call: {unfit}")
+    return unfit is None
 
 
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
      varlen, has_s0, store_sn, reverse, gates, gate_grad, rows, norm) = signature
     _check_rows(rows, gates, reverse, dual, varlen)
-    if norm:
-        _check_norm(decay, gates or gate_grad or rows, has_s0 or store_sn, reverse or dual, varlen,
-                    kernel)
+    norm_hopper = norm and _check_norm(decay, gates or gate_grad or rows, has_s0 or store_sn,
+                                       reverse or dual, varlen, kernel, t)
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -1069,7 +1112,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
             asked = n
         elif segment >= n:  # (one segment: whole chunks, for the reverse sweep's padded rows)
             segment = cdiv(n, cfg["BLOCK_N"]) * cfg["BLOCK_N"]
-    hopper = False if norm else (kernel == "hopper") if gate_grad else _use_hopper(
+    hopper = norm_hopper if norm else (kernel == "hopper") if gate_grad else _use_hopper(
         kernel, t.B, t.C, t.V, t.GAMMA, n_seg > 1, dual=t.E if dual else None, cu_seqlens=t.CU,
         precision=precision, outputs=(t.O, t.O2), gates=gates, rows=rows)
     # the ring: a flag per lane, its published states (lanes, 2, BLOCK_R, BLOCK_D); the Hopper
@@ -1077,12 +1120,13 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     h = None
     if hopper:
         dc, hopper_segment = hopper_split(r=r, d=d, dtype=dtype, dual=dual, lanes=batch * heads,
-                                          n=n, slots=sm_count(device), dc=cfg.get("DC"),
-                                          segment=asked)
+                                          n=n, slots=sm_count(device),
+                                          # (norm: one program a lane holds every column)
+                                          dc=None if norm else cfg.get("DC"), segment=asked)
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           gates=gates, groups=groups, gate_grad=gate_grad, rows=rows)
+                           gates=gates, groups=groups, gate_grad=gate_grad, rows=rows, norm=norm)
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:

@@ -126,12 +126,12 @@ def _sums(batch_heads: int, chunks: int, width: int, like: torch.Tensor) -> torc
 
 
 #: whether the layer's forward (``related.normalized_linear_attention`` with ``method="auto"``)
-#: runs as one sweep of Chunk's portable kernel that carries the normaliser
-#: (:func:`normalized_in_sweep`) instead of the operator and the passes around it. On: at the
-#: kernel paper's layer (b2 × 16 heads × 128, bf16, H200) the sweep's forward took 0.43 ms
-#: against the passes' 0.52 at N = 4096 and tied at 16384 (0.83 against 0.82), with a third
-#: less peak memory (``data/h200/kernel_paper_layer.csv``). The Hopper kernel has no such sweep
-#: yet (notes/other_papers.md)
+#: runs as one sweep of Chunk's kernels that carries the normaliser (:func:`normalized_in_sweep`)
+#: instead of the operator and the passes around it. On: at the kernel paper's layer (b2 × 16
+#: heads × 128, bf16, H200) the portable kernel's sweep took 0.43 ms against the passes' 0.52 at
+#: N = 4096 and tied at 16384 (0.83 against 0.82), with a third less peak memory
+#: (``data/h200/kernel_paper_layer.csv``); the Hopper kernel's sweep where it takes the call
+#: (``chunk.HOPPER_NORM``, notes/other_papers.md)
 IN_SWEEP = True
 
 
@@ -149,15 +149,16 @@ def in_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str, opt
 @torch.library.custom_op("leetrepro::normalized_in_sweep", mutates_args=())
 def normalized_in_sweep(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: float,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(o, den)`` as :func:`normalized_output` gives them, from one sweep of Chunk's portable
-    kernel (``chunk_scan``'s ``norm``): the scores take + c, the sums of k and v ride beside the
+    """``(o, den)`` as :func:`normalized_output` gives them, from one sweep of Chunk's kernels
+    (``chunk_scan``'s ``norm``: the Hopper kernel where :func:`chunk.hopper_norm_unfit` lets it,
+    else the portable one): the scores take + c, the sums of k and v ride beside the
     state, each row is divided in the epilogue and stored once in v's dtype (o in v's layout),
     the denominators (float32 ``(batch, heads, N)``) beside it. q, k ``(batch, heads, N, r)``,
     v ``(batch, heads, N, d)``, any strides with a contiguous last dimension;
     O(N·(L·(r + d) + r·d)) a lane, no pass of its own. A custom op: a compiled graph holds it."""
     from .chunk import chunk_scan
     den = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    o = chunk_scan(q, k, v, None, kernel="portable", norm=(c, eps, den))
+    o = chunk_scan(q, k, v, None, norm=(c, eps, den))
     return o, den
 
 

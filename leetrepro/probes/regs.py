@@ -106,7 +106,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    reverse: bool = False, dual: bool = False, r: int = 128,
                    d: int = 128, dc: int | None = None, gates: bool = False,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                   rows: int = 0, late_pairs: bool | None = None):
+                   rows: int = 0, late_pairs: bool | None = None, norm: bool = False):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -117,7 +117,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     ``rows``: a gated forward sweep taking V's row weights and the skip (``ROWS``); 2: the
     reverse sweep with the dual output and the pieces taking E's row weights and the row dots;
     ``late_pairs``: the dB sweep's own pairs after O's store (``LATE_PAIRS``; default the
-    launcher's switch).
+    launcher's switch); ``norm``: normalised linear attention's forward (``NORM``: bf16, γ = 1,
+    no states).
     Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -134,10 +135,10 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
         block = [1, 1, bn, cols]
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{_tma_layout(bn, cols, gdt)!r}>"
 
-    const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=True,
-                             store_sn=True, split=split, reverse=reverse, dual=dual, dc=dc,
+    const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=not norm,
+                             store_sn=not norm, split=split, reverse=reverse, dual=dual, dc=dc,
                              gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
-                             late_pairs=late_pairs)
+                             late_pairs=late_pairs, norm=norm)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
@@ -149,12 +150,15 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                g_desc=(f"tensordesc<fp32[1, 1, 1, {bn}],{_gates_layout(bn)!r}>" if const.G_RING
                        else "constexpr"), K="constexpr",
                ROWS=("*fp32", "i32", "i32", "i32", "*fp32") +
-               (("*fp32", "i32", "i32") if rows == 2 else ()) if rows else "constexpr")
+               (("*fp32", "i32", "i32") if rows == 2 else ()) if rows else "constexpr",
+               NORM=("fp32", "fp32", "*fp32", "*fp32", "i32") if norm else "constexpr")
     constexprs = {(13,): const}
     if not const.G_RING:
         constexprs[(12,)] = None
     if not rows:
         constexprs[(14,)] = None
+    if not norm:
+        constexprs[(15,)] = None
     if not gate_grad:
         constexprs[(11,)] = None
     if const.E_RING:  # (the pieces' row vectors through the ring: E's block DC/2 columns)
@@ -559,8 +563,8 @@ def main(argv=None) -> int:
     p.add_argument("--hopper", action="store_true",
                    help="the Hopper kernel, fp16/bf16 × both masks × one pass/segments × forward/"
                         "reverse/reverse with the dual output, and fp32 (tf32) forward/reverse; "
-                        "with per-token gates, and B and C read by groups of heads (--configs "
-                        "ignored)")
+                        "with per-token gates, B and C read by groups of heads, and normalised "
+                        "linear attention's forward (--configs ignored)")
     p.add_argument("--straddle", action="store_true",
                    help="the gates' gradient's two kernels (kernels/gate_straddle.py): shared "
                         "memory per program, registers and spills (--configs ignored)")
@@ -663,6 +667,11 @@ def main(argv=None) -> int:
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,
                               gates=True, r=64, d=64, groups=(80, 80, 1, 1), gate_grad=True,
                               rows=2)))
+        # normalised linear attention's forward (``chunk.hopper_norm_unfit``: bf16, d = 128), one
+        # pass and segments
+        for r, split in itertools.product((128, 64), (False, True)):
+            jobs.append((f"norm bf16 {r}x128:0-1:{'split' if split else 'one'}",
+                         dict(dtype="bf16", decay=False, split=split, r=r, d=128, norm=True)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
