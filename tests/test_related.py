@@ -494,11 +494,13 @@ def test_normalized_in_one_hopper_sweep_on_the_gpu(r, constant, segment):
         assert torch.isfinite(o).all() and torch.isfinite(den).all()
         assert rel_error(o.double().cpu(), related.normalized_direct(q, k, v, constant=constant)) \
             <= tolerance(torch.bfloat16)
-        assert rel_error(den.double().cpu(), a.sum(-1) + 1e-6) <= 1e-5
+        assert rel_error(den.double().cpu(), a.sum(-1) + 1e-6) <= tolerance(torch.bfloat16)
         den2 = torch.empty_like(den)
         o2 = chunk.chunk_scan(*ins, None, kernel="portable", segment=segment,
                               norm=(constant, 1e-6, den2))
-        assert rel_error(o, o2) <= 4e-3 and rel_error(den, den2) <= 1e-5
+        # (the same bf16 inputs: the sums as exact as fp32's in both, rounded apart in O)
+        assert rel_error(o, o2) <= 4e-3, rel_error(o, o2)
+        assert rel_error(den, den2) <= 1e-5, rel_error(den, den2)
     with pytest.raises(ValueError, match="kernel='hopper' cannot run norm"):
         chunk.chunk_scan(*(t.half() for t in ins), None, kernel="hopper",
                          norm=(constant, 1e-6, den))
