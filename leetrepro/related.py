@@ -43,9 +43,11 @@ from .methods.normalizer import (normalized_epilogue, normalized_output, normali
 
 
 # (eager calls skip the dispatcher: leetrepro._direct)
-_output, _prologue, _epilogue, _in_sweep, _rows, _rows_back = (direct(op) for op in (
-    normalized_output, normalized_prologue, normalized_epilogue, normalizer.normalized_in_sweep,
-    normalizer.row_normalized, normalizer.row_normalized_backward))
+_output, _prologue, _epilogue, _in_sweep, _rows, _rows_back, _in_sweeps = (
+    direct(op) for op in (normalized_output, normalized_prologue, normalized_epilogue,
+                          normalizer.normalized_in_sweep, normalizer.row_normalized,
+                          normalizer.row_normalized_backward,
+                          normalizer.normalized_grads_in_sweeps))
 
 #: rows a running sum takes in one piece (:func:`_cumsum`)
 SCAN_BLOCK = 64
@@ -128,6 +130,17 @@ class _Normalized(torch.autograd.Function):
         q, k, v, o, den, sq, sk = ctx.saved_tensors
         c, method, options = ctx.args
         need = ctx.needs_input_grad[:3]
+        if method == "auto" and not options and normalizer.grads_in_sweeps(q, k, v) and \
+                on_kernels(do):
+            # (one pass before three sweeps that carry the running sums' terms, then with rows
+            # their normalisation's backward, a pass each)
+            dnum, dden, _ = _prologue(do, o, den[..., 0], q, k)
+            grads = list(_in_sweeps(dnum, dden, q, k, v, c, list(need)))
+            for i, (y, s) in enumerate(((q, sq), (k, sk))):
+                if s is not None and need[i]:
+                    grads[i] = _rows_back(grads[i], y, s[..., 0], ROW_EPS)
+            return (*(g if w else None for g, w in zip(grads, need)), None, None, None, None,
+                    None)
         if on_kernels(q, k, v, do):  # (one pass before the operator's backward, one after)
             dnum, dden, sums = _prologue(do, o, den[..., 0], q, k)
             grads = ops.gradients(dnum, q, k, v, method=method, need=need, **options)

@@ -543,7 +543,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     the dual none. V's row weights and the skip (Mamba-2's SSD forward, ``rows``) at r = 128 and
     64 beside d = 64, one pass and segments: none; E's row weights and the row dots (its
     backward's reverse sweep, ``rows`` 2) at 64 × 64: none; normalised linear attention's
-    forward (``norm``) at r = 128 and 64, d = 128: none."""
+    forward (``norm``) at r = 128 and 64, d = 128, and its gradients' sweeps (the scores'
+    offsets by rows, by columns, constant; forward and in reverse): none."""
     from leetrepro.probes.regs import HOPPER_SHAPES, spill_bytes
     res = real_codegen("-m", "leetrepro.probes.regs", "--hopper", timeout=900)
     lines = [line for line in res.stdout.splitlines() if line.startswith("hopper")]
@@ -558,7 +559,7 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     assert len(lines) - len(shaped) - len(narrow) - len(gated) - len(grouped) - len(pieces) - \
         len(rows) - len(row_dots) - len(norm) == 32
     # (normalised linear attention's forward, r = 128 and 64, one pass and segments: none)
-    assert len(norm) == 4 and all(spill_bytes(line) == 0 for line in norm), norm
+    assert len(norm) == 12 and all(spill_bytes(line) == 0 for line in norm), norm
     assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 13
     # (V's row weights and the skip, Mamba-2's forward at 128 × 64 and 64 × 64: no spills)
     assert len(rows) == 4 and all(spill_bytes(line) == 0 for line in rows), rows
@@ -775,3 +776,47 @@ def test_chunk_repair_launch_of_long_wide_lanes_runs(dtype):
     assert torch.equal(o[:, 1:], clean[:, 1:])
     assert rel_error(o[0, 0, : n // 2], clean[0, 0, : n // 2]) <= tolerance(dtype)
     assert (~torch.isfinite(o[0, 0, n // 2:])).any(-1).all()
+
+
+def _offsets_reference(B, C, V, kind: str, c: float, x, reverse: bool) -> torch.Tensor:
+    """float64 op(B', C', V) for B' = [B, α], C' = [C, β] (``chunk_scan``'s ``offsets``): scores
+    B_i·C_j + α_i·β_j on and below the diagonal (above it in reverse time)."""
+    B, C, V = (t.double().cpu() for t in (B, C, V))
+    n = B.shape[2]
+    if kind == "rows":
+        alpha = torch.full(B.shape[:3], c, dtype=torch.float64) if x is None else x.double().cpu()
+        beta = torch.ones(B.shape[:3], dtype=torch.float64)
+    else:
+        alpha, beta = torch.ones(B.shape[:3], dtype=torch.float64), x.double().cpu()
+    scores = B @ C.transpose(-1, -2) + alpha[..., :, None] * beta[..., None, :]
+    mask = torch.ones(n, n, dtype=torch.bool)
+    mask = mask.triu() if reverse else mask.tril()
+    return torch.where(mask, scores, 0.0) @ V
+
+
+@pytest.mark.parametrize("kind, constant", quick_lane([("rows", None), ("cols", None),
+                                                       ("rows", 2.5)], unpack=True))
+@pytest.mark.parametrize("reverse", quick_lane([True, False]))
+@pytest.mark.parametrize("dtype", quick_lane([torch.float32, torch.float16]))
+def test_chunk_scan_offsets_against_float64(kind, constant, reverse, dtype):
+    """``chunk_scan``'s ``offsets`` (the normaliser's gradients in the backward's sweeps) on the
+    portable kernel (interpreted on a CPU, one segment a lane): the rows' offsets α (a row of
+    them, or a constant), the columns' β, forward and in reverse time, N not a multiple of a
+    chunk, r ≠ d, batch > 1, more value columns than one block, against float64 within the
+    contract; what the offsets cannot take is refused by name."""
+    from leetrepro.methods import chunk
+    B, C, V = make_inputs(2, 3, 150, 12, 70, dtype=dtype, device=DEVICE, seed=9)
+    gen = torch.Generator().manual_seed(4)
+    x = None if constant is not None else \
+        torch.randn(2, 3, 150, generator=gen, dtype=torch.float32).to(DEVICE)
+    out = chunk.chunk_scan(B, C, V, None, kernel="portable", reverse=reverse,
+                           offsets=(kind, constant or 0.0, x))
+    ref = _offsets_reference(B, C, V, kind, constant or 0.0, x, reverse)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    tol = tolerance(dtype) if dtype != torch.float32 or INTERPRETED else 5e-3
+    assert (out.double().cpu() - ref).norm() / ref.norm() <= tol
+    with pytest.raises(ValueError, match="offsets .* takes no a decay"):
+        chunk.chunk_scan(B, C, V, torch.full((3,), 0.9, dtype=torch.float64, device=DEVICE),
+                         kernel="portable", offsets=(kind, 1.0, x))
+    with pytest.raises(ValueError, match="offsets must be"):
+        chunk.chunk_scan(B, C, V, None, kernel="portable", offsets=("cols", 1.0, None))

@@ -463,6 +463,91 @@ def test_normalized_in_one_sweep_on_the_gpu(dtype, segment):
     assert rel_error(den.double().cpu(), a.sum(-1) + 1e-6) <= tol
 
 
+@pytest.mark.parametrize("dtype, constant, rows", quick_lane(
+    [(torch.float32, 1.0, False), (torch.float16, 2.5, True), (torch.float32, 0.0, True)],
+    unpack=True))
+def test_normalized_gradients_in_three_sweeps_against_float64(monkeypatch, dtype, constant, rows):
+    """The layer's backward with dq, dk, dv each one sweep whose scores carry the running sums'
+    terms (``normalizer.GRAD_IN_SWEEPS``, here ``"always"``: the portable kernel interpreted):
+    every gradient against float64 within the contract, time-major q and k, N over several
+    chunks and not a multiple of one, r ≠ d, batch > 1, with and without the rows normalised
+    inside the layer; any one gradient alone; and the same numbers as the passes' path."""
+    from leetrepro.methods import normalizer
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
+    q, k, v = _qkv(2, 3, 150, 12, 70)
+    if constant == 0.0:
+        q, k = q.abs(), k.abs()
+    ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    dO = torch.randn(2, 3, 150, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    unit = (lambda t: torch.nn.functional.normalize(t, dim=-1)) if rows else (lambda t: t)
+    ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c,
+                                                               constant=constant), (q, k, v), dO)
+    layer = lambda *t: related.normalized_linear_attention(  # noqa: E731
+        *t, constant=constant, normalize_rows=rows)
+    monkeypatch.setattr(normalizer, "GRAD_IN_SWEEPS", "always")
+    assert normalizer.grads_in_sweeps(*ins)
+    out, got = _grads(layer, ins, dO.to(dtype))
+    for x, e in zip([out, *got], [ref, *want]):
+        assert x.dtype == dtype and torch.isfinite(x).all()
+        assert rel_error(x, e) <= tolerance(dtype), rel_error(x, e)
+    for i in range(3):  # (one input needing its gradient)
+        one = [t.detach().requires_grad_(j == i) for j, t in enumerate(ins)]
+        g, = torch.autograd.grad(layer(*one), one[i], dO.to(dtype))
+        assert rel_error(g, want[i]) <= tolerance(dtype)
+    monkeypatch.setattr(normalizer, "GRAD_IN_SWEEPS", False)
+    _, passes = _grads(layer, ins, dO.to(dtype))
+    for x, e in zip(got, passes):
+        assert rel_error(x, e) <= tolerance(dtype)
+    if dtype == torch.float32 and constant == 1.0:  # (a custom op: checked)
+        small = [t[:1, :2, :40].contiguous() for t in ins]
+        dnum = torch.randn(1, 2, 40, 70, dtype=dtype)
+        dden = torch.randn(1, 2, 40, dtype=torch.float32)
+        torch.library.opcheck(normalizer.normalized_grads_in_sweeps,
+                              (dnum, dden, *small, constant, [True, True, True]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [False, True])
+def test_normalized_gradients_in_hopper_sweeps_on_the_gpu(rows):
+    """On an sm_90 GPU, the layer's backward in three sweeps of the Hopper kernel (the default
+    where it takes them: bf16, r = d = 128), time-major views, N not a multiple of a chunk, the
+    lanes whole (2 × 3 × 1000) and cut into segments (1 × 3 × 5000): every gradient against
+    float64 within the contract, finite, and the passes' path's within bf16's rounding; the
+    sweeps' plans ran the Hopper kernel."""
+    from leetrepro.methods import chunk, normalizer
+    for batch, heads, n in ((2, 3, 1000), (1, 3, 5000)):
+        q, k, v = _qkv(batch, heads, n, 128, 128)
+        if rows:
+            q, k = (t * torch.linspace(0.3, 3.0, n, dtype=t.dtype)[:, None] for t in (q, k))
+        dO = torch.randn(batch, heads, n, 128, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(3))
+        unit = (lambda t: torch.nn.functional.normalize(t, dim=-1)) if rows else (lambda t: t)
+        ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c),
+                           (q, k, v), dO)
+        ins = [t.to("cuda", torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
+               for t in (q, k, v)]
+        if not normalizer.grads_in_sweeps(*ins):
+            pytest.skip("needs the Hopper kernel (an sm_90 GPU)")
+        layer = lambda *t: related.normalized_linear_attention(  # noqa: E731
+            *t, normalize_rows=rows)
+        out, got = _grads(layer, ins, dO.to("cuda", torch.bfloat16))
+        for a, e in zip([out, *got], [ref, *want]):
+            assert torch.isfinite(a).all() and \
+                rel_error(a.double().cpu(), e) <= tolerance(torch.bfloat16), rel_error(a, e)
+        offsets = [p for key, p in chunk._PLANS.items() if key[0][0][-1] >= 2 and
+                   key[0][0][0] == n]
+        assert len(offsets) >= 3 and all(p.kernel == "hopper" for p in offsets)
+        old, normalizer.GRAD_IN_SWEEPS = normalizer.GRAD_IN_SWEEPS, False
+        try:
+            _, passes = _grads(layer, ins, dO.to("cuda", torch.bfloat16))
+        finally:
+            normalizer.GRAD_IN_SWEEPS = old
+        for a, e in zip(got, passes):
+            assert rel_error(a, e) <= 4e-3, rel_error(a, e)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("r, constant, segment", [(128, 1.0, None), (128, 2.5, 256),

@@ -501,8 +501,9 @@ class Program:
     ``ROWS`` its row of V's row weights (``w``, row stride ``w_sn``) and its head's skip D
     (``skip``), else None; with ``ROWS == 2`` its row of the row dots' first half's first
     block (``rd``; a block per consumer's columns, ``rd_blk`` apart) and the halves' distance
-    (``rd_half``), else None; with ``NORM`` ``(c, eps, its row of the denominators, its row of
-    the segments' sums)``, else None."""
+    (``rd_half``), else None; with ``NORM`` ``(c, eps, its row of the segments' sums)``, its row
+    of the denominators (``den``, ``NORM`` 1) and of the offsets (``off``, 2 with a row, 3),
+    else None."""
     bb: gl.base_value
     hh: gl.base_value
     N: gl.base_value
@@ -527,11 +528,13 @@ class Program:
     rd_blk: gl.base_value
     rd_half: gl.base_value
     norm: gl.base_value
+    den: gl.base_value
+    off: gl.base_value
 
     @gluon.constexpr_function
     def __init__(self, bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates,
                  e_rows=None, e_sr=None, dg=None, dg_blk=None, w=None, w_sn=None, skip=None,
-                 rd=None, rd_blk=None, rd_half=None, norm=None):
+                 rd=None, rd_blk=None, rd_half=None, norm=None, den=None, off=None):
         self.bb, self.hh, self.N, self.i0 = _field(bb), _field(hh), _field(N), _field(i0)
         self.steps, self.n, self.lane, self.seg = _field(steps), _field(n), _field(lane), _field(seg)
         self.last, self.unit, self.col0, self.lg = _field(last), _field(unit), _field(col0), _field(lg)
@@ -540,7 +543,7 @@ class Program:
             _field(dg), _field(dg_blk)
         self.w, self.w_sn, self.skip = _field(w), _field(w_sn), _field(skip)
         self.rd, self.rd_blk, self.rd_half = _field(rd), _field(rd_blk), _field(rd_half)
-        self.norm = _field(norm)
+        self.norm, self.den, self.off = _field(norm), _field(den), _field(off)
 
     @gluon.jit
     def chunk(self, i, K: gl.constexpr):
@@ -804,8 +807,11 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             else:
                 local = warpgroup_mma(c_op, v_op, local)
             if K.NORM:  # (done before the slot is released: the products read it)
+                if K.NORM == 3:  # (Σv weighted by the chunk's column offsets)
+                    _store_offsets(prog, row, length, st.ones.index(H_IDX), K)
+                    fence_async_shared()
                 own = warpgroup_mma_wait(num_outstanding=0,
-                                         deps=_sums_step(own, c_op, v_op, st, H_IDX))
+                                         deps=_sums_step(own, c_op, v_op, st, H_IDX, K))
             ring.release(s)
         # 2. the state entering the segment (loaded only now: the first pass holds one state),
         # published by the previous segment's program (each half of the state has its own
@@ -896,12 +902,17 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             gates = gates + _by_columns(w_v, acc_l) + (prog.skip / ops.scale,)
         elif K.ROWS == 2:
             gates = gates + (w_v, 0.0, prog.skip / ops.scale)
-        if K.NORM:
+        if K.NORM >= 2:
+            o, state, sums = _offset_step(state, sums, ring, st, s, diff, prog, row, length, K,
+                                          H_IDX, j)
+            p_up = 1.0
+            e = 0.0
+        elif K.NORM:
             o, state, sums, den = _norm_step(state, sums, ring, st, s, diff, prog, K, H_IDX, j)
             den = den + (prog.norm[0] * row.to(gl.float32) + prog.norm[1])
             o = o / den[:, None]
             if H_IDX == 0:  # (both consumers have the same denominators: one stores them)
-                gl.store(prog.norm[2] + row + ri, den, mask=ri < length)
+                gl.store(prog.den + row + ri, den, mask=ri < length)
             p_up = 1.0
             e = 0.0
         else:
@@ -1140,24 +1151,28 @@ NORM_COLS = gl.constexpr(16)
 @gluon.jit
 def _no_sums(K: gl.constexpr):
     """``NORM``'s sums of k and v before a chunk at the lane's start, (Σk, Σv) float32 zeros in
-    the layout of their products (:func:`_sums_step`); else (0.0, 0.0)."""
+    the layout of their products (:func:`_sums_step`; with the offsets, ``NORM`` 2 and 3, Σv
+    alone is carried, beside zeros); else (0.0, 0.0)."""
     if K.NORM:
-        R: gl.constexpr = K.R
         DH: gl.constexpr = K.DC // 2
+        Z: gl.constexpr = K.R if K.NORM == 1 else DH  # (the offsets' modes carry Σv alone)
         s_l: gl.constexpr = _acc_layout(gl.bfloat16, NORM_COLS)
-        return (gl.zeros([R, NORM_COLS], gl.float32, s_l),
+        return (gl.zeros([Z, NORM_COLS], gl.float32, s_l),
                 gl.zeros([DH, NORM_COLS], gl.float32, s_l))
     else:
         return 0.0, 0.0
 
 
 @gluon.jit
-def _sums_step(sums, c_op, v_t, st, hz):
+def _sums_step(sums, c_op, v_t, st, hz, K: gl.constexpr):
     """(Σk, Σv) past a chunk: kᵀ·1 and v[:, h]ᵀ·1 added (``c_op``: the chunk's kᵀ as the state's
     update takes it; ``v_t``: this consumer's half of its v tile), issued asynchronously after
-    the chunk's other products, one group each."""
+    the chunk's other products, one group each; with the offsets (``NORM`` 2, 3) Σv alone,
+    weighted by the tile in ``st.ones`` (ones, or the column offsets β)."""
     ones = st.ones.index(hz)
-    z = warpgroup_mma(c_op, ones, sums[0], is_async=True)
+    z = sums[0]
+    if K.NORM == 1:  # (Σk too)
+        z = warpgroup_mma(c_op, ones, z, is_async=True)
     sv = warpgroup_mma(v_t.permute((1, 0)), ones, sums[1], is_async=True)
     return z, sv
 
@@ -1181,9 +1196,10 @@ def _sums_at(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
     (``2R + D`` float32), as [R, NORM_COLS] and [DH, NORM_COLS] tiles whose columns repeat."""
     R: gl.constexpr = K.R
     DH: gl.constexpr = K.DC // 2
+    Z: gl.constexpr = R if K.NORM == 1 else DH  # (:func:`_no_sums`)
     s_l: gl.constexpr = _acc_layout(gl.bfloat16, NORM_COLS)
     zero = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, s_l))[None, :] * 0
-    z_at = H_IDX * R + gl.arange(0, R, layout=gl.SliceLayout(1, s_l))[:, None] + zero
+    z_at = H_IDX * R + gl.arange(0, Z, layout=gl.SliceLayout(1, s_l))[:, None] + zero
     v_at = 2 * R + col + gl.arange(0, DH, layout=gl.SliceLayout(1, s_l))[:, None] + zero
     return z_at, v_at
 
@@ -1195,9 +1211,9 @@ def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
     z_at, v_at = _sums_at(prog, col, K, H_IDX)
     s_l: gl.constexpr = _acc_layout(gl.bfloat16, NORM_COLS)
     first = (gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, s_l)) == 0)[None, :]
-    at = prog.norm[3] + prog.seg * (2 * K.R + K.D)
+    at = prog.norm[2] + prog.seg * (2 * K.R + K.D)
     gl.store(at + z_at, own[0], mask=first)
-    gl.store(at + v_at, own[1], mask=first)
+    gl.store(at + v_at, _sum_rows(own[1], K)[:, None] + own[1] * 0.0, mask=first)
 
 
 @gluon.jit
@@ -1207,10 +1223,25 @@ def _sums_before(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
     z_at, v_at = _sums_at(prog, col, K, H_IDX)
     z, sv = _no_sums(K)
     for j in range(prog.seg):
-        at = prog.norm[3] + j * (2 * K.R + K.D)
+        at = prog.norm[2] + j * (2 * K.R + K.D)
         z += gl.load(at + z_at, cache_modifier=".cg")
         sv += gl.load(at + v_at, cache_modifier=".cg")
+    if K.NORM == 3:  # (β's weights: the sum in the first half of the columns, as
+        # :func:`_sum_rows` reads it)
+        cols = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, sv.type.layout))
+        sv = gl.where((cols < NORM_COLS // 2)[None, :], sv, 0.0)
     return z, sv
+
+
+@gluon.jit
+def _sum_rows(acc, K: gl.constexpr):
+    """Σv by its rows from its product's [DH, NORM_COLS] accumulator: every column the sum with
+    a tile of ones; with β's tile (``NORM`` 3) the first half of the columns β's 16-bit part's,
+    the second its remainder's."""
+    if K.NORM == 3:
+        return gl.sum(acc, axis=1) * (2.0 / NORM_COLS)
+    else:
+        return gl.max(acc, axis=1)
 
 
 @gluon.jit
@@ -1245,7 +1276,7 @@ def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.
     qz = warpgroup_mma(b_t, st.z.index(hz), gl.zeros([BLOCK_N, NORM_COLS], gl.float32, s_l),
                        use_acc=False, is_async=True)  # [BLOCK_N, NORM_COLS]
     state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)  # [R, DH]
-    sums = _sums_step(sums, c_t.permute((1, 0)), v_t, st, hz)
+    sums = _sums_step(sums, c_t.permute((1, 0)), v_t, st, hz, K)
     sc = warpgroup_mma_wait(num_outstanding=6, deps=(sc,))
     p = gl.where(diff >= 0, sc + cst, 0.0)
     den = gl.sum(p, axis=1)
@@ -1256,6 +1287,88 @@ def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.
     ring.release(s)
     qz = gl.sum(qz, axis=1) * (2.0 / NORM_COLS)
     return o, state, (z, sv), den + gl.convert_layout(qz, gl.SliceLayout(1, acc_l))
+
+
+@gluon.jit
+def _offsets(prog, row, length, layout: gl.constexpr, K: gl.constexpr):
+    """The offsets' modes' per-row values of a chunk's tile rows (float32, 0 past the lane's
+    end) in ``layout`` (a slice of a 2-D layout): α (``NORM`` 2 with a tensor) or β (3)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    ri = gl.arange(0, BLOCK_N, layout=layout)
+    return gl.load(prog.off + row + ri, mask=ri < length, other=0.0)
+
+
+@gluon.jit
+def _store_offsets(prog, row, length, dst, K: gl.constexpr):
+    """``NORM`` 3: the chunk's column offsets β as the weights of Σv's product, [BLOCK_N,
+    NORM_COLS] in ``dst``: β's 16-bit part in the first half of the columns, its remainder in
+    the second (:func:`_sum_rows`)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    w_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
+    beta = _offsets(prog, row, length, gl.SliceLayout(1, w_l), K)
+    hi = beta.to(dst.dtype).to(gl.float32)
+    cols = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, w_l))
+    dst.store(gl.where((cols < NORM_COLS // 2)[None, :], hi[:, None], (beta - hi)[:, None] +
+                       gl.zeros([BLOCK_N, NORM_COLS], gl.float32, w_l)).to(dst.dtype))
+
+
+@gluon.jit
+def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.constexpr,
+                 H_IDX: gl.constexpr, j):
+    """The offsets' chunk (``NORM`` 2 or 3; γ = 1, bf16, forward or reverse) of this consumer:
+    the operator with a rank-one term on its scores, op(B', C', V) for B' = [B, α], C' = [C, β]:
+    the scores take α_i·β_j on and below the diagonal, and each row's part from the rows before
+    the chunk α_i·Σ β_j v_j beside q_i·H. ``NORM`` 2: β = 1 and α the rows' offsets (a float32
+    row, or the constant c): the normaliser's dq (op(dO/den, v, k), α = dden) and dv (in
+    reverse, op(k, q, dO/den), α = c); 3: α = 1 and β the columns' offsets: its dk (in
+    reverse, op(v, dO/den, q), β = dden). Σ β_j v_j rides beside the state as Σv's product
+    (:func:`_sums_step`, weighted by β's tile with 3), added to O's accumulator in fp32 once
+    O's part from the state is in (the entering sum, taken before this chunk's product adds
+    to it). Returns O's half, the state and the sums past the chunk."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    DH: gl.constexpr = K.DC // 2
+    dtype: gl.constexpr = ring.b.dtype
+    acc_l: gl.constexpr = _acc_layout(dtype, DH)
+    a_l: gl.constexpr = _operand_layout(dtype, DH)
+    b_t = _tile(ring.b, s)  # [BLOCK_N, R]
+    c_t = _tile(ring.c, s)  # [BLOCK_N, R]
+    v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
+    hz = H_IDX + _unhoisted(j, K)
+    # (Σ β_j v_j before the chunk, by O's columns: read before this chunk's product adds to it)
+    sv = gl.convert_layout(_sum_rows(sums[1], K), gl.SliceLayout(0, acc_l))
+    if K.NORM == 3:
+        off = _offsets(prog, row, length, gl.SliceLayout(0, acc_l), K)  # β by columns
+        _store_offsets(prog, row, length, st.ones.index(hz), K)
+    elif prog.off is None:
+        off = prog.norm[0]  # (α the constant c)
+    else:
+        off = _offsets(prog, row, length, gl.SliceLayout(1, acc_l), K)  # α by rows
+    _store_copies(state, 1.0, st, hz, dtype, False)
+    fence_async_shared()
+    sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
+                       use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
+    o = warpgroup_mma(b_t, st.h.index(hz), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
+                      use_acc=False, is_async=True)  # [BLOCK_N, DH]
+    state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)  # [R, DH]
+    sums = _sums_step(sums, c_t.permute((1, 0)), v_t, st, hz, K)
+    sc = warpgroup_mma_wait(num_outstanding=3, deps=(sc,))
+    if K.NORM == 3:
+        p = gl.where(diff >= 0, sc + off[None, :], 0.0)
+    elif prog.off is None:
+        p = gl.where(diff >= 0, sc + off, 0.0)
+    else:
+        p = gl.where(diff >= 0, sc + off[:, None], 0.0)
+    o = warpgroup_mma_wait(num_outstanding=2, deps=(o,))
+    if K.NORM == 3:
+        o = o + sv[None, :]
+    elif prog.off is None:
+        o = o + off * sv[None, :]
+    else:
+        o = o + off[:, None] * sv[None, :]
+    o = warpgroup_mma(gl.convert_layout(p.to(dtype), a_l), v_t, o, is_async=True)
+    o, state, z, sv = warpgroup_mma_wait(num_outstanding=0, deps=(o, state, sums[0], sums[1]))
+    ring.release(s)
+    return o, state, (z, sv)
 
 
 @gluon.jit
@@ -1389,15 +1502,23 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr, NORM=
         dg = DG_ROWS + lane.to(gl.int64) * N
     w, w_sn, skip, rd, rd_blk, rd_half = _lane_value_rows(ROWS, bb, hh, lane, N, K)
     norm = None
+    den = None
+    off = None
     if K.NORM:
-        gl.static_assert(not (HAS_DECAY or K.HAS_GATE or K.GATE_GRAD or K.ROWS or REVERSE or
-                              K.DUAL or K.HALF_RANGE or K.HAS_S0 or K.STORE_SN) and D == DC and
-                         DC == 128, "NORM: a forward sweep in bf16 without a decay, states or "
-                                    "other modes, one program a lane of 128 value columns")
-        cst, eps, DEN, SUMS, sums_lane = NORM
-        norm = (cst, eps, DEN + lane.to(gl.int64) * N, SUMS + lane.to(gl.int64) * sums_lane)
+        gl.static_assert(not (HAS_DECAY or K.HAS_GATE or K.GATE_GRAD or K.ROWS or K.DUAL or
+                              K.HALF_RANGE or K.HAS_S0 or K.STORE_SN) and D == DC and
+                         DC == 128 and (K.NORM >= 2 or not REVERSE),
+                         "NORM: a sweep in bf16 without a decay, states or other modes, one "
+                         "program a lane of 128 value columns; the denominators forward only")
+        cst, eps, DEN, SUMS, sums_lane, OFF = NORM
+        lane_row = lane.to(gl.int64) * N
+        if DEN is not None:  # (each None where the mode has none: 1 the offsets, 2 and 3 DEN)
+            den = DEN + lane_row
+        if OFF is not None:
+            off = OFF + lane_row
+        norm = (cst, eps, SUMS + lane.to(gl.int64) * sums_lane)
     return Program(bb, hh, N, i0, steps, n, lane, seg, last, unit, col0, lg, gates, e_rows, e_sr,
-                   dg, dg_blk, w, w_sn, skip, rd, rd_blk, rd_half, norm)
+                   dg, dg_blk, w, w_sn, skip, rd, rd_blk, rd_half, norm, den, off)
 
 
 @gluon.jit
@@ -1470,15 +1591,16 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
     z_bufs = None
     sv_bufs = None
     ones_bufs = None
-    if K.NORM:  # (no weighted v: the sums' operands and the ones in its place)
+    if K.NORM:  # (no weighted v: the ones in its place, and the normaliser's sums' operands)
+        ones_bufs = gl.allocate_shared_memory(
+            dtype, [2, BLOCK_N, NORM_COLS],
+            gl.NVMMASharedLayout.get_default_for([BLOCK_N, NORM_COLS], dtype))
+    if K.NORM == 1:
         z_bufs = gl.allocate_shared_memory(
             dtype, [2, R, NORM_COLS], gl.NVMMASharedLayout.get_default_for([R, NORM_COLS], dtype))
         sv_bufs = gl.allocate_shared_memory(
             dtype, [2, DH, NORM_COLS],
             gl.NVMMASharedLayout.get_default_for([DH, NORM_COLS], dtype))
-        ones_bufs = gl.allocate_shared_memory(
-            dtype, [2, BLOCK_N, NORM_COLS],
-            gl.NVMMASharedLayout.get_default_for([BLOCK_N, NORM_COLS], dtype))
     if K.GATE_GRAD:  # (fp16/bf16: the remainders' copies, laid out as the copies themselves)
         hl_bufs = gl.allocate_shared_memory(dtype, [2, R, DH], h_layout)
         vwl_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
@@ -1522,8 +1644,10 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     stride, D)``, V's row weights float32 (batch, heads, N) and the skip float32 (H,); with
     ``ROWS == 2`` then ``(RD, block stride, half stride)``: the row dots float32 (2, D/DH
     blocks, lanes, N), a block per consumer's columns. ``NORM`` (``NORM``, else None): ``(c, eps,
-    DEN, SUMS, lane stride)``, the denominators float32 (lanes, N) and the segments' published
-    sums float32 (lanes, segments, 2R + D; with segments, else any pointer)."""
+    DEN, SUMS, lane stride, OFF)``, the denominators float32 (lanes, N; ``NORM`` 1, else None),
+    the segments' published sums float32 (lanes, segments, 2R + D; with segments, else any
+    pointer) and the offsets α or β float32 (lanes, N; ``NORM`` 2 with a row per row, 3; else
+    None, the constant c α with 2)."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING

@@ -305,9 +305,15 @@ def _value_rows(rows, SCALE, bh, H, blk, N, K: tl.constexpr):
         return 0, (SCALE[0], skip, rd, SCALE[8])
     elif K.ROWS:
         return rows[7], (SCALE[0], tl.load(SCALE[5] + bh % H).to(tl.float32))
-    elif K.NORM:  # (c, eps, the lane's row of the denominators, whether this block stores them)
+    elif K.NORM == 1:  # (c, eps, the lane's row of the denominators, whether this block stores
+        # them)
         return 0, (SCALE[1], SCALE[2], SCALE[3] + bh.to(tl.int64) * N, blk == 0, SCALE[4],
                    SCALE[5])
+    elif K.NORM:  # (the offsets: c, the lane's row of them or None)
+        if SCALE[3] is None:
+            return 0, (SCALE[1], None)
+        else:
+            return 0, (SCALE[1], SCALE[3] + bh.to(tl.int64) * N)
     else:
         return 0, SCALE
 
@@ -360,6 +366,47 @@ def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.const
         tl.store(SCALE[2] + phys, den, mask=ok)
     out = (out + cst * tl.max(sv, axis=0)[None, :]) / den[:, None]
     return out, add_norm_sums(sums, c, v, PRECISION)
+
+
+@triton.jit
+def _offset_chunk(b, c, v, h, h_scale, mask, sums, phys, ok, SCALE, K: tl.constexpr):
+    """``K.NORM`` 2 or 3's chunk (γ = 1): the operator with a rank-one term on its scores,
+    op(B', C', V) for B' = [B, α], C' = [C, β] (:func:`leetrepro.methods.chunk.chunk_scan`'s
+    ``offsets``): the masked scores take α_i·β_j, and each row's part from the rows before the
+    chunk α_i·Σ β_j v_j beside b_i·H; 2: β = 1, α the rows' (``SCALE[1]``, or the constant
+    ``SCALE[0]`` where that is None), 3: α = 1, β the columns' (``SCALE[1]``). Σ β_j v_j rides
+    in ``sums[1]`` ([16, BLOCK_D]: with ones every row the sum; with β its 16-bit part in rows
+    0-7 and its remainder in rows 8-15). Returns the chunk's rows (float32) and the sums past
+    it."""
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    HALF_RANGE: tl.constexpr = K.HALF_RANGE
+    PRECISION: tl.constexpr = K.PRECISION
+    z, sv = sums
+    out = chunk_inter(b, h, h_scale, 1.0, False, HALF_RANGE, PRECISION)
+    dots = tl.dot(b, tl.trans(c), input_precision=PRECISION)
+    half = (tl.arange(0, 16) < 8)[:, None]
+    if K.NORM == 3:
+        beta = tl.load(SCALE[1] + phys, mask=ok, other=0.0)
+        scores = tl.where(mask != 0.0, dots + beta[None, :], 0.0)
+        out += (tl.sum(sv, axis=0) * 0.125)[None, :]
+        hi = beta.to(v.dtype).to(tl.float32)
+        w = tl.where(half, hi[None, :], (beta - hi)[None, :])  # [16, BLOCK_N]
+    else:
+        if SCALE[1] is None:
+            alpha = SCALE[0]
+            scores = tl.where(mask != 0.0, dots + alpha, 0.0)
+            out += alpha * tl.max(sv, axis=0)[None, :]
+        else:
+            alpha = tl.load(SCALE[1] + phys, mask=ok, other=0.0)
+            scores = tl.where(mask != 0.0, dots + alpha[:, None], 0.0)
+            out += alpha[:, None] * tl.max(sv, axis=0)[None, :]
+        w = tl.full([16, BLOCK_N], 1.0, tl.float32)
+    if HALF_RANGE:
+        p, p_scale = half_operand(scores, v.dtype)
+        out += tl.dot(p, v, input_precision=PRECISION) * p_scale
+    else:
+        out += tl.dot(scores.to(v.dtype), v, input_precision=PRECISION)
+    return out, (z, tl.dot(w.to(v.dtype), v, acc=sv, input_precision=PRECISION))
 
 
 @triton.jit
@@ -506,8 +553,10 @@ def _sweep(state, sums, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl
             e_rows = tl.sum(out * e.to(tl.float32), axis=1)
             scores, own = chunk_intra(b, c, v, mask, HALF_RANGE, PRECISION)
             out += own  # [BLOCK_N, BLOCK_D]
-        elif K.NORM:
+        elif K.NORM == 1:
             out, sums = _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K)
+        elif K.NORM:
+            out, sums = _offset_chunk(b, c, v, h, h_scale, mask, sums, phys, ok, SCALE, K)
         else:
             out = chunk_output(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE, PRECISION)
         if REPAIR:  # NaN from the first non-finite row on, none before

@@ -146,7 +146,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
                out2: torch.Tensor | None = None, g: torch.Tensor | None = None,
                gate_pieces: tuple | None = None, gate_grad: str = "auto",
                gate_grad_precision: str | None = None, rows: tuple | None = None,
-               norm: tuple | None = None):
+               norm: tuple | None = None, offsets: tuple | None = None):
     """Chunk-scan. Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; fp16, bf16, fp32.
 
     ``fp32_precision``: ``"tf32"`` (default, ≤ 5e-3), ``"tf32x3"`` (meets the fp32 contract) or
@@ -191,6 +191,13 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     :func:`gate_gradient_from_pieces`). ``norm``: ``(c, eps, den)``: normalised linear attention
     in the portable kernel's sweep (γ = 1, nothing else above), O_i = Σ_{j≤i} (B_i·C_j + c) V_j /
     (Σ_{j≤i} (B_i·C_j + c) + eps), its denominators into ``den`` (float32, contiguous).
+    ``offsets``: a rank-one term on the scores (γ = 1, no states, not with ``dual``), op(B', C',
+    V) for B' = [B, α], C' = [C, β]: ``("rows", c, None)`` α = c, β = 1; ``("rows", c, x)`` α =
+    x, β = 1; ``("cols", c, x)`` α = 1, β = x (x float32 ``(batch, heads, N)`` contiguous, c a
+    float): O_i = Σ_{j≤i} (B_i·C_j + α_i β_j) V_j (reverse: j ≥ i), the normaliser's gradients
+    in the backward's sweeps (:mod:`leetrepro.methods.normalizer`). The Hopper kernel where it
+    takes the call (bf16, d = 128, :func:`hopper_norm_unfit`), else the portable one, one segment
+    a lane.
     """
     # each tensor in its own layout (strides): only a last dimension not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
@@ -206,7 +213,8 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         out2 = None if dual is None else (per_head_like(B, heads) if out2 is None else out2)
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
-                       G=None if g is None else g.to(torch.float32), ROWS=rows, NORM=norm)
+                       G=None if g is None else g.to(torch.float32), ROWS=rows, NORM=norm,
+                       OFFSETS=None if offsets is None else _checked_offsets(offsets, V))
     if gate_pieces is not None:
         w, rows, totals = gate_pieces
         tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
@@ -217,6 +225,19 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     if dual is not None:
         out = (out, out2)
     return (out, sn) if output_final_state else out
+
+
+def _checked_offsets(offsets: tuple, V: torch.Tensor) -> tuple:
+    """:func:`chunk_scan`'s ``offsets``, a ValueError naming what is wrong."""
+    kind, c, x = offsets
+    if kind not in ("rows", "cols") or (kind == "cols" and x is None):
+        raise ValueError(f"offsets must be ('rows', c, x or None) or ('cols', c, x), got "
+                         f"{offsets!r}")
+    if x is not None and (x.dtype != torch.float32 or tuple(x.shape) != tuple(V.shape[:3]) or
+                          not x.is_contiguous() or x.device != V.device):
+        raise ValueError(f"offsets' x must be float32 (batch, heads, N) = {tuple(V.shape[:3])}, "
+                         f"contiguous, on V's device; got {x.dtype} {tuple(x.shape)}")
+    return kind, float(c), x
 
 
 def per_head_like(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -684,6 +705,26 @@ class Operands(typing.NamedTuple):
     #: normalised linear attention's ``(c, eps, denominators)`` (:func:`chunk_scan`'s ``norm``),
     #: or None
     NORM: tuple | None = None
+    #: the scores' rank-one offsets ``(kind, c, x)`` (:func:`chunk_scan`'s ``offsets``: kind
+    #: "rows" with x a float32 ``(batch, heads, N)`` or None for the constant c, "cols" with x),
+    #: or None
+    OFFSETS: tuple | None = None
+
+
+def _norm_code(t: Operands) -> int:
+    """What the sweep carries beside the operator, as the plans' signature and the kernels' ``NORM``
+    take it: 0 nothing, 1 the normaliser (:func:`chunk_scan`'s ``norm``), 2 rows' offsets, 3
+    columns' offsets, 4 a constant offset (``offsets``)."""
+    if t.NORM is not None:
+        return 1
+    if t.OFFSETS is None:
+        return 0
+    kind, _, x = t.OFFSETS
+    return 3 if kind == "cols" else 2 if x is not None else 4
+
+
+#: the kernels' ``NORM`` of each :func:`_norm_code` (a constant offset: the rows' mode, no row)
+_KERNEL_NORM = (0, 1, 2, 3, 2)
 
 
 class HopperLaunch:
@@ -770,13 +811,15 @@ class HopperLaunch:
             if self.consts.ROWS == 2:
                 weights = weights + (t.ROWS[2], t.ROWS[2].stride(1), t.ROWS[2].stride(0))
         norm = None
-        if self.consts.NORM:  # (c, eps, the denominators, the segments' published sums)
-            c, eps, den = t.NORM
+        if self.consts.NORM:  # (c, eps, the denominators, the segments' published sums, the
+            # offsets' row)
+            c, eps, den, off = (*t.NORM, None) if t.NORM is not None else \
+                (t.OFFSETS[1], 0.0, None, t.OFFSETS[2])
             n, _, lanes, segment = self.size
             width, segs = 2 * self.consts.R + self.consts.D, cdiv(n, segment)
-            sums = torch.empty(lanes, segs, width, dtype=torch.float32, device=den.device) \
-                if segs > 1 else den
-            norm = (float(c), float(eps), den, sums, segs * width if segs > 1 else 0)
+            sums = torch.empty(lanes, segs, width, dtype=torch.float32, device=t.V.device) \
+                if segs > 1 else t.V
+            norm = (float(c), float(eps), den, sums, segs * width if segs > 1 else 0, off)
         try:
             launch(hopper_kernels.chunk_hopper_kernel, self.grid,
                    dict(b_desc=descs[0], c_desc=descs[1], v_desc=descs[2], o_desc=descs[3],
@@ -958,6 +1001,8 @@ class LaunchPlan:
                                device=t.V.device) if split else t.NORM[2]
             scale = (scale, float(t.NORM[0]), float(t.NORM[1]), t.NORM[2], sums,
                      segs * width if split else 0)
+        elif t.OFFSETS is not None:  # (c, the offsets' row or None; one segment a lane)
+            scale = (scale, t.OFFSETS[1], 0.0, t.OFFSETS[2], 0, 0)
         args = dict(B=(t.B, *b), C=(t.C, *c), V=(t.V, *v), O=(t.O, *o),
                     E=None if e is None else (t.E, *e), O2=None if o2 is None else (t.O2, *o2),
                     STATES=states, RING=ring, DECAY=decay, CU=t.CU,
@@ -1015,7 +1060,7 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 t.DG is not None, 0 if t.ROWS is None else len(t.ROWS) - 1, t.NORM is not None)
+                 t.DG is not None, 0 if t.ROWS is None else len(t.ROWS) - 1, _norm_code(t))
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -1031,6 +1076,8 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
     extra = () if t.ROWS is None else t.ROWS[::2]
     if t.NORM is not None:
         extra = (t.NORM[2],)
+    elif t.OFFSETS is not None and t.OFFSETS[2] is not None:
+        extra = (t.OFFSETS[2],)
     for x in extra:  # (the row weights', the row dots' or the denominators' too)
         strides.append(x.stride())
         aligned |= bit * (x.data_ptr() % 16 == 0)
@@ -1062,20 +1109,23 @@ def _check_rows(rows: int, gates: bool, reverse: bool, dual: bool, varlen: bool)
 
 
 def _check_norm(decay: bool, rows: bool, states: bool, reversed_: bool, varlen: bool,
-                kernel: str, t: Operands) -> bool:
-    """A ValueError where :func:`chunk_scan`'s ``norm`` does not fit the call; whether the
-    Hopper kernel runs it (``kernel="hopper"``, or ``"auto"`` where :func:`hopper_norm_unfit`
-    lets it)."""
+                kernel: str, t: Operands, dual: bool = False) -> bool:
+    """A ValueError where :func:`chunk_scan`'s ``norm`` (or ``offsets``) does not fit the call;
+    whether the Hopper kernel runs it (``kernel="hopper"``, or ``"auto"`` where
+    :func:`hopper_norm_unfit` lets it)."""
+    name = "norm (normalised linear attention in the sweep)" if t.NORM is not None else \
+        "offsets (a rank-one term on the scores)"
     for bad, what in ((decay, "a decay (γ)"), (rows, "gates or row weights"),
-                      (states, "initial or final states"), (reversed_, "reverse time or dual"),
-                      (varlen, "cu_seqlens")):
+                      (states, "initial or final states"),
+                      (reversed_ and t.NORM is not None, "reverse time or dual"),
+                      (dual, "dual"), (varlen, "cu_seqlens")):
         if bad:
-            raise ValueError(f"norm (normalised linear attention in the sweep) takes no {what}")
+            raise ValueError(f"{name} takes no {what}")
     if kernel == "portable":
         return False
     unfit = hopper_norm_unfit(t.B, t.C, t.V)
     if kernel == "hopper" and unfit:
-        raise ValueError(f"kernel='hopper' cannot run norm over this call: {unfit}")
+        raise ValueError(f"kernel='hopper' cannot run {name.split()[0]} over this call: {unfit}")
     return unfit is None
 
 
@@ -1083,8 +1133,11 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
      varlen, has_s0, store_sn, reverse, gates, gate_grad, rows, norm) = signature
     _check_rows(rows, gates, reverse, dual, varlen)
-    norm_hopper = norm and _check_norm(decay, gates or gate_grad or rows, has_s0 or store_sn,
-                                       reverse or dual, varlen, kernel, t)
+    norm_hopper = bool(norm) and _check_norm(decay, gates or gate_grad or rows,
+                                             has_s0 or store_sn, reverse or dual, varlen, kernel,
+                                             t, dual)
+    if norm >= 2 and not norm_hopper:  # (the portable kernel's offsets: one segment a lane)
+        segment = n
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
@@ -1126,7 +1179,8 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
         h = _hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
                            segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
                            store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           gates=gates, groups=groups, gate_grad=gate_grad, rows=rows, norm=norm)
+                           gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
+                           norm=_KERNEL_NORM[norm])
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
@@ -1153,7 +1207,8 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
                               HAS_GATE=gates, GROUPS=groups,
                               # (the Hopper kernel's pieces are its own: its repair launch
                               # recomputes the outputs only)
-                              GATE_GRAD=gate_grad and not hopper, ROWS=rows, NORM=norm),
+                              GATE_GRAD=gate_grad and not hopper, ROWS=rows,
+                              NORM=_KERNEL_NORM[norm]),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 

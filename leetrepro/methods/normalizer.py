@@ -167,6 +167,62 @@ def _(q, k, v, c, eps):
     return torch.empty_like(v), v.new_empty(q.shape[:3], dtype=torch.float32)
 
 
+#: whether the layer's backward (``related.normalized_linear_attention``) computes dq, dk and dv
+#: with their running-sum terms inside three sweeps of Chunk (:func:`normalized_grads_in_sweeps`,
+#: the scores' rank-one offsets) instead of the operator's backward and the last pass's scans:
+#: True where the Hopper kernel takes all three sweeps (:func:`grads_in_sweeps`), ``"always"``
+#: wherever the passes' kernels run (the portable kernel's sweeps elsewhere), False never
+GRAD_IN_SWEEPS = True
+
+
+def grads_in_sweeps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the layer's backward takes :func:`normalized_grads_in_sweeps`
+    (:data:`GRAD_IN_SWEEPS`): the passes' kernels at hand, one dtype, last dimensions
+    contiguous, and (unless ``"always"``) the Hopper kernel taking each of the three sweeps
+    (:func:`leetrepro.methods.chunk.hopper_norm_unfit`: bf16, r = d = 128)."""
+    if not GRAD_IN_SWEEPS or not on_kernels(q, k, v) or not q.dtype == k.dtype == v.dtype or \
+            not all(t.stride(-1) == 1 for t in (q, k, v)) or interpreted_bf16(q.dtype):
+        return False
+    if GRAD_IN_SWEEPS == "always":
+        return True
+    from .chunk import hopper_norm_unfit
+    return not any(hopper_norm_unfit(*ops) for ops in ((v, v, k), (v, v, q), (k, q, v)))
+
+
+@torch.library.custom_op("leetrepro::normalized_grads_in_sweeps", mutates_args=())
+def normalized_grads_in_sweeps(dnum: torch.Tensor, dden: torch.Tensor, q: torch.Tensor,
+                               k: torch.Tensor, v: torch.Tensor, c: float,
+                               need: list[bool]) -> tuple[torch.Tensor, torch.Tensor,
+                                                          torch.Tensor]:
+    """The layer's dq, dk, dv (empty where ``need`` says not), each one sweep of Chunk with a
+    rank-one term on its scores (``chunk_scan``'s ``offsets``), from dnum = dO / den (v's dtype)
+    and dden = −(dO·o) / den (float32 ``(batch, heads, N)``, :func:`normalized_prologue`):
+
+    * dq_i = Σ_{j≤i} (dnum_i·v_j + dden_i) k_j: op(dnum, v, k), the rows' offsets dden;
+    * dk_j = Σ_{i≥j} (v_j·dnum_i + dden_i) q_i: op(v, dnum, q) in reverse, the columns' dden;
+    * dv_j = Σ_{i≥j} (k_j·q_i + c) dnum_i: op(k, q, dnum) in reverse, the constant c.
+
+    What the passes add after the operator's backward (dden·cumsum(k), revcumsum(dden·q),
+    c·revcumsum(dnum)) is then inside the sweeps: each gradient written once, in its input's
+    dtype (dq in k's layout, dk in q's, dv in dnum's). O(N·(L·(r + d) + r·d)) a lane and
+    sweep."""
+    from .chunk import chunk_scan
+    empty = q.new_empty(0)
+    dq = chunk_scan(dnum, v, k, None, offsets=("rows", 0.0, dden)) if need[0] else empty
+    dk = chunk_scan(v, dnum, q, None, reverse=True, offsets=("cols", 0.0, dden)) \
+        if need[1] else empty
+    dv = chunk_scan(k, q, dnum, None, reverse=True, offsets=("rows", c, None)) \
+        if need[2] else empty
+    return dq, dk, dv
+
+
+@normalized_grads_in_sweeps.register_fake
+def _(dnum, dden, q, k, v, c, need):
+    empty = q.new_empty(0)
+    return (torch.empty_like(k) if need[0] else empty, torch.empty_like(q) if need[1] else empty,
+            torch.empty_like(dnum) if need[2] else empty)
+
+
 @torch.library.custom_op("leetrepro::normalized_output", mutates_args=())
 def normalized_output(num: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       c: float, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -106,7 +106,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    reverse: bool = False, dual: bool = False, r: int = 128,
                    d: int = 128, dc: int | None = None, gates: bool = False,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                   rows: int = 0, late_pairs: bool | None = None, norm: bool = False):
+                   rows: int = 0, late_pairs: bool | None = None, norm: int = 0):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -117,8 +117,9 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     ``rows``: a gated forward sweep taking V's row weights and the skip (``ROWS``); 2: the
     reverse sweep with the dual output and the pieces taking E's row weights and the row dots;
     ``late_pairs``: the dB sweep's own pairs after O's store (``LATE_PAIRS``; default the
-    launcher's switch); ``norm``: normalised linear attention's forward (``NORM``: bf16, γ = 1,
-    no states).
+    launcher's switch); ``norm``: normalised linear attention's forward (``NORM`` 1: bf16, γ = 1,
+    no states), or the scores' offsets by rows (2) or columns (3), forward or in reverse, or a
+    constant offset (4: ``NORM`` 2 without a row of them).
     Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -138,7 +139,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=not norm,
                              store_sn=not norm, split=split, reverse=reverse, dual=dual, dc=dc,
                              gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
-                             late_pairs=late_pairs, norm=norm)
+                             late_pairs=late_pairs, norm=(0, 1, 2, 3, 2)[norm])
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
@@ -151,7 +152,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                        else "constexpr"), K="constexpr",
                ROWS=("*fp32", "i32", "i32", "i32", "*fp32") +
                (("*fp32", "i32", "i32") if rows == 2 else ()) if rows else "constexpr",
-               NORM=("fp32", "fp32", "*fp32", "*fp32", "i32") if norm else "constexpr")
+               NORM=("fp32", "fp32", "*fp32" if norm == 1 else "constexpr", "*fp32", "i32",
+                     "constexpr" if norm in (1, 4) else "*fp32") if norm else "constexpr")
     constexprs = {(13,): const}
     if not const.G_RING:
         constexprs[(12,)] = None
@@ -159,6 +161,10 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
         constexprs[(14,)] = None
     if not norm:
         constexprs[(15,)] = None
+    else:  # (the denominators with the normaliser, the offsets' row with the offsets)
+        constexprs[(15, 5) if norm == 1 else (15, 2)] = None
+        if norm == 4:
+            constexprs[(15, 5)] = None
     if not gate_grad:
         constexprs[(11,)] = None
     if const.E_RING:  # (the pieces' row vectors through the ring: E's block DC/2 columns)
@@ -671,7 +677,16 @@ def main(argv=None) -> int:
         # pass and segments
         for r, split in itertools.product((128, 64), (False, True)):
             jobs.append((f"norm bf16 {r}x128:0-1:{'split' if split else 'one'}",
-                         dict(dtype="bf16", decay=False, split=split, r=r, d=128, norm=True)))
+                         dict(dtype="bf16", decay=False, split=split, r=r, d=128, norm=1)))
+        # and its gradients' sweeps: the rows' offsets forward (dq) and in reverse (dv), the
+        # columns' in reverse (dk), one pass and segments
+        for mode, reverse, split in itertools.product((2, 3, 4), (False, True), (False, True)):
+            if mode != 2 and not reverse:  # (dk and dv: in reverse)
+                continue
+            jobs.append((f"norm bf16 128x128:offsets{mode}:{'split' if split else 'one'}"
+                         f"{':reverse' if reverse else ''}",
+                         dict(dtype="bf16", decay=False, split=split, reverse=reverse, r=128,
+                              d=128, norm=mode)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
