@@ -409,15 +409,20 @@ def test_normalized_sweep_compiles_for_hopper_without_spills():
     808 and 548 (fp16, segments) bytes a thread at the last change (656, 656, 960 and 660 when
     the ceiling was set), where the plain sweep of the same tiles spills 184, 184, 116 and 228
     (its sums ride as [r, 16] and [16, d] products with ones: as fp32 vectors made from row
-    tiles it spilled 1514 in fp16)."""
+    tiles it spilled 1514 in fp16); and the scores' offsets (the normaliser's gradients: by rows
+    forward, by columns and constant in reverse, the last two as the repair launch compiles
+    them, 988 and 792 bytes at the first build), under the same ceiling."""
     code = ("from leetrepro.probes.regs import compile_ptx, ptxas_usage, spill_bytes\n"
-            "for dt, bn, sp in (('fp16', 64, 0), ('bf16', 64, 0), ('fp32', 32, 0),\n"
-            "                   ('fp16', 64, 1)):\n"
-            "    use = ptxas_usage(compile_ptx(dt, False, bn, 2, split=bool(sp), norm=True))\n"
+            "for dt, bn, sp, nm, rp in (('fp16', 64, 0, 1, 0), ('bf16', 64, 0, 1, 0),\n"
+            "        ('fp32', 32, 0, 1, 0), ('fp16', 64, 1, 1, 0), ('bf16', 64, 0, 2, 0),\n"
+            "        ('bf16', 64, 0, 3, 1), ('bf16', 64, 0, 4, 1)):\n"
+            "    use = ptxas_usage(compile_ptx(dt, False, bn, 2, split=bool(sp), norm=nm,\n"
+            "                                  reverse=nm > 2, repair=bool(rp)))\n"
             "    print(dt, spill_bytes(use), use.strip()[-120:])\n")
     res = real_codegen("-c", code)
     lines = [line.split() for line in res.stdout.strip().split("\n")]
-    assert [x[0] for x in lines] == ["fp16", "bf16", "fp32", "fp16"], res.stdout
+    assert [x[0] for x in lines] == ["fp16", "bf16", "fp32", "fp16", "bf16", "bf16", "bf16"], \
+        res.stdout
     assert all(int(x[1]) <= 1024 for x in lines), res.stdout
 
 

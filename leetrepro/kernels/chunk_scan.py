@@ -309,11 +309,10 @@ def _value_rows(rows, SCALE, bh, H, blk, N, K: tl.constexpr):
         # them)
         return 0, (SCALE[1], SCALE[2], SCALE[3] + bh.to(tl.int64) * N, blk == 0, SCALE[4],
                    SCALE[5])
-    elif K.NORM:  # (the offsets: c, the lane's row of them or None)
-        if SCALE[3] is None:
-            return 0, (SCALE[1], None)
-        else:
-            return 0, (SCALE[1], SCALE[3] + bh.to(tl.int64) * N)
+    elif K.NORM == 4:  # (the constant offset c)
+        return 0, (SCALE[1], 0)
+    elif K.NORM:  # (the offsets: c, the lane's row of them)
+        return 0, (SCALE[1], SCALE[3] + bh.to(tl.int64) * N)
     else:
         return 0, SCALE
 
@@ -370,11 +369,11 @@ def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.const
 
 @triton.jit
 def _offset_chunk(b, c, v, h, h_scale, mask, sums, phys, ok, SCALE, K: tl.constexpr):
-    """``K.NORM`` 2 or 3's chunk (γ = 1): the operator with a rank-one term on its scores,
+    """``K.NORM`` 2, 3 or 4's chunk (γ = 1): the operator with a rank-one term on its scores,
     op(B', C', V) for B' = [B, α], C' = [C, β] (:func:`leetrepro.methods.chunk.chunk_scan`'s
     ``offsets``): the masked scores take α_i·β_j, and each row's part from the rows before the
-    chunk α_i·Σ β_j v_j beside b_i·H; 2: β = 1, α the rows' (``SCALE[1]``, or the constant
-    ``SCALE[0]`` where that is None), 3: α = 1, β the columns' (``SCALE[1]``). Σ β_j v_j rides
+    chunk α_i·Σ β_j v_j beside b_i·H; 2: β = 1, α the rows' (``SCALE[1]``), 4: β = 1, α the
+    constant ``SCALE[0]``, 3: α = 1, β the columns' (``SCALE[1]``). Σ β_j v_j rides
     in ``sums[1]`` ([16, BLOCK_D]: with ones every row the sum; with β its 16-bit part in rows
     0-7 and its remainder in rows 8-15). Returns the chunk's rows (float32) and the sums past
     it."""
@@ -392,7 +391,7 @@ def _offset_chunk(b, c, v, h, h_scale, mask, sums, phys, ok, SCALE, K: tl.conste
         hi = beta.to(v.dtype).to(tl.float32)
         w = tl.where(half, hi[None, :], (beta - hi)[None, :])  # [16, BLOCK_N]
     else:
-        if SCALE[1] is None:
+        if K.NORM == 4:
             alpha = SCALE[0]
             scores = tl.where(mask != 0.0, dots + alpha, 0.0)
             out += alpha * tl.max(sv, axis=0)[None, :]

@@ -723,7 +723,8 @@ def _norm_code(t: Operands) -> int:
     return 3 if kind == "cols" else 2 if x is not None else 4
 
 
-#: the kernels' ``NORM`` of each :func:`_norm_code` (a constant offset: the rows' mode, no row)
+#: the Hopper kernel's ``NORM`` of each :func:`_norm_code` (a constant offset: the rows' mode
+#: without a row of them; the portable kernel takes the codes themselves)
 _KERNEL_NORM = (0, 1, 2, 3, 2)
 
 
@@ -1207,8 +1208,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
                               HAS_GATE=gates, GROUPS=groups,
                               # (the Hopper kernel's pieces are its own: its repair launch
                               # recomputes the outputs only)
-                              GATE_GRAD=gate_grad and not hopper, ROWS=rows,
-                              NORM=_KERNEL_NORM[norm]),
+                              GATE_GRAD=gate_grad and not hopper, ROWS=rows, NORM=norm),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
         store_sn=store_sn, serial=serial)
 

@@ -30,13 +30,15 @@ DEFAULT = ["fp16:0-1:64:3", "fp16:decay:64:3", "fp16:decay:32:3", "fp32:0-1:32:2
 def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool = True,
                 arch: int = 90, precision: str = "tf32", groups: tuple = (1, 1, 1, 1),
                 gate_grad: bool = False, reverse: bool = False, dual: bool = False,
-                rows: int = 0, norm: bool = False) -> str:
+                rows: int = 0, norm: int = 0, repair: bool = False) -> str:
     """The PTX of ``chunk_scan_kernel`` for one configuration (forward, no state in or out;
     ``groups``: the kernel's ``GROUPS``, B, C, V, E read by groups of heads). ``gate_grad``: a
     gated backward sweep with the gates' gradient's pieces instead (per-token gates, the
     repair launch's flags; ``reverse``, ``dual``: the reverse sweep, with dC's output; ``rows``
     2: with E's row weights, dx and the row dots, Mamba-2's), as ``leetrepro.ops`` launches
-    it. ``norm``: normalised linear attention's forward in the sweep, one segment a lane."""
+    it. ``norm``: normalised linear attention's forward in the sweep (1), or the scores' offsets
+    (2 by rows, 3 by columns, 4 constant; ``reverse`` too); ``repair``: the repair launch's
+    variant (one segment a lane)."""
     if gate_grad:
         return _compile_gate_grad_ptx(dtype, block_n, stages, split, arch, precision, reverse,
                                       dual, rows)
@@ -47,15 +49,19 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
                STATES=("constexpr", "constexpr"),
                RING=("*fp32", "*i32", "*i32") if split else ("constexpr", "constexpr", "*i32"),
                DECAY=("*fp64" if decay else "constexpr", "constexpr"), CU="constexpr",
-               SIZE=("i32",) * 6, SCALE=("fp32", "fp32", "fp32", "*fp32", "*fp32", "i32") if norm else "fp32",
-               K="constexpr", REPAIR="constexpr")
+               SIZE=("i32",) * 6,
+               SCALE=("fp32", "fp32", "fp32", "*fp32", "*fp32", "i32") if norm == 1 else
+               ("fp32", "fp32", "fp32", "constexpr" if norm == 4 else "*fp32", "i32", "i32")
+               if norm else "fp32", K="constexpr", REPAIR="constexpr")
     const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None,
              (9,): None,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
                               HAS_DECAY=decay, HALF_RANGE=dtype != "fp32", GROUPS=groups,
-                              SPLIT=split, NORM=norm),
-             (13,): False}
+                              SPLIT=split, NORM=norm, REVERSE=reverse),
+             (13,): repair}
+    if norm == 4:
+        const[(11, 3)] = None
     if not split:
         const.update({(7, 0): None, (7, 1): None})
     if not decay:
