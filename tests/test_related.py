@@ -510,6 +510,10 @@ def test_normalized_gradients_in_three_sweeps_against_float64(monkeypatch, dtype
         dden = torch.randn(1, 2, 40, dtype=torch.float32)
         torch.library.opcheck(normalizer.normalized_grads_in_sweeps,
                               (dnum, dden, *small, constant, [True, True, True]))
+        monkeypatch.setattr(normalizer, "GRAD_IN_SWEEPS", "always")  # (one compiled graph)
+        out2, got2 = _grads(torch.compile(layer, fullgraph=True), ins, dO.to(dtype))
+        for x, e in zip([out2, *got2], [ref, *want]):
+            assert rel_error(x, e) <= tolerance(dtype), rel_error(x, e)
 
 
 @pytest.mark.gpu
@@ -549,8 +553,8 @@ def test_normalized_gradients_in_hopper_sweeps_on_the_gpu(rows):
             _, passes = _grads(layer, ins, dO.to("cuda", torch.bfloat16))
         finally:
             normalizer.GRAD_IN_SWEEPS = old
-        for a, e in zip(got, passes):
-            assert rel_error(a, e) <= 4e-3, rel_error(a, e)
+        for a, e in zip(got, passes):  # (bf16's roundings, in another order)
+            assert rel_error(a, e) <= tolerance(torch.bfloat16), rel_error(a, e)
 
 
 @pytest.mark.gpu
