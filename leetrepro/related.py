@@ -43,11 +43,12 @@ from .methods.normalizer import (normalized_epilogue, normalized_output, normali
 
 
 # (eager calls skip the dispatcher: leetrepro._direct)
-_output, _prologue, _epilogue, _in_sweep, _rows, _rows_back, _in_sweeps = (
+_output, _prologue, _epilogue, _in_sweep, _rows, _rows_back, _in_sweeps, _prologue_rows = (
     direct(op) for op in (normalized_output, normalized_prologue, normalized_epilogue,
                           normalizer.normalized_in_sweep, normalizer.row_normalized,
                           normalizer.row_normalized_backward,
-                          normalizer.normalized_grads_in_sweeps))
+                          normalizer.normalized_grads_in_sweeps,
+                          normalizer.normalized_prologue_rows))
 
 #: rows a running sum takes in one piece (:func:`_cumsum`)
 SCAN_BLOCK = 64
@@ -134,7 +135,7 @@ class _Normalized(torch.autograd.Function):
                 on_kernels(do):
             # (one pass before three sweeps that carry the running sums' terms, then with rows
             # their normalisation's backward, a pass each)
-            dnum, dden, _ = _prologue(do, o, den[..., 0], q, k)
+            dnum, dden = _prologue_rows(do, o, den[..., 0])
             grads = list(_in_sweeps(dnum, dden, q, k, v, c, list(need)))
             for i, (y, s) in enumerate(((q, sq), (k, sk))):
                 if s is not None and need[i]:

@@ -510,6 +510,8 @@ def test_normalized_gradients_in_three_sweeps_against_float64(monkeypatch, dtype
         dden = torch.randn(1, 2, 40, dtype=torch.float32)
         torch.library.opcheck(normalizer.normalized_grads_in_sweeps,
                               (dnum, dden, *small, constant, [True, True, True]))
+        torch.library.opcheck(normalizer.normalized_prologue_rows,
+                              (dnum, torch.randn_like(dnum), dden.abs() + 1.0))
         monkeypatch.setattr(normalizer, "GRAD_IN_SWEEPS", "always")  # (one compiled graph)
         out2, got2 = _grads(torch.compile(layer, fullgraph=True), ins, dO.to(dtype))
         for x, e in zip([out2, *got2], [ref, *want]):

@@ -179,11 +179,12 @@ def normalizer_forward(NUM, Q, K, V, O, DEN, SUMS, SIZE, c, eps, BLOCK_N: tl.con
 
 @triton.jit
 def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, SUMS, SIZE, BLOCK_N: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, WITH_SUMS: tl.constexpr):
     """The backward's first pass: DNUM = dO / den (DNUM's dtype: the operator's dO), DDEN =
-    −(dO·o) / den (float32 ``(batch·heads, N)``), and each chunk's sums into SUMS, float32
-    ``(batch·heads, chunks, 2·BLOCK_R + BLOCK_D)``: k's from column 0, dden·q's from BLOCK_R,
-    (dO / den)'s from 2·BLOCK_R; ``SIZE = (N, R, D, H)``."""
+    −(dO·o) / den (float32 ``(batch·heads, N)``), and with ``WITH_SUMS`` each chunk's sums into
+    SUMS, float32 ``(batch·heads, chunks, 2·BLOCK_R + BLOCK_D)``: k's from column 0, dden·q's
+    from BLOCK_R, (dO / den)'s from 2·BLOCK_R (without: Q, K and SUMS not read); ``SIZE = (N,
+    R, D, H)``."""
     N, R, D, H = SIZE
     bh, chunk = tl.program_id(0), tl.program_id(1)
     n0 = chunk * BLOCK_N
@@ -195,6 +196,8 @@ def normalizer_prologue(DO, O, DEN, Q, K, DNUM, DDEN, SUMS, SIZE, BLOCK_N: tl.co
     dden = -tl.sum(dnum * o, axis=1)
     tl.store(DDEN + bh.to(tl.int64) * N + rows, dden, mask=rows < N)
     _store_rows(DNUM, dnum, bh, H, n0, N, D, BLOCK_N, BLOCK_D)
+    if not WITH_SUMS:
+        return
     STRIDE: tl.constexpr = 2 * BLOCK_R + BLOCK_D
     at, ok = _chunk(SUMS, 2 * BLOCK_R, bh, chunk, D, BLOCK_D, STRIDE)
     tl.store(at, tl.sum(dnum, axis=0))

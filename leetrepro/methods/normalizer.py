@@ -273,10 +273,35 @@ def normalized_prologue(do: torch.Tensor, o: torch.Tensor, den: torch.Tensor, q:
     sums = _sums(batch * heads, chunks, 2 * opts["BLOCK_R"] + opts["BLOCK_D"], o)
     launch(kernels.normalizer_prologue, (batch * heads, chunks),
            dict(DO=strided(do), O=strided(o), DEN=den.contiguous(), Q=strided(q), K=strided(k),
-                DNUM=strided(dnum), DDEN=dden, SUMS=sums, SIZE=(n, r, d, heads), **opts),
+                DNUM=strided(dnum), DDEN=dden, SUMS=sums, SIZE=(n, r, d, heads),
+                WITH_SUMS=True, **opts),
            num_warps=_warps("prologue", r, d))
     # (k's part forward, the others reversed: one scan)
     return dnum, dden, _scan(sums, opts["BLOCK_R"])
+
+
+@torch.library.custom_op("leetrepro::normalized_prologue_rows", mutates_args=())
+def normalized_prologue_rows(do: torch.Tensor, o: torch.Tensor,
+                             den: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`normalized_prologue`'s ``(dnum, dden)`` alone, without the chunks' sums that only
+    the last pass reads (the backward in sweeps, :func:`normalized_grads_in_sweeps`, has none):
+    dO and o read, dnum and dden written. One pass."""
+    do, o = (rows_contiguous(t) for t in (do, o))
+    batch, heads, n, d = o.shape
+    opts = _options(d, d, BACKWARD_BLOCK_N)
+    dnum = torch.empty(batch, heads, n, d, dtype=o.dtype, device=o.device)
+    dden = torch.empty(batch, heads, n, dtype=torch.float32, device=o.device)
+    launch(kernels.normalizer_prologue, (batch * heads, cdiv(n, BACKWARD_BLOCK_N)),
+           dict(DO=strided(do), O=strided(o), DEN=den.contiguous(), Q=strided(o), K=strided(o),
+                DNUM=strided(dnum), DDEN=dden, SUMS=dden, SIZE=(n, d, d, heads),
+                WITH_SUMS=False, **opts),
+           num_warps=_warps("prologue", d, d))
+    return dnum, dden
+
+
+@normalized_prologue_rows.register_fake
+def _(do, o, den):
+    return o.new_empty(o.shape), o.new_empty(o.shape[:3], dtype=torch.float32)
 
 
 @normalized_prologue.register_fake
