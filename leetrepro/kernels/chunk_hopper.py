@@ -807,11 +807,12 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             else:
                 local = warpgroup_mma(c_op, v_op, local)
             if K.NORM:  # (done before the slot is released: the products read it)
-                if K.NORM == 3:  # (Σv weighted by the chunk's column offsets)
-                    _store_offsets(prog, row, length, st.ones.index(H_IDX), K)
+                if K.NORM == 3 or K.NORM == 5:  # (a sum weighted by the chunk's column offsets)
+                    _store_offsets(prog, row, length,
+                                   st.ones.index(H_IDX + (2 if K.NORM == 5 else 0)), K)
                     fence_async_shared()
-                own = warpgroup_mma_wait(num_outstanding=0,
-                                         deps=_sums_step(own, c_op, v_op, st, H_IDX, K))
+                own = warpgroup_mma_wait(num_outstanding=0, deps=_sums_step(
+                    own, _tile(ring.c, s), v_op, st, H_IDX, K, H_IDX))
             ring.release(s)
         # 2. the state entering the segment (loaded only now: the first pass holds one state),
         # published by the previous segment's program (each half of the state has its own
@@ -902,12 +903,12 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             gates = gates + _by_columns(w_v, acc_l) + (prog.skip / ops.scale,)
         elif K.ROWS == 2:
             gates = gates + (w_v, 0.0, prog.skip / ops.scale)
-        if K.NORM >= 2:
+        if K.NORM == 2 or K.NORM == 3:
             o, state, sums = _offset_step(state, sums, ring, st, s, diff, prog, row, length, K,
                                           H_IDX, j)
             p_up = 1.0
             e = 0.0
-        elif K.NORM:
+        elif K.NORM == 1:
             o, state, sums, den = _norm_step(state, sums, ring, st, s, diff, prog, K, H_IDX, j)
             den = den + (prog.norm[0] * row.to(gl.float32) + prog.norm[1])
             o = o / den[:, None]
@@ -916,9 +917,18 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             p_up = 1.0
             e = 0.0
         else:
+            extra = None
+            if K.NORM == 5:  # (the dual output's offsets: β's tile, then what the sums add)
+                _store_offsets(prog, row, length, st.ones.index(2 + H_IDX), K)
+                extra = (gl.convert_layout(_sum_rows(sums[1], False), gl.SliceLayout(0, acc_l)),
+                         gl.convert_layout(_sum_rows(sums[0], True), gl.SliceLayout(0, acc_l)),
+                         _offsets(prog, row, length, gl.SliceLayout(0, acc_l), K), prog.norm[0])
             o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr,
                                                           (w_in, ri), length, prog.lg, K, H_IDX,
-                                                          j, gates, e_t)
+                                                          j, gates, e_t, sums, extra)
+            if K.NORM == 5:  # (the sums past the chunk, where the pieces' rows would be)
+                sums = e
+                e = 0.0
         if K.ROWS == 2:  # (this consumer's columns' part of the rows' dots, in a block of its
             # own, summed after the sweep: Gluon's atomics default to acquire-release, which
             # took the sweep from 0.50 to 1.10 ms at Zamba2's shape, notes/gates.md)
@@ -939,7 +949,8 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             tma.store_wait(pendings=0)
             ring.release(s)
         if DUAL:
-            _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j, gates)
+            _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j, gates,
+                       extra)
     return state
 
 
@@ -1061,12 +1072,15 @@ def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
 
 @gluon.jit
 def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
-                H_IDX: gl.constexpr, j, gates, e_t=None):
+                H_IDX: gl.constexpr, j, gates, e_t=None, sums=None, extra=None):
     """Chunk j (ring slot s) of this consumer: (its halves of O and of the state leaving it, O's
     fp16 scale, the state copy's, the rows' powers onto the entering state, the rows' pieces e:
     0.0 without ``GATE_GRAD``, ``(e, p, E's tile)`` with ``LATE_PAIRS``). ``w_in = (forward
     powers, rows)`` (:func:`_row_weights`); ``gates``: :func:`_chunk_gates`' or None; ``e_t``:
-    E's tile (``GATE_GRAD``), whose dot with each row's part from the entering state is e."""
+    E's tile (``GATE_GRAD``), whose dot with each row's part from the entering state is e.
+    ``NORM`` 5 (the dual output's offsets, :func:`_offset_step`'s rank-one terms): the scores
+    take ``extra[3]`` (c), O's rows c·Σv (``extra[0]``, by columns), and the sums past the chunk
+    (:func:`_sums_step`) come back in e's place."""
     DUAL: gl.constexpr = K.DUAL
     HALF_RANGE: gl.constexpr = K.HALF_RANGE
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
@@ -1102,8 +1116,11 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         EXACT: gl.constexpr = K.GATE_GRAD
         PAIRS: gl.constexpr = EXACT and not REVERSE and not K.LATE_PAIRS
         vwl_s = _store_copies(state, h_down, st, hz, dtype, EXACT)
-        state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw.index(hz), length, lg, kr,
-                                            acc_l, dtype, K, gates, vwl_s)
+        vw_s = None  # (NORM 5, γ = 1: no weighted v, no buffer for it)
+        if not K.NORM:
+            vw_s = st.vw.index(hz)
+        state, c_op, v_op = _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l, dtype,
+                                            K, gates, vwl_s)
         fence_async_shared()
         if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
             mbarrier.arrive(st.hbar.index(0), count=1)
@@ -1111,25 +1128,38 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         if EXACT:
             update = (c_op, v_op, vwl_s)
         sc, wv, o, state = _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K, hz)
+        NS: gl.constexpr = 2 if K.NORM == 5 else 0  # (the sums' two products, issued last)
+        if K.NORM == 5:
+            sums = _sums_step(sums, c_t, v_t, st, hz, K, H_IDX)
         # (the MMAs issued after each one waited on: one a group)
-        sc = warpgroup_mma_wait(num_outstanding=4 if EXACT else 2, deps=(sc,))
+        sc = warpgroup_mma_wait(num_outstanding=(4 if EXACT else 2) + NS, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
-        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1)
+        if K.NORM == 5:
+            p = gl.where(diff >= 0, sc + extra[3], 0.0)
+        else:
+            p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
             e = _own_pairs(p * wv, diff)
         p_down, p_up = _half_scale(p, HALF_RANGE)
-        o = warpgroup_mma_wait(num_outstanding=2 if EXACT else 1, deps=(o,))
+        o = warpgroup_mma_wait(num_outstanding=(2 if EXACT else 1) + NS, deps=(o,))
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE, gates)
         o = _rescaled(o, w_rows, h_up / p_up, WEIGHTED, HALF_RANGE)
+        if K.NORM == 5:
+            o = o + extra[3] * extra[0][None, :]
         if EXACT:  # (o is the part from the state in the scores' units here: 1/p_up)
             if DUAL or K.E_RING:
                 e_t = e_t.load(acc_l)
             e += gl.sum(o * _weighted(e_t, gates, K), axis=1) * p_up
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
-        o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+        if K.NORM == 5:
+            o, state, z, sv = warpgroup_mma_wait(num_outstanding=0,
+                                                 deps=(o, state, sums[0], sums[1]))
+            e = (z, sv)
+        else:
+            o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
         if K.ROWS == 1:  # (the skip D·v from the slot's own v, before the slot is released)
             o += v_t.load(acc_l).to(gl.float32) * (gates[5] / p_up)
         elif K.ROWS == 2:  # (dx = w·dV' + D·dO and the rows' dots, x from E's slot again)
@@ -1164,15 +1194,21 @@ def _no_sums(K: gl.constexpr):
 
 
 @gluon.jit
-def _sums_step(sums, c_op, v_t, st, hz, K: gl.constexpr):
-    """(Σk, Σv) past a chunk: kᵀ·1 and v[:, h]ᵀ·1 added (``c_op``: the chunk's kᵀ as the state's
-    update takes it; ``v_t``: this consumer's half of its v tile), issued asynchronously after
-    the chunk's other products, one group each; with the offsets (``NORM`` 2, 3) Σv alone,
-    weighted by the tile in ``st.ones`` (ones, or the column offsets β)."""
+def _sums_step(sums, c_t, v_t, st, hz, K: gl.constexpr, H_IDX: gl.constexpr = 0):
+    """(Σk, Σv) past a chunk: kᵀ·1 and v[:, h]ᵀ·1 added (``c_t``: the chunk's k tile; ``v_t``:
+    this consumer's half of its v tile), issued asynchronously after the chunk's other products,
+    one group each; with the offsets (``NORM`` 2, 3) Σv alone, weighted by the tile in
+    ``st.ones`` (ones, or the column offsets β); with the dual output's (5) Σv by ones and, in
+    the first place, Σ β_i c_i over the dual output's columns (this consumer's DH of c's), by
+    β's tile (``st.ones`` from index 2)."""
     ones = st.ones.index(hz)
     z = sums[0]
     if K.NORM == 1:  # (Σk too)
-        z = warpgroup_mma(c_op, ones, z, is_async=True)
+        z = warpgroup_mma(c_t.permute((1, 0)), ones, z, is_async=True)
+    elif K.NORM == 5:
+        DH: gl.constexpr = K.DC // 2
+        z = warpgroup_mma(c_t.slice(H_IDX * DH, DH, dim=1).permute((1, 0)),
+                          st.ones.index(2 + hz), z, is_async=True)
     sv = warpgroup_mma(v_t.permute((1, 0)), ones, sums[1], is_async=True)
     return z, sv
 
@@ -1212,8 +1248,8 @@ def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
     s_l: gl.constexpr = _acc_layout(gl.bfloat16, NORM_COLS)
     first = (gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, s_l)) == 0)[None, :]
     at = prog.norm[2] + prog.seg * (2 * K.R + K.D)
-    gl.store(at + z_at, own[0], mask=first)
-    gl.store(at + v_at, _sum_rows(own[1], K)[:, None] + own[1] * 0.0, mask=first)
+    gl.store(at + z_at, _sum_rows(own[0], K.NORM == 5)[:, None] + own[0] * 0.0, mask=first)
+    gl.store(at + v_at, _sum_rows(own[1], K.NORM == 3)[:, None] + own[1] * 0.0, mask=first)
 
 
 @gluon.jit
@@ -1226,19 +1262,21 @@ def _sums_before(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
         at = prog.norm[2] + j * (2 * K.R + K.D)
         z += gl.load(at + z_at, cache_modifier=".cg")
         sv += gl.load(at + v_at, cache_modifier=".cg")
-    if K.NORM == 3:  # (β's weights: the sum in the first half of the columns, as
-        # :func:`_sum_rows` reads it)
-        cols = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, sv.type.layout))
+    # (a sum weighted by β: in the first half of the columns, as :func:`_sum_rows` reads it)
+    cols = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, sv.type.layout))
+    if K.NORM == 3:
         sv = gl.where((cols < NORM_COLS // 2)[None, :], sv, 0.0)
+    if K.NORM == 5:
+        z = gl.where((cols < NORM_COLS // 2)[None, :], z, 0.0)
     return z, sv
 
 
 @gluon.jit
-def _sum_rows(acc, K: gl.constexpr):
-    """Σv by its rows from its product's [DH, NORM_COLS] accumulator: every column the sum with
-    a tile of ones; with β's tile (``NORM`` 3) the first half of the columns β's 16-bit part's,
-    the second its remainder's."""
-    if K.NORM == 3:
+def _sum_rows(acc, WEIGHTED: gl.constexpr):
+    """A sum by its rows from its product's [·, NORM_COLS] accumulator: every column the sum
+    with a tile of ones; with β's tile (``WEIGHTED``: :func:`_store_offsets`) the first half of
+    the columns β's 16-bit part's, the second its remainder's."""
+    if WEIGHTED:
         return gl.sum(acc, axis=1) * (2.0 / NORM_COLS)
     else:
         return gl.max(acc, axis=1)
@@ -1276,7 +1314,7 @@ def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.
     qz = warpgroup_mma(b_t, st.z.index(hz), gl.zeros([BLOCK_N, NORM_COLS], gl.float32, s_l),
                        use_acc=False, is_async=True)  # [BLOCK_N, NORM_COLS]
     state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)  # [R, DH]
-    sums = _sums_step(sums, c_t.permute((1, 0)), v_t, st, hz, K)
+    sums = _sums_step(sums, c_t, v_t, st, hz, K)
     sc = warpgroup_mma_wait(num_outstanding=6, deps=(sc,))
     p = gl.where(diff >= 0, sc + cst, 0.0)
     den = gl.sum(p, axis=1)
@@ -1335,7 +1373,7 @@ def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.conste
     v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
     hz = H_IDX + _unhoisted(j, K)
     # (Σ β_j v_j before the chunk, by O's columns: read before this chunk's product adds to it)
-    sv = gl.convert_layout(_sum_rows(sums[1], K), gl.SliceLayout(0, acc_l))
+    sv = gl.convert_layout(_sum_rows(sums[1], K.NORM == 3), gl.SliceLayout(0, acc_l))
     if K.NORM == 3:
         off = _offsets(prog, row, length, gl.SliceLayout(0, acc_l), K)  # β by columns
         _store_offsets(prog, row, length, st.ones.index(hz), K)
@@ -1350,7 +1388,7 @@ def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.conste
     o = warpgroup_mma(b_t, st.h.index(hz), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
                       use_acc=False, is_async=True)  # [BLOCK_N, DH]
     state = warpgroup_mma(c_t.permute((1, 0)), v_t, state, is_async=True)  # [R, DH]
-    sums = _sums_step(sums, c_t.permute((1, 0)), v_t, st, hz, K)
+    sums = _sums_step(sums, c_t, v_t, st, hz, K)
     sc = warpgroup_mma_wait(num_outstanding=3, deps=(sc,))
     if K.NORM == 3:
         p = gl.where(diff >= 0, sc + off[None, :], 0.0)
@@ -1390,11 +1428,12 @@ def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
 
 @gluon.jit
 def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
-               H_IDX: gl.constexpr, j, gates):
+               H_IDX: gl.constexpr, j, gates, extra=None):
     """O2's columns H_IDX·DH.. of chunk j (ring slot s) = the state's rows there: e times both
     consumers' copies (this one's first: the other's may not be written yet), then
     (E vᵀ ⊙ M) c[:, h]; the slot released, the columns stored. ``gates``: the chunk's
-    (:func:`_chunk_gates`) or None."""
+    (:func:`_chunk_gates`) or None; ``extra`` (``NORM`` 5, :func:`_chunk_step`'s): the scores
+    take the columns' offsets β (``extra[2]``), the rows Σ β_i c_i (``extra[1]``)."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     HALF_RANGE: gl.constexpr = K.HALF_RANGE
@@ -1425,11 +1464,16 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
                        st.h.index(1 - hz).slice(H_IDX * DH, DH).permute((1, 0)), o2,
                        is_async=True)
     s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
-    p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates)
+    if extra is not None:
+        p2 = gl.where(diff >= 0, s2 + extra[2][None, :], 0.0)
+    else:
+        p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates)
     p2_down, p2_up = _half_scale(p2, HALF_RANGE)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     mbarrier.arrive(st.hbar.index(1), count=1)  # both copies read
     o2 = _rescaled(o2, w_rows, other_up / p2_up, WEIGHTED, HALF_RANGE)
+    if extra is not None:
+        o2 = o2 + extra[1][None, :]
     pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
     o2 = warpgroup_mma(pa2, _tile(ring.c, s).slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
@@ -1505,11 +1549,13 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr, NORM=
     den = None
     off = None
     if K.NORM:
-        gl.static_assert(not (HAS_DECAY or K.HAS_GATE or K.GATE_GRAD or K.ROWS or K.DUAL or
+        gl.static_assert(not (HAS_DECAY or K.HAS_GATE or K.GATE_GRAD or K.ROWS or
                               K.HALF_RANGE or K.HAS_S0 or K.STORE_SN) and D == DC and
-                         DC == 128 and (K.NORM >= 2 or not REVERSE),
+                         DC == 128 and (K.NORM >= 2 or not REVERSE) and
+                         K.DUAL == (K.NORM == 5) and (K.NORM != 5 or REVERSE),
                          "NORM: a sweep in bf16 without a decay, states or other modes, one "
-                         "program a lane of 128 value columns; the denominators forward only")
+                         "program a lane of 128 value columns; the denominators forward only, "
+                         "the dual output's offsets (5) in reverse only")
         cst, eps, DEN, SUMS, sums_lane, OFF = NORM
         lane_row = lane.to(gl.int64) * N
         if DEN is not None:  # (each None where the mode has none: 1 the offsets, 2 and 3 DEN)
@@ -1592,8 +1638,8 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
     sv_bufs = None
     ones_bufs = None
     if K.NORM:  # (no weighted v: the ones in its place, and the normaliser's sums' operands)
-        ones_bufs = gl.allocate_shared_memory(
-            dtype, [2, BLOCK_N, NORM_COLS],
+        ones_bufs = gl.allocate_shared_memory(  # (NORM 5: β's tiles after the ones)
+            dtype, [4 if K.NORM == 5 else 2, BLOCK_N, NORM_COLS],
             gl.NVMMASharedLayout.get_default_for([BLOCK_N, NORM_COLS], dtype))
     if K.NORM == 1:
         z_bufs = gl.allocate_shared_memory(

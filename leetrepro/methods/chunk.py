@@ -195,9 +195,10 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     V) for B' = [B, α], C' = [C, β]: ``("rows", c, None)`` α = c, β = 1; ``("rows", c, x)`` α =
     x, β = 1; ``("cols", c, x)`` α = 1, β = x (x float32 ``(batch, heads, N)`` contiguous, c a
     float): O_i = Σ_{j≤i} (B_i·C_j + α_i β_j) V_j (reverse: j ≥ i), the normaliser's gradients
-    in the backward's sweeps (:mod:`leetrepro.methods.normalizer`). The Hopper kernel where it
-    takes the call (bf16, d = 128, :func:`hopper_norm_unfit`), else the portable one, one segment
-    a lane.
+    in the backward's sweeps (:mod:`leetrepro.methods.normalizer`). With ``dual``: ``("dual",
+    c, x)``, O with the constant c and the dual output with the columns' x. The Hopper kernel
+    where it takes the call (bf16, d = 128, :func:`hopper_norm_unfit`; the dual in one sweep),
+    else the portable one, one segment a lane (the dual as two sweeps).
     """
     # each tensor in its own layout (strides): only a last dimension not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
@@ -214,7 +215,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     tensors = Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
                        GAMMA=gamma, CU=cu_seqlens,
                        G=None if g is None else g.to(torch.float32), ROWS=rows, NORM=norm,
-                       OFFSETS=None if offsets is None else _checked_offsets(offsets, V))
+                       OFFSETS=None if offsets is None else _checked_offsets(offsets, V, dual))
     if gate_pieces is not None:
         w, rows, totals = gate_pieces
         tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
@@ -227,12 +228,14 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     return (out, sn) if output_final_state else out
 
 
-def _checked_offsets(offsets: tuple, V: torch.Tensor) -> tuple:
+def _checked_offsets(offsets: tuple, V: torch.Tensor, dual) -> tuple:
     """:func:`chunk_scan`'s ``offsets``, a ValueError naming what is wrong."""
     kind, c, x = offsets
-    if kind not in ("rows", "cols") or (kind == "cols" and x is None):
-        raise ValueError(f"offsets must be ('rows', c, x or None) or ('cols', c, x), got "
-                         f"{offsets!r}")
+    if kind not in ("rows", "cols", "dual") or (kind != "rows" and x is None) or \
+            (kind == "dual") != (dual is not None):
+        raise ValueError(f"offsets must be ('rows', c, x or None) or ('cols', c, x), or with "
+                         f"dual ('dual', c, x); got {offsets!r}"
+                         f"{' with dual' if dual is not None else ''}")
     if x is not None and (x.dtype != torch.float32 or tuple(x.shape) != tuple(V.shape[:3]) or
                           not x.is_contiguous() or x.device != V.device):
         raise ValueError(f"offsets' x must be float32 (batch, heads, N) = {tuple(V.shape[:3])}, "
@@ -448,14 +451,14 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
 HOPPER_NORM = True
 
 
-def hopper_norm_unfit(B, C, V) -> str | None:
+def hopper_norm_unfit(B, C, V, dual=None) -> str | None:
     """Why the Hopper kernel cannot take normalised linear attention's forward over these
     operands (a phrase), or None: :func:`hopper_unfit`'s, then bf16, r of 64 or 128 and d of
     128 (one program a lane holds every value column; fp16's range and fp32's tf32 operands
     stay on the portable kernel), and :data:`HOPPER_NORM` on."""
     if not HOPPER_NORM:
         return "HOPPER_NORM is off"
-    unfit = hopper_unfit(B, C, V, None, outputs=(V,))
+    unfit = hopper_unfit(B, C, V, None, dual=dual, outputs=(V,))
     if unfit:
         return unfit
     if V.dtype != torch.bfloat16 or B.shape[-1] not in (64, 128) or V.shape[-1] != 128:
@@ -720,12 +723,21 @@ def _norm_code(t: Operands) -> int:
     if t.OFFSETS is None:
         return 0
     kind, _, x = t.OFFSETS
-    return 3 if kind == "cols" else 2 if x is not None else 4
+    return 5 if kind == "dual" else 3 if kind == "cols" else 2 if x is not None else 4
 
 
 #: the Hopper kernel's ``NORM`` of each :func:`_norm_code` (a constant offset: the rows' mode
-#: without a row of them; the portable kernel takes the codes themselves)
-_KERNEL_NORM = (0, 1, 2, 3, 2)
+#: without a row of them; the portable kernel takes the codes themselves, but the dual's 5:
+#: :func:`_offset_halves`)
+_KERNEL_NORM = (0, 1, 2, 3, 2, 5)
+
+
+def _offset_halves(t: Operands) -> tuple[Operands, Operands]:
+    """A dual call's offsets (``("dual", c, β)``) as its two plain calls': O's with the constant c
+    on its rows, the dual output's (op(E, V, C), :func:`_transposed`) with β on its columns."""
+    _, c, beta = t.OFFSETS
+    return (t._replace(E=None, O2=None, OFFSETS=("rows", c, None)),
+            _transposed(t)._replace(OFFSETS=("cols", 0.0, beta)))
 
 
 class HopperLaunch:
@@ -922,7 +934,7 @@ class LaunchPlan:
     def __init__(self, *, lanes: int, state_shape: tuple, grid: tuple,
                  hopper: HopperLaunch | None, self_repair: bool, ring: int,
                  ws_shape: tuple | None, strides: tuple, size: tuple, consts, split: bool,
-                 options: dict, store_sn: bool, serial: int):
+                 options: dict, store_sn: bool, serial: int, halves: tuple | None = None):
         self.kernel = "portable" if hopper is None else "hopper"
         self.lanes = lanes              # (batch·heads or sequences·heads) × value-column blocks
         self.state_shape = state_shape  # the final state's (batch or sequences, heads, r, d)
@@ -942,6 +954,9 @@ class LaunchPlan:
         self.options = options          # its num_warps and num_stages
         self.store_sn = store_sn
         self.serial = serial            # the compiled kernels' key (methods/_gpu.launch)
+        # (the dual's offsets: the portable plans of its two plain calls, whose repair launches
+        # stand for the dual's, :func:`_offset_halves`)
+        self.halves = halves
 
     def run(self, t: Operands, scale: float):
         """The launches over ``t``'s tensors (O and the dual output written); the final state
@@ -957,14 +972,21 @@ class LaunchPlan:
         else:
             flags = self._sweep(t, sn, ws, scale)
         if not self.self_repair:
-            # the lanes flagged non-finite, recomputed by the portable kernel so that no row
-            # meets a later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is
-            # (one segment a lane: all its rows, a reverse sweep's padding too)
-            size = self.size[:5] + (self.size[0] + self.consts.BLOCK_N,)
-            launch(scan_kernels.chunk_scan_kernel, (self.lanes,),
-                   self._arguments(t, (t.S0, sn), (None, None, flags), scale, size, False, True),
-                   (self.serial, True), num_warps=self.options["num_warps"], num_stages=1)
+            if self.halves is not None:
+                for half, x in zip(self.halves, _offset_halves(t)):
+                    half.repair(x, None, flags, scale)
+            else:
+                self.repair(t, sn, flags, scale)
         return sn
+
+    def repair(self, t: Operands, sn, flags, scale: float) -> None:
+        """The lanes ``flags`` marks non-finite, recomputed by the portable kernel so that no row
+        meets a later row's NaN/Inf (kernels/chunk_scan.py); a few microseconds when none is
+        (one segment a lane: all its rows, a reverse sweep's padding too)."""
+        size = self.size[:5] + (self.size[0] + self.consts.BLOCK_N,)
+        launch(scan_kernels.chunk_scan_kernel, (self.lanes,),
+               self._arguments(t, (t.S0, sn), (None, None, flags), scale, size, False, True),
+               (self.serial, True), num_warps=self.options["num_warps"], num_stages=1)
 
     def _sweep(self, t: Operands, sn, ws, scale: float):
         """The portable kernel's launch; its lanes' repair flags (None: it repairs its own)."""
@@ -1025,8 +1047,10 @@ class ApartPlan:
         self.first, self.second = first, second
 
     def run(self, t: Operands, scale: float):
-        sn = self.first.run(t._replace(E=None, O2=None), scale)
-        self.second.run(_transposed(t), scale)
+        first, second = _offset_halves(t) if t.OFFSETS is not None else \
+            (t._replace(E=None, O2=None), _transposed(t))
+        sn = self.first.run(first, scale)
+        self.second.run(second, scale)
         return sn
 
 
@@ -1119,12 +1143,12 @@ def _check_norm(decay: bool, rows: bool, states: bool, reversed_: bool, varlen: 
     for bad, what in ((decay, "a decay (γ)"), (rows, "gates or row weights"),
                       (states, "initial or final states"),
                       (reversed_ and t.NORM is not None, "reverse time or dual"),
-                      (dual, "dual"), (varlen, "cu_seqlens")):
+                      (dual and _norm_code(t) != 5, "dual"), (varlen, "cu_seqlens")):
         if bad:
             raise ValueError(f"{name} takes no {what}")
     if kernel == "portable":
         return False
-    unfit = hopper_norm_unfit(t.B, t.C, t.V)
+    unfit = hopper_norm_unfit(t.B, t.C, t.V, t.E)
     if kernel == "hopper" and unfit:
         raise ValueError(f"kernel='hopper' cannot run {name.split()[0]} over this call: {unfit}")
     return unfit is None
@@ -1143,7 +1167,14 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
                    kernel=kernel)
-    if dual and not gates and _dual_apart(t.B, t.C, t.V, t.E, t.GAMMA, kernel, precision, t.CU,
+    halves = None
+    if norm == 5:  # (the dual's offsets as two plain calls: the plan, or its repair launches)
+        halves = tuple(launch_plan(x, **dict(options, kernel="portable" if norm_hopper else
+                                             kernel), output_final_state=False)
+                       for x in _offset_halves(t))
+        if not norm_hopper:
+            return ApartPlan(*halves)
+    if dual and not gates and not norm and _dual_apart(t.B, t.C, t.V, t.E, t.GAMMA, kernel, precision, t.CU,
                                           segment, config):
         return ApartPlan(launch_plan(t._replace(E=None, O2=None), **options,
                                      output_final_state=store_sn),
@@ -1210,7 +1241,7 @@ def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | 
                               # recomputes the outputs only)
                               GATE_GRAD=gate_grad and not hopper, ROWS=rows, NORM=norm),
         split=n_seg > 1, options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-        store_sn=store_sn, serial=serial)
+        store_sn=store_sn, serial=serial, halves=halves)
 
 
 def chunk_state(C: torch.Tensor, V: torch.Tensor, gamma: torch.Tensor | None, *,

@@ -207,11 +207,15 @@ def normalized_grads_in_sweeps(dnum: torch.Tensor, dden: torch.Tensor, q: torch.
 
     What the passes add after the operator's backward (dden·cumsum(k), revcumsum(dden·q),
     c·revcumsum(dnum)) is then inside the sweeps: each gradient written once, in its input's
-    dtype (dq in k's layout, dk in q's, dv in dnum's). O(N·(L·(r + d) + r·d)) a lane and
-    sweep."""
+    dtype (dq in k's layout, dk in q's, or k's beside dv, dv in dnum's). dk and dv both wanted
+    come from one sweep, dk as dv's dual output (``chunk_scan``'s ``("dual", c, dden)``), as
+    the operator's backward makes dC beside dV. O(N·(L·(r + d) + r·d)) a lane and sweep."""
     from .chunk import chunk_scan
     empty = q.new_empty(0)
     dq = chunk_scan(dnum, v, k, None, offsets=("rows", 0.0, dden)) if need[0] else empty
+    if need[1] and need[2]:  # (dv's sweep with dk as its dual output: one sweep for both)
+        dv, dk = chunk_scan(k, q, dnum, None, reverse=True, dual=v, offsets=("dual", c, dden))
+        return dq, dk, dv
     dk = chunk_scan(v, dnum, q, None, reverse=True, offsets=("cols", 0.0, dden)) \
         if need[1] else empty
     dv = chunk_scan(k, q, dnum, None, reverse=True, offsets=("rows", c, None)) \
@@ -222,7 +226,8 @@ def normalized_grads_in_sweeps(dnum: torch.Tensor, dden: torch.Tensor, q: torch.
 @normalized_grads_in_sweeps.register_fake
 def _(dnum, dden, q, k, v, c, need):
     empty = q.new_empty(0)
-    return (torch.empty_like(k) if need[0] else empty, torch.empty_like(q) if need[1] else empty,
+    return (torch.empty_like(k) if need[0] else empty,
+            torch.empty_like(k if need[2] else q) if need[1] else empty,
             torch.empty_like(dnum) if need[2] else empty)
 
 

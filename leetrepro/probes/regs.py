@@ -145,7 +145,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=not norm,
                              store_sn=not norm, split=split, reverse=reverse, dual=dual, dc=dc,
                              gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
-                             late_pairs=late_pairs, norm=(0, 1, 2, 3, 2)[norm])
+                             late_pairs=late_pairs, norm=(0, 1, 2, 3, 2, 5)[norm])
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
@@ -687,13 +687,13 @@ def main(argv=None) -> int:
                          dict(dtype="bf16", decay=False, split=split, r=r, d=128, norm=1)))
         # and its gradients' sweeps: the rows' offsets forward (dq) and in reverse (dv), the
         # columns' in reverse (dk), one pass and segments
-        for mode, reverse, split in itertools.product((2, 3, 4), (False, True), (False, True)):
-            if mode != 2 and not reverse:  # (dk and dv: in reverse)
+        for mode, reverse, split in itertools.product((2, 3, 4, 5), (False, True), (False, True)):
+            if mode != 2 and not reverse:  # (dk and dv: in reverse; 5: dk as dv's dual output)
                 continue
             jobs.append((f"norm bf16 128x128:offsets{mode}:{'split' if split else 'one'}"
-                         f"{':reverse' if reverse else ''}",
+                         f"{':reverse' if reverse else ''}{':dual' if mode == 5 else ''}",
                          dict(dtype="bf16", decay=False, split=split, reverse=reverse, r=128,
-                              d=128, norm=mode)))
+                              d=128, norm=mode, dual=mode == 5)))
         # fewer value columns a program (``config``'s DC, for sweeps): the largest variants
         for dtype, dc in (("bf16", 32), ("fp32", 64)):
             jobs.append((f"dc{dc} {dtype}:decay:split:reverse",
