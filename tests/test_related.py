@@ -566,11 +566,10 @@ def test_normalized_gradients_in_hopper_sweeps_on_the_gpu(rows):
     clean = _grads(layer, ins, bad)[1]
     bad[0, 1, 600, 5] = float("nan")
     dirty = _grads(layer, ins, bad)[1]
-    for i in (1, 2):
+    for i in (1, 2):  # (the repaired rows: the portable kernel's, rounded its own way)
         a, e = dirty[i][0, 1, 601:], clean[i][0, 1, 601:]
-        assert torch.isfinite(a).all() and rel_error(a, e) <= 1e-3
-        assert torch.isfinite(dirty[i][0, 0]).all() and rel_error(dirty[i][0, 0], clean[i][0, 0]) \
-            <= 1e-3
+        assert torch.isfinite(a).all() and rel_error(a, e) <= tolerance(torch.bfloat16)
+        assert torch.equal(dirty[i][0, 0], clean[i][0, 0])
 
 
 @pytest.mark.gpu
