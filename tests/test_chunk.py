@@ -582,8 +582,9 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
             # with the own pairs beside them)
             budget = 0 if ":dual" in line else 512 if ":early" in line else \
                 64 if "128x128:" in line else 320 if "64x128:" in line else 128
-        elif ":dual" in line:
-            budget = 272 if "decay" in line or "gates" in line else 80 if "fp16" in line else 0
+        elif ":dual" in line:  # (the normaliser's offsets beside its dual output: 64)
+            budget = 272 if "decay" in line or "gates" in line else 80 if "fp16" in line else \
+                64 if "offsets5" in line else 0
         elif "fp32" in line:
             budget = 224 if "decay" in line else 24
         else:

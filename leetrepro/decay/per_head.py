@@ -16,7 +16,7 @@ import weakref
 
 import torch
 
-from .._direct import outside_transforms, transformed, unwrapped
+from .._direct import outside_transforms, unwrapped
 
 
 #: normalised decays already checked and copied to a device, so that a model calling the operator
@@ -42,9 +42,6 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
     """
     if gamma is None:
         return None
-    if transformed():  # (torch.func.grad: the decays take no gradient, so made outside it)
-        with outside_transforms():
-            return normalize_gamma(unwrapped(gamma), heads, device)
     if isinstance(gamma, (list, tuple)):  # one decay per head, as typed: float64, never rounded
         try:
             gamma = torch.tensor(gamma, dtype=torch.float64)
@@ -60,6 +57,10 @@ def normalize_gamma(gamma, heads: int, device: torch.device) -> torch.Tensor | N
             if not 0 < gamma <= 1:  # NaN fails this too
                 raise ValueError(f"gamma must lie in (0, 1]; got {gamma}")
             return torch.full((heads,), float(gamma), dtype=torch.float64, device=device)
+    if torch._C._functorch.peek_interpreter_stack() is not None:  # (torch.func.grad: the
+        # decays take no gradient, so they are made outside it; a C call: no host time)
+        with outside_transforms():
+            return normalize_gamma(unwrapped(gamma), heads, device)
     # a tensor is looked up first as itself (id and version, confirmed by a weak reference: the
     # same tensor every layer), then a host one by its values
     ident = ("id", id(gamma), gamma._version, heads, device) \

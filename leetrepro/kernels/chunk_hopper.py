@@ -239,11 +239,15 @@ def _gates_after_wait(ring, s, gates, w_v, acc_l: gl.constexpr, K: gl.constexpr)
 
 
 @gluon.jit
-def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False):
+def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False,
+            extra=None):
     """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
     with ``gates`` (:func:`_chunk_gates`) exp(G_i − G_j), and with ``ROWS`` times V's row weight
-    w_j, :func:`_value_weights`), exactly 0 elsewhere."""
-    if ROWS:
+    w_j, :func:`_value_weights`), exactly 0 elsewhere; with ``extra`` (:func:`_dual_offsets`)
+    the scores plus its constant c, the mask 0-1."""
+    if extra is not None:
+        return gl.where(diff >= 0, sc + extra[3], 0.0)
+    elif ROWS:
         return gl.where(diff >= 0, sc * gl.exp(gates[0][:, None] - gates[1][None, :]) *
                         gates[4][None, :], 0.0)
     elif gates is not None:
@@ -277,10 +281,13 @@ def _row_grad(o, e, x, v, gates, p_up):
 
 
 @gluon.jit
-def _rescaled(acc, w_in, ratio, HAS_DECAY: gl.constexpr, HALF_RANGE: gl.constexpr):
+def _rescaled(acc, w_in, ratio, HAS_DECAY: gl.constexpr, HALF_RANGE: gl.constexpr, extra=None):
     """A chunk's state part of O (rows' powers λ^(i+1) in ``w_in``) brought to the units of its
-    masked part: ``ratio`` is the state copy's scale over the scores' (1 unless fp16)."""
-    if HAS_DECAY:
+    masked part: ``ratio`` is the state copy's scale over the scores' (1 unless fp16); with
+    ``extra`` (:func:`_dual_offsets`, γ = 1, bf16) c·Σv added to each row."""
+    if extra is not None:
+        return acc + extra[3] * extra[0][None, :]
+    elif HAS_DECAY:
         return acc * (w_in * ratio)[:, None]
     elif HALF_RANGE:
         return acc * ratio
@@ -758,13 +765,62 @@ def _operand_layout(dtype, DH):
 
 
 @gluon.jit
+def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Step 1 with segments: ``(the segment's own state from its C and V, NORM's own sums, the
+    log of the segment's own decay)`` over its ``first`` chunks (none for a lane's last
+    segment)."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    R: gl.constexpr = K.R
+    DH: gl.constexpr = K.DC // 2
+    dtype: gl.constexpr = ring.b.dtype
+    acc_l: gl.constexpr = _acc_layout(dtype, DH)
+    a_l: gl.constexpr = _operand_layout(dtype, DH)
+    local = gl.zeros([R, DH], gl.float32, acc_l)
+    own = _no_sums(K)  # (NORM: the segment's own Σk and Σv)
+    seg_log = prog.n.to(gl.float32) * 0.0  # (gates: the segment's log decay, tiles' totals)
+    for i in range(first):
+        row, length = prog.chunk(i, K)
+        gates = None
+        if K.HAS_GATE and not K.G_RING:  # (loaded before the wait, unless in the ring)
+            gates = _chunk_gates(prog, row, acc_l, K)
+        w_v = _first_pass_weights(prog, row, length, acc_l, K)
+        s = ring.consumer_wait(i)
+        if K.HAS_GATE:
+            gates = _gates_after_wait(ring, s, gates, w_v, acc_l, K)
+            seg_log += gates[2]
+        if dtype == gl.float32 or K.NORM:  # (no weighted v: fp32 weighs cᵀ in registers)
+            vw = None
+        else:
+            vw = st.vw.index(H_IDX + _unhoisted(i, K))
+        local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
+                                            _tile(ring.v, 2 * s + H_IDX), vw, length,
+                                            prog.lg, kr, acc_l, dtype, K, gates)
+        fence_async_shared()
+        if dtype == gl.float32:
+            for part in gl.static_range(2):
+                local = warpgroup_mma(_ct_part(c_op, part, length, prog.lg, a_l, K),
+                                      v_op.slice(part * (BLOCK_N // 2), BLOCK_N // 2),
+                                      local)
+        else:
+            local = warpgroup_mma(c_op, v_op, local)
+        if K.NORM:  # (done before the slot is released: the products read it)
+            if K.NORM == 3 or K.NORM == 5:  # (a sum weighted by the chunk's column offsets)
+                _store_offsets(prog, row, length,
+                               st.ones.index(H_IDX + (2 if K.NORM == 5 else 0)), K)
+                fence_async_shared()
+            own = warpgroup_mma_wait(num_outstanding=0, deps=_sums_step(
+                own, _tile(ring.c, s), v_op, st, H_IDX, K, H_IDX))
+        ring.release(s)
+    return local, own, seg_log
+
+
+@gluon.jit
 def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.constexpr):
     """Steps 1-3 of the module docstring for this consumer's columns: with segments, the
     segment's own state from its C and V (the first pass, none for a lane's last segment), the
     state entering it from the previous segment's ring slot, and the one leaving it published;
     without, the caller's initial state (zeros without one). Returns it and ``NORM``'s sums
     entering the segment (:func:`_no_sums` where there are none)."""
-    BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
     DC: gl.constexpr = K.DC
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
@@ -773,47 +829,11 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
     DH: gl.constexpr = DC // 2
     dtype: gl.constexpr = ops.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
-    a_l: gl.constexpr = _operand_layout(dtype, DH)
     st_tile = _state_tile(R, D, DH, acc_l)  # [R, DH]
     sums = _no_sums(K)
     if SPLIT:
         # 1. the segment's own state from its C and V (none for a lane's last segment)
-        local = gl.zeros([R, DH], gl.float32, acc_l)
-        own = _no_sums(K)  # (NORM: the segment's own Σk and Σv)
-        seg_log = prog.n.to(gl.float32) * 0.0  # (gates: the segment's log decay, tiles' totals)
-        for i in range(first):
-            row, length = prog.chunk(i, K)
-            gates = None
-            if K.HAS_GATE and not K.G_RING:  # (loaded before the wait, unless in the ring)
-                gates = _chunk_gates(prog, row, acc_l, K)
-            w_v = _first_pass_weights(prog, row, length, acc_l, K)
-            s = ring.consumer_wait(i)
-            if K.HAS_GATE:
-                gates = _gates_after_wait(ring, s, gates, w_v, acc_l, K)
-                seg_log += gates[2]
-            if dtype == gl.float32 or K.NORM:  # (no weighted v: fp32 weighs cᵀ in registers)
-                vw = None
-            else:
-                vw = st.vw.index(H_IDX + _unhoisted(i, K))
-            local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
-                                                _tile(ring.v, 2 * s + H_IDX), vw, length,
-                                                prog.lg, kr, acc_l, dtype, K, gates)
-            fence_async_shared()
-            if dtype == gl.float32:
-                for part in gl.static_range(2):
-                    local = warpgroup_mma(_ct_part(c_op, part, length, prog.lg, a_l, K),
-                                          v_op.slice(part * (BLOCK_N // 2), BLOCK_N // 2),
-                                          local)
-            else:
-                local = warpgroup_mma(c_op, v_op, local)
-            if K.NORM:  # (done before the slot is released: the products read it)
-                if K.NORM == 3 or K.NORM == 5:  # (a sum weighted by the chunk's column offsets)
-                    _store_offsets(prog, row, length,
-                                   st.ones.index(H_IDX + (2 if K.NORM == 5 else 0)), K)
-                    fence_async_shared()
-                own = warpgroup_mma_wait(num_outstanding=0, deps=_sums_step(
-                    own, _tile(ring.c, s), v_op, st, H_IDX, K, H_IDX))
-            ring.release(s)
+        local, own, seg_log = _first_pass(first, prog, ring, st, kr, K, H_IDX)
         # 2. the state entering the segment (loaded only now: the first pass holds one state),
         # published by the previous segment's program (each half of the state has its own
         # flag: the consumers never wait on each other)
@@ -861,7 +881,6 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     DUAL: gl.constexpr = K.DUAL
-    HAS_DECAY: gl.constexpr = K.HAS_DECAY
     REVERSE: gl.constexpr = K.REVERSE
     DH: gl.constexpr = DC // 2
     acc_l: gl.constexpr = _acc_layout(ops.b.dtype, DH)
@@ -872,11 +891,7 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
         diff = cj[None, :] - ri[:, None]  # [BLOCK_N, BLOCK_N]
     else:
         diff = ri[:, None] - cj[None, :]
-    w_in = 1.0  # the rows' powers onto the entering state, forward (:func:`_row_weights`)
-    if HAS_DECAY:
-        if not REVERSE:  # the same powers for every chunk (in reverse they follow its length)
-            e_in, _ = _exponents(ri, BLOCK_N, REVERSE)
-            w_in = gl.exp(e_in.to(gl.float32) * prog.lg)
+    w_in = _forward_powers(ri, prog, K)
     col = prog.col0 + H_IDX * DH
     w_next = 0.0
     if K.ROWS:  # (the row weights a chunk ahead: their load's latency behind a chunk's work)
@@ -903,32 +918,19 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             gates = gates + _by_columns(w_v, acc_l) + (prog.skip / ops.scale,)
         elif K.ROWS == 2:
             gates = gates + (w_v, 0.0, prog.skip / ops.scale)
-        if K.NORM == 2 or K.NORM == 3:
-            o, state, sums = _offset_step(state, sums, ring, st, s, diff, prog, row, length, K,
-                                          H_IDX, j)
-            p_up = 1.0
-            e = 0.0
-        elif K.NORM == 1:
-            o, state, sums, den = _norm_step(state, sums, ring, st, s, diff, prog, K, H_IDX, j)
-            den = den + (prog.norm[0] * row.to(gl.float32) + prog.norm[1])
-            o = o / den[:, None]
-            if H_IDX == 0:  # (both consumers have the same denominators: one stores them)
-                gl.store(prog.den + row + ri, den, mask=ri < length)
-            p_up = 1.0
-            e = 0.0
+        if K.NORM and K.NORM != 5:  # (the normaliser's and the offsets' own chunks)
+            o, state, sums = _normalised_chunk(state, sums, ring, st, s, diff, prog, row, length,
+                                               K, H_IDX, j)
+            p_up, e = 1.0, 0.0
         else:
-            extra = None
-            if K.NORM == 5:  # (the dual output's offsets: β's tile, then what the sums add)
-                _store_offsets(prog, row, length, st.ones.index(2 + H_IDX), K)
-                extra = (gl.convert_layout(_sum_rows(sums[1], False), gl.SliceLayout(0, acc_l)),
-                         gl.convert_layout(_sum_rows(sums[0], True), gl.SliceLayout(0, acc_l)),
-                         _offsets(prog, row, length, gl.SliceLayout(0, acc_l), K), prog.norm[0])
+            aux = e_t
+            if K.NORM == 5:  # (the dual output's offsets)
+                aux = (sums, _dual_offsets(sums, prog, row, length, st, K, H_IDX))
             o, state, p_up, h_up, w_rows, e = _chunk_step(state, ring, st, s, diff, kr,
                                                           (w_in, ri), length, prog.lg, K, H_IDX,
-                                                          j, gates, e_t, sums, extra)
+                                                          j, gates, aux)
             if K.NORM == 5:  # (the sums past the chunk, where the pieces' rows would be)
-                sums = e
-                e = 0.0
+                sums, e = e, 0.0
         if K.ROWS == 2:  # (this consumer's columns' part of the rows' dots, in a block of its
             # own, summed after the sweep: Gluon's atomics default to acquire-release, which
             # took the sweep from 0.50 to 1.10 ms at Zamba2's shape, notes/gates.md)
@@ -950,8 +952,72 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             ring.release(s)
         if DUAL:
             _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j, gates,
-                       extra)
+                       aux[1] if K.NORM == 5 else None)
     return state
+
+
+@gluon.jit
+def _copy_read(st, j, h_up, K: gl.constexpr, H_IDX: gl.constexpr):
+    """``DUAL``: wait until the other consumer has read this one's copy (and in fp16 its scale)
+    of the chunk before, then store this chunk's scale."""
+    mbarrier.wait(st.hbar.index(1), (j & 1) ^ 1)
+    if K.HALF_RANGE:
+        R: gl.constexpr = K.R
+        acc_l: gl.constexpr = _acc_layout(gl.float16, K.DC // 2)
+        st.hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, gl.SliceLayout(1, acc_l)) + h_up)
+
+
+@gluon.jit
+def _all_done(o, state, sums, e, K: gl.constexpr):
+    """The chunk's last MMAs waited on: (O, the state, e), with ``NORM`` 5 the sums' products
+    too, returned in e's place."""
+    if K.NORM == 5:
+        o, state, z, sv = warpgroup_mma_wait(num_outstanding=0, deps=(o, state, sums[0], sums[1]))
+        return o, state, (z, sv)
+    else:
+        o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+        return o, state, e
+
+
+@gluon.jit
+def _forward_powers(ri, prog, K: gl.constexpr):
+    """The rows' powers λ^(i+1) onto the state entering a chunk forward in time, the same for
+    every chunk (:func:`_row_weights`; in reverse they follow its length), else 1.0."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    if K.HAS_DECAY and not K.REVERSE:
+        e_in, _ = _exponents(ri, BLOCK_N, False)
+        return gl.exp(e_in.to(gl.float32) * prog.lg)
+    else:
+        return 1.0
+
+
+@gluon.jit
+def _normalised_chunk(state, sums, ring, st, s, diff, prog, row, length, K: gl.constexpr,
+                      H_IDX: gl.constexpr, j):
+    """A chunk of ``NORM`` 1-3 (:func:`_norm_step`, divided by its denominators, which the first
+    consumer stores, or :func:`_offset_step`): (O's half, the state, the sums past it)."""
+    if K.NORM == 1:
+        o, state, sums, den = _norm_step(state, sums, ring, st, s, diff, prog, K, H_IDX, j)
+        den = den + (prog.norm[0] * row.to(gl.float32) + prog.norm[1])
+        if H_IDX == 0:  # (both consumers have the same denominators: one stores them)
+            BLOCK_N: gl.constexpr = K.BLOCK_N
+            ri = gl.arange(0, BLOCK_N, layout=den.type.layout)
+            gl.store(prog.den + row + ri, den, mask=ri < length)
+        return o / den[:, None], state, sums
+    else:
+        return _offset_step(state, sums, ring, st, s, diff, prog, row, length, K, H_IDX, j)
+
+
+@gluon.jit
+def _dual_offsets(sums, prog, row, length, st, K: gl.constexpr, H_IDX: gl.constexpr):
+    """``NORM`` 5 (the dual output's offsets): β's tile for this chunk's sums stored, and
+    ``(Σv by O's columns, Σ β_i c_i by O2's, β by columns, c)`` for :func:`_chunk_step` and
+    :func:`_dual_step`."""
+    acc_l: gl.constexpr = _acc_layout(gl.bfloat16, K.DC // 2)
+    _store_offsets(prog, row, length, st.ones.index(2 + H_IDX), K)
+    return (gl.convert_layout(_sum_rows(sums[1], False), gl.SliceLayout(0, acc_l)),
+            gl.convert_layout(_sum_rows(sums[0], True), gl.SliceLayout(0, acc_l)),
+            _offsets(prog, row, length, gl.SliceLayout(0, acc_l), K), prog.norm[0])
 
 
 @gluon.jit
@@ -1072,19 +1138,16 @@ def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
 
 @gluon.jit
 def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
-                H_IDX: gl.constexpr, j, gates, e_t=None, sums=None, extra=None):
+                H_IDX: gl.constexpr, j, gates, aux=None):
     """Chunk j (ring slot s) of this consumer: (its halves of O and of the state leaving it, O's
     fp16 scale, the state copy's, the rows' powers onto the entering state, the rows' pieces e:
     0.0 without ``GATE_GRAD``, ``(e, p, E's tile)`` with ``LATE_PAIRS``). ``w_in = (forward
-    powers, rows)`` (:func:`_row_weights`); ``gates``: :func:`_chunk_gates`' or None; ``e_t``:
-    E's tile (``GATE_GRAD``), whose dot with each row's part from the entering state is e.
-    ``NORM`` 5 (the dual output's offsets, :func:`_offset_step`'s rank-one terms): the scores
-    take ``extra[3]`` (c), O's rows c·Σv (``extra[0]``, by columns), and the sums past the chunk
-    (:func:`_sums_step`) come back in e's place."""
+    powers, rows)`` (:func:`_row_weights`); ``gates``: :func:`_chunk_gates`' or None; ``aux``:
+    E's tile (``GATE_GRAD``: e its dot with each row's part from the entering state), or ``NORM``
+    5's ``(sums, extra)`` (:func:`_dual_offsets`; the sums come back as e)."""
     DUAL: gl.constexpr = K.DUAL
     HALF_RANGE: gl.constexpr = K.HALF_RANGE
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
-    R: gl.constexpr = K.R
     REVERSE: gl.constexpr = K.REVERSE
     WEIGHTED: gl.constexpr = K.HAS_DECAY or K.HAS_GATE
     DH: gl.constexpr = K.DC // 2
@@ -1100,13 +1163,10 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     # ptxas need not serialise them
     h_down, h_up = _half_scale(state, HALF_RANGE)
     if DUAL:  # the other consumer has read this copy (and its scale) of the chunk before
-        mbarrier.wait(st.hbar.index(1), (j & 1) ^ 1)
-        if HALF_RANGE:
-            st.hs_up.index(H_IDX).store(gl.zeros([R], gl.float32, gl.SliceLayout(1, acc_l)) +
-                                        h_up)
+        _copy_read(st, j, h_up, K, H_IDX)
     e = 0.0  # (a tuple returned holds no bare None)
-    if K.GATE_GRAD and (DUAL or K.E_RING):  # (E's tile in the ring: read where it is used)
-        e_t = _tile(ring.e, 2 * s + H_IDX)
+    # (E's tile in the ring with GATE_GRAD: read where it is used)
+    e_t = _tile(ring.e, 2 * s + H_IDX) if K.GATE_GRAD and (DUAL or K.E_RING) else aux
     if dtype == gl.float32:
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
         o, state = _tf32_chunk(b_t, c_t, v_t, st.h.index(hz), state, diff, kr, w_rows, length, lg, K)
@@ -1116,11 +1176,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         EXACT: gl.constexpr = K.GATE_GRAD
         PAIRS: gl.constexpr = EXACT and not REVERSE and not K.LATE_PAIRS
         vwl_s = _store_copies(state, h_down, st, hz, dtype, EXACT)
-        vw_s = None  # (NORM 5, γ = 1: no weighted v, no buffer for it)
-        if not K.NORM:
-            vw_s = st.vw.index(hz)
-        state, c_op, v_op = _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l, dtype,
-                                            K, gates, vwl_s)
+        state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw if K.NORM else st.vw.index(hz),
+                                            length, lg, kr, acc_l, dtype, K, gates, vwl_s)
         fence_async_shared()
         if DUAL:  # this consumer's copy is written (mbarrier.arrive syncs its warps first)
             mbarrier.arrive(st.hbar.index(0), count=1)
@@ -1129,37 +1186,27 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
             update = (c_op, v_op, vwl_s)
         sc, wv, o, state = _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K, hz)
         NS: gl.constexpr = 2 if K.NORM == 5 else 0  # (the sums' two products, issued last)
-        if K.NORM == 5:
-            sums = _sums_step(sums, c_t, v_t, st, hz, K, H_IDX)
+        sums = _sums_step(aux[0], c_t, v_t, st, hz, K, H_IDX) if K.NORM == 5 else aux
         # (the MMAs issued after each one waited on: one a group)
         sc = warpgroup_mma_wait(num_outstanding=(4 if EXACT else 2) + NS, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
-        if K.NORM == 5:
-            p = gl.where(diff >= 0, sc + extra[3], 0.0)
-        else:
-            p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1)
+        extra = aux[1] if K.NORM == 5 else None  # (NORM 5: the scores' constant, c·Σv)
+        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
             e = _own_pairs(p * wv, diff)
         p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=(2 if EXACT else 1) + NS, deps=(o,))
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE, gates)
-        o = _rescaled(o, w_rows, h_up / p_up, WEIGHTED, HALF_RANGE)
-        if K.NORM == 5:
-            o = o + extra[3] * extra[0][None, :]
+        o = _rescaled(o, w_rows, h_up / p_up, WEIGHTED, HALF_RANGE, extra)
         if EXACT:  # (o is the part from the state in the scores' units here: 1/p_up)
             if DUAL or K.E_RING:
                 e_t = e_t.load(acc_l)
             e += gl.sum(o * _weighted(e_t, gates, K), axis=1) * p_up
         pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
-        if K.NORM == 5:
-            o, state, z, sv = warpgroup_mma_wait(num_outstanding=0,
-                                                 deps=(o, state, sums[0], sums[1]))
-            e = (z, sv)
-        else:
-            o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+        o, state, e = _all_done(o, state, sums, e, K)
         if K.ROWS == 1:  # (the skip D·v from the slot's own v, before the slot is released)
             o += v_t.load(acc_l).to(gl.float32) * (gates[5] / p_up)
         elif K.ROWS == 2:  # (dx = w·dV' + D·dO and the rows' dots, x from E's slot again)
@@ -1485,10 +1532,10 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
 
 
 @gluon.jit
-def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr, NORM=None):
+def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
     """This program's :class:`Program`: its unit, or with ``SPLIT`` its unit and segment taken in
     ticket order. ``DECAY = (GAMMA, G)``: λ per head, the gates' tile sums (lanes, whole
-    tiles); ``PIECES``, ``ROWS``, ``NORM``: :func:`chunk_hopper_kernel`'s."""
+    tiles); ``PIECES``, ``ROWS``: :func:`chunk_hopper_kernel`'s."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     D: gl.constexpr = K.D
     DC: gl.constexpr = K.DC
@@ -1556,7 +1603,7 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr, NORM=
                          "NORM: a sweep in bf16 without a decay, states or other modes, one "
                          "program a lane of 128 value columns; the denominators forward only, "
                          "the dual output's offsets (5) in reverse only")
-        cst, eps, DEN, SUMS, sums_lane, OFF = NORM
+        cst, eps, DEN, SUMS, sums_lane, OFF = ROWS  # (NORM's, in the row weights' place)
         lane_row = lane.to(gl.int64) * N
         if DEN is not None:  # (each None where the mode has none: 1 the offsets, 2 and 3 DEN)
             den = DEN + lane_row
@@ -1668,7 +1715,7 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
 
 @gluon.jit
 def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES, RING, DECAY,
-                        SIZE, scale, PIECES, g_desc, K: gl.constexpr, ROWS=None, NORM=None):
+                        SIZE, scale, PIECES, g_desc, K: gl.constexpr, ROWS=None):
     """One program per *unit*, a lane (batch·head) and a block of ``DC`` of its D value columns
     (the units of a lane next to each other in launch order, so that they run together and read
     B and C from L2 after the first), or with ``SPLIT`` per unit and segment of ``SEG`` rows,
@@ -1689,15 +1736,15 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     :data:`Constants`; ``ROWS`` (``ROWS``, else None): ``(W, batch stride, head stride, row
     stride, D)``, V's row weights float32 (batch, heads, N) and the skip float32 (H,); with
     ``ROWS == 2`` then ``(RD, block stride, half stride)``: the row dots float32 (2, D/DH
-    blocks, lanes, N), a block per consumer's columns. ``NORM`` (``NORM``, else None): ``(c, eps,
-    DEN, SUMS, lane stride, OFF)``, the denominators float32 (lanes, N; ``NORM`` 1, else None),
-    the segments' published sums float32 (lanes, segments, 2R + D; with segments, else any
-    pointer) and the offsets α or β float32 (lanes, N; ``NORM`` 2 with a row per row, 3; else
-    None, the constant c α with 2)."""
+    blocks, lanes, N), a block per consumer's columns. With ``NORM`` (never with ``ROWS``), ROWS is
+    ``(c, eps, DEN, SUMS, lane stride, OFF)``: the denominators float32 (lanes, N; ``NORM`` 1,
+    else None), the segments' published sums float32 (lanes, segments, 2R + D; with segments,
+    else any pointer) and the offsets α or β float32 (lanes, N; ``NORM`` 2 with a row per row,
+    3, 5; else None, the constant c α with 2)."""
     N, H, LANES, SEG = SIZE
     S0, SN = STATES
     WS, SYNC, FLAGS = RING
-    prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K, NORM)
+    prog = _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K)
     ring, st = _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K)
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, g_desc, S0, SN, FLAGS, WS,
                    SYNC, scale)

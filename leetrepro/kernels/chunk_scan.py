@@ -368,6 +368,16 @@ def _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.const
 
 
 @triton.jit
+def _norm_chunk(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K: tl.constexpr):
+    """``K.NORM``'s chunk: the normaliser's (1, :func:`_normalised`) or the scores' offsets'
+    (:func:`_offset_chunk`)."""
+    if K.NORM == 1:
+        return _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K)
+    else:
+        return _offset_chunk(b, c, v, h, h_scale, mask, sums, phys, ok, SCALE, K)
+
+
+@triton.jit
 def _offset_chunk(b, c, v, h, h_scale, mask, sums, phys, ok, SCALE, K: tl.constexpr):
     """``K.NORM`` 2, 3 or 4's chunk (γ = 1): the operator with a rank-one term on its scores,
     op(B', C', V) for B' = [B, α], C' = [C, β] (:func:`leetrepro.methods.chunk.chunk_scan`'s
@@ -552,10 +562,8 @@ def _sweep(state, sums, rows, span, lg, cols, SCALE, K: tl.constexpr, REPAIR: tl
             e_rows = tl.sum(out * e.to(tl.float32), axis=1)
             scores, own = chunk_intra(b, c, v, mask, HALF_RANGE, PRECISION)
             out += own  # [BLOCK_N, BLOCK_D]
-        elif K.NORM == 1:
-            out, sums = _normalised(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K)
         elif K.NORM:
-            out, sums = _offset_chunk(b, c, v, h, h_scale, mask, sums, phys, ok, SCALE, K)
+            out, sums = _norm_chunk(b, c, v, h, h_scale, mask, sums, s, phys, ok, SCALE, K)
         else:
             out = chunk_output(b, c, v, h, h_scale, w_in, mask, WEIGHTED, HALF_RANGE, PRECISION)
         if REPAIR:  # NaN from the first non-finite row on, none before

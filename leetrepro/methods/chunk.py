@@ -174,7 +174,6 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     says it was measured faster on this GPU, else the portable one).
 
     ``config``: launch settings replacing the measured table's (:func:`chunk_config`), for sweeps.
-
     ``gate_grad`` (the backward with per-token gates): where the gates' gradient comes from.
     ``"auto"``: from the sweeps' pieces (one kernel fewer, no workspace beyond a float per row;
     in fp16/bf16 two more 16-bit products a chunk keep dg within 1.3× of the straddle kernel's
@@ -189,16 +188,9 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     shaped like O (None with ``dual``, whose E serves), the row vectors whose dots make the gates'
     gradient's pieces, written into ``rows`` and ``totals`` (:func:`gate_piece_buffers`,
     :func:`gate_gradient_from_pieces`). ``norm``: ``(c, eps, den)``: normalised linear attention
-    in the portable kernel's sweep (γ = 1, nothing else above), O_i = Σ_{j≤i} (B_i·C_j + c) V_j /
-    (Σ_{j≤i} (B_i·C_j + c) + eps), its denominators into ``den`` (float32, contiguous).
-    ``offsets``: a rank-one term on the scores (γ = 1, no states, not with ``dual``), op(B', C',
-    V) for B' = [B, α], C' = [C, β]: ``("rows", c, None)`` α = c, β = 1; ``("rows", c, x)`` α =
-    x, β = 1; ``("cols", c, x)`` α = 1, β = x (x float32 ``(batch, heads, N)`` contiguous, c a
-    float): O_i = Σ_{j≤i} (B_i·C_j + α_i β_j) V_j (reverse: j ≥ i), the normaliser's gradients
-    in the backward's sweeps (:mod:`leetrepro.methods.normalizer`). With ``dual``: ``("dual",
-    c, x)``, O with the constant c and the dual output with the columns' x. The Hopper kernel
-    where it takes the call (bf16, d = 128, :func:`hopper_norm_unfit`; the dual in one sweep),
-    else the portable one, one segment a lane (the dual as two sweeps).
+    in the sweep (γ = 1, nothing else above; :func:`hopper_norm_unfit`), O_i = Σ_{j≤i} (B_i·C_j
+    + c) V_j / (Σ_{j≤i} (B_i·C_j + c) + eps), its denominators into ``den`` (float32,
+    contiguous). ``offsets``: O_i = Σ_{j≤i} (B_i·C_j + α_i β_j) V_j (:func:`_checked_offsets`).
     """
     # each tensor in its own layout (strides): only a last dimension not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
@@ -229,7 +221,14 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
 
 
 def _checked_offsets(offsets: tuple, V: torch.Tensor, dual) -> tuple:
-    """:func:`chunk_scan`'s ``offsets``, a ValueError naming what is wrong."""
+    """:func:`chunk_scan`'s ``offsets``, a ValueError naming what is wrong. They are op(B', C',
+    V) for B' = [B, α], C' = [C, β]: ``("rows", c, None)`` α = c, β = 1; ``("rows", c, x)`` α =
+    x, β = 1; ``("cols", c, x)`` α = 1, β = x (x float32 ``(batch, heads, N)`` contiguous, c a
+    float), in either direction of time; with ``dual``, ``("dual", c, x)``: O with the constant
+    c, the dual output with the columns' x. The normaliser's gradients in the backward's sweeps
+    (:mod:`leetrepro.methods.normalizer`). The Hopper kernel where it takes the call (bf16, d =
+    128, :func:`hopper_norm_unfit`; the dual in one sweep), else the portable one, one segment
+    a lane (the dual as two sweeps, :func:`_offset_halves`)."""
     kind, c, x = offsets
     if kind not in ("rows", "cols", "dual") or (kind != "rows" and x is None) or \
             (kind == "dual") != (dual is not None):
@@ -839,7 +838,7 @@ class HopperLaunch:
                         e_desc=descs[4], o2_desc=descs[5], STATES=(t.S0, sn),
                         RING=(ws, sync, flags), DECAY=(t.GAMMA, gates), SIZE=self.size,
                         scale=scale, PIECES=pieces, g_desc=g_desc, K=self.consts,
-                        ROWS=weights, NORM=norm), self.key,
+                        ROWS=weights if norm is None else norm), self.key,
                    num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"])
         finally:
             for desc in descs + (g_desc,):
@@ -1085,7 +1084,8 @@ def launch_plan(t: Operands, *, fp32_precision, segment, config, output_final_st
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
                  t.S0 is not None, output_final_state, reverse, t.G is not None,
-                 t.DG is not None, 0 if t.ROWS is None else len(t.ROWS) - 1, _norm_code(t))
+                 t.DG is not None, 0 if t.ROWS is None else len(t.ROWS) - 1,
+                 0 if t.NORM is None and t.OFFSETS is None else _norm_code(t))
     strides = []
     aligned = 0  # which pointers are 16-byte aligned (the kernels specialise on each)
     bit = 1
@@ -1154,28 +1154,40 @@ def _check_norm(decay: bool, rows: bool, states: bool, reversed_: bool, varlen: 
     return unfit is None
 
 
+def _norm_setup(signature, t: Operands, kernel: str) -> tuple[bool, int | None]:
+    """``(whether the Hopper kernel takes the call's norm or offsets, its rows a segment)``, a
+    ValueError where they do not fit it (:func:`_check_norm`); the portable kernel's offsets
+    take one segment a lane."""
+    (n, _, _, _, _, _, _, _, decay, dual, _, segment, _, varlen, has_s0, store_sn, reverse,
+     gates, gate_grad, rows, norm) = signature
+    hopper = bool(norm) and _check_norm(decay, gates or gate_grad or rows, has_s0 or store_sn,
+                                        reverse or dual, varlen, kernel, t, dual)
+    return hopper, n if norm >= 2 and not hopper else segment
+
+
+def _offset_plans(t: Operands, options: dict, hopper: bool) -> tuple:
+    """The plans of a dual call's offsets as its two plain calls (:func:`_offset_halves`): the
+    call's own where the Hopper kernel does not take it, else the portable ones whose repair
+    launches stand for its."""
+    return tuple(launch_plan(x, **dict(options, kernel="portable" if hopper else
+                                       options["kernel"]), output_final_state=False)
+                 for x in _offset_halves(t))
+
+
 def _new_plan(signature, t: Operands, kernel: str, short: bool) -> LaunchPlan | ApartPlan:
     (n, r, d, batch, heads, groups, dtype, precision, decay, dual, device, segment, override,
      varlen, has_s0, store_sn, reverse, gates, gate_grad, rows, norm) = signature
     _check_rows(rows, gates, reverse, dual, varlen)
-    norm_hopper = bool(norm) and _check_norm(decay, gates or gate_grad or rows,
-                                             has_s0 or store_sn, reverse or dual, varlen, kernel,
-                                             t, dual)
-    if norm >= 2 and not norm_hopper:  # (the portable kernel's offsets: one segment a lane)
-        segment = n
+    norm_hopper, segment = _norm_setup(signature, t, kernel)
     refuse_interpreted_bf16(dtype, "Chunk")
     config = None if override is None else dict(override)
     options = dict(fp32_precision=precision, segment=segment, config=config, reverse=reverse,
                    kernel=kernel)
-    halves = None
-    if norm == 5:  # (the dual's offsets as two plain calls: the plan, or its repair launches)
-        halves = tuple(launch_plan(x, **dict(options, kernel="portable" if norm_hopper else
-                                             kernel), output_final_state=False)
-                       for x in _offset_halves(t))
-        if not norm_hopper:
-            return ApartPlan(*halves)
-    if dual and not gates and not norm and _dual_apart(t.B, t.C, t.V, t.E, t.GAMMA, kernel, precision, t.CU,
-                                          segment, config):
+    halves = _offset_plans(t, options, norm_hopper) if norm == 5 else None  # (or its repairs)
+    if halves is not None and not norm_hopper:
+        return ApartPlan(*halves)
+    if dual and not gates and not norm and _dual_apart(t.B, t.C, t.V, t.E, t.GAMMA, kernel,
+                                                       precision, t.CU, segment, config):
         return ApartPlan(launch_plan(t._replace(E=None, O2=None), **options,
                                      output_final_state=store_sn),
                          launch_plan(_transposed(t), **options, output_final_state=False))

@@ -157,20 +157,19 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                g_desc=(f"tensordesc<fp32[1, 1, 1, {bn}],{_gates_layout(bn)!r}>" if const.G_RING
                        else "constexpr"), K="constexpr",
                ROWS=("*fp32", "i32", "i32", "i32", "*fp32") +
-               (("*fp32", "i32", "i32") if rows == 2 else ()) if rows else "constexpr",
-               NORM=("fp32", "fp32", "*fp32" if norm == 1 else "constexpr", "*fp32", "i32",
-                     "constexpr" if norm in (1, 4) else "*fp32") if norm else "constexpr")
+               (("*fp32", "i32", "i32") if rows == 2 else ()) if rows else
+               # (the normaliser's and the offsets' in the row weights' place)
+               ("fp32", "fp32", "*fp32" if norm == 1 else "constexpr", "*fp32", "i32",
+                "constexpr" if norm in (1, 4) else "*fp32") if norm else "constexpr")
     constexprs = {(13,): const}
     if not const.G_RING:
         constexprs[(12,)] = None
-    if not rows:
+    if not rows and not norm:
         constexprs[(14,)] = None
-    if not norm:
-        constexprs[(15,)] = None
-    else:  # (the denominators with the normaliser, the offsets' row with the offsets)
-        constexprs[(15, 5) if norm == 1 else (15, 2)] = None
+    if norm:  # (the denominators with the normaliser, the offsets' row with the offsets)
+        constexprs[(14, 5) if norm == 1 else (14, 2)] = None
         if norm == 4:
-            constexprs[(15, 5)] = None
+            constexprs[(14, 5)] = None
     if not gate_grad:
         constexprs[(11,)] = None
     if const.E_RING:  # (the pieces' row vectors through the ring: E's block DC/2 columns)
