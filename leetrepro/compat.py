@@ -334,8 +334,8 @@ def ssd_gates(dt, A, dt_bias, seq_idx, dt_rule, first_cut: torch.Tensor | None =
 
 
 #: whether :class:`_SSDRowsInSweep`'s backward reads x in its reverse sweep where that sweep
-#: takes the dual output and the gates' pieces (``ops._gradients``' ``rows``; on the Hopper
-#: kernel at r = d = 64, ``chunk.HOPPER_ROW_DOTS``): dx = dt·dV' + D·dy and the rows' dots for
+#: takes the dual output and the gates' pieces (``ops.backward._gradients``' ``rows``; on the Hopper
+#: kernel at r = d = 64, ``chunk.tables.HOPPER_ROW_DOTS``): dx = dt·dV' + D·dy and the rows' dots for
 #: dt's and D's gradients written by the sweep, no pass of its own (Zamba2's shape on the
 #: H200, notes/gates.md). Off: that pass after the sweep
 SSD_ROW_DOTS = True

@@ -252,3 +252,23 @@ def real_codegen(*args: str, timeout: int = 600):
                          timeout=timeout)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     return res
+
+
+def patch_package(monkeypatch, package, name: str, value) -> None:
+    """Replace ``name`` in ``package`` (Chunk's ``leetrepro.methods.chunk``, ``leetrepro.ops``) and
+    in each of its modules that has it: a function is looked up where it is called (its own
+    module, or a sibling's qualified name), so a test replaces it everywhere the package reads it."""
+    import sys
+    found = False
+    for mod in [package] + [m for k, m in sorted(sys.modules.items())
+                            if k.startswith(package.__name__ + ".") and m is not None]:
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, value)
+            found = True
+    assert found, f"{package.__name__} has no {name!r}"
+
+
+def patch_chunk(monkeypatch, name: str, value) -> None:
+    """:func:`patch_package` on Chunk's package."""
+    from leetrepro.methods import chunk
+    patch_package(monkeypatch, chunk, name, value)

@@ -8,7 +8,7 @@ import leetrepro
 from leetrepro import causal_linear_decoder, ops, reference
 from leetrepro.methods import available, register, unregister
 
-from conftest import KERNEL_DEVICE, assert_close_to_reference, make_inputs, quick_lane
+from conftest import KERNEL_DEVICE, assert_close_to_reference, make_inputs, patch_package, quick_lane
 
 
 def test_listing2_runs_unchanged_on_cpu():
@@ -430,7 +430,7 @@ def test_a_seen_signature_skips_checks_but_never_a_wrong_call(monkeypatch):
     assert not api._SEEN
     picked = []
     real = ops.run
-    monkeypatch.setattr(ops, "run", lambda m, *a, **k: picked.append(m.abbr) or real(m, *a, **k))
+    patch_package(monkeypatch, ops, "run", lambda m, *a, **k: picked.append(m.abbr) or real(m, *a, **k))
     for g in (0.9, None, 0.9, None):  # the mask is part of the signature
         causal_linear_decoder(B, C, V, g, method="auto")
     assert picked == ["Recur", "Bb", "Recur", "Bb"]

@@ -8,8 +8,8 @@ from leetrepro.bench.gpu_check import frozen_subsets
 from leetrepro.methods import methods
 from leetrepro.reference import TOLERANCE
 
-from conftest import (KERNEL_DEVICE, interpreted_once, make_inputs, method_params, random_gammas,
-                      tolerance)
+from conftest import (KERNEL_DEVICE, interpreted_once, make_inputs, method_params, patch_package,
+                      random_gammas, tolerance)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
@@ -119,7 +119,7 @@ def test_backward_sweeps_only_for_the_gradients_asked_for(abbr, wanted, monkeypa
     leaves = [t.requires_grad_(n in wanted) for n, t in zip("BCVS", (B, C, V, S0))]
     out, s = causal_linear_decoder(*leaves[:3], 0.9, method=abbr, initial_state=leaves[3],
                                    output_final_state=True)
-    monkeypatch.setattr(ops, "run", counting_run)
+    patch_package(monkeypatch, ops, "run", counting_run)
     (out.sum() + s.sum()).backward()
     reverse = {"C", "V", "S"} & set(wanted)
     fused = method.dual and "C" in reverse and len(reverse) > 1

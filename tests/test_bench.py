@@ -7,6 +7,7 @@ import torch
 
 from leetrepro.bench import benchmark_method
 from leetrepro.bench.harness import format_cell, provenance
+from conftest import patch_chunk
 
 
 def test_registered_method_on_cpu():
@@ -533,11 +534,11 @@ def test_gpu_check_runs_the_hopper_kernel_with_its_fewest_columns_where_it_can(m
     (32 in half precision, 64 in fp32) where that is fewer than its widest and the kernel can run
     (never here on the CPU)."""
     from leetrepro.bench import gpu_check
-    from leetrepro.methods import chunk, get
+    from leetrepro.methods import get
     narrow = gpu_check.narrow_hopper_columns
     cpu = torch.device("cpu")
     assert narrow(get("Chunk"), (1, 2, 64, 128, 128), torch.bfloat16, cpu) is None
-    monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
+    patch_chunk(monkeypatch, "hopper_unfit", lambda *a, **k: None)
     assert narrow(get("Chunk"), (1, 2, 64, 128, 128), torch.bfloat16, cpu) == 32
     assert narrow(get("Chunk"), (1, 2, 64, 128, 128), torch.float32, cpu) == 64
     assert narrow(get("Chunk"), (1, 2, 64, 64, 64), torch.float32, cpu) is None

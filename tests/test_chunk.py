@@ -9,9 +9,10 @@ import torch
 
 import leetrepro
 from leetrepro import causal_linear_decoder
+from leetrepro.methods import _gpu
 
 from conftest import BF16, INTERPRETED, KERNEL_DEVICE as DEVICE, check_kernel as _check, make_inputs, \
-    quick_lane, random_gammas, real_codegen, shape_id, tolerance
+    patch_chunk, quick_lane, random_gammas, real_codegen, shape_id, tolerance
 
 pytest.importorskip("triton", reason="Triton is not installed: `make install` brings it")
 # a split of 37 rows into one 64-row segment and 37 whole (9 lanes fill the interpreter's 4
@@ -173,7 +174,7 @@ def test_dual_output_as_two_sweeps_equals_the_dual_sweep(monkeypatch):
     S0 = torch.randn(2, 3, 16, 8, device=DEVICE)
     call = dict(dual=E, initial_state=S0, output_final_state=True, reverse=True)
     (o, o2), s = chunk.chunk_scan(B, C, V, g, **call)
-    monkeypatch.setattr(chunk, "_dual_apart", lambda *args: True)
+    monkeypatch.setattr(chunk.plans, "_dual_apart", lambda *args: True)
     (p, p2), t = chunk.chunk_scan(B, C, V, g, **call)
     for got, want in ((p, o), (p2, o2), (t, s)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -189,11 +190,11 @@ def test_dual_output_runs_apart_only_where_the_hopper_kernel_would_run_both_swee
 
     B, C, V = make_inputs(1, 2, 70, 16, 8, dtype=torch.float32, device=DEVICE, seed=5)
     unfit = {"dual": "its dual output needs r = d", "plain": None}
-    monkeypatch.setattr(chunk, "hopper_unfit",
-                        lambda *a, dual=None, **k: unfit["dual"] if dual is not None else unfit["plain"])
+    patch_chunk(monkeypatch, "hopper_unfit",
+                lambda *a, dual=None, **k: unfit["dual"] if dual is not None else unfit["plain"])
     wins = {"value": False}
-    monkeypatch.setattr(chunk, "hopper_wins", lambda *a, **k: wins["value"])
-    apart = lambda kernel: chunk._dual_apart(B, C, V, V, None, kernel, None)  # noqa: E731
+    patch_chunk(monkeypatch, "hopper_wins", lambda *a, **k: wins["value"])
+    apart = lambda kernel: chunk.plans._dual_apart(B, C, V, V, None, kernel, None)  # noqa: E731
     assert not apart("auto") and apart("hopper") and not apart("portable")
     wins["value"] = True
     assert apart("auto") and not apart("portable")
@@ -213,7 +214,8 @@ def test_kernel_table_takes_the_hopper_kernel_only_where_it_won_every_shape():
     import pandas as pd
 
     from leetrepro.bench.sweep import kernel_table
-    from leetrepro.methods.chunk import SHORT_SPLIT_N, regime
+    from leetrepro.methods.chunk import regime
+    from leetrepro.methods.chunk.tables import SHORT_SPLIT_N
 
     rows = [dict(kind="half", decay=d, split=sp, N=n, portable_ms=p, hopper_ms=h, gpu="test",
                  commit="abc")
@@ -242,10 +244,9 @@ def _kernel_table_in_use(table, tmp_path, monkeypatch):
     """``table`` written where Chunk's kernel choice reads this GPU's (the caller clears
     ``tuning``'s cache once done); its path."""
     from leetrepro import tuning
-    from leetrepro.methods import chunk
     path = tmp_path / "chunk_kernel.csv"
     table.to_csv(path, index=False)
-    monkeypatch.setattr(chunk, "gpu_tag", lambda device: "test-gpu")
+    patch_chunk(monkeypatch, "gpu_tag", lambda device: "test-gpu")
     monkeypatch.setattr(tuning, "path", lambda tag, name: str(path))
     tuning.clear()
     return path
@@ -307,9 +308,9 @@ def test_a_micro_batch_has_its_own_kernel_rows_and_each_one_pass_regime_falls_ba
     assert chunk.regime(False, 4096, few=True) == "one-few"
     assert chunk.regime(False, 4096, dual=True, few=True) == "dual-one-few"
     assert chunk.regime(True, 4096, few=True) == "split-short"   # (segments: lanes are filled)
-    sms = chunk.sm_count("cpu")
-    assert chunk.few_lanes(chunk.FEW_LANES_WAVES * sms - 1, "cpu")
-    assert not chunk.few_lanes(chunk.FEW_LANES_WAVES * sms, "cpu")
+    sms = _gpu.sm_count("cpu")
+    assert chunk.few_lanes(chunk.tables.FEW_LANES_WAVES * sms - 1, "cpu")
+    assert not chunk.few_lanes(chunk.tables.FEW_LANES_WAVES * sms, "cpu")
     rows = [dict(kind="half", decay=True, split=False, dual=False, few=fw, r=r, d=d, N=n,
                  portable_ms=p, hopper_ms=h, gpu="test", commit="abc")
             for r, d, fw, n, p, h in [(64, 64, False, 25600, 2.0, 2.02), (64, 64, True, 4096, 0.45, 0.34),
@@ -422,7 +423,7 @@ def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch
     from leetrepro.methods import chunk
     from leetrepro.reference import reference, rel_error
 
-    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 1 << 30 if self_repair else 0)
+    monkeypatch.setattr(chunk.tables, "SELF_REPAIR_ROWS", 1 << 30 if self_repair else 0)
     b, h, n, r, d = 2, 2, 150, 8, 8
     B, C, V, E = (t.to(DEVICE) for t in make_inputs(b, h, n, r, d, seed=5)[:3]
                   + (torch.randn(b, h, n, d),))
@@ -451,8 +452,8 @@ def test_chunk_non_finite_rows_repaired_in_the_launch_or_by_a_second(monkeypatch
     assert rel_error(sn[1], want_sn[1]) <= tol and rel_error(sn[0, 0], want_sn[0, 0]) <= tol
     # the launches leave the ring's flags, the ticket and the repair flags zero, so the next call
     # takes the same counters as they are, and answers the same
-    assert chunk._COUNTERS or (segment is None and self_repair)  # (one launch, no counters)
-    assert all(not buf.any() for buf, _ in chunk._COUNTERS.values())
+    assert chunk.plans._COUNTERS or (segment is None and self_repair)  # (one launch, no counters)
+    assert all(not buf.any() for buf, _ in chunk.plans._COUNTERS.values())
     (p, p2), tn = chunk.chunk_scan(B, C, V, g, segment=segment, reverse=reverse, dual=E,
                                    initial_state=s0, output_final_state=True, kernel="portable")
     for got, first in ((p, o), (p2, o2), (tn, sn)):
@@ -472,7 +473,7 @@ def test_chunk_in_launch_repair_refused_for_shared_memory_falls_back_to_a_repair
     from leetrepro.reference import reference, rel_error
 
     launches = []
-    real = chunk.launch
+    real = chunk.plans.launch
 
     def refusing(kernel, grid, arguments, key=None, **options):
         in_launch = arguments["RING"][2] is None and not arguments["REPAIR"]
@@ -481,8 +482,8 @@ def test_chunk_in_launch_repair_refused_for_shared_memory_falls_back_to_a_repair
             raise OutOfResources(262400, 232448, "shared memory")
         return real(kernel, grid, arguments, key, **options)
 
-    monkeypatch.setattr(chunk, "launch", refusing)
-    monkeypatch.setattr(chunk, "_PLANS", {})  # (no plan of this signature from other tests)
+    patch_chunk(monkeypatch, "launch", refusing)
+    monkeypatch.setattr(chunk.plans, "_PLANS", {})  # (no plan of this signature from other tests)
     B, C, V = (t.to(DEVICE) for t in make_inputs(2, 3, 77, 8, 5, seed=11)[:3])
     g = torch.tensor([0.9, 1.0, 0.5], dtype=torch.float64, device=DEVICE)
     C[1, 2, 40, 3] = float("inf")
@@ -504,12 +505,12 @@ def test_chunk_in_launch_repair_refused_for_shared_memory_falls_back_to_a_repair
         def fail(*args, **kwargs):
             raise error
         return fail
-    monkeypatch.setattr(chunk, "launch", failing(OutOfResources(1, 0, "shared memory")))
-    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 0)  # no in-launch repair to give up
+    patch_chunk(monkeypatch, "launch", failing(OutOfResources(1, 0, "shared memory")))
+    monkeypatch.setattr(chunk.tables, "SELF_REPAIR_ROWS", 0)  # no in-launch repair to give up
     with pytest.raises(OutOfResources):
         chunk.chunk_scan(B, C, V, g, kernel="portable")
-    monkeypatch.setattr(chunk, "launch", failing(RuntimeError("other")))
-    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 1 << 30)
+    patch_chunk(monkeypatch, "launch", failing(RuntimeError("other")))
+    monkeypatch.setattr(chunk.tables, "SELF_REPAIR_ROWS", 1 << 30)
     with pytest.raises(RuntimeError, match="other"):
         chunk.chunk_scan(B, C, V, None, kernel="portable")
 
@@ -527,7 +528,7 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     reverse), at r = d = 128 in every variant and at the other head shapes it takes (64, 128, 256;
     d ≠ r) in their largest (decay, segments): 168 registers a thread at launch (the partitions'
     own budgets set by setmaxnreg; at r = d = 128 the consumers' staging buffers addressed where
-    they are used, ``chunk.HOPPER_UNHOISTED``); spills: none with the 0-1 mask, at most 128
+    they are used, ``chunk.tables.HOPPER_UNHOISTED``); spills: none with the 0-1 mask, at most 128
     bytes a thread with the decay (the consumer's scalars; the profile reads them as L1 hits),
     also with fewer value columns a program (``config``'s DC: 32 in bf16, 64 in fp32); the dual
     sweep holds two more products a chunk: at most 80 bytes (fp16's two scales) with the 0-1
@@ -536,9 +537,9 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     Per-token gates and B and C read by groups of heads (Mamba-2's forward and dB sweep) hold
     the decay's budgets. The gated sweeps writing the gates' gradient's pieces (two remainders'
     copies, and forward in time the chunk's own pairs) at the value columns they launch with
-    (``chunk.PIECES_DC``): at r = d = 128 at most 64 bytes a thread (0-32 once the staging
+    (``chunk.tables.PIECES_DC``): at r = d = 128 at most 64 bytes a thread (0-32 once the staging
     buffers were unhoisted, from 264-452), forward in time with the own pairs after O's store
-    (``chunk.HOPPER_LATE_PAIRS``), and with that accumulator beside the state's, O's and the
+    (``chunk.tables.HOPPER_LATE_PAIRS``), and with that accumulator beside the state's, O's and the
     scores' at most 512 (336; 808 before); at r = 64, d = 128 at most 320, 128 at fewer columns;
     the dual none. V's row weights and the skip (Mamba-2's SSD forward, ``rows``) at r = 128 and
     64 beside d = 64, one pass and segments: none; E's row weights and the row dots (its
@@ -607,7 +608,7 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     from leetrepro.methods import _gpu, chunk
 
     events = []
-    names = chunk.scan_kernels.chunk_scan_kernel.arg_names
+    names = chunk.plans.scan_kernels.chunk_scan_kernel.arg_names
 
     class Compiled:
         class src:
@@ -629,10 +630,10 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     class Module:
         chunk_scan_kernel = Kernel()
 
-    monkeypatch.setattr(chunk, "scan_kernels", Module())
+    monkeypatch.setattr(chunk.plans, "scan_kernels", Module())
     monkeypatch.setattr(_gpu, "_COMPILED", {})
     monkeypatch.setattr(_gpu, "_ORDER", {})
-    monkeypatch.setattr(chunk, "launch", _gpu.launch)
+    patch_chunk(monkeypatch, "launch", _gpu.launch)
     B, C, V = (torch.randn(1, 2, 96, 16) for _ in range(3))
 
     def compiles(*args, **kw):
@@ -653,7 +654,7 @@ def test_chunk_compiled_kernel_cache_keys_everything_that_specialises(monkeypatc
     assert compiles(*(t[..., 1:] for t in wide), None) == (1, 0)   # the same, 4 bytes off alignment
     assert compiles(B.half(), C.half(), V.half(), None) == (1, 0)
     assert compiles(B, C, V, None, output_final_state=True)[0] == 1
-    monkeypatch.setattr(chunk, "SELF_REPAIR_ROWS", 0)  # a long call: flags, then a repair launch
+    monkeypatch.setattr(chunk.tables, "SELF_REPAIR_ROWS", 0)  # a long call: flags, then a repair launch
     assert compiles(B, C, V, None) == (2, 0)
     assert compiles(B, C, V, None) == (0, 2)
 
@@ -709,12 +710,12 @@ def test_a_repeated_eager_call_spends_a_bounded_host_path(monkeypatch, kernel):
     from leetrepro.methods import chunk
 
     launches = []
-    monkeypatch.setattr(chunk, "launch", lambda kernel, grid, args, key=None, **o: launches.append(grid))
+    patch_chunk(monkeypatch, "launch", lambda kernel, grid, args, key=None, **o: launches.append(grid))
     r = 16 if kernel == "portable" else 64
     if kernel == "hopper":
-        monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
-        monkeypatch.setattr(chunk, "_FORCED", ["hopper"])
-        monkeypatch.setattr(chunk, "_PLANS", {})
+        patch_chunk(monkeypatch, "hopper_unfit", lambda *a, **k: None)
+        monkeypatch.setattr(chunk.tables, "_FORCED", ["hopper"])
+        monkeypatch.setattr(chunk.plans, "_PLANS", {})
     b, h, n, d = 2, 4, 100, 64
     x = torch.randn(b, n, h * (2 * r + d))  # a fused projection's time-major views
     B, C, V = (t.transpose(1, 2) for t in x.view(b, n, h, 2 * r + d).split([r, r, d], -1))
@@ -743,9 +744,9 @@ def test_the_hopper_plan_keeps_a_ring_only_for_its_own_segments(monkeypatch):
     one pass while the portable kernel would still cut N, and the plan keeps no ring. Forced on
     the CPU (Gluon's host objects need no GPU)."""
     from leetrepro.methods import chunk
-    monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
-    monkeypatch.setattr(chunk, "_FORCED", ["hopper"])
-    monkeypatch.setattr(chunk, "_PLANS", {})
+    patch_chunk(monkeypatch, "hopper_unfit", lambda *a, **k: None)
+    monkeypatch.setattr(chunk.tables, "_FORCED", ["hopper"])
+    monkeypatch.setattr(chunk.plans, "_PLANS", {})
     B, V = torch.randn(1, 2, 1100, 64), torch.randn(1, 2, 1100, 128)
     plan = lambda config: chunk.launch_plan(  # noqa: E731
         chunk.Operands(B=B, C=B, V=V, O=torch.empty_like(V), E=None, O2=None, S0=None,

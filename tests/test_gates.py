@@ -13,8 +13,8 @@ from leetrepro import (causal_linear_decoder, chunk_simple_gla, decode_step,
 from leetrepro.reference import GATE_GRAD_TOLERANCE
 from leetrepro.registry import get, methods
 
-from conftest import BF16, INTERPRETED, KERNEL_DEVICE, make_inputs, quick_lane, random_gammas, \
-    real_codegen, tolerance
+from conftest import BF16, INTERPRETED, KERNEL_DEVICE, make_inputs, patch_chunk, patch_package, \
+    quick_lane, random_gammas, real_codegen, tolerance
 
 GATED = [m.abbr for m in methods() if m.gates]
 OPTIONS = {"Bb": dict(block_size=16), "LA_torch": dict(block_size=16), "Recur": dict(base=8),
@@ -406,11 +406,10 @@ def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):
     from leetrepro.methods import chunk
     B, C, V = make_inputs(1, 2, 64, 128, 128)
     asked = []
-    monkeypatch.setattr(chunk, "hopper_unfit", lambda *a, **k: None)
-    monkeypatch.setattr(chunk, "hopper_wins",
-                        lambda device, dtype, decay, *a: asked.append(decay) or True)
-    assert chunk._use_hopper("auto", B, C, V, None, False, gates=True)
-    assert chunk._use_hopper("auto", B, C, V, None, False, gates=False)
+    patch_chunk(monkeypatch, "hopper_unfit", lambda *a, **k: None)
+    patch_chunk(monkeypatch, "hopper_wins", lambda device, dtype, decay, *a: asked.append(decay) or True)
+    assert chunk.plans._use_hopper("auto", B, C, V, None, False, gates=True)
+    assert chunk.plans._use_hopper("auto", B, C, V, None, False, gates=False)
     assert asked == [True, False]
 
 
@@ -458,7 +457,7 @@ def test_the_straddle_kernel_is_the_gates_gradient(case, monkeypatch):
     from leetrepro.methods import chunk
     from leetrepro.methods.chunk import gate_gradient
     if "max_r" in case:
-        monkeypatch.setattr(chunk, "STRADDLE_MAX_R", case["max_r"])
+        monkeypatch.setattr(chunk.tables, "STRADDLE_MAX_R", case["max_r"])
 
     dtype, n, r, d = case.get("dtype", torch.float32), case.get("n", 300), case.get("r", 16), \
         case.get("d", 24)
@@ -507,7 +506,7 @@ def test_the_straddle_kernel_sums_the_turned_pairs(monkeypatch, case):
     from leetrepro.decay.trapezoid import rotate_pairs
     from leetrepro.methods import chunk
     if "max_r" in case:
-        monkeypatch.setattr(chunk, "STRADDLE_MAX_R", case["max_r"])
+        monkeypatch.setattr(chunk.tables, "STRADDLE_MAX_R", case["max_r"])
     n, r, d, a, heads = 300, case.get("r", 16), case.get("d", 24), case.get("angles", 4), 3
     packed = case.get("packed", False)
     batch = 1 if packed else 2
@@ -545,7 +544,7 @@ PIECE_CASES = [
     ("groups", dict(groups=True), "BCVg"),
     ("segments", dict(options=dict(segment=16), states=True), "BCVg"),
     ("column-blocks", dict(d=40, options=dict(config={"BLOCK_D": 16})), "BVg"),  # (no dual)
-    ("capped-columns", dict(piece_cols=4, states=True), "BVg"),  # (chunk.PIECE_COLS; no dual)
+    ("capped-columns", dict(piece_cols=4, states=True), "BVg"),  # (chunk.tables.PIECE_COLS; no dual)
     ("dC-sweep", {}, "Cg"),
     ("dB-only", {}, "Bg"),
     ("hard-reset", dict(reset=True, states=True), "BCVg"),
@@ -562,12 +561,12 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
     (``gate_grad="sweeps"``; fp32's default is the straddle kernel), takes dg from the pieces its
     sweeps hold (never the straddle kernel), within GATE_GRAD_TOLERANCE of float64 with states, packed
     sequences, groups, segments, lanes of value-column blocks (the caller's, or each sweep's
-    own past ``chunk.PIECE_COLS``), a hard reset, any subset of gradients; the same inputs give
+    own past ``chunk.tables.PIECE_COLS``), a hard reset, any subset of gradients; the same inputs give
     the same bits."""
     from leetrepro.methods import chunk
-    monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: pytest.fail("straddle kernel"))
+    patch_chunk(monkeypatch, "gate_gradient", lambda *a, **k: pytest.fail("straddle kernel"))
     if change.get("piece_cols"):  # (both sweeps in lanes of value-column blocks of their own)
-        monkeypatch.setattr(chunk, "PIECE_COLS", change["piece_cols"])
+        monkeypatch.setattr(chunk.tables, "PIECE_COLS", change["piece_cols"])
     dtype = torch.float32
     n, heads, batch, cu, d = 70, 4, 2, None, change.get("d", 12)
     if change.get("packed"):  # (lengths 0, 9, 40, 21, 70: shorter and longer than a chunk)
@@ -699,7 +698,7 @@ def test_where_the_gates_gradient_comes_from(monkeypatch, dtype, options, stradd
     from leetrepro.methods import chunk
     calls = []
     real = chunk.gate_gradient
-    monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: calls.append(1) or real(*a, **k))
+    patch_chunk(monkeypatch, "gate_gradient", lambda *a, **k: calls.append(1) or real(*a, **k))
     B, C, V = (t.requires_grad_() for t in make_inputs(1, 2, 40, 8, 8, dtype=dtype,
                                                          device=KERNEL_DEVICE, seed=5))
     g = _gates(1, 2, 40, seed=6, device=KERNEL_DEVICE).requires_grad_()
@@ -715,8 +714,7 @@ def test_the_gates_gradient_takes_the_products_asked_for(monkeypatch):
     from leetrepro.methods import chunk
     seen = []
     real = chunk.gate_gradient
-    monkeypatch.setattr(chunk, "gate_gradient",
-                        lambda *a, **k: seen.append(k["precision"]) or real(*a, **k))
+    patch_chunk(monkeypatch, "gate_gradient", lambda *a, **k: seen.append(k["precision"]) or real(*a, **k))
     B, C, V = (t.requires_grad_() for t in make_inputs(1, 2, 40, 8, 8, device=KERNEL_DEVICE,
                                                          seed=5))
     g = _gates(1, 2, 40, seed=6, device=KERNEL_DEVICE).requires_grad_()
@@ -735,10 +733,10 @@ def test_past_the_pieces_widest_state_the_gates_gradient_comes_from_the_straddle
     this test's r so that the interpreter runs a small state.)"""
     from leetrepro import ops
     from leetrepro.methods import chunk
-    monkeypatch.setattr(ops, "PIECES_MAX_WIDTH", 6)
+    patch_package(monkeypatch, ops, "PIECES_MAX_WIDTH", 6)
     calls = []
     real = chunk.gate_gradient
-    monkeypatch.setattr(chunk, "gate_gradient", lambda *a, **k: calls.append(1) or real(*a, **k))
+    patch_chunk(monkeypatch, "gate_gradient", lambda *a, **k: calls.append(1) or real(*a, **k))
     B, C, V = (t.requires_grad_() for t in make_inputs(1, 2, 40, 8, 4, dtype=torch.float16,
                                                          device=KERNEL_DEVICE, seed=5))
     g = _gates(1, 2, 40, seed=6, device=KERNEL_DEVICE).requires_grad_()
@@ -764,7 +762,7 @@ def test_a_backward_asked_for_the_gates_alone_runs_no_sweep(monkeypatch):
     out = causal_linear_decoder(B, C, V, g=g, method="Chunk", fp32_precision="ieee")
     calls = []
     real = ops.run
-    monkeypatch.setattr(ops, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    patch_package(monkeypatch, ops, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
     dO = torch.randn_like(out)
     got, = torch.autograd.grad(out, g, dO)
     assert calls == []
@@ -779,7 +777,7 @@ def test_without_the_straddle_kernel_the_row_dots_give_the_same_gradient(monkeyp
     running sum on fp32 copies gives dg within the same contract, fp16 inputs with γ and a final
     state in the loss."""
     from leetrepro import ops
-    monkeypatch.setattr(ops, "_straddles", lambda m, V: False)
+    patch_package(monkeypatch, ops, "_straddles", lambda m, V: False)
     B, C, V = make_inputs(2, 3, 150, 8, 5, dtype=torch.float16, seed=91)
     g = _gates(2, 3, 150, seed=92)
     gam = random_gammas(3, 93)
@@ -878,11 +876,11 @@ def test_the_gates_gradient_from_the_hopper_rows_in_one_pass(n, tail):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
 def test_the_gates_gradient_from_the_hopper_rows_on_the_gpu(monkeypatch):
-    """``chunk.gate_gradient_from_rows``' kernel on a GPU (``chunk.GATE_ROWS_ON_GPU``) against
+    """``chunk.gate_gradient_from_rows``' kernel on a GPU (``chunk.tables.GATE_ROWS_ON_GPU``) against
     the composition it replaces, at Mamba-2's lanes and N = 8192 + 5, with the final state's
     pairs; the same bits twice."""
     from leetrepro.methods import chunk
-    monkeypatch.setattr(chunk, "GATE_ROWS_ON_GPU", True)
+    monkeypatch.setattr(chunk.tables, "GATE_ROWS_ON_GPU", True)
     gen = torch.Generator().manual_seed(6)
     n = 8197
     q_f = torch.randn(2, 2, 64, n, generator=gen).cuda()
@@ -899,12 +897,12 @@ def test_the_gates_gradient_from_the_hopper_rows_on_the_gpu(monkeypatch):
 def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave_allows(
         monkeypatch):
     """``chunk.hopper_pieces``: where the Hopper kernel can take the pieces (here said so), a
-    program holds as many value columns as it can (at most ``chunk.PIECES_DC``), halved (down to
+    program holds as many value columns as it can (at most ``chunk.tables.PIECES_DC``), halved (down to
     32) only while twice the programs still run in one wave; fewer programs than half the SMs
     even then, the switch off, or the portable kernel forced: None (the portable sweeps)."""
     from leetrepro.methods import chunk
-    monkeypatch.setattr(chunk, "hopper_pieces_unfit", lambda *a, **k: None)
-    monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
+    patch_chunk(monkeypatch, "hopper_pieces_unfit", lambda *a, **k: None)
+    patch_chunk(monkeypatch, "sm_count", lambda device: 132)
 
     def dc(batch, heads, r, d, reverse=True):
         B = torch.empty(batch, heads, 64, r, dtype=torch.bfloat16)
@@ -919,9 +917,9 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
     assert dc(2, 64, 256, 64) == 32  # (in reverse at r = 256: the most that fits)
     assert dc(2, 64, 64, 256, reverse=False) == 128
     B, V = (torch.empty(4, 80, 64, 64, dtype=torch.bfloat16) for _ in range(2))
-    monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", False)
+    monkeypatch.setattr(chunk.tables, "HOPPER_DUAL_PIECES", False)
     assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) is None  # (the switch off)
-    monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", True)
+    monkeypatch.setattr(chunk.tables, "HOPPER_DUAL_PIECES", True)
     assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) == 64  # (the whole state)
     assert chunk.hopper_pieces(B[:1, :64], B[:1, :64], V[:1, :64], V[:1, :64], reverse=True,
                                dual=True) is None  # (64 lanes: the plain sweep splits)
@@ -933,9 +931,9 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
         assert dc(1, 16, 128, 64) == 64
     finally:
         chunk.force_kernel(None)
-    monkeypatch.setattr(chunk, "HOPPER_PIECES", False)
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES", False)
     assert dc(2, 128, 128, 64) is None
-    monkeypatch.setattr(chunk, "HOPPER_PIECES", True)
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES", True)
     chunk.force_kernel("portable")
     try:
         assert dc(2, 128, 128, 64) is None
@@ -944,26 +942,25 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
 
 
 def test_the_gates_gradient_at_r_256_takes_the_hopper_pieces_only_where_switched_on(monkeypatch):
-    """``ops._in_sweeps`` past ``ops.PIECES_MAX_WIDTH`` (Falcon-H1's d_state 256): the straddle
-    kernel, unless ``chunk.HOPPER_PIECES_WIDE`` and the Hopper kernel takes both sweeps' pieces
+    """``ops.gate_sweeps._in_sweeps`` past ``ops.PIECES_MAX_WIDTH`` (Falcon-H1's d_state 256): the straddle
+    kernel, unless ``chunk.tables.HOPPER_PIECES_WIDE`` and the Hopper kernel takes both sweeps' pieces
     (here said to fit), not with packed sequences or the portable kernel asked for."""
     from leetrepro import ops
     from leetrepro.methods import chunk
     from leetrepro.registry import get
-    monkeypatch.setattr(chunk, "hopper_pieces_unfit",
-                        lambda *a, cu_seqlens=None, **k: "packed" if cu_seqlens is not None
+    patch_chunk(monkeypatch, "hopper_pieces_unfit", lambda *a, cu_seqlens=None, **k: "packed" if cu_seqlens is not None
                         else None)
-    monkeypatch.setattr(chunk, "sm_count", lambda device: 132)
-    monkeypatch.setattr(ops, "_straddles", lambda m, V: True)
+    patch_chunk(monkeypatch, "sm_count", lambda device: 132)
+    patch_package(monkeypatch, ops, "_straddles", lambda m, V: True)
     m = get("Chunk")
     B, C = (torch.empty(2, 1, 64, 256, dtype=torch.bfloat16) for _ in range(2))
     V, dO = (torch.empty(2, 64, 64, 64, dtype=torch.bfloat16) for _ in range(2))
-    monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", False)
-    assert not ops._in_sweeps(m, {}, dO, B, C, V)  # (the switch off)
-    monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", True)
-    assert ops._in_sweeps(m, {}, dO, B, C, V)
-    assert not ops._in_sweeps(m, {"kernel": "portable"}, dO, B, C, V)
-    assert not ops._in_sweeps(m, {}, dO, B, C, V, torch.tensor([0, 64], dtype=torch.int32))
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES_WIDE", False)
+    assert not ops.gate_sweeps._in_sweeps(m, {}, dO, B, C, V)  # (the switch off)
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES_WIDE", True)
+    assert ops.gate_sweeps._in_sweeps(m, {}, dO, B, C, V)
+    assert not ops.gate_sweeps._in_sweeps(m, {"kernel": "portable"}, dO, B, C, V)
+    assert not ops.gate_sweeps._in_sweeps(m, {}, dO, B, C, V, torch.tensor([0, 64], dtype=torch.int32))
 
 
 def test_the_hopper_kernel_takes_e_and_the_gates_through_its_ring_where_no_slot_is_lost(
@@ -987,7 +984,7 @@ def test_the_hopper_kernel_takes_e_and_the_gates_through_its_ring_where_no_slot_
     assert (k.E_RING, k.G_RING, k.STAGES) == (False, True, 2)
     k = consts(128, 128, False, 128, pieces=False)  # (the gated forward, three slots)
     assert (k.E_RING, k.G_RING, k.STAGES) == (False, True, 3)
-    monkeypatch.setattr(chunk, "HOPPER_E_RING", False)
+    monkeypatch.setattr(chunk.tables, "HOPPER_E_RING", False)
     k = consts(64, 128, False, 128)  # (the launch that asked 72 bytes over)
     assert (k.E_RING, k.G_RING, k.STAGES) == (False, False, 4)
     # (the bytes as counted, with the gates' padding, within the GPU's)
@@ -1002,19 +999,19 @@ def test_a_hopper_launch_over_shared_memory_is_made_again_without_the_rings(monk
     ring (each a kernel of its own key) and the launch is made again; with neither there the
     error is the caller's."""
     from leetrepro.methods import chunk
-    launch = chunk._hopper_launch(n=640, r=64, d=128, heads=2, lanes=2, segment=640, dc=128,
+    launch = chunk.hopper_launch._hopper_launch(n=640, r=64, d=128, heads=2, lanes=2, segment=640, dc=128,
                                   dtype=torch.bfloat16, decay=False, has_s0=False,
                                   store_sn=False, reverse=False, dual=False,
-                                  serial=next(chunk._SERIALS),
+                                  serial=next(chunk.tables._SERIALS),
                                   gates=True, gate_grad=True)
     assert launch.consts.E_RING and launch.consts.G_RING and launch.blocks[4] == 64
     tried = []
 
     def fake(self, *a, **k):
         tried.append((self.consts.E_RING, self.consts.G_RING, self.key))
-        raise chunk.OutOfResources(232520, 232448, "shared memory")
+        raise chunk.hopper_launch.OutOfResources(232520, 232448, "shared memory")
     monkeypatch.setattr(chunk.HopperLaunch, "_launch", fake)
-    with pytest.raises(chunk.OutOfResources):
+    with pytest.raises(chunk.hopper_launch.OutOfResources):
         launch.launch(None, sn=None, flags=None, sync=None, ws=None, scale=1.0)
     assert [t[:2] for t in tried] == [(True, True), (True, False), (False, False)]
     assert len({t[2] for t in tried}) == 3  # (a kernel of its own for each)
@@ -1052,25 +1049,23 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
     shape: ``force_kernel("hopper")`` waives the lanes' rule) give every gradient within the
     contract of float64 (dg within GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of
     the chunk, states in and out, a hard reset, and the reverse sweep with dC's dual output
-    (``chunk.HOPPER_DUAL_PIECES``), at r = 256 (Falcon-H1's d_state:
-    ``chunk.HOPPER_PIECES_WIDE``), and with the dB sweep's own pairs after O's store
-    (``chunk.HOPPER_LATE_PAIRS``); the same bits twice."""
+    (``chunk.tables.HOPPER_DUAL_PIECES``), at r = 256 (Falcon-H1's d_state:
+    ``chunk.tables.HOPPER_PIECES_WIDE``), and with the dB sweep's own pairs after O's store
+    (``chunk.tables.HOPPER_LATE_PAIRS``); the same bits twice."""
     from leetrepro.methods import chunk
     from leetrepro.reference import rel_error
     if chunk.hopper_unfit(*make_inputs(1, 1, 64, 64, 64, dtype=dtype, device="cuda"), None):
         pytest.skip("needs an sm_90 GPU")
-    monkeypatch.setattr(chunk, "HOPPER_DUAL_PIECES", dual)
-    monkeypatch.setattr(chunk, "HOPPER_PIECES_WIDE", True)
+    monkeypatch.setattr(chunk.tables, "HOPPER_DUAL_PIECES", dual)
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES_WIDE", True)
     # (the dB sweep's r is the operator's d, and its columns a program the operator's r)
-    monkeypatch.setattr(chunk, "HOPPER_LATE_PAIRS", frozenset({(d, r)} if late else ()))
+    monkeypatch.setattr(chunk.tables, "HOPPER_LATE_PAIRS", frozenset({(d, r)} if late else ()))
     chunk.force_kernel("hopper")  # (the lanes' rule waived at this small shape)
     request.addfinalizer(lambda: chunk.force_kernel(None))
     calls = []
     real, real_rows = chunk.hopper_row_pieces, chunk.gate_gradient_from_rows
-    monkeypatch.setattr(chunk, "hopper_row_pieces",
-                        lambda *a, **k: calls.append(a[2]) or real(*a, **k))
-    monkeypatch.setattr(chunk, "gate_gradient_from_rows",
-                        lambda *a, **k: calls.append("both") or real_rows(*a, **k))
+    patch_chunk(monkeypatch, "hopper_row_pieces", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    patch_chunk(monkeypatch, "gate_gradient_from_rows", lambda *a, **k: calls.append("both") or real_rows(*a, **k))
     b, h, n = 2, 4, 1000
     gen = torch.Generator().manual_seed(11)
     B, C = (torch.randn(b, 2, n, r, generator=gen) / r ** 0.5 for _ in range(2))
@@ -1096,7 +1091,7 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
     got = grads([t.to(dtype) for t in (B, C, V)] + [g], "Chunk")
     # (both sweeps' rows taken in one pass, by the rows' kernel or, where it is off, by each
     # sweep's rows summed)
-    assert calls == (["both"] if chunk.GATE_ROWS_ON_GPU else ["both", False, True]), calls
+    assert calls == (["both"] if chunk.tables.GATE_ROWS_ON_GPU else ["both", False, True]), calls
     for name, a, w in zip("BCVg", got, want):
         tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
         assert rel_error(a, w) <= tol, f"d{name}: {rel_error(a, w):.2e}"

@@ -10,7 +10,7 @@ from leetrepro import causal_linear_decoder, reference, rel_error
 from leetrepro import ops
 from leetrepro.registry import methods
 
-from conftest import KERNEL_DEVICE, make_inputs, quick_lane, random_gammas
+from conftest import KERNEL_DEVICE, make_inputs, patch_package, quick_lane, random_gammas
 
 OPTIONS = {"Bb": dict(block_size=16), "LA_torch": dict(block_size=16), "Recur": dict(base=8),
            "Chunk": dict(fp32_precision="ieee")}
@@ -46,7 +46,7 @@ def test_forward_and_gradients_against_the_oracle(abbr, gated, monkeypatch):
             if x is not None and x.shape[1] != heads:
                 raise AssertionError("Chunk expanded a group")
             return x
-        monkeypatch.setattr(ops, "expand_groups", refuse)
+        patch_package(monkeypatch, ops, "expand_groups", refuse)
     dev = _device(abbr)
     B, C, V, g = _grouped(2, 77, 8, 6, seed=21, device=dev)
     gam = random_gammas(HEADS, 22).to(dev)

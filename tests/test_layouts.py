@@ -167,7 +167,7 @@ def test_gradients_come_in_the_layouts_the_fake_implementation_promises(wanted):
     a compiled graph trusts: each gradient dense in its input's dimension order, dS0 too (a
     reverse sweep's state may come out transposed)."""
     from leetrepro import registry
-    from leetrepro.ops import _gradients
+    from leetrepro.ops.backward import _gradients
     x, bcv = leaves_in("model", 2, 3, 20, 4, 6)
     B, C, V = (t.detach() for t in bcv(*x))
     S0 = torch.randn(2, 3, 4, 6, device=DEVICE)

@@ -458,7 +458,7 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
         torch.empty(batch, groups, n, r, dtype=dtype)
     monkeypatch.delenv("LEETREPRO_ROWS_KERNEL", raising=False)
     assert ssd_rows.sum_groups_like(x, groups, like) is None
-    want = ops._group_sums(x, groups, like)
+    want = ops.backward._group_sums(x, groups, like)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
     got = ssd_rows.sum_groups_like(x, groups, like)
@@ -468,12 +468,12 @@ def test_the_group_sums_kernel_is_the_sum_over_each_group_s_heads(monkeypatch, d
                                atol=1e-3 if dtype == torch.float16 else 1e-6)
     exact = x.double().unflatten(1, (groups, per)).sum(2)
     assert rel_error(got, exact) <= (1e-6 if dtype == torch.float32 else 1e-3)
-    assert torch.equal(ops._group_sums(x, groups, like), got)  # (the backward takes it)
+    assert torch.equal(ops.backward._group_sums(x, groups, like), got)  # (the backward takes it)
     assert ssd_rows.sum_groups_like(x.double(), groups, like.double()) is None
     # (more heads a group than the kernel was measured faster at: PyTorch's sums)
     monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", per - 1)
     assert ssd_rows.sum_groups_like(x, groups, like) is None
-    torch.testing.assert_close(ops._group_sums(x, groups, like), want, rtol=0, atol=0)
+    torch.testing.assert_close(ops.backward._group_sums(x, groups, like), want, rtol=0, atol=0)
     # (past 16 heads a group, allowed: eight heads' loads at once, the sums in head order)
     many = torch.randn(batch, groups * 24, n, r, generator=gen).to(dtype)
     monkeypatch.setattr(ssd_rows, "GROUP_SUMS_MAX_HEADS", 24)
@@ -848,7 +848,7 @@ def test_a_compiled_mamba2_block_with_groups_trains_as_eager():
                               "64x64-portable-row-dots"])
 def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape):
     """On a GPU, the SSD with V' = dt·x and the skip inside the sweep (``compat.SSD_ROWS_IN_SWEEP``
-    with the Hopper kernel's ``ROWS``, ``chunk.HOPPER_ROWS``) against float64: every output and
+    with the Hopper kernel's ``ROWS``, ``chunk.tables.HOPPER_ROWS``) against float64: every output and
     gradient within the contract, N not a multiple of the chunk, groups, a lane cut into
     segments, both states and ``seq_idx``; the Hopper kernel took the rows where it takes them
     (r ≤ 128, d = 64; the Hopper kernel forced) and the composition ran elsewhere (r = 256);
@@ -858,8 +858,8 @@ def test_the_ssd_with_its_rows_in_the_sweep_on_the_gpu(monkeypatch, dtype, shape
     from leetrepro.methods import chunk
     monkeypatch.setattr(compat, "SSD_ROWS_IN_SWEEP", True)
     monkeypatch.setattr(compat, "SSD_ROW_DOTS", True)
-    monkeypatch.setattr(chunk, "HOPPER_ROWS", True)
-    monkeypatch.setattr(chunk, "HOPPER_ROW_DOTS", True)
+    monkeypatch.setattr(chunk.tables, "HOPPER_ROWS", True)
+    monkeypatch.setattr(chunk.tables, "HOPPER_ROW_DOTS", True)
     launched = []
     run = chunk.HopperLaunch._launch
     monkeypatch.setattr(chunk.HopperLaunch, "_launch",

@@ -123,7 +123,9 @@ def test_design_names_code_that_exists():
     import importlib
     import re
     text = open(os.path.join(ROOT, "DESIGN.md"), encoding="utf-8").read()
-    modules = {"_device", "_gpu", "_inputs", "_state", "api", "chunk", "decode", "dispatch",
+    modules = {"_device", "_gpu", "_inputs", "_state", "api", "chunk", "tables", "plans",
+               "hopper_launch", "gate_grads", "resolution", "forward", "gate_sweeps", "backward",
+               "custom_op", "decode", "dispatch",
                "distributed", "ops", "reference", "registry", "tuning", "gpu_check", "harness",
                "sweep", "tune", "layouts", "regs", "conftest"}
     checked = 0
@@ -133,6 +135,11 @@ def test_design_names_code_that_exists():
         if module not in modules or name in ("py", "md", "csv"):
             continue
         where = {"_gpu": "leetrepro.methods._gpu", "chunk": "leetrepro.methods.chunk",
+                 "tables": "leetrepro.methods.chunk.tables", "plans": "leetrepro.methods.chunk.plans",
+                 "hopper_launch": "leetrepro.methods.chunk.hopper_launch",
+                 "gate_grads": "leetrepro.methods.chunk.gate_grads",
+                 **{m: f"leetrepro.ops.{m}" for m in ("resolution", "forward", "gate_sweeps",
+                                                       "backward", "custom_op")},
                  "gpu_check": "leetrepro.bench.gpu_check", "harness": "leetrepro.bench.harness",
                  "sweep": "leetrepro.bench.sweep", "tune": "leetrepro.bench.tune",
                  "layouts": "leetrepro.bench.layouts", "regs": "leetrepro.probes.regs",
@@ -148,7 +155,7 @@ def _module_state() -> set:
     """Every module-level cache, memo and piece of mutable state of the operator's path (the
     package less bench/, probes/ and reproduce/), read from the source: names bound at module level
     to an empty dict, list or set, or to a counter, and functions under a ``functools`` cache, as
-    ``module.name`` (``methods.chunk._PLANS``)."""
+    ``module.name`` (``methods.chunk.plans._PLANS``)."""
     import ast
     package = os.path.join(ROOT, "leetrepro")
     empty = {"{}", "[]", "set()", "dict()", "itertools.count()"}
@@ -183,7 +190,7 @@ def test_design_cache_table_lists_every_module_level_cache():
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     listed = {name for row in rows for name in re.findall(r"`([\w.]+)`", row.split("|")[1])}
     found = _module_state()
-    assert len(found) >= 25 and "methods.chunk._PLANS" in found and "tuning.rows" in found
+    assert len(found) >= 25 and "methods.chunk.plans._PLANS" in found and "tuning.rows" in found
     assert found - listed == set(), f"caches missing from DESIGN.md: {sorted(found - listed)}"
     assert listed - found == set(), f"DESIGN.md lists what is not there: {sorted(listed - found)}"
 
@@ -376,4 +383,4 @@ def test_importing_the_package_leaves_torch_dynamo_unimported():
         return None
     marked = torch.compiler.assume_constant_result(probe)
     assert {k: v for k, v in vars(marked).items() if k.startswith("_dynamo")} == \
-        {k: v for k, v in vars(ops._encode).items() if k.startswith("_dynamo")} != {}
+        {k: v for k, v in vars(ops.resolution._encode).items() if k.startswith("_dynamo")} != {}

@@ -378,7 +378,7 @@ def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
     den2 = torch.empty_like(den)
     o2 = chunk.chunk_scan(*ins, None, kernel="portable", segment=64, norm=(constant, 1e-6, den2))
     assert rel_error(o2, o) <= tolerance(dtype) and rel_error(den2, den) <= tolerance(dtype)
-    assert any(p.split for k, p in chunk._PLANS.items() if k[0][0][11] == 64 and
+    assert any(p.split for k, p in chunk.plans._PLANS.items() if k[0][0][11] == 64 and
                k[0][0][6] == dtype and k[0][0][-1])  # (the signature: segment, dtype, norm)
     monkeypatch.setattr(normalizer, "IN_SWEEP", True)
     assert normalizer.in_sweep(*ins, "auto", {})
@@ -549,7 +549,7 @@ def test_normalized_gradients_in_hopper_sweeps_on_the_gpu(rows):
                 rel_error(a.double().cpu(), e) <= tolerance(torch.bfloat16), rel_error(a, e)
         # (the sweeps asked for by default: dq's, and dv's with dk as its dual output; the
         # dual's two plain portable plans stand by for its repair launches)
-        offsets = [p for key, p in chunk._PLANS.items() if key[0][0][-1] >= 2 and
+        offsets = [p for key, p in chunk.plans._PLANS.items() if key[0][0][-1] >= 2 and
                    key[0][0][0] == n and key[1] == "auto"]
         assert len(offsets) == 2 and all(p.kernel == "hopper" for p in offsets)
         old, normalizer.GRAD_IN_SWEEPS = normalizer.GRAD_IN_SWEEPS, False
@@ -577,7 +577,7 @@ def test_normalized_gradients_in_hopper_sweeps_on_the_gpu(rows):
 @pytest.mark.parametrize("r, constant, segment", [(128, 1.0, None), (128, 2.5, 256),
                                                   (64, 1.0, 128), (128, 0.0, None)])
 def test_normalized_in_one_hopper_sweep_on_the_gpu(r, constant, segment):
-    """On an sm_90 GPU, the normaliser's sweep on the Hopper kernel (``chunk.HOPPER_NORM``, bf16,
+    """On an sm_90 GPU, the normaliser's sweep on the Hopper kernel (``chunk.tables.HOPPER_NORM``, bf16,
     d = 128): time-major views, N not a multiple of a chunk, batch > 1, the lanes whole, cut by
     the launcher (3 lanes of 5000 rows: a few programs, so segments) or into the segments
     asked; the output and the denominators against the float64 definition within the contract,
@@ -597,7 +597,7 @@ def test_normalized_in_one_hopper_sweep_on_the_gpu(r, constant, segment):
         den = torch.empty(batch, heads, n, dtype=torch.float32, device="cuda")
         o = chunk.chunk_scan(*ins, None, segment=segment, norm=(constant, 1e-6, den))
         # (the plans' keys: (signature: N, r, …, segment at 11, …, norm last), kernel asked, …)
-        plan = [p for key, p in chunk._PLANS.items() if key[0][0][-1] and key[1] == "auto" and
+        plan = [p for key, p in chunk.plans._PLANS.items() if key[0][0][-1] and key[1] == "auto" and
                 key[0][0][:2] == (n, r) and key[0][0][11] == segment]
         assert plan and all(p.kernel == "hopper" for p in plan)
         assert torch.isfinite(o).all() and torch.isfinite(den).all()

@@ -146,7 +146,7 @@ def kernel_rows(device, meta: dict, reps: int, shapes=None, kinds=None) -> list[
 def _kernel_cell(device, meta, reps, r, d, h, split, batch, n, few, groups, dtype) -> list[dict]:
     """:func:`kernel_rows`' rows of one shape and dtype: each mask, forward and dual sweep."""
     from ..methods.chunk import chunk_scan, operand_kind
-    from ..ops import _dual_fits
+    from ..ops.forward import _dual_fits
     from .harness import interleaved_medians
     B, C, V = random_inputs(batch, h, n, r, d, dtype=dtype, device=device)
     if groups:  # (each group's rows those of its first head: the same values a head reads)
@@ -192,7 +192,7 @@ def kernel_table(df, meta: dict | None = None):
     range with a scale a chunk that bf16 does not need (0.8× the portable kernel at 64 × 64 in
     fp16 where bf16 is 1.1-1.3×, H200). Regimes (:func:`leetrepro.methods.chunk.regime`): one
     pass per lane, over many waves of lanes or a micro-batch's few (these with B and C a head
-    each or in groups); N split into segments, long (N ≥ ``chunk.SHORT_SPLIT_N``) or short,
+    each or in groups); N split into segments, long (N ≥ ``chunk.tables.SHORT_SPLIT_N``) or short,
     where an eager call's host time weighs; each for the forward and the dual sweep. Timings
     without r and d columns (made before the head shapes were swept) are r = d = 128's; without
     a dtype column, the kind's rows stand for each of its dtypes. ``meta``: the run's provenance

@@ -1038,7 +1038,7 @@ def _unhoisted(j, K: gl.constexpr):
     are formed once before the loop and held through it in 64-bit registers; where the state, O
     and the scores need those, they spill and are reloaded on the chunk's chain (the gated dB
     sweep at r = d = 128, bf16, sm_90: 452 → 16 bytes of spills a thread). Where nothing spills
-    the integer instructions are the price alone (:data:`leetrepro.methods.chunk.HOPPER_UNHOISTED`
+    the integer instructions are the price alone (:data:`leetrepro.methods.chunk.tables.HOPPER_UNHOISTED`
     says where it is on)."""
     if K.UNHOIST:
         return j >> 30

@@ -449,10 +449,10 @@ def pair_sums_on_kernel(V: torch.Tensor, r: int, angles: int) -> bool:
     """Whether :func:`mamba3_pair_sums` runs for these rows: V ``(…)`` fp16/bf16/fp32 on the
     row kernels' terms (:func:`on_row_kernels`: a GPU, or the interpreter asked for by name)
     where Triton imported, the turned dims within the kernel's r (``2·angles ≤
-    chunk.STRADDLE_MAX_R``)."""
+    chunk.tables.STRADDLE_MAX_R``)."""
     from . import chunk
-    return chunk.HAS_TRITON and on_row_kernels(V, chunk.straddle_kernels) and \
-        V.dtype in _TRITON_DTYPE and 0 < 2 * angles <= min(r, chunk.STRADDLE_MAX_R)
+    return chunk.HAS_TRITON and on_row_kernels(V, chunk.gate_grads.straddle_kernels) and \
+        V.dtype in _TRITON_DTYPE and 0 < 2 * angles <= min(r, chunk.tables.STRADDLE_MAX_R)
 
 
 @torch.library.custom_op("leetrepro::mamba3_pair_sums", mutates_args=())

@@ -131,7 +131,7 @@ def _sums(batch_heads: int, chunks: int, width: int, like: torch.Tensor) -> torc
 #: heads × 128, bf16, H200) the portable kernel's sweep took 0.43 ms against the passes' 0.52 at
 #: N = 4096 and tied at 16384 (0.83 against 0.82), with a third less peak memory
 #: (``data/h200/kernel_paper_layer.csv``); the Hopper kernel's sweep where it takes the call
-#: (``chunk.HOPPER_NORM``, notes/other_papers.md)
+#: (``chunk.tables.HOPPER_NORM``, notes/other_papers.md)
 IN_SWEEP = True
 
 

@@ -76,7 +76,7 @@ def _scan_ptx(sig: dict, const: dict, stages: int, arch: int) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ..methods.chunk import scan_kernels
+    from ..kernels import chunk_scan as scan_kernels
     src = ASTSource(fn=scan_kernels.chunk_scan_kernel, signature=sig, constexprs=const)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=8, num_stages=stages))
@@ -114,7 +114,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
                    rows: int = 0, late_pairs: bool | None = None, norm: int = 0):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
-    dimensions r, d; state in and out, the launch options of ``chunk.HOPPER`` and the tiles of
+    dimensions r, d; state in and out, the launch options of ``tuning.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
     chained (``split``, batch 1) or one program per lane, forward or in reverse time (the
     backward), with or without the ``dual`` output (the backward's dC beside dV); ``groups``:
@@ -132,8 +132,9 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from .._dtypes import parse_dtype
-    from ..methods.chunk import (HOPPER, _gates_layout, _tma_layout, gluon_dtype, hopper_constants,
-                                 hopper_kernels)
+    from ..methods.chunk import gluon_dtype, hopper_constants
+    from ..methods.chunk.hopper_launch import _gates_layout, _tma_layout, hopper_kernels
+    from ..tuning import HOPPER
     kern = hopper_kernels.chunk_hopper_kernel
     gdt = gluon_dtype(parse_dtype(dtype))
     bn = HOPPER["BLOCK_N"]
@@ -277,15 +278,16 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
     from ..kernels import gate_straddle
     from ..kernels._tiles import Constants
     from ..methods import chunk
+    from ..methods._gpu import next_pow2
     kern = getattr(gate_straddle, kernel)
     strided = (POINTER[dtype], "i64", "i64", "i64")
     block_r, block_d = chunk.straddle_tiles(r)
-    K = Constants(BLOCK_N=chunk.STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d,
+    K = Constants(BLOCK_N=chunk.tables.STRADDLE_BLOCK_N, BLOCK_R=block_r, BLOCK_D=block_d,
                   PRECISION="tf32x3" if dtype == "fp32" else "tf32", HAS_S0=True, REVERSE=True,
-                  HALF_RANGE=dtype == "fp16", SEG_BLOCKS=chunk.STRADDLE_SEGMENT_BLOCKS,
+                  HALF_RANGE=dtype == "fp16", SEG_BLOCKS=chunk.tables.STRADDLE_SEGMENT_BLOCKS,
                   GROUPS=(1, 1, 1, 1) if angles else (16, 16, 1, 1),
-                  ANGLES=(max(16, chunk.next_pow2(angles)), angles,
-                          chunk.STRADDLE_ANGLE_HALF_TILES and dtype == "bf16"))
+                  ANGLES=(max(16, next_pow2(angles)), angles,
+                          chunk.tables.STRADDLE_ANGLE_HALF_TILES and dtype == "bf16"))
     kinds = dict(Bt=strided, Ct=strided, Xt=strided, V=strided, Y=strided, DO=strided,
                  G=("*fp32", "i64", "i64", "i64"), WS="*fp32", WF="*fp32", WR="*fp32",
                  DG="*fp32", S="*fp32", INV_SCALE="fp32", SIZE=("i32",) * 5, DA="*fp32")
@@ -298,7 +300,7 @@ def compile_straddle(kernel: str, dtype: str, r: int = 128, d: int = 64, arch: i
             sig[name] = kinds[name]
     src = ASTSource(fn=kern, signature=sig, constexprs=const)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=chunk.STRADDLE_WARPS, num_stages=1))
+                          options=dict(num_warps=chunk.tables.STRADDLE_WARPS, num_stages=1))
 
 
 def compile_gate_rows(tail: bool, arch: int = 90):
@@ -306,7 +308,8 @@ def compile_gate_rows(tail: bool, arch: int = 90):
     :func:`leetrepro.methods.chunk.gate_gradient_from_rows` launches it, with the final state's
     pairs (``tail``) or without: Triton's compiled kernel."""
     from ..kernels.gate_rows import gate_rows_kernel
-    from ..methods.chunk import GATE_ROWS_TILES, HOPPER
+    from ..methods.chunk.tables import GATE_ROWS_TILES
+    from ..tuning import HOPPER
     sig = dict(QF="*fp32", QR="*fp32", TAIL="*fp64" if tail else "constexpr", DG="*fp32",
                SIZE=("i32",) * 4, scale="fp32", BLOCK_N="constexpr", TILES="constexpr",
                HAS_TAIL="constexpr")
@@ -336,7 +339,8 @@ def passes_jobs() -> list:
     width 4; bf16): ``(label, kernel,
     signature, constexprs, num_warps)``."""
     from ..kernels import causal_conv, gate_rows, gated_norm, ssd_rows
-    from ..methods.chunk import GATE_ROWS_TILES, HOPPER
+    from ..methods.chunk.tables import GATE_ROWS_TILES
+    from ..tuning import HOPPER
     from ..models import _conv, _norm
     i3, p16, p32 = ("i32",) * 3, "*bf16", "*fp32"
     c = "constexpr"
@@ -644,24 +648,24 @@ def main(argv=None) -> int:
                               groups=groups)))
         # the gated backward's sweeps writing the gates' gradient's pieces (one pass):
         # the remainders' copies at the widest state a consumer holds and at Mamba-2's shapes
-        # (as launched: chunk.PIECES_DC's columns a program; the dB sweep forward in time with
+        # (as launched: chunk.tables.PIECES_DC's columns a program; the dB sweep forward in time with
         # r and d swapped, its r the operator's d)
-        from ..methods.chunk import PIECES_DC
+        from ..methods.chunk.tables import PIECES_DC
         for dtype, (r, d), reverse in (("bf16", (128, 128), True), ("fp16", (128, 128), True),
                                        ("bf16", (128, 64), True), ("bf16", (64, 64), True),
                                        ("bf16", (64, 128), False), ("fp16", (64, 128), False),
                                        ("bf16", (64, 64), False), ("bf16", (128, 128), False),
-                                       # (Falcon-H1's d_state 256: chunk.HOPPER_PIECES_WIDE)
+                                       # (Falcon-H1's d_state 256: chunk.tables.HOPPER_PIECES_WIDE)
                                        ("bf16", (256, 64), True), ("bf16", (64, 256), False)):
             jobs.append((f"pieces {dtype} {r}x{d}:gates:one{':reverse' if reverse else ''}",
                          dict(dtype=dtype, decay=False, split=False, reverse=reverse, gates=True,
                               r=r, d=d, dc=min(d, PIECES_DC[(r, reverse)]), gate_grad=True)))
-        # (the dB sweep's own pairs beside O's MMAs at the widest, where chunk.HOPPER_LATE_PAIRS
+        # (the dB sweep's own pairs beside O's MMAs at the widest, where chunk.tables.HOPPER_LATE_PAIRS
         # has them after O's store)
         jobs.append(("pieces bf16 128x128:gates:one:early",
                      dict(dtype="bf16", decay=False, split=False, gates=True, r=128, d=128,
                           dc=128, gate_grad=True, late_pairs=False)))
-        for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.HOPPER_DUAL_PIECES)
+        for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.tables.HOPPER_DUAL_PIECES)
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,
                               gates=True, r=64, d=64, gate_grad=True)))
@@ -673,7 +677,7 @@ def main(argv=None) -> int:
                          dict(dtype="bf16", decay=False, split=split, gates=True, r=r, d=64,
                               groups=groups, rows=True)))
         # E's row weights and the row dots in the reverse sweep with the dual output and the
-        # pieces (Mamba-2's backward, where chunk.HOPPER_ROW_DOTS lets them in: r = d = 64)
+        # pieces (Mamba-2's backward, where chunk.tables.HOPPER_ROW_DOTS lets them in: r = d = 64)
         for dtype in ("bf16", "fp16"):
             jobs.append((f"rowdots {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,

@@ -38,7 +38,8 @@ def candidates(n: int, heads: int, dtype, decay: bool, device, kernel: str,
     heuristic's), for the Hopper kernel at each value-column width of ``dcs`` (None: the widest);
     ``default``: the heuristic's (segment, DC) for ``kernel``."""
     if kernel == "hopper":
-        from ..methods.chunk import HOPPER, hopper_split
+        from ..methods.chunk import hopper_split
+        from ..tuning import HOPPER
         block_n = HOPPER["BLOCK_N"]
         dc, segment = hopper_split(r=128, d=128, dtype=dtype, dual=False, lanes=heads, n=n,
                                    slots=sm_count(device))

@@ -24,7 +24,9 @@ MAX_LINES = 80
 #: build their arguments
 FILES = ("kernels/_tiles.py", "kernels/chunk_scan.py", "kernels/chunk_hopper.py",
          "kernels/chunk_state.py", "kernels/lightning_attn.py", "kernels/fleet_attn.py",
-         "kernels/decode_step.py", "methods/chunk.py", "methods/_gpu.py",
+         "kernels/decode_step.py", "methods/chunk/tables.py", "methods/chunk/hopper_launch.py",
+         "methods/chunk/plans.py", "methods/chunk/scan.py", "methods/chunk/gate_grads.py",
+         "methods/_gpu.py",
          "methods/lightning.py", "methods/fleet.py", "decode.py", "kernels/normalizer.py",
          "methods/normalizer.py")
 
