@@ -110,11 +110,11 @@ class _Views(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        given = [g for g in grads if g is not None]
+        given = [x for x in grads if x is not None]
         if len(given) == len(grads):
             ptr = grads[0].untyped_storage().data_ptr()
-            if all(g.untyped_storage().data_ptr() == ptr and _geometry(g) == where
-                   for g, where in zip(grads, ctx.geometry)):
+            if all(x.untyped_storage().data_ptr() == ptr and _geometry(x) == where
+                   for x, where in zip(grads, ctx.geometry)):
                 # the operator wrote the views' gradients into one buffer laid out as y: it is
                 # y's gradient
                 return grads[0].as_strided(*ctx.layout), None
@@ -123,7 +123,7 @@ class _Views(torch.autograd.Function):
         shape, stride, first = ctx.layout
         span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
         flat = given[0].new_zeros(span)
-        for g, (g_shape, g_stride, offset) in zip(grads, ctx.geometry):
-            if g is not None:
-                flat.as_strided(g_shape, g_stride, offset - first).copy_(g)
+        for x, (x_shape, x_stride, offset) in zip(grads, ctx.geometry):
+            if x is not None:
+                flat.as_strided(x_shape, x_stride, offset - first).copy_(x)
         return flat.as_strided(shape, stride, 0), None

@@ -2,6 +2,7 @@
 copy finds its own (not a checkout's)."""
 import functools
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -287,7 +288,9 @@ def _monkeypatch_targets():
     """Every ``monkeypatch.setattr(module, "NAME", …)`` in the tests whose module is one of this
     package's, imported in that file under that alias: ``(file, line, module path, NAME)``."""
     import ast
+    import importlib
     import pathlib
+    import pkgutil
     found = []
     for path in sorted(pathlib.Path(__file__).parent.glob("test_*.py")):
         tree = ast.parse(path.read_text())
@@ -301,14 +304,32 @@ def _monkeypatch_targets():
                     if a.name.startswith("leetrepro") and a.asname:
                         aliases.setdefault(a.asname, set()).add(a.name)
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "setattr" and isinstance(node.func.value, ast.Name)
-                    and node.func.value.id == "monkeypatch" and len(node.args) >= 2):
+            if not isinstance(node, ast.Call):
                 continue
-            target, name = node.args[0], node.args[1]
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "setattr" and \
+                    isinstance(node.func.value, ast.Name) and \
+                    node.func.value.id == "monkeypatch" and len(node.args) >= 2:
+                target, name, package = node.args[0], node.args[1], False
+            elif isinstance(node.func, ast.Name) and node.func.id == "patch_chunk":
+                target, name, package = ast.Name(id="leetrepro.methods.chunk"), node.args[1], True
+                aliases.setdefault(target.id, {target.id})
+            elif isinstance(node.func, ast.Name) and node.func.id == "patch_package":
+                target, name, package = node.args[1], node.args[2], True
+            else:
+                continue
+            # (a module's attribute: chunk.tables, the module under the alias then its path)
+            attrs = []
+            while isinstance(target, ast.Attribute):
+                attrs.insert(0, target.attr)
+                target = target.value
             if isinstance(target, ast.Name) and target.id in aliases and \
                     isinstance(name, ast.Constant) and isinstance(name.value, str):
-                found.append((path.name, node.lineno, aliases[target.id], name.value))
+                paths = {".".join([p, *attrs]) for p in aliases[target.id]}
+                if package:  # (conftest.patch_package: the package and each of its modules)
+                    paths |= {m.name for p in paths
+                              for m in pkgutil.iter_modules(importlib.import_module(p).__path__,
+                                                            p + ".")}
+                found.append((path.name, node.lineno, paths, name.value))
     return found
 
 
@@ -384,3 +405,58 @@ def test_importing_the_package_leaves_torch_dynamo_unimported():
     marked = torch.compiler.assume_constant_result(probe)
     assert {k: v for k, v in vars(marked).items() if k.startswith("_dynamo")} == \
         {k: v for k, v in vars(ops.resolution._encode).items() if k.startswith("_dynamo")} != {}
+
+
+#: where code tests for the per-token gates (comments and strings left out): the gates' tensor
+#: or the kernels' constant compared, or a condition on a ``gates`` flag
+_RULE_BRANCH = re.compile(r"\b(?:g|gate|t\.G|G)\s+is\s+(?:not\s+)?None\b|\bHAS_GATE\b|"
+                          r"\b(?:if|and|or|not)\b[^\n]*\bgates\b")
+
+
+def _code_only(text: str) -> str:
+    """``text``'s Python tokens less its comments and strings (docstrings included)."""
+    import io
+    import tokenize
+    out, last = [], None
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type in (tokenize.COMMENT, tokenize.STRING) or \
+                tok.type == getattr(tokenize, "FSTRING_START", None):
+            continue
+        if last is not None and tok.start[0] != last:
+            out.append("\n")
+        out.append(tok.string + " ")
+        last = tok.end[0]
+    return "".join(out)
+
+
+def _rule_branches() -> set:
+    """The operator's files (the package less bench/, probes/, reproduce/) whose code branches
+    on the per-token rule (:data:`_RULE_BRANCH`)."""
+    package = os.path.join(ROOT, "leetrepro")
+    found = set()
+    for folder, _, files in os.walk(package):
+        rel = os.path.relpath(folder, package)
+        if rel.split(os.sep)[0] in ("bench", "probes", "reproduce", "data", "__pycache__"):
+            continue
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(folder, f), encoding="utf-8") as src:
+                    if _RULE_BRANCH.search(_code_only(src.read())):
+                        found.add(os.path.normpath(os.path.join(rel, f)))
+    return found
+
+
+def test_design_lists_the_files_that_branch_on_the_decay_rule():
+    """DESIGN.md's "Adding a decay rule" names every file of the operator whose code branches on
+    the per-token gates, and no other: the files a third rule would touch today, the number the
+    house's refactor brings down."""
+    text = open(os.path.join(ROOT, "DESIGN.md"), encoding="utf-8").read()
+    section = text.split("## Adding a decay rule", 1)[1].split("\n## ", 1)[0]
+    listed_part = section.split("*Files that branch on the rule*", 1)[1].split("\n\n", 1)[0]
+    listed = set(re.findall(r"`([\w/]+\.py)`", listed_part.split("): ", 1)[1]))
+    found = _rule_branches()
+    assert len(found) >= 10
+    assert found - listed == set(), f"branch on the rule, not in DESIGN.md: {sorted(found - listed)}"
+    assert listed - found == set(), f"listed in DESIGN.md, no branch: {sorted(listed - found)}"
+    count = re.search(r"\*Files that branch on the rule\*[^\d]*(\d+)", section)
+    assert count and int(count.group(1)) == len(found), "the count in DESIGN.md"

@@ -153,21 +153,21 @@ def _checked_gamma(gamma, heads: int, device) -> torch.Tensor:
 _CHECKED: dict = {}
 
 
-def check_gamma_values(g: torch.Tensor | None) -> None:
+def check_gamma_values(gamma: torch.Tensor | None) -> None:
     """The operator's own check of a normalised gamma ``(H,)``, for calls whose values were not
     seen on the host (a compiled graph): cached per tensor and version, so one check per gamma."""
-    if g is None:
+    if gamma is None:
         return
-    key = (id(g), g._version)
+    key = (id(gamma), gamma._version)
     hit = _CHECKED.get(key)
-    if hit is not None and hit() is g:
+    if hit is not None and hit() is gamma:
         return
-    if g.is_cuda and torch.cuda.is_current_stream_capturing():
+    if gamma.is_cuda and torch.cuda.is_current_stream_capturing():
         # a capture cannot read values back to the host; the warm-up runs every capture needs
         # (cudagraph trees', ``torch.cuda.graph``'s) checked the same computation's values
         return
-    _check_values(g.detach().to(device="cpu", dtype=torch.float64))
-    mark_checked(g)
+    _check_values(gamma.detach().to(device="cpu", dtype=torch.float64))
+    mark_checked(gamma)
 
 
 def mark_checked(g: torch.Tensor) -> None:

@@ -35,14 +35,14 @@ def fleet_attention_torch(b, c, v, lg):
 def _launch(B, C, V, gamma, rank_groups: int):
     batch, heads, n, r = B.shape
     d = V.shape[-1]
-    B, C, V, g = staged(B, C, V, gamma)
+    B, C, V, lam = staged(B, C, V, gamma)
     out = torch.zeros_like(V) if rank_groups > 1 else torch.empty_like(V)
     prefix = torch.zeros(batch * heads, r, d, dtype=torch.float32, device=V.device)  # the l^j
     block_d = min(64, next_pow2(d))
     per_program = cdiv(r, rank_groups)
     grid = (batch * heads, cdiv(d, block_d), cdiv(r, per_program))
-    fa_kernels.fa_fwd_kernel[grid](B=B, C=C, V=V, O=out, L_WS=prefix, GAMMA=g, N=n, R=r, D=d, H=heads,
-                             RANKS_PER_PROGRAM=per_program, HAS_DECAY=g is not None,
+    fa_kernels.fa_fwd_kernel[grid](B=B, C=C, V=V, O=out, L_WS=prefix, GAMMA=lam, N=n, R=r, D=d, H=heads,
+                             RANKS_PER_PROGRAM=per_program, HAS_DECAY=lam is not None,
                              ACCUMULATE=rank_groups > 1, BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
     return out
 
