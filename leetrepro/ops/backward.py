@@ -53,14 +53,14 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     # (dg alone, B, C and V frozen: the straddle kernel, which writes no gradient it drops)
-    in_sweeps = need_g and (need_b or need_c or need_v) and gate_sweeps._in_sweeps(m, opts, dO, B, C, V,
-                                                                     cu_seqlens)
+    in_sweeps = need_g and (need_b or need_c or need_v) and \
+        gate_sweeps._in_sweeps(m, opts, dO, B, C, V, cu_seqlens)
     straddle = need_g and not in_sweeps and gate_sweeps._straddles(m, V)
     pieces = None
     if in_sweeps:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
         need_b, need_v = True, True
         opts, pieces = gate_sweeps._piece_sweeps(opts, dO, B, C, V, need_c and m.dual and m.reverse,
-                                     cu_seqlens)
+                                                 cu_seqlens)
     elif need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     wide_dtype = torch.float64 if torch.float64 in m.dtypes else torch.float32
@@ -83,7 +83,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
             # gradient that sum times all of dt): its own rounding would too, so it is taken
             # again here, exact
             SN = forward.run(m, exact, *wide[1:], None, initial_state, reverse, True,
-                     cu_seqlens=cu_seqlens, g=gate, folded=True)[1]
+                             cu_seqlens=cu_seqlens, g=gate, folded=True)[1]
         # (the gates as folded above: γ is in them)
         res = _gradients(m, exact, *wide, None, initial_state, dS, reverse, *wanted[:4],
                          cu_seqlens, scale, g=gate, SN=SN, need_g=True)
@@ -111,9 +111,10 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         # back: the forward's S_N, rounded as 16-bit sweeps round it, would put that rounding
         # into ⟨dS_N, S_N⟩, which joins every row's dg)
         exact_sn = pieces is not None and dS is not None
-        dB, SNt = forward.run(m, opts if pieces is None else gate_sweeps._piece_opts(opts, pieces, 0),
-                      dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
-                      gate_pieces=None if pieces is None else (B, *pieces["forward"]), **call)
+        b_opts = opts if pieces is None else gate_sweeps._piece_opts(opts, pieces, 0)
+        b_pieces = None if pieces is None else (B, *pieces["forward"])
+        dB, SNt = forward.run(m, b_opts, dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
+                              gate_pieces=b_pieces, **call)
         if exact_sn:
             SN = SNt.transpose(-1, -2)
     rev_opts = opts
@@ -133,16 +134,17 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         rd = gate_sweeps._row_dots(m, rows, pieces, B, V)
         # (with the row dots x is read in place of V = w·x, and dx written in dV's place)
         (dV, dC), R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0,
-                          dual=V if rd is None else rows[0], out=dv_out, out2=dC,
-                          gate_pieces=rev, rows=None if rd is None else (*rows[1:], rd), **call)
+                                  dual=V if rd is None else rows[0], out=dv_out, out2=dC,
+                                  gate_pieces=rev, rows=None if rd is None else (*rows[1:], rd),
+                                  **call)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
-                        gate_pieces=rev, **call)
+                                gate_pieces=rev, **call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = forward.run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                         out=dC, **call)
+                                 out=dC, **call)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
         R = decayed_by(R, gamma, 1) if gate is None else R * first_decay(gate, cu_seqlens)
@@ -165,12 +167,14 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                                                  pieces["block"], cu_seqlens, tail, scale)
         dg = forward._into(dg.to(g.dtype), g, None)
     elif straddle:
-        dg = forward._into(gate_sweeps._straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale,
-                                      opts.get("gate_grad_precision")).to(g.dtype), g, None)
+        dg = gate_sweeps._straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens,
+                                            scale, opts.get("gate_grad_precision"))
+        dg = forward._into(dg.to(g.dtype), g, None)
     elif need_g:
         # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
-        dg = forward._into(gate_gradient_from_dots(expand_groups(B, heads), dB, expand_groups(C, heads),
-                                           dC, cu_seqlens, dS, SN).to(g.dtype), g, None)
+        dg = gate_gradient_from_dots(expand_groups(B, heads), dB, expand_groups(C, heads), dC,
+                                     cu_seqlens, dS, SN)
+        dg = forward._into(dg.to(g.dtype), g, None)
     if groups != heads:
         dB, dC = (None if x is None else _group_sums(x, groups, like)
                   for x, like in ((dB, B), (dC, C)))

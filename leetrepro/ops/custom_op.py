@@ -30,10 +30,10 @@ def causal_linear(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma: torc
     :func:`leetrepro.causal_linear_decoder`, which checks the inputs."""
     check_gamma_values(gamma)
     m, opts = resolution.prepare(method, dict(resolution._decode(options)), B, gamma,
-                      initial_state is not None or output_final_state, V, differentiable,
-                      g is not None)
+                                 initial_state is not None or output_final_state, V, differentiable,
+                                 g is not None)
     return forward.run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-               cu_seqlens=cu_seqlens, scale=scale, g=g)
+                       cu_seqlens=cu_seqlens, scale=scale, g=g)
 
 
 @causal_linear.register_fake
@@ -64,9 +64,11 @@ def causal_linear_backward(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V
     that takes ``dual=`` (Chunk) computes dV and dC in one reverse sweep."""
     check_gamma_values(gamma)
     m, opts = resolution.prepare(method, dict(resolution._decode(options)), B, gamma,
-                      initial_state is not None or dS is not None, V, True, g is not None)
-    return backward._gradients(m, opts, dO, B, C, V, gamma, initial_state, dS, reverse, need_b, need_c,
-                      need_v, need_s0, cu_seqlens, scale, g=g, SN=SN, need_g=need_g)
+                                 initial_state is not None or dS is not None, V, True,
+                                 g is not None)
+    return backward._gradients(m, opts, dO, B, C, V, gamma, initial_state, dS, reverse, need_b,
+                               need_c, need_v, need_s0, cu_seqlens, scale, g=g, SN=SN,
+                               need_g=need_g)
 
 
 def gradients(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
@@ -81,12 +83,13 @@ def gradients(dO: torch.Tensor, B: torch.Tensor, C: torch.Tensor, V: torch.Tenso
     need_g = len(need) > 3 and bool(need[3])
     keep = (0, 1, 2, 4) if need_g else (0, 1, 2)
     if torch.compiler.is_compiling():
-        res = causal_linear_backward(dO, B, C, V, gam, None, None, method, resolution.encode_options(options),
-                                     False, *need[:3], False, None, 1.0, g, None, need_g)
+        res = causal_linear_backward(dO, B, C, V, gam, None, None, method,
+                                     resolution.encode_options(options), False, *need[:3], False,
+                                     None, 1.0, g, None, need_g)
         return tuple(res[i] for i in keep)
     m, opts = resolution.prepare(method, options, B, gam, False, V, True, g is not None)
-    res = backward._gradients(m, opts, dO, B, C, V, gam, None, None, False, *need[:3], False, None, 1.0,
-                     g=g, need_g=need_g)
+    res = backward._gradients(m, opts, dO, B, C, V, gam, None, None, False, *need[:3], False,
+                              None, 1.0, g=g, need_g=need_g)
     return tuple(res[i] for i in keep)
 
 
@@ -165,7 +168,7 @@ class Eager(torch.autograd.Function):
                 scale, g=None):
         m, opts = resolved
         return forward.run(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-                   cu_seqlens=cu_seqlens, scale=scale, g=g)
+                           cu_seqlens=cu_seqlens, scale=scale, g=g)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

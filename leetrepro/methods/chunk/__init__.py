@@ -32,8 +32,8 @@ from .hopper_launch import (HopperLaunch, gluon_dtype, hopper_constants, hopper_
 from .plans import ApartPlan, LaunchPlan, launch_plan, zeroed_counters
 from .scan import chunk_scan, chunk_state, per_head_like
 from .tables import (HAS_TRITON, Operands, block_d, chunk_config, few_lanes, force_kernel,
-                     gate_grad_block, groups_of, hopper_split, hopper_tiles, hopper_wins, misaligned,
-                     operand_kind, piece_cols, regime, straddle_tiles, tuned_table)
+                     gate_grad_block, groups_of, hopper_split, hopper_tiles, hopper_wins,
+                     misaligned, operand_kind, piece_cols, regime, straddle_tiles, tuned_table)
 
 __all__ = ["ApartPlan", "HAS_TRITON", "HopperLaunch", "LaunchPlan", "Operands", "block_d",
            "chunk_config", "chunk_scan", "chunk_state", "few_lanes", "force_kernel",

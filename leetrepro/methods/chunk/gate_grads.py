@@ -29,7 +29,8 @@ def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, 
     a block per lane of the sweep's value columns (``width`` of them beside ``row``-wide rows,
     ``BLOCK_D`` of :func:`chunk_config` with the sweep's ``config``), chunks of its ``BLOCK_N``
     rows (packed sequences: each sequence's from its first row, zeros past its last)."""
-    cfg = tables.chunk_config(row, width, dtype, precision, True, dual=dual, device=device, config=config)
+    cfg = tables.chunk_config(row, width, dtype, precision, True, dual=dual, device=device,
+                              config=config)
     blocks, block_n = cdiv(width, cfg["BLOCK_D"]), cfg["BLOCK_N"]
     rows = torch.empty(blocks, batch, heads, n, dtype=torch.float32, device=device)
     size = (blocks, seqs * heads, max(cdiv(n, block_n), 1))
@@ -143,7 +144,8 @@ def gate_gradient(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, dO: torch.T
     if n == 0 or B.numel() == 0 or V.numel() == 0:
         dg = V.new_zeros(batch, heads, n, dtype=torch.float32)
         return (dg, V.new_zeros(batch, heads, n, angles, dtype=torch.float32)) if angles else dg
-    if r > tables.STRADDLE_MAX_R:  # (b_i·c_j is a sum over r, and so is every term: pieces of r, summed)
+    # (b_i·c_j is a sum over r, and so is every term: pieces of r, summed)
+    if r > tables.STRADDLE_MAX_R:
         return _in_pieces_of_r(B, C, V, dO, g, dict(
             initial_state=initial_state, dS=dS, final_state=final_state, cu_seqlens=cu_seqlens,
             scale=scale, precision=precision), angles)
@@ -194,11 +196,12 @@ def _in_pieces_of_r(B, C, V, dO, g, options: dict, angles: int):
     pieces of it, their dg summed; the turned pairs' sums from the first piece, which holds the
     turned dims."""
     parts = []
-    for k in range(0, B.shape[-1], tables.STRADDLE_MAX_R):
-        piece = (lambda x: None if x is None else x[..., k:k + tables.STRADDLE_MAX_R, :])
+    step = tables.STRADDLE_MAX_R
+    for k in range(0, B.shape[-1], step):
+        piece = (lambda x: None if x is None else x[..., k:k + step, :])
         part = {n: piece(x) if n in ("initial_state", "dS", "final_state") else x
                 for n, x in options.items()}
-        parts.append(gate_gradient(B[..., k:k + tables.STRADDLE_MAX_R], C[..., k:k + tables.STRADDLE_MAX_R], V,
+        parts.append(gate_gradient(B[..., k:k + step], C[..., k:k + step], V,
                                    dO, g, angles=angles if k == 0 else 0, **part))
     dg = sum(x[0] if isinstance(x, tuple) else x for x in parts)
     return (dg, parts[0][1]) if angles else dg

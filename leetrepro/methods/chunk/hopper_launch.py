@@ -53,7 +53,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     if with_e:
         stages = with_e[1]
     with_g = gates and tables.HOPPER_GATES_RING and \
-        tables.hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad, e_ring=bool(with_e), gates=True)
+        tables.hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad, e_ring=bool(with_e),
+                            gates=True)
     g_ring = bool(with_g) and with_g[1] == stages
     return hopper_kernels.Constants(
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=tables.block_d(r, d), STAGES=stages,
@@ -71,8 +72,8 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
     own; ``rows`` (V's row weights and the skip) where :data:`HOPPER_ROWS` is on."""
     if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "it needs a CUDA GPU (not the interpreter)"
-    if tables._capability(V.device.index if V.device.index is not None else torch.cuda.current_device()) \
-            != (9, 0):
+    index = V.device.index if V.device.index is not None else torch.cuda.current_device()
+    if tables._capability(index) != (9, 0):
         return "it needs an sm_90 GPU (H100, H200)"
     if gates and V.dtype == torch.float32:
         return "its per-token gates take float16/bfloat16"
@@ -124,7 +125,8 @@ def rows_unfit(B, C, V) -> str | None:
     Hopper kernel takes the call without them, it takes them too (else the rows would move the
     call to the slower portable kernel). The call without them reads a V' of its own, dense, so
     a V not 16-byte aligned (a slice of odd width) is refused where the Hopper kernel runs."""
-    if not tables.HAS_TRITON or (V.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
+    if not tables.HAS_TRITON or (V.device.type != "cuda" and
+                                 os.environ.get("TRITON_INTERPRET") != "1"):
         return "it needs Triton on a GPU or its interpreter"
     if hopper_unfit(B, C, V, None, gates=True) is None:  # (the rows' own conditions alone then)
         return _hopper_rows_unfit(B, V)
@@ -386,8 +388,8 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     forced (:func:`force_kernel`): the widest, whatever the lanes. ``dual``
     (:data:`HOPPER_DUAL_PIECES`): the reverse sweep with the dual output, E its input, whose
     program holds the whole state (DC = d), where the plain sweep would not split."""
-    if not tables.HOPPER_PIECES or tables._FORCED[0] == "portable" or (B.shape[-1], reverse) not in tables.PIECES_DC \
-            or (dual and not tables.HOPPER_DUAL_PIECES) \
+    if not tables.HOPPER_PIECES or tables._FORCED[0] == "portable" \
+            or (B.shape[-1], reverse) not in tables.PIECES_DC or (dual and not tables.HOPPER_DUAL_PIECES) \
             or hopper_pieces_unfit(B, C, V, E, dual=dual, reverse=reverse,
                                    cu_seqlens=cu_seqlens) is not None:
         return None

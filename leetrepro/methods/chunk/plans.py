@@ -80,12 +80,13 @@ def _dual_apart(B, C, V, E, gamma, kernel: str, fp32_precision, cu_seqlens=None,
     # the plain sweep's own plan: its segments decide the regime of the measured table
     batch, _, n, r = B.shape
     heads = lane_heads(B, C, V)
-    cfg = tables.chunk_config(r, V.shape[-1], V.dtype, precision, gamma is not None, device=V.device,
-                       config=config)
+    cfg = tables.chunk_config(r, V.shape[-1], V.dtype, precision, gamma is not None,
+                              device=V.device, config=config)
     split = tables._lanes_and_segment(cfg, batch, heads, n, V.shape[-1], segment, V.device)[1] < n
-    if kernel == "auto" and tables._FORCED[0] is None:  # the table's dual row: two sweeps against one
-        return tables.hopper_wins(V.device, V.dtype, gamma is not None, split, n, True, r, V.shape[-1],
-                           _few(B, C, V, cu_seqlens), _grouped(B, C, V))
+    if kernel == "auto" and tables._FORCED[0] is None:  # the table's dual row: two sweeps
+        # against one
+        return tables.hopper_wins(V.device, V.dtype, gamma is not None, split, n, True, r,
+                                  V.shape[-1], _few(B, C, V, cu_seqlens), _grouped(B, C, V))
     return _use_hopper(kernel, B, C, V, gamma, split, **call)
 
 
@@ -106,9 +107,10 @@ def _use_hopper(kernel, B, C, V, gamma, split: bool, **call) -> bool:
     if tables._FORCED[0] is not None:  # the correctness matrix's switch (force_kernel)
         return tables._FORCED[0] == "hopper"
     # (gates read the decay's rows: their work per chunk is the decay's, not the 0-1 mask's)
-    return tables.hopper_wins(V.device, V.dtype, gamma is not None or bool(call.get("gates")), split,
-                       B.shape[2], call.get("dual") is not None, B.shape[-1], V.shape[-1],
-                       _few(B, C, V, call.get("cu_seqlens")), _grouped(B, C, V))
+    decay = gamma is not None or bool(call.get("gates"))
+    return tables.hopper_wins(V.device, V.dtype, decay, split, B.shape[2],
+                              call.get("dual") is not None, B.shape[-1], V.shape[-1],
+                              _few(B, C, V, call.get("cu_seqlens")), _grouped(B, C, V))
 
 
 def _grouped(B, C, V) -> bool:
@@ -302,7 +304,8 @@ def launch_plan(t: tables.Operands, *, fp32_precision, segment, config, output_f
         batch = t.CU.numel() - 1  # sequences: the lanes' "batch"
     # (E is V, B or C of another sweep: grouped only where one of those is)
     grouped = t.B.shape[1] != heads or t.C.shape[1] != heads or t.V.shape[1] != heads
-    signature = (n, r, d, batch, heads, tables.groups_of(t, heads) if grouped else tables._UNGROUPED, t.V.dtype,
+    groups = tables.groups_of(t, heads) if grouped else tables._UNGROUPED
+    signature = (n, r, d, batch, heads, groups, t.V.dtype,
                  dot_precision(t.V.dtype, fp32_precision),
                  t.GAMMA is not None, t.O2 is not None, t.V.device, segment,
                  None if not config else tuple(sorted(config.items())), t.CU is not None,
@@ -335,8 +338,8 @@ def launch_plan(t: tables.Operands, *, fp32_precision, segment, config, output_f
            aligned)
     short = t.B.shape[0] * heads * n <= tables.SELF_REPAIR_ROWS
     # (with the Hopper kernel's A/B switches: a plan keeps the constants it was made with)
-    cache_key = (key, kernel, tables._FORCED[0], short, tables.HOPPER_E_RING, tables.HOPPER_GATES_RING,
-                 tables.HOPPER_LATE_PAIRS, tables.HOPPER_UNHOISTED, tables.HOPPER_NORM)
+    cache_key = (key, kernel, tables._FORCED[0], short, tables.HOPPER_E_RING,
+                 tables.HOPPER_GATES_RING, tables.HOPPER_LATE_PAIRS, tables.HOPPER_UNHOISTED, tables.HOPPER_NORM)
     plan = _PLANS.get(cache_key)
     if plan is None:
         if len(_PLANS) >= 1024:
@@ -415,7 +418,8 @@ def _new_plan(signature, t: tables.Operands, kernel: str, short: bool) -> Launch
                                      output_final_state=store_sn),
                          launch_plan(_transposed(t), **options, output_final_state=False))
     serial = next(tables._SERIALS)
-    cfg = tables.chunk_config(r, d, dtype, precision, decay, dual=dual, device=device, config=config)
+    cfg = tables.chunk_config(r, d, dtype, precision, decay, dual=dual, device=device,
+                              config=config)
     asked = segment if segment is not None else cfg.get("segment")  # (popped just below)
     lanes, segment = tables._lanes_and_segment(cfg, batch, heads, n, d, segment, device)
     n_seg = cdiv(n, segment)
@@ -426,7 +430,7 @@ def _new_plan(signature, t: tables.Operands, kernel: str, short: bool) -> Launch
         if kernel == "hopper":  # (its pieces: one segment a lane)
             unfit = (hopper_launch._hopper_rows_unfit(t.B, t.V, rows) if rows == 2 else None) or \
                 hopper_launch.hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, reverse=reverse,
-                                    cu_seqlens=t.CU, outputs=(t.O, t.O2))
+                                                  cu_seqlens=t.CU, outputs=(t.O, t.O2))
             if unfit:
                 raise ValueError(f"kernel='hopper' cannot run this call: {unfit}")
             asked = n
@@ -439,25 +443,24 @@ def _new_plan(signature, t: tables.Operands, kernel: str, short: bool) -> Launch
     # kernel's a flag per consumer of each unit (lane, DC value columns), the states (b·h, 2, r, d)
     h = None
     if hopper:
-        dc, hopper_segment = tables.hopper_split(r=r, d=d, dtype=dtype, dual=dual, lanes=batch * heads,
-                                          n=n, slots=sm_count(device),
-                                          # (norm: one program a lane holds every column)
-                                          dc=None if norm else cfg.get("DC"), segment=asked)
+        dc, hopper_segment = tables.hopper_split(r=r, d=d, dtype=dtype, dual=dual,
+                                                 lanes=batch * heads, n=n, slots=sm_count(device),
+                                                 # (norm: one program a lane holds every column)
+                                                 dc=None if norm else cfg.get("DC"), segment=asked)
         h = hopper_launch._hopper_launch(n=n, r=r, d=d, heads=heads, lanes=batch * heads,
-                           segment=hopper_segment, dc=dc, dtype=dtype, decay=decay, has_s0=has_s0,
-                           store_sn=store_sn, reverse=reverse, dual=dual, serial=serial,
-                           gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
-                           norm=_KERNEL_NORM[norm])
+                                         segment=hopper_segment, dc=dc, dtype=dtype, decay=decay,
+                                         has_s0=has_s0, store_sn=store_sn, reverse=reverse,
+                                         dual=dual, serial=serial, gates=gates, groups=groups,
+                                         gate_grad=gate_grad, rows=rows, norm=_KERNEL_NORM[norm])
         ring, ws_shape = 2 * h.units, (batch * heads, 2, r, d)
         chained = h.grid[0] > h.units  # (its own segments, not the portable kernel's)
     else:
         ring, ws_shape = lanes, (lanes, 2, cfg["BLOCK_R"], cfg["BLOCK_D"])
         chained = n_seg > 1
     # A short call on the portable kernel repairs its non-finite rows within its launch (the
-    # segment holding a lane's first non-finite row computes its rows again): one launch, where a
-    # repair launch would add a launch's host time; a long one keeps its kernel lean (the
-    # in-launch repair slows its sweep, NOTES.md) and flags the lanes for a repair launch, as the
-    # Hopper kernel does.
+    # segment holding a lane's first non-finite row computes its rows again), where a repair
+    # launch would add its host time; a long one keeps its kernel lean (the in-launch repair
+    # slows its sweep, NOTES.md) and flags the lanes for a repair launch, as the Hopper's does.
     return LaunchPlan(
         lanes=lanes, state_shape=(batch, heads, r, d), grid=(lanes * n_seg,), hopper=h,
         # (gated calls: the repair launch, never the in-launch repair, whose separate function

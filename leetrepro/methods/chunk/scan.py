@@ -8,7 +8,8 @@ import torch
 
 from ..._groups import lane_heads
 from ...registry import GPU_DTYPES, register
-from .._gpu import (NoTriton, cdiv, dot_precision, refuse_interpreted_bf16, rows_contiguous, staged_state, strided)
+from .._gpu import (NoTriton, cdiv, dot_precision, refuse_interpreted_bf16, rows_contiguous,
+                    staged_state, strided)
 
 from . import plans, tables
 
@@ -82,8 +83,7 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
     # each tensor in its own layout (strides): only a last dimension not contiguous is copied
     B, C, V, dual = (rows_contiguous(t) for t in (B, C, V, dual))
     # O in V's dimension order, dense (time-major V: time-major O, the caller's reshape a
-    # view); the dual output in B's; a head each
-    # (where V or B holds groups, dense head-major)
+    # view); the dual output in B's; a head each (where V or B holds groups, dense head-major)
     if B.shape[1] == V.shape[1] == C.shape[1]:
         out = torch.empty_like(V) if out is None else out
         out2 = None if dual is None else (torch.empty_like(B) if out2 is None else out2)
@@ -91,16 +91,17 @@ def chunk_scan(B, C, V, gamma, fp32_precision: str | None = None, segment: int |
         heads = lane_heads(B, C, V, dual)
         out = per_head_like(V, heads) if out is None else out
         out2 = None if dual is None else (per_head_like(B, heads) if out2 is None else out2)
-    tensors = tables.Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2, S0=staged_state(initial_state, B),
-                       GAMMA=gamma, CU=cu_seqlens,
-                       G=None if g is None else g.to(torch.float32), ROWS=rows, NORM=norm,
-                       OFFSETS=None if offsets is None else _checked_offsets(offsets, V, dual))
+    tensors = tables.Operands(B=B, C=C, V=V, O=out, E=dual, O2=out2,
+                              S0=staged_state(initial_state, B), GAMMA=gamma, CU=cu_seqlens,
+                              G=None if g is None else g.to(torch.float32), ROWS=rows, NORM=norm,
+                              OFFSETS=None if offsets is None else
+                              _checked_offsets(offsets, V, dual))
     if gate_pieces is not None:
         w, rows, totals = gate_pieces
         tensors = tensors._replace(E=dual if dual is not None else rows_contiguous(w),
                                    DG=(rows, totals))
     plan = plans.launch_plan(tensors, fp32_precision=fp32_precision, segment=segment, config=config,
-                       output_final_state=output_final_state, reverse=reverse, kernel=kernel)
+                             output_final_state=output_final_state, reverse=reverse, kernel=kernel)
     sn = plan.run(tensors, float(scale))
     if dual is not None:
         out = (out, out2)
