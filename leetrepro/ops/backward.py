@@ -11,8 +11,7 @@ import torch
 
 from .._groups import expand_groups, sum_groups
 from ..decay.per_head import decayed_by
-from ..decay.per_token import (final_pairs, first_decay, fold_gates, gate_dtype,
-                              gate_gradient_from_dots)
+from ..decay.per_token import first_decay, fold_gates, gate_dtype, gate_gradient_from_dots
 from ..registry import Method
 
 
@@ -151,29 +150,14 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         dS0 = forward._into((R * scale).to(initial_state.dtype), initial_state, None)
     dg = None
     if pieces is not None:
-        from ..methods import chunk
-        tail = final_pairs(dS, SN)
-        tail = None if tail is None else tail / scale
-        if all(pieces["hopper"]) and cu_seqlens is None:  # (both sweeps' rows: one pass)
-            dg = chunk.gate_gradient_from_rows(pieces["forward"][0], pieces["reverse"][0],
-                                               pieces["block"], tail, scale)
-        else:
-            for i, name in enumerate(("forward", "reverse")):  # (the Hopper kernel's rows:
-                # their sums within each chunk taken here)
-                if pieces["hopper"][i]:
-                    pieces[name] = chunk.hopper_row_pieces(pieces[name][0], pieces["block"],
-                                                           i == 1)
-            dg = chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"],
-                                                 pieces["block"], cu_seqlens, tail, scale)
-        dg = forward._into(dg.to(g.dtype), g, None)
+        dg = gate_sweeps.gradient_from_pieces(pieces, dS, SN, cu_seqlens, scale)
     elif straddle:
         dg = gate_sweeps._straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens,
                                             scale, opts.get("gate_grad_precision"))
-        dg = forward._into(dg.to(g.dtype), g, None)
     elif need_g:
-        # (in g's layout, as the fake gives it: a time-major g's gradient is time-major)
         dg = gate_gradient_from_dots(expand_groups(B, heads), dB, expand_groups(C, heads), dC,
                                      cu_seqlens, dS, SN)
+    if dg is not None:  # (in g's layout, as the fake gives it: time-major g, time-major dg)
         dg = forward._into(dg.to(g.dtype), g, None)
     if groups != heads:
         dB, dC = (None if x is None else _group_sums(x, groups, like)

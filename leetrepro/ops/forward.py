@@ -10,8 +10,7 @@ import functools
 import torch
 
 from .._groups import expand_groups, lane_heads
-from ..decay.per_token import (fold_gates, gate_dtype,
-                              shift_gates)
+from ..decay.per_token import fold_gates, gate_dtype, shift_gates
 from ..registry import Method
 
 

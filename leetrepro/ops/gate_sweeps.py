@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from ..decay.per_token import final_pairs
 from ..registry import Method
 from ..tuning import HOPPER
 
@@ -182,3 +183,23 @@ def _exact_dots(m: Method, opts: dict, dtype: torch.dtype) -> bool:
         return False
     return m.language == "torch" or \
         opts.get("fp32_precision", m.options.get("fp32_precision")) in ("ieee", "tf32x3")
+
+
+def gradient_from_pieces(pieces: dict, dS, SN, cu_seqlens, scale: float) -> torch.Tensor:
+    """dg, float32 ``(batch, heads, N)``, from the pieces Chunk's two sweeps wrote
+    (:func:`_piece_sweeps`' ``pieces``): where the Hopper kernel wrote both sweeps' rows, one
+    pass over them (:func:`leetrepro.methods.chunk.gate_gradient_from_rows`); else each sweep's
+    chunk sums (the Hopper kernel's rows summed by chunks here) and their running sums
+    (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`). ⟨dS_N, S_N⟩ joins each
+    sequence's last row (``dS``, ``SN``: the final state's gradient and the state). O(N) a lane."""
+    from ..methods import chunk
+    tail = final_pairs(dS, SN)
+    tail = None if tail is None else tail / scale
+    if all(pieces["hopper"]) and cu_seqlens is None:  # (both sweeps' rows: one pass)
+        return chunk.gate_gradient_from_rows(pieces["forward"][0], pieces["reverse"][0],
+                                             pieces["block"], tail, scale)
+    for i, name in enumerate(("forward", "reverse")):
+        if pieces["hopper"][i]:  # (the Hopper kernel's rows: their sums within each chunk)
+            pieces[name] = chunk.hopper_row_pieces(pieces[name][0], pieces["block"], i == 1)
+    return chunk.gate_gradient_from_pieces(pieces["forward"], pieces["reverse"], pieces["block"],
+                                           cu_seqlens, tail, scale)
