@@ -12,8 +12,6 @@ Conventions (the whole package follows them):
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from ._dtypes import FLOAT_DTYPES
@@ -52,28 +50,3 @@ def check_qkv(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> None:
     if not B.device == C.device == V.device:
         raise ValueError(f"B, C and V must be on one device, got B on {B.device}, C on {C.device}, "
                          f"V on {V.device}")
-
-
-def memo_by_tensor(cache: dict, t: torch.Tensor, make):
-    """``make(t)``, cached per tensor object and version (keyed by id, confirmed by a weak
-    reference; at most 256 entries): what a model computes from the same decay tensor every layer.
-    Not traceable (a tensor's version breaks a ``torch.compile`` graph): call it where the graph
-    runs (inside a custom op), not where it is traced."""
-    key = (id(t), t._version)
-    hit = cache.get(key)
-    if hit is not None and hit[0]() is t:
-        return hit[1]
-    value = make(t)
-    if len(cache) >= 256:
-        cache.clear()
-    cache[key] = (weakref.ref(t), value)
-    return value
-
-
-def positive_where_free(t: torch.Tensor) -> float | None:
-    """The largest entry of ``t`` if it is positive and reading it costs no synchronisation (a
-    CPU tensor, outside a compiled graph's tracing); else None (fine, or not read)."""
-    if t.device.type != "cpu" or not t.numel() or torch.compiler.is_compiling():
-        return None
-    top = t.detach().max().item()
-    return top if top > 0 else None

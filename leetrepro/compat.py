@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 
 import torch
 
-from ._inputs import check_4d, memo_by_tensor, positive_where_free
+from ._inputs import check_4d
 from .decay.per_head import check_gamma_values, mark_checked
+from .decay.per_token import positive_where_free
 from .decay.trapezoid import key_weights, pending_state, rotate_pairs
 from .api import causal_linear_decoder, prepared
 from .methods import chunk
@@ -38,6 +40,22 @@ from .methods.state_update import selective_state_update  # noqa: F401  (a drop-
 _DECAYS: dict = {}
 #: the ``g_gamma`` tensors whose values :func:`decays_from_log` has checked (object and version)
 _LOGS_CHECKED: dict = {}
+
+
+def memo_by_tensor(cache: dict, t: torch.Tensor, make):
+    """``make(t)``, cached per tensor object and version (keyed by id, confirmed by a weak
+    reference; at most 256 entries): what a model computes from the same decay tensor every layer.
+    Not traceable (a tensor's version breaks a ``torch.compile`` graph): call it where the graph
+    runs (inside a custom op), not where it is traced."""
+    key = (id(t), t._version)
+    hit = cache.get(key)
+    if hit is not None and hit[0]() is t:
+        return hit[1]
+    value = make(t)
+    if len(cache) >= 256:
+        cache.clear()
+    cache[key] = (weakref.ref(t), value)
+    return value
 
 
 def chunk_simple_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from .._inputs import positive_where_free
+
+
+def positive_where_free(t: torch.Tensor) -> float | None:
+    """The largest entry of ``t`` if it is positive and reading it costs no synchronisation (a
+    CPU tensor, outside a compiled graph's tracing); else None (fine, or not read)."""
+    if t.device.type != "cpu" or not t.numel() or torch.compiler.is_compiling():
+        return None
+    top = t.detach().max().item()
+    return top if top > 0 else None
 
 
 def check_gates(g, B: torch.Tensor) -> None:
