@@ -1097,3 +1097,28 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
         assert rel_error(a, w) <= tol, f"d{name}: {rel_error(a, w):.2e}"
     again = grads([t.to(dtype) for t in (B, C, V)] + [g], "Chunk")
     assert all(torch.equal(a, w) for a, w in zip(got, again))
+
+
+@pytest.mark.slow  # (seconds: two layer-sized calls of each decay on the CPU)
+def test_a_layer_call_launches_what_the_census_counted():
+    """The kernels one eager forward and backward of a 125M model's layer launches on an H200
+    (``probes.launches``: its tables and SMs, the launches recorded, not run), and the ATen
+    operators it issues, held at what they are: a launch costs tens of microseconds of an eager
+    step's host time (notes/gates.md), so a change that adds one shows here. The gated call:
+    the per-head decay's sweeps and repair launches, a sweep more (dC's, apart from the pieces'
+    dV sweep), each sweep's gates summed by tiles, the gates' gradient's one pass."""
+    from leetrepro.probes.launches import census
+    sweep = ["chunk_hopper_kernel", "chunk_scan_kernel repair"]
+    gated = census("h200", (4, 4096, 12, 64, 64), gated=True)
+    assert gated["forward"] == ["tile_sums_kernel"] + sweep
+    assert gated["backward"] == (["tile_sums_kernel"] + sweep) * 3 + ["gate_rows_kernel"]
+    per_head = census("h200", (4, 4096, 12, 64, 64), gated=False)
+    assert per_head["forward"] == sweep and per_head["backward"] == sweep * 2
+    # (the CPU's own reads of the gates' values, none on a GPU, left out)
+    host_only = {"max", "_local_scalar_dense", "detach"}
+    ops = {f"{decay} {phase}": sum(c for op, c in res[phase + "_ops"].items()
+                                   if op not in host_only)
+           for decay, res in (("gated", gated), ("per_head", per_head))
+           for phase in ("forward", "backward")}
+    assert ops == {"gated forward": 14, "gated backward": 31, "per_head forward": 10,
+                   "per_head backward": 14}, ops

@@ -1,5 +1,7 @@
 """Investigation tools: measurements that explain a number rather than record one for a table.
 
+* :mod:`~leetrepro.probes.launches`: the kernels and ATen operators one eager call launches on
+  a GPU, read on any machine with that GPU's tables (a test holds the counts);
 * :mod:`~leetrepro.probes.ncu`: Nsight Compute over named cells (DRAM bytes, issue slots,
   stalls), the profile behind a "what limits this cell" entry of NOTES.md;
 * :mod:`~leetrepro.probes.regs`: the kernels compiled for sm_90 without a GPU, their registers
