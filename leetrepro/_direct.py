@@ -42,6 +42,18 @@ def transformed() -> bool:
     return torch._C._functorch.peek_interpreter_stack() is not None
 
 
+def refuse_transforms(what: str) -> None:
+    """A NotImplementedError naming ``what`` where a torch.func transform is active: an entry
+    whose autograd has no torch.func support yet, refused by name rather than by PyTorch's
+    complaint about a Function's ``setup_context``."""
+    if not torch.compiler.is_compiling() and transformed():
+        raise NotImplementedError(
+            f"{what} under torch.func transforms (grad, vjp, vmap, functional_call's gradients) "
+            f"is not supported yet: take its gradients with torch.autograd (loss.backward(), "
+            f"torch.autograd.grad); causal_linear_decoder, chunk_simple_gla, "
+            f"mamba_chunk_scan_combined and Mamba2Block support torch.func.grad")
+
+
 def outside_transforms():
     """A context in which torch.func's active transforms are set aside: tensors made in it are
     plain (a factory call under ``grad`` makes a wrapper, whose storage cannot be read)."""
@@ -69,6 +81,36 @@ def unwrapped(t):
     return t
 
 
+class _PlainContext:
+    """An ``autograd.Function``'s context whose saved tensors come without torch.func's wrappers
+    (:func:`unwrapped`); everything else is the context's own."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    @property
+    def saved_tensors(self) -> tuple:
+        return tuple(unwrapped(t) for t in self._ctx.saved_tensors)
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+
+def plain_backward(backward):
+    """An ``autograd.Function``'s first-order ``backward`` (its class also defines
+    ``setup_context``, which torch.func asks of a Function) made to run under ``torch.func.grad``
+    and ``vjp``: under a transform it runs outside it, on the unwrapped gradients and saved
+    tensors, so that its kernels read plain tensors and its custom ops meet no transform (their
+    generated Functions have no ``setup_context``). Elsewhere it runs as written."""
+    def run(ctx, *grads):
+        if not torch.compiler.is_compiling() and transformed():
+            with outside_transforms():
+                return backward(_PlainContext(ctx), *(unwrapped(g) for g in grads))
+        return backward(ctx, *grads)
+    run.__doc__, run.__name__ = backward.__doc__, backward.__name__
+    return run
+
+
 class _Autograd(torch.autograd.Function):
     """An op's registered autograd (``register_autograd``'s ``setup_context`` and ``backward``)
     around its implementation: what the custom op's own autograd does, without the dispatch. The
@@ -85,6 +127,7 @@ class _Autograd(torch.autograd.Function):
         ctx.direct_op._setup_context_fn(ctx=ctx, inputs=inputs[:-1], output=output)
 
     @staticmethod
+    @plain_backward
     def backward(ctx, *grads):
         needs = ctx.needs_input_grad
         try:
@@ -93,6 +136,25 @@ class _Autograd(torch.autograd.Function):
         finally:
             ctx.needs_input_grad = needs
         return (*out, None) if isinstance(out, tuple) else (out, None)
+
+
+def _transformed_only(args) -> bool:
+    """Whether a torch.func transform is what makes :func:`traced` true: no compiler, no dispatch
+    mode, no tensor subclass among the arguments."""
+    return transformed() and not torch.compiler.is_compiling() and \
+        not torch._C._len_torch_dispatch_stack() and \
+        all(type(a) in _NOT_SUBCLASSES or not isinstance(a, torch.Tensor) or
+            torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
+
+
+def _every(signature, args: tuple) -> tuple:
+    """``args`` with the defaults of the parameters they leave out (setup_context sees every
+    input)."""
+    if len(args) < len(signature.parameters):
+        bound = signature.bind(*args)
+        bound.apply_defaults()
+        args = bound.args
+    return args
 
 
 def direct(op):
@@ -116,14 +178,14 @@ def direct(op):
             bound.apply_defaults()
             args = bound.args
         if not DIRECT or traced(args):
+            if DIRECT and op._backward_fn is not None and _transformed_only(args):
+                # (torch.func.grad, vjp: the op's own generated Function has no setup_context,
+                # which a transform asks of it; this one has)
+                return _Autograd.apply(*_every(signature, args), op)
             return op(*args)
         if op._backward_fn is not None and torch.is_grad_enabled() and any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            if len(args) < len(signature.parameters):  # (setup_context sees every input)
-                bound = signature.bind(*args)
-                bound.apply_defaults()
-                args = bound.args
-            return _Autograd.apply(*args, op)
+            return _Autograd.apply(*_every(signature, args), op)
         if not mutated:
             return impl(*args)
         out = impl(*args)

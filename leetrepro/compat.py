@@ -21,6 +21,7 @@ import weakref
 
 import torch
 
+from ._direct import plain_backward, refuse_transforms
 from ._inputs import check_4d
 from .decay.per_head import check_gamma_values, mark_checked
 from .decay.per_token import positive_where_free
@@ -406,16 +407,20 @@ class _SSDRowsInSweep(torch.autograd.Function):
     state in the operator's layout or None; ``spec = ((method, options), final state wanted)``."""
 
     @staticmethod
-    def forward(ctx, x, dt, g, C, B, D, s0, spec):
+    def forward(x, dt, g, C, B, D, s0, spec):
         (m, opts), final = spec
         rows = C.transpose(1, 2), B.transpose(1, 2), x.transpose(1, 2)
-        o, sn = ops.run(m, opts, *rows, None, s0, False, final, g=g.transpose(1, 2),
-                        rows=(dt.transpose(1, 2), D.float()))
-        ctx.save_for_backward(x, dt, g, C, B, D, s0, sn if final else None)
-        ctx.resolved = (m, opts)
-        return o, sn
+        return ops.run(m, opts, *rows, None, s0, False, final, g=g.transpose(1, 2),
+                       rows=(dt.transpose(1, 2), D.float()))
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dt, g, C, B, D, s0, (resolved, final) = inputs
+        ctx.save_for_backward(x, dt, g, C, B, D, s0, output[1] if final else None)
+        ctx.resolved = resolved
+
+    @staticmethod
+    @plain_backward
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy, dsn):
         x, dt, g, C, B, D, s0, sn = ctx.saved_tensors
@@ -597,6 +602,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     and the running sums are taken of its unrounded gradients
     (:data:`MAMBA3_PAIR_SUMS`).
     """
+    refuse_transforms("mamba3_siso_combined")
     _check_mamba3(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, chunk_size,
                   cu_seqlens)
     acc = torch.float64 if V.dtype == torch.float64 else torch.float32

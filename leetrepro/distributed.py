@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops
+from ._direct import refuse_transforms
 from ._inputs import check_qkv
 from ._groups import expand_groups
 from ._state import check_state, final_state
@@ -92,6 +93,7 @@ def causal_linear_decoder_sp(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, 
     check_gates(g, V)
     lam = normalize_gamma(gamma, V.shape[1], B.device)
     m, opts = ops.prepare(method, options, B, lam, True, V, gates=g is not None)
+    refuse_transforms("causal_linear_decoder_sp")
     out, final = _SequenceParallel.apply(B, C, V, initial_state, lam, group, m, opts,
                                          bool(output_final_state), g)
     return (out, final) if output_final_state else out
@@ -148,6 +150,7 @@ def halo_rows(x: torch.Tensor, rows: int, group=None) -> torch.Tensor:
     rank, world = _rank_world(group)
     if world == 1 or rows == 0:
         return x.new_zeros(x.shape[0], rows, x.shape[2])
+    refuse_transforms("halo_rows")
     return _Halo.apply(x, rows, group)
 
 

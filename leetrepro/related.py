@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from ._direct import direct
+from ._direct import direct, refuse_transforms
 from .api import causal_linear_decoder
 from .methods import normalizer
 from .methods.normalizer import (normalized_epilogue, normalized_output, normalized_prologue,
@@ -190,6 +190,7 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     normalises them), nothing of size N × N or N × r × d.
     Compiles into one graph (``torch.compile(fullgraph=True)``: the backward goes through the
     operator's backward op and the passes' custom ops)."""
+    refuse_transforms("normalized_linear_attention")
     rows = normalize_rows and on_kernels(q, k, v)
     if normalize_rows and not rows:
         q, k = (torch.nn.functional.normalize(t, dim=-1, eps=ROW_EPS) for t in (q, k))
@@ -222,6 +223,7 @@ def normalize_rows(x: torch.Tensor, eps: float = ROW_EPS) -> torch.Tensor:
     one float32 a row), where PyTorch's composition takes about eight passes, each strided
     where the norm is broadcast; elsewhere PyTorch's own. Differentiable once."""
     if normalizer.on_row_norm_kernels(x):
+        refuse_transforms("normalize_rows")
         return _RowNormalized.apply(x, float(eps))
     return torch.nn.functional.normalize(x, dim=-1, eps=eps)
 

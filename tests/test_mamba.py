@@ -1088,3 +1088,46 @@ def test_the_state_update_kernel_is_one_token_of_the_recurrence(monkeypatch, dty
         (d64[:, :1] * x[:, 0].double())[..., None] * g0[0][:, None]
     assert rel_error(state.double(), s0) <= 1e-5
     assert rel_error(out.double(), want[:, 0]) <= 1e-5
+
+
+@pytest.mark.parametrize("method", ["Chunk", "auto"])
+def test_torch_func_grad_gives_autograd_s_gradients_through_the_ssd_and_the_block(method):
+    """torch.func.grad (a functional training loop's, ``functional_call`` over a block's
+    parameters) gives the gradients torch.autograd gives, through the SSD drop-in with D,
+    dt_bias and softplus (Chunk's kernels, interpreted, with its rows in the sweep; or the
+    PyTorch methods) and through Mamba2Block's conv, gates and projections; Mamba-3's drop-in,
+    whose autograd has no torch.func support yet, refuses by name."""
+    from leetrepro.compat import mamba3_siso_combined
+    from leetrepro.models import Mamba2Block
+    gen = torch.Generator().manual_seed(4)
+    dev, dtype = (KERNEL_DEVICE, torch.float32) if method == "Chunk" else ("cpu", torch.float64)
+    opts = dict(method="Chunk", fp32_precision="ieee") if method == "Chunk" else {}
+    b, L, H, P, G, N = 2, 40, 4, 8, 2, 16
+    args = [torch.randn(b, L, H, P, generator=gen), torch.rand(b, L, H, generator=gen),
+            -torch.rand(H, generator=gen), torch.randn(b, L, G, N, generator=gen),
+            torch.randn(b, L, G, N, generator=gen), torch.randn(H, generator=gen),
+            torch.randn(H, generator=gen)]
+    args = [a.to(dev, dtype) for a in args]
+
+    def loss(x, dt, A, B, C, D, dt_bias):
+        return mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=16, D=D, dt_bias=dt_bias,
+                                         dt_softplus=True, **opts).square().sum()
+    by_func = torch.func.grad(loss, argnums=tuple(range(7)))(*args)
+    leaves = [a.clone().requires_grad_() for a in args]
+    loss(*leaves).backward()
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for got, leaf in zip(by_func, leaves):
+        assert (got - leaf.grad).norm() <= tol * leaf.grad.norm(), (got - leaf.grad).norm()
+    block = Mamba2Block(d_model=16, d_state=N, headdim=8, **opts).to(dev, dtype)
+    u = torch.randn(2, 24, 16, generator=gen).to(dev, dtype)
+    params = {k: v.detach() for k, v in block.named_parameters()}
+    grads = torch.func.grad(
+        lambda p: torch.func.functional_call(block, p, (u,)).square().sum())(params)
+    block(u).square().sum().backward()
+    for name, p in block.named_parameters():
+        assert (grads[name] - p.grad).norm() <= tol * p.grad.norm(), name
+    with pytest.raises(NotImplementedError, match="mamba3_siso_combined"):
+        torch.func.grad(lambda q: mamba3_siso_combined(
+            q, q, torch.randn(1, 8, 2, 4), -torch.rand(1, 2, 8), torch.rand(1, 2, 8),
+            torch.randn(1, 2, 8), torch.zeros(2, 8), torch.zeros(2, 8),
+            torch.randn(1, 8, 2, 2)).sum())(torch.randn(1, 8, 2, 8))

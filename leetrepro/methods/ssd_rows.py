@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .._direct import direct
+from .._direct import direct, plain_backward
 from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, rows_contiguous, strided
 
 try:
@@ -149,12 +149,17 @@ class _ScaleRows(torch.autograd.Function):
     nothing (read x, dV', dy and write dx, where two passes read five tensors and wrote two)."""
 
     @staticmethod
-    def forward(ctx, x, dt, alias, D):
-        ctx.save_for_backward(x, dt, D)
+    def forward(x, dt, alias, D):
         v = scaled(x, dt)
         return (v, x.view_as(x)) if alias else v
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, dt, _, D = inputs
+        ctx.save_for_backward(x, dt, D)
+
+    @staticmethod
+    @plain_backward
     def backward(ctx, dv, d_alias=None):
         x, dt, D = ctx.saved_tensors
         want_dx, want_ddt = ctx.needs_input_grad[:2]
@@ -172,8 +177,12 @@ class _SkipOnAlias(torch.autograd.Function):
     x''s gradient, which that class's backward multiplies by D (and takes dD from)."""
 
     @staticmethod
-    def forward(ctx, o, x_alias, D):
+    def forward(o, x_alias, D):
         return _ssd_rows(x_alias, per_head(D, x_alias), None, o, False)[0]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
 
     @staticmethod
     def backward(ctx, dy):
@@ -184,14 +193,19 @@ class _Skip(torch.autograd.Function):
     """y = o + D·x (D per head); backward do = dy, dx = D·dy and dD = Σ x·dy in one pass."""
 
     @staticmethod
-    def forward(ctx, o, x, D):
-        w = per_head(D, x)
-        ctx.save_for_backward(x, w)
-        return _ssd_rows(x, w, None, o, False)[0]
+    def forward(o, x, D):
+        return _ssd_rows(x, per_head(D, x), None, o, False)[0]
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, x, D = inputs
+        ctx.save_for_backward(x, D)
+
+    @staticmethod
+    @plain_backward
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
+        x, D = ctx.saved_tensors
+        w = per_head(D, x)
         want_dD = ctx.needs_input_grad[2]
         if ctx.needs_input_grad[1] or want_dD:
             dx, dw, _ = _ssd_rows(x, w, dy, None, want_dD)
@@ -320,12 +334,17 @@ class _StepSizes(torch.autograd.Function):
     """:func:`dt_gates` with its backward :func:`dt_gates_backward`."""
 
     @staticmethod
-    def forward(ctx, raw, bias, A, softplus, low, high):
-        ctx.save_for_backward(raw, bias, A)
-        ctx.args = (softplus, low, high)
+    def forward(raw, bias, A, softplus, low, high):
         return _dt_gates(raw, bias, A, softplus, low, high)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        raw, bias, A, *args = inputs
+        ctx.save_for_backward(raw, bias, A)
+        ctx.args = tuple(args)
+
+    @staticmethod
+    @plain_backward
     def backward(ctx, ddt, dg):
         raw, bias, A = ctx.saved_tensors
         need_raw, need_bias, need_a = ctx.needs_input_grad[:3]
