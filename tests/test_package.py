@@ -158,28 +158,33 @@ def _module_state() -> set:
     to an empty dict, list or set, or to a counter, and functions under a ``functools`` cache, as
     ``module.name`` (``methods.chunk.plans._PLANS``)."""
     import ast
-    package = os.path.join(ROOT, "leetrepro")
     empty = {"{}", "[]", "set()", "dict()", "itertools.count()"}
     found = set()
+    for path, text in _operator_sources():
+        module = path[:-3].replace(os.sep, ".")
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                if isinstance(target, ast.Name) and ast.unparse(node.value) in empty:
+                    found.add(f"{module}.{target.id}")
+            elif isinstance(node, ast.FunctionDef) and any(
+                    "cache" in ast.unparse(d) for d in node.decorator_list):
+                found.add(f"{module}.{node.name}")
+    return found
+
+
+def _operator_sources():
+    """``(path, text)`` of each Python file of the operator: the package less ``bench/``,
+    ``probes/`` and ``reproduce/``, the path relative to the package (``ops/forward.py``)."""
+    package = os.path.join(ROOT, "leetrepro")
     for folder, _, files in os.walk(package):
         rel = os.path.relpath(folder, package)
         if rel.split(os.sep)[0] in ("bench", "probes", "reproduce", "data", "__pycache__"):
             continue
         for f in files:
-            if not f.endswith(".py"):
-                continue
-            module = ".".join(p for p in (rel.replace(os.sep, "."), f[:-3]) if p != ".")
-            with open(os.path.join(folder, f), encoding="utf-8") as src:
-                tree = ast.parse(src.read())
-            for node in tree.body:
-                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                    target = node.targets[0] if isinstance(node, ast.Assign) else node.target
-                    if isinstance(target, ast.Name) and ast.unparse(node.value) in empty:
-                        found.add(f"{module}.{target.id}")
-                elif isinstance(node, ast.FunctionDef) and any(
-                        "cache" in ast.unparse(d) for d in node.decorator_list):
-                    found.add(f"{module}.{node.name}")
-    return found
+            if f.endswith(".py"):
+                with open(os.path.join(folder, f), encoding="utf-8") as src:
+                    yield os.path.normpath(os.path.join(rel, f)), src.read()
 
 
 def test_design_cache_table_lists_every_module_level_cache():
@@ -432,18 +437,7 @@ def _code_only(text: str) -> str:
 def _rule_branches() -> set:
     """The operator's files (the package less bench/, probes/, reproduce/) whose code branches
     on the per-token rule (:data:`_RULE_BRANCH`)."""
-    package = os.path.join(ROOT, "leetrepro")
-    found = set()
-    for folder, _, files in os.walk(package):
-        rel = os.path.relpath(folder, package)
-        if rel.split(os.sep)[0] in ("bench", "probes", "reproduce", "data", "__pycache__"):
-            continue
-        for f in files:
-            if f.endswith(".py"):
-                with open(os.path.join(folder, f), encoding="utf-8") as src:
-                    if _RULE_BRANCH.search(_code_only(src.read())):
-                        found.add(os.path.normpath(os.path.join(rel, f)))
-    return found
+    return {path for path, text in _operator_sources() if _RULE_BRANCH.search(_code_only(text))}
 
 
 def test_design_lists_the_files_that_branch_on_the_decay_rule():
