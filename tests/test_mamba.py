@@ -1090,7 +1090,7 @@ def test_the_state_update_kernel_is_one_token_of_the_recurrence(monkeypatch, dty
     assert rel_error(out.double(), want[:, 0]) <= 1e-5
 
 
-@pytest.mark.parametrize("method", ["Chunk", "auto"])
+@pytest.mark.parametrize("method", quick_lane(["auto", "Chunk"]))  # (Chunk: 10 s interpreted)
 def test_torch_func_grad_gives_autograd_s_gradients_through_the_ssd_and_the_block(method):
     """torch.func.grad (a functional training loop's, ``functional_call`` over a block's
     parameters) gives the gradients torch.autograd gives, through the SSD drop-in with D,

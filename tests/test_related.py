@@ -504,18 +504,30 @@ def test_normalized_gradients_in_three_sweeps_against_float64(monkeypatch, dtype
     _, passes = _grads(layer, ins, dO.to(dtype))
     for x, e in zip(got, passes):
         assert rel_error(x, e) <= tolerance(dtype)
-    if dtype == torch.float32 and constant == 1.0:  # (a custom op: checked)
-        small = [t[:1, :2, :40].contiguous() for t in ins]
-        dnum = torch.randn(1, 2, 40, 70, dtype=dtype)
-        dden = torch.randn(1, 2, 40, dtype=torch.float32)
-        torch.library.opcheck(normalizer.normalized_grads_in_sweeps,
-                              (dnum, dden, *small, constant, [True, True, True]))
-        torch.library.opcheck(normalizer.normalized_prologue_rows,
-                              (dnum, torch.randn_like(dnum), dden.abs() + 1.0))
-        monkeypatch.setattr(normalizer, "GRAD_IN_SWEEPS", "always")  # (one compiled graph)
-        out2, got2 = _grads(torch.compile(layer, fullgraph=True), ins, dO.to(dtype))
-        for x, e in zip([out2, *got2], [ref, *want]):
-            assert rel_error(x, e) <= tolerance(dtype), rel_error(x, e)
+
+
+@pytest.mark.slow  # (seconds: opcheck's and the compiler's)
+def test_normalized_three_sweeps_ops_pass_opcheck_and_compile_whole(monkeypatch):
+    """The three sweeps' custom ops pass ``opcheck``, and the layer with them compiles into one
+    graph (``fullgraph=True``) whose output and gradients are float64's within the contract."""
+    from leetrepro.methods import normalizer
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(normalizer, "GRAD_IN_SWEEPS", "always")
+    q, k, v = _qkv(2, 3, 150, 12, 70)
+    ins = [t.float().transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    small = [t[:1, :2, :40].contiguous() for t in ins]
+    dnum = torch.randn(1, 2, 40, 70)
+    dden = torch.randn(1, 2, 40, dtype=torch.float32)
+    torch.library.opcheck(normalizer.normalized_grads_in_sweeps,
+                          (dnum, dden, *small, 1.0, [True, True, True]))
+    torch.library.opcheck(normalizer.normalized_prologue_rows,
+                          (dnum, torch.randn_like(dnum), dden.abs() + 1.0))
+    dO = torch.randn(2, 3, 150, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    ref, want = _grads(lambda a, b, c: related.normalized_direct(a, b, c), (q, k, v), dO)
+    layer = lambda *t: related.normalized_linear_attention(*t, normalize_rows=False)  # noqa: E731
+    out, got = _grads(torch.compile(layer, fullgraph=True), ins, dO.float())
+    for x, e in zip([out, *got], [ref, *want]):
+        assert rel_error(x, e) <= tolerance(torch.float32), rel_error(x, e)
 
 
 @pytest.mark.gpu
