@@ -266,6 +266,8 @@ def patch_package(monkeypatch, package, name: str, value) -> None:
             monkeypatch.setattr(mod, name, value)
             found = True
     assert found, f"{package.__name__} has no {name!r}"
+    from leetrepro.ops import gate_sweeps  # (decisions made under the replaced name stay here)
+    monkeypatch.setattr(gate_sweeps, "_PIECES", {})
 
 
 def patch_chunk(monkeypatch, name: str, value) -> None:

@@ -1106,7 +1106,8 @@ def test_a_layer_call_launches_what_the_census_counted():
     operators it issues, held at what they are: a launch costs tens of microseconds of an eager
     step's host time (notes/gates.md), so a change that adds one shows here. The gated call:
     the per-head decay's sweeps and repair launches, a sweep more (dC's, apart from the pieces'
-    dV sweep), each sweep's gates summed by tiles, the gates' gradient's one pass."""
+    dV sweep), each sweep's gates summed by tiles, the gates' gradient's one pass; and the
+    Python functions each backward calls, against a budget."""
     from leetrepro.probes.launches import census
     sweep = ["chunk_hopper_kernel", "chunk_scan_kernel repair"]
     gated = census("h200", (4, 4096, 12, 64, 64), gated=True)
@@ -1122,3 +1123,7 @@ def test_a_layer_call_launches_what_the_census_counted():
            for phase in ("forward", "backward")}
     assert ops == {"gated forward": 14, "gated backward": 31, "per_head forward": 10,
                    "per_head backward": 14}, ops
+    # the backward's Python: the gates' pieces decided once per signature (391 calls when
+    # decided on every call; 262 and 149 when this budget was set)
+    assert gated["backward_calls"] <= 270 and per_head["backward_calls"] <= 155, \
+        (gated["backward_calls"], per_head["backward_calls"])

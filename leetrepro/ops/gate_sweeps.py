@@ -10,11 +10,14 @@ import os
 import torch
 
 from ..decay.per_token import final_pairs
-from ..registry import Method
+from ..registry import Method, on_change
 from ..tuning import HOPPER
-
-
 from . import forward
+
+#: :func:`_piece_sweeps`' decisions by call signature (:func:`_piece_key`): a model's layers
+#: repeat one signature, and deciding afresh took a third of a gated backward's Python (136 of
+#: 378 calls at a 125M model's layer, ``probes.launches``' plan)
+_PIECES: dict = {}
 
 
 def _row_dots(m: Method, rows, pieces, B: torch.Tensor, V: torch.Tensor) -> torch.Tensor | None:
@@ -113,9 +116,52 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them, or with both sweeps there
     :func:`leetrepro.methods.chunk.gate_gradient_from_rows` dg itself)."""
     from ..methods import chunk
+    key = _piece_key(opts, dO, B, C, V, dual, cu_seqlens, chunk.tables)
+    decided = _PIECES.get(key)
+    if decided is None:
+        if len(_PIECES) >= 1024:
+            _PIECES.clear()
+        decided = _PIECES[key] = _piece_decision(opts, dO, B, C, V, dual, cu_seqlens)
+    hopper, dual, block, config, configs, precision = decided
+    config, configs = dict(config), tuple(dict(c) for c in configs)  # (the caller's own)
+    batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
+    seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
+
+    def buffers(width, row, cfg, with_dc=False):
+        return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
+                                        precision=precision, dual=with_dc, device=V.device,
+                                        config=cfg)
+
+    def rows(width, dc):  # (the Hopper kernel's: a block per consumer's DC/2 columns)
+        return torch.empty(2 * width // dc, batch, heads, n, dtype=torch.float32,
+                           device=V.device), None
+    r, d = B.shape[-1], V.shape[-1]
+    return dict(opts, config=config), dict(
+        forward=rows(r, hopper[0]) if hopper[0] else buffers(r, d, configs[0]),
+        reverse=rows(d, hopper[1]) if hopper[1] else buffers(d, r, configs[1], dual),
+        block=block, dual=dual, configs=configs, hopper=list(hopper))
+
+
+def _piece_key(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, tables) -> tuple:
+    """What :func:`_piece_decision` reads: the four tensors' shapes, strides and 16-byte
+    alignment, dtype and device (the GPU's SMs and capability), the options it reads, the
+    sequences' count, and Chunk's switches (``tables``) at this call."""
+    config = opts.get("config")
+    return (dO.shape, B.shape, C.shape, V.shape, dO.stride(), B.stride(), C.stride(), V.stride(),
+            dO.data_ptr() % 16, B.data_ptr() % 16, C.data_ptr() % 16, V.data_ptr() % 16,
+            V.dtype, V.device, dual, None if cu_seqlens is None else cu_seqlens.numel(),
+            opts.get("kernel", "auto"), opts.get("fp32_precision", "tf32"),
+            None if not config else tuple(sorted(config.items())), tables.HOPPER_PIECES,
+            tables.HOPPER_DUAL_PIECES, tables._FORCED[0], id(tables.PIECES_DC),
+            tables.PIECE_COLS)
+
+
+def _piece_decision(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
+    """:func:`_piece_sweeps`' decisions, the tensors' values unread: ``(hopper, dual, block,
+    config, configs, precision)``."""
+    from ..methods import chunk
     from ..methods._gpu import dot_precision
     r, d = B.shape[-1], V.shape[-1]
-    batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
     precision = dot_precision(V.dtype, opts.get("fp32_precision", "tf32"))
     hopper = [0, 0]  # (the dB sweep's DC, the reverse sweep's)
     dual = dual and forward._dual_fits(B, V)
@@ -141,22 +187,13 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
         chunk.gate_grad_block(r, d, V.dtype, precision, dual, V.device)
     config = dict(BLOCK_N=block) | (opts.get("config") or {})
     block = config["BLOCK_N"]
-    seqs = batch if cu_seqlens is None else cu_seqlens.numel() - 1
     configs = tuple((dict(BLOCK_D=chunk.piece_cols(row, width)) if capped else {}) | config
                     for row, width, capped in ((d, r, True), (r, d, not dual)))
+    return (tuple(hopper), dual, block, tuple(config.items()),
+            tuple(tuple(c.items()) for c in configs), precision)
 
-    def buffers(width, row, cfg, with_dc=False):
-        return chunk.gate_piece_buffers(width, row, batch, seqs, heads, n, dtype=V.dtype,
-                                        precision=precision, dual=with_dc, device=V.device,
-                                        config=cfg)
 
-    def rows(width, dc):  # (the Hopper kernel's: a block per consumer's DC/2 columns)
-        return torch.empty(2 * width // dc, batch, heads, n, dtype=torch.float32,
-                           device=V.device), None
-    return dict(opts, config=config), dict(
-        forward=rows(r, hopper[0]) if hopper[0] else buffers(r, d, configs[0]),
-        reverse=rows(d, hopper[1]) if hopper[1] else buffers(d, r, configs[1], dual),
-        block=block, dual=dual, configs=configs, hopper=hopper)
+on_change(_PIECES.clear)
 
 
 def _piece_opts(opts: dict, pieces: dict, i: int) -> dict:

@@ -76,6 +76,8 @@ def as_gpu(gpu: str, launches: list):
 
 
 class _Operators(torch.utils._python_dispatch.TorchDispatchMode):
+    """The ATen operators issued within it (``counts``)."""
+
     def __init__(self):
         super().__init__()
         self.counts = collections.Counter()
@@ -85,11 +87,28 @@ class _Operators(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _python_calls(fn) -> tuple:
+    """``(fn()'s result, the Python functions it called)`` (``sys.setprofile``'s count)."""
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+    sys.setprofile(count)
+    try:
+        out = fn()
+    finally:
+        sys.setprofile(None)
+    return out, calls[0]
+
+
 def census(gpu: str = "h200", shape: tuple = (4, 4096, 12, 64, 64), gated: bool = True) -> dict:
     """``{"forward": [...], "backward": [...]}``: the kernels one call of ``chunk_simple_gla`` at
     ``shape = (batch, N, heads, K, V)`` launches on ``gpu`` (:func:`as_gpu`), each phase's list in
     launch order, and ``"forward_ops"``, ``"backward_ops"``: the ATen operators it issues
-    (:class:`collections.Counter`). Its second call's: the plans and tables already made."""
+    (:class:`collections.Counter`), ``"forward_calls"``, ``"backward_calls"``: the Python
+    functions it calls (the launches' stand-in's among them). Its second call's: the plans and
+    tables already made."""
     from ..compat import chunk_simple_gla
     b, n, h, k, v = shape
     gen = torch.Generator().manual_seed(0)
@@ -100,17 +119,23 @@ def census(gpu: str = "h200", shape: tuple = (4, 4096, 12, 64, 64), gated: bool 
     if gated:
         decay["g"].requires_grad_()
     launches, out = [], {}
+
+    def forward():
+        return chunk_simple_gla(q, kk, vv, method="Chunk", **decay)[0]
     with as_gpu(gpu, launches):
-        for _ in range(2):
-            launches.clear()
-            with _Operators() as fwd:
-                o, _ = chunk_simple_gla(q, kk, vv, method="Chunk", **decay)
-            out["forward"], out["forward_ops"] = list(launches), fwd.counts
-            launches.clear()
-            dy = torch.ones_like(o)
-            with _Operators() as bwd:
-                o.backward(dy)
-            out["backward"], out["backward_ops"] = list(launches), bwd.counts
+        o = forward()
+        o.backward(torch.ones_like(o))  # (the plans and tables made)
+        launches.clear()
+        with _Operators() as fwd:
+            o = forward()
+        out["forward"], out["forward_ops"] = list(launches), fwd.counts
+        launches.clear()
+        dy = torch.ones_like(o)
+        with _Operators() as bwd:
+            o.backward(dy)
+        out["backward"], out["backward_ops"] = list(launches), bwd.counts
+        o, out["forward_calls"] = _python_calls(forward)
+        out["backward_calls"] = _python_calls(lambda: o.backward(dy))[1]
     return out
 
 
@@ -124,7 +149,8 @@ def main(argv=None) -> None:
     res = census(args.gpu, tuple(args.shape), gated=not args.gamma)
     for phase in ("forward", "backward"):
         ops = res[phase + "_ops"]
-        print(f"{phase}: {len(res[phase])} launches: {', '.join(res[phase])}")
+        print(f"{phase}: {len(res[phase])} launches: {', '.join(res[phase])}; "
+              f"{res[phase + '_calls']} Python calls")
         print(f"  {sum(ops.values())} ATen operators: "
               + ", ".join(f"{k} {c}" for k, c in ops.most_common()))
 
