@@ -389,7 +389,8 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     (:data:`HOPPER_DUAL_PIECES`): the reverse sweep with the dual output, E its input, whose
     program holds the whole state (DC = d), where the plain sweep would not split."""
     if not tables.HOPPER_PIECES or tables._FORCED[0] == "portable" \
-            or (B.shape[-1], reverse) not in tables.PIECES_DC or (dual and not tables.HOPPER_DUAL_PIECES) \
+            or (B.shape[-1], reverse) not in tables.PIECES_DC \
+            or (dual and not tables.HOPPER_DUAL_PIECES) \
             or hopper_pieces_unfit(B, C, V, E, dual=dual, reverse=reverse,
                                    cu_seqlens=cu_seqlens) is not None:
         return None

@@ -339,7 +339,8 @@ def launch_plan(t: tables.Operands, *, fp32_precision, segment, config, output_f
     short = t.B.shape[0] * heads * n <= tables.SELF_REPAIR_ROWS
     # (with the Hopper kernel's A/B switches: a plan keeps the constants it was made with)
     cache_key = (key, kernel, tables._FORCED[0], short, tables.HOPPER_E_RING,
-                 tables.HOPPER_GATES_RING, tables.HOPPER_LATE_PAIRS, tables.HOPPER_UNHOISTED, tables.HOPPER_NORM)
+                 tables.HOPPER_GATES_RING, tables.HOPPER_LATE_PAIRS, tables.HOPPER_UNHOISTED,
+                 tables.HOPPER_NORM)
     plan = _PLANS.get(cache_key)
     if plan is None:
         if len(_PLANS) >= 1024:
