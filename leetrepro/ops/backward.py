@@ -11,7 +11,8 @@ import torch
 
 from .._groups import expand_groups, sum_groups
 from ..decay.per_head import decayed_by
-from ..decay.per_token import first_decay, fold_gates, gate_dtype, gate_gradient_from_dots
+from ..decay.per_token import (first_decay, fold_gates, gate_dtype, gate_gradient_from_dots,
+                               shift_gates)
 from ..registry import Method
 
 
@@ -103,6 +104,9 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         dB, dC, dV = gradient_buffers(B, C, V, need_b, need_c, need_v, shared)
     dS0 = R = rd = None
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
+    # (the reverse sweeps' gates shifted once for them all: dV's and dC's sweeps run apart)
+    rev_call = call if gate is None or not (need_v or need_c or need_s0) else \
+        dict(call, g=shift_gates(gate, cu_seqlens), folded="reversed")
     rev = None
     if need_b:
         s0t = None if initial_state is None else initial_state.transpose(-1, -2)
@@ -135,15 +139,15 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
         (dV, dC), R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0,
                                   dual=V if rd is None else rows[0], out=dv_out, out2=dC,
                                   gate_pieces=rev, rows=None if rd is None else (*rows[1:], rd),
-                                  **call)
+                                  **rev_call)
     else:
         if need_v or (need_s0 and not need_c):
             dV, R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
-                                gate_pieces=rev, **call)
+                                gate_pieces=rev, **rev_call)
         if need_c:
             xt = None if X is None else X.transpose(-1, -2)
             dC, Rt = forward.run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                                 out=dC, **call)
+                                 out=dC, **rev_call)
             R = Rt.transpose(-1, -2) if need_s0 and R is None else R
     if need_s0:  # (in initial_state's layout: R may be a transposed state)
         R = decayed_by(R, gamma, 1) if gate is None else R * first_decay(gate, cu_seqlens)

@@ -35,7 +35,8 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
 
     ``g``: per-token log gates ``(batch, heads, N)`` (a method with ``Method.gates``); a γ folds
     into them here (``folded``: the caller did, once for its several sweeps). In reverse time the
-    method gets them shifted (:func:`shift_gates`).
+    method gets them shifted (:func:`shift_gates`; ``folded="reversed"``: the caller shifted them
+    too, once for a backward's reverse sweeps).
     Operands of fewer heads than the call (groups, :mod:`leetrepro._groups`) go to a method with
     ``Method.groups`` as they are (its outputs a head each, dense where their like is grouped),
     to others expanded. ``gate_pieces``: Chunk's gated backward sweeps' (:func:`_gradients`);
@@ -52,7 +53,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         gamma = None
     if cu_seqlens is not None and not m.varlen:
         res = _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
-                        dual, cu_seqlens, scale, g)
+                        dual, cu_seqlens, scale, g, "reversed" if folded == "reversed" else True)
         return _placed(res, B, V, dual, out, out2)
     batch, _, n, r = B.shape
     d = V.shape[-1]
@@ -81,7 +82,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     if g is not None:
         if "per_token" not in m.decays:
             resolution._refuse_rule(m, "per_token")
-        g = shift_gates(g, cu_seqlens) if reverse else g
+        g = shift_gates(g, cu_seqlens) if reverse and folded != "reversed" else g
         kw["g"] = g.flip(-1) if flip else g
     if scale != 1.0 and m.scale:
         kw["scale"] = scale
@@ -146,7 +147,7 @@ def _empty_sequences(V, r, initial_state, output_final_state, count):
 
 
 def _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state, dual, cu,
-              scale, g=None):
+              scale, g=None, folded=True):
     """Packed sequences one call each (methods without a packed mode; one host read of cu)."""
     bounds = cu.tolist()
     outs, outs2, states = [], [], []
@@ -155,7 +156,7 @@ def _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_stat
         s0 = None if initial_state is None else initial_state[i:i + 1]
         o, s = run(m, opts, B[:, :, rows], C[:, :, rows], V[:, :, rows], gamma, s0, reverse,
                    output_final_state, None if dual is None else dual[:, :, rows], scale=scale,
-                   g=None if g is None else g[:, :, rows], folded=True)
+                   g=None if g is None else g[:, :, rows], folded=folded)
         if dual is not None:
             o, o2 = o
             outs2.append(o2)
