@@ -32,7 +32,9 @@ _NOT_SUBCLASSES = frozenset(_PLAIN + (int, bool, float, str, type(None), torch.d
 def traced(args) -> bool:
     """Whether a call with these positional arguments must take the custom op: a compiler, a
     dispatch mode or a functorch transform is active, or an argument is a tensor subclass."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or transformed():
+    # (the transforms' check inline, not through transformed(): every eager direct call runs it)
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+            or torch._C._functorch.peek_interpreter_stack() is not None:
         return True
     return any(type(a) not in _NOT_SUBCLASSES and isinstance(a, torch.Tensor) for a in args)
 
@@ -143,8 +145,8 @@ def _transformed_only(args) -> bool:
     mode, no tensor subclass among the arguments."""
     return transformed() and not torch.compiler.is_compiling() and \
         not torch._C._len_torch_dispatch_stack() and \
-        all(type(a) in _NOT_SUBCLASSES or not isinstance(a, torch.Tensor) or
-            torch._C._functorch.is_functorch_wrapped_tensor(a) for a in args)
+        all(type(a) in _NOT_SUBCLASSES or not isinstance(a, torch.Tensor) or wrapped(a)
+            for a in args)
 
 
 def _every(signature, args: tuple) -> tuple:

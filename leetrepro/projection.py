@@ -19,6 +19,7 @@ import operator
 
 import torch
 
+from ._direct import wrapped
 from .ops import one_buffer
 
 
@@ -75,7 +76,7 @@ def rejoined(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> tuple:
     concatenation. For eager calls with gradients (the API's); O(1)."""
     base = B._base
     if base is None or C._base is not base or V._base is not base or \
-            type(base) is not torch.Tensor or not base.requires_grad or _wrapped(base) or \
+            type(base) is not torch.Tensor or not base.requires_grad or wrapped(base) or \
             base.device.type == "meta" or \
             not all(t.requires_grad and t.grad_fn is not None for t in (B, C, V)) or \
             base.numel() * base.element_size() != base.untyped_storage().nbytes():
@@ -83,12 +84,6 @@ def rejoined(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> tuple:
     if not one_buffer(B, C, V):
         return B, C, V
     return _Views.apply(base, (_geometry(B), _geometry(C), _geometry(V)))
-
-
-def _wrapped(t: torch.Tensor) -> bool:
-    """Whether t is a functorch transform's wrapper (``torch.func``), whose storage is not its
-    own to read."""
-    return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _geometry(t: torch.Tensor) -> tuple:
