@@ -42,18 +42,12 @@ def as_gpu(gpu: str, launches: list):
     from ..methods import _gpu
     from ..methods.chunk import hopper_launch, tables
 
-    def unfit(B, C, V, gamma, *, gates=False, rows=False, **call):
-        # (an sm_90 GPU: the operands' own conditions)
-        if gates and V.dtype == torch.float32:
-            return "its per-token gates take float16/bfloat16"
-        return hopper_launch.hopper_operand_unfit(B, C, V, **call)
-
     fakes = {"launch": lambda kernel, grid, arguments, key=None, **o:
              launches.append(_kernel_name(kernel, arguments)),
              "gpu_tag": lambda device=None: gpu, "sm_count": lambda device=None: SMS[gpu],
-             "_capability": lambda index: (9, 0), "hopper_unfit": unfit}
+             "_capability": lambda index: (9, 0), "device_unfit": lambda device: None}
     originals = {"launch": _gpu.launch, "gpu_tag": _device.gpu_tag, "sm_count": _device.sm_count,
-                 "_capability": tables._capability, "hopper_unfit": hopper_launch.hopper_unfit}
+                 "_capability": tables._capability, "device_unfit": hopper_launch.device_unfit}
     patched = []
     for mod in [m for k, m in sorted(sys.modules.items()) if k.startswith("leetrepro")]:
         for name, original in originals.items():

@@ -70,11 +70,9 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
     """Why the Hopper kernel cannot take this call (a phrase), or None when it can: an sm_90 GPU,
     and operands it takes (:func:`hopper_operand_unfit`). Reverse time and the dual output are its
     own; ``rows`` (V's row weights and the skip) where :data:`HOPPER_ROWS` is on."""
-    if V.device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return "it needs a CUDA GPU (not the interpreter)"
-    index = V.device.index if V.device.index is not None else torch.cuda.current_device()
-    if tables._capability(index) != (9, 0):
-        return "it needs an sm_90 GPU (H100, H200)"
+    unfit = device_unfit(V.device)
+    if unfit:
+        return unfit
     if gates and V.dtype == torch.float32:
         return "its per-token gates take float16/bfloat16"
     unfit = _hopper_rows_unfit(B, V, rows) if rows else None
@@ -82,6 +80,17 @@ def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str =
         return unfit
     return hopper_operand_unfit(B, C, V, dual=dual, cu_seqlens=cu_seqlens, precision=precision,
                                 outputs=outputs)
+
+
+def device_unfit(device: torch.device) -> str | None:
+    """Why a call on ``device`` cannot take the Hopper kernel (not a CUDA GPU, Triton's
+    interpreter, not sm_90), or None."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "it needs a CUDA GPU (not the interpreter)"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if tables._capability(index) != (9, 0):
+        return "it needs an sm_90 GPU (H100, H200)"
+    return None
 
 
 def hopper_norm_unfit(B, C, V, dual=None) -> str | None:
