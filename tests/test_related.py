@@ -20,6 +20,21 @@ def _qkv(batch, heads, n, r, d, dtype=torch.float64, seed=0):
     return tuple(t.to(dtype) for t in (q, k, v))
 
 
+def _time_major(t, dtype, device="cpu"):
+    """``t`` (batch, heads, N, ·) in ``dtype`` as a time-major tensor's view: a model's projection
+    hands q, k and v so."""
+    return t.to(device, dtype).transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _sweep_case(dtype, constant):
+    """The normaliser's sweep tests' inputs: q, k, v in float64 (q and k non-negative where the
+    constant is 0, so the denominators stay positive) and their time-major copies in ``dtype``."""
+    q, k, v = _qkv(2, 3, 150, 12, 70)
+    if constant == 0.0:
+        q, k = q.abs(), k.abs()
+    return (q, k, v), [_time_major(t, dtype) for t in (q, k, v)]
+
+
 def _grads(fn, ins, dO):
     ins = [t.detach().requires_grad_() for t in ins]
     out = fn(*ins)
@@ -184,8 +199,7 @@ def test_normalized_passes_kernels_are_the_composition(monkeypatch, dtype, const
 
     def run():
         # (q and k as time-major views, as a model's projection hands them)
-        ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(w)
-               for t, w in zip((q, k, v), need)]
+        ins = [_time_major(t, dtype).requires_grad_(w) for t, w in zip((q, k, v), need)]
         out = related.normalized_linear_attention(*ins, constant=constant)
         grads = torch.autograd.grad(out, [t for t in ins if t.requires_grad], dO.to(dtype))
         if normalizer.on_kernels(*ins):  # (each gradient in its input's layout)
@@ -293,8 +307,7 @@ def test_normalized_with_its_rows_normalized(monkeypatch, dtype, need):
         if kernels:  # (the forward as one sweep, or as the operator and the passes)
             monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
         monkeypatch.setattr(normalizer, "IN_SWEEP", sweep)
-        ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(w)
-               for t, w in zip((q, k, v), need)]
+        ins = [_time_major(t, dtype).requires_grad_(w) for t, w in zip((q, k, v), need)]
         assert normalizer.on_kernels(*ins) == kernels
         assert normalizer.in_sweep(*ins, "auto", {}) == sweep
         out = related.normalized_linear_attention(*ins, normalize_rows=True)
@@ -365,10 +378,7 @@ def test_normalized_in_one_sweep_against_float64(monkeypatch, dtype, constant):
     from leetrepro.methods import chunk, normalizer
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-    q, k, v = _qkv(2, 3, 150, 12, 70)
-    if constant == 0.0:
-        q, k = q.abs(), k.abs()
-    ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    (q, k, v), ins = _sweep_case(dtype, constant)
     o, den = normalizer.normalized_in_sweep(*ins, constant, 1e-6)
     a = torch.tril(constant + q @ k.transpose(-1, -2))
     assert o.dtype == dtype and torch.isfinite(o).all()
@@ -459,7 +469,7 @@ def test_normalized_in_one_sweep_on_the_gpu(dtype, segment):
     from leetrepro.methods import chunk
     q, k, v = _qkv(2, 4, 1000, 128, 128)
     a = torch.tril(1.0 + q @ k.transpose(-1, -2))
-    ins = [t.to("cuda", dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    ins = [_time_major(t, dtype, "cuda") for t in (q, k, v)]
     den = torch.empty(2, 4, 1000, dtype=torch.float32, device="cuda")
     o = chunk.chunk_scan(*ins, None, kernel="portable", segment=segment, norm=(1.0, 1e-6, den))
     tol = tolerance(dtype) if dtype != torch.float32 else 5e-3
@@ -480,10 +490,7 @@ def test_normalized_gradients_in_three_sweeps_against_float64(monkeypatch, dtype
     from leetrepro.methods import normalizer
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("LEETREPRO_ROWS_KERNEL", "1")
-    q, k, v = _qkv(2, 3, 150, 12, 70)
-    if constant == 0.0:
-        q, k = q.abs(), k.abs()
-    ins = [t.to(dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    (q, k, v), ins = _sweep_case(dtype, constant)
     dO = torch.randn(2, 3, 150, 70, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     unit = (lambda t: torch.nn.functional.normalize(t, dim=-1)) if rows else (lambda t: t)
     ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c,
@@ -513,8 +520,7 @@ def test_normalized_three_sweeps_ops_pass_opcheck_and_compile_whole(monkeypatch)
     from leetrepro.methods import normalizer
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(normalizer, "GRAD_IN_SWEEPS", "always")
-    q, k, v = _qkv(2, 3, 150, 12, 70)
-    ins = [t.float().transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    (q, k, v), ins = _sweep_case(torch.float32, 1.0)
     small = [t[:1, :2, :40].contiguous() for t in ins]
     dnum = torch.randn(1, 2, 40, 70)
     dden = torch.randn(1, 2, 40, dtype=torch.float32)
@@ -549,8 +555,7 @@ def test_normalized_gradients_in_hopper_sweeps_on_the_gpu(rows):
         unit = (lambda t: torch.nn.functional.normalize(t, dim=-1)) if rows else (lambda t: t)
         ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c),
                            (q, k, v), dO)
-        ins = [t.to("cuda", torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
-               for t in (q, k, v)]
+        ins = [_time_major(t, torch.bfloat16, "cuda") for t in (q, k, v)]
         if not normalizer.grads_in_sweeps(*ins):
             pytest.skip("needs the Hopper kernel (an sm_90 GPU)")
         layer = lambda *t: related.normalized_linear_attention(  # noqa: E731
@@ -604,8 +609,7 @@ def test_normalized_in_one_hopper_sweep_on_the_gpu(r, constant, segment):
         if constant == 0.0:
             q, k = q.abs(), k.abs()
         a = torch.tril(constant + q @ k.transpose(-1, -2))
-        ins = [t.to("cuda", torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
-               for t in (q, k, v)]
+        ins = [_time_major(t, torch.bfloat16, "cuda") for t in (q, k, v)]
         den = torch.empty(batch, heads, n, dtype=torch.float32, device="cuda")
         o = chunk.chunk_scan(*ins, None, segment=segment, norm=(constant, 1e-6, den))
         # (the plans' keys: (signature: N, r, …, segment at 11, …, norm last), kernel asked, …)
@@ -646,7 +650,7 @@ def test_normalized_passes_on_the_gpu(dtype, rows):
     unit = (lambda t: torch.nn.functional.normalize(t, dim=-1)) if rows else (lambda t: t)
     ref, want = _grads(lambda a, b, c: related.normalized_direct(unit(a), unit(b), c), (q, k, v),
                        dO)
-    ins = [t.to("cuda", dtype).transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    ins = [_time_major(t, dtype, "cuda") for t in (q, k, v)]
     assert normalizer.on_kernels(*ins)
     layer = lambda *t: related.normalized_linear_attention(*t, normalize_rows=rows)  # noqa: E731
     out, got = _grads(layer, ins, dO.to("cuda", dtype))
