@@ -400,6 +400,44 @@ def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles(monkeypatch, n,
     assert (fwd[..., n:] == fwd[..., n - 1:n]).all() and (rev[..., n:] == 0).all()
 
 
+@pytest.mark.parametrize("interpreted", [True, False])
+def test_a_backward_s_sweeps_share_one_launch_of_the_gates_tile_sums(monkeypatch, interpreted):
+    """Inside ``shared_tile_sums`` (a gated backward's sweeps) the forward gates' and the
+    shifted reverse gates' tile sums are made by one launch, the first time a sweep asks, and
+    every later sweep reads the same tensors; they equal the sums made one by one bit for bit.
+    Other gates, the other direction, or the scope's end: made anew. With the switch off, one
+    launch a sweep again."""
+    from leetrepro.decay.per_token import shift_gates
+    from leetrepro.methods.chunk import hopper_launch, tables
+    if not interpreted:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    elif not INTERPRETED:
+        pytest.skip("the CPU's interpreted launch")
+    launched = []
+    real = hopper_launch.launch
+    monkeypatch.setattr(hopper_launch, "launch",
+                        lambda kernel, grid, args, **kw: (launched.append(grid),
+                                                          real(kernel, grid, args, **kw))[1])
+    g = _gates(2, 3, 150, seed=7).transpose(1, 2).contiguous().transpose(1, 2)
+    rev = shift_gates(g)
+    alone = [hopper_launch.tile_gate_sums(x, 64, r) for x, r in ((g, False), (rev, True))]
+    launched.clear()
+    with hopper_launch.shared_tile_sums(g, rev):
+        first = hopper_launch.tile_gate_sums(rev, 64, True)
+        again = [hopper_launch.tile_gate_sums(rev, 64, True), hopper_launch.tile_gate_sums(g, 64, False)]
+        assert again[0] is first
+        assert len(launched) == (1 if interpreted else 0)
+        assert torch.equal(first, alone[1]) and torch.equal(again[1], alone[0])
+        other = hopper_launch.tile_gate_sums(g, 64, True)  # (not named: made alone)
+        assert other is not again[1] and not torch.equal(other, again[1])
+    assert hopper_launch.tile_gate_sums(rev, 64, True) is not first
+    monkeypatch.setattr(tables, "GATE_SUMS_SHARED", False)
+    launched.clear()
+    with hopper_launch.shared_tile_sums(g, rev):
+        assert hopper_launch.tile_gate_sums(rev, 64, True) is not hopper_launch.tile_gate_sums(rev, 64, True)
+    assert len(launched) == (2 if interpreted else 0)
+
+
 def test_gated_calls_choose_their_kernel_as_the_decay_does(monkeypatch):
     """Where the Hopper kernel can take a gated call (fp16/bf16), the measured table's decay rows
     decide for it: its per-chunk work is the decay's, not the 0-1 mask's."""
@@ -871,6 +909,13 @@ def test_the_gates_gradient_from_the_hopper_rows_in_one_pass(n, tail):
                                                t_n, 0.5)
     assert (got - composed).abs().max() <= 1e-5 * composed.abs().max()
     assert torch.equal(got, chunk.gate_gradient_from_rows(q_f, q_r, 64, t_n, scale=0.5))
+    # written in the gates' layout and dtype where they are given (a time-major g's dg
+    # time-major: no copy after), the same values
+    for dtype in (torch.float32, torch.float16):
+        g = torch.empty(2, n, 3, dtype=dtype, device=KERNEL_DEVICE).transpose(1, 2)
+        laid = chunk.gate_gradient_from_rows(q_f, q_r, 64, t_n, scale=0.5, like=g)
+        assert laid.dtype == dtype and laid.stride() == g.stride()
+        assert torch.equal(laid, got.to(dtype))
 
 
 @pytest.mark.gpu
@@ -1106,13 +1151,14 @@ def test_a_layer_call_launches_what_the_census_counted():
     operators it issues, held at what they are: a launch costs tens of microseconds of an eager
     step's host time (notes/gates.md), so a change that adds one shows here. The gated call:
     the per-head decay's sweeps and repair launches, a sweep more (dC's, apart from the pieces'
-    dV sweep), each sweep's gates summed by tiles, the gates' gradient's one pass; and the
+    dV sweep), the gates summed by tiles (the forward's, the backward's three sweeps' in one
+    launch), the gates' gradient's one pass; and the
     Python functions each backward calls, against a budget."""
     from leetrepro.probes.launches import census
     sweep = ["chunk_hopper_kernel", "chunk_scan_kernel repair"]
     gated = census("h200", (4, 4096, 12, 64, 64), gated=True)
     assert gated["forward"] == ["tile_sums_kernel"] + sweep
-    assert gated["backward"] == (["tile_sums_kernel"] + sweep) * 3 + ["gate_rows_kernel"]
+    assert gated["backward"] == ["tile_sums_kernel"] + sweep * 3 + ["gate_rows_kernel"]
     per_head = census("h200", (4, 4096, 12, 64, 64), gated=False)
     assert per_head["forward"] == sweep and per_head["backward"] == sweep * 2
     # (the CPU's own reads of the gates' values, none on a GPU, left out)
@@ -1121,8 +1167,10 @@ def test_a_layer_call_launches_what_the_census_counted():
                                    if op not in host_only)
            for decay, res in (("gated", gated), ("per_head", per_head))
            for phase in ("forward", "backward")}
-    # (the gated backward's reverse sweeps share one shift of the gates: 31 when each shifted)
-    assert ops == {"gated forward": 14, "gated backward": 29, "per_head forward": 10,
+    # (the gated backward's reverse sweeps share one shift of the gates: 31 when each shifted;
+    # its sweeps one launch of the tile sums: 29 when each launched its own; dg written in the
+    # gates' layout by its pass: 28 when copied there after)
+    assert ops == {"gated forward": 14, "gated backward": 26, "per_head forward": 10,
                    "per_head backward": 14}, ops
     # the backward's Python: the gates' pieces decided once per signature (391 calls when
     # decided on every call; 262 and 149 when this budget was set)

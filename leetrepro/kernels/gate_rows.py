@@ -23,8 +23,12 @@ import triton.language as tl
 def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                      HAS_TAIL: tl.constexpr):
     """QF, QR: float32 ``(blocks, lanes, N)`` contiguous; TAIL: float64 ``(lanes,)`` or None;
-    DG: float32 ``(lanes, N)``; ``SIZE = (N, lanes, QF's blocks, QR's blocks)``."""
-    N, LANES, NF, NR = SIZE
+    ``DG = (dg, its strides)``: dg ``(batch, heads, N)`` at any strides (the gates' own layout,
+    time-major say) and float dtype, written rounded to it; ``SIZE = (N, lanes, QF's blocks,
+    QR's blocks, heads)``."""
+    N, LANES, NF, NR, HEADS = SIZE
+    SB, SH, SN = DG[1]
+    out = DG[0]
     lane = tl.program_id(0).to(tl.int64)
     tiles = tl.arange(0, TILES)
     k = tl.arange(0, BLOCK_N)
@@ -50,25 +54,42 @@ def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES
         after = tl.cumsum(diff, axis=0, reverse=True) - diff + later
         kc = (after - f.to(tl.float64)).to(tl.float32)
         dg = tl.cumsum(qf, axis=1, reverse=True) + (tl.cumsum(qr, axis=1) - qr) + kc[:, None]
-        tl.store(DG + lane * N + rows, dg * scale, mask=ok)
+        tl.store(out + (lane // HEADS) * SB + (lane % HEADS) * SH + rows.to(tl.int64) * SN,
+                 dg * scale, mask=ok)
         later += tl.sum(diff, axis=0)
 
 
 @triton.jit
-def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-                     REVERSE: tl.constexpr):
-    """Running sums of the gates within each tile of ``BLOCK_N`` rows, from the tile's first row
-    (``REVERSE``: from its last back), in float32. G: ``(batch, heads, N)`` at any strides
-    ``STRIDES``, any float dtype; OUT: float32 ``(batch·heads, whole tiles·BLOCK_N)`` contiguous,
-    the rows past N read as 0; ``SIZE = (N, heads, whole tiles)``. A program takes ``TILES``
-    tiles of one lane (axis 1 of the grid: its steps)."""
-    N, HEADS, WHOLE = SIZE
+def _tile_sums(G, OUT, lane, step, N, HEADS, WHOLE, STRIDES, BLOCK_N: tl.constexpr,
+               TILES: tl.constexpr, REVERSE: tl.constexpr):
     SB, SH, SN = STRIDES
-    lane = tl.program_id(0).to(tl.int64)
-    rows = (tl.program_id(1) * TILES + tl.arange(0, TILES))[:, None] * BLOCK_N + \
+    rows = (step * TILES + tl.arange(0, TILES))[:, None] * BLOCK_N + \
         tl.arange(0, BLOCK_N)[None, :]
     rows = rows.to(tl.int64)
     g = tl.load(G + (lane // HEADS) * SB + (lane % HEADS) * SH + rows * SN, mask=rows < N,
                 other=0.0).to(tl.float32)
     tl.store(OUT + lane * (WHOLE * BLOCK_N) + rows, tl.cumsum(g, axis=1, reverse=REVERSE),
              mask=rows < WHOLE * BLOCK_N)
+
+
+@triton.jit
+def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+                     REVERSE: tl.constexpr, TWIN=None):
+    """Running sums of the gates within each tile of ``BLOCK_N`` rows, from the tile's first row
+    (``REVERSE``: from its last back), in float32. G: ``(batch, heads, N)`` at any strides
+    ``STRIDES``, any float dtype; OUT: float32 ``(batch·heads, whole tiles·BLOCK_N)`` contiguous,
+    the rows past N read as 0; ``SIZE = (N, heads, whole tiles)``. A program takes ``TILES``
+    tiles of one lane (axis 1 of the grid: its steps). ``TWIN = (G2, OUT2, STRIDES2)``: a second
+    gates' sums, in the other direction, by the grid's second row on axis 2 (a backward's
+    forward and reverse gates in one launch)."""
+    N, HEADS, WHOLE = SIZE
+    lane = tl.program_id(0).to(tl.int64)
+    if TWIN is None:
+        _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
+                   REVERSE)
+    elif tl.program_id(2) == 0:
+        _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
+                   REVERSE)
+    else:
+        _tile_sums(TWIN[0], TWIN[1], lane, tl.program_id(1), N, HEADS, WHOLE, TWIN[2], BLOCK_N,
+                   TILES, not REVERSE)

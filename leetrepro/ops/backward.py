@@ -107,54 +107,59 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     # (the reverse sweeps' gates shifted once for them all: dV's and dC's sweeps run apart)
     rev_call = call if gate is None or not (need_v or need_c or need_s0) else \
         dict(call, g=shift_gates(gate, cu_seqlens), folded="reversed")
-    rev = None
-    if need_b:
-        s0t = None if initial_state is None else initial_state.transpose(-1, -2)
-        # (with the pieces, the dB sweep's final state is S_Nᵀ, carried with its rounding taken
-        # back: the forward's S_N, rounded as 16-bit sweeps round it, would put that rounding
-        # into ⟨dS_N, S_N⟩, which joins every row's dg)
-        exact_sn = pieces is not None and dS is not None
-        b_opts = opts if pieces is None else gate_sweeps._piece_opts(opts, pieces, 0)
-        b_pieces = None if pieces is None else (B, *pieces["forward"])
-        dB, SNt = forward.run(m, b_opts, dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
-                              gate_pieces=b_pieces, **call)
-        if exact_sn:
-            SN = SNt.transpose(-1, -2)
-    rev_opts = opts
-    if pieces is not None:
-        rev = (V if not pieces["dual"] else None, *pieces["reverse"])
-        rev_opts = gate_sweeps._piece_opts(opts, pieces, 1)
-    # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the reverse
-    # sweeps start from X/scale and scale what they write; R comes out divided by scale too
-    X = None if dS is None else decayed_by(dS, gamma, -1) / scale
-    # one sweep per gradient asked for, and none for the rest: dV's and dC's reverse sweeps share
-    # their state (transposed), so a method with a dual mode does both in one sweep only when
-    # both are wanted (dS0 comes from either sweep's final state, R or Rᵀ)
-    if need_c and (need_v or need_s0) and m.dual and m.reverse and forward._dual_fits(B, V) and \
-            (pieces is None or pieces["dual"]):
-        # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then dropped
-        dv_out = dV if dV is not None else forward.output_like(V)
-        rd = gate_sweeps._row_dots(m, rows, pieces, B, V)
-        # (with the row dots x is read in place of V = w·x, and dx written in dV's place)
-        (dV, dC), R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0,
-                                  dual=V if rd is None else rows[0], out=dv_out, out2=dC,
-                                  gate_pieces=rev, rows=None if rd is None else (*rows[1:], rd),
-                                  **rev_call)
-    else:
-        if need_v or (need_s0 and not need_c):
-            dV, R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0, out=dV,
-                                gate_pieces=rev, **rev_call)
-        if need_c:
-            xt = None if X is None else X.transpose(-1, -2)
-            dC, Rt = forward.run(m, opts, V, dO, B, gamma, xt, not reverse, need_s0 and R is None,
-                                 out=dC, **rev_call)
-            R = Rt.transpose(-1, -2) if need_s0 and R is None else R
-    if need_s0:  # (in initial_state's layout: R may be a transposed state)
-        R = decayed_by(R, gamma, 1) if gate is None else R * first_decay(gate, cu_seqlens)
-        dS0 = forward._into((R * scale).to(initial_state.dtype), initial_state, None)
+    # (the three sweeps' gates summed within tiles once for them all, both directions in one
+    # launch, where Chunk's Hopper sweeps take them)
+    with gate_sweeps.shared_sums(m, gate, rev_call["g"]):
+        rev = None
+        if need_b:
+            s0t = None if initial_state is None else initial_state.transpose(-1, -2)
+            # (with the pieces, the dB sweep's final state is S_Nᵀ, carried with its rounding
+            # taken back: the forward's S_N, rounded as 16-bit sweeps round it, would put that
+            # rounding into ⟨dS_N, S_N⟩, which joins every row's dg)
+            exact_sn = pieces is not None and dS is not None
+            b_opts = opts if pieces is None else gate_sweeps._piece_opts(opts, pieces, 0)
+            b_pieces = None if pieces is None else (B, *pieces["forward"])
+            dB, SNt = forward.run(m, b_opts, dO, V, C, gamma, s0t, reverse, exact_sn, out=dB,
+                                  gate_pieces=b_pieces, **call)
+            if exact_sn:
+                SN = SNt.transpose(-1, -2)
+        rev_opts = opts
+        if pieces is not None:
+            rev = (V if not pieces["dual"] else None, *pieces["reverse"])
+            rev_opts = gate_sweeps._piece_opts(opts, pieces, 1)
+        # with O = scale·op(…): dV = scale·op_rev(C, B, dO) + the final state's part, so the
+        # reverse sweeps start from X/scale and scale what they write; R comes out divided by
+        # scale too
+        X = None if dS is None else decayed_by(dS, gamma, -1) / scale
+        # one sweep per gradient asked for, and none for the rest: dV's and dC's reverse sweeps
+        # share their state (transposed), so a method with a dual mode does both in one sweep
+        # only when both are wanted (dS0 comes from either sweep's final state, R or Rᵀ)
+        if need_c and (need_v or need_s0) and m.dual and m.reverse and \
+                forward._dual_fits(B, V) and (pieces is None or pieces["dual"]):
+            # dV's buffer stands in for a dV not asked for (dS0 alone with dC): written, then
+            # dropped
+            dv_out = dV if dV is not None else forward.output_like(V)
+            rd = gate_sweeps._row_dots(m, rows, pieces, B, V)
+            # (with the row dots x is read in place of V = w·x, and dx written in dV's place)
+            (dV, dC), R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0,
+                                      dual=V if rd is None else rows[0], out=dv_out, out2=dC,
+                                      gate_pieces=rev,
+                                      rows=None if rd is None else (*rows[1:], rd), **rev_call)
+        else:
+            if need_v or (need_s0 and not need_c):
+                dV, R = forward.run(m, rev_opts, C, B, dO, gamma, X, not reverse, need_s0,
+                                    out=dV, gate_pieces=rev, **rev_call)
+            if need_c:
+                xt = None if X is None else X.transpose(-1, -2)
+                dC, Rt = forward.run(m, opts, V, dO, B, gamma, xt, not reverse,
+                                     need_s0 and R is None, out=dC, **rev_call)
+                R = Rt.transpose(-1, -2) if need_s0 and R is None else R
+        if need_s0:  # (in initial_state's layout: R may be a transposed state)
+            R = decayed_by(R, gamma, 1) if gate is None else R * first_decay(gate, cu_seqlens)
+            dS0 = forward._into((R * scale).to(initial_state.dtype), initial_state, None)
     dg = None
     if pieces is not None:
-        dg = gate_sweeps.gradient_from_pieces(pieces, dS, SN, cu_seqlens, scale)
+        dg = gate_sweeps.gradient_from_pieces(pieces, dS, SN, cu_seqlens, scale, g)
     elif straddle:
         dg = gate_sweeps._straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens,
                                             scale, opts.get("gate_grad_precision"))

@@ -5,6 +5,7 @@ of Mamba-2's rows (:func:`_row_dots`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -152,7 +153,8 @@ def _piece_key(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, tables) -> tuple
             V.dtype, V.device, dual, None if cu_seqlens is None else cu_seqlens.numel(),
             opts.get("kernel", "auto"), opts.get("fp32_precision", "tf32"),
             None if not config else tuple(sorted(config.items())), tables.HOPPER_PIECES,
-            tables.HOPPER_DUAL_PIECES, tables._FORCED[0], id(tables.PIECES_DC),
+            tables.HOPPER_DUAL_PIECES, tables.HOPPER_DUAL_PIECES_SHARE, tables._FORCED[0],
+            id(tables.PIECES_DC),
             tables.PIECE_COLS)
 
 
@@ -204,6 +206,19 @@ def _piece_opts(opts: dict, pieces: dict, i: int) -> dict:
     return dict(opts, config=pieces["configs"][i])
 
 
+def shared_sums(m: Method, gate, reverse_gate):
+    """The scope of a backward's sweeps: Chunk's gated sweeps read one set of tile sums of
+    ``gate`` and ``reverse_gate`` (:func:`leetrepro.methods.chunk.hopper_launch.shared_tile_sums`);
+    nothing for other methods, or where the reverse sweeps read the same gates (none: no gates,
+    or no reverse sweep)."""
+    if reverse_gate is gate:
+        return contextlib.nullcontext()
+    from ..methods import chunk
+    if m.fn is not chunk.chunk_scan:
+        return contextlib.nullcontext()
+    return chunk.hopper_launch.shared_tile_sums(gate, reverse_gate)
+
+
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale, precision=None):
     from ..methods import chunk
     return chunk.gate_gradient(B, C, V, dO, gate, initial_state=initial_state, dS=dS,
@@ -222,19 +237,21 @@ def _exact_dots(m: Method, opts: dict, dtype: torch.dtype) -> bool:
         opts.get("fp32_precision", m.options.get("fp32_precision")) in ("ieee", "tf32x3")
 
 
-def gradient_from_pieces(pieces: dict, dS, SN, cu_seqlens, scale: float) -> torch.Tensor:
+def gradient_from_pieces(pieces: dict, dS, SN, cu_seqlens, scale: float,
+                         like: torch.Tensor | None = None) -> torch.Tensor:
     """dg, float32 ``(batch, heads, N)``, from the pieces Chunk's two sweeps wrote
     (:func:`_piece_sweeps`' ``pieces``): where the Hopper kernel wrote both sweeps' rows, one
     pass over them (:func:`leetrepro.methods.chunk.gate_gradient_from_rows`); else each sweep's
     chunk sums (the Hopper kernel's rows summed by chunks here) and their running sums
     (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`). ⟨dS_N, S_N⟩ joins each
-    sequence's last row (``dS``, ``SN``: the final state's gradient and the state). O(N) a lane."""
+    sequence's last row (``dS``, ``SN``: the final state's gradient and the state); the one pass
+    writes it in ``like``'s layout and dtype (the gates'). O(N) a lane."""
     from ..methods import chunk
     tail = final_pairs(dS, SN)
     tail = None if tail is None else tail / scale
     if all(pieces["hopper"]) and cu_seqlens is None:  # (both sweeps' rows: one pass)
         return chunk.gate_gradient_from_rows(pieces["forward"][0], pieces["reverse"][0],
-                                             pieces["block"], tail, scale)
+                                             pieces["block"], tail, scale, like)
     for i, name in enumerate(("forward", "reverse")):
         if pieces["hopper"][i]:  # (the Hopper kernel's rows: their sums within each chunk)
             pieces[name] = chunk.hopper_row_pieces(pieces[name][0], pieces["block"], i == 1)

@@ -310,8 +310,9 @@ def compile_gate_rows(tail: bool, arch: int = 90):
     from ..kernels.gate_rows import gate_rows_kernel
     from ..methods.chunk.tables import GATE_ROWS_TILES
     from ..tuning import HOPPER
-    sig = dict(QF="*fp32", QR="*fp32", TAIL="*fp64" if tail else "constexpr", DG="*fp32",
-               SIZE=("i32",) * 4, scale="fp32", BLOCK_N="constexpr", TILES="constexpr",
+    sig = dict(QF="*fp32", QR="*fp32", TAIL="*fp64" if tail else "constexpr",
+               DG=("*fp32", ("i32",) * 3), SIZE=("i32",) * 5, scale="fp32", BLOCK_N="constexpr",
+               TILES="constexpr",
                HAS_TAIL="constexpr")
     const = dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, HAS_TAIL=tail)
     if not tail:
@@ -346,8 +347,12 @@ def passes_jobs() -> list:
     c = "constexpr"
     return [
         ("tile_sums", gate_rows.tile_sums_kernel,
-         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c),
-         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=True), 4),
+         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c, TWIN=c),
+         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=True, TWIN=None), 4),
+        ("tile_sums_twin", gate_rows.tile_sums_kernel,
+         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c,
+              TWIN=(p32, p32, i3)),
+         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=False), 4),
         ("group_sums", ssd_rows.group_sums,
          dict(X=p16, OUT=p16, XS=i3, OS=i3, SIZE=("i32",) * 4, BLOCK_T=c, BLOCK_R=c,
               UNROLL=c), dict(BLOCK_T=32, BLOCK_R=128, UNROLL=1), 4),

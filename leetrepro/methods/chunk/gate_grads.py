@@ -57,26 +57,30 @@ def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
 
 
 def gate_gradient_from_rows(q_f: torch.Tensor, q_r: torch.Tensor, block_n: int,
-                            tail: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+                            tail: torch.Tensor | None = None, scale: float = 1.0,
+                            like: torch.Tensor | None = None) -> torch.Tensor:
     """dg, float32 ``(batch, heads, N)``, from the Hopper kernel's rows of both sweeps (float32
     ``(blocks, batch, heads, N)``: the dB sweep's q_f forward in time, the dV sweep's q_r), as
     :func:`hopper_row_pieces` of each then :func:`gate_gradient_from_pieces` (no packed
     sequences; ``tail`` and ``scale`` as there) give it: one launch of ``kernels/gate_rows.py``
     on a GPU (or under Triton's interpreter), where those took about twenty PyTorch passes over
-    the rows (:data:`GATE_ROWS_ON_GPU`); those two elsewhere. O(N) a lane, every sum in a fixed
-    order."""
+    the rows (:data:`GATE_ROWS_ON_GPU`); those two elsewhere. ``like``: the gates, whose layout
+    and dtype the kernel writes dg in (``torch.empty_like``: a time-major g's dg time-major, no
+    copy after). O(N) a lane, every sum in a fixed order."""
     blocks, batch, heads, n = q_f.shape
     if isinstance(rows_kernels, NoTriton) or n == 0 or not (
             q_f.is_cuda and tables.GATE_ROWS_ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"):
         return gate_gradient_from_pieces(hopper_row_pieces(q_f, block_n, False),
                                          hopper_row_pieces(q_r, block_n, True), block_n, None,
                                          tail, scale)
-    dg = torch.empty(batch, heads, n, dtype=torch.float32, device=q_f.device)
+    dg = torch.empty(batch, heads, n, dtype=torch.float32, device=q_f.device) if like is None \
+        else torch.empty_like(like)
     lanes = batch * heads
     launch(rows_kernels.gate_rows_kernel, (lanes,),
            dict(QF=q_f.contiguous(), QR=q_r.contiguous(),
                 TAIL=None if tail is None else tail.reshape(lanes).to(torch.float64).contiguous(),
-                DG=dg, SIZE=(n, lanes, blocks, q_r.shape[0]), scale=float(scale),
+                DG=(dg, tuple(dg.stride())), SIZE=(n, lanes, blocks, q_r.shape[0], heads),
+                scale=float(scale),
                 BLOCK_N=block_n, TILES=tables.GATE_ROWS_TILES, HAS_TAIL=tail is not None),
            num_warps=4)
     return dg

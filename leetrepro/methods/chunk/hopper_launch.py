@@ -5,8 +5,10 @@ gates' running sums within its tiles (:func:`tile_gate_sums`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 
 import torch
 
@@ -316,26 +318,75 @@ def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
     ``(batch, heads, whole tiles)`` contiguous, the rows past N zeros (they add nothing). One
     launch on a GPU (or under Triton's interpreter: ``kernels/gate_rows.py``), where PyTorch
     took three to five (a cast, the padding, flips, the sums; about 25 µs a sweep at Codestral's
-    2 × 128 heads × 8192, H200, notes/gates.md); PyTorch elsewhere. O(N) a lane."""
+    2 × 128 heads × 8192, H200, notes/gates.md); PyTorch elsewhere. Inside
+    :func:`shared_tile_sums`, the gates it names are summed once, both directions in one launch,
+    for every sweep that reads them. O(N) a lane."""
+    shared = getattr(_SHARED, "sums", None)
+    if shared is not None and tables.GATE_SUMS_SHARED:
+        key = next((i for i, (x, rev) in enumerate(shared["gates"])
+                    if x is g and rev == reverse), None)
+        if key is not None:
+            made = shared["made"].get((key, block))
+            if made is None:
+                made = _tile_sums(*shared["gates"], block=block)
+                shared["made"].update({(i, block): x for i, x in enumerate(made)})
+                made = made[key]
+            return made
+    return _tile_sums((g, reverse), block=block)[0]
+
+
+def _tile_sums(first: tuple, second: tuple | None = None, *, block: int) -> tuple:
+    """:func:`tile_gate_sums` of ``first = (g, reverse)`` and, where given, of ``second``, the
+    other direction's gates of the same shape: one launch for both."""
+    g, reverse = first
     b, h, n = g.shape
     whole = cdiv(n, block)
     if not isinstance(rows_kernels, NoTriton) and n and (
             g.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        out = torch.empty(b, h, whole * block, dtype=torch.float32, device=g.device)
+        pairs = (first,) if second is None else (first, second)
+        outs = tuple(torch.empty(b, h, whole * block, dtype=torch.float32, device=g.device)
+                     for _ in pairs)
         strides = tuple(g.stride())
+        twin = None if second is None else (second[0], outs[1], tuple(second[0].stride()))
         # (the key: what Triton specialises on, the integers by value; every sweep launches
         # this, so the launch skips binding its arguments one by one)
-        launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tables.GATE_ROWS_TILES)),
-               dict(G=g, OUT=out, SIZE=(n, h, whole), STRIDES=strides,
-                    BLOCK_N=block, TILES=tables.GATE_ROWS_TILES, REVERSE=reverse),
+        launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tables.GATE_ROWS_TILES),
+                                               len(pairs)),
+               dict(G=g, OUT=outs[0], SIZE=(n, h, whole), STRIDES=strides,
+                    BLOCK_N=block, TILES=tables.GATE_ROWS_TILES, REVERSE=reverse, TWIN=twin),
                key=(g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block,
-                    tables.GATE_ROWS_TILES, reverse, g.device), num_warps=4)
-        return out
-    tiles = torch.nn.functional.pad(g.to(torch.float32), (0, whole * block - n))
-    tiles = tiles.view(b, h, -1, block)
-    if reverse:
-        return tiles.flip(-1).cumsum(-1).flip(-1).view(b, h, -1)
-    return tiles.cumsum(-1).view(b, h, -1)
+                    tables.GATE_ROWS_TILES, reverse, g.device) +
+               (() if twin is None else (twin[0].dtype, twin[0].data_ptr() % 16 == 0, twin[2])),
+               num_warps=4)
+        return outs
+    outs = []
+    for x, rev in (first,) if second is None else (first, second):
+        tiles = torch.nn.functional.pad(x.to(torch.float32), (0, whole * block - n))
+        tiles = tiles.view(b, h, -1, block)
+        outs.append((tiles.flip(-1).cumsum(-1).flip(-1) if rev else tiles.cumsum(-1))
+                    .view(b, h, -1))
+    return tuple(outs)
+
+
+#: the gates :func:`shared_tile_sums` names on this thread, and their sums once made
+_SHARED = threading.local()
+
+
+@contextlib.contextmanager
+def shared_tile_sums(forward: torch.Tensor, reverse: torch.Tensor):
+    """Within it (one backward's sweeps), the Hopper sweeps' tile sums of the gates ``forward``
+    (the dB sweep's, summed forward in time) and ``reverse`` (the reverse sweeps' shifted gates,
+    :func:`leetrepro.decay.per_token.shift_gates`) are made once, both in one launch when a sweep
+    first asks (:func:`tile_gate_sums`), and read by every sweep that takes them: one launch a
+    gated backward where each of its three sweeps made its own (each ~20 µs of an eager call's
+    host time on an H200's host, notes/gates.md). The tensors are named by identity, held for the
+    scope's length, and not changed within it; any other gates are summed as outside it."""
+    prior = getattr(_SHARED, "sums", None)
+    _SHARED.sums = {"gates": ((forward, False), (reverse, True)), "made": {}}
+    try:
+        yield
+    finally:
+        _SHARED.sums = prior
 
 
 def gluon_dtype(dtype: torch.dtype):
@@ -408,7 +459,7 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     lanes = V.shape[0] * lane_heads(B, C, V)
     slots = 1 if tables._FORCED[0] == "hopper" else sm_count(V.device)
     if dual:
-        return d if 2 * lanes > slots else None
+        return d if lanes > tables.HOPPER_DUAL_PIECES_SHARE * slots else None
     dc = tables._pieces_tiles(r, d, V.dtype, False, reverse)[0]
     while 2 * lanes * (d // dc) <= slots and dc > 32:  # (a short wave: more programs a lane)
         dc //= 2

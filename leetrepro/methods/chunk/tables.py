@@ -359,6 +359,11 @@ HOPPER_PIECES = True
 #: notes/gates.md)
 HOPPER_DUAL_PIECES = True
 
+#: the share of the SMs a gated backward's lanes must exceed for :data:`HOPPER_DUAL_PIECES`' one
+#: sweep (a program a lane holds the whole state: fewer lanes leave SMs idle where dV's sweep
+#: apart splits its columns over two programs a lane); an A/B switch
+HOPPER_DUAL_PIECES_SHARE = 0.5
+
 
 #: whether the pieces' row vectors E come through the Hopper kernel's ring (TMA, with the
 #: chunk's tiles) where two slots of it fit shared memory, rather than by loads each chunk; an
@@ -436,6 +441,12 @@ def _pieces_tiles(r: int, d: int, dtype: torch.dtype, dual: bool, reverse: bool)
 #: In reverse at r = 256 (:data:`HOPPER_PIECES_WIDE`): 32, the most that fits beside the pieces.
 PIECES_DC = {(64, False): 128, (64, True): 128, (128, False): 128, (128, True): 128,
              (256, True): 32}
+
+
+#: whether a gated backward's sweeps read one set of the gates' tile sums, both directions made in
+#: one launch (:func:`leetrepro.methods.chunk.hopper_launch.shared_tile_sums`), rather than a
+#: launch each sweep; an A/B switch
+GATE_SUMS_SHARED = True
 
 
 #: chunks a program of the rows' gates' gradient (``kernels/gate_rows.py``) takes a step
