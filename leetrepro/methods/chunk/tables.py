@@ -361,8 +361,11 @@ HOPPER_DUAL_PIECES = True
 
 #: the share of the SMs a gated backward's lanes must exceed for :data:`HOPPER_DUAL_PIECES`' one
 #: sweep (a program a lane holds the whole state: fewer lanes leave SMs idle where dV's sweep
-#: apart splits its columns over two programs a lane); an A/B switch
-HOPPER_DUAL_PIECES_SHARE = 0.5
+#: apart splits its columns over two programs a lane). H200, bf16, 64 × 64, forward + backward
+#: against 0.5: at 48 lanes (a 125M model's layer) 0.442 → 0.433 ms in a graph and about 0.3 ms
+#: less host time eager (3 launches fewer); at 32 lanes (share 0.1) 0.395 → 0.428 ms, slower
+#: (notes/gates.md)
+HOPPER_DUAL_PIECES_SHARE = 0.3
 
 
 #: whether the pieces' row vectors E come through the Hopper kernel's ring (TMA, with the
