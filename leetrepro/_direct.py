@@ -23,6 +23,10 @@ import torch
 #: whether eager calls skip the dispatcher (False: every call takes the custom op)
 DIRECT = True
 
+#: whether :func:`apply` enters an autograd Function's C entry in eager mode (False:
+#: ``Function.apply`` always; the A/B switch of its host-time measurement)
+C_APPLY = True
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 #: argument types that are not tensor subclasses, told apart without ``isinstance(·,
 #: torch.Tensor)`` (the tensor's metaclass makes that check cost as much as a small op's call)
@@ -81,6 +85,20 @@ def unwrapped(t):
                 "or loop over the rows")
         t = functorch.get_unwrapped(t)
     return t
+
+
+def apply(function, *args):
+    """``function.apply(*args)`` (an ``autograd.Function``; every argument of its forward given,
+    positionally: its ``setup_context`` sees them as passed). In eager mode it enters the
+    Function's C entry directly: ``Function.apply``'s Python binds the defaults of a Function
+    with ``setup_context`` by ``inspect.signature`` on every call, about 55 µs of host time a
+    call where the C entry takes 8 (notes/gates.md), and every eager layer call of the operator
+    goes through one or more. Under ``torch.compile`` or a torch.func transform,
+    ``function.apply`` itself (what those trace and transform)."""
+    if not C_APPLY or torch.compiler.is_compiling() or \
+            torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    return super(torch.autograd.Function, function).apply(*args)
 
 
 class _PlainContext:
@@ -187,7 +205,7 @@ def direct(op):
             return op(*args)
         if op._backward_fn is not None and torch.is_grad_enabled() and any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
-            return _Autograd.apply(*_every(signature, args), op)
+            return apply(_Autograd, *_every(signature, args), op)
         if not mutated:
             return impl(*args)
         out = impl(*args)

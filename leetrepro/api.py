@@ -7,6 +7,7 @@ import torch
 
 from . import methods as _methods  # noqa: F401  (fills the registry)
 from . import ops, registry
+from ._direct import apply as direct_apply
 from ._inputs import check_qkv
 from .decay.per_head import normalize_gamma
 from .decay.per_token import check_gates
@@ -158,8 +159,8 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
         # (slices of one fused projection: their gradients handed on as one buffer, no
         # concatenation, projection.rejoined)
         B, C, V = rejoined(B, C, V)
-        out, s = ops.Eager.apply(B, C, V, gam, initial_state, seen, False, output_final_state,
-                                 cu_seqlens, scale, g)
+        out, s = direct_apply(ops.Eager, B, C, V, gam, initial_state, seen, False,
+                                output_final_state, cu_seqlens, scale, g)
         return (out, s) if output_final_state else out
     out, s = ops.causal_linear(B, C, V, gam, initial_state, method, ops.encode_options(options),
                                False, output_final_state, cu_seqlens, scale, grad, g)

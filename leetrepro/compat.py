@@ -21,7 +21,7 @@ import weakref
 
 import torch
 
-from ._direct import plain_backward, refuse_transforms
+from ._direct import apply as direct_apply, plain_backward, refuse_transforms
 from ._inputs import check_4d
 from .decay.per_head import check_gamma_values, mark_checked
 from .decay.per_token import positive_where_free
@@ -303,7 +303,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if resolved is not None:  # (V' = dt·x and D·x inside the sweep: neither pass over x)
         steps, g = ssd_gates(dt, A, dt_bias, seq_idx, (dt_softplus, dt_limit))
         s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)
-        o, states = _SSDRowsInSweep.apply(x, steps, g, C, B, D, s0, (resolved, want_state))
+        o, states = direct_apply(_SSDRowsInSweep, x, steps, g, C, B, D, s0,
+                                  (resolved, want_state))
         y = ssd_output(o, None, z, x.dtype)
         states = states if want_state else None
     else:
@@ -625,7 +626,8 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
         opts = dict(options)
         method = opts.pop("method", "auto")
         precision = opts.pop("gate_grad_precision", None)  # (None: the kernel's default)
-        o, own, states = _TurnedOperator.apply(
+        o, own, states = direct_apply(
+            _TurnedOperator,
             Q, K, Q_bias, K_bias, theta, w.transpose(1, 2), V.to(Q.dtype), ADT.to(acc), s0,
             cu_seqlens, (method, ops.encode_options(opts), want, precision))
     else:

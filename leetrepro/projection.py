@@ -19,7 +19,7 @@ import operator
 
 import torch
 
-from ._direct import wrapped
+from ._direct import apply, wrapped
 from .ops import one_buffer
 
 
@@ -42,7 +42,7 @@ def split_projection(y: torch.Tensor, heads: int, r: int, d: int | None = None):
     views = _views(y, heads, r, d)
     if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and y.requires_grad):
         return views
-    return _Views.apply(y, tuple(_geometry(t) for t in views))
+    return apply(_Views, y, tuple(_geometry(t) for t in views))
 
 
 def _count(name: str, value) -> int:
@@ -83,7 +83,7 @@ def rejoined(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor) -> tuple:
         return B, C, V
     if not one_buffer(B, C, V):
         return B, C, V
-    return _Views.apply(base, (_geometry(B), _geometry(C), _geometry(V)))
+    return apply(_Views, base, (_geometry(B), _geometry(C), _geometry(V)))
 
 
 def _geometry(t: torch.Tensor) -> tuple:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from ._direct import direct, refuse_transforms
+from ._direct import apply, direct, refuse_transforms
 from .api import causal_linear_decoder
 from .methods import normalizer
 from .methods.normalizer import (normalized_epilogue, normalized_output, normalized_prologue,
@@ -194,7 +194,7 @@ def normalized_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     rows = normalize_rows and on_kernels(q, k, v)
     if normalize_rows and not rows:
         q, k = (torch.nn.functional.normalize(t, dim=-1, eps=ROW_EPS) for t in (q, k))
-    return _Normalized.apply(q, k, v, float(constant), float(eps), rows, method, options)
+    return apply(_Normalized, q, k, v, float(constant), float(eps), rows, method, options)
 
 
 class _RowNormalized(torch.autograd.Function):
@@ -224,7 +224,7 @@ def normalize_rows(x: torch.Tensor, eps: float = ROW_EPS) -> torch.Tensor:
     where the norm is broadcast; elsewhere PyTorch's own. Differentiable once."""
     if normalizer.on_row_norm_kernels(x):
         refuse_transforms("normalize_rows")
-        return _RowNormalized.apply(x, float(eps))
+        return apply(_RowNormalized, x, float(eps))
     return torch.nn.functional.normalize(x, dim=-1, eps=eps)
 
 

@@ -966,8 +966,10 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
     assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) is None  # (the switch off)
     monkeypatch.setattr(chunk.tables, "HOPPER_DUAL_PIECES", True)
     assert chunk.hopper_pieces(B, B, V, V, reverse=True, dual=True) == 64  # (the whole state)
-    assert chunk.hopper_pieces(B[:1, :64], B[:1, :64], V[:1, :64], V[:1, :64], reverse=True,
-                               dual=True) is None  # (64 lanes: the plain sweep splits)
+    assert chunk.hopper_pieces(B[:1, :32], B[:1, :32], V[:1, :32], V[:1, :32], reverse=True,
+                               dual=True) is None  # (32 lanes: the plain sweep splits)
+    assert chunk.hopper_pieces(B[:1, :48], B[:1, :48], V[:1, :48], V[:1, :48], reverse=True,
+                               dual=True) == 64  # (48 lanes: HOPPER_DUAL_PIECES_SHARE)
     assert chunk.hopper_pieces(B[:2, :64], B[:2, :64], V[:2, :64], V[:2, :64], reverse=True,
                                dual=True) == 64  # (128 lanes)
     assert dc(1, 16, 128, 64) is None  # (32 programs at 32 columns)

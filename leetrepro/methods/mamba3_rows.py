@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from .._direct import direct
+from .._direct import apply, direct
 from ..decay.trapezoid import rotate_pairs, running_angles, sequence_starts
 from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, sm_count
 
@@ -213,7 +213,7 @@ def turned_rows(Q: torch.Tensor, K: torch.Tensor, Q_bias: torch.Tensor, K_bias: 
     q̃ and w·k̃ in Q's dtype, not differentiable."""
     if narrow:
         return rotate(Q, K, Q_bias, K_bias, theta, w, True)
-    return _TurnedRows.apply(Q, K, Q_bias, K_bias, theta, w)
+    return apply(_TurnedRows, Q, K, Q_bias, K_bias, theta, w)
 
 
 @torch.library.custom_op("leetrepro::mamba3_gated_output", mutates_args=())
@@ -305,7 +305,7 @@ def gated_output(o: torch.Tensor, v: torch.Tensor, z: torch.Tensor | None,
                  w: torch.Tensor) -> torch.Tensor:
     """``(o + w·v)·silu(z)`` of :func:`mamba3_gated_output`, differentiable in every input; one
     pass each way on a GPU."""
-    return _GatedOutput.apply(o, v, z, w)
+    return apply(_GatedOutput, o, v, z, w)
 
 
 #: rows a step of the angles' programs (one program a (sequence, head) walks its rows), and
@@ -442,7 +442,7 @@ def angle_sums(Angles: torch.Tensor, DT: torch.Tensor, theta0: torch.Tensor | No
     float64 there too, packed sequences each from its own start); PyTorch's passes elsewhere."""
     if not _on_angle_kernel(Angles):
         return running_angles(Angles, DT, theta0, cu_seqlens)
-    return _Angles.apply(Angles, DT, theta0, cu_seqlens)
+    return apply(_Angles, Angles, DT, theta0, cu_seqlens)
 
 
 def pair_sums_on_kernel(V: torch.Tensor, r: int, angles: int) -> bool:

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .._direct import direct, plain_backward
+from .._direct import apply, direct, plain_backward
 from ._gpu import NoTriton, cdiv, launch, next_pow2, on_row_kernels, rows_contiguous, strided
 
 try:
@@ -216,14 +216,14 @@ class _Skip(torch.autograd.Function):
 
 def scale_rows(x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
     """``x · dt[..., None]`` (dt rounded to x's dtype), contiguous; differentiable in both."""
-    return _ScaleRows.apply(x, dt, False, None)
+    return apply(_ScaleRows, x, dt, False, None)
 
 
 def scale_rows_and_alias(x: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(scale_rows(x, dt), x')``, x' a view of x to use in x's other place (the skip
     :func:`skip_rows`): x's two gradients are then summed in the pass that makes dt·dV', not in
     a pass of their own."""
-    return _ScaleRows.apply(x, dt, True, None)
+    return apply(_ScaleRows, x, dt, True, None)
 
 
 def scale_rows_and_skip(x: torch.Tensor, dt: torch.Tensor, D: torch.Tensor) -> tuple:
@@ -234,8 +234,8 @@ def scale_rows_and_skip(x: torch.Tensor, dt: torch.Tensor, D: torch.Tensor) -> t
     if D.dim() != 1:
         v, x_alias = scale_rows_and_alias(x, dt)
         return v, lambda o: skip_rows(o, x_alias, D)
-    v, x_alias = _ScaleRows.apply(x, dt, True, D)
-    return v, lambda o: _SkipOnAlias.apply(o, x_alias, D)
+    v, x_alias = apply(_ScaleRows, x, dt, True, D)
+    return v, lambda o: apply(_SkipOnAlias, o, x_alias, D)
 
 
 def skip_rows(o: torch.Tensor, x: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
@@ -243,7 +243,7 @@ def skip_rows(o: torch.Tensor, x: torch.Tensor, D: torch.Tensor) -> torch.Tensor
     three. D ``(heads, headdim)`` takes PyTorch's ``addcmul``."""
     if D.dim() != 1:
         return torch.addcmul(o, D.to(o.dtype), x).to(x.dtype)
-    return _Skip.apply(o, x, D)
+    return apply(_Skip, o, x, D)
 
 
 def _limit(low: float, high: float) -> bool:
@@ -363,4 +363,4 @@ def step_sizes_and_gates(dt: torch.Tensor, A: torch.Tensor, dt_bias: torch.Tenso
     acts, as PyTorch's). One pass each way on a GPU (:func:`dt_gates`), where PyTorch's
     composition took about four launches forward and eight back over these rows."""
     low, high = (float(v) for v in limit)
-    return _StepSizes.apply(dt, dt_bias, A, bool(softplus), low, high)
+    return apply(_StepSizes, dt, dt_bias, A, bool(softplus), low, high)
