@@ -94,8 +94,9 @@ def _rows_in_sweep_case(dtype, dev, options, batch=2, length=45, heads=4, headdi
     got = {k: v.detach().to(dev).requires_grad_() for k, v in leaves.items()}
     wide = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
     calls, dots = [], []
-    node, row_dots = compat._SSDRowsInSweep.apply, compat.row_dot_gradients
-    compat._SSDRowsInSweep.apply = lambda *a: calls.append(1) or node(*a)
+    # (its forward counted: eager calls enter the Function by its C entry, not ``apply``)
+    node, row_dots = compat._SSDRowsInSweep.forward, compat.row_dot_gradients
+    compat._SSDRowsInSweep.forward = staticmethod(lambda *a: calls.append(1) or node(*a))
     compat.row_dot_gradients = lambda *a: dots.append(1) or row_dots(*a)
     try:
         y, h = mamba_chunk_scan_combined(**got, chunk_size=64, return_final_states=True,
@@ -107,7 +108,7 @@ def _rows_in_sweep_case(dtype, dev, options, batch=2, length=45, heads=4, headdi
         ga = torch.autograd.grad((y.double().cpu() * dy).sum() + (h.double().cpu() * dh).sum(),
                                  list(got.values()))
     finally:
-        compat._SSDRowsInSweep.apply = node
+        compat._SSDRowsInSweep.forward = staticmethod(node)
         compat.row_dot_gradients = row_dots
     gw = torch.autograd.grad((wy * dy).sum() + (wh * dh).sum(), list(wide.values()))
     errors = {"y": rel_error(y.double().cpu(), wy), "h": rel_error(h.double().cpu(), wh)}
