@@ -193,8 +193,6 @@ def main(argv=None) -> int:
     return 0
 
 
-
-
 def targets(df):
     """The floor targets checked from ``floor.csv``: one row per (dtype, batch, mask, N, entry).
 

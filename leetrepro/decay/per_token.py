@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 
-
 def positive_where_free(t: torch.Tensor) -> float | None:
     """The largest entry of ``t`` if it is positive and reading it costs no synchronisation (a
     CPU tensor, outside a compiled graph's tracing); else None (fine, or not read)."""
@@ -60,17 +59,9 @@ def gate_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 #: the lowest gate float32 computes with: e^-104 is 0 in float32 (below half its least subnormal),
-
-
 #: so a stronger gate (a hard reset of −1e4, say) decays exactly as much, and the running sums
-
-
 #: within a chunk stay small enough (|G| ≲ 104 past a reset) that their differences keep float32's
-
-
 #: precision (a −1e4 in a running sum leaves 1e-3 of it)
-
-
 GATE_FLOOR = -104.0
 
 

@@ -11,6 +11,8 @@ import os
 import torch
 
 from ..decay.per_token import final_pairs
+from ..methods import chunk
+from ..methods._gpu import dot_precision
 from ..registry import Method, on_change
 from ..tuning import HOPPER
 from . import forward
@@ -28,7 +30,6 @@ def _row_dots(m: Method, rows, pieces, B: torch.Tensor, V: torch.Tensor) -> torc
     takes them, ``chunk.tables.HOPPER_ROW_DOTS``: a block per consumer's DC/2 columns); else None."""
     if rows is None or pieces is None or not pieces["dual"]:
         return None
-    from ..methods import chunk
     if m.fn is not chunk.chunk_scan:
         return None
     dc = pieces["hopper"][1]
@@ -45,7 +46,6 @@ def _straddles(m: Method, V: torch.Tensor) -> bool:
     interpreter beside a Triton method (a PyTorch method on the CPU keeps to PyTorch: the
     interpreter is the tests' stand-in for a GPU, not a CPU's way to run); float64 and the rest
     take the row dots (:func:`gate_gradient`)."""
-    from ..methods import chunk
     return V.dtype in (torch.float16, torch.bfloat16, torch.float32) and chunk.HAS_TRITON and \
         (V.is_cuda or (m.language == "triton" and os.environ.get("TRITON_INTERPRET") == "1"))
 
@@ -76,7 +76,6 @@ def _in_sweeps(m: Method, opts: dict, dO: torch.Tensor, B: torch.Tensor, C: torc
     kernel's error, up to N = 32768 with strong gates (H100, NOTES.md). ``"auto"`` keeps the
     straddle kernel for fp32 and where r or d exceeds :data:`PIECES_MAX_WIDTH`, unless
     ``chunk.tables.HOPPER_PIECES_WIDE`` and the Hopper kernel takes both sweeps' pieces there."""
-    from ..methods import chunk
     source = opts.get("gate_grad", "auto")
     # (where the straddle kernel could run: the sweeps' pieces are the alternative there)
     if m.fn is not chunk.chunk_scan or opts.get("kernel") == "hopper" or source == "straddle" \
@@ -116,7 +115,6 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     holds as many rows), its buffer the kernel's rows (a block per consumer; no totals:
     :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them, or with both sweeps there
     :func:`leetrepro.methods.chunk.gate_gradient_from_rows` dg itself)."""
-    from ..methods import chunk
     key = _piece_key(opts, dO, B, C, V, dual, cu_seqlens, chunk.tables)
     decided = _PIECES.get(key)
     if decided is None:
@@ -161,8 +159,6 @@ def _piece_key(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, tables) -> tuple
 def _piece_decision(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     """:func:`_piece_sweeps`' decisions, the tensors' values unread: ``(hopper, dual, block,
     config, configs, precision)``."""
-    from ..methods import chunk
-    from ..methods._gpu import dot_precision
     r, d = B.shape[-1], V.shape[-1]
     precision = dot_precision(V.dtype, opts.get("fp32_precision", "tf32"))
     hopper = [0, 0]  # (the dB sweep's DC, the reverse sweep's)
@@ -213,14 +209,12 @@ def shared_sums(m: Method, gate, reverse_gate):
     or no reverse sweep)."""
     if reverse_gate is gate:
         return contextlib.nullcontext()
-    from ..methods import chunk
     if m.fn is not chunk.chunk_scan:
         return contextlib.nullcontext()
     return chunk.hopper_launch.shared_tile_sums(gate, reverse_gate)
 
 
 def _straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens, scale, precision=None):
-    from ..methods import chunk
     return chunk.gate_gradient(B, C, V, dO, gate, initial_state=initial_state, dS=dS,
                                cu_seqlens=cu_seqlens, scale=scale, precision=precision)
 
@@ -246,7 +240,6 @@ def gradient_from_pieces(pieces: dict, dS, SN, cu_seqlens, scale: float,
     (:func:`leetrepro.methods.chunk.gate_gradient_from_pieces`). ⟨dS_N, S_N⟩ joins each
     sequence's last row (``dS``, ``SN``: the final state's gradient and the state); the one pass
     writes it in ``like``'s layout and dtype (the gates'). O(N) a lane."""
-    from ..methods import chunk
     tail = final_pairs(dS, SN)
     tail = None if tail is None else tail / scale
     if all(pieces["hopper"]) and cu_seqlens is None:  # (both sweeps' rows: one pass)
