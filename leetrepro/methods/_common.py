@@ -14,11 +14,6 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def gamma_pow(lg: torch.Tensor | None, k: int):
-    """λ^k as ``(H, 1, 1)`` (1 for the 0-1 mask)."""
-    return 1.0 if lg is None else torch.exp(lg * k)
-
-
 def isolate_nonfinite(c: torch.Tensor, v: torch.Tensor):
     """``(c, v, poison)`` with the non-finite entries of C and V set to 0.
 

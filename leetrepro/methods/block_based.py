@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from ..decay.per_head import causal_mask, powers, scale_rows
-from ..decay.per_token import gate_mask
+from ..decay.blocks import Decay
+from ..decay.per_head import scale_rows
 from ..registry import register
-from ._common import gamma_pow, torch_method
+from ._common import torch_method
 
 
 @register("block-based", "Bb", complexity="O(N·B_c·(r+d) + N·r·d)", language="torch",
@@ -34,22 +34,9 @@ def block_based(b, c, v, lg, block_size: int = 256, gate=None):
     kw = dict(dtype=b.dtype, device=b.device)
     out = torch.empty(batch, heads, n, v.shape[-1], **kw)
     state = torch.zeros(batch, heads, b.shape[-1], v.shape[-1], **kw)
-    size = min(block_size, n)
-    # a block's mask and row weights depend only on its length: build them once, slice the last
-    mask, w_in = causal_mask(size, lg, **kw), powers(lg, size, start=1, **kw)
-    for s in range(0, n, size):
-        e = min(n, s + size)
-        ln = e - s
+    for s, e, w in Decay(lg, gate).blocks(n, min(block_size, n), **kw):
         bi, ci, vi = b[:, :, s:e], c[:, :, s:e], v[:, :, s:e]
-        if gate is not None:
-            G = gate[:, :, s:e].cumsum(-1)  # the block's own running sums
-            out[:, :, s:e] = ((bi @ ci.transpose(-1, -2)) * gate_mask(G, dtype=b.dtype)) @ vi \
-                + (bi * torch.exp(G)[..., None]) @ state
-            state = state * torch.exp(G[..., -1])[..., None, None] \
-                + (ci * torch.exp(G[..., -1:] - G)[..., None]).transpose(-1, -2) @ vi
-            continue
-        w_out = powers(lg, ln, reverse=True, **kw)  # λ^(L-1-k): c_k's weight once the block ends
-        out[:, :, s:e] = ((bi @ ci.transpose(-1, -2)) * mask[..., :ln, :ln]) @ vi \
-            + scale_rows(bi, None if w_in is None else w_in[:, :ln]) @ state
-        state = state * gamma_pow(lg, ln) + scale_rows(ci, w_out).transpose(-1, -2) @ vi
+        out[:, :, s:e] = ((bi @ ci.transpose(-1, -2)) * w.mask) @ vi \
+            + scale_rows(bi, w.into) @ state
+        state = state * w.total + scale_rows(ci, w.out_of).transpose(-1, -2) @ vi
     return out

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..decay.per_head import causal_mask, discounted_cumsum, powers
-from ..decay.per_token import gate_mask, local_cumsum, running_gates
+from ..decay.blocks import Decay
+from ..decay.per_head import scale_rows
 from .._state import add_initial_state, final_state
 from .. import tuning
 from ..registry import GPU_DTYPES, register
@@ -42,9 +42,8 @@ def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
     ``initial_state``/``output_final_state``: :mod:`leetrepro._state` (S_N in float32, float64
     for float64 inputs). ``gate``: per-token gates (module docstring)."""
     s0 = None if initial_state is None else initial_state.to(b.dtype)
-    if gate is not None:
-        return _gated_torch(b, c, v, gate, block_size, s0, output_final_state)
-    b_in = b
+    decay = Decay(lg, gate)
+    b_in, c_in, v_in = b, c, v
     batch, heads, n, r = b.shape
     d = v.shape[-1]
     kw = dict(dtype=b.dtype, device=b.device)
@@ -53,48 +52,26 @@ def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
     pad = nb * size - n
     b, c, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)).view(batch, heads, nb, size, -1)
                for t in (b, c, v))
-    out = ((b @ c.transpose(-1, -2)) * causal_mask(size, lg, **kw).unsqueeze(1)) @ v
-    if nb > 1:
-        w_out = powers(lg, size, reverse=True, **kw)
-        cw = c if w_out is None else c * w_out.unsqueeze(1)
-        s = (cw[:, :, :-1].transpose(-1, -2) @ v[:, :, :-1]).reshape(batch, heads, nb - 1, r * d)
-        h = discounted_cumsum(s, None if lg is None else lg * size)  # H_1 .. H_{nb-1}
-        w_in = powers(lg, size, start=1, **kw)
-        bw = b[:, :, 1:] if w_in is None else b[:, :, 1:] * w_in.unsqueeze(1)
-        out[:, :, 1:] += bw @ h.view(batch, heads, nb - 1, r, d)
-    out = add_initial_state(out.reshape(batch, heads, nb * size, d)[:, :, :n], b_in, s0, lg)
-    if output_final_state:
-        return out, final_state(c.reshape(batch, heads, -1, r)[:, :, :n],
-                                v.reshape(batch, heads, -1, d)[:, :, :n], lg, s0)
-    return out
-
-
-def _gated_torch(b, c, v, gate, block_size: int, s0, output_final_state: bool):
-    """LA_torch with per-token gates: the intra-block parts batched as without them, the block
-    states H_i = e^(T_(i-1)) H_(i-1) + S_(i-1) (T a block's total gate) one block at a time."""
-    batch, heads, n, r = b.shape
-    d = v.shape[-1]
-    size = min(block_size, n)
-    nb = cdiv(n, size)
-    pad = nb * size - n
-    G = local_cumsum(torch.nn.functional.pad(gate, (0, pad)), size).view(batch, heads, nb, size)
-    bp, cp, vp = (torch.nn.functional.pad(t, (0, 0, 0, pad)).view(batch, heads, nb, size, -1)
-                  for t in (b, c, v))
-    out = ((bp @ cp.transpose(-1, -2)) * gate_mask(G, dtype=b.dtype)) @ vp
-    total = G[..., -1]  # (batch, heads, nb)
-    s = (cp * torch.exp(total[..., None] - G).to(b.dtype)[..., None]).transpose(-1, -2) @ vp
-    h = torch.zeros(batch, heads, r, d, dtype=b.dtype, device=b.device)
-    for i in range(1, nb):
-        h = h * torch.exp(total[:, :, i - 1]).to(b.dtype)[..., None, None] + s[:, :, i - 1]
-        out[:, :, i] += (bp[:, :, i] * torch.exp(G[:, :, i]).to(b.dtype)[..., None]) @ h
+    blocks = decay.batched(nb, size, **kw)
+    out = ((b @ c.transpose(-1, -2)) * blocks.mask) @ v
+    if nb > 1:  # (the states entering blocks 1 .. nb-1, from blocks 0 .. nb-2's own)
+        s = scale_rows(c[:, :, :-1], _blocks(blocks.out_of, 0, nb - 1)).transpose(-1, -2) \
+            @ v[:, :, :-1]
+        out[:, :, 1:] += scale_rows(b[:, :, 1:], _blocks(blocks.into, 1, nb)) \
+            @ decay.chained(s, blocks)
     out = out.reshape(batch, heads, nb * size, d)[:, :, :n]
     if s0 is None and not output_final_state:
         return out
-    Gn = running_gates(gate)  # (float64, over the whole sequence, for the state's weights)
-    out = add_initial_state(out, b, s0, None, Gn)
+    weights = decay.state_weights()
+    out = add_initial_state(out, b_in, s0, *weights)
     if output_final_state:
-        return out, final_state(c, v, None, s0, Gn)
+        return out, final_state(c_in, v_in, weights[0], s0, weights[1])
     return out
+
+
+def _blocks(w: torch.Tensor | None, first: int, end: int) -> torch.Tensor | None:
+    """Blocks ``first .. end-1`` of weights ``(…, nb, L, 1)``."""
+    return None if w is None else w[..., first:end, :, :]
 
 
 def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False,
@@ -141,10 +118,10 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
     refuse_interpreted_bf16(V.dtype, "LA")
     batch, heads, n, r = B.shape
     d = V.shape[-1]
-    B, C, V, g = staged(B, C, V, gamma)
+    B, C, V, lam = staged(B, C, V, gamma)
     out = torch.empty_like(V)
     precision = dot_precision(V.dtype, fp32_precision)
-    cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=g is not None,
+    cfg = la_config(r, d, precision, half=V.dtype != torch.float32, decay=lam is not None,
                     device=V.device, config=config)
     d_blocks = cdiv(d, cfg["BLOCK_D"])
     # up to LA_PER_SM programs share an SM; segments of at least LA_MIN_SEGMENT rows
@@ -152,7 +129,7 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
                        min_rows=LA_MIN_SEGMENT)
     n_seg = cdiv(n, seg)
     grid = (batch * heads, d_blocks, n_seg)
-    consts = tiles.constants(cfg, HAS_DECAY=g is not None, HALF_RANGE=V.dtype != torch.float32,
+    consts = tiles.constants(cfg, HAS_DECAY=lam is not None, HALF_RANGE=V.dtype != torch.float32,
                              PRECISION=precision)
     options = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     size = (n, r, d, heads, seg)
@@ -160,13 +137,13 @@ def lightning_attention2(B, C, V, gamma, fp32_precision: str | None = None,
     if n_seg > 1:
         states = torch.empty(batch * heads, n_seg, cfg["BLOCK_R"], d, dtype=torch.float32,
                              device=V.device)
-        la_kernels.la_state_kernel[grid](C=C, V=V, S=states, GAMMA=g, SIZE=size, K=consts,
+        la_kernels.la_state_kernel[grid](C=C, V=V, S=states, GAMMA=lam, SIZE=size, K=consts,
                                          **options)
     flags = torch.zeros(batch * heads * d_blocks, dtype=torch.int32, device=V.device)
-    la_kernels.la_fwd_kernel[grid](B=B, C=C, V=V, O=out, S=states, FLAGS=flags, GAMMA=g,
+    la_kernels.la_fwd_kernel[grid](B=B, C=C, V=V, O=out, S=states, FLAGS=flags, GAMMA=lam,
                                    SIZE=size, K=consts, SPLIT=n_seg > 1, REPAIR=False, **options)
     # lanes whose outputs came out non-finite, recomputed without letting a row reach earlier ones
     la_kernels.la_fwd_kernel[grid[:2] + (1,)](
-        B=B, C=C, V=V, O=out, S=None, FLAGS=flags, GAMMA=g, SIZE=(n, r, d, heads, n), K=consts,
+        B=B, C=C, V=V, O=out, S=None, FLAGS=flags, GAMMA=lam, SIZE=(n, r, d, heads, n), K=consts,
         SPLIT=False, REPAIR=True, num_warps=cfg["num_warps"], num_stages=1)
     return out

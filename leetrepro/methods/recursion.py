@@ -22,8 +22,8 @@ import math
 
 import torch
 
-from ..decay.per_head import causal_mask, powers
-from ..decay.per_token import gate_mask, local_cumsum
+from ..decay.blocks import Decay
+from ..decay.per_head import scale_rows
 from ..registry import register
 from ._common import torch_method
 
@@ -47,17 +47,13 @@ def recursion(b, c, v, lg, base: int = 32, gate=None):
     size = padded_length(n, base)
     base = min(base, size)
     b, c, v = (torch.nn.functional.pad(t, (0, 0, 0, size - n)) for t in (b, c, v))
-    if gate is not None:
-        gate = torch.nn.functional.pad(gate, (0, size - n))
+    decay = Decay(lg, gate).padded(size)
 
     def blocks(t, length):  # (batch, H, size, k) -> (batch, H, size/length, length, k)
         return t.view(batch, heads, size // length, length, t.shape[-1])
 
     # leaves: masked quadratic formula on every block of `base` rows at once
-    if gate is None:
-        mask = causal_mask(base, lg, **kw).unsqueeze(1)
-    else:  # (batch, H, blocks, base, base)
-        mask = gate_mask(local_cumsum(gate, base).view(batch, heads, size // base, base), dtype=b.dtype)
+    mask = decay.batched(size // base, base, **kw).mask
     lb, lc, lv = blocks(b, base), blocks(c, base), blocks(v, base)
     out = ((lb @ lc.transpose(-1, -2)) * mask) @ lv
     out = out.view(batch, heads, size, d)
@@ -65,17 +61,18 @@ def recursion(b, c, v, lg, base: int = 32, gate=None):
     while half < size:
         seg = 2 * half
         sb, sc, sv = (t.view(batch, heads, size // seg, 2, half, t.shape[-1]) for t in (b, c, v))
-        if gate is None:
-            w_in = powers(lg, half, start=1, **kw).unsqueeze(1) if lg is not None else None
-            w_out = powers(lg, half, reverse=True, **kw).unsqueeze(1) if lg is not None else None
-        else:  # exp(G_i − G_m) and exp(G_m − G_j), G local to the segment
-            G = local_cumsum(gate, seg).view(batch, heads, size // seg, 2, half)
-            mid = G[:, :, :, 0, -1:]
-            w_in = torch.exp(G[:, :, :, 1] - mid).to(b.dtype)[..., None]
-            w_out = torch.exp(mid - G[:, :, :, 0]).to(b.dtype)[..., None]
-        c1 = sc[:, :, :, 0] if w_out is None else sc[:, :, :, 0] * w_out
-        b2 = sb[:, :, :, 1] if w_in is None else sb[:, :, :, 1] * w_in
+        # (each half a block: the second's rows weighted from the first's end, the first's
+        # columns to its end; their product is the pair's mask)
+        w = decay.batched(size // half, half, masks=False, **kw)
+        c1 = scale_rows(sc[:, :, :, 0], _half(w.out_of, 0))
+        b2 = scale_rows(sb[:, :, :, 1], _half(w.into, 1))
         state = c1.transpose(-1, -2) @ sv[:, :, :, 0]  # (batch, H, segs, r, d)
         out.view(batch, heads, size // seg, 2, half, d)[:, :, :, 1] += b2 @ state
         half = seg
     return out[:, :, :n]
+
+
+def _half(w: torch.Tensor | None, which: int) -> torch.Tensor | None:
+    """Weights ``(…, blocks, L, 1)`` of the first (``which`` 0) or second half of each pair of
+    blocks: ``(…, blocks/2, L, 1)``."""
+    return None if w is None else w.unflatten(-3, (-1, 2))[..., which, :, :]

@@ -5,8 +5,7 @@ import os
 
 import torch
 
-from ..decay.per_head import causal_mask
-from ..decay.per_token import gate_mask, running_gates
+from ..decay.blocks import Decay
 from ..registry import register
 from ._common import torch_method
 
@@ -49,8 +48,5 @@ def vanilla(b, c, v, lg, gate=None):
     The mask is built in one vectorised expression (the original built it row by row in Python).
     """
     check_quadratic_memory(b)
-    if gate is not None:
-        mask = gate_mask(running_gates(gate), dtype=b.dtype)
-        return ((b @ c.transpose(-1, -2)) * mask) @ v
-    mask = causal_mask(b.shape[2], lg, dtype=b.dtype, device=b.device)
+    mask = Decay(lg, gate).mask(b.shape[2], dtype=b.dtype, device=b.device)
     return ((b @ c.transpose(-1, -2)) * mask) @ v
