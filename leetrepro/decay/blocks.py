@@ -15,7 +15,7 @@ from typing import Iterator, NamedTuple
 
 import torch
 
-from .per_head import causal_mask, discounted_cumsum, powers
+from .per_head import causal_mask, discounted_cumsum, log_gamma, powers
 from .per_token import gate_mask, local_cumsum, running_gates
 
 
@@ -33,6 +33,13 @@ class Decay(NamedTuple):
     ``(batch, H, N)`` (a γ already folded in, ``lg`` None then)."""
     lg: torch.Tensor | None
     g: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, gamma: torch.Tensor | None, g: torch.Tensor | None,
+           dtype: torch.dtype) -> "Decay":
+        """A call's decay in ``dtype``: per-head λ ``gamma`` ``(H,)`` (float64, or None), or
+        the per-token gates ``g`` (γ folded in)."""
+        return cls(log_gamma(gamma, dtype), None if g is None else g.to(dtype))
 
     def padded(self, n: int) -> "Decay":
         """The decay of the rows padded with zero rows to ``n`` (gates of 0: nothing decays

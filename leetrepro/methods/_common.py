@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ..decay.per_head import log_gamma
+from ..decay.blocks import Decay
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -38,20 +38,19 @@ def isolate_nonfinite(c: torch.Tensor, v: torch.Tensor):
 
 
 def torch_method(fn):
-    """Wrap ``fn(b, c, v, lg, **options)`` (accumulation dtype, log λ ``(H, 1, 1)`` or None) as a
-    registered method ``(B, C, V, gamma, **options)``: upcast, non-finite isolation
-    (:func:`isolate_nonfinite`), cast back. ``fn`` may return ``(out, state)`` when it takes
-    ``initial_state``/``output_final_state``; the state stays in the accumulation dtype.
-    ``g``: per-token gates ``(batch, H, N)`` with any γ folded in (gamma None then), passed to
-    ``fn`` as ``gate`` in the accumulation dtype (methods registered with ``gates=True``)."""
+    """Wrap ``fn(b, c, v, decay, **options)`` (accumulation dtype; ``decay`` the call's decay as
+    one value, :class:`leetrepro.decay.blocks.Decay`: log λ ``(H, 1, 1)`` or None, or the
+    per-token gates ``g`` ``(batch, H, N)`` with any γ folded in, gamma None then, for methods
+    registered with ``per_token``) as a registered method ``(B, C, V, gamma, g=None,
+    **options)``: upcast, non-finite isolation (:func:`isolate_nonfinite`), cast back. ``fn``
+    may return ``(out, state)`` when it takes ``initial_state``/``output_final_state``; the
+    state stays in the accumulation dtype."""
     @functools.wraps(fn)
     def run(B, C, V, gamma, g=None, **options):
         cd = compute_dtype(V.dtype)
         b, c, v = B.to(cd), C.to(cd), V.to(cd)
         c, v, poison = isolate_nonfinite(c, v)
-        if g is not None:
-            options["gate"] = g.to(cd)
-        res = fn(b, c, v, log_gamma(gamma, cd), **options)
+        res = fn(b, c, v, Decay.of(gamma, g, cd), **options)
         if isinstance(res, tuple):
             out, state = poison(*res)
             return out.to(V.dtype), state

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from ..decay.blocks import Decay
 from ..decay.per_head import scale_rows
 from ..registry import register
 from ._common import torch_method
@@ -27,14 +26,14 @@ from ._common import torch_method
           summary="Algorithm 2: blocks in sequence, intra-block quadratic + running r×d state",
           options={"block_size": 256})
 @torch_method
-def block_based(b, c, v, lg, block_size: int = 256, gate=None):
+def block_based(b, c, v, decay, block_size: int = 256):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = B_c;
-    ``gate``: per-token gates (module docstring)."""
+    ``decay``: per-head λ or per-token gates (module docstring)."""
     batch, heads, n, _ = b.shape
     kw = dict(dtype=b.dtype, device=b.device)
     out = torch.empty(batch, heads, n, v.shape[-1], **kw)
     state = torch.zeros(batch, heads, b.shape[-1], v.shape[-1], **kw)
-    for s, e, w in Decay(lg, gate).blocks(n, min(block_size, n), **kw):
+    for s, e, w in decay.blocks(n, min(block_size, n), **kw):
         bi, ci, vi = b[:, :, s:e], c[:, :, s:e], v[:, :, s:e]
         out[:, :, s:e] = ((bi @ ci.transpose(-1, -2)) * w.mask) @ vi \
             + scale_rows(bi, w.into) @ state

@@ -18,9 +18,10 @@ from ._gpu import kernel_source, staged
 @register("causal-dot-product_torch", "Cdotp_torch", complexity="O(N·r·d)", language="torch",
           summary="Algorithm 1: one r×d state update and one row of output per token")
 @torch_method
-def causal_dot_product_torch(b, c, v, lg):
-    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`."""
+def causal_dot_product_torch(b, c, v, decay):
+    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder` (``decay``: its log λ)."""
     batch, heads, n, r = b.shape
+    lg = decay.lg
     if lg is not None:
         # λ as hi + lo: λ near 1 rounded to the compute dtype is off by up to 3e-8 (fp32), which
         # compounds over N steps (1e-4 at N = 4096); the lo part carries the rest

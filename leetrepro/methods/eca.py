@@ -346,8 +346,8 @@ def _gradients(dO, B, C, V, gamma, depth: int = 0, **_):
           summary="Vanilla's two products by Algorithms 1-2 of Exact Causal Attention: ~10 % fewer "
                   "multiplications")
 @torch_method
-def eca(b, c, v, lg, depth: int = 0):
+def eca(b, c, v, decay, depth: int = 0):
     """``(B Cᵀ ⊙ M) V`` by ECA (module docstring); ``depth``: levels of recursion into the half
-    products (0: none)."""
+    products (0: none); ``decay``: its log λ."""
     check_quadratic_memory(b, "ECA", copies=4)
-    return forward(b, c, v, lg, depth)
+    return forward(b, c, v, decay.lg, depth)

@@ -24,11 +24,11 @@ except ImportError as err:  # without Triton: a clear error when the kernel is c
 @register("FleetAttention_torch", "FA_torch", complexity="O(N·r·d)", language="torch",
           summary="Eq. (5): sum over ranks of diag(b_i)·λ-cumsum(diag(c_i) V)")
 @torch_method
-def fleet_attention_torch(b, c, v, lg):
-    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`."""
+def fleet_attention_torch(b, c, v, decay):
+    """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder` (``decay``: its log λ)."""
     out = torch.zeros_like(v)
     for i in range(b.shape[-1]):
-        out += b[..., i:i + 1] * discounted_cumsum(c[..., i:i + 1] * v, lg)
+        out += b[..., i:i + 1] * discounted_cumsum(c[..., i:i + 1] * v, decay.lg)
     return out
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from ..decay.blocks import Decay
 from ..decay.per_head import scale_rows
 from .._state import add_initial_state, final_state
 from .. import tuning
@@ -36,13 +35,12 @@ except ImportError as err:  # without Triton: a clear error when a kernel is cal
           summary="all blocks' intra parts batched, block states by a discounted scan; state in/out",
           options={"block_size": 128})
 @torch_method
-def lightning_attention2_torch(b, c, v, lg, block_size: int = 128,
-                               initial_state=None, output_final_state: bool = False, gate=None):
+def lightning_attention2_torch(b, c, v, decay, block_size: int = 128,
+                               initial_state=None, output_final_state: bool = False):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``block_size`` = L.
     ``initial_state``/``output_final_state``: :mod:`leetrepro._state` (S_N in float32, float64
-    for float64 inputs). ``gate``: per-token gates (module docstring)."""
+    for float64 inputs). ``decay``: per-head λ or per-token gates (module docstring)."""
     s0 = None if initial_state is None else initial_state.to(b.dtype)
-    decay = Decay(lg, gate)
     b_in, c_in, v_in = b, c, v
     batch, heads, n, r = b.shape
     d = v.shape[-1]

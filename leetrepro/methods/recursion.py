@@ -22,7 +22,6 @@ import math
 
 import torch
 
-from ..decay.blocks import Decay
 from ..decay.per_head import scale_rows
 from ..registry import register
 from ._common import torch_method
@@ -38,16 +37,16 @@ def padded_length(n: int, base: int) -> int:
           summary="Algorithms 3-4: halves recursively, off-diagonal block by right multiplication",
           options={"base": 32})
 @torch_method
-def recursion(b, c, v, lg, base: int = 32, gate=None):
+def recursion(b, c, v, decay, base: int = 32):
     """Shapes and gamma as in :func:`leetrepro.causal_linear_decoder`; ``base`` = termination size;
-    ``gate``: per-token gates (module docstring)."""
+    ``decay``: per-head λ or per-token gates (module docstring)."""
     batch, heads, n, r = b.shape
     d = v.shape[-1]
     kw = dict(dtype=b.dtype, device=b.device)
     size = padded_length(n, base)
     base = min(base, size)
     b, c, v = (torch.nn.functional.pad(t, (0, 0, 0, size - n)) for t in (b, c, v))
-    decay = Decay(lg, gate).padded(size)
+    decay = decay.padded(size)
 
     def blocks(t, length):  # (batch, H, size, k) -> (batch, H, size/length, length, k)
         return t.view(batch, heads, size // length, length, t.shape[-1])

@@ -5,7 +5,6 @@ import os
 
 import torch
 
-from ..decay.blocks import Decay
 from ..registry import register
 from ._common import torch_method
 
@@ -41,12 +40,12 @@ def check_quadratic_memory(b: torch.Tensor, name: str = "Vanilla", copies: int =
           decays=("per_head", "per_token"),
           summary="B Cᵀ ⊙ M materialised, then times V")
 @torch_method
-def vanilla(b, c, v, lg, gate=None):
-    """``(B Cᵀ ⊙ M) V``. B, C ``(batch, H, N, r)``, V ``(batch, H, N, d)``; gamma None or ``(H,)``;
-    ``gate``: per-token gates, M[i, j] = exp(G_i − G_j) from their running sums (float64).
+def vanilla(b, c, v, decay):
+    """``(B Cᵀ ⊙ M) V``. B, C ``(batch, H, N, r)``, V ``(batch, H, N, d)``; ``decay``: per-head λ,
+    or per-token gates, M[i, j] = exp(G_i − G_j) from their running sums (float64).
 
     The mask is built in one vectorised expression (the original built it row by row in Python).
     """
     check_quadratic_memory(b)
-    mask = Decay(lg, gate).mask(b.shape[2], dtype=b.dtype, device=b.device)
+    mask = decay.mask(b.shape[2], dtype=b.dtype, device=b.device)
     return ((b @ c.transpose(-1, -2)) * mask) @ v
