@@ -94,11 +94,17 @@ def apply(function, *args):
     with ``setup_context`` by ``inspect.signature`` on every call, about 55 µs of host time a
     call where the C entry takes 8 (notes/gates.md), and every eager layer call of the operator
     goes through one or more. Under ``torch.compile`` or a torch.func transform,
-    ``function.apply`` itself (what those trace and transform)."""
+    ``function.apply`` itself (what those trace and transform). As ``Function.apply`` does, a
+    tensor a finished transform left wrapped is unwrapped first (a plain ``torch.Tensor`` by type:
+    those wrappers are never a subclass)."""
     if not C_APPLY or torch.compiler.is_compiling() or \
             torch._C._are_functorch_transforms_active():
         return function.apply(*args)
-    return super(torch.autograd.Function, function).apply(*args)
+    return super(torch.autograd.Function, function).apply(
+        *[_unwrap_if_dead(a) if type(a) is torch.Tensor else a for a in args])
+
+
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 class _PlainContext:

@@ -177,3 +177,34 @@ def test_eager_calls_enter_autograd_functions_without_binding_their_defaults(mon
     slow = run()
     assert len(bound) >= 3  # (Function.apply binds them: the operator's, the SSD's, the block's)
     assert all(torch.equal(a, w) for a, w in zip(fast, slow))
+
+
+def test_direct_apply_unwraps_what_a_finished_transform_left_wrapped():
+    """``_direct.apply`` hands a Function's forward a tensor that a finished torch.func
+    transform left wrapped (a "dead" wrapper, leaked from inside ``grad``) unwrapped, as
+    ``Function.apply`` does, and gives its result."""
+    seen = []
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(x, k):
+            seen.append(_direct.wrapped(x))
+            return x * k
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.k = inputs[1]
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.k, None
+    leaked = []
+
+    def f(x):
+        leaked.append(x)
+        return x.sum()
+    base = torch.randn(3)
+    torch.func.grad(f)(base)
+    assert _direct.wrapped(leaked[0])  # (a dead wrapper of base)
+    out = _direct.apply(Double, leaked[0], 2.0)
+    assert seen == [False] and torch.equal(out, base * 2)

@@ -1179,6 +1179,6 @@ def test_a_layer_call_launches_what_the_census_counted():
     assert gated["backward_calls"] <= 230 and per_head["backward_calls"] <= 160, \
         (gated["backward_calls"], per_head["backward_calls"])
     # the forward's: autograd Functions entered by their C entry (``_direct.apply``: 266 and 278
-    # when Function.apply bound their defaults by inspect.signature; 97 and 109 when set)
+    # when Function.apply bound their defaults by inspect.signature; 99 and 111 when set)
     assert gated["forward_calls"] <= 115 and per_head["forward_calls"] <= 105, \
         (gated["forward_calls"], per_head["forward_calls"])
