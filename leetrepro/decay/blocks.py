@@ -24,7 +24,8 @@ class Block(NamedTuple):
     mask: torch.Tensor | None        # (…, L, L): M[i, j] within the block
     into: torch.Tensor | None        # (…, L, 1): the entering state's weight at each row; None: 1
     out_of: torch.Tensor | None      # (…, L, 1): each row's weight in the leaving state; None: 1
-    total: torch.Tensor | float      # the state's decay across the block (broadcasts to it)
+    total: torch.Tensor | float | None  # the state's decay across the block, a factor that
+    # broadcasts to the state (Decay.blocks); its log in Decay.batched, which Decay.chained reads
 
 
 class Decay(NamedTuple):
