@@ -28,6 +28,12 @@ class Block(NamedTuple):
     # broadcasts to the state (Decay.blocks); its log in Decay.batched, which Decay.chained reads
 
 
+def of_blocks(w: torch.Tensor | None, which: slice) -> torch.Tensor | None:
+    """The blocks ``which`` (a slice of the blocks axis) of weights ``(…, nb, L, 1)``
+    (:meth:`Decay.batched`'s), None where the weights are (the 0-1 mask)."""
+    return None if w is None else w[..., which, :, :]
+
+
 class Decay(NamedTuple):
     """One call's decay as the PyTorch methods compute with it, in their accumulation dtype:
     per-head log λ ``lg`` ``(H, 1, 1)`` (None: the 0-1 mask), or per-token log gates ``g``
@@ -84,9 +90,7 @@ class Decay(NamedTuple):
         ``(batch, H, nb)``, or L·log λ (:meth:`chained` reads it). ``masks`` False: the
         weights alone (mask None), O(N) memory."""
         if self.g is not None:
-            pad = nb * size - self.g.shape[-1]
-            G = local_cumsum(torch.nn.functional.pad(self.g, (0, pad)), size).view(
-                *self.g.shape[:2], nb, size)
+            G = local_cumsum(self.padded(nb * size).g, size).view(*self.g.shape[:2], nb, size)
             total = G[..., -1]
             return Block(gate_mask(G, dtype=dtype) if masks else None,
                          torch.exp(G).to(dtype)[..., None],

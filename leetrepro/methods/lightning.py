@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..decay.blocks import of_blocks
 from ..decay.per_head import scale_rows
 from .._state import add_initial_state, final_state
 from .. import tuning
@@ -53,9 +54,9 @@ def lightning_attention2_torch(b, c, v, decay, block_size: int = 128,
     blocks = decay.batched(nb, size, **kw)
     out = ((b @ c.transpose(-1, -2)) * blocks.mask) @ v
     if nb > 1:  # (the states entering blocks 1 .. nb-1, from blocks 0 .. nb-2's own)
-        s = scale_rows(c[:, :, :-1], _blocks(blocks.out_of, 0, nb - 1)).transpose(-1, -2) \
-            @ v[:, :, :-1]
-        out[:, :, 1:] += scale_rows(b[:, :, 1:], _blocks(blocks.into, 1, nb)) \
+        s = scale_rows(c[:, :, :-1], of_blocks(blocks.out_of, slice(0, nb - 1))) \
+            .transpose(-1, -2) @ v[:, :, :-1]
+        out[:, :, 1:] += scale_rows(b[:, :, 1:], of_blocks(blocks.into, slice(1, nb))) \
             @ decay.chained(s, blocks)
     out = out.reshape(batch, heads, nb * size, d)[:, :, :n]
     if s0 is None and not output_final_state:
@@ -65,11 +66,6 @@ def lightning_attention2_torch(b, c, v, decay, block_size: int = 128,
     if output_final_state:
         return out, final_state(c_in, v_in, weights[0], s0, weights[1])
     return out
-
-
-def _blocks(w: torch.Tensor | None, first: int, end: int) -> torch.Tensor | None:
-    """Blocks ``first .. end-1`` of weights ``(…, nb, L, 1)``."""
-    return None if w is None else w[..., first:end, :, :]
 
 
 def la_config(r: int, d: int, precision: str, half: bool = False, decay: bool = False,

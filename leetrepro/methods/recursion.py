@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from ..decay.blocks import of_blocks
 from ..decay.per_head import scale_rows
 from ..registry import register
 from ._common import torch_method
@@ -63,15 +64,9 @@ def recursion(b, c, v, decay, base: int = 32):
         # (each half a block: the second's rows weighted from the first's end, the first's
         # columns to its end; their product is the pair's mask)
         w = decay.batched(size // half, half, masks=False, **kw)
-        c1 = scale_rows(sc[:, :, :, 0], _half(w.out_of, 0))
-        b2 = scale_rows(sb[:, :, :, 1], _half(w.into, 1))
+        c1 = scale_rows(sc[:, :, :, 0], of_blocks(w.out_of, slice(0, None, 2)))
+        b2 = scale_rows(sb[:, :, :, 1], of_blocks(w.into, slice(1, None, 2)))
         state = c1.transpose(-1, -2) @ sv[:, :, :, 0]  # (batch, H, segs, r, d)
         out.view(batch, heads, size // seg, 2, half, d)[:, :, :, 1] += b2 @ state
         half = seg
     return out[:, :, :n]
-
-
-def _half(w: torch.Tensor | None, which: int) -> torch.Tensor | None:
-    """Weights ``(…, blocks, L, 1)`` of the first (``which`` 0) or second half of each pair of
-    blocks: ``(…, blocks/2, L, 1)``."""
-    return None if w is None else w.unflatten(-3, (-1, 2))[..., which, :, :]
