@@ -322,6 +322,58 @@ def test_launch_replays_through_the_launcher_as_tritons_runner_calls_it(monkeypa
         knobs.runtime.launch_enter_hook.remove(hook)
 
 
+def test_c_launch_passes_what_tritons_launcher_passes_and_encodes_each_descriptor_once(monkeypatch):
+    """``_gpu.CLaunch`` calls a compiled kernel's C launcher with the arguments Triton's own
+    wrapper (``wrap_handle_tensordesc`` of this Triton, its closure read) would pass it, each TMA
+    descriptor expanded by Triton's ``make_tensordesc_arg``; an encoding is made once for a
+    tensor's address, shape, strides and padding and reused while they recur; a launcher built
+    otherwise (scratch buffers, no such closure) is left to Triton."""
+    from types import SimpleNamespace
+
+    from triton.backends.nvidia import driver
+
+    from leetrepro.methods import _gpu
+
+    made = []
+
+    def encode(desc, meta):  # (the driver's encoding stands in for cuTensorMapEncodeTiled)
+        made.append((desc.base.data_ptr(), meta["swizzle"]))
+        return [("map", desc.base.data_ptr(), meta["swizzle"]), *desc.shape, *desc.strides]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
+    seen = []
+    signature = {"a": "*fp32", "d": "tensordesc<bf16[64, 64]>", "n": "i32",
+                 "e": "tensordesc<bf16[64, 32]>", "K": "constexpr"}
+    metas = [dict(swizzle=128), dict(swizzle=64)]
+    wrapper = driver.wrap_handle_tensordesc(lambda *a: seen.append(a), signature, metas)
+    run = SimpleNamespace(launch=wrapper, global_scratch_size=0, profile_scratch_size=0,
+                          num_ctas=1, launch_cooperative_grid=False, launch_pdl=False)
+    compiled = SimpleNamespace(run=run, function=11, packed_metadata="packed")
+    fast = _gpu.CLaunch.of(compiled)
+    assert fast is not None and fast.cuts == (1, 3)
+    x, y, z = torch.zeros(64, 64), torch.zeros(64, 32), torch.zeros(64, 32)
+
+    def desc(t):
+        return SimpleNamespace(base=t, shape=list(t.shape), strides=list(t.stride()),
+                               padding="zero")
+
+    for e in (y, y, z):
+        args = [x, desc(x), 7, desc(e), 4]
+        # (Triton's runner: grid, stream, function, cooperative, PDL, the scratch buffers, the
+        # packed and launch metadata, the hooks, then the arguments)
+        wrapper(3, 1, 1, 99, 11, False, False, None, None, "packed", None, None, None, *args)
+        fast((3, 1, 1), 99, args)
+        assert len(seen[-1]) == len(seen[-2]) == 13 + 13  # (a descriptor: 1 + 2 + 2 values)
+        assert all(a is b or (not isinstance(a, torch.Tensor) and a == b)
+                   for a, b in zip(seen[-1], seen[-2]))
+    assert made.count((x.data_ptr(), 128)) == 4  # Triton's three calls, then the cached one
+    assert made.count((y.data_ptr(), 64)) == 2 + 1 and made.count((z.data_ptr(), 64)) == 2
+    run.global_scratch_size = 8
+    assert _gpu.CLaunch.of(compiled) is None
+    run.global_scratch_size, run.launch = 0, lambda *a: None  # (a launcher with no closure)
+    assert _gpu.CLaunch.of(compiled) is None
+
+
 
 
 def test_kernel_functions_stay_within_their_size_ceilings():

@@ -234,10 +234,13 @@ def launch(kernel, grid: tuple, arguments: dict, key=None, **options) -> None:
     grid = tuple(grid) + (1,) * (3 - len(grid))
     args = [arguments[n] for n in order[0]]
     if direct is not None and _no_hooks(direct[3]):
+        stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+        if direct[4] is not None and C_LAUNCH:
+            direct[4](grid, stream, args)
+            return
         # Triton's runner, less what it does per call that does not depend on the call (with no
         # launch hook registered, it passes them and their metadata for nothing to call)
-        direct[0](*grid, torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()),
-                  direct[1], direct[2], None, None, None, *args)
+        direct[0](*grid, stream, direct[1], direct[2], None, None, None, *args)
         return
     compiled[grid](*args)
 
@@ -296,9 +299,98 @@ def _direct(compiled):
     try:
         from triton import knobs
         compiled._init_handles()
-        return compiled.run, compiled.function, compiled.packed_metadata, knobs.runtime
+        return (compiled.run, compiled.function, compiled.packed_metadata, knobs.runtime,
+                CLaunch.of(compiled))
     except (AttributeError, ImportError):
         return None
+
+
+#: whether a replayed launch calls the compiled launcher's C entry itself (:class:`CLaunch`);
+#: False: through Triton's Python wrapper, as its runner does (an A/B switch)
+C_LAUNCH = True
+
+
+class CLaunch:
+    """A compiled kernel's launch through its C launcher, as Triton's Python launcher
+    (``CudaLauncher.__call__`` and the wrapper that expands TMA descriptors,
+    ``wrap_handle_tensordesc``, on the release :data:`DIRECT_TRITON` names) makes it, less its
+    per-call work that depends on nothing the call changes: the scratch buffers it allocates
+    (none for a kernel that asks for none: the only kernels taken here), and each TMA
+    descriptor's encoding (``make_tensordesc_arg``: the driver's ``cuTensorMapEncodeTiled`` and
+    its Python around it, about 5 µs a descriptor, five or six a Hopper launch). An encoding
+    depends only on the tensor's address, shape, strides and padding and the kernel's metadata
+    for that parameter, so each parameter keeps its encodings by those (a training loop's
+    allocator hands the same addresses back step after step). ``of`` returns None wherever the
+    launcher is not built as read: then Triton's own path."""
+
+    __slots__ = ("c_launch", "head", "cuts", "metas", "maps")
+
+    #: encodings kept a descriptor parameter (a kernel's plans × the addresses a loop reuses)
+    KEEP = 64
+
+    def __init__(self, c_launch, head: tuple, positions: tuple, metas: tuple):
+        self.c_launch = c_launch
+        self.head = head          # function, cooperative, PDL, the two scratch buffers,
+        # packed metadata, launch metadata and the two hooks (None: no hook to call)
+        self.cuts = positions     # the descriptor parameters' places among the arguments
+        self.metas = metas        # and Triton's metadata of each (swizzle, block, dtype)
+        self.maps = tuple({} for _ in positions)
+
+    @classmethod
+    def of(cls, compiled) -> "CLaunch | None":
+        try:
+            return cls._of(compiled)
+        except (AttributeError, TypeError, ValueError):  # (a launcher not built as read)
+            return None
+
+    @classmethod
+    def _of(cls, compiled) -> "CLaunch | None":
+        run = compiled.run
+        if run.global_scratch_size or run.profile_scratch_size or run.num_ctas != 1:
+            return None  # (scratch allocated per call, clusters: Triton's path)
+        launcher, positions, metas = run.launch, (), ()
+        code = getattr(launcher, "__code__", None)
+        if code is not None:  # Triton's wrapper around the C entry: its closure's cells
+            cells = dict(zip(code.co_freevars, (c.cell_contents for c in launcher.__closure__)))
+            if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys():
+                return None
+            positions = tuple(sorted(cells["tensordesc_indices"]))
+            metas = tuple(cells["tensordesc_meta"])
+            if len(metas) != len(positions) or any(m is None for m in metas):
+                return None
+            launcher = cells["launcher"]
+        return cls(launcher, (compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+                              None, None, compiled.packed_metadata, None, None, None),
+                   positions, metas)
+
+    def __call__(self, grid: tuple, stream: int, args: list) -> None:
+        if self.cuts:
+            args = self.expanded(args)
+        self.c_launch(*grid, stream, *self.head, *args)
+
+    def expanded(self, args: list) -> list:
+        """``args`` with each descriptor replaced by its encoding, shape and strides, as
+        ``make_tensordesc_arg`` makes them."""
+        out, start = [], 0
+        for place, meta, kept in zip(self.cuts, self.metas, self.maps):
+            out += args[start:place]
+            desc = args[place]
+            key = (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), desc.padding)
+            made = kept.get(key)
+            if made is None:
+                if len(kept) >= self.KEEP:
+                    kept.clear()
+                made = kept[key] = _encoded(desc, meta)
+            out += made
+            start = place + 1
+        out += args[start:]
+        return out
+
+
+def _encoded(desc, meta) -> list:
+    """Triton's own expansion of one TMA descriptor argument (``make_tensordesc_arg``)."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    return make_tensordesc_arg(desc, meta)
 
 
 def _no_hooks(runtime) -> bool:
