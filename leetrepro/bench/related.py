@@ -402,6 +402,8 @@ def main(argv=None) -> int:
     p.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS)
     p.add_argument("--reps", type=int, default=None, help="rounds per cell (GPU 21, CPU 3)")
     p.add_argument("--seqlens", type=int, nargs="*", default=None)
+    p.add_argument("--no-lm", action="store_true",
+                   help="kernel: the attention layer alone, not the 1.4B LM's training steps")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     out = args.out or os.path.join("data", gpu_tag(device))
@@ -422,7 +424,8 @@ def main(argv=None) -> int:
     if "kernel" in args.parts:
         if cuda:
             write("kernel_paper_layer.csv", measure_layer(device, reps=reps))
-            write("kernel_paper_lm.csv", measure_lm(device))
+            if not args.no_lm:
+                write("kernel_paper_lm.csv", measure_lm(device))
         else:
             write("kernel_paper_layer.csv", measure_layer(device, cells=((1, 4, 64, 1024),),
                                                           reps=reps, dtype=torch.float32))
