@@ -239,7 +239,12 @@ def _passes_of(entry: str, device, dtype) -> str | None:
     return "sweep" if taken else passes(device, dtype)
 
 
-def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat16):
+def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat16,
+                  on_cell=None):
+    """The kernel paper's attention layer at each of ``cells`` ``(batch, heads, head_dim, N)``
+    (time-major ``dtype`` q, k, v; float32 per-key log gates for GLA): a row per entry of
+    :data:`LAYER_ENTRIES` and pass (forward; forward + backward), eager and replayed from a CUDA
+    graph, with its peak memory above the inputs. ``on_cell(rows so far)`` after each cell."""
     rows = []
     for i, (batch, heads, dh, n) in enumerate(cells):
         gen = torch.Generator(device=device).manual_seed(n)
@@ -273,6 +278,8 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
         print(f"layer b{batch} h{heads} d{dh} N={n} (eager / graph s): " + ", ".join(
             f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} / "
             f"{r['graph_s'] or float('nan'):.4g}" for r in rows[-2 * len(fwd):]), flush=True)
+        if on_cell is not None:  # (the rows so far written: a run cut short keeps its cells)
+            on_cell(rows)
     return rows
 
 
@@ -423,7 +430,8 @@ def main(argv=None) -> int:
         write("related_methods.csv", measure_blog(device, reps=reps))
     if "kernel" in args.parts:
         if cuda:
-            write("kernel_paper_layer.csv", measure_layer(device, reps=reps))
+            measure_layer(device, reps=reps,
+                          on_cell=lambda rows: write("kernel_paper_layer.csv", rows))
             if not args.no_lm:
                 write("kernel_paper_lm.csv", measure_lm(device))
         else:
