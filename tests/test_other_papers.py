@@ -68,6 +68,9 @@ def test_kernel_paper_claims_from_constructed_rows():
     assert "PyTorch's composition" in O.kernel_paper_claims(layer, None).evidence.iloc[0]
     on_kernels = layer.assign(passes=["kernels", None])
     assert "Triton kernels" in O.kernel_paper_claims(on_kernels, None).evidence.iloc[0]
+    in_sweeps = layer.assign(passes=["sweep+sweeps", None])
+    assert "inside Chunk's sweeps, forward and backward" in \
+        O.kernel_paper_claims(in_sweeps, None).evidence.iloc[0]
     # (graph times said beside the eager verdict, for the time claim alone, never judged)
     graphs = O.kernel_paper_claims(layer.assign(graph_s=[0.5, 3.0]), None)
     assert "CUDA graphs 6.00×" in graphs.evidence.iloc[0] and "graph" not in graphs.evidence.iloc[1]

@@ -227,16 +227,24 @@ def passes(device, dtype=torch.bfloat16) -> str:
     return "kernels" if on_kernels(probe, probe) else "composition"
 
 
-def _passes_of(entry: str, device, dtype) -> str | None:
-    """What ran around (or instead of) the operator for this project's layer entries: ``sweep``,
-    or :func:`passes`'s answer."""
+def _passes_of(entry: str, device, dtype, layer: tuple | None = None) -> str | None:
+    """What ran around (or instead of) the operator for this project's layer entries: the
+    forward's ``sweep`` or :func:`passes`'s answer, and ``+sweeps`` where the backward ran in
+    Chunk's sweeps too (:func:`leetrepro.methods.normalizer.grads_in_sweeps` of the layer's
+    ``(q, k, v)``, time-major, as :func:`mixer` hands them over; the Linear Transformer's
+    backward is the operator's)."""
     if entry not in (MIXERS[0], PASSES, LINEAR_TRANSFORMER):
         return None
     from ..methods import normalizer
     probe = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
     taken = _sweep(lambda: normalizer.in_sweep(probe, probe, probe, "auto", {}),
                    entry != PASSES)()
-    return "sweep" if taken else passes(device, dtype)
+    forward = "sweep" if taken else passes(device, dtype)
+    if layer is None or entry == LINEAR_TRANSFORMER:
+        return forward
+    q, k, v = layer
+    rows = (related.normalize_rows(t.transpose(1, 2)) for t in (q, k))
+    return forward + ("+sweeps" if normalizer.grads_in_sweeps(*rows, v.transpose(1, 2)) else "")
 
 
 def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat16,
@@ -274,7 +282,7 @@ def measure_layer(device, cells=LAYER_CELLS, reps: int = 10, dtype=torch.bfloat1
                 rows.append(dict(entry=name, mode=mode, batch=batch, heads=heads, head_dim=dh, N=n,
                                  dtype=str(dtype)[6:], reps=reps, median_s=t, graph_s=graph,
                                  peak_bytes=peak, status=status, graph_status=why,
-                                 passes=_passes_of(name, device, dtype)))
+                                 passes=_passes_of(name, device, dtype, (q, k, v))))
         print(f"layer b{batch} h{heads} d{dh} N={n} (eager / graph s): " + ", ".join(
             f"{r['entry']} {r['mode']} {r['median_s'] or float('nan'):.4g} / "
             f"{r['graph_s'] or float('nan'):.4g}" for r in rows[-2 * len(fwd):]), flush=True)

@@ -219,7 +219,10 @@ def _passes(rows) -> str:
     names = {"kernels": "its passes on Triton kernels",
              "composition": "its passes by PyTorch's composition",
              "sweep": "its forward one sweep of Chunk's kernel, its backward's passes on Triton "
-                      "kernels"}
+                      "kernels",
+             "sweep+sweeps": "the normaliser inside Chunk's sweeps, forward and backward",
+             "kernels+sweeps": "its forward's passes on Triton kernels, its backward inside "
+                               "Chunk's sweeps"}
     return " and ".join(names.get(k, k) for k in sorted(kinds)) or names["composition"]
 
 
