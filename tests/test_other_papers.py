@@ -109,6 +109,8 @@ def test_bench_cells_on_the_cpu():
     lm = R.measure_lm(cpu, dict(vocab=50, dim=32, layers=1, heads=2, mlp=64, batch=1, seq=16),
                       steps=1, warmup=1)
     assert all(r["status"] == "ok" for r in lm)
+    # (the LM's label asked of its own layer's tensors, as the layer's is)
+    assert [r["passes"] for r in lm if r["entry"] == "leetrepro (1+x)"] == ["composition"]
 
 
 def test_the_decoder_mixes_with_gates_where_the_mixer_takes_them():

@@ -311,9 +311,15 @@ def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2, mixers=MIXERS
     ids = torch.randint(0, config["vocab"], (config["batch"], config["seq"] + 1), generator=gen,
                         device=device)
     for name in mixers:
-        mix = mixer(name)
-        if mix is None:
+        inner = mixer(name)
+        if inner is None:
             continue
+        seen = []  # (the first layer call's q, k, v: what its label is asked of)
+
+        def mix(q, k, v, g, inner=inner, seen=seen):
+            if not seen:
+                seen.append((q.detach(), k.detach(), v.detach()))
+            return inner(q, k, v, g)
         model = opt = None
         try:
             torch.manual_seed(0)
@@ -335,7 +341,9 @@ def measure_lm(device, config=LM, steps: int = 5, warmup: int = 2, mixers=MIXERS
             peak = peak_above(step, device)[1] if device.type == "cuda" else None
             times = interleaved_medians({name: step}, [()], steps, device, warmup=0)
             rows.append(dict(entry=name, params=params, median_s=times[name], peak_bytes=peak,
-                             status="ok", passes=_passes_of(name, device, torch.bfloat16)))
+                             status="ok",
+                             passes=_passes_of(name, device, torch.bfloat16, seen[0])))
+            seen.clear()
         except Exception as err:  # noqa: BLE001  (a peer that fails is a row)
             rows.append(dict(entry=name, status=failed_status(err)))
         finally:
