@@ -1147,7 +1147,75 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
 
 
 @pytest.mark.slow  # (seconds: two layer-sized calls of each decay on the CPU)
-def test_a_layer_call_launches_what_the_census_counted():
+def test_the_gates_folded_shifted_and_summed_in_one_launch_are_the_passes_values(monkeypatch):
+    """``hopper_launch.folded_gate_sums`` (``tables.GATE_FOLD_FUSED``; interpreted here): the
+    folded gates, the reverse sweeps' shifted ones and both tile sums from one launch equal
+    ``fold_gates``, ``shift_gates`` and ``tile_gate_sums`` of them bit for bit, hard resets
+    (−1e4, −inf) raised to the floor and NaN kept, any strides, bf16 gates, N past a whole tile;
+    the sweeps' ``tile_gate_sums`` finds the sums while the gates live, and a call folds as
+    before where it does not apply (the switch off, float64)."""
+    from leetrepro.decay.per_token import fold_gates, shift_gates
+    from leetrepro.methods.chunk import hopper_launch, tables
+    if not INTERPRETED:
+        pytest.skip("the CPU's interpreted launch")
+    monkeypatch.setattr(tables, "GATE_FOLD_FUSED", True)
+    launched = []
+    real = hopper_launch.launch
+    monkeypatch.setattr(hopper_launch, "launch",
+                        lambda kernel, grid, args, **kw: (launched.append(grid),
+                                                          real(kernel, grid, args, **kw))[1])
+    for n, dtype, time_major in ((150, torch.float32, True), (64, torch.bfloat16, False),
+                                 (1, torch.float32, False)):
+        g = _gates(2, 3, n, seed=n).to(dtype)
+        if n > 8:
+            g[0, 1, 5], g[1, 2, 70 % n], g[0, 0, n - 1], g[1, 0, 3] = -1e4, -torch.inf, 0.0, torch.nan
+        if time_major:
+            g = g.transpose(1, 2).contiguous().transpose(1, 2)
+        launched.clear()
+        gate, rev = hopper_launch.folded_gate_sums(g, twin=True)
+        assert len(launched) == 1
+        want = fold_gates(g, None, torch.float32)
+        assert torch.equal(gate.nan_to_num(1.0), want.nan_to_num(1.0))
+        assert torch.equal(rev.nan_to_num(1.0), shift_gates(want).nan_to_num(1.0))
+        assert gate.is_contiguous() and rev.is_contiguous()
+        sums = [hopper_launch.tile_gate_sums(x, 64, r) for x, r in ((gate, False), (rev, True))]
+        assert len(launched) == 1  # (found, not made again)
+        alone = [hopper_launch._tile_sums((x.clone(), r), block=64)[0]
+                 for x, r in ((want, False), (shift_gates(want), True))]
+        assert all(torch.equal(a.nan_to_num(1.0), b.nan_to_num(1.0)) for a, b in zip(sums, alone))
+        assert hopper_launch.tile_gate_sums(gate, 64, True) is not sums[0]  # (not made: anew)
+        one, none = hopper_launch.folded_gate_sums(g, twin=False)
+        assert none is None and torch.equal(one.nan_to_num(1.0), gate.nan_to_num(1.0))
+    kept = len(hopper_launch._FOLDED)
+    del gate, rev, one, sums
+    assert len(hopper_launch._FOLDED) < kept  # (an entry leaves with its gates)
+    assert hopper_launch.folded_gate_sums(g.double(), twin=True) is None
+    monkeypatch.setattr(tables, "GATE_FOLD_FUSED", False)
+    assert hopper_launch.folded_gate_sums(g, twin=True) is None
+
+
+def test_a_gated_call_with_its_gates_folded_in_the_sums_launch_gives_the_same_bits(monkeypatch):
+    """``tables.GATE_FOLD_FUSED`` on and off (interpreted, Chunk's portable sweeps, which read
+    the folded and shifted gates as tensors): a gated forward and backward give the same bits."""
+    from leetrepro.compat import chunk_simple_gla
+    from leetrepro.methods.chunk import tables
+    if not INTERPRETED:
+        pytest.skip("the CPU's interpreted launch")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 90, 3, 16, generator=gen).requires_grad_() for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(2, 90, 3, generator=gen))
+    g[0, 40, 1] = -1e4
+    g.requires_grad_()
+    dO = torch.randn(2, 90, 3, 16, generator=gen)
+    got = []
+    for on in (False, True):
+        monkeypatch.setattr(tables, "GATE_FOLD_FUSED", on)
+        o = chunk_simple_gla(q, k, v, g=g, method="Chunk")[0]
+        got.append((o, *torch.autograd.grad(o, (q, k, v, g), dO)))
+    assert all(torch.equal(a, b) for a, b in zip(*got))
+
+
+def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     """The kernels one eager forward and backward of a 125M model's layer launches on an H200
     (``probes.launches``: its tables and SMs, the launches recorded, not run), and the ATen
     operators it issues, held at what they are: a launch costs tens of microseconds of an eager
@@ -1182,3 +1250,12 @@ def test_a_layer_call_launches_what_the_census_counted():
     # when Function.apply bound their defaults by inspect.signature; 99 and 111 when set)
     assert gated["forward_calls"] <= 115 and per_head["forward_calls"] <= 105, \
         (gated["forward_calls"], per_head["forward_calls"])
+    # the gates folded and shifted in their tile sums' launch (``tables.GATE_FOLD_FUSED``): the
+    # same launches, without the floor's, the shift's and the pad's operators and their kernels
+    from leetrepro.methods.chunk import tables
+    monkeypatch.setattr(tables, "GATE_FOLD_FUSED", True)
+    fused = census("h200", (4, 4096, 12, 64, 64), gated=True)
+    assert (fused["forward"], fused["backward"]) == (gated["forward"], gated["backward"])
+    gone = {"clamp_min", "slice", "constant_pad_nd"}
+    assert not gone & (set(fused["forward_ops"]) | set(fused["backward_ops"]))
+    assert sum(c for op, c in fused["backward_ops"].items() if op not in host_only) == 22

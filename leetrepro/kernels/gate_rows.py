@@ -61,35 +61,45 @@ def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES
 
 @triton.jit
 def _tile_sums(G, OUT, lane, step, N, HEADS, WHOLE, STRIDES, BLOCK_N: tl.constexpr,
-               TILES: tl.constexpr, REVERSE: tl.constexpr):
+               TILES: tl.constexpr, REVERSE: tl.constexpr, SHIFT: tl.constexpr, FOLD,
+               WHICH: tl.constexpr):
     SB, SH, SN = STRIDES
     rows = (step * TILES + tl.arange(0, TILES))[:, None] * BLOCK_N + \
         tl.arange(0, BLOCK_N)[None, :]
     rows = rows.to(tl.int64)
-    g = tl.load(G + (lane // HEADS) * SB + (lane % HEADS) * SH + rows * SN, mask=rows < N,
+    src = rows + 1 if SHIFT else rows  # (the reverse sweeps' gates: row t carries g_(t+1))
+    g = tl.load(G + (lane // HEADS) * SB + (lane % HEADS) * SH + src * SN, mask=src < N,
                 other=0.0).to(tl.float32)
+    if FOLD is not None:  # (raised to the floor, NaN kept, and written as the kernels read it)
+        g = tl.where(src < N, tl.maximum(g, FOLD[0], propagate_nan=tl.PropagateNan.ALL), 0.0)
+        tl.store(FOLD[1 + WHICH] + lane * N + rows, g, mask=rows < N)
     tl.store(OUT + lane * (WHOLE * BLOCK_N) + rows, tl.cumsum(g, axis=1, reverse=REVERSE),
              mask=rows < WHOLE * BLOCK_N)
 
 
 @triton.jit
 def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-                     REVERSE: tl.constexpr, TWIN=None):
+                     REVERSE: tl.constexpr, TWIN=None, FOLD=None, SHIFT_TWIN: tl.constexpr = False):
     """Running sums of the gates within each tile of ``BLOCK_N`` rows, from the tile's first row
     (``REVERSE``: from its last back), in float32. G: ``(batch, heads, N)`` at any strides
     ``STRIDES``, any float dtype; OUT: float32 ``(batch·heads, whole tiles·BLOCK_N)`` contiguous,
     the rows past N read as 0; ``SIZE = (N, heads, whole tiles)``. A program takes ``TILES``
     tiles of one lane (axis 1 of the grid: its steps). ``TWIN = (G2, OUT2, STRIDES2)``: a second
     gates' sums, in the other direction, by the grid's second row on axis 2 (a backward's
-    forward and reverse gates in one launch)."""
+    forward and reverse gates in one launch); ``SHIFT_TWIN``: G2 read one row on (row t takes
+    row t + 1's gate, the last row 0: ``decay.per_token.shift_gates`` of one sequence).
+    ``FOLD = (floor, FOLDED, FOLDED2)``: each gate raised to ``floor`` before it is summed
+    (``decay.per_token.fold_gates``, NaN kept) and written to FOLDED (the twin's to FOLDED2),
+    float32 ``(batch·heads, N)`` contiguous: the gates the other kernels read, from the same
+    launch."""
     N, HEADS, WHOLE = SIZE
     lane = tl.program_id(0).to(tl.int64)
     if TWIN is None:
         _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
-                   REVERSE)
+                   REVERSE, False, FOLD, 0)
     elif tl.program_id(2) == 0:
         _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
-                   REVERSE)
+                   REVERSE, False, FOLD, 0)
     else:
         _tile_sums(TWIN[0], TWIN[1], lane, tl.program_id(1), N, HEADS, WHOLE, TWIN[2], BLOCK_N,
-                   TILES, not REVERSE)
+                   TILES, not REVERSE, SHIFT_TWIN, FOLD, 1)

@@ -11,8 +11,7 @@ import torch
 
 from .._groups import expand_groups, sum_groups
 from ..decay.per_head import decayed_by
-from ..decay.per_token import (first_decay, fold_gates, gate_dtype, gate_gradient_from_dots,
-                               shift_gates)
+from ..decay.per_token import first_decay, gate_dtype, gate_gradient_from_dots, shift_gates
 from ..registry import Method
 
 
@@ -46,11 +45,14 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                          scale, False, g, SN, need_g)
         return done(tuple(_group_sums(x, groups, like) if i < 2 and x.numel() else x
                           for i, (x, like) in enumerate(zip(res, (B, C, V, V, V)))))
-    gate = None
+    gate = shifted = None
     if g is not None:
         if reverse:
             raise ValueError("the operator in reverse time with gates has no backward here")
-        gate, gamma = fold_gates(g, gamma, gate_dtype(V.dtype)), None
+        # (the reverse sweeps' gates with them: one launch where the Hopper sweeps' tile sums
+        # come with both)
+        (gate, shifted), gamma = forward.folded_gates(g, gamma, gate_dtype(V.dtype), cu_seqlens,
+                                                      twin=True), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     # (dg alone, B, C and V frozen: the straddle kernel, which writes no gradient it drops)
     in_sweeps = need_g and (need_b or need_c or need_v) and \
@@ -106,7 +108,8 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     call = dict(cu_seqlens=cu_seqlens, scale=scale, g=gate, folded=True)
     # (the reverse sweeps' gates shifted once for them all: dV's and dC's sweeps run apart)
     rev_call = call if gate is None or not (need_v or need_c or need_s0) else \
-        dict(call, g=shift_gates(gate, cu_seqlens), folded="reversed")
+        dict(call, g=shift_gates(gate, cu_seqlens) if shifted is None else shifted,
+             folded="reversed")
     # (the three sweeps' gates summed within tiles once for them all, both directions in one
     # launch, where Chunk's Hopper sweeps take them)
     with gate_sweeps.shared_sums(m, gate, rev_call["g"]):

@@ -11,6 +11,7 @@ import torch
 
 from .._groups import expand_groups, lane_heads
 from ..decay.per_token import fold_gates, gate_dtype, shift_gates
+from ..methods import chunk
 from ..registry import Method
 
 
@@ -49,8 +50,7 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
         if not m.groups or 0 in B.shape or 0 in V.shape:
             B, C, V, dual = (expand_groups(x, heads) for x in (B, C, V, dual))
     if g is not None and not folded:
-        g = fold_gates(g, gamma, gate_dtype(V.dtype))
-        gamma = None
+        g, gamma = folded_gates(g, gamma, gate_dtype(V.dtype))[0], None
     if cu_seqlens is not None and not m.varlen:
         res = _run_each(m, opts, B, C, V, gamma, initial_state, reverse, output_final_state,
                         dual, cu_seqlens, scale, g, "reversed" if folded == "reversed" else True)
@@ -98,6 +98,21 @@ def run(m: Method, opts: dict, B, C, V, gamma, initial_state, reverse: bool,
     if flip:
         o = tuple(x.flip(2) for x in o) if dual is not None else o.flip(2)
     return _placed((o, s), B, V, dual, out, out2)
+
+
+def folded_gates(g: torch.Tensor, gamma, dtype: torch.dtype, cu_seqlens=None,
+                 twin: bool = False) -> tuple:
+    """``(gate, reverse_gate)``: the gates a call's sweeps read, ``fold_gates(g, gamma, dtype)``,
+    and with ``twin`` the reverse sweeps' (``shift_gates`` of them) where they come from the
+    same launch, else None (the caller shifts them if a reverse sweep runs). Without a γ, in
+    float32, and one sequence a row where shifted, that launch also sums them within the Hopper
+    kernel's tiles (:func:`leetrepro.methods.chunk.hopper_launch.folded_gate_sums`,
+    :data:`leetrepro.methods.chunk.tables.GATE_FOLD_FUSED`): the same values."""
+    if gamma is None and dtype == torch.float32 and not (twin and cu_seqlens is not None):
+        made = chunk.hopper_launch.folded_gate_sums(g, twin=twin)
+        if made is not None:
+            return made
+    return fold_gates(g, gamma, dtype), None
 
 
 def output_like(x: torch.Tensor) -> torch.Tensor:

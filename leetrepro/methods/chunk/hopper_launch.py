@@ -9,10 +9,12 @@ import contextlib
 import functools
 import os
 import threading
+import weakref
 
 import torch
 
 from ..._groups import lane_heads
+from ...decay.per_token import GATE_FLOOR
 from ...tuning import HOPPER
 from .._gpu import (NoTriton, cdiv, launch, sm_count)
 
@@ -321,6 +323,9 @@ def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
     2 × 128 heads × 8192, H200, notes/gates.md); PyTorch elsewhere. Inside
     :func:`shared_tile_sums`, the gates it names are summed once, both directions in one launch,
     for every sweep that reads them. O(N) a lane."""
+    kept = _FOLDED.get(id(g))  # (made with the gates themselves: :func:`folded_gate_sums`)
+    if kept is not None and kept[0]() is g and (block, reverse) in kept[1]:
+        return kept[1][(block, reverse)]
     shared = getattr(_SHARED, "sums", None)
     if shared is not None and tables.GATE_SUMS_SHARED:
         key = next((i for i, (x, rev) in enumerate(shared["gates"])
@@ -353,7 +358,8 @@ def _tile_sums(first: tuple, second: tuple | None = None, *, block: int) -> tupl
         launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tables.GATE_ROWS_TILES),
                                                len(pairs)),
                dict(G=g, OUT=outs[0], SIZE=(n, h, whole), STRIDES=strides,
-                    BLOCK_N=block, TILES=tables.GATE_ROWS_TILES, REVERSE=reverse, TWIN=twin),
+                    BLOCK_N=block, TILES=tables.GATE_ROWS_TILES, REVERSE=reverse, TWIN=twin,
+                    FOLD=None, SHIFT_TWIN=False),
                key=(g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block,
                     tables.GATE_ROWS_TILES, reverse, g.device) +
                (() if twin is None else (twin[0].dtype, twin[0].data_ptr() % 16 == 0, twin[2])),
@@ -366,6 +372,44 @@ def _tile_sums(first: tuple, second: tuple | None = None, *, block: int) -> tupl
         outs.append((tiles.flip(-1).cumsum(-1).flip(-1) if rev else tiles.cumsum(-1))
                     .view(b, h, -1))
     return tuple(outs)
+
+
+#: the gates :func:`folded_gate_sums` made, by id: (a weak reference to them, their tile sums by
+#: (block, reverse)); an entry leaves with its gates
+_FOLDED: dict = {}
+
+
+def folded_gate_sums(g: torch.Tensor, *, twin: bool) -> tuple | None:
+    """``(gate, reverse_gate)``: the gates the kernels read, float32 ``(batch, heads, N)``
+    contiguous, g raised to :data:`leetrepro.decay.per_token.GATE_FLOOR` (``fold_gates`` without
+    a γ) and, with ``twin``, those shifted one row on (``shift_gates`` of one sequence a row of
+    the batch; else None), made in one launch with their tile sums for the Hopper sweeps
+    (:func:`tile_gate_sums` finds them while the gates live): a gated call's fold, shift and sums
+    are one launch where they were three to five. None where this does not apply
+    (:data:`tables.GATE_FOLD_FUSED` off, no Triton, float64 gates, N = 0, a CPU tensor outside
+    Triton's interpreter): the caller folds as before. O(N) a lane."""
+    if not tables.GATE_FOLD_FUSED or isinstance(rows_kernels, NoTriton) or \
+            g.dtype == torch.float64 or g.shape[-1] == 0 or \
+            not (g.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return None
+    b, h, n = g.shape
+    block, tiles = HOPPER["BLOCK_N"], tables.GATE_ROWS_TILES
+    whole = cdiv(n, block)
+    gates = tuple(torch.empty(b, h, n, dtype=torch.float32, device=g.device)
+                  for _ in range(1 + twin))
+    sums = tuple(torch.empty(b, h, whole * block, dtype=torch.float32, device=g.device)
+                 for _ in gates)
+    strides = tuple(g.stride())
+    launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tiles), len(gates)),
+           dict(G=g, OUT=sums[0], SIZE=(n, h, whole), STRIDES=strides, BLOCK_N=block,
+                TILES=tiles, REVERSE=False, TWIN=(g, sums[1], strides) if twin else None,
+                FOLD=(GATE_FLOOR, gates[0], gates[1] if twin else None), SHIFT_TWIN=twin),
+           key=("fold", g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block, tiles,
+                twin, g.device), num_warps=4)
+    for x, made, reverse in zip(gates, sums, (False, True)):
+        _FOLDED[id(x)] = (weakref.ref(x, lambda _, key=id(x): _FOLDED.pop(key, None)),
+                          {(block, reverse): made})
+    return gates[0], (gates[1] if twin else None)
 
 
 #: the gates :func:`shared_tile_sums` names on this thread, and their sums once made

@@ -452,6 +452,13 @@ PIECES_DC = {(64, False): 128, (64, True): 128, (128, False): 128, (128, True): 
 GATE_SUMS_SHARED = True
 
 
+#: whether a gated call folds its gates (the floor), shifts them for the reverse sweeps and sums
+#: them within the Hopper kernel's tiles in one launch
+#: (:func:`leetrepro.methods.chunk.hopper_launch.folded_gate_sums`), where each took a pass of
+#: its own: built and checked under Triton's interpreter, off until timed on a GPU; an A/B switch
+GATE_FOLD_FUSED = False
+
+
 #: chunks a program of the rows' gates' gradient (``kernels/gate_rows.py``) takes a step
 GATE_ROWS_TILES = 16
 
