@@ -389,6 +389,41 @@ def test_host_probe_takes_the_ssd_at_bench_ssd_s_shapes(monkeypatch):
     assert len(grads) == 7 and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
+def test_ab_probe_compares_a_switch_s_values_and_restores_it(monkeypatch, tmp_path):
+    """``probes.ab``: each value of a module-level switch set in turn for the same calls, their
+    results compared with the first value's bit for bit (NaN where NaN) and checked finite, the
+    host and back-to-back times of each round recorded (no graph without a GPU), the switch
+    restored, even after a failing call; a switch that names no module or no name refused by
+    name; ``main`` on a gated call made small (the 125M cell's shape replaced)."""
+    from leetrepro.methods.chunk import tables
+    from leetrepro.probes import ab
+    cpu = torch.device("cpu")
+    switch = ab.Switch("methods.chunk.tables.GATE_SUMS_SHARED")
+    fns = {"reads it": lambda: (torch.tensor([1.0 if tables.GATE_SUMS_SHARED else 2.0]),),
+           "ignores it": lambda: (torch.tensor([float("nan"), 3.0]),)}
+    rows = ab.compare(switch, [True, False], fns, cpu, rounds=2, reps=2)
+    assert len(rows) == 2 * 2 * 2 and tables.GATE_SUMS_SHARED is True
+    by = {(r["cell"], r["value"]): r for r in rows if r["round"] == 0}
+    assert by[("reads it", "False")]["same"] is False and by[("ignores it", "False")]["same"]
+    assert not by[("ignores it", "True")]["finite"] and by[("reads it", "True")]["finite"]
+    assert all(r["host_ms"] > 0 and r["eager_ms"] > 0 and "graph_ms" not in r for r in rows)
+    assert len(ab.summary(rows)) == 4
+    with pytest.raises(RuntimeError):
+        ab.compare(switch, [False], {"fails": lambda: (_ for _ in ()).throw(RuntimeError())},
+                   cpu)
+    assert tables.GATE_SUMS_SHARED is True
+    for bad in ("GATE_SUMS_SHARED", "methods.chunk.tables.NO_SUCH", "no_such_module.X"):
+        with pytest.raises((ValueError, ModuleNotFoundError), match="switch|no_such"):
+            ab.Switch(bad)
+    monkeypatch.setitem(ab.LAYERS, "gated125", (1, 2, 70, 16, 8, True))
+    assert ab.main(["--switch", "methods.chunk.tables.GATE_FOLD_FUSED", "--cells", "gated125",
+                    "--rounds", "1", "--reps", "1", "--device", "cpu",
+                    "--out", str(tmp_path)]) == 0
+    import pandas as pd
+    table = pd.read_csv(tmp_path / "ab.csv")
+    assert list(table.value.astype(str)) == ["False", "True"] and table.same.all() and "commit" in table
+
+
 @pytest.mark.slow  # (a bench's plumbing, seconds interpreted: the full lane runs it)
 def test_train_sweeps_are_the_steps_own_backward(monkeypatch):
     """``bench.train --sweeps`` times Chunk's step as three sweeps: called as listed there, they

@@ -1,5 +1,7 @@
 """Investigation tools: measurements that explain a number rather than record one for a table.
 
+* :mod:`~leetrepro.probes.ab`: a switch of the package on and off in one process, the same
+  calls' bits compared and their host, eager and graph times interleaved (a change's A/B);
 * :mod:`~leetrepro.probes.launches`: the kernels and ATen operators one eager call launches on
   a GPU, read on any machine with that GPU's tables (a test holds the counts);
 * :mod:`~leetrepro.probes.ncu`: Nsight Compute over named cells (DRAM bytes, issue slots,
