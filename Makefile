@@ -126,9 +126,13 @@ test-triton-next: $(VENV)/.installed
 	test -x .venv-triton-next/bin/python || $(PYTHON) -m venv .venv-triton-next
 	.venv-triton-next/bin/python -c "import site, sys; open(site.getsitepackages()[0] + '/leetrepro-main-venv.pth', 'w').write('import site; site.addsitedir(%r)\\n' % sys.argv[1])" \
 		"$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"
-	PYTHONPATH= .venv-triton-next/bin/python -m pip install -q triton==$(TRITON_NEXT)
+	# (setuptools as pyproject.toml asks: the wheel test builds without isolation, and a new
+	# virtualenv's own setuptools is older and comes before the main one's)
+	PYTHONPATH= .venv-triton-next/bin/python -m pip install -q triton==$(TRITON_NEXT) "setuptools>=77"
 	.venv-triton-next/bin/python -c "import triton; assert triton.__version__ == '$(TRITON_NEXT)', triton.__version__"
-	$(CPU_ONLY) .venv-triton-next/bin/python -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
+	# (the main virtualenv's Jupyter configuration: jupytext's contents manager is enabled there)
+	$(CPU_ONLY) JUPYTER_CONFIG_PATH=$(CURDIR)/$(VENV)/etc/jupyter \
+		.venv-triton-next/bin/python -m pytest -q -n $(TEST_JOBS) -p no:cacheprovider $(NEXT_ARGS) $(PYTEST_ARGS)
 
 # JupyterLab on the notebooks: a double-clicked .py source opens as a notebook (jupytext's viewer,
 # set as the default for Python files in this virtualenv's JupyterLab), saving writes the source

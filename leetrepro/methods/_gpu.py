@@ -338,6 +338,9 @@ class CLaunch:
 
     @classmethod
     def of(cls, compiled) -> "CLaunch | None":
+        import triton
+        if not triton.__version__.startswith(DIRECT_TRITON):
+            return None  # (another release's launcher takes other arguments: Triton's path)
         try:
             return cls._of(compiled)
         except (AttributeError, TypeError, ValueError):  # (a launcher not built as read)
