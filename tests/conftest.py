@@ -254,6 +254,19 @@ def real_codegen(*args: str, timeout: int = 600):
     return res
 
 
+def budgets_or_skip(lines: list[str]) -> None:
+    """Before a test holds kernels' probe lines to their register and spill budgets: each line
+    was compiled by ptxas (its registers read); on a Triton release other than the one the budgets
+    were set on (``probes.regs.TUNED_TRITON``) the test stops there, skipped and saying so."""
+    import triton
+
+    from leetrepro.probes import regs
+    assert lines and all("registers" in line for line in lines), lines
+    if not regs.budgets_apply():
+        pytest.skip(f"{len(lines)} kernels compiled by Triton {triton.__version__}; their budgets "
+                    f"were set on {regs.TUNED_TRITON}x and are not held here")
+
+
 def patch_package(monkeypatch, package, name: str, value) -> None:
     """Replace ``name`` in ``package`` (Chunk's ``leetrepro.methods.chunk``, ``leetrepro.ops``) and
     in each of its modules that has it: a function is looked up where it is called (its own

@@ -392,22 +392,15 @@ def test_kernel_functions_stay_within_their_size_ceilings():
     assert sizes.over(found) == [], sizes.over(found)
 
 
-def test_spill_budgets_hold_on_the_tuned_triton_and_name_another_releases_excess(monkeypatch):
-    """A spill budget is the one given on the Triton release the kernels were tuned on; on
-    another release, a kernel that ``NEXT_SPILLS`` names may spill what it names there (and no
-    other kernel more than its budget)."""
+def test_budgets_are_held_on_the_triton_release_they_were_set_on(monkeypatch):
+    """The register and spill budgets apply on ``TUNED_TRITON`` and on no other release."""
     import triton
 
     from leetrepro.probes import regs
-    name, excess = next(iter(regs.NEXT_SPILLS.items()))
-    line = f"{name} shared=0 0 bytes stack frame, {excess} bytes spill stores"
-    other = "pass other_kernel shared=0 0 bytes stack frame, 8 bytes spill stores"
-    monkeypatch.setattr(triton, "__version__", regs.TUNED_TRITON + "0")
-    assert regs.spill_budget(line, 0) == 0 and regs.spill_budget(other, 4) == 4
+    monkeypatch.setattr(triton, "__version__", regs.TUNED_TRITON + "1")
+    assert regs.budgets_apply()
     monkeypatch.setattr(triton, "__version__", "99.0.0")
-    assert regs.spill_budget(line, 0) == excess == regs.spill_bytes(line) > 0
-    assert regs.spill_budget(line.replace(name, name + "x"), 0) == 0
-    assert regs.spill_budget(other, 4) == 4
+    assert not regs.budgets_apply()
 
 
 def test_the_size_probe_flags_what_is_over_a_ceiling():

@@ -11,7 +11,7 @@ from leetrepro import rel_error
 from leetrepro.compat import mamba_chunk_scan_combined
 from leetrepro.reference import GATE_GRAD_TOLERANCE, reference, ssd_reference
 
-from conftest import BF16, INTERPRETED, KERNEL_DEVICE, quick_lane, real_codegen
+from conftest import BF16, INTERPRETED, KERNEL_DEVICE, budgets_or_skip, quick_lane, real_codegen
 
 METHODS = {"Chunk": dict(method="Chunk", fp32_precision="ieee"),
            "LA_torch": dict(method="LA_torch", block_size=16)}
@@ -623,11 +623,14 @@ def test_the_passes_around_the_operator_compile_for_hopper_without_spills():
     normalisation both ways at r = d = 128), compiled for sm_90
     on the host as their launchers launch them at Codestral's shapes (the interpreter checks their numbers, not their
     resources): each compiles within the SM's shared memory and spills nothing (the gated norm's
-    backward at Codestral's groups of 1024 channels and over a whole row of 8192)."""
+    backward at Codestral's groups of 1024 channels and over a whole row of 8192). Budgets of the
+    Triton release they were set on (``probes.regs.TUNED_TRITON``); on another, every kernel
+    compiles and the test is skipped, saying so."""
     from leetrepro.probes.regs import passes_jobs, spill_bytes
     res = real_codegen("-m", "leetrepro.probes.regs", "--passes")
     lines = [line for line in res.stdout.splitlines() if line.startswith("pass ")]
     assert [line.split()[1] for line in lines] == [job[0] for job in passes_jobs()]
+    budgets_or_skip(lines)
     for line in lines:
         assert int(line.split("shared=")[1].split()[0]) <= 232448, line
         assert spill_bytes(line) == 0, line

@@ -52,9 +52,10 @@ def compile_ptx(dtype: str, decay: bool, block_n: int, stages: int, split: bool 
                SIZE=("i32",) * 6,
                SCALE=("fp32", "fp32", "fp32", "*fp32", "*fp32", "i32") if norm == 1 else
                ("fp32", "fp32", "fp32", "constexpr" if norm == 4 else "*fp32", "i32", "i32")
-               if norm else "fp32", K="constexpr", REPAIR="constexpr")
+               if norm else "fp32", K="constexpr", REPAIR="constexpr", DG="constexpr")
+    # (every parameter named, the defaulted DG too: Triton 3.9 types only what is listed)
     const = {(4,): None, (5,): None, (6, 0): None, (6, 1): None, (8, 1): None,
-             (9,): None,
+             (9,): None, (14,): None,
              (12,): Constants(BLOCK_N=block_n, BLOCK_R=128, BLOCK_D=128,
                               PRECISION=precision if dtype == "fp32" else "tf32",
                               HAS_DECAY=decay, HALF_RANGE=dtype != "fp32", GROUPS=groups,
@@ -186,6 +187,18 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     src = GluonASTSource(fn=kern, signature=sig, constexprs=constexprs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=HOPPER["num_warps"], maxnreg=HOPPER["maxnreg"]))
+
+
+#: the Triton release whose code generation the register and spill budgets were set on (the
+#: Makefile's TRITON, torch's pin); another release's allocates otherwise (3.9.0 spills more in
+#: the Hopper sweeps: notes/house.md)
+TUNED_TRITON = "3.6."
+
+
+def budgets_apply() -> bool:
+    """Whether this Triton is the release the budgets were set on (:data:`TUNED_TRITON`)."""
+    import triton
+    return triton.__version__.startswith(TUNED_TRITON)
 
 
 def spill_bytes(usage: str) -> int:
