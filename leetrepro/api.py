@@ -1,6 +1,7 @@
 """The public entry point, ``causal_linear_decoder`` (the paper's Listing 2)."""
 from __future__ import annotations
 
+import typing
 import warnings
 
 import torch
@@ -56,8 +57,7 @@ def check_cu_seqlens(cu_seqlens, B: torch.Tensor, host=None) -> int | None:
 def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gamma=None, *,
                           method: str = "auto", is_mask_weight: bool | None = None,
                           attn_method: str | None = None, initial_state: torch.Tensor | None = None,
-                          output_final_state: bool = False,
-                          cu_seqlens: torch.Tensor | None = None,
+                          output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
                           cu_seqlens_cpu: torch.Tensor | None = None, scale: float = 1.0,
                           g: torch.Tensor | None = None, **options):
     """Exponentially decaying causal linear attention, ``O = (B Cᵀ ⊙ M) V``, differentiable.
@@ -66,10 +66,9 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
         B, C: ``(batch, heads, N, r)``; V: ``(batch, heads, N, d)``. One floating dtype (fp16, bf16,
             fp32, fp64) and one device; any strides. Under ``torch.autocast`` all three are cast
             to the autocast dtype first. B and C may hold groups, ``(batch, groups, N, r)`` with
-            groups dividing V's heads (Mamba-2's grouped B and C, grouped-query attention): head
-            h reads group ``h // (heads / groups)``, and their gradients are summed over each
-            group's heads. Chunk reads a group's rows in place; the other methods get B and C
-            expanded to a head each (a copy).
+            groups dividing V's heads (Mamba-2's grouped B and C, grouped-query attention): head h
+            reads group ``h // (heads / groups)``, and their gradients are summed over each group's
+            heads. Chunk reads a group's rows in place; the other methods get a copy a head each.
         gamma: per-step decay λ per head, in (0, 1]: a float, or a tensor ``(H,)`` / ``(H, 1)``.
             ``M[i, j] = gamma^(i-j)`` for i ≥ j, else 0. None: the 0-1 causal mask. The decays are
             fixed (no gradient): a gamma that requires grad is an error.
@@ -96,12 +95,11 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
         g: per-token log gates ``(batch, heads, N)`` (flash-linear-attention's ``g``, Mamba-2's
             ``dt·A``): the decay a_t = e^(g_t) of row t, ≤ 0 in the models that use it, any
             strides (a time-major ``(batch, N, heads)`` tensor as ``g.transpose(1, 2)``), any
-            float dtype (computed in float32, float64 for float64 inputs). Then
-            ``M[i, j] = exp(G_i − G_j)`` with G the running sum of g, and
-            ``S_t = e^(g_t) S_{t-1} + c_tᵀ v_t``; with ``gamma`` as well the decays multiply.
-            Differentiable (dg from the same sweeps as dB and dC). Methods that take gates:
-            ``available()["gates"]`` (Chunk, LA_torch, Bb, Recur, Vanilla); a gate of −1e4 is
-            a hard reset (exact zeros across it).
+            float dtype (computed in float32, float64 for float64 inputs). Then ``M[i, j] =
+            exp(G_i − G_j)`` with G the running sum of g, and ``S_t = e^(g_t) S_{t-1} + c_tᵀ v_t``;
+            with ``gamma`` as well the decays multiply. Differentiable (dg from the same sweeps
+            as dB and dC). Methods that take gates: ``available()["gates"]`` (Chunk, LA_torch, Bb,
+            Recur, Vanilla); a gate of −1e4 is a hard reset (exact zeros across it).
         **options: method options, e.g. ``block_size`` for Bb and LA_torch, ``base`` for Recur,
             ``fp32_precision`` for the Triton kernels. A bad value is a ValueError naming the
             option. With ``method="auto"`` only ``fp32_precision`` is accepted (every method takes
@@ -114,57 +112,89 @@ def causal_linear_decoder(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, gam
         ``initial_state`` (:mod:`leetrepro.ops`). Rows before a non-finite row of C or V are
         exact (non-finite values never leak backwards in time).
 
-    Complexity: that of the method (``available()["complexity"]``); the backward costs three
-    calls of the same method.
+    Complexity: the method's (``available()["complexity"]``); the backward costs three of its calls.
     """
-    method = _method_keyword(method, attn_method)
+    if attn_method is not None:
+        method = _method_keyword(method, attn_method)
     B, C, V = _autocast(B, C, V)
     compiling = torch.compiler.is_compiling()
-    # auto chooses for what the call will cost: a forward alone, or a forward and its backward
-    grad = torch.is_grad_enabled() and (any(
+    grad = torch.is_grad_enabled() and (any(  # (auto chooses for a forward alone, or with its backward)
         isinstance(t, torch.Tensor) and t.requires_grad for t in (B, C, V, initial_state))
         or (g is not None and isinstance(g, torch.Tensor) and g.requires_grad))
-    key = None if compiling or initial_state is not None or cu_seqlens is not None \
+    key, seen = (None, None) if compiling or initial_state is not None or cu_seqlens is not None \
         or is_mask_weight is not None else \
-        _signature(B, C, V, method, options, output_final_state, gamma is None, grad, g is None)
-    seen = _SEEN.get(key) if key is not None else None
-    if seen is None:
+        _lookup(B, C, V, method, options, output_final_state, gamma is None, grad, g is None)
+    gam, scale = _checked(B, C, V, gamma, g, is_mask_weight, initial_state, cu_seqlens,
+                          cu_seqlens_cpu, scale, seen is None)
+    if compiling:  # (the custom op, which checks the method and its options when it runs)
+        out, s = ops.causal_linear(B, C, V, gam, initial_state, method, ops.encode_options(options),
+                                   False, output_final_state, cu_seqlens, scale, grad, g)
+    else:  # (resolved here, in eager mode, so that errors name the call)
+        seen = seen or _resolved(key, method, options, B, V, gam, g, grad, initial_state is not None
+                                 or output_final_state)
+        out, s = seen.run(B, C, V, gam, g, initial_state, output_final_state, cu_seqlens, scale, grad)
+    return (out, s) if output_final_state else out
+
+
+def _checked(B, C, V, gamma, g, is_mask_weight, initial_state, cu_seqlens, cu_seqlens_cpu,
+             scale, qkv: bool) -> tuple:
+    """``(γ, scale)`` of a call, normalised, after its arguments are checked (B, C and V with
+    ``qkv``: a call whose signature was seen skips them); errors name the argument."""
+    if qkv:
         check_qkv(B, C, V)
     if is_mask_weight is not None:
-        if is_mask_weight and gamma is None:
-            raise ValueError("is_mask_weight=True needs gamma (the per-head decay in (0, 1])")
-        if not is_mask_weight and gamma is not None:
-            warnings.warn("is_mask_weight=False: gamma is ignored and the 0-1 causal mask is used",
-                          stacklevel=2)
-            gamma = None
+        gamma = _mask_keyword(is_mask_weight, gamma)
     if g is not None:
         check_gates(g, V)
     gam = normalize_gamma(gamma, V.shape[1], B.device)
     check_state(initial_state, B, V, check_cu_seqlens(cu_seqlens, B, cu_seqlens_cpu))
-    scale = _check_scale(scale)
-    if not compiling:
-        # checked here, in eager mode, so errors name the call; a compiled graph defers them to
-        # the op, which checks the same when it runs
-        if seen is None:
-            seen = ops.prepare(method, options, B, gam,
-                               initial_state is not None or output_final_state, V, grad,
-                               g is not None)
-            _remember(key, seen)
-        m, opts = seen
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale must be a number, got {type(scale).__name__}") from None
+    if value == 0 or value != value or abs(value) == float("inf"):
+        raise ValueError(f"scale must be finite and nonzero, got {scale}")
+    return gam, value
+
+
+def _mask_keyword(is_mask_weight, gamma):
+    """The decay the paper's ``is_mask_weight`` keyword leaves: γ, or None (the 0-1 mask)."""
+    if is_mask_weight and gamma is None:
+        raise ValueError("is_mask_weight=True needs gamma (the per-head decay in (0, 1])")
+    if not is_mask_weight and gamma is not None:
+        warnings.warn("is_mask_weight=False: gamma is ignored and the 0-1 causal mask is used",
+                      stacklevel=4)
+        return None
+    return gamma
+
+
+class Resolved(typing.NamedTuple):
+    """A call's method and its checked options (:func:`leetrepro.ops.prepare`), remembered by the
+    call's signature (:data:`_SEEN`): what ``ops.Eager`` and the custom op's backward take."""
+    method: object
+    options: dict
+
+    def run(self, B, C, V, gam, g, initial_state, output_final_state: bool, cu_seqlens, scale: float,
+            grad: bool) -> tuple:
+        """``(O, S_N or None)`` of an eager call by this method, recorded for autograd if ``grad``
+        (:class:`leetrepro.ops.Eager`), else run without autograd's record (host time a call)."""
         if not grad:
-            # nothing for autograd to record: skip the op's dispatch (host time per call)
-            out, s = ops.run(m, opts, B, C, V, gam, initial_state, False, output_final_state,
-                             cu_seqlens=cu_seqlens, scale=scale, g=g)
-            return (out, s) if output_final_state else out
+            return ops.run(self.method, self.options, B, C, V, gam, initial_state, False,
+                           output_final_state, cu_seqlens=cu_seqlens, scale=scale, g=g)
         # (slices of one fused projection: their gradients handed on as one buffer, no
         # concatenation, projection.rejoined)
         B, C, V = rejoined(B, C, V)
-        out, s = direct_apply(ops.Eager, B, C, V, gam, initial_state, seen, False,
-                                output_final_state, cu_seqlens, scale, g)
-        return (out, s) if output_final_state else out
-    out, s = ops.causal_linear(B, C, V, gam, initial_state, method, ops.encode_options(options),
-                               False, output_final_state, cu_seqlens, scale, grad, g)
-    return (out, s) if output_final_state else out
+        return direct_apply(ops.Eager, B, C, V, gam, initial_state, self, False, output_final_state,
+                            cu_seqlens, scale, g)
+
+
+def _resolved(key, method: str, options: dict, B, V, gam, g, grad: bool, with_state: bool
+              ) -> Resolved:
+    """The :class:`Resolved` method of a call not seen before, remembered under its signature
+    ``key`` (None: not remembered)."""
+    seen = Resolved(*ops.prepare(method, options, B, gam, with_state, V, grad, g is not None))
+    _remember(key, seen)
+    return seen
 
 
 #: calls already checked, by signature (method, options, shapes, dtypes, devices, state flag,
@@ -189,36 +219,26 @@ def prepared(B: torch.Tensor, C: torch.Tensor, V: torch.Tensor, method: str, opt
     per-head decay, remembered in :data:`_SEEN` by the call's signature as the API's own calls
     are: what a layer that calls the operator's forward and backward itself resolves in eager
     mode (``compat._TurnedOperator``)."""
-    key = _signature(B, C, V, method, options, with_state, True, grad, not gates)
-    seen = _SEEN.get(key) if key is not None else None
+    key, seen = _lookup(B, C, V, method, options, with_state, True, grad, not gates)
     if seen is None:
-        seen = ops.prepare(method, options, B, None, with_state, V, grad, gates)
+        seen = Resolved(*ops.prepare(method, options, B, None, with_state, V, grad, gates))
         _remember(key, seen)
     return seen
 
 
-def _signature(B, C, V, method, options: dict, final: bool, no_decay: bool,
-               grad: bool, no_gates: bool = True) -> tuple | None:
-    """The key of :data:`_SEEN`, or None where the arguments are not tensors or an option value
-    is unhashable (those calls are checked in full)."""
+def _lookup(B, C, V, method, options: dict, final: bool, no_decay: bool, grad: bool,
+            no_gates: bool = True) -> tuple:
+    """``(key, seen)``: the call's key in :data:`_SEEN` and what it holds there (None if nothing),
+    or ``(None, None)`` where the arguments are not tensors or an option value is unhashable
+    (those calls are checked in full)."""
     try:
         # (strides and gradients: what auto chooses by besides shapes, dtypes and devices)
         key = (method, tuple(options.items()), final, no_decay, no_gates, B.shape, C.shape, V.shape, B.dtype,
                C.dtype, V.dtype, B.device, C.device, V.device, B.stride(), V.stride(), grad)
         hash(key)
     except (AttributeError, TypeError):
-        return None
-    return key
-
-
-def _check_scale(scale) -> float:
-    try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"scale must be a number, got {type(scale).__name__}") from None
-    if value == 0 or value != value or abs(value) == float("inf"):
-        raise ValueError(f"scale must be finite and nonzero, got {scale}")
-    return value
+        return None, None
+    return key, _SEEN.get(key)
 
 
 def _autocast(B, C, V):
@@ -234,8 +254,6 @@ def _autocast(B, C, V):
 
 
 def _method_keyword(method, attn_method) -> str:
-    if attn_method is None:
-        return method
     if not ops.is_auto(method) and (ops.is_auto(attn_method) or get(method) is not get(attn_method)):
         raise ValueError(f"method={method!r} and attn_method={attn_method!r} disagree")
     return attn_method

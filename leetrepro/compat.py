@@ -613,31 +613,13 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     # (without the straddle kernel, the turned rows are each rounded once to Q's dtype and held
     # in float32 (float64), so that the operator's gradients of them come unrounded and the
     # angles' gradient is taken at those values: leetrepro.methods.mamba3_rows)
-    narrow = Q.dtype == V.dtype and not (torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in
-        (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, *(Input_States or ()))))
+    narrow = Q.dtype == V.dtype and not _wants_grad(
+        Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, *(Input_States or ()))
     s0 = pending_state(S0, k_prev, v_prev, DT, Trap, cu_seqlens)
     want = return_final_states
-    options.setdefault("fp32_precision", MAMBA3_FP32_PRECISION)
-    if Q.dtype in (torch.float16, torch.bfloat16):  # (the gates' gradient to 16-bit's contract)
-        options.setdefault("gate_grad_precision", MAMBA3_GATE_GRAD_PRECISION)
-    if MAMBA3_PAIR_SUMS and not narrow and pair_sums_on_kernel(V, Q.shape[-1], Angles.shape[-1]):
-        # (the angles' gradient from the straddling pairs: the operator in the inputs' dtype)
-        opts = dict(options)
-        method = opts.pop("method", "auto")
-        precision = opts.pop("gate_grad_precision", None)  # (None: the kernel's default)
-        o, own, states = direct_apply(
-            _TurnedOperator,
-            Q, K, Q_bias, K_bias, theta, w.transpose(1, 2), V.to(Q.dtype), ADT.to(acc), s0,
-            cu_seqlens, (method, ops.encode_options(opts), want, precision))
-    else:
-        q, key, own = turned_rows(Q, K, Q_bias, K_bias, theta.to(acc), w.transpose(1, 2),
-                                  narrow)
-        res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2),
-                                    V.to(q.dtype).transpose(1, 2), g=ADT.to(acc),
-                                    initial_state=s0, output_final_state=want,
-                                    cu_seqlens=cu_seqlens, scale=1.0, **options)
-        o, states = res if want else (res, None)
+    options = _mamba3_options(options, Q.dtype)
+    o, own, states = _mamba3_operator((Q, K, Q_bias, K_bias, theta, w.transpose(1, 2)), V,
+                                      ADT.to(acc), s0, cu_seqlens, want, narrow, options)
     # row t's own pair holds w_t but only λ_t dt_t of it has entered at t
     weight = -own * later.transpose(1, 2)                # (batch, seqlen, heads)
     if D is not None:
@@ -645,7 +627,53 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     y = gated_output(o.transpose(1, 2), V, Z, weight)
     if not want:
         return y
-    if cu_seqlens is None:  # (each sequence's last row; a sequence without rows keeps its states)
+    return (y, *_mamba3_final_states(Q, K, V, K_bias, theta, states, Input_States, cu_seqlens))
+
+
+def _mamba3_operator(rows: tuple, V, log_decay, s0, cu_seqlens, want: bool, narrow: bool,
+                     options: dict) -> tuple:
+    """``(o, Σ_d q̃·k̃, final state or None)`` of :func:`mamba3_siso_combined`'s operator on its
+    turned rows, ``rows = (Q, K, Q_bias, K_bias, θ, w)``: through :class:`_TurnedOperator` (the
+    angles' gradient from the straddling pairs) where its kernel runs, else on the turned rows
+    made first (:func:`leetrepro.methods.mamba3_rows.turned_rows`)."""
+    Q, theta = rows[0], rows[4]
+    if MAMBA3_PAIR_SUMS and not narrow and pair_sums_on_kernel(V, Q.shape[-1], theta.shape[-1]):
+        # (the operator in the inputs' dtype)
+        opts = dict(options)
+        method = opts.pop("method", "auto")
+        precision = opts.pop("gate_grad_precision", None)  # (None: the kernel's default)
+        return direct_apply(_TurnedOperator, *rows, V.to(Q.dtype), log_decay, s0, cu_seqlens,
+                            (method, ops.encode_options(opts), want, precision))
+    q, key, own = turned_rows(*rows[:4], theta.to(log_decay.dtype), rows[5], narrow)
+    res = causal_linear_decoder(q.transpose(1, 2), key.transpose(1, 2),
+                                V.to(q.dtype).transpose(1, 2), g=log_decay, initial_state=s0,
+                                output_final_state=want, cu_seqlens=cu_seqlens, scale=1.0,
+                                **options)
+    o, states = res if want else (res, None)
+    return o, own, states
+
+
+def _wants_grad(*tensors) -> bool:
+    """Whether autograd will record a call on ``tensors`` (None and non-tensors among them)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def _mamba3_options(options: dict, dtype: torch.dtype) -> dict:
+    """:func:`mamba3_siso_combined`'s options to the operator, with its defaults."""
+    options = dict(options, fp32_precision=options.get("fp32_precision", MAMBA3_FP32_PRECISION))
+    if dtype in (torch.float16, torch.bfloat16):  # (the gates' gradient to 16-bit's contract)
+        options.setdefault("gate_grad_precision", MAMBA3_GATE_GRAD_PRECISION)
+    return options
+
+
+def _mamba3_final_states(Q, K, V, K_bias, theta, states, Input_States, cu_seqlens) -> tuple:
+    """:func:`mamba3_siso_combined`'s final states (angle mod 2π, ssm, k, v) from the running
+    angles ``theta`` and the operator's final ``states``; a sequence without rows keeps the
+    states it was given (``Input_States``)."""
+    theta0, _, k_prev, v_prev = Input_States if Input_States is not None else (None,) * 4
+    acc = torch.float64 if V.dtype == torch.float64 else torch.float32
+    if cu_seqlens is None:  # (each sequence's last row)
         rows, at = torch.arange(Q.shape[0], device=Q.device), Q.shape[1] - 1
         has = torch.full((Q.shape[0],), Q.shape[1] > 0, device=Q.device)
     else:
@@ -661,7 +689,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     # the last row's turned key (the operator's rows hold it weighted only)
     k_last = rotate_pairs(last(K, None).repeat_interleave(V.shape[2] // Q.shape[2], 1).to(acc) +
                           K_bias.to(acc), final_theta.to(acc)).to(Q.dtype)
-    return (y, torch.remainder(final_theta, 2 * math.pi), states.transpose(-1, -2),
+    return (torch.remainder(final_theta, 2 * math.pi), states.transpose(-1, -2),
             last(None, k_prev, k_last), last(V, v_prev))
 
 

@@ -235,41 +235,55 @@ def _tile_products(w, xe, xo, PRECISION: tl.constexpr, HALF: tl.constexpr):
 @triton.jit
 def _segment(Bt, Ct, V, DO, G, WF, WR, OUT, SIZE, K: tl.constexpr, lane, slot, P):
     """:func:`straddle_gradient`'s segment from row P of ``lane`` (sequence or batch, head, first
-    value column, first row, rows), its states at workspace ``slot``; ``OUT = (DG, DA)``."""
+    value column, first row, rows), its states at workspace ``slot``; ``OUT = (DG, DA)``. Each
+    row t's sum over the pairs j < t ≤ i that straddle it: the state's pairs (before × after the
+    segment), then the segment's own rows i with the columns before them (:func:`_pairs_within`)
+    and its columns j with the rows after it (:func:`_pairs_after`)."""
     BLOCK_D: tl.constexpr = K.BLOCK_D
     BLOCK_N: tl.constexpr = K.BLOCK_N
     BLOCK_R: tl.constexpr = K.BLOCK_R
     NB: tl.constexpr = K.SEG_BLOCKS
-    PRECISION: tl.constexpr = K.PRECISION
-    HALF_RANGE: tl.constexpr = K.HALF_RANGE
-    GB: tl.constexpr = K.GROUPS[0]
-    GC: tl.constexpr = K.GROUPS[1]
-    ANGLES: tl.constexpr = K.ANGLES[1] > 0
-    BLOCK_A: tl.constexpr = K.ANGLES[0]
-    A: tl.constexpr = K.ANGLES[1]
-    HALF_TILES: tl.constexpr = K.ANGLES[2]
-    VARLEN: tl.constexpr = K.VARLEN
-    N, R, D, H, SLOTS = SIZE
     seq, head, d0, bos, n = lane
-    b_rows = lane_rows(Bt, seq, head // GB, bos, K.VARLEN)
-    c_rows = lane_rows(Ct, seq, head // GC, bos, K.VARLEN)
-    v_rows = lane_rows(V, seq, head, bos, K.VARLEN)
-    o_rows = lane_rows(DO, seq, head, bos, K.VARLEN)
-    g_rows = lane_rows(G, seq, head, bos, K.VARLEN)
-    cols_r = columns(0, R, BLOCK_R)
-    cols_d = columns(d0, D, BLOCK_D)
-    out = _out_rows(OUT[0], SIZE, lane, 1, BLOCK_D, VARLEN)
+    rows = (lane_rows(Bt, seq, head // K.GROUPS[0], bos, K.VARLEN),
+            lane_rows(Ct, seq, head // K.GROUPS[1], bos, K.VARLEN),
+            lane_rows(V, seq, head, bos, K.VARLEN), lane_rows(DO, seq, head, bos, K.VARLEN),
+            lane_rows(G, seq, head, bos, K.VARLEN))
+    cols = (columns(0, SIZE[1], BLOCK_R), columns(d0, SIZE[2], BLOCK_D))
+    out = _out_rows(OUT[0], SIZE, lane, 1, BLOCK_D, K.VARLEN)
     blk = tl.arange(0, NB)[:, None]
     within = tl.arange(0, BLOCK_N)
-    lower = within[:, None] >= within[None, :]
-    tot = _block_totals(g_rows, P, n, NB, BLOCK_N)
+    tot = _block_totals(rows[4], P, n, NB, BLOCK_N)
     seg_total = tl.sum(tot, axis=0)
     f = tl.load(_slot(WF, slot, BLOCK_R, BLOCK_D))
     acc = tl.zeros((NB, BLOCK_N), dtype=tl.float32) + tl.exp(seg_total) * tl.sum(
         tl.sum(f * tl.load(_slot(WR, slot, BLOCK_R, BLOCK_D)), axis=1), axis=0)
-    f_op, f_scale = state_operand(f, DO[0].dtype.element_ty, HALF_RANGE)
+    acc = _pairs_within(rows, cols, (Ct, V, G, WF, WR, OUT[1]), SIZE, K, lane, slot, P, tot,
+                        state_operand(f, DO[0].dtype.element_ty, K.HALF_RANGE), acc)
+    acc = _pairs_after(rows, cols, WR, K, slot, P, n, tot, seg_total, acc)
+    at = P + blk * BLOCK_N + within[None, :]
+    tl.store(out + at, acc, mask=at < n)
+
+
+@triton.jit
+def _pairs_within(rows, cols, PTRS, SIZE, K: tl.constexpr, lane, slot, P, tot, f_state, acc):
+    """``acc`` (a segment's rows by block) plus, for each row t, the pairs j < t ≤ i of the
+    segment's rows i: with a column before the segment (ρ, through the forward state ``f_state``
+    = ``(operand, scale)``) and with a column in it (the blocks' pair tiles); with the angles
+    (``K.ANGLES``) the turned pairs' sums written too. ``PTRS = (Ct, V, G, WF, WR, DA)``."""
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    NB: tl.constexpr = K.SEG_BLOCKS
+    PRECISION: tl.constexpr = K.PRECISION
+    ANGLES: tl.constexpr = K.ANGLES[1] > 0
+    n = lane[4]
+    b_rows, c_rows, v_rows, o_rows, g_rows = rows
+    cols_r, cols_d = cols
+    f_op, f_scale = f_state
+    blk = tl.arange(0, NB)[:, None]
+    within = tl.arange(0, BLOCK_N)
+    lower = within[:, None] >= within[None, :]
     if ANGLES:
-        c0, x_after, ytot = _angle_start(Ct, V, G, WF, WR, SIZE, K, lane, slot, P, tot)
+        c0, x_after, ytot = _angle_start(PTRS[0], PTRS[1], PTRS[2], PTRS[3], PTRS[4], SIZE, K,
+                                         lane, slot, P, tot)
     for qq in range(0, NB):  # rows i in block q (from the last block with the angles)
         if ANGLES:
             q = NB - 1 - qq
@@ -284,8 +298,8 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, OUT, SIZE, K: tl.constexpr, lane, slot, P
                         0.0)
         acc += tl.where(blk < q, tl.sum(rho, axis=0), 0.0)
         if ANGLES:
-            be, bo = _pair_halves(b_rows, phys_q, ok_q, BLOCK_A, A)
-            x = _angle_rows(be, bo, ok_q, Gq, do, WF, slot, K)
+            be, bo = _pair_halves(b_rows, phys_q, ok_q, K.ANGLES[0], K.ANGLES[1])
+            x = _angle_rows(be, bo, ok_q, Gq, do, PTRS[3], slot, K)
         for p in range(0, q + 1):  # columns j in block p ≤ q
             ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n, BLOCK_N)
             c = load_rows(c_rows, phys_p, ok_p, cols_r)
@@ -311,27 +325,36 @@ def _segment(Bt, Ct, V, DO, G, WF, WR, OUT, SIZE, K: tl.constexpr, lane, slot, P
                                            - cols_sum)[None, :], 0.0)
                 acc += tl.where((blk > p) & (blk < q), total, 0.0)
             if ANGLES:  # (the diagonal's own pairs j = i turn together: left out)
-                ce, co = _pair_halves(c_rows, phys_p, ok_p, BLOCK_A, A)
+                ce, co = _pair_halves(c_rows, phys_p, ok_p, K.ANGLES[0], K.ANGLES[1])
                 we, wo = _tile_products(tl.where(within[:, None] + (q - p) * BLOCK_N
                                                  > within[None, :], w, 0.0), ce, co, PRECISION,
-                                        HALF_TILES)
+                                        K.ANGLES[2])
                 x += _cross(be, bo, we, wo)
         if ANGLES:
-            x_after = _angle_block((b_rows, c_rows, v_rows, o_rows, g_rows), WR, OUT[1], SIZE, K,
-                                   lane, slot, P, tot, q, x, c0, x_after, ytot)
-    r_op, r_scale = state_operand(tl.load(_slot(WR, slot, BLOCK_R, BLOCK_D)),
-                                 DO[0].dtype.element_ty, HALF_RANGE)
+            x_after = _angle_block(rows, PTRS[4], PTRS[5], SIZE, K, lane, slot, P, tot, q, x, c0,
+                                   x_after, ytot)
+    return acc
+
+
+@triton.jit
+def _pairs_after(rows, cols, WR, K: tl.constexpr, slot, P, n, tot, seg_total, acc):
+    """``acc`` plus, for each row t, the pairs of the segment's columns j < t with the rows after
+    the segment (κ, through the reverse state at workspace ``slot``)."""
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    NB: tl.constexpr = K.SEG_BLOCKS
+    blk = tl.arange(0, NB)[:, None]
+    r_op, r_scale = state_operand(tl.load(_slot(WR, slot, K.BLOCK_R, K.BLOCK_D)),
+                                 rows[3][0].dtype.element_ty, K.HALF_RANGE)
     for p in range(0, NB):  # columns j, paired with the rows after the segment
-        ok_p, phys_p, Gp = _segment_block(g_rows, P, p, _before(tot, p, NB), n, BLOCK_N)
-        c = load_rows(c_rows, phys_p, ok_p, cols_r)
-        v = load_rows(v_rows, phys_p, ok_p, cols_d)
+        ok_p, phys_p, Gp = _segment_block(rows[4], P, p, _before(tot, p, NB), n, BLOCK_N)
+        c = load_rows(rows[1], phys_p, ok_p, cols[0])
+        v = load_rows(rows[2], phys_p, ok_p, cols[1])
         w = tl.where(ok_p, tl.exp(seg_total - Gp), 0.0)  # e^(G_E − G_j) ≤ 1
-        kappa = tl.sum(tl.dot(c, r_op, input_precision=PRECISION) * r_scale
+        kappa = tl.sum(tl.dot(c, r_op, input_precision=K.PRECISION) * r_scale
                        * v.to(tl.float32), axis=1) * w
         acc += tl.where(blk == p, (tl.cumsum(kappa, axis=0) - kappa)[None, :], 0.0)
         acc += tl.where(blk > p, tl.sum(kappa, axis=0), 0.0)
-    rows = P + blk * BLOCK_N + within[None, :]
-    tl.store(out + rows, acc, mask=rows < n)
+    return acc
 
 
 # The turned pairs' sums (Mamba-3's angles, ``K.ANGLES``). A pair of rows j < i enters the loss
