@@ -32,6 +32,8 @@ dimension contiguous): rows ``(batch, seqlen, heads, ·)``; θ ``(batch, seqlen,
 through its own strides (a view of the angles summed along seqlen); w ``(batch, seqlen, heads)``
 likewise. The outputs are contiguous ``(batch, seqlen, heads, ·)``.
 """
+import collections
+
 import triton
 import triton.language as tl
 
@@ -163,12 +165,28 @@ def _program(N, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.conste
     return t, t < N, tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_E)
 
 
+#: :func:`rotate_rows`' and :func:`rotate_rows_backward`'s constexprs: the heads a q/k head
+#: serves (``REP``), the angles and the head dim (``A``, ``P``), a program's rows and its tiles
+#: of the pairs' and the tail's columns, the dtype the turned rows are rounded to (``ROUND``),
+#: whether θ's angles are its last, contiguous dim (``TH_T``), and the backward's dθ
+#: (``DTHETA``)
+RowConstants = collections.namedtuple(
+    "RowConstants", "REP A P BLOCK_T BLOCK_A BLOCK_E ROUND TH_T DTHETA", defaults=(True,))
+
+
 @triton.jit
-def rotate_rows(Q, K, QB, KB, TH, W, OUT_Q, OUT_KEY, OWN, SIZE, REP: tl.constexpr,
-                A: tl.constexpr, P: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr,
-                BLOCK_E: tl.constexpr, ROUND: tl.constexpr, TH_T: tl.constexpr):
+def rotate_rows(Q, K, QB, KB, TH, W, OUT_Q, OUT_KEY, OWN, SIZE, CONST: tl.constexpr):
     """Q̃, KEY and OWN of ``BLOCK_T`` rows of one (sequence, head): grid (row blocks,
-    batch·heads). ``SIZE = (N, H)``; θ as ``(pointer, batch, seqlen, head, angle strides)``."""
+    batch·heads). ``SIZE = (N, H)``; θ as ``(pointer, batch, seqlen, head, angle strides)``;
+    ``CONST``: :data:`RowConstants`."""
+    REP: tl.constexpr = CONST.REP
+    A: tl.constexpr = CONST.A
+    P: tl.constexpr = CONST.P
+    BLOCK_T: tl.constexpr = CONST.BLOCK_T
+    BLOCK_A: tl.constexpr = CONST.BLOCK_A
+    BLOCK_E: tl.constexpr = CONST.BLOCK_E
+    ROUND: tl.constexpr = CONST.ROUND
+    TH_T: tl.constexpr = CONST.TH_T
     N, H = SIZE
     b, h = tl.program_id(1) // H, tl.program_id(1) % H
     t, ok, a, e = _program(N, BLOCK_T, BLOCK_A, BLOCK_E)
@@ -212,17 +230,25 @@ def _store_sums(OUT, at, e, xe, xo, xt, A: tl.constexpr, P: tl.constexpr,
 
 
 @triton.jit
-def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, DXQ, DXK, DQB, DKB, DTH, DW,
-                         SIZE, REP: tl.constexpr, A: tl.constexpr, P: tl.constexpr,
-                         BLOCK_T: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_E: tl.constexpr,
-                         ROUND: tl.constexpr, TH_T: tl.constexpr, DTHETA: tl.constexpr = True):
+def rotate_rows_backward(DQ, DKEY, DOWN, RQ, RKEY, K, KB, TH, W, OUT, SIZE, CONST: tl.constexpr):
     """The gradients of :func:`rotate_rows`' inputs: grid (row blocks, batch·q/k heads), each
-    program walking its q/k head's REP heads. dXq, dXk contiguous ``(batch, seqlen, q/k heads,
-    P)`` in their own dtype (summed over the heads in float32); DQB, DKB float32 ``(batch, row
-    blocks, heads, P)``, each head's sums over the block's rows (the caller sums them); dθ
-    contiguous ``(batch, seqlen, heads, A)`` and dw ``(batch, seqlen, heads)`` float32; RQ, RKEY
-    the forward's outputs, DOWN the own pairs' gradient ``(batch, seqlen, heads)``; without
+    program walking its q/k head's REP heads. ``OUT = (dXq, dXk, DQB, DKB, dθ, dw)``: dXq, dXk
+    contiguous ``(batch, seqlen, q/k heads, P)`` in their own dtype (summed over the heads in
+    float32); DQB, DKB float32 ``(batch, row blocks, heads, P)``, each head's sums over the
+    block's rows (the caller sums them); dθ contiguous ``(batch, seqlen, heads, A)`` and dw
+    ``(batch, seqlen, heads)`` float32. RQ, RKEY the forward's outputs, DOWN the own pairs'
+    gradient ``(batch, seqlen, heads)``; ``CONST``: :data:`RowConstants`, without its
     ``DTHETA`` no dθ (RKEY unread)."""
+    REP: tl.constexpr = CONST.REP
+    A: tl.constexpr = CONST.A
+    P: tl.constexpr = CONST.P
+    BLOCK_T: tl.constexpr = CONST.BLOCK_T
+    BLOCK_A: tl.constexpr = CONST.BLOCK_A
+    BLOCK_E: tl.constexpr = CONST.BLOCK_E
+    ROUND: tl.constexpr = CONST.ROUND
+    TH_T: tl.constexpr = CONST.TH_T
+    DTHETA: tl.constexpr = CONST.DTHETA
+    DXQ, DXK, DQB, DKB, DTH, DW = OUT
     N, H = SIZE
     HQ = H // REP
     b, hq = tl.program_id(1) // HQ, tl.program_id(1) % HQ

@@ -9,8 +9,15 @@ then k̃_prev ← k̃ and v_prev ← v. A (sequence, head) program holds the hea
 and odd columns ``[STEP_V, BLOCK_P / 2]`` each, STEP_V of its rows at a time (each row's output
 is its own), read and written once. float32 inside.
 """
+import collections
+
 import triton
 import triton.language as tl
+
+#: :func:`mamba3_step`'s constexprs: its tiles (headdim, value dim, angles; powers of two), the
+#: inputs the call has (D, z) and the state's rows a step of its loop (``STEP_V``)
+StepConstants = collections.namedtuple(
+    "StepConstants", "BLOCK_P BLOCK_V BLOCK_A HAS_D HAS_Z STEP_V")
 
 PI = tl.constexpr(3.141592653589793)
 
@@ -26,9 +33,7 @@ def _rotated(X, BIAS, cos, sin, i, ok):
 
 
 @triton.jit
-def mamba3_step(QK, VZ, SCAL, BIAS, ANGLES, D, STATES, SLOTS, OUT, SIZE,
-                BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_A: tl.constexpr,
-                HAS_D: tl.constexpr, HAS_Z: tl.constexpr, STEP_V: tl.constexpr):
+def mamba3_step(QK, VZ, SCAL, BIAS, ANGLES, D, STATES, SLOTS, OUT, SIZE, K: tl.constexpr):
     """QK ``(2, batch, q/k heads, P)`` (q then k), VZ ``(1 or 2, batch, heads, DV)`` (v, then z
     with ``HAS_Z``), SCAL ``(3, batch, heads)`` float32 (ADT, dt, Trap), BIAS ``(2, heads, P)``
     (q's, k's), ANGLES ``(batch, heads, A)``, D ``(heads,)``, OUT ``(batch, heads, DV)``, all
@@ -36,7 +41,13 @@ def mamba3_step(QK, VZ, SCAL, BIAS, ANGLES, D, STATES, SLOTS, OUT, SIZE,
     float32, k (slots, heads, P), v (slots, heads, DV))`` contiguous, SLOTS ``(batch,)`` int64;
     ``SIZE = (batch, heads, heads a q/k head, P, DV, A)``; grid (batch, heads). ``STEP_V``:
     the state's rows a step of the program's loop over them (a power of two, at most
-    BLOCK_V: all at once)."""
+    BLOCK_V: all at once). ``K``: :data:`StepConstants`."""
+    BLOCK_P: tl.constexpr = K.BLOCK_P
+    BLOCK_V: tl.constexpr = K.BLOCK_V
+    BLOCK_A: tl.constexpr = K.BLOCK_A
+    HAS_D: tl.constexpr = K.HAS_D
+    HAS_Z: tl.constexpr = K.HAS_Z
+    STEP_V: tl.constexpr = K.STEP_V
     NB, H, PER, P, DV, A = SIZE
     ANG_S, SSM_S, K_S, V_S = STATES
     b = tl.program_id(0).to(tl.int64)

@@ -22,6 +22,8 @@ rows, and back, with A's and dt_bias's sums per program.
 And the gradients of B and C read by groups of heads (Mamba-2's ``ngroups``): each head's summed
 over its group's heads (:func:`group_sums`), written once in the inputs' layout.
 """
+import collections
+
 import triton
 import triton.language as tl
 
@@ -117,6 +119,14 @@ def _softplus(x, SOFTPLUS: tl.constexpr):
         return x, x * 0.0 + 1.0
 
 
+#: :func:`dt_gates`' and :func:`dt_gates_backward`'s constexprs: a program's rows (of
+#: batch·seqlen) and heads, and what the call has (dt_bias, the softplus, a clamp; the backward's
+#: dt gradient and g gradient)
+DtConstants = collections.namedtuple(
+    "DtConstants", "BLOCK_T BLOCK_H HAS_BIAS SOFTPLUS HAS_LIMIT HAS_DDT HAS_DG",
+    defaults=(False, False))
+
+
 @triton.jit
 def _dt_rows(RAW, BIAS, STRIDES, SIZE, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
              HAS_BIAS: tl.constexpr):
@@ -148,15 +158,14 @@ def _clamped(dt, LIMIT, HAS_LIMIT: tl.constexpr):
 
 
 @triton.jit
-def dt_gates(RAW, BIAS, A, DT, G, STRIDES, SIZE, LIMIT, BLOCK_T: tl.constexpr,
-             BLOCK_H: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr,
-             HAS_LIMIT: tl.constexpr):
+def dt_gates(RAW, BIAS, A, DT, G, STRIDES, SIZE, LIMIT, K: tl.constexpr):
     """dt = clamp(softplus(dt_raw + dt_bias)) and g = dt·A, float32 ``(batch, seqlen, heads)``
-    contiguous, each program ``BLOCK_T`` rows of batch·seqlen (:func:`_dt_rows`)."""
-    x, ok, rows, heads = _dt_rows(RAW, BIAS, STRIDES, SIZE, BLOCK_T, BLOCK_H, HAS_BIAS)
+    contiguous, each program ``K.BLOCK_T`` rows of batch·seqlen (:func:`_dt_rows`;
+    :data:`DtConstants`)."""
+    x, ok, rows, heads = _dt_rows(RAW, BIAS, STRIDES, SIZE, K.BLOCK_T, K.BLOCK_H, K.HAS_BIAS)
     ROWS, NT, H = SIZE
-    dt, _ = _softplus(x, SOFTPLUS)
-    dt, _ = _clamped(dt, LIMIT, HAS_LIMIT)
+    dt, _ = _softplus(x, K.SOFTPLUS)
+    dt, _ = _clamped(dt, LIMIT, K.HAS_LIMIT)
     a = tl.load(A + heads, mask=heads < H, other=0.0).to(tl.float32)
     at = rows[:, None] * H + heads[None, :]
     tl.store(DT + at, dt, mask=ok)
@@ -165,26 +174,26 @@ def dt_gates(RAW, BIAS, A, DT, G, STRIDES, SIZE, LIMIT, BLOCK_T: tl.constexpr,
 
 @triton.jit
 def dt_gates_backward(RAW, BIAS, A, DDT, DG, DRAW, PARTS, STRIDES, GRAD_STRIDES, SIZE, LIMIT,
-                      BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_DDT: tl.constexpr,
-                      HAS_DG: tl.constexpr):
-    """:func:`dt_gates` back: with dt's gradient DDT and g's DG (float32, strides
-    ``GRAD_STRIDES``: DDT's then DG's (batch, seqlen, head)), dt_raw's gradient
+                      K: tl.constexpr):
+    """:func:`dt_gates` back: with dt's gradient DDT (``K.HAS_DDT``) and g's DG (``K.HAS_DG``;
+    float32, strides ``GRAD_STRIDES``: DDT's then DG's (batch, seqlen, head)), dt_raw's gradient
     (clamp(·)'·softplus'·(DDT + DG·A)) into DRAW (contiguous, its dtype), and this program's
     sums over its rows for dt_bias (that gradient) and A (Σ DG·dt) into PARTS, float32
     ``(2, programs, heads)``."""
-    x, ok, rows, heads = _dt_rows(RAW, BIAS, STRIDES, SIZE, BLOCK_T, BLOCK_H, HAS_BIAS)
-    sp, dsp = _softplus(x, SOFTPLUS)
-    dt, through = _clamped(sp, LIMIT, HAS_LIMIT)
+    BLOCK_T: tl.constexpr = K.BLOCK_T
+    BLOCK_H: tl.constexpr = K.BLOCK_H
+    x, ok, rows, heads = _dt_rows(RAW, BIAS, STRIDES, SIZE, BLOCK_T, BLOCK_H, K.HAS_BIAS)
+    sp, dsp = _softplus(x, K.SOFTPLUS)
+    dt, through = _clamped(sp, LIMIT, K.HAS_LIMIT)
     ROWS, NT, H = SIZE
     b, t = rows // NT, rows % NT
     grad = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
     da = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
     DB, DT_, DH, GB, GT, GH = GRAD_STRIDES
-    if HAS_DDT:
+    if K.HAS_DDT:
         grad += tl.load(DDT + (b * DB + t * DT_)[:, None] + heads[None, :] * DH, mask=ok,
                         other=0.0)
-    if HAS_DG:
+    if K.HAS_DG:
         dg = tl.load(DG + (b * GB + t * GT)[:, None] + heads[None, :] * GH, mask=ok, other=0.0)
         a = tl.load(A + heads, mask=heads < H, other=0.0).to(tl.float32)
         grad += dg * a[None, :]

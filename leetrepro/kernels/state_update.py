@@ -9,8 +9,15 @@ once. Every tensor but the output comes as its pointer and strides (transformers
 expanded over headdim and dstate: stride 0 is read as it is; its hybrid models' caches hand the
 state on as a transposed view, dstate's stride not 1). float32 inside.
 """
+import collections
+
 import triton
 import triton.language as tl
+
+#: :func:`selective_state_update`'s constexprs: its tiles of the state (headdim, d_state, powers
+#: of two) and the inputs the call has (D, z, dt_bias) and whether dt goes through softplus
+StateConstants = collections.namedtuple(
+    "StateConstants", "BLOCK_P BLOCK_N HAS_D HAS_Z HAS_BIAS SOFTPLUS")
 
 
 @triton.jit
@@ -22,13 +29,17 @@ def _at(T, i, j, k):
 
 
 @triton.jit
-def selective_state_update(STATE, X, DT, A, B, C, D, Z, DT_BIAS, OUT, SIZE,
-                           BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_D: tl.constexpr,
-                           HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+def selective_state_update(STATE, X, DT, A, B, C, D, Z, DT_BIAS, OUT, SIZE, K: tl.constexpr):
     """STATE ``(batch, heads, P, N)`` (any strides); X, Z ``(batch, heads, P)``; OUT the same,
     contiguous; DT ``(batch, heads, P)``; A ``(heads, P, N)``; B, C ``(batch, groups, N)``; D, DT_BIAS
     ``(heads, P)``: each ``(pointer, strides…)``; ``SIZE = (heads, P, N, heads a group)``; grid
-    (batch, heads)."""
+    (batch, heads); ``K``: :data:`StateConstants`."""
+    BLOCK_P: tl.constexpr = K.BLOCK_P
+    BLOCK_N: tl.constexpr = K.BLOCK_N
+    HAS_D: tl.constexpr = K.HAS_D
+    HAS_Z: tl.constexpr = K.HAS_Z
+    HAS_BIAS: tl.constexpr = K.HAS_BIAS
+    SOFTPLUS: tl.constexpr = K.SOFTPLUS
     H, P, N, PER = SIZE
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)

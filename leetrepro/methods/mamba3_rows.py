@@ -103,8 +103,8 @@ def mamba3_rotate(Q: torch.Tensor, K: torch.Tensor, Q_bias: torch.Tensor, K_bias
            dict(Q=_rows(Q), K=_rows(K), QB=Q_bias.float().contiguous(),
                 KB=K_bias.float().contiguous(), TH=(theta, *theta.stride()),
                 W=(w, *w.stride()), OUT_Q=q, OUT_KEY=key, OWN=own, SIZE=(n, heads),
-                REP=heads // hqk, ROUND=_TRITON_DTYPE[Q.dtype], TH_T=theta.stride(1) == 1,
-                **_blocks(a, p)),
+                CONST=kernels.RowConstants(REP=heads // hqk, ROUND=_TRITON_DTYPE[Q.dtype],
+                                           TH_T=theta.stride(1) == 1, **_blocks(a, p))),
            num_warps=WARPS[0])
     return q, key, own
 
@@ -166,10 +166,10 @@ def mamba3_rotate_backward(dq: torch.Tensor, dkey: torch.Tensor, down: torch.Ten
     launch(kernels.rotate_rows_backward, (blocks, batch * hqk),
            dict(DQ=_rows(dq), DKEY=_rows(dkey), DOWN=down.contiguous(), RQ=q, RKEY=key,
                 K=_rows(K), KB=K_bias.float().contiguous(), TH=(theta, *theta.stride()),
-                W=(w, *w.stride()), DXQ=dxq, DXK=dxk, DQB=dqb, DKB=dkb, DTH=dth, DW=dw,
-                SIZE=(n, heads), REP=heads // hqk, ROUND=_TRITON_DTYPE[K.dtype],
-                TH_T=theta.stride(1) == 1, DTHETA=need_theta,
-                **dict(_blocks(a, p), BLOCK_T=BLOCK_T_BACK)),
+                W=(w, *w.stride()), OUT=(dxq, dxk, dqb, dkb, dth, dw), SIZE=(n, heads),
+                CONST=kernels.RowConstants(REP=heads // hqk, ROUND=_TRITON_DTYPE[K.dtype],
+                                           TH_T=theta.stride(1) == 1, DTHETA=need_theta,
+                                           **dict(_blocks(a, p), BLOCK_T=BLOCK_T_BACK))),
            num_warps=WARPS[1])
     return dxq, dxk, dqb.sum((0, 1)), dkb.sum((0, 1)), dth, dw
 

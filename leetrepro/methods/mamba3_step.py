@@ -70,9 +70,10 @@ def mamba3_step(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Te
            dict(QK=qk, VZ=vz, SCAL=scal, BIAS=bias, ANGLES=Angles.float().contiguous(),
                 D=D.float().contiguous() if D is not None else scal, STATES=tuple(pools),
                 SLOTS=slots.to(device=V.device, dtype=torch.int64).contiguous(), OUT=out,
-                SIZE=(batch, heads, heads // Q.shape[1], p, dv, a), BLOCK_P=next_pow2(p),
-                BLOCK_V=next_pow2(dv), BLOCK_A=next_pow2(a), HAS_D=D is not None,
-                HAS_Z=Z is not None, STEP_V=step_rows(dv)),
+                SIZE=(batch, heads, heads // Q.shape[1], p, dv, a),
+                K=kernels.StepConstants(BLOCK_P=next_pow2(p), BLOCK_V=next_pow2(dv),
+                                        BLOCK_A=next_pow2(a), HAS_D=D is not None,
+                                        HAS_Z=Z is not None, STEP_V=step_rows(dv))),
            num_warps=warps(p, step_rows(dv)))
     return out
 

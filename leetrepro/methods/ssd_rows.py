@@ -269,9 +269,10 @@ def dt_gates(raw: torch.Tensor, bias: torch.Tensor | None, A: torch.Tensor, soft
     block_t = max(1, 4096 // block_h)
     launch(row_kernels.dt_gates, (cdiv(batch * n, block_t),),
            dict(RAW=raw, BIAS=bias, A=A, DT=dt, G=g, STRIDES=tuple(raw.stride()),
-                SIZE=(batch * n, n, heads), LIMIT=(float(low), float(high)), BLOCK_T=block_t,
-                BLOCK_H=block_h, HAS_BIAS=bias is not None, SOFTPLUS=softplus,
-                HAS_LIMIT=_limit(low, high)), num_warps=4)
+                SIZE=(batch * n, n, heads), LIMIT=(float(low), float(high)),
+                K=row_kernels.DtConstants(BLOCK_T=block_t, BLOCK_H=block_h,
+                                          HAS_BIAS=bias is not None, SOFTPLUS=softplus,
+                                          HAS_LIMIT=_limit(low, high))), num_warps=4)
     return dt, g
 
 
@@ -313,9 +314,11 @@ def dt_gates_backward(raw: torch.Tensor, bias: torch.Tensor | None, A: torch.Ten
                 STRIDES=tuple(raw.stride()),
                 GRAD_STRIDES=(tuple(ddt.stride()) if ddt is not None else zero) +
                 (tuple(dg.stride()) if dg is not None else zero),
-                SIZE=(batch * n, n, heads), LIMIT=(float(low), float(high)), BLOCK_T=block_t,
-                BLOCK_H=block_h, HAS_BIAS=bias is not None, SOFTPLUS=softplus,
-                HAS_LIMIT=_limit(low, high), HAS_DDT=ddt is not None, HAS_DG=dg is not None),
+                SIZE=(batch * n, n, heads), LIMIT=(float(low), float(high)),
+                K=row_kernels.DtConstants(BLOCK_T=block_t, BLOCK_H=block_h,
+                                          HAS_BIAS=bias is not None, SOFTPLUS=softplus,
+                                          HAS_LIMIT=_limit(low, high), HAS_DDT=ddt is not None,
+                                          HAS_DG=dg is not None)),
            num_warps=4)
     return draw, parts[0].sum(0), parts[1].sum(0)  # (two tensors: outputs may not alias)
 

@@ -76,9 +76,10 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
                 C=strided(C), D=strided(D if D is not None else x)[:3],
                 Z=strided(z if z is not None else x),
                 DT_BIAS=strided(dt_bias if dt_bias is not None else x)[:3], OUT=out,
-                SIZE=(heads, p, n, heads // B.shape[1]), BLOCK_P=block_p, BLOCK_N=block_n,
-                HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=dt_bias is not None,
-                SOFTPLUS=bool(dt_softplus)),
+                SIZE=(heads, p, n, heads // B.shape[1]),
+                K=kernels.StateConstants(BLOCK_P=block_p, BLOCK_N=block_n, HAS_D=D is not None,
+                                         HAS_Z=z is not None, HAS_BIAS=dt_bias is not None,
+                                         SOFTPLUS=bool(dt_softplus))),
            # (compiled for sm_90: no spills at headdim 64 × dstate 128 on 8 warps, 24 bytes at
            # 64 × 256; 16 warps spilled 200)
            num_warps=max(1, min(8, block_p * block_n // 1024)))

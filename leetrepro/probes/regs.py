@@ -383,14 +383,14 @@ def passes_jobs() -> list:
               UNROLL=c), dict(BLOCK_T=16, BLOCK_R=64, UNROLL=8), 4),
         ("dt_gates", ssd_rows.dt_gates,
          dict(RAW=p32, BIAS=p32, A=p32, DT=p32, G=p32, STRIDES=i3, SIZE=i3, LIMIT=("fp32",) * 2,
-              BLOCK_T=c, BLOCK_H=c, HAS_BIAS=c, SOFTPLUS=c, HAS_LIMIT=c),
-         dict(BLOCK_T=32, BLOCK_H=128, HAS_BIAS=True, SOFTPLUS=True, HAS_LIMIT=True), 4),
+              K=c),
+         dict(K=ssd_rows.DtConstants(BLOCK_T=32, BLOCK_H=128, HAS_BIAS=True, SOFTPLUS=True,
+                                     HAS_LIMIT=True)), 4),
         ("dt_gates_backward", ssd_rows.dt_gates_backward,
          dict(RAW=p32, BIAS=p32, A=p32, DDT=p32, DG=p32, DRAW=p32, PARTS=p32, STRIDES=i3,
-              GRAD_STRIDES=("i32",) * 6, SIZE=i3, LIMIT=("fp32",) * 2, BLOCK_T=c, BLOCK_H=c,
-              HAS_BIAS=c, SOFTPLUS=c, HAS_LIMIT=c, HAS_DDT=c, HAS_DG=c),
-         dict(BLOCK_T=32, BLOCK_H=128, HAS_BIAS=True, SOFTPLUS=True, HAS_LIMIT=True,
-              HAS_DDT=True, HAS_DG=True), 4),
+              GRAD_STRIDES=("i32",) * 6, SIZE=i3, LIMIT=("fp32",) * 2, K=c),
+         dict(K=ssd_rows.DtConstants(BLOCK_T=32, BLOCK_H=128, HAS_BIAS=True, SOFTPLUS=True,
+                                     HAS_LIMIT=True, HAS_DDT=True, HAS_DG=True)), 4),
     ] + [
         (f"gated_norm_{way}{label}", kernel, sig, dict(BLOCK_G=width, ROWS=16),
          _norm._warps(width))
@@ -439,10 +439,9 @@ def mamba3_step_job(p: int = 128, dv: int = 64, angles: int = 32, step: int | No
     label = "mamba3_step" if step == dv else f"mamba3_step_rows{step}"
     return (label, mamba3_step.mamba3_step,
             dict(QK=b16, VZ=b16, SCAL=f32, BIAS=f32, ANGLES=f32, D=f32,
-                 STATES=(f32, f32, b16, b16), SLOTS="*i64", OUT=b16, SIZE=("i32",) * 6,
-                 BLOCK_P=c, BLOCK_V=c, BLOCK_A=c, HAS_D=c, HAS_Z=c, STEP_V=c),
-            dict(BLOCK_P=p, BLOCK_V=dv, BLOCK_A=next_pow2(angles), HAS_D=True, HAS_Z=True,
-                 STEP_V=step),
+                 STATES=(f32, f32, b16, b16), SLOTS="*i64", OUT=b16, SIZE=("i32",) * 6, K=c),
+            dict(K=mamba3_step.StepConstants(BLOCK_P=p, BLOCK_V=dv, BLOCK_A=next_pow2(angles),
+                                             HAS_D=True, HAS_Z=True, STEP_V=step)),
             warps(p, step))
 
 
@@ -457,6 +456,7 @@ def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
     c, f32, rows = "constexpr", "*fp32", ("*bf16", "i32", "i32", "i32")
     f32_rows, th = (f32, "i32", "i32", "i32"), (f32, "i32", "i32", "i32", "i32")
     blocks = _blocks(angles, p)
+    back_out = ("*bf16", "*bf16", f32, f32, f32, f32)  # (dXq, dXk, DQB, DKB, dθ, dw)
     gated = dict(HAS_Z=True, BLOCK_T=BLOCK_T_OUT, BLOCK_D=next_pow2(dv))
     angles_blocks = dict(BLOCK_T=BLOCK_T_ANGLES, BLOCK_A=next_pow2(angles))
     angles_sig = dict(ANG=th, DT=f32_rows, TH0=f32, TH=f32, SEQ="*i64", SIZE=("i32",) * 3,
@@ -466,25 +466,21 @@ def mamba3_rows_jobs(p: int = 128, angles: int = 32, dv: int = 64) -> list:
     return [
         ("mamba3_rotate", mamba3_rows.rotate_rows,
          dict(Q=rows, K=rows, QB=f32, KB=f32, TH=th, W=f32_rows, OUT_Q=f32, OUT_KEY=f32, OWN=f32,
-              SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c,
-              TH_T=c),
-         dict(REP=4, ROUND="bf16", TH_T=True, **blocks), WARPS[0]),
+              SIZE=("i32",) * 2, CONST=c),
+         dict(CONST=mamba3_rows.RowConstants(REP=4, ROUND="bf16", TH_T=True, **blocks)),
+         WARPS[0]),
         ("mamba3_rotate_backward", mamba3_rows.rotate_rows_backward,
          dict(DQ=f32_rows, DKEY=f32_rows, DOWN=f32, RQ=f32, RKEY=f32, K=rows, KB=f32, TH=th,
-              W=f32_rows, DXQ="*bf16", DXK="*bf16", DQB=f32, DKB=f32, DTH=f32, DW=f32,
-              SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c,
-              TH_T=c, DTHETA=c),
-         dict(REP=4, ROUND="bf16", TH_T=True, DTHETA=True,
-              **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
+              W=f32_rows, OUT=back_out, SIZE=("i32",) * 2, CONST=c),
+         dict(CONST=mamba3_rows.RowConstants(REP=4, ROUND="bf16", TH_T=True, DTHETA=True,
+                                             **dict(blocks, BLOCK_T=BLOCK_T_BACK))), WARPS[1]),
         # (the straddling pairs' path: bf16 rows and gradients, no dθ, the training shape's
         # 64 heads a q/k head)
         ("mamba3_rotate_backward_pairs", mamba3_rows.rotate_rows_backward,
          dict(DQ=rows, DKEY=rows, DOWN=f32, RQ="*bf16", RKEY="*bf16", K=rows, KB=f32, TH=th,
-              W=f32_rows, DXQ="*bf16", DXK="*bf16", DQB=f32, DKB=f32, DTH=f32, DW=f32,
-              SIZE=("i32",) * 2, REP=c, A=c, P=c, BLOCK_T=c, BLOCK_A=c, BLOCK_E=c, ROUND=c,
-              TH_T=c, DTHETA=c),
-         dict(REP=64, ROUND="bf16", TH_T=True, DTHETA=False,
-              **dict(blocks, BLOCK_T=BLOCK_T_BACK)), WARPS[1]),
+              W=f32_rows, OUT=back_out, SIZE=("i32",) * 2, CONST=c),
+         dict(CONST=mamba3_rows.RowConstants(REP=64, ROUND="bf16", TH_T=True, DTHETA=False,
+                                             **dict(blocks, BLOCK_T=BLOCK_T_BACK))), WARPS[1]),
     ] + [  # (the angles unpacked, then packed: a segmented scan)
         (f"mamba3_angles{'_packed' if varlen else ''}", mamba3_rows.angle_sums, angles_sig,
          dict(angles_blocks, VARLEN=varlen, HAS_TH0=True), WARPS_ANGLES)
@@ -512,9 +508,9 @@ def state_update_job(headdim: int = 64, dstate: int = 128) -> tuple:
     return ("selective_state_update", state_update.selective_state_update,
             dict(STATE=("*fp32", "i32", "i32", "i32", "i32"), X=t4, DT=t4, A=("*fp32", "i32", "i32", "i32"),
                  B=t4, C=t4, D=("*fp32", "i32", "i32"), Z=t4, DT_BIAS=("*fp32", "i32", "i32"),
-                 OUT="*bf16", SIZE=("i32",) * 4, BLOCK_P=c, BLOCK_N=c, HAS_D=c, HAS_Z=c,
-                 HAS_BIAS=c, SOFTPLUS=c),
-            dict(BLOCK_P=p, BLOCK_N=n, HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True),
+                 OUT="*bf16", SIZE=("i32",) * 4, K=c),
+            dict(K=state_update.StateConstants(BLOCK_P=p, BLOCK_N=n, HAS_D=True, HAS_Z=True,
+                                               HAS_BIAS=True, SOFTPLUS=True)),
             max(1, min(8, p * n // 1024)))
 
 

@@ -20,15 +20,30 @@ from .._paths import PACKAGE
 MAX_PARAMS = 15
 #: lines of a function (its signature and docstring included), at most
 MAX_LINES = 80
-#: the files read, relative to the package: the Triton and Gluon kernels, and the launchers that
-#: build their arguments
-FILES = ("kernels/_tiles.py", "kernels/chunk_scan.py", "kernels/chunk_hopper.py",
-         "kernels/chunk_state.py", "kernels/lightning_attn.py", "kernels/fleet_attn.py",
-         "kernels/decode_step.py", "methods/chunk/tables.py", "methods/chunk/hopper_launch.py",
-         "methods/chunk/plans.py", "methods/chunk/scan.py", "methods/chunk/gate_grads.py",
-         "methods/_gpu.py",
-         "methods/lightning.py", "methods/fleet.py", "decode.py", "kernels/normalizer.py",
-         "methods/normalizer.py")
+#: the files read, relative to the package: every Triton and Gluon kernel, and the launchers that
+#: build the operator's kernels' arguments
+FILES = tuple(sorted(f"kernels/{name}" for name in os.listdir(os.path.join(PACKAGE, "kernels"))
+                     if name.endswith(".py") and name != "__init__.py")) + (
+    "methods/chunk/tables.py", "methods/chunk/hopper_launch.py", "methods/chunk/plans.py",
+    "methods/chunk/scan.py", "methods/chunk/gate_grads.py", "methods/_gpu.py",
+    "methods/lightning.py", "methods/fleet.py", "decode.py", "methods/normalizer.py")
+
+#: the package's folders of tools that measure the operator (benchmarks, the paper's tables, the
+#: probes): :func:`operator_files` leaves them out
+TOOLS = ("bench", "reproduce", "probes")
+
+
+def operator_files() -> tuple:
+    """Every Python file of the package but :data:`TOOLS`', relative to the package: the
+    operator, its methods, kernels, models and integrations, whose functions a test holds to
+    :data:`MAX_LINES`."""
+    found = []
+    for folder, dirs, names in os.walk(PACKAGE):
+        rel = os.path.relpath(folder, PACKAGE)
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and
+                         (rel != "." or d not in TOOLS))
+        found += [os.path.normpath(os.path.join(rel, n)) for n in sorted(names) if n.endswith(".py")]
+    return tuple(found)
 
 
 class Size(typing.NamedTuple):
