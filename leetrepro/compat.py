@@ -296,8 +296,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     check_dt_limit(dt_limit)
     check_mamba(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens)
     want_state = return_final_states or return_varlen_states
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, dt, A, B, C, D, dt_bias, initial_states))
+    grad = _wants_grad(x, dt, A, B, C, D, dt_bias, initial_states)
     resolved = _rows_in_sweep(x, B, C, D, cu_seqlens, want_state or initial_states is not None,
                               grad, options)
     if resolved is not None:  # (V' = dt·x and D·x inside the sweep: neither pass over x)
@@ -661,7 +660,8 @@ def _wants_grad(*tensors) -> bool:
 
 def _mamba3_options(options: dict, dtype: torch.dtype) -> dict:
     """:func:`mamba3_siso_combined`'s options to the operator, with its defaults."""
-    options = dict(options, fp32_precision=options.get("fp32_precision", MAMBA3_FP32_PRECISION))
+    options = dict(options)
+    options.setdefault("fp32_precision", MAMBA3_FP32_PRECISION)
     if dtype in (torch.float16, torch.bfloat16):  # (the gates' gradient to 16-bit's contract)
         options.setdefault("gate_grad_precision", MAMBA3_GATE_GRAD_PRECISION)
     return options

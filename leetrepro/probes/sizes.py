@@ -20,14 +20,6 @@ from .._paths import PACKAGE
 MAX_PARAMS = 15
 #: lines of a function (its signature and docstring included), at most
 MAX_LINES = 80
-#: the files read, relative to the package: every Triton and Gluon kernel, and the launchers that
-#: build the operator's kernels' arguments
-FILES = tuple(sorted(f"kernels/{name}" for name in os.listdir(os.path.join(PACKAGE, "kernels"))
-                     if name.endswith(".py") and name != "__init__.py")) + (
-    "methods/chunk/tables.py", "methods/chunk/hopper_launch.py", "methods/chunk/plans.py",
-    "methods/chunk/scan.py", "methods/chunk/gate_grads.py", "methods/_gpu.py",
-    "methods/lightning.py", "methods/fleet.py", "decode.py", "methods/normalizer.py")
-
 #: the package's folders of tools that measure the operator (benchmarks, the paper's tables, the
 #: probes): :func:`operator_files` leaves them out
 TOOLS = ("bench", "reproduce", "probes")
@@ -44,6 +36,15 @@ def operator_files() -> tuple:
                          (rel != "." or d not in TOOLS))
         found += [os.path.normpath(os.path.join(rel, n)) for n in sorted(names) if n.endswith(".py")]
     return tuple(found)
+
+
+#: the files read, relative to the package: every Triton and Gluon kernel, and the launchers that
+#: build the operator's kernels' arguments
+FILES = tuple(f for f in operator_files()
+              if f.startswith("kernels/") and f != "kernels/__init__.py") + (
+    "methods/chunk/tables.py", "methods/chunk/hopper_launch.py", "methods/chunk/plans.py",
+    "methods/chunk/scan.py", "methods/chunk/gate_grads.py", "methods/_gpu.py",
+    "methods/lightning.py", "methods/fleet.py", "decode.py", "methods/normalizer.py")
 
 
 class Size(typing.NamedTuple):
