@@ -369,7 +369,13 @@ def passes_jobs() -> list:
               TWIN=(p32, p32, i3), FOLD=c, SHIFT_TWIN=c),
          dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=False, FOLD=None,
               SHIFT_TWIN=False), 4),
-        # (the gates folded, shifted and summed in one launch: ``hopper_launch.folded_gate_sums``)
+        # (the gates folded, shifted and summed in one launch: ``hopper_launch.folded_gate_sums``,
+        # a forward's alone and a backward's with its twin)
+        ("tile_sums_fold_alone", gate_rows.tile_sums_kernel,
+         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c, TWIN=c,
+              FOLD=("fp32", p32, p32), SHIFT_TWIN=c),
+         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=False, TWIN=None,
+              SHIFT_TWIN=False), 4),
         ("tile_sums_fold", gate_rows.tile_sums_kernel,
          dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c,
               TWIN=(p32, p32, i3), FOLD=("fp32", p32, p32), SHIFT_TWIN=c),

@@ -403,7 +403,9 @@ def folded_gate_sums(g: torch.Tensor, *, twin: bool) -> tuple | None:
     launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tiles), len(gates)),
            dict(G=g, OUT=sums[0], SIZE=(n, h, whole), STRIDES=strides, BLOCK_N=block,
                 TILES=tiles, REVERSE=False, TWIN=(g, sums[1], strides) if twin else None,
-                FOLD=(GATE_FLOOR, gates[0], gates[1] if twin else None), SHIFT_TWIN=twin),
+                # (without a twin its slot repeats the first buffer, never written: a None
+                # inside a tuple argument fails Triton's compile, though the interpreter runs it)
+                FOLD=(GATE_FLOOR, gates[0], gates[-1]), SHIFT_TWIN=twin),
            key=("fold", g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block, tiles,
                 twin, g.device), num_warps=4)
     for x, made, reverse in zip(gates, sums, (False, True)):
