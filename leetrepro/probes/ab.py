@@ -142,8 +142,10 @@ def lm_steps(switch: Switch, values: list, mixers, device, rounds: int = 12,
                 continue
             built = bm._built(make, cfg, ("eager",), device, "inductor", ids, 0)
             step = built[2]["eager"]
-            for _ in range(3):
-                step()
+            for value in values:  # (each value's kernels compiled before any round is timed)
+                switch.set(value)
+                for _ in range(3):
+                    step()
             for r in range(rounds):
                 for value in values if r % 2 == 0 else values[::-1]:
                     switch.set(value)
