@@ -465,6 +465,23 @@ def test_a_triton_method_refuses_float64_naming_the_methods_that_take_it():
     assert "['cpu'" not in str(err.value)
 
 
+def test_resolving_a_named_method_asks_the_others_only_to_refuse(monkeypatch):
+    """A named method's resolution reads that method alone: the list of the methods that run
+    these inputs is made for a refusal's message only (a compiled graph resolves on every call,
+    and asking each registered method cost two dozen calls a forward and a backward)."""
+    from leetrepro.ops import resolution
+    from leetrepro.registry import Method
+    asked = []
+    real = Method.supports
+    monkeypatch.setattr(Method, "supports", lambda m, *a: asked.append(m.abbr) or real(m, *a))
+    B, C, V = make_inputs(1, 2, 8, 3, 3)
+    assert resolution.resolve("Vanilla", B, torch.tensor([0.9, 0.8]), False, V).abbr == "Vanilla"
+    assert asked == ["Vanilla"]
+    with pytest.raises(ValueError, match=r"methods that (run|take) torch.float64"):
+        resolution.resolve("LA", B.double(), None, False, V.double())
+    assert len(asked) > 2
+
+
 def test_a_meta_gamma_is_refused_by_name():
     B, C, V = make_inputs(1, 2, 8, 3, 3)
     with pytest.raises(ValueError, match="gamma is on the meta device"):

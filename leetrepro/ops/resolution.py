@@ -63,8 +63,6 @@ def resolve(method, B: torch.Tensor, gamma, with_state: bool, V: torch.Tensor | 
     if with_state and not m.state:
         raise ValueError(f"method {m.name} ({m.abbr}) does not take or return a state; methods "
                          f"that do: {', '.join(x.abbr for x in registry.methods() if x.state)}")
-    runs_here = [x.abbr for x in registry.methods()
-                 if x.supports(B.dtype, B.device) and not x.unsafe]
     if B.device.type not in m.device_types():
         on = " or ".join(sorted(m.device_types()))
         hint = ("; or run its Triton kernels on the CPU through Triton's interpreter (slow: for "
@@ -72,12 +70,19 @@ def resolve(method, B: torch.Tensor, gamma, with_state: bool, V: torch.Tensor | 
                 if m.language == "triton" and B.device.type == "cpu" else "")
         raise ValueError(f"method {m.name} ({m.abbr}) runs on {on} tensors only, and these are on "
                          f"{B.device.type}: move B, C, V to a GPU{hint}; methods that run "
-                         f"{B.dtype} on {B.device.type}: {', '.join(runs_here) or 'none'}")
+                         f"{B.dtype} on {B.device.type}: {_runs_here(B)}")
     if not m.supports(B.dtype, B.device):
         raise ValueError(f"method {m.name} ({m.abbr}) does not take {B.dtype} inputs: it takes "
                          f"{', '.join(sorted(str(d) for d in m.dtypes))}; methods that take "
-                         f"{B.dtype} on {B.device.type}: {', '.join(runs_here) or 'none'}")
+                         f"{B.dtype} on {B.device.type}: {_runs_here(B)}")
     return m
+
+
+def _runs_here(B: torch.Tensor) -> str:
+    """The methods that take B's dtype on its device, for a refusal's message (asked only when
+    refusing: a compiled graph resolves its method on every call)."""
+    return ", ".join(x.abbr for x in registry.methods()
+                     if x.supports(B.dtype, B.device) and not x.unsafe) or "none"
 
 
 def check_options(m: Method | None, options: dict) -> dict:
