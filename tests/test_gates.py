@@ -1194,6 +1194,7 @@ def test_the_gates_folded_shifted_and_summed_in_one_launch_are_the_passes_values
     assert hopper_launch.folded_gate_sums(g, twin=True) is None
 
 
+@pytest.mark.slow  # (5-18 s on two cores: kept out of the quick lane)
 def test_a_gated_call_with_its_gates_folded_in_the_sums_launch_gives_the_same_bits(monkeypatch):
     """``tables.GATE_FOLD_FUSED`` on and off (interpreted, Chunk's portable sweeps, which read
     the folded and shifted gates as tensors): a gated forward and backward give the same bits."""

@@ -329,6 +329,7 @@ def test_a_mamba2_block_trains_and_decodes_what_it_prefills():
     assert rel_error(torch.stack(steps, 1), full[:, 22:]) <= 1e-5
 
 
+@pytest.mark.slow  # (5-18 s on two cores: kept out of the quick lane)
 def test_a_mamba2_language_model_learns_bytes():
     """``make train``'s Mamba-2 model: thirty AdamW steps on the CPU lower its byte loss."""
     from leetrepro.bench.lm import train

@@ -36,6 +36,7 @@ def test_rows_compare_with_the_operator_s_row_in_the_same_mode_and_peers_absent_
     assert by["Mamba-2 mamba_ssm"]["status"] == "not installed"
 
 
+@pytest.mark.slow  # (5-18 s on two cores: kept out of the quick lane)
 def test_mixers_together_take_turns_step_by_step(monkeypatch):
     """``together``: every mixer's model built at once, one interleaved timing of every (mixer,
     mode) step; the rows as apart; more mixers than dynamo's recompile limit allows refused,
