@@ -396,14 +396,13 @@ def folded_gate_sums(g: torch.Tensor, *, twin: bool) -> tuple | None:
     block, tiles = HOPPER["BLOCK_N"], tables.GATE_ROWS_TILES
     whole = cdiv(n, block)
     # (no generators: a gated call's host path counts its Python calls, one a resumption)
-    two = 1 + twin
     gates = [torch.empty(b, h, n, dtype=torch.float32, device=g.device)]
     sums = [torch.empty(b, h, whole * block, dtype=torch.float32, device=g.device)]
     if twin:
         gates.append(torch.empty_like(gates[0]))
         sums.append(torch.empty_like(sums[0]))
     strides = tuple(g.stride())
-    launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tiles), two),
+    launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tiles), len(gates)),
            dict(G=g, OUT=sums[0], SIZE=(n, h, whole), STRIDES=strides, BLOCK_N=block,
                 TILES=tiles, REVERSE=False, TWIN=(g, sums[1], strides) if twin else None,
                 # (without a twin its slot repeats the first buffer, never written: a None
