@@ -1,8 +1,8 @@
 """The model benchmark's figure: ``python -m leetrepro.reproduce.model_figure`` draws
 ``figures/<gpu>/model.{png,svg}`` from each ``data/<gpu>/model.csv`` (``make bench-model``).
 
-One panel per model size: tokens/s of a training step with each mixer, eager and under
-``torch.compile``, each bar labelled with the operator's share of the step's GPU time.
+One panel per model size: tokens/s of a training step with each mixer in each mode the file
+holds (eager, ``torch.compile``, CUDA graphs), each bar labelled with the operator's share of the step's GPU time.
 """
 from __future__ import annotations
 
@@ -21,16 +21,18 @@ def figure(df, title: str):
     import matplotlib.pyplot as plt
 
     ok = df[df.status == "ok"]
+    modes = [m for m in ("eager", "compile", "graphs") if (ok["mode"] == m).any()]
+    height = 0.8 / max(len(modes), 1)
     sizes = list(dict.fromkeys(ok["size"]))
     fig, axes = plt.subplots(1, len(sizes), figsize=(6.2 * len(sizes), 4.2), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         cell = ok[ok["size"] == size]
         mixers = list(dict.fromkeys(cell.mixer))[::-1]  # (the first mixer on top)
-        for j, (mode, color) in enumerate((("eager", "C0"), ("compile", "C1"))):
+        for j, mode in enumerate(modes):  # (the first mode on top of each mixer's bars)
             part = cell[cell["mode"] == mode].set_index("mixer")
-            ys = [i + 0.2 * (1 - 2 * j) for i in range(len(mixers))]
+            ys = [i + height * ((len(modes) - 1) / 2 - j) for i in range(len(mixers))]
             vals = [part.tokens_per_s.get(m, float("nan")) / 1e3 for m in mixers]
-            ax.barh(ys, vals, height=0.38, color=color, label=mode)
+            ax.barh(ys, vals, height=height * 0.95, color=f"C{j}", label=mode)
             for y, m, v in zip(ys, mixers, vals):
                 share = part.op_share.get(m) if "op_share" in part else None
                 if v == v and share is not None and share == share:
