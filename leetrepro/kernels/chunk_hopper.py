@@ -792,9 +792,12 @@ def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
             vw = None
         else:
             vw = st.vw.index(H_IDX + _unhoisted(i, K))
+        vwl = None
+        if K.GATE_GRAD:  # (the published state exact as the sweep's: its pieces telescope)
+            vwl = st.vwl.index(H_IDX + _unhoisted(i, K))
         local, c_op, v_op = _state_operands(local, _tile(ring.c, s),
                                             _tile(ring.v, 2 * s + H_IDX), vw, length,
-                                            prog.lg, kr, acc_l, dtype, K, gates)
+                                            prog.lg, kr, acc_l, dtype, K, gates, vwl)
         fence_async_shared()
         if dtype == gl.float32:
             for part in gl.static_range(2):
@@ -803,6 +806,8 @@ def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
                                       local)
         else:
             local = warpgroup_mma(c_op, v_op, local)
+            if K.GATE_GRAD:
+                local = warpgroup_mma(c_op, vwl, local)
         if K.NORM:  # (done before the slot is released: the products read it)
             if K.NORM == 3 or K.NORM == 5:  # (a sum weighted by the chunk's column offsets)
                 _store_offsets(prog, row, length,
@@ -1586,8 +1591,8 @@ def _program(N, H, LANES, SEG, SYNC, DECAY, PIECES, ROWS, K: gl.constexpr):
     dg = None
     dg_blk = None
     if K.GATE_GRAD:
-        gl.static_assert(not SPLIT and (K.REVERSE or not K.DUAL),
-                         "the pieces: one segment a lane, the dual output in reverse time only")
+        gl.static_assert(K.REVERSE or not K.DUAL, "the pieces: the dual output in reverse "
+                         "time only")
         E, e_sb, e_sh, e_sr, DG_ROWS, dg_blk = PIECES
         e_rows = E + bb.to(gl.int64) * e_sb + (hh // K.GROUPS[3]).to(gl.int64) * e_sh
         dg = DG_ROWS + lane.to(gl.int64) * N

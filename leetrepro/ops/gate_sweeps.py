@@ -152,6 +152,7 @@ def _piece_key(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, tables) -> tuple
             opts.get("kernel", "auto"), opts.get("fp32_precision", "tf32"),
             None if not config else tuple(sorted(config.items())), tables.HOPPER_PIECES,
             tables.HOPPER_DUAL_PIECES, tables.HOPPER_DUAL_PIECES_SHARE, tables._FORCED[0],
+            tables.HOPPER_PIECES_SEGMENTS,
             id(tables.PIECES_DC),
             tables.PIECE_COLS)
 

@@ -488,7 +488,8 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     op(B, C, V) (the dB sweep forward in time, the dV sweep in reverse) should take its pieces
     there (their row vectors E, shaped like V), else None: :data:`HOPPER_PIECES` and not the
     portable kernel forced, an sm_90 GPU and operands it takes (:func:`hopper_pieces_unfit`),
-    and programs enough to busy half the SMs in one pass (the pieces take no segments). A program
+    and programs enough to busy half the SMs in one pass (one segment a lane; with
+    :data:`HOPPER_PIECES_SEGMENTS` the widest DC, segments making the programs). A program
     holds as many of a lane's value columns as it can (at most :data:`PIECES_DC`), halved (down
     to 32) only while twice the programs still run in one wave: each more program a lane forms
     the chunk's scores again, and a second wave costs more than the SMs a short one leaves idle
@@ -503,6 +504,8 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
                                    cu_seqlens=cu_seqlens) is not None:
         return None
     r, d = B.shape[-1], V.shape[-1]
+    if tables.HOPPER_PIECES_SEGMENTS:  # (segments make the programs: the widest, any lanes)
+        return d if dual else tables._pieces_tiles(r, d, V.dtype, False, reverse)[0]
     # (the correctness matrix's switch reaches the pieces at its small shapes too)
     lanes = V.shape[0] * lane_heads(B, C, V)
     slots = 1 if tables._FORCED[0] == "hopper" else sm_count(V.device)

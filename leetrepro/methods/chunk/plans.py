@@ -428,13 +428,14 @@ def _new_plan(signature, t: tables.Operands, kernel: str, short: bool) -> Launch
         raise ValueError(f"dual needs the whole r × d state in one lane (r·d ≤ 128·128), "
                          f"got r = {r}, d = {d}")
     if gate_grad:
-        if kernel == "hopper":  # (its pieces: one segment a lane)
+        if kernel == "hopper":  # (its pieces: one segment a lane, unless in segments)
             unfit = (hopper_launch._hopper_rows_unfit(t.B, t.V, rows) if rows == 2 else None) or \
                 hopper_launch.hopper_pieces_unfit(t.B, t.C, t.V, t.E, dual=dual, reverse=reverse,
                                                   cu_seqlens=t.CU, outputs=(t.O, t.O2))
             if unfit:
                 raise ValueError(f"kernel='hopper' cannot run this call: {unfit}")
-            asked = n
+            if not tables.HOPPER_PIECES_SEGMENTS:
+                asked = n
         elif segment >= n:  # (one segment: whole chunks, for the reverse sweep's padded rows)
             segment = cdiv(n, cfg["BLOCK_N"]) * cfg["BLOCK_N"]
     hopper = norm_hopper if norm else (kernel == "hopper") if gate_grad else _use_hopper(

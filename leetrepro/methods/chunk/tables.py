@@ -353,6 +353,14 @@ def gate_grad_block(r: int, d: int, dtype: torch.dtype, precision: str, dual: bo
 HOPPER_PIECES = True
 
 
+#: whether the Hopper kernel's sweeps carrying the pieces split each lane's rows into segments
+#: chained through the ring as the other sweeps do (their programs then hold the most columns
+#: that fit, and take any number of lanes), rather than one segment a lane. At a 125M model's layer
+#: (48 lanes, 64/64) the one-segment sweeps run 48-96 programs over all 64 chunks where γ's split
+#: into 240 programs of 13 (notes/gates.md). Off until checked on a GPU: compiled for sm_90 only.
+HOPPER_PIECES_SEGMENTS = False
+
+
 #: whether the reverse sweep carrying the pieces on the Hopper kernel also writes the dual output
 #: dC (r = d = 64: one sweep where two run apart otherwise; Mamba-2 at 64 × 64, 2 × 64 heads ×
 #: 8192, bf16: forward + backward 1.14 ms in a graph against 1.35 with dC's sweep apart, H200,
