@@ -537,7 +537,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     Per-token gates and B and C read by groups of heads (Mamba-2's forward and dB sweep) hold
     the decay's budgets. The gated sweeps writing the gates' gradient's pieces (two remainders'
     copies, and forward in time the chunk's own pairs) at the value columns they launch with
-    (``chunk.tables.PIECES_DC``): at r = d = 128 at most 64 bytes a thread (0-32 once the staging
+    (``chunk.tables.PIECES_DC``), one segment a lane and in segments
+    (``chunk.tables.HOPPER_PIECES_SEGMENTS``): at r = d = 128 at most 64 bytes a thread (0-32 once the staging
     buffers were unhoisted, from 264-452), forward in time with the own pairs after O's store
     (``chunk.tables.HOPPER_LATE_PAIRS``), and with that accumulator beside the state's, O's and the
     scores' at most 512 (336; 808 before); at r = 64, d = 128 at most 320, 128 at fewer columns;
@@ -567,7 +568,7 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     # (with the dual output's offsets, dk beside dv: 48-56 bytes at the first build)
     assert len(norm) == 14 and all(spill_bytes(line) <= (64 if ":dual" in line else 0)
                                    for line in norm), norm
-    assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 13
+    assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 16
     # (V's row weights and the skip, Mamba-2's forward at 128 × 64 and 64 × 64: no spills)
     assert len(rows) == 4 and all(spill_bytes(line) == 0 for line in rows), rows
     # (E's row weights and the row dots, Mamba-2's backward at 64 × 64, fp16 and bf16: none)

@@ -1080,25 +1080,32 @@ def test_the_hopper_kernel_s_pieces_say_why_they_cannot_run():
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("r, d, dtype, states, reset, dual, late", [
-    (128, 64, torch.bfloat16, False, False, False, False),
-    (64, 64, torch.float16, True, False, False, False),
-    (128, 128, torch.bfloat16, False, True, False, False),
-    (128, 128, torch.float16, True, False, False, False),
-    (64, 64, torch.bfloat16, True, True, True, False),
-    (64, 64, torch.float16, False, False, True, False),
-    (256, 64, torch.bfloat16, True, False, False, False),
-    (128, 128, torch.bfloat16, True, True, False, True),
-    (128, 64, torch.float16, False, False, False, True)])
+@pytest.mark.parametrize("r, d, dtype, states, reset, dual, late, segments", [
+    (128, 64, torch.bfloat16, False, False, False, False, False),
+    (64, 64, torch.float16, True, False, False, False, False),
+    (128, 128, torch.bfloat16, False, True, False, False, False),
+    (128, 128, torch.float16, True, False, False, False, False),
+    (64, 64, torch.bfloat16, True, True, True, False, False),
+    (64, 64, torch.float16, False, False, True, False, False),
+    (256, 64, torch.bfloat16, True, False, False, False, False),
+    (128, 128, torch.bfloat16, True, True, False, True, False),
+    (128, 64, torch.float16, False, False, False, True, False),
+    (64, 64, torch.bfloat16, True, True, True, False, True),
+    (64, 64, torch.float16, False, False, True, False, True),
+    (128, 128, torch.float16, True, False, False, False, True),
+    (128, 64, torch.bfloat16, False, True, False, True, True),
+    (256, 64, torch.bfloat16, True, False, False, False, True)])
 def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request, r, d, dtype,
-                                                            states, reset, dual, late):
+                                                            states, reset, dual, late, segments):
     """On an sm_90 GPU, both sweeps' pieces taken on the Hopper kernel (forced at a small
     shape: ``force_kernel("hopper")`` waives the lanes' rule) give every gradient within the
     contract of float64 (dg within GATE_GRAD_TOLERANCE), B and C in groups, N not a multiple of
     the chunk, states in and out, a hard reset, and the reverse sweep with dC's dual output
     (``chunk.tables.HOPPER_DUAL_PIECES``), at r = 256 (Falcon-H1's d_state:
     ``chunk.tables.HOPPER_PIECES_WIDE``), and with the dB sweep's own pairs after O's store
-    (``chunk.tables.HOPPER_LATE_PAIRS``); the same bits twice."""
+    (``chunk.tables.HOPPER_LATE_PAIRS``); the same bits twice. ``segments``: the pieces' sweeps in
+    256-row segments chained through the ring (``chunk.tables.HOPPER_PIECES_SEGMENTS``, Chunk's
+    ``segment`` option), four a lane here."""
     from leetrepro.methods import chunk
     from leetrepro.reference import rel_error
     if chunk.hopper_unfit(*make_inputs(1, 1, 64, 64, 64, dtype=dtype, device="cuda"), None):
@@ -1107,6 +1114,7 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
     monkeypatch.setattr(chunk.tables, "HOPPER_PIECES_WIDE", True)
     # (the dB sweep's r is the operator's d, and its columns a program the operator's r)
     monkeypatch.setattr(chunk.tables, "HOPPER_LATE_PAIRS", frozenset({(d, r)} if late else ()))
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES_SEGMENTS", segments)
     chunk.force_kernel("hopper")  # (the lanes' rule waived at this small shape)
     request.addfinalizer(lambda: chunk.force_kernel(None))
     calls = []
@@ -1126,7 +1134,9 @@ def test_the_hopper_kernel_s_pieces_give_the_gates_gradient(monkeypatch, request
 
     def grads(xs, method):
         xs = [x.to("cuda").requires_grad_() for x in xs]
+        opts = dict(segment=256) if segments and method == "Chunk" else {}
         out = causal_linear_decoder(*xs[:3], g=xs[3], method=method, output_final_state=states,
+                                    **opts,
                                     initial_state=None if S0 is None else
                                     S0.to("cuda", torch.float64 if method == "LA_torch" else
                                           torch.float32))
@@ -1263,3 +1273,33 @@ def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     assert (apart["forward"], apart["backward"]) == (gated["forward"], gated["backward"])
     assert gone <= set(apart["backward_ops"])
     assert sum(c for op, c in apart["backward_ops"].items() if op not in host_only) == 23
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatch, segments):
+    """A 125M model's layer (48 lanes of 64/64 on an H200's 132 SMs, ``probes.launches``): with
+    ``chunk.tables.HOPPER_PIECES_SEGMENTS`` both backward sweeps carrying the gates' pieces split
+    each lane's rows into the segments the forward takes (832 rows), at the widest value columns
+    (DC 64); without it, one segment a lane, the dB sweep at half the columns (two programs a
+    lane) and the dual sweep one program a lane. The forward is the same either way."""
+    from leetrepro.methods.chunk import tables
+    from leetrepro.probes import launches
+    name = launches._kernel_name
+
+    def with_size(kernel, arguments):  # (the Hopper launches' rows, segments and columns)
+        if name(kernel, arguments) != "chunk_hopper_kernel":
+            return name(kernel, arguments)
+        k = arguments["K"]
+        return (name(kernel, arguments), tuple(arguments["SIZE"]), k.DC, bool(k.SPLIT),
+                bool(k.GATE_GRAD), bool(k.DUAL))
+    monkeypatch.setattr(launches, "_kernel_name", with_size)
+    monkeypatch.setattr(tables, "HOPPER_PIECES_SEGMENTS", segments)
+    got = launches.census("h200", (4, 4096, 12, 64, 64), gated=True)
+    hopper = [x for x in got["forward"] + got["backward"] if isinstance(x, tuple)]
+    assert hopper[0] == ("chunk_hopper_kernel", (4096, 12, 48, 832), 64, True, False, False)
+    if segments:
+        assert hopper[1:] == [("chunk_hopper_kernel", (4096, 12, 48, 832), 64, True, True, dual)
+                              for dual in (False, True)]
+    else:
+        assert hopper[1:] == [("chunk_hopper_kernel", (4096, 12, 48, 4096), dc, False, True, dual)
+                              for dc, dual in ((32, False), (64, True))]

@@ -689,6 +689,15 @@ def main(argv=None) -> int:
             jobs.append((f"pieces {dtype} {r}x{d}:gates:one{':reverse' if reverse else ''}",
                          dict(dtype=dtype, decay=False, split=False, reverse=reverse, gates=True,
                               r=r, d=d, dc=min(d, PIECES_DC[(r, reverse)]), gate_grad=True)))
+        # (in segments, chunk.tables.HOPPER_PIECES_SEGMENTS: the first pass adds the remainder's
+        # product; the shapes of a 125M and a 1.3B model's layer)
+        for (r, d), reverse, dual in (((64, 64), True, True), ((128, 128), False, False),
+                                      ((128, 128), True, False)):
+            jobs.append((f"pieces bf16 {r}x{d}:gates:split{':reverse' if reverse else ''}"
+                         f"{':dual' if dual else ''}",
+                         dict(dtype="bf16", decay=False, split=True, reverse=reverse, dual=dual,
+                              gates=True, r=r, d=d, gate_grad=True,
+                              dc=None if dual else min(d, PIECES_DC[(r, reverse)]))))
         # (the dB sweep's own pairs beside O's MMAs at the widest, where chunk.tables.HOPPER_LATE_PAIRS
         # has them after O's store)
         jobs.append(("pieces bf16 128x128:gates:one:early",
