@@ -21,6 +21,32 @@ from leetrepro import reference, rel_error
 from leetrepro.reference import TOLERANCE
 
 
+def _switches_from_the_environment() -> list[str]:
+    """``LEETREPRO_SWITCHES="methods.chunk.tables.NAME=value …"`` (space- or comma-separated):
+    switches of the package set for the whole run, each value a Python literal
+    (:class:`leetrepro.probes.ab.Switch`), so that the GPU matrix runs with a switch on before it
+    becomes the default. Tests that set a switch themselves still do; those that assert the
+    default's plans then fail, as they should. pytest's header names what was set."""
+    import ast
+
+    from leetrepro.probes.ab import Switch
+    done = []
+    for item in os.environ.get("LEETREPRO_SWITCHES", "").replace(",", " ").split():
+        path, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"LEETREPRO_SWITCHES: {item!r} is not module.path.NAME=value")
+        Switch(path).set(ast.literal_eval(value))
+        done.append(item)
+    return done
+
+
+_SWITCHED = _switches_from_the_environment()
+
+
+def pytest_report_header(config):
+    return f"leetrepro switches set: {' '.join(_SWITCHED)}" if _SWITCHED else None
+
+
 def _patch_the_interpreter_once_a_launch():
     """Triton's interpreter (3.6) patches ``triton.language``'s builtins at every call of a
     device function, walking each module with ``inspect.getmembers``: in the straddle kernel's

@@ -454,3 +454,21 @@ def test_design_lists_the_files_that_branch_on_the_decay_rule():
     assert listed - found == set(), f"listed in DESIGN.md, no branch: {sorted(listed - found)}"
     count = re.search(r"\*Files that branch on the rule\*[^\d]*(\d+)", section)
     assert count and int(count.group(1)) == len(found), "the count in DESIGN.md"
+
+
+def test_a_run_s_switches_come_from_the_environment(monkeypatch):
+    """``LEETREPRO_SWITCHES`` sets the package's switches for a run (``tests/conftest.py``): each
+    ``module.path.NAME=literal`` set, and a malformed item refused by name."""
+    from conftest import _switches_from_the_environment
+    from leetrepro.methods.chunk import tables
+    monkeypatch.setattr(tables, "HOPPER_PIECES_SEGMENTS", tables.HOPPER_PIECES_SEGMENTS)
+    monkeypatch.setattr(tables, "HOPPER_DUAL_PIECES_SHARE", tables.HOPPER_DUAL_PIECES_SHARE)
+    monkeypatch.setenv("LEETREPRO_SWITCHES", "methods.chunk.tables.HOPPER_PIECES_SEGMENTS=True,"
+                       "methods.chunk.tables.HOPPER_DUAL_PIECES_SHARE=0.5")
+    assert _switches_from_the_environment() == [
+        "methods.chunk.tables.HOPPER_PIECES_SEGMENTS=True",
+        "methods.chunk.tables.HOPPER_DUAL_PIECES_SHARE=0.5"]
+    assert tables.HOPPER_PIECES_SEGMENTS is True and tables.HOPPER_DUAL_PIECES_SHARE == 0.5
+    monkeypatch.setenv("LEETREPRO_SWITCHES", "methods.chunk.tables.HOPPER_PIECES_SEGMENTS")
+    with pytest.raises(ValueError, match="HOPPER_PIECES_SEGMENTS.*NAME=value"):
+        _switches_from_the_environment()
