@@ -635,3 +635,23 @@ def test_the_gates_bench_entries_agree_in_both_layouts():
     for name in ("gamma", "gates"):
         torch.testing.assert_close(outs["separate"][2][name], outs["model"][2][name])
     assert not torch.equal(outs["model"][2]["gamma"], outs["model"][2]["gates"])
+
+
+def test_ab_probe_times_a_model_s_steps_in_each_mode_asked(monkeypatch):
+    """``probes.ab --lm``: a model's training step timed with each value of the switch, a row per
+    round and value (a cell per mode; eager here, a tiny model in the 125M's place); CUDA graphs
+    refused by name (their replays keep the value they were captured with)."""
+    from leetrepro.bench import model as bm
+    from leetrepro.probes import ab
+    tiny = dict(vocab=64, dim=32, layers=1, heads=2, mlp=64, batch=1, seq=32,
+                mamba=dict(headdim=16, d_state=16, ngroups=1))
+    monkeypatch.setitem(bm.SIZES, "125M", tiny)
+    switch = ab.Switch("methods.chunk.tables.GATE_FOLD_FUSED")
+    rows = ab.lm_steps(switch, [False, True], ["leetrepro"], torch.device("cpu"), rounds=2,
+                       steps=1)
+    assert [(r["cell"], r["value"]) for r in rows] == [
+        ("lm125 leetrepro", "False"), ("lm125 leetrepro", "True"),
+        ("lm125 leetrepro", "True"), ("lm125 leetrepro", "False")]
+    assert all(r["eager_ms"] > 0 for r in rows)
+    with pytest.raises(ValueError, match="lm-modes"):
+        ab.lm_steps(switch, [False], ["leetrepro"], torch.device("cpu"), modes=("graphs",))

@@ -9,11 +9,15 @@ True] [--cells gated125 gamma125 ssd_zamba2 …] [--lm "leetrepro gated" …] [-
   ``--values`` (Python literals; default ``False True``) in turn and restored after;
 * ``--cells``: forward + backward calls (:func:`cell`): the backward cells of
   :mod:`leetrepro.probes.ncu` (``BACKWARD``), a 125M layer's call (``gated125``, ``gamma125``:
-  4 × 12 heads × 4096, 64/64, bf16), Mamba-2's SSD at :mod:`leetrepro.bench.ssd`'s shapes
+  4 × 12 heads × 4096, 64/64, bf16; ``gated13b``, ``gamma13b``: a 1.3B model's, 2 × 16 heads × 4096,
+  128/128), Mamba-2's SSD at :mod:`leetrepro.bench.ssd`'s shapes
   (``ssd_<label>``), the kernel paper's normalised layer (``normalized4096``,
   ``normalized16384``: b2 × 16 heads × 128, time-major, rows normalised);
-* ``--lm``: mixers of :mod:`leetrepro.bench.model` whose 125M model's eager training step is
-  timed with each value, rounds of five steps taking turns.
+* ``--lm``: mixers of :mod:`leetrepro.bench.model` whose 125M model's training step is timed
+  with each value, rounds of five steps taking turns, in each of ``--lm-modes`` (``eager``,
+  ``compile``: the blocks under ``torch.compile``, which calls the operator's custom op on every
+  step, so a switch read at call time takes effect; not CUDA graphs, whose replays keep the
+  value they were captured with).
 
 For each cell and value: whether the results equal the first value's bit for bit (``same``; a
 switch that sums in another order says so here, it is not a failure), whether they are finite,
@@ -38,7 +42,8 @@ from ..bench.harness import (graph_seconds, host_seconds, median, provenance, sy
                              wall_per_call)
 
 #: named layer calls beside :mod:`leetrepro.probes.ncu`'s: (batch, heads, N, r, d, gated)
-LAYERS = {"gated125": (4, 12, 4096, 64, 64, True), "gamma125": (4, 12, 4096, 64, 64, False)}
+LAYERS = {"gated125": (4, 12, 4096, 64, 64, True), "gamma125": (4, 12, 4096, 64, 64, False),
+          "gated13b": (2, 16, 4096, 128, 128, True), "gamma13b": (2, 16, 4096, 128, 128, False)}
 #: the kernel paper's normalised layer: (batch, heads, head dim, N) by name
 NORMALIZED = {"normalized4096": (2, 16, 128, 4096), "normalized16384": (2, 16, 128, 16384)}
 
@@ -126,9 +131,13 @@ def compare(switch: Switch, values: list, fns: dict, device, rounds: int = 3,
 
 
 def lm_steps(switch: Switch, values: list, mixers, device, rounds: int = 12,
-             steps: int = 5) -> list[dict]:
-    """Rows for the 125M model's eager step with each of ``mixers`` (:mod:`leetrepro.bench.model`),
-    ``rounds`` rounds of ``steps`` steps per value, the values' order alternating."""
+             steps: int = 5, modes=("eager",)) -> list[dict]:
+    """Rows for the 125M model's step with each of ``mixers`` (:mod:`leetrepro.bench.model`) in
+    each of ``modes`` (eager, compile), ``rounds`` rounds of ``steps`` steps per value and mode,
+    the values' order alternating."""
+    if "graphs" in modes:
+        raise ValueError("--lm-modes: eager or compile (a CUDA graph's replays keep the value "
+                         "they were captured with)")
     from ..bench import model as bm
     cfg = bm.SIZES["125M"]
     gen = torch.Generator(device=device).manual_seed(0)
@@ -140,23 +149,25 @@ def lm_steps(switch: Switch, values: list, mixers, device, rounds: int = 12,
             make = bm.mixer(name, cfg, device)
             if make is None:
                 continue
-            built = bm._built(make, cfg, ("eager",), device, "inductor", ids, 0)
-            step = built[2]["eager"]
+            built = bm._built(make, cfg, tuple(modes), device, "inductor", ids, 0)
             for value in values:  # (each value's kernels compiled before any round is timed)
                 switch.set(value)
                 for _ in range(3):
-                    step()
+                    for mode in modes:
+                        built[2][mode]()
             for r in range(rounds):
                 for value in values if r % 2 == 0 else values[::-1]:
                     switch.set(value)
-                    sync(device)
-                    t0 = time.perf_counter()
-                    for _ in range(steps):
-                        step()
-                    sync(device)
-                    rows.append(dict(cell=f"lm125 {name}", value=repr(value), round=r,
-                                     eager_ms=(time.perf_counter() - t0) / steps * 1e3))
-            built = step = None
+                    for mode in modes:
+                        sync(device)
+                        t0 = time.perf_counter()
+                        for _ in range(steps):
+                            built[2][mode]()
+                        sync(device)
+                        cell = f"lm125 {name}" + ("" if mode == "eager" else f" {mode}")
+                        rows.append(dict(cell=cell, value=repr(value), round=r,
+                                         eager_ms=(time.perf_counter() - t0) / steps * 1e3))
+            built = None
             if torch.device(device).type == "cuda":
                 torch.cuda.empty_cache()
     finally:
@@ -184,7 +195,9 @@ def main(argv=None) -> int:
     p.add_argument("--values", nargs="+", default=["False", "True"],
                    help="Python literals, each set in turn (default: False True)")
     p.add_argument("--cells", nargs="*", default=["gated125", "gamma125"])
-    p.add_argument("--lm", nargs="*", default=[], help="mixers of bench.model, 125M eager steps")
+    p.add_argument("--lm", nargs="*", default=[], help="mixers of bench.model, 125M steps")
+    p.add_argument("--lm-modes", nargs="*", default=["eager"], choices=["eager", "compile"],
+                   help="the LM's steps eager and/or under torch.compile (default eager)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default=None, help="folder for ab.csv (default: not written)")
@@ -198,7 +211,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     rows = compare(switch, values, {c: cell(c, device) for c in args.cells}, device,
                    args.rounds, args.reps)
-    rows += lm_steps(switch, values, args.lm, device)
+    rows += lm_steps(switch, values, args.lm, device, modes=args.lm_modes)
     meta = provenance(device)
     print(f"# {args.switch} in {', '.join(map(repr, values))}: {meta['gpu']}, commit "
           f"{meta['commit']}, {meta['date']}; medians of {args.rounds} rounds")
