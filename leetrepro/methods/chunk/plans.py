@@ -434,7 +434,7 @@ def _new_plan(signature, t: tables.Operands, kernel: str, short: bool) -> Launch
                                                   cu_seqlens=t.CU, outputs=(t.O, t.O2))
             if unfit:
                 raise ValueError(f"kernel='hopper' cannot run this call: {unfit}")
-            asked = asked if tables.HOPPER_PIECES_SEGMENTS else n
+            asked = asked if tables.HOPPER_PIECES_SEGMENTS and rows != 2 else n  # (row dots: one)
         elif segment >= n:  # (one segment: whole chunks, for the reverse sweep's padded rows)
             segment = cdiv(n, cfg["BLOCK_N"]) * cfg["BLOCK_N"]
     hopper = norm_hopper if norm else (kernel == "hopper") if gate_grad else _use_hopper(

@@ -357,7 +357,9 @@ HOPPER_PIECES = True
 #: chained through the ring as the other sweeps do (their programs then hold the most columns
 #: that fit, and take any number of lanes), rather than one segment a lane. At a 125M model's layer
 #: (48 lanes, 64/64) the one-segment sweeps run 48-96 programs over all 64 chunks where γ's split
-#: into 240 programs of 13 (notes/gates.md). Off until checked on a GPU: compiled for sm_90 only.
+#: into 240 programs of 13 (notes/gates.md). The reverse sweep with the row dots (Mamba-2's SSD,
+#: ``rows`` 2) keeps one segment a lane (the kernel asserts it; in segments it spilled 36-68 bytes
+#: a thread where one segment spills none). Off until the GPU matrix has run with it.
 HOPPER_PIECES_SEGMENTS = False
 
 
