@@ -1275,13 +1275,14 @@ def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     assert sum(c for op, c in apart["backward_ops"].items() if op not in host_only) == 23
 
 
-@pytest.mark.parametrize("segments", [False, True])
-def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatch, segments):
+def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatch):
     """A 125M model's layer (48 lanes of 64/64 on an H200's 132 SMs, ``probes.launches``): with
     ``chunk.tables.HOPPER_PIECES_SEGMENTS`` both backward sweeps carrying the gates' pieces split
     each lane's rows into the segments the forward takes (832 rows), at the widest value columns
     (DC 64); without it, one segment a lane, the dB sweep at half the columns (two programs a
-    lane) and the dual sweep one program a lane. The forward is the same either way."""
+    lane) and the dual sweep one program a lane. The forward is the same either way. The switch
+    turned within one process (an A/B's) takes effect: the plans are kept per value (the dual
+    sweep's signature is the same under both)."""
     from leetrepro.methods.chunk import tables
     from leetrepro.probes import launches
     name = launches._kernel_name
@@ -1293,13 +1294,28 @@ def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatc
         return (name(kernel, arguments), tuple(arguments["SIZE"]), k.DC, bool(k.SPLIT),
                 bool(k.GATE_GRAD), bool(k.DUAL))
     monkeypatch.setattr(launches, "_kernel_name", with_size)
-    monkeypatch.setattr(tables, "HOPPER_PIECES_SEGMENTS", segments)
-    got = launches.census("h200", (4, 4096, 12, 64, 64), gated=True)
-    hopper = [x for x in got["forward"] + got["backward"] if isinstance(x, tuple)]
-    assert hopper[0] == ("chunk_hopper_kernel", (4096, 12, 48, 832), 64, True, False, False)
-    if segments:
-        assert hopper[1:] == [("chunk_hopper_kernel", (4096, 12, 48, 832), 64, True, True, dual)
-                              for dual in (False, True)]
-    else:
-        assert hopper[1:] == [("chunk_hopper_kernel", (4096, 12, 48, 4096), dc, False, True, dual)
-                              for dc, dual in ((32, False), (64, True))]
+    one = [("chunk_hopper_kernel", (4096, 12, 48, 4096), dc, False, True, dual)
+           for dc, dual in ((32, False), (64, True))]
+    split = [("chunk_hopper_kernel", (4096, 12, 48, 832), 64, True, True, dual)
+             for dual in (False, True)]
+    shape = (4, 4096, 12, 64, 64)
+    for segments, want in ((False, one), (True, split)):
+        monkeypatch.setattr(tables, "HOPPER_PIECES_SEGMENTS", segments)
+        got = launches.census("h200", shape, gated=True)
+        hopper = [x for x in got["forward"] + got["backward"] if isinstance(x, tuple)]
+        assert hopper == [("chunk_hopper_kernel", (4096, 12, 48, 832), 64, True, False, False)] \
+            + want
+    # (one process: the switch turned between two calls, each backward the value's own plans)
+    from leetrepro.compat import chunk_simple_gla
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, 4096, 12, 64, generator=gen, dtype=torch.float16,
+                           requires_grad=True) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(4, 4096, 12, generator=gen)).requires_grad_()
+    recorded = []
+    with launches.as_gpu("h200", recorded):
+        for segments, want in ((False, one), (True, split), (False, one)):
+            monkeypatch.setattr(tables, "HOPPER_PIECES_SEGMENTS", segments)
+            o = chunk_simple_gla(q, k, v, g=g, method="Chunk")[0]
+            recorded.clear()
+            o.backward(torch.ones_like(o))
+            assert [x for x in recorded if isinstance(x, tuple)] == want, segments
