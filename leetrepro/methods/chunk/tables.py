@@ -359,8 +359,8 @@ HOPPER_PIECES = True
 #: (48 lanes, 64/64) the one-segment sweeps run 48-96 programs over all 64 chunks where γ's split
 #: into 240 programs of 13 (notes/gates.md). The reverse sweep with the row dots (Mamba-2's SSD,
 #: ``rows`` 2) keeps one segment a lane (the kernel asserts it; in segments it spilled 36-68 bytes
-#: a thread where one segment spills none). Off until the GPU matrix has run with it.
-HOPPER_PIECES_SEGMENTS = False
+#: a thread where one segment spills none).
+HOPPER_PIECES_SEGMENTS = True
 
 
 #: whether the reverse sweep carrying the pieces on the Hopper kernel also writes the dual output
