@@ -43,9 +43,11 @@ import torch
 
 from .harness import fla_chunk_simple_gla, gpu_main, host_seconds, peak_above, timed_entries
 
-#: (label, batch, heads, N, K, V): simple GLA's training shape and Mamba-2-like heads
+#: (label, batch, heads, N, K, V): simple GLA's training shape, Mamba-2-like heads, one GPU's
+#: training micro-batch (64 lanes: fewer than an H100's or H200's SMs) and a long prompt (16 lanes)
 SHAPES = [("gla", 8, 32, 8192, 128, 128), ("mamba2", 2, 64, 8192, 128, 64),
-          ("mamba2-64", 2, 64, 8192, 64, 64)]
+          ("mamba2-64", 2, 64, 8192, 64, 64), ("micro", 4, 16, 4096, 128, 128),
+          ("long", 1, 16, 32768, 128, 128)]
 
 
 #: the layouts the entries read (module docstring)
