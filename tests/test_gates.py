@@ -944,10 +944,13 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
     """``chunk.hopper_pieces``: where the Hopper kernel can take the pieces (here said so), a
     program holds as many value columns as it can (at most ``chunk.tables.PIECES_DC``), halved (down to
     32) only while twice the programs still run in one wave; fewer programs than half the SMs
-    even then, the switch off, or the portable kernel forced: None (the portable sweeps)."""
+    even then, the switch off, or the portable kernel forced: None (the portable sweeps). That is
+    the rule with one segment a lane; in segments (``HOPPER_PIECES_SEGMENTS``, the default) the
+    widest, whatever the lanes."""
     from leetrepro.methods import chunk
     patch_chunk(monkeypatch, "hopper_pieces_unfit", lambda *a, **k: None)
     patch_chunk(monkeypatch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES_SEGMENTS", False)
 
     def dc(batch, heads, r, d, reverse=True):
         B = torch.empty(batch, heads, 64, r, dtype=torch.bfloat16)
@@ -978,6 +981,11 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
         assert dc(1, 16, 128, 64) == 64
     finally:
         chunk.force_kernel(None)
+    monkeypatch.setattr(chunk.tables, "HOPPER_PIECES_SEGMENTS", True)  # (segments: the widest)
+    assert (dc(1, 64, 128, 64), dc(1, 16, 128, 64), dc(8, 32, 128, 128)) == (64, 64, 128)
+    assert dc(2, 64, 256, 64) == 32 and dc(1, 4, 64, 256, reverse=False) == 128
+    assert chunk.hopper_pieces(B[:1, :32], B[:1, :32], V[:1, :32], V[:1, :32], reverse=True,
+                               dual=True) == 64
     monkeypatch.setattr(chunk.tables, "HOPPER_PIECES", False)
     assert dc(2, 128, 128, 64) is None
     monkeypatch.setattr(chunk.tables, "HOPPER_PIECES", True)
@@ -1253,7 +1261,9 @@ def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     # gates' layout by its pass: 28 when copied there after; dC in the dual sweep: 26 apart)
     # (and the gates folded and shifted in their tile sums' launch, ``tables.GATE_FOLD_FUSED``,
     # the default: 23 with the floor's, the shift's and the pad's operators)
-    assert ops == {"gated forward": 14, "gated backward": 22, "per_head forward": 10,
+    # (the pieces' sweeps in segments, ``tables.HOPPER_PIECES_SEGMENTS``: each its ring's
+    # workspace of segment states, 22 with one segment a lane)
+    assert ops == {"gated forward": 14, "gated backward": 24, "per_head forward": 10,
                    "per_head backward": 14}, ops
     # the backward's Python: the gates' pieces decided once per signature (391 calls when
     # decided on every call; 221 and 153 when this budget was set)
@@ -1272,7 +1282,7 @@ def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     apart = census("h200", (4, 4096, 12, 64, 64), gated=True)
     assert (apart["forward"], apart["backward"]) == (gated["forward"], gated["backward"])
     assert gone <= set(apart["backward_ops"])
-    assert sum(c for op, c in apart["backward_ops"].items() if op not in host_only) == 23
+    assert sum(c for op, c in apart["backward_ops"].items() if op not in host_only) == 25
 
 
 def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatch):

@@ -340,7 +340,10 @@ def test_section_52_claims_give_the_gap_that_decides_them():
 def _names_its_run(df, name: str) -> bool:
     if name.endswith("claims.csv") or name == claims.HISTORY:  # judged from measured tables: the runs read
         return all(c in df and df[c].notna().all() for c in ("gpus", "commits", "dates"))
-    return all(c in df and df[c].notna().all() for c in ("gpu", "commit", "date"))
+    # (a commit is a hash, read as text: a merge that let pandas parse one as a number turns
+    # "801e919" into inf)
+    return all(c in df and df[c].notna().all() for c in ("gpu", "commit", "date")) and \
+        df["commit"].str.fullmatch(r"[0-9a-f]{7,40}").all()
 
 
 def test_every_row_under_data_names_its_run():
@@ -353,13 +356,13 @@ def test_every_row_under_data_names_its_run():
         tag, name = path.parent.name, path.name
         if tag in ("paper", "prompts"):  # the paper's own numbers; the seeded prompt lengths
             continue
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, dtype={"commit": str})
         key = f"{tag}/{name}"
         if tag == "anchors":
             ok = all(c in df and df[c].notna().all() for c in ("gpu", "code", "date", "origin"))
         else:
             ok = _names_its_run(df, name)
-        assert ok, f"{key}: rows without GPU/commit/date"
+        assert ok, f"{key}: rows without GPU/commit/date, or a commit that is not a hash"
         checked += 1
     assert checked > 30
 
