@@ -986,6 +986,14 @@ def test_the_sweeps_pieces_take_the_hopper_kernel_at_the_widest_columns_one_wave
     assert dc(2, 64, 256, 64) == 32 and dc(1, 4, 64, 256, reverse=False) == 128
     assert chunk.hopper_pieces(B[:1, :32], B[:1, :32], V[:1, :32], V[:1, :32], reverse=True,
                                dual=True) == 64
+    # (the dual sweep with Mamba-2's row dots keeps one segment a lane: the share rule still)
+    assert chunk.hopper_pieces(B[:1, :24], B[:1, :24], V[:1, :24], V[:1, :24], reverse=True,
+                               dual=True, rows=True) is None
+    assert chunk.hopper_pieces(B[:1, :48], B[:1, :48], V[:1, :48], V[:1, :48], reverse=True,
+                               dual=True, rows=True) == 64
+    monkeypatch.setattr(chunk.tables, "HOPPER_DUAL_ROWS_ANY_LANES", True)
+    assert chunk.hopper_pieces(B[:1, :24], B[:1, :24], V[:1, :24], V[:1, :24], reverse=True,
+                               dual=True, rows=True) == 64
     monkeypatch.setattr(chunk.tables, "HOPPER_PIECES", False)
     assert dc(2, 128, 128, 64) is None
     monkeypatch.setattr(chunk.tables, "HOPPER_PIECES", True)
@@ -1283,6 +1291,43 @@ def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     assert (apart["forward"], apart["backward"]) == (gated["forward"], gated["backward"])
     assert gone <= set(apart["backward_ops"])
     assert sum(c for op, c in apart["backward_ops"].items() if op not in host_only) == 25
+
+
+def test_the_ssd_s_dual_sweep_with_row_dots_keeps_the_share_rule_in_segments(monkeypatch):
+    """Mamba-2's SSD at batch 1 of a 125M model (24 lanes of 64 × 64 on an H200's 132 SMs,
+    ``probes.launches``): the pieces' sweeps in segments, but the reverse sweep with the dual
+    output and the row dots (one segment a lane) only past ``HOPPER_DUAL_PIECES_SHARE``: dV's and
+    dC's sweeps apart in segments, and no launch of one program a lane over the whole sequence;
+    with ``HOPPER_DUAL_ROWS_ANY_LANES`` that launch (measured slower, notes/gates.md)."""
+    from leetrepro.compat import mamba_chunk_scan_combined
+    from leetrepro.methods.chunk import tables
+    from leetrepro.probes import launches
+    name = launches._kernel_name
+
+    def with_size(kernel, arguments):  # (the Hopper launches' segment, dual output and rows)
+        if name(kernel, arguments) != "chunk_hopper_kernel":
+            return name(kernel, arguments)
+        k = arguments["K"]
+        return (arguments["SIZE"][3], bool(k.GATE_GRAD), bool(k.DUAL), k.ROWS)
+    monkeypatch.setattr(launches, "_kernel_name", with_size)
+    gen = torch.Generator().manual_seed(0)
+    b, n, h = 1, 4096, 24
+    x = torch.randn(b, n, h, 64, generator=gen).half().requires_grad_()
+    dt = (torch.randn(b, n, h, generator=gen) - 2).requires_grad_()
+    A = (-torch.rand(h, generator=gen)).requires_grad_()
+    B, C = (torch.randn(b, n, 1, 64, generator=gen).half().requires_grad_() for _ in range(2))
+    got = {}
+    for any_lanes in (False, True):
+        monkeypatch.setattr(tables, "HOPPER_DUAL_ROWS_ANY_LANES", any_lanes)
+        recorded = []
+        with launches.as_gpu("h200", recorded):
+            y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256, dt_softplus=True,
+                                          D=torch.ones(h), method="Chunk")
+            recorded.clear()
+            y.backward(torch.ones_like(y))
+        got[any_lanes] = [x for x in recorded if isinstance(x, tuple)]
+    assert got[False] == [(832, True, False, 0), (832, True, False, 0), (832, False, False, 0)]
+    assert got[True] == [(832, True, False, 0), (n, True, True, 2)]
 
 
 def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatch):

@@ -78,7 +78,7 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                                                       twin=True), None
     wanted = (need_b, need_c, need_v, need_s0, need_g)
     opts, pieces, straddle, (need_b, need_c, need_v) = _route(
-        m, opts, dO, B, C, V, cu_seqlens, (need_b, need_c, need_v), need_g)
+        m, opts, dO, B, C, V, cu_seqlens, (need_b, need_c, need_v), need_g, rows is not None)
     call = _Backward(m, opts, dO, B, C, V, gamma, gate, shifted, initial_state, dS, reverse,
                      cu_seqlens, scale)
     if need_g and not straddle and pieces is None and _rounds_into_dg(m, opts, B.dtype):
@@ -117,12 +117,14 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
     return res if rows is None else (res, rd)
 
 
-def _route(m: Method, opts: dict, dO, B, C, V, cu_seqlens, need: tuple, need_g: bool) -> tuple:
+def _route(m: Method, opts: dict, dO, B, C, V, cu_seqlens, need: tuple, need_g: bool,
+           rows: bool = False) -> tuple:
     """Where a backward's gates' gradient comes from, and the sweeps that then run:
     ``(opts, pieces, straddle, (need_b, need_c, need_v))``. With B, C or V asked for, from
     pieces Chunk's dB and dV sweeps carry (``pieces``: :func:`gate_sweeps._piece_sweeps`' plan,
     both sweeps run, ``opts`` theirs); dg alone (B, C and V frozen) from the straddle kernel,
-    which writes no gradient it drops; else from dB's and dC's row dots (both run)."""
+    which writes no gradient it drops; else from dB's and dC's row dots (both run). ``rows``:
+    Mamba-2's row weights come with the call (:func:`_gradients`)."""
     need_b, need_c, need_v = need
     in_sweeps = need_g and (need_b or need_c or need_v) and \
         gate_sweeps._in_sweeps(m, opts, dO, B, C, V, cu_seqlens)
@@ -131,7 +133,7 @@ def _route(m: Method, opts: dict, dO, B, C, V, cu_seqlens, need: tuple, need_g: 
     if in_sweeps:  # (the dB sweep and dV's, alone or with dC's, carry dg's pieces: both run)
         need_b, need_v = True, True
         opts, pieces = gate_sweeps._piece_sweeps(opts, dO, B, C, V, need_c and m.dual and m.reverse,
-                                                 cu_seqlens)
+                                                 cu_seqlens, rows)
     elif need_g and not straddle:
         need_b, need_c = True, True  # (dg is read off dB and dC)
     return opts, pieces, straddle, (need_b, need_c, need_v)

@@ -101,7 +101,7 @@ def _piece_operands(dO, B, C, V) -> tuple:
     return (dO, V, C, B), (C, B, dO, V)
 
 
-def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
+def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, rows: bool = False) -> tuple:
     """``(opts, pieces)`` of a gated backward whose sweeps carry dg's pieces: the options with
     the row block both sweeps take (:func:`leetrepro.methods.chunk.gate_grad_block`), and
     ``pieces``: the dB sweep's buffers (``forward``: r value columns beside d-wide rows), the
@@ -114,13 +114,14 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
     sweep apart from dC's, a portable sweep beside it at that kernel's row block (where its own
     holds as many rows), its buffer the kernel's rows (a block per consumer; no totals:
     :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them, or with both sweeps there
-    :func:`leetrepro.methods.chunk.gate_gradient_from_rows` dg itself)."""
-    key = _piece_key(opts, dO, B, C, V, dual, cu_seqlens, chunk.tables)
+    :func:`leetrepro.methods.chunk.gate_gradient_from_rows` dg itself). ``rows``: the dual sweep
+    would carry Mamba-2's row dots too (:func:`_row_dots`)."""
+    key = _piece_key(opts, dO, B, C, V, dual, cu_seqlens, chunk.tables) + (rows,)
     decided = _PIECES.get(key)
     if decided is None:
         if len(_PIECES) >= 1024:
             _PIECES.clear()
-        decided = _PIECES[key] = _piece_decision(opts, dO, B, C, V, dual, cu_seqlens)
+        decided = _PIECES[key] = _piece_decision(opts, dO, B, C, V, dual, cu_seqlens, rows)
     hopper, dual, block, config, configs, precision = decided
     config, configs = dict(config), tuple(dict(c) for c in configs)  # (the caller's own)
     batch, heads, n = V.shape[0], V.shape[1], V.shape[2]
@@ -152,12 +153,12 @@ def _piece_key(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, tables) -> tuple
             opts.get("kernel", "auto"), opts.get("fp32_precision", "tf32"),
             None if not config else tuple(sorted(config.items())), tables.HOPPER_PIECES,
             tables.HOPPER_DUAL_PIECES, tables.HOPPER_DUAL_PIECES_SHARE, tables._FORCED[0],
-            tables.HOPPER_PIECES_SEGMENTS,
+            tables.HOPPER_PIECES_SEGMENTS, tables.HOPPER_DUAL_ROWS_ANY_LANES,
             id(tables.PIECES_DC),
             tables.PIECE_COLS)
 
 
-def _piece_decision(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
+def _piece_decision(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, rows: bool = False) -> tuple:
     """:func:`_piece_sweeps`' decisions, the tensors' values unread: ``(hopper, dual, block,
     config, configs, precision)``."""
     r, d = B.shape[-1], V.shape[-1]
@@ -169,7 +170,7 @@ def _piece_decision(opts: dict, dO, B, C, V, dual: bool, cu_seqlens) -> tuple:
         hopper = [chunk.hopper_pieces(*sweep, reverse=rev, cu_seqlens=cu_seqlens) or 0
                   for sweep, rev in zip(_piece_operands(dO, B, C, V), (False, True))]
         if dual:  # (the reverse sweep with dC's dual output, where the Hopper kernel takes it)
-            both = chunk.hopper_pieces(C, B, dO, V, reverse=True, dual=True,
+            both = chunk.hopper_pieces(C, B, dO, V, reverse=True, dual=True, rows=rows,
                                        cu_seqlens=cu_seqlens)
             hopper_dual = bool(both)
             hopper[1] = both or hopper[1]

@@ -482,7 +482,7 @@ def hopper_pieces_unfit(B, C, V, E, *, dual: bool = False, reverse: bool = True,
     return None
 
 
-def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
+def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False, rows: bool = False,
                   cu_seqlens=None) -> int | None:
     """The Hopper kernel's value columns a program holds (DC) where a gated backward's sweep
     op(B, C, V) (the dB sweep forward in time, the dV sweep in reverse) should take its pieces
@@ -496,7 +496,9 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
     (128 lanes on 132 SMs: one program a lane, measured faster than two). With the Hopper kernel
     forced (:func:`force_kernel`): the widest, whatever the lanes. ``dual``
     (:data:`HOPPER_DUAL_PIECES`): the reverse sweep with the dual output, E its input, whose
-    program holds the whole state (DC = d), where the plain sweep would not split."""
+    program holds the whole state (DC = d), where the plain sweep would not split; with ``rows``
+    (Mamba-2's row dots, one segment a lane) by the share rule even in segments, unless
+    :data:`HOPPER_DUAL_ROWS_ANY_LANES`."""
     if not tables.HOPPER_PIECES or tables._FORCED[0] == "portable" \
             or (B.shape[-1], reverse) not in tables.PIECES_DC \
             or (dual and not tables.HOPPER_DUAL_PIECES) \
@@ -504,7 +506,8 @@ def hopper_pieces(B, C, V, E, *, reverse: bool, dual: bool = False,
                                    cu_seqlens=cu_seqlens) is not None:
         return None
     r, d = B.shape[-1], V.shape[-1]
-    if tables.HOPPER_PIECES_SEGMENTS:  # (segments make the programs: the widest, any lanes)
+    one_segment = dual and rows and not tables.HOPPER_DUAL_ROWS_ANY_LANES
+    if tables.HOPPER_PIECES_SEGMENTS and not one_segment:  # (segments: the widest, any lanes)
         return d if dual else tables._pieces_tiles(r, d, V.dtype, False, reverse)[0]
     # (the correctness matrix's switch reaches the pieces at its small shapes too)
     lanes = V.shape[0] * lane_heads(B, C, V)

@@ -377,6 +377,15 @@ HOPPER_DUAL_PIECES = True
 #: (notes/gates.md)
 HOPPER_DUAL_PIECES_SHARE = 0.3
 
+#: whether, with :data:`HOPPER_PIECES_SEGMENTS`, the reverse sweep with the dual output that also
+#: carries Mamba-2's row dots (one segment a lane: the kernel asserts it) takes the pieces at any
+#: lane count as the segmented sweeps do (True), or only past :data:`HOPPER_DUAL_PIECES_SHARE` of
+#: the SMs, as with one segment a lane (False): below it, a program a lane sweeps the whole
+#: sequence. H200, bf16, the SSD forward + backward in a graph at 24 lanes (batch 1 of a 125M
+#: Mamba-2, 64 × 64): 0.294 ms (False) against 0.392 at N 4096, 0.463 against 0.679 at 8192;
+#: at 48 lanes the same launches (notes/gates.md)
+HOPPER_DUAL_ROWS_ANY_LANES = False
+
 
 #: whether the pieces' row vectors E come through the Hopper kernel's ring (TMA, with the
 #: chunk's tiles) where two slots of it fit shared memory, rather than by loads each chunk; an
