@@ -101,3 +101,25 @@ def test_the_cuda_graph_mode_is_a_row_of_its_own():
                      compile_backend="eager")
     assert [(r["mode"], r["status"], r["vs_leetrepro"]) for r in rows] == \
         [(m, "ok", 1.0) for m in M.ALL_MODES]
+
+
+def test_keep_takes_back_the_file_s_other_rows_with_their_commits_as_text(tmp_path):
+    """``--keep`` (:func:`model.kept_rows`): a run of some sizes, mixers and modes leaves the
+    file's other rows as they were, their commit a hash (a merge that read "801e919" as a number
+    wrote inf), and the ratios to the γ mixer's row taken again over the merged rows."""
+    import pandas as pd
+    path = tmp_path / "model.csv"
+    old = [dict(size="125M", mixer=m, mode=mode, tokens_per_s=t, vs_leetrepro=0.5, commit=c)
+           for m, mode, t, c in (("leetrepro", "eager", 100.0, "801e919"),
+                                 ("leetrepro gated", "eager", 80.0, "801e919"),
+                                 ("leetrepro", "graphs", 120.0, "0123456"))]
+    pd.DataFrame(old).to_csv(path, index=False)
+    new = [dict(size="125M", mixer="leetrepro", mode="eager", tokens_per_s=200.0, commit="abcdef1")]
+    rows = M.kept_rows(str(path), new)
+    pd.DataFrame(rows).to_csv(path, index=False)
+    back = pd.read_csv(path, dtype={"commit": str})
+    got = {(r.mixer, r.mode): (r.commit, r.tokens_per_s, r.vs_leetrepro) for r in back.itertuples()}
+    assert got == {("leetrepro gated", "eager"): ("801e919", 80.0, 0.4),
+                   ("leetrepro", "graphs"): ("0123456", 120.0, 1.0),
+                   ("leetrepro", "eager"): ("abcdef1", 200.0, 1.0)}
+    assert M.kept_rows(str(tmp_path / "none.csv"), new)[0]["vs_leetrepro"] == 1.0

@@ -12,7 +12,8 @@ is in memory at a time: mixers are timed one after another in one process, so co
 within a size and mode; ``--together`` builds up to three mixers' models at once and interleaves
 every mixer's and mode's steps (the fair comparison of two or three mixers).
 
-Writes ``model.csv``: per size, mixer and mode ``ms`` per step, ``tokens_per_s`` (batch · seq /
+Writes ``model.csv`` (with ``--keep``, beside the file's rows of the sizes, mixers and modes not
+run: a few rows measured again at a later commit): per size, mixer and mode ``ms`` per step, ``tokens_per_s`` (batch · seq /
 step), ``peak_GiB`` (the most allocated during a step: weights, optimizer state, activations),
 ``params``, ``vs_leetrepro`` (tokens/s over the ``leetrepro`` mixer's in the same size and mode;
 above 1: faster than it), and the operator's part of the step from ``torch.profiler``:
@@ -320,6 +321,21 @@ def compare(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def kept_rows(path: str, rows: list[dict]) -> list[dict]:
+    """The rows of the file at ``path`` (if any) for the sizes, mixers and modes ``rows`` did not
+    measure, as they were written (the commit as text: read as a number, "801e919" is inf), then
+    ``rows``; ``vs_leetrepro`` taken again over them all (``--keep``)."""
+    import pandas as pd
+
+    measured = {(r["size"], r["mixer"], r["mode"]) for r in rows}
+    old = pd.read_csv(path, dtype={"commit": str}).to_dict("records") \
+        if os.path.exists(path) else []
+    kept = [r for r in old if (r["size"], r["mixer"], r["mode"]) not in measured]
+    for r in kept:
+        r.pop("vs_leetrepro", None)
+    return compare(kept + [dict(r) for r in rows])
+
+
 def _compiled(block, mode: str, backend: str):
     """``block`` under ``torch.compile`` for ``mode`` (``graphs``: ``mode="reduce-overhead"``,
     which only inductor takes)."""
@@ -353,6 +369,8 @@ def _arguments(p) -> None:
                    help=f"every mixer's model at once (at most {TOGETHER_MAX}), their steps "
                         "interleaved: mixers compared step by step in one process state")
     p.add_argument("--csv", default="model.csv")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the file's rows of the sizes, mixers and modes not run here")
 
 
 def main(argv=None) -> int:
@@ -365,15 +383,17 @@ def main(argv=None) -> int:
     peer = mamba_ssm_peer(args.peers) if "Mamba-2 mamba_ssm" in args.mixers else None
     done = []
 
+    path = os.path.join(out, args.csv)
+
     def write(rows):
-        pd.DataFrame(compare(done + rows)).assign(**meta).to_csv(os.path.join(out, args.csv),
-                                                                 index=False)
+        new = [dict(r, **meta) for r in compare(done + rows)]
+        pd.DataFrame(kept_rows(path, new) if args.keep else new).to_csv(path, index=False)
     for size in args.sizes:
         cfg = dict(SIZES[size])
         cfg.update({k: v for k, v in (("batch", args.batch), ("seq", args.seq)) if v})
         done += measure(size, cfg, args.mixers, args.modes, args.reps, device, peer=peer,
                         profile=not args.no_profile, on_mixer=write, together=args.together)
-    print(f"wrote {os.path.join(out, args.csv)} ({len(done)} rows)")
+    print(f"wrote {path} ({len(done)} rows measured)")
     return 0
 
 
