@@ -13,16 +13,16 @@ within a size and mode; ``--together`` builds up to three mixers' models at once
 every mixer's and mode's steps (the fair comparison of two or three mixers).
 
 Writes ``model.csv`` (with ``--keep``, beside the file's rows of the sizes, mixers and modes not
-run: a few rows measured again at a later commit): per size, mixer and mode ``ms`` per step, ``tokens_per_s`` (batch · seq /
-step), ``peak_GiB`` (the most allocated during a step: weights, optimizer state, activations),
-``params``, ``vs_leetrepro`` (tokens/s over the ``leetrepro`` mixer's in the same size and mode;
-above 1: faster than it), and the operator's part of the step from ``torch.profiler``:
-``op_ms`` is the GPU time per step of the kernels that the mixer alone launches (profiled on
-its own first, on inputs of the model's shapes; PyTorch's own ATen kernels, the copies and casts
-around an op, and the matrix products of Mamba-2's projections are left out: the operator's
-kernels, not its wrapper; for Mamba-2 the SSD, not its convolution), ``op_share`` that over all
-kernels' GPU time in the step. A mixer
-that fails is a row with its ``status``; the others still run.
+run: a few rows measured again at a later commit): per size, mixer and mode ``ms`` per step,
+``tokens_per_s`` (batch · seq / step), ``peak_GiB`` (the most allocated during a step: weights,
+optimizer state, activations), ``params``, ``vs_leetrepro`` (tokens/s over the ``leetrepro``
+mixer's in the same size and mode; above 1: faster than it), and the operator's part of the step
+from ``torch.profiler``: ``op_ms`` is the GPU time per step of the kernels that the mixer alone
+launches (profiled on its own first, on inputs of the model's shapes; PyTorch's own ATen kernels,
+the copies and casts around an op, and the matrix products of Mamba-2's projections are left out:
+the operator's kernels, not its wrapper; for Mamba-2 the SSD, not its convolution), ``op_share``
+that over all kernels' GPU time in the step. A mixer that fails is a row with its ``status``; the
+others still run.
 
 Mixers (time-major ``(batch, N, heads, d)`` views of the fused projection, as models hand them):
 
