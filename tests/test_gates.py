@@ -1293,6 +1293,19 @@ def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     assert sum(c for op, c in apart["backward_ops"].items() if op not in host_only) == 25
 
 
+def _hopper_launches_as(monkeypatch, describe) -> None:
+    """``probes.launches`` records each Hopper kernel's launch as ``describe(arguments, K)`` (its
+    size, constants), every other launch by its name."""
+    from leetrepro.probes import launches
+    name = launches._kernel_name
+
+    def recorded(kernel, arguments):
+        if name(kernel, arguments) != "chunk_hopper_kernel":
+            return name(kernel, arguments)
+        return describe(arguments, arguments["K"])
+    monkeypatch.setattr(launches, "_kernel_name", recorded)
+
+
 def test_the_ssd_s_dual_sweep_with_row_dots_keeps_the_share_rule_in_segments(monkeypatch):
     """Mamba-2's SSD at batch 1 of a 125M model (24 lanes of 64 × 64 on an H200's 132 SMs,
     ``probes.launches``): the pieces' sweeps in segments, but the reverse sweep with the dual
@@ -1302,14 +1315,9 @@ def test_the_ssd_s_dual_sweep_with_row_dots_keeps_the_share_rule_in_segments(mon
     from leetrepro.compat import mamba_chunk_scan_combined
     from leetrepro.methods.chunk import tables
     from leetrepro.probes import launches
-    name = launches._kernel_name
-
-    def with_size(kernel, arguments):  # (the Hopper launches' segment, dual output and rows)
-        if name(kernel, arguments) != "chunk_hopper_kernel":
-            return name(kernel, arguments)
-        k = arguments["K"]
-        return (arguments["SIZE"][3], bool(k.GATE_GRAD), bool(k.DUAL), k.ROWS)
-    monkeypatch.setattr(launches, "_kernel_name", with_size)
+    # (the Hopper launches' segment, dual output and rows)
+    _hopper_launches_as(monkeypatch, lambda a, k: (a["SIZE"][3], bool(k.GATE_GRAD), bool(k.DUAL),
+                                                   k.ROWS))
     gen = torch.Generator().manual_seed(0)
     b, n, h = 1, 4096, 24
     x = torch.randn(b, n, h, 64, generator=gen).half().requires_grad_()
@@ -1340,15 +1348,9 @@ def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatc
     sweep's signature is the same under both)."""
     from leetrepro.methods.chunk import tables
     from leetrepro.probes import launches
-    name = launches._kernel_name
-
-    def with_size(kernel, arguments):  # (the Hopper launches' rows, segments and columns)
-        if name(kernel, arguments) != "chunk_hopper_kernel":
-            return name(kernel, arguments)
-        k = arguments["K"]
-        return (name(kernel, arguments), tuple(arguments["SIZE"]), k.DC, bool(k.SPLIT),
-                bool(k.GATE_GRAD), bool(k.DUAL))
-    monkeypatch.setattr(launches, "_kernel_name", with_size)
+    # (the Hopper launches' rows, segments and columns)
+    _hopper_launches_as(monkeypatch, lambda a, k: ("chunk_hopper_kernel", tuple(a["SIZE"]), k.DC,
+                                                   bool(k.SPLIT), bool(k.GATE_GRAD), bool(k.DUAL)))
     one = [("chunk_hopper_kernel", (4096, 12, 48, 4096), dc, False, True, dual)
            for dc, dual in ((32, False), (64, True))]
     split = [("chunk_hopper_kernel", (4096, 12, 48, 832), 64, True, True, dual)

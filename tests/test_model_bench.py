@@ -115,11 +115,11 @@ def test_keep_takes_back_the_file_s_other_rows_with_their_commits_as_text(tmp_pa
                                  ("leetrepro", "graphs", 120.0, "0123456"))]
     pd.DataFrame(old).to_csv(path, index=False)
     new = [dict(size="125M", mixer="leetrepro", mode="eager", tokens_per_s=200.0, commit="abcdef1")]
-    rows = M.kept_rows(str(path), new)
+    rows = M.kept_rows(M.written_rows(str(path)), new)
     pd.DataFrame(rows).to_csv(path, index=False)
     back = pd.read_csv(path, dtype={"commit": str})
     got = {(r.mixer, r.mode): (r.commit, r.tokens_per_s, r.vs_leetrepro) for r in back.itertuples()}
     assert got == {("leetrepro gated", "eager"): ("801e919", 80.0, 0.4),
                    ("leetrepro", "graphs"): ("0123456", 120.0, 1.0),
                    ("leetrepro", "eager"): ("abcdef1", 200.0, 1.0)}
-    assert M.kept_rows(str(tmp_path / "none.csv"), new)[0]["vs_leetrepro"] == 1.0
+    assert M.kept_rows(M.written_rows(str(tmp_path / "none.csv")), new)[0]["vs_leetrepro"] == 1.0

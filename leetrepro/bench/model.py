@@ -321,16 +321,20 @@ def compare(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def kept_rows(path: str, rows: list[dict]) -> list[dict]:
-    """The rows of the file at ``path`` (if any) for the sizes, mixers and modes ``rows`` did not
-    measure, as they were written (the commit as text: read as a number, "801e919" is inf), then
-    ``rows``; ``vs_leetrepro`` taken again over them all (``--keep``)."""
+def written_rows(path: str) -> list[dict]:
+    """The rows of a ``model.csv`` as they were written (the commit as text: read as a number,
+    "801e919" is inf), none where there is no file."""
     import pandas as pd
 
-    measured = {(r["size"], r["mixer"], r["mode"]) for r in rows}
-    old = pd.read_csv(path, dtype={"commit": str}).to_dict("records") \
+    return pd.read_csv(path, dtype={"commit": str}).to_dict("records") \
         if os.path.exists(path) else []
-    kept = [r for r in old if (r["size"], r["mixer"], r["mode"]) not in measured]
+
+
+def kept_rows(old: list[dict], rows: list[dict]) -> list[dict]:
+    """``old``'s rows (:func:`written_rows`) for the sizes, mixers and modes ``rows`` did not
+    measure, then ``rows``; ``vs_leetrepro`` taken again over them all (``--keep``)."""
+    measured = {(r["size"], r["mixer"], r["mode"]) for r in rows}
+    kept = [dict(r) for r in old if (r["size"], r["mixer"], r["mode"]) not in measured]
     for r in kept:
         r.pop("vs_leetrepro", None)
     return compare(kept + [dict(r) for r in rows])
@@ -384,10 +388,11 @@ def main(argv=None) -> int:
     done = []
 
     path = os.path.join(out, args.csv)
+    old = written_rows(path) if args.keep else None  # (read once: each write rewrites the file)
 
     def write(rows):
-        new = [dict(r, **meta) for r in compare(done + rows)]
-        pd.DataFrame(kept_rows(path, new) if args.keep else new).to_csv(path, index=False)
+        new = [dict(r, **meta) for r in done + rows]
+        pd.DataFrame(compare(new) if old is None else kept_rows(old, new)).to_csv(path, index=False)
     for size in args.sizes:
         cfg = dict(SIZES[size])
         cfg.update({k: v for k, v in (("batch", args.batch), ("seq", args.seq)) if v})

@@ -116,7 +116,7 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, rows: bool = 
     :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them, or with both sweeps there
     :func:`leetrepro.methods.chunk.gate_gradient_from_rows` dg itself). ``rows``: the dual sweep
     would carry Mamba-2's row dots too (:func:`_row_dots`)."""
-    key = _piece_key(opts, dO, B, C, V, dual, cu_seqlens, chunk.tables) + (rows,)
+    key = _piece_key(opts, dO, B, C, V, dual, cu_seqlens, chunk.tables, rows)
     decided = _PIECES.get(key)
     if decided is None:
         if len(_PIECES) >= 1024:
@@ -142,14 +142,15 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, rows: bool = 
         block=block, dual=dual, configs=configs, hopper=list(hopper))
 
 
-def _piece_key(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, tables) -> tuple:
+def _piece_key(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, tables, rows: bool) -> tuple:
     """What :func:`_piece_decision` reads: the four tensors' shapes, strides and 16-byte
-    alignment, dtype and device (the GPU's SMs and capability), the options it reads, the
-    sequences' count, and Chunk's switches (``tables``) at this call."""
+    alignment, dtype and device (the GPU's SMs and capability), the options it reads, whether the
+    row dots come too (``rows``), the sequences' count, and Chunk's switches (``tables``) at this
+    call."""
     config = opts.get("config")
     return (dO.shape, B.shape, C.shape, V.shape, dO.stride(), B.stride(), C.stride(), V.stride(),
             dO.data_ptr() % 16, B.data_ptr() % 16, C.data_ptr() % 16, V.data_ptr() % 16,
-            V.dtype, V.device, dual, None if cu_seqlens is None else cu_seqlens.numel(),
+            V.dtype, V.device, dual, rows, None if cu_seqlens is None else cu_seqlens.numel(),
             opts.get("kernel", "auto"), opts.get("fp32_precision", "tf32"),
             None if not config else tuple(sorted(config.items())), tables.HOPPER_PIECES,
             tables.HOPPER_DUAL_PIECES, tables.HOPPER_DUAL_PIECES_SHARE, tables._FORCED[0],
