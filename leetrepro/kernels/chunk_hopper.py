@@ -239,19 +239,33 @@ def _gates_after_wait(ring, s, gates, w_v, acc_l: gl.constexpr, K: gl.constexpr)
 
 
 @gluon.jit
+def _exp_ftz(x):
+    """e^x (float32) by one ``ex2.approx.ftz.f32``: ``gl.exp``'s value wherever it is at least
+    2^-126, 0 below (``gl.exp`` keeps those subnormal results by a range check and two scalings
+    ptxas adds around each ``MUFU.EX2``: three instructions more an element of the gated mask)."""
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f",
+                                     [x * 1.4426950408889634], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
 def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False,
-            extra=None):
+            extra=None, LEAN: gl.constexpr = False):
     """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
     with ``gates`` (:func:`_chunk_gates`) exp(G_i − G_j), and with ``ROWS`` times V's row weight
     w_j, :func:`_value_weights`), exactly 0 elsewhere; with ``extra`` (:func:`_dual_offsets`)
-    the scores plus its constant c, the mask 0-1."""
+    the scores plus its constant c, the mask 0-1. ``LEAN`` (``K.LEAN_MASK``): the gates'
+    exponentials by :func:`_exp_ftz`."""
     if extra is not None:
         return gl.where(diff >= 0, sc + extra[3], 0.0)
-    elif ROWS:
-        return gl.where(diff >= 0, sc * gl.exp(gates[0][:, None] - gates[1][None, :]) *
-                        gates[4][None, :], 0.0)
     elif gates is not None:
-        return gl.where(diff >= 0, sc * gl.exp(gates[0][:, None] - gates[1][None, :]), 0.0)
+        if LEAN:
+            m = _exp_ftz(gates[0][:, None] - gates[1][None, :])
+        else:
+            m = gl.exp(gates[0][:, None] - gates[1][None, :])
+        if ROWS:
+            m = m * gates[4][None, :]
+        return gl.where(diff >= 0, sc * m, 0.0)
     elif HAS_DECAY:
         return gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
     else:
@@ -486,8 +500,9 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 #: group's tiles for each of its heads)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
-                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False))
+                 "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
+                 "LEAN_MASK",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -1111,14 +1126,16 @@ def _pairs_mma(e_t, v_t, K: gl.constexpr):
 
 
 @gluon.jit
-def _own_pairs(pairs, diff):
+def _own_pairs(pairs, diff, LEAN: gl.constexpr = False):
     """Forward time, a chunk's own pairs' part of the pieces, per row s: δ_s = Σ_(j<s) pairs[s, j]
     − Σ_(i>s) pairs[i, s] (fp32), whose sum over the rows from t to the chunk's end is
     Σ_(i≥t) Σ_(j<t) pairs[i, j], the pairs straddling t (that sum is taken after the sweep,
     :func:`leetrepro.methods.chunk.gate_gradient_from_rows`); over the whole chunk δ sums to 0,
     so the chunk's total is unchanged. Two reductions where a scan along both axes was the
-    portable kernel's."""
-    lower = gl.where(diff > 0, pairs, 0.0)
+    portable kernel's. ``pairs`` is 0 above the diagonal (the masked scores times w vᵀ); with
+    ``LEAN`` its diagonal is kept in both sums, where it cancels, instead of a select an
+    element."""
+    lower = pairs if LEAN else gl.where(diff > 0, pairs, 0.0)
     cols = gl.sum(lower, axis=0)
     return gl.sum(lower, axis=1) - gl.convert_layout(cols, gl.SliceLayout(1, pairs.type.layout))
 
@@ -1138,7 +1155,7 @@ def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
     wv = _pairs_mma(e_t, _tile(ring.v, 2 * s + H_IDX), K)
     wv = warpgroup_mma_wait(num_outstanding=0, deps=(wv,))
     ring.release(s)
-    return e + _own_pairs(p * wv, diff)
+    return e + _own_pairs(p * wv, diff, K.LEAN_MASK)
 
 
 @gluon.jit
@@ -1197,10 +1214,10 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
         extra = aux[1] if K.NORM == 5 else None  # (NORM 5: the scores' constant, c·Σv)
-        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra)
+        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra, K.LEAN_MASK)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
-            e = _own_pairs(p * wv, diff)
+            e = _own_pairs(p * wv, diff, K.LEAN_MASK)
         p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=(2 if EXACT else 1) + NS, deps=(o,))
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE, gates)
@@ -1519,7 +1536,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     if extra is not None:
         p2 = gl.where(diff >= 0, s2 + extra[2][None, :], 0.0)
     else:
-        p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates)
+        p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates, LEAN=K.LEAN_MASK)
     p2_down, p2_up = _half_scale(p2, HALF_RANGE)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     mbarrier.arrive(st.hbar.index(1), count=1)  # both copies read

@@ -432,6 +432,14 @@ HOPPER_LATE_PAIRS = frozenset({(128, 128)})
 HOPPER_UNHOISTED = frozenset({(128, 128)})
 
 
+#: whether the Hopper kernel's gated sweeps take the mask's exponentials without subnormal
+#: results (``ex2.approx.ftz``: an entry below 2^-126 is 0, where ``exp`` adds a range check and
+#: two scalings an element) and the dB sweep's own pairs as the masked tile they are (their
+#: diagonal cancels in the pieces' difference) instead of a select an element (``LEAN_MASK``);
+#: an A/B switch
+HOPPER_LEAN_MASK = True
+
+
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there
