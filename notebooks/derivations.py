@@ -151,11 +151,13 @@ back
 # through the oracle, with an initial state, a final state's gradient and a hard reset.
 
 # %%
-def dg_by_chunks(B, C, V, dO, g, S0, dSN, L, operand=None, weighted=None):
+def dg_by_chunks(B, C, V, dO, g, S0, dSN, L, operand=None, weighted=None, scores=None):
     """∂L/∂g of one lane by the four kinds of pairs above (float64, chunks of L rows).
     ``operand``, ``weighted``: what a kernel's dot does to the state as its operand and to the
     weighted rows entering the state (a rounding; None: nothing), the sweeps' only roundings
-    beyond their inputs'."""
+    beyond their inputs'. ``scores``: the chunk's own pairs not from the pair tile but from row
+    dots of the sweeps' outputs, whose masked scores are rounded so before their product (the
+    dB sweep's rows, b_i · dB_i, from dO vᵀ; the dV sweep's columns, v_j · dV_j, from c bᵀ)."""
     operand = operand or (lambda x: x)
     weighted = weighted or (lambda x: x)
     N = B.shape[0]
@@ -166,11 +168,15 @@ def dg_by_chunks(B, C, V, dO, g, S0, dSN, L, operand=None, weighted=None):
     for s, e in bounds:                                                 # forward: I, II, E_c
         rows = torch.arange(s, e)
         W = torch.exp(G[rows, None] - G[None, rows]) * (rows[:, None] >= rows[None, :])
-        P = W * (B[s:e] @ C[s:e].T) * (dO[s:e] @ V[s:e].T)
+        bc, dv = B[s:e] @ C[s:e].T, dO[s:e] @ V[s:e].T
+        P = W * bc * dv
+        if scores is not None:  # (rows' pairs less columns' pairs, each from its own rounding)
+            rows_less_cols = (scores(W * dv) * bc).sum(1) - (scores(W * bc) * dv).sum(0)
         ei = torch.exp(G[s:e] - Gm(s - 1)) * ((B[s:e] @ operand(F)) * dO[s:e]).sum(-1)
         for t in range(s, e):
             k = t - s
-            part[t] = P[k:, :k].sum() + ei[k:].sum()
+            own = P[k:, :k].sum() if scores is None else rows_less_cols[k:].sum()
+            part[t] = own + ei[k:].sum()
         E.append(ei.sum())
         F = torch.exp(Gm(e - 1) - Gm(s - 1)) * F + weighted(C[s:e] * torch.exp(Gm(e - 1) - G[s:e])[:, None]).T @ V[s:e]
     T = (dSN * F).sum()                                                 # T_N = <dS_N, S_N>
@@ -279,6 +285,27 @@ fp16_table = pd.DataFrame([dict(rounded=name, dg_rel_error=rel(x), dA_rel_error=
 assert fp16_table.dg_rel_error[1] < 1e-2 < fp16_table.dA_rel_error[1] and \
     fp16_table.dA_rel_error[0] < 1e-2, fp16_table
 fp16_table
+
+# %% [markdown]
+# Nor can the chunk's own pairs skip the pair tile's product. A row's pairs with the columns
+# before it are $b_i \cdot dB_i$ and a column's with the rows after it $v_j \cdot dV_j$, row dots of
+# outputs the sweeps make anyway; their difference, summed from a row to the chunk's end, is the
+# pairs straddling it. But each output's intra-chunk part comes from its masked scores rounded to
+# 16 bits before their product, the rows' from $dO\,v^\top$ and the columns' from $c\,b^\top$, and
+# the pairs with both ends past $t$ then cancel between two different roundings. Same inputs,
+# the remainders taken back as the kernels do, against float64 of the same rounded inputs:
+
+# %%
+same_inputs = dg_by_chunks(*rounded, gr, bf16(S0r), dSr, Lr)        # float64 of the rounded inputs
+row_dots_table = pd.DataFrame([
+    dict(own_pairs=name, dg_rel_error=((x - same_inputs).norm() / same_inputs.norm()).item(),
+         dA_rel_error=abs(((x - same_inputs) * dtr).sum() / (same_inputs * dtr).sum()).item())
+    for name, x in (("the pair tile (the kernels)", fp16_rows["remainders taken back"]),
+                    ("row dots of the outputs",
+                     dg_by_chunks(*rounded, gr, bf16(S0r), dSr, Lr, split, split, scores=bf16)))])
+assert row_dots_table.dg_rel_error[0] < 1e-4 < 1e-2 < row_dots_table.dg_rel_error[1], \
+    row_dots_table
+row_dots_table
 
 # %% [markdown]
 # ## Mamba-3's trapezoidal rule is the operator with per-token gates

@@ -1293,6 +1293,16 @@ def test_a_layer_call_launches_what_the_census_counted(monkeypatch):
     assert sum(c for op, c in apart["backward_ops"].items() if op not in host_only) == 25
 
 
+def _layer_inputs(batch, n, heads, dim):
+    """A layer's q, k, v (fp16, time-major ``(batch, n, heads, dim)``) and its log gates, all
+    requiring grad, for the launch census on the CPU (fp16 stands for bf16 there)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch, n, heads, dim, generator=gen, dtype=torch.float16,
+                           requires_grad=True) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(batch, n, heads, generator=gen))
+    return q, k, v, g.requires_grad_()
+
+
 def _hopper_launches_as(monkeypatch, describe) -> None:
     """``probes.launches`` records each Hopper kernel's launch as ``describe(arguments, K)`` (its
     size, constants), every other launch by its name."""
@@ -1364,10 +1374,7 @@ def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatc
             + want
     # (one process: the switch turned between two calls, each backward the value's own plans)
     from leetrepro.compat import chunk_simple_gla
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(4, 4096, 12, 64, generator=gen, dtype=torch.float16,
-                           requires_grad=True) for _ in range(3))
-    g = torch.nn.functional.logsigmoid(torch.randn(4, 4096, 12, generator=gen)).requires_grad_()
+    q, k, v, g = _layer_inputs(4, 4096, 12, 64)
     recorded = []
     with launches.as_gpu("h200", recorded):
         for segments, want in ((False, one), (True, split), (False, one)):
@@ -1376,3 +1383,28 @@ def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatc
             recorded.clear()
             o.backward(torch.ones_like(o))
             assert [x for x in recorded if isinstance(x, tuple)] == want, segments
+
+
+def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatch):
+    """``chunk.tables.HOPPER_LEAN_MASK`` (the gated mask's ``ex2.approx.ftz`` and the own pairs
+    without a select) is a constant of every Hopper launch of a gated call, forward and backward,
+    as the switch says when the call is made: turned between calls in one process (an A/B's),
+    each value has its own plans. No launch of a call with the per-head decay has it (γ's
+    kernels keep their bits: notes/gates.md)."""
+    from leetrepro.compat import chunk_simple_gla
+    from leetrepro.methods.chunk import tables
+    from leetrepro.probes import launches
+    _hopper_launches_as(monkeypatch, lambda a, k: (bool(k.HAS_GATE), bool(k.LEAN_MASK)))
+    q, k, v, g = _layer_inputs(2, 1000, 4, 64)
+    recorded = []
+    with launches.as_gpu("h200", recorded):
+        for lean in (True, False, True):
+            monkeypatch.setattr(tables, "HOPPER_LEAN_MASK", lean)
+            for decay in (dict(g=g), dict(g_gamma=torch.full((4,), -0.05))):
+                recorded.clear()
+                o = chunk_simple_gla(q, k, v, method="Chunk", **decay)[0]
+                o.backward(torch.ones_like(o))
+                hopper = [x for x in recorded if isinstance(x, tuple)]
+                gated = "g" in decay
+                assert len(hopper) >= (3 if gated else 1), hopper
+                assert set(hopper) == {(gated, gated and lean)}, (lean, decay.keys(), hopper)
