@@ -664,6 +664,42 @@ def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
     assert [int(line.split()[1]) <= 4096 for line in lines] == [True, True], res.stdout
 
 
+@pytest.mark.slow  # (~40 s: two kernels compiled twice)
+def test_the_hopper_consumers_share_one_function_where_switched_on():
+    """With ``chunk.tables.HOPPER_SHARED_CONSUMER`` both consumer partitions of the Hopper kernel
+    call one ``noinline`` function (its consumer's index at run time) instead of inlining a copy
+    each: compiled for sm_90 (the gated dB sweep with the pieces at Mamba-2's 64 × 128, the gated
+    forward with V's row weights and the skip), the SASS has two calls and at most two thirds of
+    the inlined kernel's instructions, 168 registers at launch and no spill. Off (the default),
+    no call."""
+    code = (
+        "import os, re, subprocess, tempfile, triton\n"
+        "from leetrepro.methods.chunk import tables\n"
+        "from leetrepro.probes.regs import compile_hopper, ptxas_usage, spill_bytes\n"
+        "nvdisasm = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin',\n"
+        "                        'nvdisasm')\n"
+        "for kw in (dict(gate_grad=True, r=64, d=128), dict(rows=True, r=128, d=64)):\n"
+        "    for shared in (False, True):\n"
+        "        tables.HOPPER_SHARED_CONSUMER = shared\n"
+        "        k = compile_hopper('bf16', False, split=False, gates=True, **kw)\n"
+        "        with tempfile.NamedTemporaryFile(suffix='.cubin') as f:\n"
+        "            f.write(k.asm['cubin'])\n"
+        "            f.flush()\n"
+        "            sass = subprocess.run([nvdisasm, '-c', f.name], capture_output=True,\n"
+        "                                  text=True, check=True).stdout\n"
+        "        ops = re.findall(r'/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]+)', sass)\n"
+        "        use = ptxas_usage(k.asm['ptx'])\n"
+        "        print(shared, sum(o.startswith('CALL') for o in ops), len(ops), spill_bytes(use),\n"
+        "              'Used 168 registers' in use)\n")
+    res = real_codegen("-c", code)
+    lines = [line.split() for line in res.stdout.splitlines()]
+    assert len(lines) == 4, res.stdout
+    for inline, shared in (lines[0:2], lines[2:4]):
+        assert inline[:2] == ["False", "0"] and shared[:2] == ["True", "2"], lines
+        assert 3 * int(shared[2]) <= 2 * int(inline[2]), lines
+        assert inline[3:] == shared[3:] == ["0", "True"], lines
+
+
 @pytest.mark.slow  # (~20 s interpreted)
 def test_the_pieces_in_16_bit_are_as_accurate_as_the_straddle_kernel():
     """The pieces telescope across the chunks, so any rounding of the states their totals come
@@ -1385,26 +1421,31 @@ def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatc
             assert [x for x in recorded if isinstance(x, tuple)] == want, segments
 
 
-def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatch):
-    """``chunk.tables.HOPPER_LEAN_MASK`` (the gated mask's ``ex2.approx.ftz`` and the own pairs
-    without a select) is a constant of every Hopper launch of a gated call, forward and backward,
-    as the switch says when the call is made: turned between calls in one process (an A/B's),
-    each value has its own plans. No launch of a call with the per-head decay has it (γ's
-    kernels keep their bits: notes/gates.md)."""
-    from leetrepro.compat import chunk_simple_gla
+@pytest.mark.parametrize("switch", ["HOPPER_LEAN_MASK", "HOPPER_SHARED_CONSUMER"])
+def test_the_hopper_switches_reach_the_launches_they_name(monkeypatch, switch):
+    """An A/B switch of the Hopper kernel is a constant of the launches it names, as the switch
+    says when the call is made: turned between calls in one process (an A/B's), each value has
+    its own plans. ``HOPPER_LEAN_MASK`` (the gated mask's ``ex2.approx.ftz``, the own pairs
+    without a select): every Hopper launch of a gated call, forward and backward, and none with
+    the per-head decay (γ's kernels keep their bits: notes/gates.md). ``HOPPER_SHARED_CONSUMER``
+    (the consumers call one function): every launch but the dual output's."""
     from leetrepro.methods.chunk import tables
     from leetrepro.probes import launches
-    _hopper_launches_as(monkeypatch, lambda a, k: (bool(k.HAS_GATE), bool(k.LEAN_MASK)))
+    _hopper_launches_as(monkeypatch, lambda a, k: (bool(k.HAS_GATE), bool(k.DUAL),
+                                                   bool(getattr(k, switch[len("HOPPER_"):]))))
     q, k, v, g = _layer_inputs(2, 1000, 4, 64)
     recorded = []
     with launches.as_gpu("h200", recorded):
-        for lean in (True, False, True):
-            monkeypatch.setattr(tables, "HOPPER_LEAN_MASK", lean)
+        for on in (True, False, True):
+            monkeypatch.setattr(tables, switch, on)
             for decay in (dict(g=g), dict(g_gamma=torch.full((4,), -0.05))):
                 recorded.clear()
                 o = chunk_simple_gla(q, k, v, method="Chunk", **decay)[0]
                 o.backward(torch.ones_like(o))
                 hopper = [x for x in recorded if isinstance(x, tuple)]
                 gated = "g" in decay
-                assert len(hopper) >= (3 if gated else 1), hopper
-                assert set(hopper) == {(gated, gated and lean)}, (lean, decay.keys(), hopper)
+                assert len(hopper) >= (3 if gated else 1) and {x[0] for x in hopper} == {gated}
+                assert any(dual for _, dual, _ in hopper)  # (the backward's dual sweep)
+                lean = switch == "HOPPER_LEAN_MASK"
+                assert all(has == (on and (gated if lean else not dual))
+                           for _, dual, has in hopper), (on, decay.keys(), hopper)

@@ -501,8 +501,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False))
+                 "LEAN_MASK SHARED_CONSUMER",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -727,7 +727,28 @@ def _loader(prog, ring, ops, K: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexpr):
+def _consumer_partition(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Consumer warp group H_IDX's partition: :func:`_consumer` inlined, or with
+    ``SHARED_CONSUMER`` called as one function both partitions share, H_IDX a value at run time.
+    Inlined, each partition has a copy of the sweep's loop; a gated sweep carrying the gates'
+    pieces runs a loop of about 1,300 instructions a chunk, and its two copies do not stay in
+    the instruction cache together (a third of its consumers' stalls were waits for
+    instructions, H200, notes/gates.md)."""
+    if K.SHARED_CONSUMER:
+        _shared_consumer(prog, ring, ops, st, K, prog.col0 * 0 + H_IDX)
+    else:
+        _consumer(prog, ring, ops, st, K, H_IDX)
+
+
+@gluon.jit(noinline=True)
+def _shared_consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX):
+    """:func:`_consumer` as a function of its own (``noinline``: its arguments are the
+    aggregates of descriptors and scalars, no tensor)."""
+    _consumer(prog, ring, ops, st, K, H_IDX)
+
+
+@gluon.jit
+def _consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX):
     """Consumer warp group H_IDX: columns [H_IDX·DH, (H_IDX+1)·DH) of its unit's state, through
     the segment's first pass and the entering state (:func:`_entering_state`), the sweep
     (:func:`_sweep`), then the lane's repair flag and final state."""
@@ -780,7 +801,7 @@ def _operand_layout(dtype, DH):
 
 
 @gluon.jit
-def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
+def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX):
     """Step 1 with segments: ``(the segment's own state from its C and V, NORM's own sums, the
     log of the segment's own decay)`` over its ``first`` chunks (none for a lane's last
     segment)."""
@@ -835,7 +856,7 @@ def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
 
 
 @gluon.jit
-def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.constexpr):
+def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX):
     """Steps 1-3 of the module docstring for this consumer's columns: with segments, the
     segment's own state from its C and V (the first pass, none for a lane's last segment), the
     state entering it from the previous segment's ring slot, and the one leaving it published;
@@ -895,7 +916,7 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
 
 
 @gluon.jit
-def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
+def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX):
     """Step 4: the segment's chunks, O's columns of this consumer (and with ``DUAL`` O2's) stored
     as they come, the state carried on; returns the state leaving the segment."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
@@ -977,7 +998,7 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
 
 
 @gluon.jit
-def _copy_read(st, j, h_up, K: gl.constexpr, H_IDX: gl.constexpr):
+def _copy_read(st, j, h_up, K: gl.constexpr, H_IDX):
     """``DUAL``: wait until the other consumer has read this one's copy (and in fp16 its scale)
     of the chunk before, then store this chunk's scale."""
     mbarrier.wait(st.hbar.index(1), (j & 1) ^ 1)
@@ -1013,7 +1034,7 @@ def _forward_powers(ri, prog, K: gl.constexpr):
 
 @gluon.jit
 def _normalised_chunk(state, sums, ring, st, s, diff, prog, row, length, K: gl.constexpr,
-                      H_IDX: gl.constexpr, j):
+                      H_IDX, j):
     """A chunk of ``NORM`` 1-3 (:func:`_norm_step`, divided by its denominators, which the first
     consumer stores, or :func:`_offset_step`): (O's half, the state, the sums past it)."""
     if K.NORM == 1:
@@ -1029,7 +1050,7 @@ def _normalised_chunk(state, sums, ring, st, s, diff, prog, row, length, K: gl.c
 
 
 @gluon.jit
-def _dual_offsets(sums, prog, row, length, st, K: gl.constexpr, H_IDX: gl.constexpr):
+def _dual_offsets(sums, prog, row, length, st, K: gl.constexpr, H_IDX):
     """``NORM`` 5 (the dual output's offsets): β's tile for this chunk's sums stored, and
     ``(Σv by O's columns, Σ β_i c_i by O2's, β by columns, c)`` for :func:`_chunk_step` and
     :func:`_dual_step`."""
@@ -1141,7 +1162,7 @@ def _own_pairs(pairs, diff, LEAN: gl.constexpr = False):
 
 
 @gluon.jit
-def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
+def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX):
     """``LATE_PAIRS``: the rows' pieces of chunk s with the chunk's own pairs added once O's
     half has left for its store, ``late = (e, p, E's tile)`` from :func:`_chunk_step` (E's tile
     in O's accumulator layout; with ``E_RING`` read again from the ring slot, released after
@@ -1160,7 +1181,7 @@ def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
 
 @gluon.jit
 def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
-                H_IDX: gl.constexpr, j, gates, aux=None):
+                H_IDX, j, gates, aux=None):
     """Chunk j (ring slot s) of this consumer: (its halves of O and of the state leaving it, O's
     fp16 scale, the state copy's, the rows' powers onto the entering state, the rows' pieces e:
     0.0 without ``GATE_GRAD``, ``(e, p, E's tile)`` with ``LATE_PAIRS``). ``w_in = (forward
@@ -1263,7 +1284,7 @@ def _no_sums(K: gl.constexpr):
 
 
 @gluon.jit
-def _sums_step(sums, c_t, v_t, st, hz, K: gl.constexpr, H_IDX: gl.constexpr = 0):
+def _sums_step(sums, c_t, v_t, st, hz, K: gl.constexpr, H_IDX=0):
     """(Σk, Σv) past a chunk: kᵀ·1 and v[:, h]ᵀ·1 added (``c_t``: the chunk's k tile; ``v_t``:
     this consumer's half of its v tile), issued asynchronously after the chunk's other products,
     one group each; with the offsets (``NORM`` 2, 3) Σv alone, weighted by the tile in
@@ -1295,7 +1316,7 @@ def _sum_operand(x, dst):
 
 
 @gluon.jit
-def _sums_at(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
+def _sums_at(prog, col, K: gl.constexpr, H_IDX):
     """Offsets of this consumer's Σk (its own copy: each consumer reads what it published
     itself, ordered by its own flag) and Σv (its columns) within a segment's published sums
     (``2R + D`` float32), as [R, NORM_COLS] and [DH, NORM_COLS] tiles whose columns repeat."""
@@ -1310,7 +1331,7 @@ def _sums_at(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
 
 
 @gluon.jit
-def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
+def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX):
     """``NORM``: this segment's own (Σk, Σv), one column of each, into its slot of the lane's
     published sums (before the flag that publishes its state rises)."""
     z_at, v_at = _sums_at(prog, col, K, H_IDX)
@@ -1322,7 +1343,7 @@ def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
 
 
 @gluon.jit
-def _sums_before(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
+def _sums_before(prog, col, K: gl.constexpr, H_IDX):
     """``NORM``: (Σk, Σv) over the lane's segments before this one, from what each published
     (read once this segment's flag has risen, past L1), in a fixed order."""
     z_at, v_at = _sums_at(prog, col, K, H_IDX)
@@ -1352,7 +1373,7 @@ def _sum_rows(acc, WEIGHTED: gl.constexpr):
 
 
 @gluon.jit
-def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.constexpr, j):
+def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX, j):
     """``NORM``'s chunk (γ = 1, bf16) of this consumer, normalised linear attention with
     f(x) = c + x: its half of ``q·H + c·Σv + (P ⊙ M)·v`` with P = q kᵀ + c, the state and the
     sums (Σk, Σv) carried past the chunk, and each row's denominator but its ``c·t0 + eps``:
@@ -1421,7 +1442,7 @@ def _store_offsets(prog, row, length, dst, K: gl.constexpr):
 
 @gluon.jit
 def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.constexpr,
-                 H_IDX: gl.constexpr, j):
+                 H_IDX, j):
     """The offsets' chunk (``NORM`` 2 or 3; γ = 1, bf16, forward or reverse) of this consumer:
     the operator with a rank-one term on its scores, op(B', C', V) for B' = [B, α], C' = [C, β]:
     the scores take α_i·β_j on and below the diagonal, and each row's part from the rows before
@@ -1479,7 +1500,7 @@ def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.conste
 
 
 @gluon.jit
-def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
+def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX):
     """Where chunk j's half of O is staged for its TMA store."""
     DUAL: gl.constexpr = K.DUAL
     if ring.b.dtype == gl.float32:
@@ -1497,7 +1518,7 @@ def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
 
 @gluon.jit
 def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
-               H_IDX: gl.constexpr, j, gates, extra=None):
+               H_IDX, j, gates, extra=None):
     """O2's columns H_IDX·DH.. of chunk j (ring slot s) = the state's rows there: e times both
     consumers' copies (this one's first: the other's may not be written yet), then
     (E vᵀ ⊙ M) c[:, h]; the slot released, the columns stored. ``gates``: the chunk's
@@ -1771,5 +1792,5 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, g_desc, S0, SN, FLAGS, WS,
                    SYNC, scale)
     gl.warp_specialize([(_loader, (prog, ring, ops, K)),
-                        (_consumer, (prog, ring, ops, st, K, 0)),
-                        (_consumer, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])
+                        (_consumer_partition, (prog, ring, ops, st, K, 0)),
+                        (_consumer_partition, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])
