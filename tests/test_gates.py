@@ -664,21 +664,23 @@ def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
     assert [int(line.split()[1]) <= 4096 for line in lines] == [True, True], res.stdout
 
 
-@pytest.mark.slow  # (~40 s: two kernels compiled twice)
+@pytest.mark.slow  # (~20 s: three kernels compiled twice)
 def test_the_hopper_consumers_share_one_function_where_switched_on():
     """With ``chunk.tables.HOPPER_SHARED_CONSUMER`` both consumer partitions of the Hopper kernel
     call one ``noinline`` function (its consumer's index at run time) instead of inlining a copy
     each: compiled for sm_90 (the gated dB sweep with the pieces at Mamba-2's 64 × 128, the gated
-    forward with V's row weights and the skip), the SASS has two calls and at most two thirds of
-    the inlined kernel's instructions, 168 registers at launch and no spill. Off (the default),
-    no call."""
+    forward with V's row weights and the skip, the reverse sweep with the dual output and the
+    pieces at 64 × 64, whose slices of the other consumer's copy take the index at run time), the
+    SASS has two calls and at most two thirds of the inlined kernel's instructions, 168
+    registers at launch and no spill. Off (the default), no call."""
     code = (
         "import os, re, subprocess, tempfile, triton\n"
         "from leetrepro.methods.chunk import tables\n"
         "from leetrepro.probes.regs import compile_hopper, ptxas_usage, spill_bytes\n"
         "nvdisasm = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin',\n"
         "                        'nvdisasm')\n"
-        "for kw in (dict(gate_grad=True, r=64, d=128), dict(rows=True, r=128, d=64)):\n"
+        "for kw in (dict(gate_grad=True, r=64, d=128), dict(rows=True, r=128, d=64),\n"
+        "           dict(gate_grad=True, reverse=True, dual=True, r=64, d=64)):\n"
         "    for shared in (False, True):\n"
         "        tables.HOPPER_SHARED_CONSUMER = shared\n"
         "        k = compile_hopper('bf16', False, split=False, gates=True, **kw)\n"
@@ -693,8 +695,8 @@ def test_the_hopper_consumers_share_one_function_where_switched_on():
         "              'Used 168 registers' in use)\n")
     res = real_codegen("-c", code)
     lines = [line.split() for line in res.stdout.splitlines()]
-    assert len(lines) == 4, res.stdout
-    for inline, shared in (lines[0:2], lines[2:4]):
+    assert len(lines) == 6, res.stdout
+    for inline, shared in (lines[0:2], lines[2:4], lines[4:6]):
         assert inline[:2] == ["False", "0"] and shared[:2] == ["True", "2"], lines
         assert 3 * int(shared[2]) <= 2 * int(inline[2]), lines
         assert inline[3:] == shared[3:] == ["0", "True"], lines
@@ -1428,7 +1430,7 @@ def test_the_hopper_switches_reach_the_launches_they_name(monkeypatch, switch):
     its own plans. ``HOPPER_LEAN_MASK`` (the gated mask's ``ex2.approx.ftz``, the own pairs
     without a select): every Hopper launch of a gated call, forward and backward, and none with
     the per-head decay (γ's kernels keep their bits: notes/gates.md). ``HOPPER_SHARED_CONSUMER``
-    (the consumers call one function): every launch but the dual output's."""
+    (the consumers call one function): every launch."""
     from leetrepro.methods.chunk import tables
     from leetrepro.probes import launches
     _hopper_launches_as(monkeypatch, lambda a, k: (bool(k.HAS_GATE), bool(k.DUAL),
@@ -1447,5 +1449,5 @@ def test_the_hopper_switches_reach_the_launches_they_name(monkeypatch, switch):
                 assert len(hopper) >= (3 if gated else 1) and {x[0] for x in hopper} == {gated}
                 assert any(dual for _, dual, _ in hopper)  # (the backward's dual sweep)
                 lean = switch == "HOPPER_LEAN_MASK"
-                assert all(has == (on and (gated if lean else not dual))
-                           for _, dual, has in hopper), (on, decay.keys(), hopper)
+                assert all(has == (on and (gated or not lean)) for _, _, has in hopper), \
+                    (on, decay.keys(), hopper)

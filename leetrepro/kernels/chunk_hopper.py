@@ -137,6 +137,17 @@ def _tile(bufs, i):
 
 
 @gluon.jit
+def _half(buf, h, DH: gl.constexpr, dim: gl.constexpr):
+    """Consumer h's half of a shared-memory tile along ``dim`` (DH wide): a slice at a constant
+    start, either consumer's index (a constant, or a value at run time: ``SHARED_CONSUMER``)."""
+    if h == 0:
+        half = buf.slice(0, DH, dim=dim)
+    else:
+        half = buf.slice(DH, DH, dim=dim)
+    return half
+
+
+@gluon.jit
 def _chunk(i, N, BLOCK_N: gl.constexpr, REVERSE: gl.constexpr):
     """The i-th chunk a lane sweeps: (its tile's first physical row, the rows it holds ≤ BLOCK_N).
     Tiles start at multiples of BLOCK_N in both directions; in reverse the first swept (the
@@ -1297,7 +1308,7 @@ def _sums_step(sums, c_t, v_t, st, hz, K: gl.constexpr, H_IDX=0):
         z = warpgroup_mma(c_t.permute((1, 0)), ones, z, is_async=True)
     elif K.NORM == 5:
         DH: gl.constexpr = K.DC // 2
-        z = warpgroup_mma(c_t.slice(H_IDX * DH, DH, dim=1).permute((1, 0)),
+        z = warpgroup_mma(_half(c_t, H_IDX, DH, 1).permute((1, 0)),
                           st.ones.index(2 + hz), z, is_async=True)
     sv = warpgroup_mma(v_t.permute((1, 0)), ones, sums[1], is_async=True)
     return z, sv
@@ -1540,7 +1551,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
                        is_async=True)
     hz = H_IDX + _unhoisted(j, K)
     o2 = warpgroup_mma(_tile(ring.e, 2 * s + H_IDX),
-                       st.h.index(hz).slice(H_IDX * DH, DH).permute((1, 0)),
+                       _half(st.h.index(hz), H_IDX, DH, 0).permute((1, 0)),
                        gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
                        is_async=True)  # [BLOCK_N, DH]
     mbarrier.wait(st.hbar.index(0), j & 1)  # the other consumer's copy is written
@@ -1551,7 +1562,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     else:
         other_up = 1.0
     o2 = warpgroup_mma(_tile(ring.e, 2 * s + 1 - H_IDX),
-                       st.h.index(1 - hz).slice(H_IDX * DH, DH).permute((1, 0)), o2,
+                       _half(st.h.index(1 - hz), H_IDX, DH, 0).permute((1, 0)), o2,
                        is_async=True)
     s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
     if extra is not None:
@@ -1565,7 +1576,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     if extra is not None:
         o2 = o2 + extra[1][None, :]
     pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
-    o2 = warpgroup_mma(pa2, _tile(ring.c, s).slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
+    o2 = warpgroup_mma(pa2, _half(_tile(ring.c, s), H_IDX, DH, 1), o2, is_async=True)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     ring.release(s)
     if K.ROWS == 2:  # (E = x: dC's rows take V' = w·x's weights)

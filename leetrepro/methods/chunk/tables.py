@@ -442,10 +442,9 @@ HOPPER_LEAN_MASK = True
 
 #: whether the Hopper kernel's two consumer partitions call one function (``SHARED_CONSUMER``:
 #: ``_consumer`` compiled once, its consumer's index a value at run time) instead of each
-#: inlining its own copy of the sweep's loop, except with the dual output (whose slices of the
-#: other consumer's state copy need the index at compile time); compiled for sm_90 the kernel's
-#: code is 40-45 % smaller (the gated dB sweep with the pieces at 64 × 128: 3,760 SASS
-#: instructions inlined, 2,208 shared); an A/B switch, not yet run on a GPU
+#: inlining its own copy of the sweep's loop; compiled for sm_90 the kernel's code is 35-45 %
+#: smaller (the gated dB sweep with the pieces at 64 × 128: 3,760 SASS instructions inlined,
+#: 2,208 shared); an A/B switch, not yet run on a GPU
 HOPPER_SHARED_CONSUMER = False
 
 
