@@ -232,7 +232,8 @@ def _graph_ratios(ours, gla, column: str) -> str:
     beside the eager verdict (the paper does not say how it timed)."""
     if column != "median_s" or "graph_s" not in ours or "graph_s" not in gla:
         return ""
-    both = ours[["graph_s"]].join(gla[["graph_s"]], rsuffix="_gla", how="inner").dropna()
+    both = ours[["graph_s"]].join(gla[["graph_s"]].rename(columns={"graph_s": "graph_s_gla"}),
+                                  how="inner").dropna()
     if not len(both):
         return ""
     return "; replayed from CUDA graphs " + ", ".join(
