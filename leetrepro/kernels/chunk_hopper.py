@@ -107,6 +107,13 @@ descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-maj
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
 recomputes those lanes with the portable kernel's repair launch, as for the portable kernel.
 
+The consumers' code: each consumer partition inlines its own copy of :func:`_consumer`, or with
+``SHARED_CONSUMER`` both call one ``noinline`` copy, the consumer's index then a value at run time
+(a slice of shared memory at a column the index sets is one of two constant slices,
+:func:`_half`): half the code where a loop is too long for the instruction cache twice. With
+``LEAN_MASK`` the gates' mask takes its exponentials without subnormal results
+(:func:`_exp_ftz`) and the own pairs their tile as masked.
+
 Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
 register check by ``leetrepro.probes.regs --hopper``.
 """
