@@ -674,23 +674,14 @@ def test_the_hopper_consumers_share_one_function_where_switched_on():
     SASS has two calls and at most two thirds of the inlined kernel's instructions, 168
     registers at launch and no spill. Off (the default), no call."""
     code = (
-        "import os, re, subprocess, tempfile, triton\n"
         "from leetrepro.methods.chunk import tables\n"
-        "from leetrepro.probes.regs import compile_hopper, ptxas_usage, spill_bytes\n"
-        "nvdisasm = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin',\n"
-        "                        'nvdisasm')\n"
+        "from leetrepro.probes.regs import compile_hopper, ptxas_usage, sass_ops, spill_bytes\n"
         "for kw in (dict(gate_grad=True, r=64, d=128), dict(rows=True, r=128, d=64),\n"
         "           dict(gate_grad=True, reverse=True, dual=True, r=64, d=64)):\n"
         "    for shared in (False, True):\n"
         "        tables.HOPPER_SHARED_CONSUMER = shared\n"
         "        k = compile_hopper('bf16', False, split=False, gates=True, **kw)\n"
-        "        with tempfile.NamedTemporaryFile(suffix='.cubin') as f:\n"
-        "            f.write(k.asm['cubin'])\n"
-        "            f.flush()\n"
-        "            sass = subprocess.run([nvdisasm, '-c', f.name], capture_output=True,\n"
-        "                                  text=True, check=True).stdout\n"
-        "        ops = re.findall(r'/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]+)', sass)\n"
-        "        use = ptxas_usage(k.asm['ptx'])\n"
+        "        ops, use = sass_ops(k.asm['cubin']), ptxas_usage(k.asm['ptx'])\n"
         "        print(shared, sum(o.startswith('CALL') for o in ops), len(ops), spill_bytes(use),\n"
         "              'Used 168 registers' in use)\n")
     res = real_codegen("-c", code)
