@@ -260,9 +260,8 @@ rounded = [bf16(x) for x in (Br, Cr, Vr, dOr)]
 rel = lambda x: ((x - exact).norm() / exact.norm()).item()
 cases = {"inputs": (None, None), "state operand": (bf16, None), "weighted rows": (None, bf16),
          "both": (bf16, bf16), "both, remainders taken back": (split, split)}
-rounding = pd.DataFrame([dict(rounded=name, dg_rel_error=rel(dg_by_chunks(*rounded, gr, bf16(S0r), dSr,
-                                                                          Lr, *ops)))
-                         for name, ops in cases.items()])
+by_case = {name: dg_by_chunks(*rounded, gr, bf16(S0r), dSr, Lr, *ops) for name, ops in cases.items()}
+rounding = pd.DataFrame([dict(rounded=name, dg_rel_error=rel(x)) for name, x in by_case.items()])
 floor = rounding.dg_rel_error[0]
 assert (rounding.dg_rel_error[1:4] > 1.5 * floor).all() and rounding.dg_rel_error[4] < 1.05 * floor, rounding
 rounding
@@ -278,8 +277,8 @@ rounding
 f16 = lambda x: x.to(torch.float16).to(torch.float64)
 dtr = torch.nn.functional.softplus(torch.randn(Nr, dtype=torch.float64, generator=gen) - 2)
 sums = lambda x: abs(((x - exact) * dtr).sum() / (exact * dtr).sum()).item()
-fp16_rows = {name: dg_by_chunks(*rounded, gr, bf16(S0r), dSr, Lr, *ops)
-             for name, ops in (("remainders taken back", (split, split)), ("fp16", (f16, f16)))}
+fp16_rows = {"remainders taken back": by_case["both, remainders taken back"],
+             "fp16": dg_by_chunks(*rounded, gr, bf16(S0r), dSr, Lr, f16, f16)}
 fp16_table = pd.DataFrame([dict(rounded=name, dg_rel_error=rel(x), dA_rel_error=sums(x))
                            for name, x in fp16_rows.items()])
 assert fp16_table.dg_rel_error[1] < 1e-2 < fp16_table.dA_rel_error[1] and \
@@ -296,11 +295,11 @@ fp16_table
 # the remainders taken back as the kernels do, against float64 of the same rounded inputs:
 
 # %%
-same_inputs = dg_by_chunks(*rounded, gr, bf16(S0r), dSr, Lr)        # float64 of the rounded inputs
+same_inputs = by_case["inputs"]                                    # float64 of the rounded inputs
 row_dots_table = pd.DataFrame([
     dict(own_pairs=name, dg_rel_error=((x - same_inputs).norm() / same_inputs.norm()).item(),
          dA_rel_error=abs(((x - same_inputs) * dtr).sum() / (same_inputs * dtr).sum()).item())
-    for name, x in (("the pair tile (the kernels)", fp16_rows["remainders taken back"]),
+    for name, x in (("the pair tile (the kernels)", by_case["both, remainders taken back"]),
                     ("row dots of the outputs",
                      dg_by_chunks(*rounded, gr, bf16(S0r), dSr, Lr, split, split, scores=bf16)))])
 assert row_dots_table.dg_rel_error[0] < 1e-4 < 1e-2 < row_dots_table.dg_rel_error[1], \
