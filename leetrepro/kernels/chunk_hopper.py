@@ -752,7 +752,7 @@ def _consumer_partition(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexp
     pieces runs a loop of about 1,300 instructions a chunk, and its two copies do not stay in
     the instruction cache together (a third of its consumers' stalls were waits for
     instructions, H200, notes/gates.md)."""
-    if K.SHARED_CONSUMER:
+    if K.SHARED_CONSUMER:  # (a constant argument would make one specialisation per index)
         _shared_consumer(prog, ring, ops, st, K, prog.col0 * 0 + H_IDX)
     else:
         _consumer(prog, ring, ops, st, K, H_IDX)
