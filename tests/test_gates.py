@@ -672,8 +672,16 @@ def test_the_hopper_consumers_share_one_function_where_switched_on():
     forward with V's row weights and the skip, the reverse sweep with the dual output and the
     pieces at 64 × 64, whose slices of the other consumer's copy take the index at run time), the
     SASS has two calls and at most two thirds of the inlined kernel's instructions, 168
-    registers at launch and no spill. Off (the default), no call."""
+    registers at launch and no spill. Off (the default), no call.
+
+    The barriers: inlined, each consumer's are its partition's named barrier (ids 2 and 3, 128
+    threads), the loader's barrier 0 with 128 threads. Shared, the function's barriers are
+    whole-block barriers as Triton lowers them, which the loader's barrier 0 meets with another
+    count (an illegal instruction on the GPU): ``partition_barriers`` makes each the calling
+    warp group's named barrier (an id from its threads' index), so the PTX has none of barrier
+    0 without a count, and the kernel's own code no barrier ids but 0 and 1."""
     code = (
+        "import re\n"
         "from leetrepro.methods.chunk import tables\n"
         "from leetrepro.probes.regs import compile_hopper, ptxas_usage, sass_ops, spill_bytes\n"
         "for kw in (dict(gate_grad=True, r=64, d=128), dict(rows=True, r=128, d=64),\n"
@@ -681,16 +689,21 @@ def test_the_hopper_consumers_share_one_function_where_switched_on():
         "    for shared in (False, True):\n"
         "        tables.HOPPER_SHARED_CONSUMER = shared\n"
         "        k = compile_hopper('bf16', False, split=False, gates=True, **kw)\n"
-        "        ops, use = sass_ops(k.asm['cubin']), ptxas_usage(k.asm['ptx'])\n"
+        "        ptx = k.asm['ptx']\n"
+        "        ops, use = sass_ops(k.asm['cubin']), ptxas_usage(ptx)\n"
+        "        ids = sorted(set(re.findall(r'\\bbar\\.sync\\s+(\\w+)(?:, (\\d+))?;', ptx)))\n"
         "        print(shared, sum(o.startswith('CALL') for o in ops), len(ops), spill_bytes(use),\n"
-        "              'Used 168 registers' in use)\n")
+        "              'Used 168 registers' in use, ptx.count('bar.sync %wg, 128'),\n"
+        "              ','.join(f'{i}/{n or 0}' for i, n in ids))\n")
     res = real_codegen("-c", code)
     lines = [line.split() for line in res.stdout.splitlines()]
     assert len(lines) == 6, res.stdout
     for inline, shared in (lines[0:2], lines[2:4], lines[4:6]):
         assert inline[:2] == ["False", "0"] and shared[:2] == ["True", "2"], lines
         assert 3 * int(shared[2]) <= 2 * int(inline[2]), lines
-        assert inline[3:] == shared[3:] == ["0", "True"], lines
+        assert inline[3:5] == shared[3:5] == ["0", "True"], lines
+        assert inline[5:] == ["0", "0/128,2/128,3/128"], lines
+        assert int(shared[5]) > 0 and shared[6] == "0/128", lines
 
 
 @pytest.mark.slow  # (~20 s interpreted)

@@ -118,6 +118,7 @@ Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a 
 register check by ``leetrepro.probes.regs --hopper``.
 """
 import collections
+import re
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -761,8 +762,68 @@ def _consumer_partition(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexp
 @gluon.jit(noinline=True)
 def _shared_consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX):
     """:func:`_consumer` as a function of its own (``noinline``: its arguments are the
-    aggregates of descriptors and scalars, no tensor)."""
+    aggregates of descriptors and scalars, no tensor). Compiled only with the PTX pass of
+    :func:`partition_barriers` (:func:`install_partition_barriers`): Triton lowers a barrier
+    outside a partition's own region as the whole block's."""
     _consumer(prog, ring, ops, st, K, H_IDX)
+
+
+#: the warps before the consumer warp groups (the loader, the kernel's default partition) and
+#: a warp group's threads: consumer i is threads [128·(1 + i), 128·(2 + i))
+_GROUP_THREADS = 128
+# (a named barrier per consumer warp group, from its first thread's index: 2 and 3, the ids
+# Triton gives the inlined partitions; 0 is the loader's, with 128 threads, 1 the block's
+# hand-over to the partitions)
+_NAMED_BARRIER = ("{ .reg .b32 %wg; mov.u32 %wg, %tid.x; shr.u32 %wg, %wg, 7; "
+                  "add.u32 %wg, %wg, 1; bar.sync %wg, 128; }")
+
+
+def partition_barriers(ptx: str) -> str:
+    """The PTX of a kernel with the shared consumer, its function's barriers made its warp
+    group's: Triton lowers ``bar.sync 0`` (every thread of the block) for a barrier in a
+    ``noinline`` function, which a partition's warps cannot meet (they would wait for the
+    loader, which uses barrier 0 with 128 threads: an illegal instruction on the GPU). Each is
+    replaced by the named barrier of the calling warp group, found from its threads' index, with
+    128 threads. Any other PTX is returned as it is."""
+    out, pos = [], 0
+    for head in re.finditer(r"^\.func\s+\S*_shared_consumer", ptx, re.M):
+        # (the parameters' list ends in ";" for a declaration, in a line "{" for the body,
+        # which LLVM ends with its "End function" comment: inline assembly has its own braces)
+        body = re.compile(r"[^;{]*?^\{$(.*?)^\s*// -- End function$", re.M | re.S).match(
+            ptx, head.end())
+        if body is None:
+            continue
+        text = re.sub(r"\bbar\.sync\s+0;", _NAMED_BARRIER, body.group(1))
+        left = re.findall(r"\b(?:bar|barrier)(?:\.\w+)*\s+0\b[^;]*;", text)
+        if left:
+            raise RuntimeError(f"the shared consumer's barriers: {left[0]!r} not rewritten")
+        out += [ptx[pos:body.start(1)], text]
+        pos = body.end(1)
+    return "".join(out) + ptx[pos:]
+
+
+def install_partition_barriers() -> bool:
+    """Puts :func:`partition_barriers` after Triton's PTX stage for every kernel compiled in this
+    process (once; a hook installed before it still runs first), and says whether this Triton
+    has the stage hook (``knobs.runtime.add_stages_inspection_hook``): without it, the shared
+    consumer cannot be compiled correctly and the launcher inlines the consumers."""
+    from triton import knobs
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is None or not hasattr(runtime, "add_stages_inspection_hook"):
+        return False
+    previous = runtime.add_stages_inspection_hook
+    if getattr(previous, "partition_barriers", False):
+        return True
+
+    def hook(backend, stages, options, language, capability):
+        if previous is not None:
+            previous(backend, stages, options, language, capability)
+        make_ptx = stages.get("ptx")
+        if make_ptx is not None:
+            stages["ptx"] = lambda src, metadata: partition_barriers(make_ptx(src, metadata))
+    hook.partition_barriers = True
+    runtime.add_stages_inspection_hook = hook
+    return True
 
 
 @gluon.jit
