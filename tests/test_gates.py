@@ -664,48 +664,6 @@ def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
     assert [int(line.split()[1]) <= 4096 for line in lines] == [True, True], res.stdout
 
 
-@pytest.mark.slow  # (~20 s: three kernels compiled twice)
-def test_the_hopper_consumers_share_one_function_where_switched_on():
-    """With ``chunk.tables.HOPPER_SHARED_CONSUMER`` both consumer partitions of the Hopper kernel
-    call one ``noinline`` function (its consumer's index at run time) instead of inlining a copy
-    each: compiled for sm_90 (the gated dB sweep with the pieces at Mamba-2's 64 × 128, the gated
-    forward with V's row weights and the skip, the reverse sweep with the dual output and the
-    pieces at 64 × 64, whose slices of the other consumer's copy take the index at run time), the
-    SASS has two calls and at most two thirds of the inlined kernel's instructions, 168
-    registers at launch and no spill. Off (the default), no call.
-
-    The barriers: inlined, each consumer's are its partition's named barrier (ids 2 and 3, 128
-    threads), the loader's barrier 0 with 128 threads. Shared, the function's barriers are
-    whole-block barriers as Triton lowers them, which the loader's barrier 0 meets with another
-    count (an illegal instruction on the GPU): ``partition_barriers`` makes each the calling
-    warp group's named barrier (an id from its threads' index), so the PTX has none of barrier
-    0 without a count, and the kernel's own code no barrier ids but 0 and 1."""
-    code = (
-        "import re\n"
-        "from leetrepro.methods.chunk import tables\n"
-        "from leetrepro.probes.regs import compile_hopper, ptxas_usage, sass_ops, spill_bytes\n"
-        "for kw in (dict(gate_grad=True, r=64, d=128), dict(rows=True, r=128, d=64),\n"
-        "           dict(gate_grad=True, reverse=True, dual=True, r=64, d=64)):\n"
-        "    for shared in (False, True):\n"
-        "        tables.HOPPER_SHARED_CONSUMER = shared\n"
-        "        k = compile_hopper('bf16', False, split=False, gates=True, **kw)\n"
-        "        ptx = k.asm['ptx']\n"
-        "        ops, use = sass_ops(k.asm['cubin']), ptxas_usage(ptx)\n"
-        "        ids = sorted(set(re.findall(r'\\bbar\\.sync\\s+(\\w+)(?:, (\\d+))?;', ptx)))\n"
-        "        print(shared, sum(o.startswith('CALL') for o in ops), len(ops), spill_bytes(use),\n"
-        "              'Used 168 registers' in use, ptx.count('bar.sync %wg, 128'),\n"
-        "              ','.join(f'{i}/{n or 0}' for i, n in ids))\n")
-    res = real_codegen("-c", code)
-    lines = [line.split() for line in res.stdout.splitlines()]
-    assert len(lines) == 6, res.stdout
-    for inline, shared in (lines[0:2], lines[2:4], lines[4:6]):
-        assert inline[:2] == ["False", "0"] and shared[:2] == ["True", "2"], lines
-        assert 3 * int(shared[2]) <= 2 * int(inline[2]), lines
-        assert inline[3:5] == shared[3:5] == ["0", "True"], lines
-        assert inline[5:] == ["0", "0/128,2/128,3/128"], lines
-        assert int(shared[5]) > 0 and shared[6] == "0/128", lines
-
-
 @pytest.mark.slow  # (~20 s interpreted)
 def test_the_pieces_in_16_bit_are_as_accurate_as_the_straddle_kernel():
     """The pieces telescope across the chunks, so any rounding of the states their totals come
@@ -1427,31 +1385,26 @@ def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatc
             assert [x for x in recorded if isinstance(x, tuple)] == want, segments
 
 
-@pytest.mark.parametrize("switch", ["HOPPER_LEAN_MASK", "HOPPER_SHARED_CONSUMER"])
-def test_the_hopper_switches_reach_the_launches_they_name(monkeypatch, switch):
-    """An A/B switch of the Hopper kernel is a constant of the launches it names, as the switch
-    says when the call is made: turned between calls in one process (an A/B's), each value has
-    its own plans. ``HOPPER_LEAN_MASK`` (the gated mask's ``ex2.approx.ftz``, the own pairs
-    without a select): every Hopper launch of a gated call, forward and backward, and none with
-    the per-head decay (γ's kernels keep their bits: notes/gates.md). ``HOPPER_SHARED_CONSUMER``
-    (the consumers call one function): every launch."""
+def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatch):
+    """``chunk.tables.HOPPER_LEAN_MASK`` (the gated mask's ``ex2.approx.ftz`` and the own pairs
+    without a select) is a constant of every Hopper launch of a gated call, forward and backward,
+    as the switch says when the call is made: turned between calls in one process (an A/B's),
+    each value has its own plans. No launch of a call with the per-head decay has it (γ's
+    kernels keep their bits: notes/gates.md)."""
+    from leetrepro.compat import chunk_simple_gla
     from leetrepro.methods.chunk import tables
     from leetrepro.probes import launches
-    _hopper_launches_as(monkeypatch, lambda a, k: (bool(k.HAS_GATE), bool(k.DUAL),
-                                                   bool(getattr(k, switch[len("HOPPER_"):]))))
+    _hopper_launches_as(monkeypatch, lambda a, k: (bool(k.HAS_GATE), bool(k.LEAN_MASK)))
     q, k, v, g = _layer_inputs(2, 1000, 4, 64)
     recorded = []
     with launches.as_gpu("h200", recorded):
-        for on in (True, False, True):
-            monkeypatch.setattr(tables, switch, on)
+        for lean in (True, False, True):
+            monkeypatch.setattr(tables, "HOPPER_LEAN_MASK", lean)
             for decay in (dict(g=g), dict(g_gamma=torch.full((4,), -0.05))):
                 recorded.clear()
                 o = chunk_simple_gla(q, k, v, method="Chunk", **decay)[0]
                 o.backward(torch.ones_like(o))
                 hopper = [x for x in recorded if isinstance(x, tuple)]
                 gated = "g" in decay
-                assert len(hopper) >= (3 if gated else 1) and {x[0] for x in hopper} == {gated}
-                assert any(dual for _, dual, _ in hopper)  # (the backward's dual sweep)
-                lean = switch == "HOPPER_LEAN_MASK"
-                assert all(has == (on and (gated or not lean)) for _, _, has in hopper), \
-                    (on, decay.keys(), hopper)
+                assert len(hopper) >= (3 if gated else 1), hopper
+                assert set(hopper) == {(gated, gated and lean)}, (lean, decay.keys(), hopper)

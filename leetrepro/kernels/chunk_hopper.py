@@ -107,18 +107,10 @@ descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-maj
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
 recomputes those lanes with the portable kernel's repair launch, as for the portable kernel.
 
-The consumers' code: each consumer partition inlines its own copy of :func:`_consumer`, or with
-``SHARED_CONSUMER`` both call one ``noinline`` copy, the consumer's index then a value at run time
-(a slice of shared memory at a column the index sets is one of two constant slices,
-:func:`_half`): half the code where a loop is too long for the instruction cache twice. With
-``LEAN_MASK`` the gates' mask takes its exponentials without subnormal results
-(:func:`_exp_ftz`) and the own pairs their tile as masked.
-
 Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
 register check by ``leetrepro.probes.regs --hopper``.
 """
 import collections
-import re
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -142,17 +134,6 @@ def _tile(bufs, i):
     """Slot i of a ring of 4-D TMA tiles (slot, 1, 1, rows, cols) as the 2-D (rows, cols) operand."""
     shape: gl.constexpr = bufs.type.shape
     return bufs.index(i).reshape([shape[3], shape[4]])
-
-
-@gluon.jit
-def _half(buf, h, DH: gl.constexpr, dim: gl.constexpr):
-    """Consumer h's half of a shared-memory tile along ``dim`` (DH wide): a slice at a constant
-    start, either consumer's index (a constant, or a value at run time: ``SHARED_CONSUMER``)."""
-    if h == 0:
-        half = buf.slice(0, DH, dim=dim)
-    else:
-        half = buf.slice(DH, DH, dim=dim)
-    return half
 
 
 @gluon.jit
@@ -520,8 +501,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK SHARED_CONSUMER",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False))
+                 "LEAN_MASK",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -746,88 +727,7 @@ def _loader(prog, ring, ops, K: gl.constexpr):
 
 
 @gluon.jit
-def _consumer_partition(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexpr):
-    """Consumer warp group H_IDX's partition: :func:`_consumer` inlined, or with
-    ``SHARED_CONSUMER`` called as one function both partitions share, H_IDX a value at run time.
-    Inlined, each partition has a copy of the sweep's loop; a gated sweep carrying the gates'
-    pieces runs a loop of about 1,300 instructions a chunk, and its two copies do not stay in
-    the instruction cache together (a third of its consumers' stalls were waits for
-    instructions, H200, notes/gates.md)."""
-    if K.SHARED_CONSUMER:  # (a constant argument would make one specialisation per index)
-        _shared_consumer(prog, ring, ops, st, K, prog.col0 * 0 + H_IDX)
-    else:
-        _consumer(prog, ring, ops, st, K, H_IDX)
-
-
-@gluon.jit(noinline=True)
-def _shared_consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX):
-    """:func:`_consumer` as a function of its own (``noinline``: its arguments are the
-    aggregates of descriptors and scalars, no tensor). Compiled only with the PTX pass of
-    :func:`partition_barriers` (:func:`install_partition_barriers`): Triton lowers a barrier
-    outside a partition's own region as the whole block's."""
-    _consumer(prog, ring, ops, st, K, H_IDX)
-
-
-#: the warps before the consumer warp groups (the loader, the kernel's default partition) and
-#: a warp group's threads: consumer i is threads [128·(1 + i), 128·(2 + i))
-_GROUP_THREADS = 128
-# (a named barrier per consumer warp group, from its first thread's index: 2 and 3, the ids
-# Triton gives the inlined partitions; 0 is the loader's, with 128 threads, 1 the block's
-# hand-over to the partitions)
-_NAMED_BARRIER = ("{ .reg .b32 %wg; mov.u32 %wg, %tid.x; shr.u32 %wg, %wg, 7; "
-                  "add.u32 %wg, %wg, 1; bar.sync %wg, 128; }")
-
-
-def partition_barriers(ptx: str) -> str:
-    """The PTX of a kernel with the shared consumer, its function's barriers made its warp
-    group's: Triton lowers ``bar.sync 0`` (every thread of the block) for a barrier in a
-    ``noinline`` function, which a partition's warps cannot meet (they would wait for the
-    loader, which uses barrier 0 with 128 threads: an illegal instruction on the GPU). Each is
-    replaced by the named barrier of the calling warp group, found from its threads' index, with
-    128 threads. Any other PTX is returned as it is."""
-    out, pos = [], 0
-    for head in re.finditer(r"^\.func\s+\S*_shared_consumer", ptx, re.M):
-        # (the parameters' list ends in ";" for a declaration, in a line "{" for the body,
-        # which LLVM ends with its "End function" comment: inline assembly has its own braces)
-        body = re.compile(r"[^;{]*?^\{$(.*?)^\s*// -- End function$", re.M | re.S).match(
-            ptx, head.end())
-        if body is None:
-            continue
-        text = re.sub(r"\bbar\.sync\s+0;", _NAMED_BARRIER, body.group(1))
-        left = re.findall(r"\b(?:bar|barrier)(?:\.\w+)*\s+0\b[^;]*;", text)
-        if left:
-            raise RuntimeError(f"the shared consumer's barriers: {left[0]!r} not rewritten")
-        out += [ptx[pos:body.start(1)], text]
-        pos = body.end(1)
-    return "".join(out) + ptx[pos:]
-
-
-def install_partition_barriers() -> bool:
-    """Puts :func:`partition_barriers` after Triton's PTX stage for every kernel compiled in this
-    process (once; a hook installed before it still runs first), and says whether this Triton
-    has the stage hook (``knobs.runtime.add_stages_inspection_hook``): without it, the shared
-    consumer cannot be compiled correctly and the launcher inlines the consumers."""
-    from triton import knobs
-    runtime = getattr(knobs, "runtime", None)
-    if runtime is None or not hasattr(runtime, "add_stages_inspection_hook"):
-        return False
-    previous = runtime.add_stages_inspection_hook
-    if getattr(previous, "partition_barriers", False):
-        return True
-
-    def hook(backend, stages, options, language, capability):
-        if previous is not None:
-            previous(backend, stages, options, language, capability)
-        make_ptx = stages.get("ptx")
-        if make_ptx is not None:
-            stages["ptx"] = lambda src, metadata: partition_barriers(make_ptx(src, metadata))
-    hook.partition_barriers = True
-    runtime.add_stages_inspection_hook = hook
-    return True
-
-
-@gluon.jit
-def _consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX):
+def _consumer(prog, ring, ops, st, K: gl.constexpr, H_IDX: gl.constexpr):
     """Consumer warp group H_IDX: columns [H_IDX·DH, (H_IDX+1)·DH) of its unit's state, through
     the segment's first pass and the entering state (:func:`_entering_state`), the sweep
     (:func:`_sweep`), then the lane's repair flag and final state."""
@@ -880,7 +780,7 @@ def _operand_layout(dtype, DH):
 
 
 @gluon.jit
-def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX):
+def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
     """Step 1 with segments: ``(the segment's own state from its C and V, NORM's own sums, the
     log of the segment's own decay)`` over its ``first`` chunks (none for a lane's last
     segment)."""
@@ -935,7 +835,7 @@ def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX):
 
 
 @gluon.jit
-def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX):
+def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX: gl.constexpr):
     """Steps 1-3 of the module docstring for this consumer's columns: with segments, the
     segment's own state from its C and V (the first pass, none for a lane's last segment), the
     state entering it from the previous segment's ring slot, and the one leaving it published;
@@ -995,7 +895,7 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX)
 
 
 @gluon.jit
-def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX):
+def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
     """Step 4: the segment's chunks, O's columns of this consumer (and with ``DUAL`` O2's) stored
     as they come, the state carried on; returns the state leaving the segment."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
@@ -1077,7 +977,7 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX):
 
 
 @gluon.jit
-def _copy_read(st, j, h_up, K: gl.constexpr, H_IDX):
+def _copy_read(st, j, h_up, K: gl.constexpr, H_IDX: gl.constexpr):
     """``DUAL``: wait until the other consumer has read this one's copy (and in fp16 its scale)
     of the chunk before, then store this chunk's scale."""
     mbarrier.wait(st.hbar.index(1), (j & 1) ^ 1)
@@ -1113,7 +1013,7 @@ def _forward_powers(ri, prog, K: gl.constexpr):
 
 @gluon.jit
 def _normalised_chunk(state, sums, ring, st, s, diff, prog, row, length, K: gl.constexpr,
-                      H_IDX, j):
+                      H_IDX: gl.constexpr, j):
     """A chunk of ``NORM`` 1-3 (:func:`_norm_step`, divided by its denominators, which the first
     consumer stores, or :func:`_offset_step`): (O's half, the state, the sums past it)."""
     if K.NORM == 1:
@@ -1129,7 +1029,7 @@ def _normalised_chunk(state, sums, ring, st, s, diff, prog, row, length, K: gl.c
 
 
 @gluon.jit
-def _dual_offsets(sums, prog, row, length, st, K: gl.constexpr, H_IDX):
+def _dual_offsets(sums, prog, row, length, st, K: gl.constexpr, H_IDX: gl.constexpr):
     """``NORM`` 5 (the dual output's offsets): β's tile for this chunk's sums stored, and
     ``(Σv by O's columns, Σ β_i c_i by O2's, β by columns, c)`` for :func:`_chunk_step` and
     :func:`_dual_step`."""
@@ -1241,7 +1141,7 @@ def _own_pairs(pairs, diff, LEAN: gl.constexpr = False):
 
 
 @gluon.jit
-def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX):
+def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX: gl.constexpr):
     """``LATE_PAIRS``: the rows' pieces of chunk s with the chunk's own pairs added once O's
     half has left for its store, ``late = (e, p, E's tile)`` from :func:`_chunk_step` (E's tile
     in O's accumulator layout; with ``E_RING`` read again from the ring slot, released after
@@ -1260,7 +1160,7 @@ def _late_own_pairs(ring, s, late, diff, K: gl.constexpr, H_IDX):
 
 @gluon.jit
 def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
-                H_IDX, j, gates, aux=None):
+                H_IDX: gl.constexpr, j, gates, aux=None):
     """Chunk j (ring slot s) of this consumer: (its halves of O and of the state leaving it, O's
     fp16 scale, the state copy's, the rows' powers onto the entering state, the rows' pieces e:
     0.0 without ``GATE_GRAD``, ``(e, p, E's tile)`` with ``LATE_PAIRS``). ``w_in = (forward
@@ -1363,7 +1263,7 @@ def _no_sums(K: gl.constexpr):
 
 
 @gluon.jit
-def _sums_step(sums, c_t, v_t, st, hz, K: gl.constexpr, H_IDX=0):
+def _sums_step(sums, c_t, v_t, st, hz, K: gl.constexpr, H_IDX: gl.constexpr = 0):
     """(Σk, Σv) past a chunk: kᵀ·1 and v[:, h]ᵀ·1 added (``c_t``: the chunk's k tile; ``v_t``:
     this consumer's half of its v tile), issued asynchronously after the chunk's other products,
     one group each; with the offsets (``NORM`` 2, 3) Σv alone, weighted by the tile in
@@ -1376,7 +1276,7 @@ def _sums_step(sums, c_t, v_t, st, hz, K: gl.constexpr, H_IDX=0):
         z = warpgroup_mma(c_t.permute((1, 0)), ones, z, is_async=True)
     elif K.NORM == 5:
         DH: gl.constexpr = K.DC // 2
-        z = warpgroup_mma(_half(c_t, H_IDX, DH, 1).permute((1, 0)),
+        z = warpgroup_mma(c_t.slice(H_IDX * DH, DH, dim=1).permute((1, 0)),
                           st.ones.index(2 + hz), z, is_async=True)
     sv = warpgroup_mma(v_t.permute((1, 0)), ones, sums[1], is_async=True)
     return z, sv
@@ -1395,7 +1295,7 @@ def _sum_operand(x, dst):
 
 
 @gluon.jit
-def _sums_at(prog, col, K: gl.constexpr, H_IDX):
+def _sums_at(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
     """Offsets of this consumer's Σk (its own copy: each consumer reads what it published
     itself, ordered by its own flag) and Σv (its columns) within a segment's published sums
     (``2R + D`` float32), as [R, NORM_COLS] and [DH, NORM_COLS] tiles whose columns repeat."""
@@ -1410,7 +1310,7 @@ def _sums_at(prog, col, K: gl.constexpr, H_IDX):
 
 
 @gluon.jit
-def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX):
+def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
     """``NORM``: this segment's own (Σk, Σv), one column of each, into its slot of the lane's
     published sums (before the flag that publishes its state rises)."""
     z_at, v_at = _sums_at(prog, col, K, H_IDX)
@@ -1422,7 +1322,7 @@ def _publish_sums(own, prog, col, K: gl.constexpr, H_IDX):
 
 
 @gluon.jit
-def _sums_before(prog, col, K: gl.constexpr, H_IDX):
+def _sums_before(prog, col, K: gl.constexpr, H_IDX: gl.constexpr):
     """``NORM``: (Σk, Σv) over the lane's segments before this one, from what each published
     (read once this segment's flag has risen, past L1), in a fixed order."""
     z_at, v_at = _sums_at(prog, col, K, H_IDX)
@@ -1452,7 +1352,7 @@ def _sum_rows(acc, WEIGHTED: gl.constexpr):
 
 
 @gluon.jit
-def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX, j):
+def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.constexpr, j):
     """``NORM``'s chunk (γ = 1, bf16) of this consumer, normalised linear attention with
     f(x) = c + x: its half of ``q·H + c·Σv + (P ⊙ M)·v`` with P = q kᵀ + c, the state and the
     sums (Σk, Σv) carried past the chunk, and each row's denominator but its ``c·t0 + eps``:
@@ -1521,7 +1421,7 @@ def _store_offsets(prog, row, length, dst, K: gl.constexpr):
 
 @gluon.jit
 def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.constexpr,
-                 H_IDX, j):
+                 H_IDX: gl.constexpr, j):
     """The offsets' chunk (``NORM`` 2 or 3; γ = 1, bf16, forward or reverse) of this consumer:
     the operator with a rank-one term on its scores, op(B', C', V) for B' = [B, α], C' = [C, β]:
     the scores take α_i·β_j on and below the diagonal, and each row's part from the rows before
@@ -1579,7 +1479,7 @@ def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.conste
 
 
 @gluon.jit
-def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX):
+def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX: gl.constexpr):
     """Where chunk j's half of O is staged for its TMA store."""
     DUAL: gl.constexpr = K.DUAL
     if ring.b.dtype == gl.float32:
@@ -1597,7 +1497,7 @@ def _staging_of(ring, st, s, j, K: gl.constexpr, H_IDX):
 
 @gluon.jit
 def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
-               H_IDX, j, gates, extra=None):
+               H_IDX: gl.constexpr, j, gates, extra=None):
     """O2's columns H_IDX·DH.. of chunk j (ring slot s) = the state's rows there: e times both
     consumers' copies (this one's first: the other's may not be written yet), then
     (E vᵀ ⊙ M) c[:, h]; the slot released, the columns stored. ``gates``: the chunk's
@@ -1619,7 +1519,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
                        is_async=True)
     hz = H_IDX + _unhoisted(j, K)
     o2 = warpgroup_mma(_tile(ring.e, 2 * s + H_IDX),
-                       _half(st.h.index(hz), H_IDX, DH, 0).permute((1, 0)),
+                       st.h.index(hz).slice(H_IDX * DH, DH).permute((1, 0)),
                        gl.zeros([BLOCK_N, DH], gl.float32, acc_l), use_acc=False,
                        is_async=True)  # [BLOCK_N, DH]
     mbarrier.wait(st.hbar.index(0), j & 1)  # the other consumer's copy is written
@@ -1630,7 +1530,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     else:
         other_up = 1.0
     o2 = warpgroup_mma(_tile(ring.e, 2 * s + 1 - H_IDX),
-                       _half(st.h.index(1 - hz), H_IDX, DH, 0).permute((1, 0)), o2,
+                       st.h.index(1 - hz).slice(H_IDX * DH, DH).permute((1, 0)), o2,
                        is_async=True)
     s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
     if extra is not None:
@@ -1644,7 +1544,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     if extra is not None:
         o2 = o2 + extra[1][None, :]
     pa2 = gl.convert_layout((p2 * p2_down).to(dtype), a_l)
-    o2 = warpgroup_mma(pa2, _half(_tile(ring.c, s), H_IDX, DH, 1), o2, is_async=True)
+    o2 = warpgroup_mma(pa2, _tile(ring.c, s).slice(H_IDX * DH, DH, dim=1), o2, is_async=True)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     ring.release(s)
     if K.ROWS == 2:  # (E = x: dC's rows take V' = w·x's weights)
@@ -1871,5 +1771,5 @@ def chunk_hopper_kernel(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, STATES,
     ops = Operands(b_desc, c_desc, v_desc, o_desc, e_desc, o2_desc, g_desc, S0, SN, FLAGS, WS,
                    SYNC, scale)
     gl.warp_specialize([(_loader, (prog, ring, ops, K)),
-                        (_consumer_partition, (prog, ring, ops, st, K, 0)),
-                        (_consumer_partition, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])
+                        (_consumer, (prog, ring, ops, st, K, 0)),
+                        (_consumer, (prog, ring, ops, st, K, 1))], [4, 4], [240, 240])

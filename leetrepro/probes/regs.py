@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -218,21 +217,6 @@ def ptxas_usage(ptx: str, arch: int = 90) -> str:
         res = subprocess.run([_ptxas(arch), f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull],
                              capture_output=True, text=True, check=True)
     return _usage_lines(res.stderr)
-
-
-def sass_ops(cubin: bytes) -> list[str]:
-    """The opcodes of a cubin's SASS in address order (``nvdisasm``, Triton's beside its ptxas,
-    else the one on PATH; predicates dropped, modifiers kept: ``HGMMA.64x64x16.F32.BF16``): a
-    kernel's code counted without a GPU."""
-    tool = os.path.join(os.path.dirname(_ptxas(90)), "nvdisasm")
-    tool = tool if os.path.exists(tool) else shutil.which("nvdisasm") or tool
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        sass = subprocess.run([tool, "-c", path], capture_output=True, text=True,
-                              check=True).stdout
-    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)
 
 
 def _usage_lines(log: str) -> str:

@@ -66,10 +66,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         SPLIT=split, REVERSE=reverse, DUAL=dual, HAS_GATE=gates, GROUPS=groups,
         GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows,
         LATE_PAIRS=bool(gate_grad and not reverse and late_pairs), UNHOIST=bool(unhoist),
-        NORM=norm, LEAN_MASK=bool(gates and tables.HOPPER_LEAN_MASK),
-        # (the shared consumer only where its barriers can be made its warp group's)
-        SHARED_CONSUMER=bool(tables.HOPPER_SHARED_CONSUMER and
-                             hopper_kernels.install_partition_barriers()))
+        NORM=norm, LEAN_MASK=bool(gates and tables.HOPPER_LEAN_MASK))
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",

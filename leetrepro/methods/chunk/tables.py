@@ -440,14 +440,6 @@ HOPPER_UNHOISTED = frozenset({(128, 128)})
 HOPPER_LEAN_MASK = True
 
 
-#: whether the Hopper kernel's two consumer partitions call one function (``SHARED_CONSUMER``:
-#: ``_consumer`` compiled once, its consumer's index a value at run time) instead of each
-#: inlining its own copy of the sweep's loop; compiled for sm_90 the kernel's code is 35-45 %
-#: smaller (the gated dB sweep with the pieces at 64 × 128: 3,760 SASS instructions inlined,
-#: 2,208 shared); an A/B switch, not yet run on a GPU
-HOPPER_SHARED_CONSUMER = False
-
-
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there
