@@ -107,6 +107,11 @@ descriptors are 4-D (batch, heads, N, ·) with the inputs' own strides (time-maj
 in place). A lane whose state comes out non-finite raises its flag in ``FLAGS``; the launcher
 recomputes those lanes with the portable kernel's repair launch, as for the portable kernel.
 
+Each consumer partition inlines its own copy of :func:`_consumer`: a function call anywhere in the
+kernel makes ptxas serialize every wgmma (notes/gates.md). With ``LEAN_MASK`` the gates' mask
+takes its exponentials without subnormal results (:func:`_exp_ftz`) and the own pairs their tile
+as masked.
+
 Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
 register check by ``leetrepro.probes.regs --hopper``.
 """
