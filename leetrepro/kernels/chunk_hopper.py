@@ -506,8 +506,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False))
+                 "LEAN_MASK ROWS_SUMMED",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -964,14 +964,14 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             gl.store(rd, rd1 * ops.scale, mask=ri < length)
             gl.store(rd + prog.rd_half, rd2, mask=ri < length)
         LATE: gl.constexpr = K.LATE_PAIRS  # (with the pieces forward in time only)
-        if K.GATE_GRAD and not LATE:  # (this consumer's block of the rows' buffer: its part)
-            gl.store(prog.dg + (col // DH) * prog.dg_blk + row + ri, e, mask=ri < length)
+        if K.GATE_GRAD and not LATE:
+            _put_rows(prog, col, row + ri, e, ri < length, K)
         o_s = _staging_of(ring, st, s, j, K, H_IDX)
         _store_half(ops.o, o_s, o, p_up, ops.scale, prog.bb, prog.hh, row, col, BLOCK_N, DH,
                     ops.b.dtype)
         if LATE:
             e = _late_own_pairs(ring, s, e, diff, K, H_IDX)
-            gl.store(prog.dg + (col // DH) * prog.dg_blk + row + ri, e, mask=ri < length)
+            _put_rows(prog, col, row + ri, e, ri < length, K)
         if ops.b.dtype == gl.float32:  # the slot is released once the store has read it
             tma.store_wait(pendings=0)
             ring.release(s)
@@ -979,6 +979,19 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
             _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K, H_IDX, j, gates,
                        aux[1] if K.NORM == 5 else None)
     return state
+
+
+@gluon.jit
+def _put_rows(prog, col, at, e, mask, K: gl.constexpr):
+    """This consumer's part e of the pieces' rows ``at`` (float32, a row each): into a block of
+    its own (``col // DH``), or with ``ROWS_SUMMED`` added into its program's block (``col //
+    DC``, zeros before the sweep) with relaxed atomics. Two addends onto zero give the same bits
+    in either order, so dg stays deterministic; relaxed, the add waits on nothing (Gluon's default
+    acquire-release ordered every earlier access: notes/gates.md)."""
+    if K.ROWS_SUMMED:
+        gl.atomic_add(prog.dg + (col // K.DC) * prog.dg_blk + at, e, mask=mask, sem="relaxed")
+    else:
+        gl.store(prog.dg + (col // (K.DC // 2)) * prog.dg_blk + at, e, mask=mask)
 
 
 @gluon.jit

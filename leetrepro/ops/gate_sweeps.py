@@ -132,7 +132,11 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, rows: bool = 
                                         precision=precision, dual=with_dc, device=V.device,
                                         config=cfg)
 
-    def rows(width, dc):  # (the Hopper kernel's: a block per consumer's DC/2 columns)
+    def rows(width, dc):  # (the Hopper kernel's: a block per consumer's DC/2 columns, or
+        # per program's DC, zeros its consumers add into: chunk.tables.HOPPER_ROWS_SUMMED)
+        if chunk.tables.HOPPER_ROWS_SUMMED:
+            return torch.zeros(width // dc, batch, heads, n, dtype=torch.float32,
+                               device=V.device), None
         return torch.empty(2 * width // dc, batch, heads, n, dtype=torch.float32,
                            device=V.device), None
     r, d = B.shape[-1], V.shape[-1]

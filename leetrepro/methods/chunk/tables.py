@@ -440,6 +440,13 @@ HOPPER_UNHOISTED = frozenset({(128, 128)})
 HOPPER_LEAN_MASK = True
 
 
+#: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
+#: their parts into it (``ROWS_SUMMED``: relaxed atomics onto zeros, the same bits either way),
+#: instead of a block per consumer: half the rows' buffers (8 MiB less a gated backward at
+#: Mamba-2's 2 × 64 heads × 8192) for a zero fill; an A/B switch
+HOPPER_ROWS_SUMMED = False
+
+
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there
