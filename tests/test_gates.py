@@ -664,6 +664,34 @@ def test_the_gates_gradient_s_sweeps_compile_for_hopper_within_their_spills():
     assert [int(line.split()[1]) <= 4096 for line in lines] == [True, True], res.stdout
 
 
+@pytest.mark.slow  # (~15 s: three kernels compiled twice)
+def test_the_hopper_consumers_add_their_rows_with_relaxed_atomics_where_switched_on():
+    """With ``chunk.tables.HOPPER_ROWS_SUMMED`` the Hopper kernel's pieces' sweeps (the dB sweep
+    at Mamba-2's 64 × 128, with its own pairs late at 128 × 128, the reverse sweep with the dual
+    output) add each consumer's part of the rows into its program's block with relaxed atomic
+    adds (acquire-release ones, Gluon's default, ordered every earlier access and doubled a
+    sweep's time: notes/gates.md), at 168 registers and no spill; off, no atomic add."""
+    code = (
+        "import re\n"
+        "from leetrepro.methods.chunk import tables\n"
+        "from leetrepro.probes.regs import compile_hopper, ptxas_usage, spill_bytes\n"
+        "for kw in (dict(r=64, d=128), dict(r=128, d=128, late_pairs=True),\n"
+        "           dict(reverse=True, dual=True, r=64, d=64)):\n"
+        "    for on in (False, True):\n"
+        "        tables.HOPPER_ROWS_SUMMED = on\n"
+        "        k = compile_hopper('bf16', False, split=False, gates=True, gate_grad=True, **kw)\n"
+        "        ptx = k.asm['ptx']\n"
+        "        use = ptxas_usage(ptx)\n"
+        "        adds = sorted(set(re.findall(r'\\batom\\.[\\w.]+', ptx))) or ['none']\n"
+        "        print(on, ','.join(adds), spill_bytes(use), 'Used 168 registers' in use)\n")
+    res = real_codegen("-c", code)
+    lines = [line.split() for line in res.stdout.splitlines()]
+    assert len(lines) == 6, res.stdout
+    for off, on in (lines[0:2], lines[2:4], lines[4:6]):
+        assert off == ["False", "none", "0", "True"], lines
+        assert on == ["True", "atom.global.gpu.relaxed.add.f32", "0", "True"], lines
+
+
 @pytest.mark.slow  # (~20 s interpreted)
 def test_the_pieces_in_16_bit_are_as_accurate_as_the_straddle_kernel():
     """The pieces telescope across the chunks, so any rounding of the states their totals come
@@ -1314,6 +1342,35 @@ def _hopper_launches_as(monkeypatch, describe) -> None:
             return name(kernel, arguments)
         return describe(arguments, arguments["K"])
     monkeypatch.setattr(launches, "_kernel_name", recorded)
+
+
+@pytest.mark.parametrize("summed", [False, True])
+def test_the_summed_rows_reach_the_pieces_sweeps_and_their_buffers(monkeypatch, summed):
+    """``chunk.tables.HOPPER_ROWS_SUMMED``: every Hopper launch carrying the gates' pieces has
+    ``ROWS_SUMMED`` as the switch says, and its rows' buffer a block a program (zeros when it
+    launches: the consumers add into it) or a block a consumer; no other launch has it."""
+    from leetrepro.compat import chunk_simple_gla
+    from leetrepro.methods.chunk import tables
+    from leetrepro.probes import launches
+    monkeypatch.setattr(tables, "HOPPER_ROWS_SUMMED", summed)
+
+    def describe(a, k):
+        rows = a["PIECES"][4] if k.GATE_GRAD else None
+        return (bool(k.GATE_GRAD), bool(k.ROWS_SUMMED), None if rows is None else
+                (rows.shape[0] * k.DC // k.D, bool(torch.count_nonzero(rows) == 0)))
+    _hopper_launches_as(monkeypatch, describe)
+    q, k, v, g = _layer_inputs(2, 1000, 4, 64)
+    recorded = []
+    with launches.as_gpu("h200", recorded):
+        o = chunk_simple_gla(q, k, v, g=g, method="Chunk")[0]
+        o.backward(torch.ones_like(o))
+    hopper = [x for x in recorded if isinstance(x, tuple)]
+    pieces = [x for x in hopper if x[0]]
+    assert len(pieces) >= 2 and len(hopper) > len(pieces), hopper
+    # (blocks × DC / D: 1 a program summed, 2 a consumer each)
+    assert all(x[1] == summed and x[2][0] == (1 if summed else 2) for x in pieces), pieces
+    assert all(x[2][1] for x in pieces) or not summed, pieces
+    assert not any(x[1] for x in hopper if not x[0]), hopper
 
 
 def test_the_ssd_s_dual_sweep_with_row_dots_keeps_the_share_rule_in_segments(monkeypatch):
