@@ -1373,6 +1373,36 @@ def test_the_summed_rows_reach_the_pieces_sweeps_and_their_buffers(monkeypatch, 
     assert not any(x[1] for x in hopper if not x[0]), hopper
 
 
+def test_a_gated_backward_lets_its_folded_gates_go_before_dg_is_made(monkeypatch):
+    """With the pieces' sweeps (the Hopper kernel's, ``probes.launches``), the backward's folded
+    gates (and with them their tile sums) are freed once the sweeps are done, before dg's
+    buffer is made: with every gradient buffer alive that moment is a gated backward's peak
+    (8 MiB of gates and 8 of sums at Mamba-2's 2 × 64 heads × 8192)."""
+    import weakref
+    from leetrepro.compat import chunk_simple_gla
+    from leetrepro.ops import forward, gate_sweeps
+    from leetrepro.probes import launches
+    made, alive = [], []
+    fold, from_pieces = forward.folded_gates, gate_sweeps.gradient_from_pieces
+
+    def folded(*a, **k):
+        out = fold(*a, **k)
+        made.extend(weakref.ref(x) for x in out if isinstance(x, torch.Tensor))
+        return out
+
+    def pieces(*a, **k):
+        alive.append([ref() is not None for ref in made])
+        return from_pieces(*a, **k)
+    monkeypatch.setattr(forward, "folded_gates", folded)
+    monkeypatch.setattr(gate_sweeps, "gradient_from_pieces", pieces)
+    q, k, v, g = _layer_inputs(2, 1000, 4, 64)
+    with launches.as_gpu("h200", []):
+        o = chunk_simple_gla(q, k, v, g=g, method="Chunk")[0]
+        made.clear()  # (the backward's own)
+        o.backward(torch.ones_like(o))
+    assert made and alive == [[False] * len(made)], (len(made), alive)
+
+
 def test_the_ssd_s_dual_sweep_with_row_dots_keeps_the_share_rule_in_segments(monkeypatch):
     """Mamba-2's SSD at batch 1 of a 125M model (24 lanes of 64 × 64 on an H200's 132 SMs,
     ``probes.launches``): the pieces' sweeps in segments, but the reverse sweep with the dual

@@ -99,6 +99,10 @@ def _gradients(m: Method, opts: dict, dO, B, C, V, gamma, initial_state, dS, rev
                                       pieces, rows, SN)
     dg = None
     if pieces is not None:
+        # (the folded gates and their tile sums let go before dg is made: with every gradient
+        # buffer alive, this is a gated backward's peak)
+        del call
+        gate = shifted = None
         dg = gate_sweeps.gradient_from_pieces(pieces, dS, SN, cu_seqlens, scale, g)
     elif straddle:
         dg = gate_sweeps._straddle_gradient(dO, B, C, V, gate, initial_state, dS, cu_seqlens,
