@@ -442,9 +442,10 @@ HOPPER_LEAN_MASK = True
 
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
 #: their parts into it (``ROWS_SUMMED``: relaxed atomics onto zeros, the same bits either way),
-#: instead of a block per consumer: half the rows' buffers (8 MiB less a gated backward at
-#: Mamba-2's 2 × 64 heads × 8192) for a zero fill; an A/B switch
-HOPPER_ROWS_SUMMED = False
+#: instead of a block per consumer: half the rows' buffers (a gated backward's peak at Mamba-2's
+#: 2 × 64 heads × 8192, 64/64: 544 → 536 MiB, γ's 512; H200, notes/gates.md) for a zero fill and
+#: 0.5-1.7 % more time in a graph; an A/B switch
+HOPPER_ROWS_SUMMED = True
 
 
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
