@@ -86,7 +86,8 @@ dot of its part from the entering state with a fourth input's row (E: the forwar
 sweep, its V in the dV sweep), e_i = Σ over the consumer's columns of (b_i H)[i, ·] ⊙ E[i, ·],
 plus forward in time the chunk's own pairs' part δ_i (:func:`_own_pairs`, from the masked
 scores times E's tile against the v tile: one more BLOCK_N × BLOCK_N × DH wgmma), stored as
-float32 per consumer (a block of ``D/DH`` rows' buffers); the within-chunk running sums and the
+float32: a block of rows' buffers per consumer (``D/DH`` blocks), or with ``ROWS_SUMMED``
+both consumers' parts added into their program's block (``D/DC``; :func:`_put_rows`); the within-chunk running sums and the
 chunk totals are taken after the sweeps (``leetrepro.methods.chunk.gate_gradient_from_rows``,
 one pass over both sweeps' rows), so the chunk loop adds no scan. E's tile comes through the
 ring at the program's columns (``E_RING``, where two slots of it fit shared memory), else by

@@ -112,7 +112,8 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, rows: bool = 
     sweep and of the reverse sweep where each takes its pieces on the Hopper kernel
     (:func:`leetrepro.methods.chunk.hopper_pieces`; not with the caller's config): then dV's
     sweep apart from dC's, a portable sweep beside it at that kernel's row block (where its own
-    holds as many rows), its buffer the kernel's rows (a block per consumer; no totals:
+    holds as many rows), its buffer the kernel's rows (a block per consumer, or per program:
+    ``chunk.tables.HOPPER_ROWS_SUMMED``; no totals:
     :func:`leetrepro.methods.chunk.hopper_row_pieces` takes them, or with both sweeps there
     :func:`leetrepro.methods.chunk.gate_gradient_from_rows` dg itself). ``rows``: the dual sweep
     would carry Mamba-2's row dots too (:func:`_row_dots`)."""

@@ -41,7 +41,7 @@ def gate_piece_buffers(width: int, row: int, batch: int, seqs: int, heads: int, 
 def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
     """A sweep's pieces ``(rows, totals)`` (as the portable kernel writes them,
     :func:`gate_piece_buffers`) from the Hopper kernel's rows q, float32 ``(blocks, batch,
-    heads, N)`` (a block per consumer's columns, summed here), per chunk of ``block_n`` physical
+    heads, N)`` (a block per consumer's or program's columns, summed here), per chunk of ``block_n`` physical
     rows: forward in time (the dB sweep: q = e + δ) each row's sum of q over the rows from it to
     its chunk's end (I + II); in reverse (the dV sweep: q = e) over the rows physically before it
     (logically after it: III); and each chunk's total of q, ``(1, batch·heads, chunks)`` (the

@@ -255,7 +255,7 @@ class HopperLaunch:
             g_desc = self.g_descriptor
             g_desc.base = tiles
         pieces = None
-        if self.consts.GATE_GRAD:  # (E's rows in place; the pieces' rows, a block per consumer)
+        if self.consts.GATE_GRAD:  # (E's rows in place; the pieces' rows' blocks)
             rows = t.DG[0]
             pieces = (t.E, *t.E.stride()[:3], rows, rows.stride(0))
         weights = None
