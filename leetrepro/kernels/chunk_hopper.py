@@ -79,23 +79,23 @@ exp(G_L − G_j) into the leaving one (G_L the tile's total), exp(G_L) the state
 exp(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. A
 segment's decay is the sum of its tiles' totals, summed in its first pass.
 
-The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane:
-the backward's dB sweep forward in time, its dV sweep in reverse, alone or with the dual output
-dC, whose E is then the pieces' row vectors, read from the ring): each row's
-dot of its part from the entering state with a fourth input's row (E: the forward's B in the dB
-sweep, its V in the dV sweep), e_i = Σ over the consumer's columns of (b_i H)[i, ·] ⊙ E[i, ·],
-plus forward in time the chunk's own pairs' part δ_i (:func:`_own_pairs`, from the masked
-scores times E's tile against the v tile: one more BLOCK_N × BLOCK_N × DH wgmma), stored as
-float32: a block of rows' buffers per consumer (``D/DH`` blocks), or with ``ROWS_SUMMED``
-both consumers' parts added into their program's block (``D/DC``; :func:`_put_rows`); the within-chunk running sums and the
-chunk totals are taken after the sweeps (``leetrepro.methods.chunk.gate_gradient_from_rows``,
-one pass over both sweeps' rows), so the chunk loop adds no scan. E's tile comes through the
-ring at the program's columns (``E_RING``, where two slots of it fit shared memory), else by
-loads before the ring wait, whose latency (E is read from DRAM nowhere else in the sweep) the
-consumers then wait out. The pieces telescope over the chunks, so the two 16-bit roundings the
-sweep makes are taken back as the portable kernel's ``EXACT`` does: the
-state's copy has a second copy of its remainder (one more wgmma into O's accumulator), the
-weighted v a second tile of its remainder (one more into the state's update).
+The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane: the
+backward's dB sweep forward in time, its dV sweep in reverse, alone or with the dual output dC,
+whose E is then the pieces' row vectors, read from the ring): each row's dot of its part from the
+entering state with a fourth input's row (E: the forward's B in the dB sweep, its V in the dV
+sweep), e_i = Σ over the consumer's columns of (b_i H)[i, ·] ⊙ E[i, ·], plus forward in time the
+chunk's own pairs' part δ_i (:func:`_own_pairs`, from the masked scores times E's tile against the v
+tile: one more BLOCK_N × BLOCK_N × DH wgmma), stored as float32: a block of rows' buffers per
+consumer (``D/DH`` blocks), or with ``ROWS_SUMMED`` both consumers' parts added into their program's
+block (``D/DC``; :func:`_put_rows`); the within-chunk running sums and the chunk totals are taken
+after the sweeps (``leetrepro.methods.chunk.gate_gradient_from_rows``, one pass over both sweeps'
+rows), so the chunk loop adds no scan. E's tile comes through the ring at the program's columns
+(``E_RING``, where two slots of it fit shared memory), else by loads before the ring wait, whose
+latency (E is read from DRAM nowhere else in the sweep) the consumers then wait out. The pieces
+telescope over the chunks, so the two 16-bit roundings the sweep makes are taken back as the
+portable kernel's ``EXACT`` does: the state's copy has a second copy of its remainder (one more
+wgmma into O's accumulator), the weighted v a second tile of its remainder (one more into the
+state's update).
 
 V's row weights and the skip (``ROWS``, a gated forward sweep in fp16/bf16: Mamba-2's V' = dt·x
 and y = o + D·x, with x as V): each chunk's weights w_j (float32, loaded by the consumers before
