@@ -135,11 +135,10 @@ def _piece_sweeps(opts: dict, dO, B, C, V, dual: bool, cu_seqlens, rows: bool = 
 
     def rows(width, dc):  # (the Hopper kernel's: a block per consumer's DC/2 columns, or
         # per program's DC, zeros its consumers add into: chunk.tables.HOPPER_ROWS_SUMMED)
-        if chunk.tables.HOPPER_ROWS_SUMMED:
-            return torch.zeros(width // dc, batch, heads, n, dtype=torch.float32,
-                               device=V.device), None
-        return torch.empty(2 * width // dc, batch, heads, n, dtype=torch.float32,
-                           device=V.device), None
+        summed = chunk.tables.HOPPER_ROWS_SUMMED
+        return (torch.zeros if summed else torch.empty)(
+            (1 if summed else 2) * width // dc, batch, heads, n, dtype=torch.float32,
+            device=V.device), None
     r, d = B.shape[-1], V.shape[-1]
     return dict(opts, config=config), dict(
         forward=rows(r, hopper[0]) if hopper[0] else buffers(r, d, configs[0]),
