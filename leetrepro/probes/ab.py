@@ -7,12 +7,15 @@ True] [--cells gated125 gamma125 ssd_zamba2 …] [--lm "leetrepro gated" …] [-
 
 * ``--switch``: a module-level name of the package (``module.path.NAME``), set to each of
   ``--values`` (Python literals; default ``False True``) in turn and restored after;
-* ``--cells``: forward + backward calls (:func:`cell`): the backward cells of
+* ``--cells``: forward + backward calls (:func:`cell`; ``fwd:<cell>`` the forward alone): the
+  backward cells of
   :mod:`leetrepro.probes.ncu` (``BACKWARD``), a 125M layer's call (``gated125``, ``gamma125``:
   4 × 12 heads × 4096, 64/64, bf16; ``gated13b``, ``gamma13b``: a 1.3B model's, 2 × 16 heads × 4096,
   128/128), Mamba-2's SSD at :mod:`leetrepro.bench.ssd`'s shapes
   (``ssd_<label>``), the kernel paper's normalised layer (``normalized4096``,
-  ``normalized16384``: b2 × 16 heads × 128, time-major, rows normalised);
+  ``normalized16384``: b2 × 16 heads × 128, time-major, rows normalised), and
+  :mod:`leetrepro.bench.gates`' entries at its shapes (``gates:<shape>``, ``gamma:<shape>``:
+  the model's layout, its gates);
 * ``--lm``: mixers of :mod:`leetrepro.bench.model` whose 125M model's training step is timed
   with each value, rounds of five steps taking turns, in each of ``--lm-modes`` (``eager``,
   ``compile``: the blocks under ``torch.compile``, which calls the operator's custom op on every
@@ -70,11 +73,31 @@ class Switch:
 
 def cell(label: str, device) -> Callable[[], tuple]:
     """``fn()``: one forward + backward of the named call on fresh inputs, returning its results
-    (the output's gradients)."""
+    (the output's gradients); ``fwd:<label>`` its forward alone, returning the output."""
     from .host import call_of
     if label in NORMALIZED:
         return _normalized(NORMALIZED[label], device)
-    return call_of(label, device, shape=LAYERS.get(label))
+    name = label.removeprefix("fwd:")
+    entry, _, shape = name.partition(":")
+    if shape:
+        return _bench_gates(entry, shape, device, grad=name == label)
+    return call_of(name, device, shape=LAYERS.get(name), backward=name == label)
+
+
+def _bench_gates(entry: str, label: str, device, grad: bool) -> Callable[[], tuple]:
+    """``gates:<shape>`` or ``gamma:<shape>``: that entry of :mod:`leetrepro.bench.gates` at its
+    shape, in the model's layout and with its inputs (gates of a model's strength), returning
+    the output."""
+    from ..bench import gates
+    shapes = {s[0]: s[1:] for s in gates.SHAPES}
+    if entry not in ("gates", "gamma") or label not in shapes:
+        raise ValueError(f"--cells {entry}:{label}: take gates:<shape> or gamma:<shape>, shapes "
+                         f"{sorted(shapes)}")
+    batch, heads, n, k, v = shapes[label]
+    src, g, gamma = gates._inputs(batch, heads, n, k, v, device, grad)
+    dO = torch.randn(batch, n, heads, v).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
+    fn = gates._entries(None, grad, k, v)[entry]
+    return lambda: fn(src, g, gamma, dO)
 
 
 def _normalized(shape: tuple, device) -> Callable[[], tuple]:

@@ -29,25 +29,28 @@ import sys
 import torch
 
 
-def call_of(label: str, device, dtype=torch.bfloat16, shape: tuple | None = None):
+def call_of(label: str, device, dtype=torch.bfloat16, shape: tuple | None = None,
+            backward: bool = True):
     """``fn()``: one forward + backward of a backward cell (``probes.ncu.BACKWARD``, or
     ``shape = (batch, heads, N, r, d, gated)``) on fresh inputs (:func:`ncu.backward_cell`), or of
-    the SSD at ``bench.ssd``'s shape ``ssd_<label>``."""
+    the SSD at ``bench.ssd``'s shape ``ssd_<label>``; the forward alone without ``backward``."""
     if label.startswith("ssd_"):
         from ..bench import ssd
         shape = next(s[1:] for s in ssd.SHAPES if f"ssd_{s[0]}" == label)
         from ..compat import mamba_chunk_scan_combined
-        leaves, dy = ssd._inputs(*shape, device, grad=True)
+        leaves, dy = ssd._inputs(*shape, device, grad=backward)
 
-        def ssd_call():
-            y = mamba_chunk_scan_combined(**leaves, chunk_size=ssd.CHUNK, dt_softplus=True)
-            return torch.autograd.grad(y, list(leaves.values()), dy)
-        return ssd_call
-    from .ncu import backward_cell
-    forward, leaves, dO = backward_cell(label, device, dtype, shape)
+        def forward():
+            return mamba_chunk_scan_combined(**leaves, chunk_size=ssd.CHUNK, dt_softplus=True)
+        leaves = list(leaves.values())
+    else:
+        from .ncu import backward_cell
+        forward, leaves, dy = backward_cell(label, device, dtype, shape)
+    if not backward:
+        return forward
 
     def fn():
-        return torch.autograd.grad(forward(), leaves, dO)
+        return torch.autograd.grad(forward(), leaves, dy)
     return fn
 
 

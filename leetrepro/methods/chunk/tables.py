@@ -448,6 +448,14 @@ HOPPER_LEAN_MASK = True
 HOPPER_ROWS_SUMMED = True
 
 
+#: whether the Hopper kernel's gated bf16 sweeps without the pieces or the dual output (the
+#: forward, the SSD's, the backward's dC sweep where it runs alone) factor the mask where a
+#: chunk's gates let them, exp(G_i − G_j) = exp(G_i − G_L) · exp(G_L − G_j), onto the operands
+#: the chunk makes anyway (``FACTORED``, ``chunk_hopper._gated_chunk``): the scores take the 0-1
+#: mask, a select an element instead of five instructions and an exponential; an A/B switch
+HOPPER_FACTORED = True
+
+
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there
