@@ -40,8 +40,8 @@ def call_of(label: str, device, dtype=torch.bfloat16, shape: tuple | None = None
         from ..compat import mamba_chunk_scan_combined
         leaves, dy = ssd._inputs(*shape, device, grad=backward)
 
-        def forward():
-            return mamba_chunk_scan_combined(**leaves, chunk_size=ssd.CHUNK, dt_softplus=True)
+        def forward(kw=leaves):
+            return mamba_chunk_scan_combined(**kw, chunk_size=ssd.CHUNK, dt_softplus=True)
         leaves = list(leaves.values())
     else:
         from .ncu import backward_cell
