@@ -1266,45 +1266,27 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
 
 
 #: the most a gated chunk's running sums may rise above its last row's (natural log) for
-#: :func:`_gated_chunk`'s factored products: at most e^60 onto O's rows and e^-60 onto v's rows
-#: (a normal bf16 for |v| above 1e-12; the scores' upper triangle is selected away, never
-#: multiplied)
+#: :func:`_gated_chunk`'s factored mask: at most e^60 onto the scores' rows and e^-60 onto v's
+#: (a normal bf16 for |v| above 1e-12; the scores' upper triangle is selected away)
 FACTORED_SPAN = gl.constexpr(60.0)
-#: and the least its total may be: the copy of the state, decayed by it, stays a normal bf16
-FACTORED_TOTAL = gl.constexpr(-80.0)
 
 
 @gluon.jit
 def _gated_chunk(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: gl.constexpr,
                  hz, gates):
     """``FACTORED``: a gated bf16 chunk (no pieces, no dual output) of this consumer, its halves
-    of O and of the state leaving it. Where the chunk's running sums G (``gates``) range at
-    most :data:`FACTORED_SPAN` above its total G_L and G_L is at least :data:`FACTORED_TOTAL`,
-    the mask factors, exp(G_i − G_j) = exp(G_i − G_L) · exp(G_L − G_j), and both factors are
-    operands the chunk makes anyway: the weighted v (exp(G_L − G_j) v_j, the state's update's
-    B operand) and exp(G_L) H (the state's own decay) as the copy, so
+    of O and of the state leaving it. Where the chunk's running sums G (``gates``) rise at most
+    :data:`FACTORED_SPAN` above its total G_L, the mask factors, exp(G_i − G_j) =
+    exp(G_i − G_L) · exp(G_L − G_j), and the second factor is already on the weighted v (the
+    state's update's B operand, exp(G_L − G_j) v_j), so
 
-        O_i = exp(G_i − G_L) · (b_i (exp(G_L) H) + Σ_(j≤i) S_ij exp(G_L − G_j) v_j),
+        O_i = exp(G_i) b_i H + Σ_(j≤i) (S_ij exp(G_i − G_L)) (exp(G_L − G_j) v_j):
 
-    both products chained into one accumulator and its rows scaled once, the scores taking the
-    0-1 mask alone (a select an element, where the mask took five and an exponential). Else
-    (a hard reset, strong gates: the factors would overflow or lose v) the mask an element, as
-    every other gated chunk."""
-    if (gl.max(gates[1], axis=0) - gates[2] <= FACTORED_SPAN) & (gates[2] >= FACTORED_TOTAL):
-        o, state = _gated_products(state, ring, st, s, diff, kr, length, K, H_IDX, hz, gates,
-                                   True)
-    else:
-        o, state = _gated_products(state, ring, st, s, diff, kr, length, K, H_IDX, hz, gates,
-                                   False)
-    return o, state
-
-
-@gluon.jit
-def _gated_products(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: gl.constexpr,
-                    hz, gates, FACTOR: gl.constexpr):
-    """:func:`_gated_chunk`'s products, the mask factored (``FACTOR``) or an element at a time;
-    with ``ROWS`` V's row weights on its rows (the weighted v's, or the mask's columns) and the
-    skip added after."""
+    the scores take a product and a select an element, where the mask took five and an
+    exponential. Else (a hard reset, strong gates: the factors would overflow or lose v) the
+    mask an element, and v itself is put where the weighted v was once the update has read it.
+    Both ways the products are the same instructions outside the branch (a product inside one
+    would make ptxas serialise them all); with ``ROWS`` V's row weights ride on v's rows."""
     DH: gl.constexpr = K.DC // 2
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
@@ -1312,26 +1294,24 @@ def _gated_products(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX
     b_t = _tile(ring.b, s)  # [BLOCK_N, R]
     c_t = _tile(ring.c, s)  # [BLOCK_N, R]
     v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
-    if FACTOR:  # (the state's own decay, which the update takes too: computed once)
-        _store_copies(state * gl.exp(gates[2]), 1.0, st, hz, dtype, False)
-    else:
-        _store_copies(state, 1.0, st, hz, dtype, False)
+    _store_copies(state, 1.0, st, hz, dtype, False)
     state, c_op, vw = _state_operands(state, c_t, v_t, st.vw.index(hz), length, 0.0, kr, acc_l,
                                       dtype, K, gates)
     fence_async_shared()
     sc, _, o, state = _chunk_mmas(b_t, c_t, v_t, (c_op, vw), state, st, None, K, hz)
     sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-    if FACTOR:
-        pa = gl.convert_layout(gl.where(diff >= 0, sc, 0.0).to(dtype), a_l)
-        o = warpgroup_mma(pa, vw, o, is_async=True)
-        o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-        o = o * gl.exp(gates[0] - gates[2])[:, None]
+    factored = gl.max(gates[1], axis=0) - gates[2] <= FACTORED_SPAN
+    if factored:
+        p = gl.where(diff >= 0, sc * gl.exp(gates[0] - gates[2])[:, None], 0.0)
     else:
         p = _masked(sc, diff, 0.0, False, gates, K.ROWS == 1, None, K.LEAN_MASK)
-        o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
-        o = o * gl.exp(gates[0])[:, None]
-        o = warpgroup_mma(gl.convert_layout(p.to(dtype), a_l), v_t, o, is_async=True)
-        o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+    o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
+    if not factored:  # (the update has read the weighted v: v in its place)
+        vw.store(v_t.load(acc_l))
+        fence_async_shared()
+    o = o * gl.exp(gates[0])[:, None]
+    o = warpgroup_mma(gl.convert_layout(p.to(dtype), a_l), vw, o, is_async=True)
+    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
     if K.ROWS == 1:  # (the skip D·v from the slot's own v, before the slot is released)
         o += v_t.load(acc_l).to(gl.float32) * gates[5]
     return o, state
