@@ -813,7 +813,7 @@ def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
         if dtype == gl.float32 or K.NORM:  # (no weighted v: fp32 weighs cᵀ in registers)
             vw = None
         else:
-            vw = st.vw.index(H_IDX + _unhoisted(i, K))
+            vw = _weighted_v(ring, st, H_IDX + _unhoisted(i, K), K)
         vwl = None
         if K.GATE_GRAD:  # (the published state exact as the sweep's: its pieces telescope)
             vwl = st.vwl.index(H_IDX + _unhoisted(i, K))
@@ -1272,6 +1272,16 @@ FACTORED_SPAN = gl.constexpr(60.0)
 
 
 @gluon.jit
+def _weighted_v(ring, st, hz, K: gl.constexpr):
+    """This consumer's weighted v tile (``hz``: its staging index, :func:`_unhoisted`): in the
+    staging buffers, or with ``FACTORED`` after the ring's v tiles."""
+    if K.FACTORED:
+        return _tile(ring.v, 2 * K.STAGES + hz)
+    else:
+        return st.vw.index(hz)
+
+
+@gluon.jit
 def _gated_chunk(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: gl.constexpr,
                  hz, gates):
     """``FACTORED``: a gated bf16 chunk (no pieces, no dual output) of this consumer, its halves
@@ -1283,10 +1293,11 @@ def _gated_chunk(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: g
         O_i = exp(G_i) b_i H + Σ_(j≤i) (S_ij exp(G_i − G_L)) (exp(G_L − G_j) v_j):
 
     the scores take a product and a select an element, where the mask took five and an
-    exponential. Else (a hard reset, strong gates: the factors would overflow or lose v) the
-    mask an element, and v itself is put where the weighted v was once the update has read it.
-    Both ways the products are the same instructions outside the branch (a product inside one
-    would make ptxas serialise them all); with ``ROWS`` V's row weights ride on v's rows."""
+    exponential, and the last product reads the weighted v. Else (a hard reset, strong gates:
+    the factors would overflow or lose v) the mask an element and v from the ring, as every
+    other gated chunk. The products are the same instructions either way, the B operand a tile
+    picked by its index (a product inside a branch would make ptxas serialise them all); with
+    ``ROWS`` V's row weights ride on v's rows or on the mask's columns."""
     DH: gl.constexpr = K.DC // 2
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
@@ -1295,8 +1306,8 @@ def _gated_chunk(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: g
     c_t = _tile(ring.c, s)  # [BLOCK_N, R]
     v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
     _store_copies(state, 1.0, st, hz, dtype, False)
-    state, c_op, vw = _state_operands(state, c_t, v_t, st.vw.index(hz), length, 0.0, kr, acc_l,
-                                      dtype, K, gates)
+    state, c_op, vw = _state_operands(state, c_t, v_t, _weighted_v(ring, st, hz, K), length,
+                                      0.0, kr, acc_l, dtype, K, gates)
     fence_async_shared()
     sc, _, o, state = _chunk_mmas(b_t, c_t, v_t, (c_op, vw), state, st, None, K, hz)
     sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
@@ -1305,13 +1316,11 @@ def _gated_chunk(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: g
         p = gl.where(diff >= 0, sc * gl.exp(gates[0] - gates[2])[:, None], 0.0)
     else:
         p = _masked(sc, diff, 0.0, False, gates, K.ROWS == 1, None, K.LEAN_MASK)
-    o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-    if not factored:  # (the update has read the weighted v: v in its place)
-        vw.store(v_t.load(acc_l))
-        fence_async_shared()
+    o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
     o = o * gl.exp(gates[0])[:, None]
-    o = warpgroup_mma(gl.convert_layout(p.to(dtype), a_l), vw, o, is_async=True)
-    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+    b_op = _tile(ring.v, gl.where(factored, 2 * K.STAGES + hz, 2 * s + H_IDX))
+    o = warpgroup_mma(gl.convert_layout(p.to(dtype), a_l), b_op, o, is_async=True)
+    o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
     if K.ROWS == 1:  # (the skip D·v from the slot's own v, before the slot is released)
         o += v_t.load(acc_l).to(gl.float32) * gates[5]
     return o, state
@@ -1747,8 +1756,10 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
     dtype: gl.constexpr = b_desc.dtype
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [STAGES] + c_desc.block_type.shape, c_desc.layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + v_desc.block_type.shape,
-                                       v_desc.layout)
+    # (``FACTORED``: the weighted v's two tiles after the ring's, so that a chunk's last product
+    # picks its B operand, v or the weighted v, by an index: :func:`_gated_chunk`)
+    v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES + (2 if K.FACTORED else 0)] +
+                                       v_desc.block_type.shape, v_desc.layout)
     if dtype == gl.float32:
         # the state's copies in halves, K-major (DH × R/2 each); O staged in the ring's V tiles;
         # the weighted v is not needed (the weights go on cᵀ in registers)
@@ -1763,7 +1774,7 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
         o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
         vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
         vw_bufs = None
-        if not K.NORM:
+        if not (K.NORM or K.FACTORED):
             vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
