@@ -76,7 +76,9 @@ the ring no slot: then they arrive ``STAGES`` chunks ahead; else each consumer l
 L2 before it waits on the ring, and waits out their latency), a consumer reads them by rows and
 by columns and takes, in place of the powers of λ, exp(G_i) onto the entering state,
 exp(G_L − G_j) into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and
-exp(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. A
+exp(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. With
+``FACTORED`` (bf16, no pieces, no dual output) a chunk whose sums range little takes the mask as
+exp(G_i − G_L) on the scores' rows times the weighted v's exp(G_L − G_j) (:func:`_gated_chunk`). A
 segment's decay is the sum of its tiles' totals, summed in its first pass.
 
 The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane: the
