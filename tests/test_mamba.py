@@ -1136,3 +1136,28 @@ def test_torch_func_grad_gives_autograd_s_gradients_through_the_ssd_and_the_bloc
             q, q, torch.randn(1, 8, 2, 4), -torch.rand(1, 2, 8), torch.rand(1, 2, 8),
             torch.randn(1, 2, 8), torch.zeros(2, 8), torch.zeros(2, 8),
             torch.randn(1, 8, 2, 2)).sum())(torch.randn(1, 8, 2, 8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
+@pytest.mark.xfail(torch.cuda.is_available() and "H100" in torch.cuda.get_device_name(0),
+                   strict=True, reason="a known miss (notes/gates.md, 'The gated mask factored'): "
+                   "dA 1.43e-2 against 1e-2 at this draw on the H100, cause not yet found")
+def test_the_ssd_s_da_at_the_draw_that_missed_its_bound():
+    """``gpu_check.check_mamba``'s case "a group a head" (2 × 777 rows, 4 heads, 4 groups,
+    d_state 64, bf16, the Hopper kernel) at the inputs it draws after 130 rows (its seed is the
+    row count): every gradient within the contract, dA included. dA measured 1.43e-2 on the H100
+    (other draws 3.0-4.1e-3; not yet run on the H200); strict there, so a fix shows as an
+    unexpected pass."""
+    from leetrepro.bench import gpu_check
+    from leetrepro.methods import chunk
+    case = [c for c in gpu_check.MAMBA_CASES if c[0] == "a group a head"]
+    rows = [{}] * 130
+    try:
+        chunk.force_kernel("hopper")
+        gpu_check.check_mamba(torch.bfloat16, torch.device("cuda"), rows, {}, None, cases=case,
+                              long=256, sequences=4)
+    finally:
+        chunk.force_kernel(None)
+    failed = [(r["quantity"], r["rel_err"]) for r in rows[130:] if r.get("status") != "pass"]
+    assert not failed, failed
