@@ -1202,23 +1202,19 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     c_t = _tile(ring.c, s)  # [BLOCK_N, R]
     v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
     hz = H_IDX + _unhoisted(j, K)
-    # the state entering the chunk as an operand in shared memory, then the state's own
-    # decay: every register the MMAs below write is settled before the first is issued, so
-    # ptxas need not serialise them
+    # the state entering the chunk as an operand in shared memory, then its own decay: every
+    # register the MMAs below write is settled before the first is issued (ptxas serialises none)
     h_down, h_up = _half_scale(state, HALF_RANGE)
     if DUAL:  # the other consumer has read this copy (and its scale) of the chunk before
         _copy_read(st, j, h_up, K, H_IDX)
-    e = 0.0  # (a tuple returned holds no bare None)
+    e, p_up, w_rows = 0.0, 1.0, 1.0  # (a tuple returned holds no bare None)
     # (E's tile in the ring with GATE_GRAD: read where it is used)
     e_t = _tile(ring.e, 2 * s + H_IDX) if K.GATE_GRAD and (DUAL or K.E_RING) else aux
     if dtype == gl.float32:
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
         o, state = _tf32_chunk(b_t, c_t, v_t, st.h.index(hz), state, diff, kr, w_rows, length, lg, K)
-        p_up = 1.0
     elif K.FACTORED:  # (a gated bf16 chunk without the pieces or the dual output)
         o, state = _gated_chunk(state, ring, st, s, diff, kr, length, K, H_IDX, hz, gates)
-        p_up = 1.0
-        w_rows = 1.0
     else:
         # (with the pieces: each 16-bit rounding's remainder a second operand, MMAs two more)
         EXACT: gl.constexpr = K.GATE_GRAD
