@@ -424,6 +424,25 @@ def test_ab_probe_compares_a_switch_s_values_and_restores_it(monkeypatch, tmp_pa
     assert list(table.value.astype(str)) == ["False", "True"] and table.same.all() and "commit" in table
 
 
+def test_ab_probe_cells_take_a_forward_alone_and_the_gates_bench_s_entries(monkeypatch):
+    """``probes.ab``'s cells: ``fwd:<cell>`` the named call's forward alone (its output, no
+    gradient taken), ``gates:<shape>`` and ``gamma:<shape>`` :mod:`leetrepro.bench.gates`'
+    entries at its shapes (made small here), and an entry or shape it lacks refused by name."""
+    from leetrepro.bench import gates
+    from leetrepro.probes import ab
+    cpu = torch.device("cpu")
+    monkeypatch.setitem(ab.LAYERS, "gated125", (1, 2, 70, 16, 8, True))
+    both, alone = ab.cell("gated125", cpu)(), ab.cell("fwd:gated125", cpu)()
+    assert len(both) == 4 and alone.shape == (1, 2, 70, 8) and alone.grad_fn is not None
+    monkeypatch.setattr(gates, "SHAPES", [("tiny", 1, 2, 70, 16, 8)])
+    for label in ("gates:tiny", "gamma:tiny", "fwd:gates:tiny"):
+        o = ab.cell(label, cpu)()
+        assert o.shape == (1, 2, 70, 8) and torch.isfinite(o).all(), label
+    for bad in ("gates:nope", "fla:tiny"):
+        with pytest.raises(ValueError, match="gates:<shape> or gamma:<shape>"):
+            ab.cell(bad, cpu)
+
+
 @pytest.mark.slow  # (a bench's plumbing, seconds interpreted: the full lane runs it)
 def test_train_sweeps_are_the_steps_own_backward(monkeypatch):
     """``bench.train --sweeps`` times Chunk's step as three sweeps: called as listed there, they
