@@ -631,6 +631,12 @@ class Ring:
         return s
 
     @gluon.jit
+    def tiles(self, s, H_IDX: gl.constexpr):
+        """Slot s's B and C tiles ([BLOCK_N, R]) and consumer H_IDX's half of its V tile
+        ([BLOCK_N, DH]), as 2-D operands."""
+        return _tile(self.b, s), _tile(self.c, s), _tile(self.v, 2 * s + H_IDX)
+
+    @gluon.jit
     def release(self, s):
         """A consumer is done with slot s (the loader refills it once both are)."""
         mbarrier.arrive(self.empty.index(s), count=1)
@@ -1198,9 +1204,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
     a_l: gl.constexpr = _operand_layout(dtype, DH)
-    b_t = _tile(ring.b, s)  # [BLOCK_N, R]
-    c_t = _tile(ring.c, s)  # [BLOCK_N, R]
-    v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
+    b_t, c_t, v_t = ring.tiles(s, H_IDX)
     hz = H_IDX + _unhoisted(j, K)
     # the state entering the chunk as an operand in shared memory, then its own decay: every
     # register the MMAs below write is settled before the first is issued (ptxas serialises none)
@@ -1300,9 +1304,7 @@ def _gated_chunk(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: g
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
     a_l: gl.constexpr = _operand_layout(dtype, DH)
-    b_t = _tile(ring.b, s)  # [BLOCK_N, R]
-    c_t = _tile(ring.c, s)  # [BLOCK_N, R]
-    v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
+    b_t, c_t, v_t = ring.tiles(s, H_IDX)
     _store_copies(state, 1.0, st, hz, dtype, False)
     state, c_op, vw = _state_operands(state, c_t, v_t, _weighted_v(ring, st, hz, K), length,
                                       0.0, kr, acc_l, dtype, K, gates)
@@ -1449,9 +1451,7 @@ def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.
     a_l: gl.constexpr = _operand_layout(dtype, DH)
     s_l: gl.constexpr = _acc_layout(dtype, NORM_COLS)
     cst = prog.norm[0]
-    b_t = _tile(ring.b, s)  # [BLOCK_N, R]
-    c_t = _tile(ring.c, s)  # [BLOCK_N, R]
-    v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
+    b_t, c_t, v_t = ring.tiles(s, H_IDX)
     hz = H_IDX + _unhoisted(j, K)
     _store_copies(state, 1.0, st, hz, dtype, False)
     _sum_operand(sums[0], st.z.index(hz))
@@ -1520,9 +1520,7 @@ def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.conste
     dtype: gl.constexpr = ring.b.dtype
     acc_l: gl.constexpr = _acc_layout(dtype, DH)
     a_l: gl.constexpr = _operand_layout(dtype, DH)
-    b_t = _tile(ring.b, s)  # [BLOCK_N, R]
-    c_t = _tile(ring.c, s)  # [BLOCK_N, R]
-    v_t = _tile(ring.v, 2 * s + H_IDX)  # [BLOCK_N, DH]
+    b_t, c_t, v_t = ring.tiles(s, H_IDX)
     hz = H_IDX + _unhoisted(j, K)
     # (Σ β_j v_j before the chunk, by O's columns: read before this chunk's product adds to it)
     sv = gl.convert_layout(_sum_rows(sums[1], K.NORM == 3), gl.SliceLayout(0, acc_l))

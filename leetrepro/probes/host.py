@@ -38,11 +38,11 @@ def call_of(label: str, device, dtype=torch.bfloat16, shape: tuple | None = None
         from ..bench import ssd
         shape = next(s[1:] for s in ssd.SHAPES if f"ssd_{s[0]}" == label)
         from ..compat import mamba_chunk_scan_combined
-        leaves, dy = ssd._inputs(*shape, device, grad=backward)
+        kw, dy = ssd._inputs(*shape, device, grad=backward)
+        leaves = list(kw.values())
 
-        def forward(kw=leaves):
+        def forward():
             return mamba_chunk_scan_combined(**kw, chunk_size=ssd.CHUNK, dt_softplus=True)
-        leaves = list(leaves.values())
     else:
         from .ncu import backward_cell
         forward, leaves, dy = backward_cell(label, device, dtype, shape)
