@@ -289,8 +289,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     The groups' B and C are read in place (each head reads its group's rows; their gradients
     are summed over the group's heads). Where Chunk runs it in eager mode with D per head and
     no ``cu_seqlens`` (:data:`SSD_ROWS_IN_SWEEP`), V' = dt·x and ``D·x`` are taken inside the
-    forward sweep and y is written once; elsewhere V' is one more tensor like x (one pass, dt
-    rounded to x's dtype first) and ``D·x`` one more pass. The backward writes V' once.
+    forward sweep and y is written once; elsewhere V' is one more tensor like x (one pass, the
+    product in float32 rounded once to x's dtype) and ``D·x`` one more pass. The backward writes V' once.
     """
     check_chunk_size(chunk_size)
     check_dt_limit(dt_limit)
@@ -332,7 +332,7 @@ def ssd_operands(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx, dt_rule,
     ``dt_rule``: ``(dt_softplus, dt_limit)``. ``first_cut`` ``(batch,)`` bool: whether row 0
     starts a sequence after rows that are not here (a rank's slice: the rank before holds them)."""
     dt, g = ssd_gates(dt, A, dt_bias, seq_idx, dt_rule, first_cut)
-    # (one pass over x: dt rounded to x's dtype, as x itself is; with the skip, its backward is
+    # (one pass over x, dt·x rounded once to x's dtype; with the skip, its backward is
     # the backward pass of dt·dV': dt·dV' + D·dy, with dt's and D's gradients)
     V, skip = scale_rows_and_skip(x, dt, D) if D is not None else (scale_rows(x, dt), None)
     s0 = None if initial_states is None else initial_states.float().transpose(-1, -2)

@@ -282,12 +282,11 @@ def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexp
 
 @gluon.jit
 def _weighted(e_t, gates, K: gl.constexpr):
-    """E's tile in float32; with ``ROWS == 2`` (E = x of V' = w·x) w·x with w rounded to x's
-    dtype and the product rounded to it: V' bit for bit, as the dB sweep reads it (the gates'
-    pieces of both sweeps then telescope)."""
+    """E's tile in float32; with ``ROWS == 2`` (E = x of V' = w·x) w·x in float32 with the
+    product rounded to x's dtype: V' bit for bit, as the dB sweep reads it (the gates' pieces of
+    both sweeps then telescope)."""
     if K.ROWS == 2:
-        w = gates[3].to(e_t.dtype).to(gl.float32)
-        return (e_t.to(gl.float32) * w[:, None]).to(e_t.dtype).to(gl.float32)
+        return (e_t.to(gl.float32) * gates[3][:, None]).to(e_t.dtype).to(gl.float32)
     else:
         return e_t.to(gl.float32)
 

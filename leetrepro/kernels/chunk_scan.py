@@ -319,11 +319,11 @@ def _value_rows(rows, SCALE, bh, H, blk, N, K: tl.constexpr):
 
 @triton.jit
 def _weighted(x, w, K: tl.constexpr):
-    """E's tile x with ``K.ROWS == 2``: w·x by rows with w rounded to x's dtype first, the
-    product rounded to it: the tensor V' = w·x the dB sweep reads, bit for bit (the gates'
-    pieces of both sweeps then telescope); else x."""
+    """E's tile x with ``K.ROWS == 2``: w·x by rows in float32, the product rounded to x's
+    dtype: the tensor V' = w·x the dB sweep reads, bit for bit (the gates' pieces of both sweeps
+    then telescope); else x."""
     if K.ROWS == 2:
-        return (x.to(tl.float32) * w.to(x.dtype).to(tl.float32)[:, None]).to(x.dtype)
+        return (x.to(tl.float32) * w.to(tl.float32)[:, None]).to(x.dtype)
     else:
         return x
 

@@ -10,8 +10,9 @@ dimension contiguous), so the slices of a fused projection are read in place. On
     DW  = Σ_d X·Y          (with ``HAS_DW``, float32)
     DW2 = Σ_d X·Y2         (with ``HAS_Y2`` and ``HAS_DW2``, float32)
 
-with w, w2 float32 per row (dt; or D, a head's, its row strides 0) rounded to OUT's dtype first,
-as PyTorch's product of x with ``w.to(x.dtype)`` has it; products and sums in float32. OUT is
+with w, w2 float32 per row (dt; or D, a head's, its row strides 0), products and sums in
+float32, OUT rounded once to its dtype (a factor rounded to 16 bits first would scale each
+row's every entry by the same error, which the gradients of dt, A and dt_bias then sum). OUT is
 contiguous ``(batch, seqlen, heads, headdim)``. Forward ``V' = dt·x`` and ``y = o + D·x``;
 backward ``dx = dt·dV' + D·dy`` with ``ddt = Σ x·dV'`` and ``dD``'s rows Σ x·dy, one pass.
 
@@ -48,8 +49,7 @@ def axpy_rows(X, Y, A, W, OUT, DW, SECOND, SIZE, BLOCK_T: tl.constexpr, BLOCK_D:
     cols = tl.arange(0, BLOCK_D)
     mask = ok[:, None] & (cols < D)[None, :]
     x = tl.load(_offsets(X, rows, SIZE)[:, None] + cols[None, :], mask=mask, other=0.0)
-    w = tl.load(_offsets(W, rows, SIZE), mask=ok, other=0.0)
-    w = w.to(OUT.dtype.element_ty).to(tl.float32)
+    w = tl.load(_offsets(W, rows, SIZE), mask=ok, other=0.0).to(tl.float32)
     if HAS_Y:
         y = tl.load(_offsets(Y, rows, SIZE)[:, None] + cols[None, :], mask=mask,
                     other=0.0).to(tl.float32)
@@ -64,7 +64,7 @@ def axpy_rows(X, Y, A, W, OUT, DW, SECOND, SIZE, BLOCK_T: tl.constexpr, BLOCK_D:
         y2 = tl.load(_offsets(Y2, rows, SIZE)[:, None] + cols[None, :], mask=mask,
                      other=0.0).to(tl.float32)
         w2 = tl.load(_offsets(W2, rows, SIZE), mask=ok, other=0.0)
-        out += y2 * w2.to(OUT.dtype.element_ty).to(tl.float32)[:, None]
+        out += y2 * w2.to(tl.float32)[:, None]
         if HAS_DW2:
             tl.store(DW2 + rows, tl.sum(x.to(tl.float32) * y2, axis=1), mask=ok)
     tl.store(OUT + rows[:, None] * D + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)

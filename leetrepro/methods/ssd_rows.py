@@ -77,16 +77,16 @@ def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torc
              want_dw2: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(add + (y or x)·w + y2·w2, Σ_d x·y, Σ_d x·y2)``: the first in x's dtype, contiguous
     ``(batch, seqlen, heads, headdim)``, w and w2 (float32 ``(batch, seqlen, heads)``, any
-    strides, 0 for a per-head factor) rounded to x's dtype, the y2 term only with y2 given; the
-    others float32 ``(batch, seqlen, heads)`` with ``want_dw`` (``want_dw2``), empty without."""
+    strides, 0 for a per-head factor) unrounded (the sum in float32, rounded once to x's dtype),
+    the y2 term only with y2 given; the others float32 ``(batch, seqlen, heads)`` with ``want_dw`` (``want_dw2``), empty without."""
     batch, n, heads, d = x.shape
     second = y2 is not None
     want_dw2 = second and want_dw2
     if not _on_kernel(x) or x.numel() == 0:
-        out = (x if y is None else y) * w.to(x.dtype)[..., None]
-        out = out if add is None else add + out
+        out = (x if y is None else y).float() * w.float()[..., None]
+        out = out if add is None else add.float() + out
         if second:
-            out = out + y2 * w2.to(x.dtype)[..., None]
+            out = out + y2.float() * w2.float()[..., None]
         dw, dw2 = ((x.float() * t.float()).sum(-1) if want else x.new_empty(0, dtype=torch.float32)
                    for t, want in ((y, want_dw), (y2, want_dw2)))
         return out.to(x.dtype).contiguous(), dw, dw2
@@ -126,7 +126,8 @@ def per_head(D: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def scaled(x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
-    """``x · dt[..., None]`` (dt rounded to x's dtype), contiguous, one pass, outside autograd:
+    """``x · dt[..., None]`` (in float32, rounded once to x's dtype), contiguous, one pass,
+    outside autograd:
     :func:`scale_rows`' forward, and V' made again by a node that saved x and dt
     (``compat._SSDRowsInSweep``)."""
     return _ssd_rows(x, dt, None, None, False)[0]
@@ -215,7 +216,8 @@ class _Skip(torch.autograd.Function):
 
 
 def scale_rows(x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
-    """``x · dt[..., None]`` (dt rounded to x's dtype), contiguous; differentiable in both."""
+    """``x · dt[..., None]`` (in float32, rounded once to x's dtype), contiguous; differentiable
+    in both."""
     return apply(_ScaleRows, x, dt, False, None)
 
 
