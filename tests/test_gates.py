@@ -1495,30 +1495,3 @@ def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatc
                 gated = "g" in decay
                 assert len(hopper) >= (3 if gated else 1), hopper
                 assert set(hopper) == {(gated, gated and lean)}, (lean, decay.keys(), hopper)
-
-
-@pytest.mark.parametrize("switch", [False, True])
-def test_the_factored_mask_is_a_constant_of_the_gated_bf16_sweeps_without_pieces(monkeypatch,
-                                                                               switch):
-    """``chunk.tables.HOPPER_FACTORED`` (the gated mask factored onto the weighted v and the
-    decayed copy of the state, ``chunk_hopper._gated_chunk``) reaches the Hopper kernel's
-    constants of a gated bf16 sweep without the gates' pieces or the dual output (the forward,
-    the SSD's forward, a dC sweep alone), as the switch says; never fp16's (v's weights would
-    leave its range), the pieces' (their pairs take the mask an element), the dual output's or
-    a sweep without gates."""
-    from leetrepro.methods.chunk import hopper_constants, tables
-    monkeypatch.setattr(tables, "HOPPER_FACTORED", switch)
-    base = dict(r=128, d=64, decay=False, has_s0=True, store_sn=True, split=False,
-                reverse=False, dual=False)
-    cases = [(dict(dtype=torch.bfloat16, gates=True), True),
-             (dict(dtype=torch.bfloat16, gates=True, reverse=True), True),
-             (dict(dtype=torch.bfloat16, gates=True, rows=True), True),
-             (dict(dtype=torch.bfloat16, gates=True, split=True), True),
-             (dict(dtype=torch.float16, gates=True), False),
-             (dict(dtype=torch.bfloat16, gates=False, decay=True), False),
-             (dict(dtype=torch.bfloat16, gates=True, gate_grad=True), False),
-             (dict(dtype=torch.bfloat16, gates=True, reverse=True, dual=True, r=64, d=64,
-                   gate_grad=True), False)]
-    for options, factored in cases:
-        const = hopper_constants(**{**base, **options})
-        assert const.FACTORED is (factored and switch), options

@@ -76,9 +76,7 @@ the ring no slot: then they arrive ``STAGES`` chunks ahead; else each consumer l
 L2 before it waits on the ring, and waits out their latency), a consumer reads them by rows and
 by columns and takes, in place of the powers of λ, exp(G_i) onto the entering state,
 exp(G_L − G_j) into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and
-exp(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. With
-``FACTORED`` (bf16, no pieces, no dual output) a chunk whose sums range little takes the mask as
-exp(G_i − G_L) on the scores' rows times the weighted v's exp(G_L − G_j) (:func:`_gated_chunk`). A
+exp(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. A
 segment's decay is the sum of its tiles' totals, summed in its first pass.
 
 The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane: the
@@ -508,9 +506,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK ROWS_SUMMED FACTORED",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False,
-              False))
+                 "LEAN_MASK ROWS_SUMMED",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False))
 
 
 @gluon.constexpr_function
@@ -820,7 +817,7 @@ def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
         if dtype == gl.float32 or K.NORM:  # (no weighted v: fp32 weighs cᵀ in registers)
             vw = None
         else:
-            vw = _weighted_v(ring, st, H_IDX + _unhoisted(i, K), K)
+            vw = st.vw.index(H_IDX + _unhoisted(i, K))
         vwl = None
         if K.GATE_GRAD:  # (the published state exact as the sweep's: its pieces telescope)
             vwl = st.vwl.index(H_IDX + _unhoisted(i, K))
@@ -1216,8 +1213,6 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     if dtype == gl.float32:
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE)
         o, state = _tf32_chunk(b_t, c_t, v_t, st.h.index(hz), state, diff, kr, w_rows, length, lg, K)
-    elif K.FACTORED:  # (a gated bf16 chunk without the pieces or the dual output)
-        o, state = _gated_chunk(state, ring, st, s, diff, kr, length, K, H_IDX, hz, gates)
     else:
         # (with the pieces: each 16-bit rounding's remainder a second operand, MMAs two more)
         EXACT: gl.constexpr = K.GATE_GRAD
@@ -1264,65 +1259,6 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
     elif not DUAL and dtype != gl.float32:
         ring.release(s)
     return o, state, p_up, h_up, w_rows, e
-
-
-#: the most a gated chunk's running sums may rise above its last row's (natural log) for
-#: :func:`_gated_chunk`'s factored mask: at most e^60 onto the scores' rows and e^-60 onto v's
-#: (a normal bf16 for |v| above 1e-12; the scores' upper triangle is selected away)
-FACTORED_SPAN = gl.constexpr(60.0)
-
-
-@gluon.jit
-def _weighted_v(ring, st, hz, K: gl.constexpr):
-    """This consumer's weighted v tile (``hz``: its staging index, :func:`_unhoisted`): in the
-    staging buffers, or with ``FACTORED`` after the ring's v tiles."""
-    if K.FACTORED:
-        return _tile(ring.v, 2 * K.STAGES + hz)
-    else:
-        return st.vw.index(hz)
-
-
-@gluon.jit
-def _gated_chunk(state, ring, st, s, diff, kr, length, K: gl.constexpr, H_IDX: gl.constexpr,
-                 hz, gates):
-    """``FACTORED``: a gated bf16 chunk (no pieces, no dual output) of this consumer, its halves
-    of O and of the state leaving it. Where the chunk's running sums G (``gates``) rise at most
-    :data:`FACTORED_SPAN` above its total G_L, the mask factors, exp(G_i − G_j) =
-    exp(G_i − G_L) · exp(G_L − G_j), and the second factor is already on the weighted v (the
-    state's update's B operand, exp(G_L − G_j) v_j), so
-
-        O_i = exp(G_i) b_i H + Σ_(j≤i) (S_ij exp(G_i − G_L)) (exp(G_L − G_j) v_j):
-
-    the scores take a product and a select an element, where the mask took five and an
-    exponential, and the last product reads the weighted v. Else (a hard reset, strong gates:
-    the factors would overflow or lose v) the mask an element and v from the ring, as every
-    other gated chunk. The products are the same instructions either way, the B operand a tile
-    picked by its index (a product inside a branch would make ptxas serialise them all); with
-    ``ROWS`` V's row weights ride on v's rows or on the mask's columns."""
-    DH: gl.constexpr = K.DC // 2
-    dtype: gl.constexpr = ring.b.dtype
-    acc_l: gl.constexpr = _acc_layout(dtype, DH)
-    a_l: gl.constexpr = _operand_layout(dtype, DH)
-    b_t, c_t, v_t = ring.tiles(s, H_IDX)
-    _store_copies(state, 1.0, st, hz, dtype, False)
-    state, c_op, vw = _state_operands(state, c_t, v_t, _weighted_v(ring, st, hz, K), length,
-                                      0.0, kr, acc_l, dtype, K, gates)
-    fence_async_shared()
-    sc, _, o, state = _chunk_mmas(b_t, c_t, v_t, (c_op, vw), state, st, None, K, hz)
-    sc = warpgroup_mma_wait(num_outstanding=2, deps=(sc,))
-    factored = gl.max(gates[1], axis=0) - gates[2] <= FACTORED_SPAN
-    if factored:
-        p = gl.where(diff >= 0, sc * gl.exp(gates[0] - gates[2])[:, None], 0.0)
-    else:
-        p = _masked(sc, diff, 0.0, False, gates, K.ROWS == 1, None, K.LEAN_MASK)
-    o = warpgroup_mma_wait(num_outstanding=1, deps=(o,))
-    o = o * gl.exp(gates[0])[:, None]
-    b_op = _tile(ring.v, gl.where(factored, 2 * K.STAGES + hz, 2 * s + H_IDX))
-    o = warpgroup_mma(gl.convert_layout(p.to(dtype), a_l), b_op, o, is_async=True)
-    o, state = warpgroup_mma_wait(num_outstanding=0, deps=(o, state))
-    if K.ROWS == 1:  # (the skip D·v from the slot's own v, before the slot is released)
-        o += v_t.load(acc_l).to(gl.float32) * gates[5]
-    return o, state
 
 
 #: ``NORM``'s sums Σk (R × NORM_COLS) and Σv (DH × NORM_COLS) are products with a tile of ones
@@ -1751,10 +1687,8 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
     dtype: gl.constexpr = b_desc.dtype
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_bufs = gl.allocate_shared_memory(dtype, [STAGES] + c_desc.block_type.shape, c_desc.layout)
-    # (``FACTORED``: the weighted v's two tiles after the ring's, so that a chunk's last product
-    # picks its B operand, v or the weighted v, by an index: :func:`_gated_chunk`)
-    v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES + (2 if K.FACTORED else 0)] +
-                                       v_desc.block_type.shape, v_desc.layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [2 * STAGES] + v_desc.block_type.shape,
+                                       v_desc.layout)
     if dtype == gl.float32:
         # the state's copies in halves, K-major (DH × R/2 each); O staged in the ring's V tiles;
         # the weighted v is not needed (the weights go on cᵀ in registers)
@@ -1769,7 +1703,7 @@ def _buffers(b_desc, c_desc, v_desc, o_desc, e_desc, g_desc, K: gl.constexpr):
         o_bufs = gl.allocate_shared_memory(dtype, [4] + o_desc.block_type.shape, o_desc.layout)
         vw_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, DH], dtype)
         vw_bufs = None
-        if not (K.NORM or K.FACTORED):
+        if not K.NORM:
             vw_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DH], vw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

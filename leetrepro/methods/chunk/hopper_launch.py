@@ -67,9 +67,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows,
         LATE_PAIRS=bool(gate_grad and not reverse and late_pairs), UNHOIST=bool(unhoist),
         NORM=norm, LEAN_MASK=bool(gates and tables.HOPPER_LEAN_MASK),
-        ROWS_SUMMED=bool(gate_grad and tables.HOPPER_ROWS_SUMMED),
-        FACTORED=bool(gates and tables.HOPPER_FACTORED and dtype == torch.bfloat16 and
-                      not (gate_grad or dual or norm)))
+        ROWS_SUMMED=bool(gate_grad and tables.HOPPER_ROWS_SUMMED))
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",

@@ -448,17 +448,6 @@ HOPPER_LEAN_MASK = True
 HOPPER_ROWS_SUMMED = True
 
 
-#: whether the Hopper kernel's gated bf16 sweeps without the pieces or the dual output (the
-#: forward, the SSD's, the backward's dC sweep where it runs alone) factor the mask where a
-#: chunk's gates let them, exp(G_i − G_j) = exp(G_i − G_L) · exp(G_L − G_j), onto the weighted v
-#: the chunk makes anyway (``FACTORED``, ``chunk_hopper._gated_chunk``): a product and a select
-#: an element instead of five instructions and an exponential. Exact and checked on the H100 (the
-#: gated GPU cases, the hard reset, the SSD), but no faster there: the gated forward at Mamba-2's
-#: shapes within ±0.5 %, Zamba2's SSD forward 2 % slower (a graph, both values in one process;
-#: notes/gates.md). Off, an A/B switch until the H200 has measured it
-HOPPER_FACTORED = False
-
-
 #: whether the Hopper kernel's reverse sweep with the dual output and the gates' pieces takes
 #: E's row weights and the row dots (``rows = (w, D, RD)``, Mamba-2's dx in that sweep) where
 #: it runs anyway; off, the SSD's backward keeps its row pass there
