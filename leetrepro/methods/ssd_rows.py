@@ -78,7 +78,8 @@ def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torc
     """``(add + (y or x)·w + y2·w2, Σ_d x·y, Σ_d x·y2)``: the first in x's dtype, contiguous
     ``(batch, seqlen, heads, headdim)``, w and w2 (float32 ``(batch, seqlen, heads)``, any
     strides, 0 for a per-head factor) unrounded (the sum in float32, rounded once to x's dtype),
-    the y2 term only with y2 given; the others float32 ``(batch, seqlen, heads)`` with ``want_dw`` (``want_dw2``), empty without."""
+    the y2 term only with y2 given; the others float32 ``(batch, seqlen, heads)`` with
+    ``want_dw`` (``want_dw2``), empty without."""
     batch, n, heads, d = x.shape
     second = y2 is not None
     want_dw2 = second and want_dw2
