@@ -102,7 +102,9 @@ def ssd_reference(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=N
 
     per head, B and C of group ``head // (heads / ngroups)``, h ``(headdim, dstate)`` from
     ``initial_states`` (zeros by default), reset to zero where ``seq_idx`` changes. Shapes as
-    :func:`leetrepro.compat.mamba_chunk_scan_combined`. Returns ``(y, h_final)`` in float64;
+    :func:`leetrepro.compat.mamba_chunk_scan_combined`; A and dt_bias may also be given a row
+    each, ``(batch, seqlen, heads)``, whose gradients are then each row's term of A's and
+    dt_bias's (:func:`leetrepro.bench.gpu_check.check_mamba` judges those sums by them). Returns ``(y, h_final)`` in float64;
     differentiable. O(seqlen) Python steps: for tests."""
     x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
     batch, length, heads, headdim = x.shape
@@ -120,7 +122,7 @@ def ssd_reference(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=N
     for t in range(length):
         if seq_idx is not None and t > 0:
             h = h * (seq_idx[:, t] == seq_idx[:, t - 1]).to(torch.float64).view(batch, 1, 1, 1)
-        h = h * torch.exp(dt[:, t] * A)[..., None, None] \
+        h = h * torch.exp(dt[:, t] * (A if A.dim() == 1 else A[:, t]))[..., None, None] \
             + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
         y = (h * Ch[:, t, :, None, :]).sum(-1)
         if D is not None:
