@@ -44,6 +44,25 @@ def test_the_recurrence_is_the_quadratic_form():
     assert rel_error(y, o.transpose(1, 2)) < 1e-12 and rel_error(h, s.transpose(-1, -2)) < 1e-12
 
 
+def test_the_recurrence_takes_a_and_dt_bias_a_row_each():
+    """``ssd_reference`` with A and dt_bias given a row each (the same values on every row): the
+    same y and final state, and their gradients are each row's term of the per-head ones (what
+    ``gpu_check.check_mamba`` judges dA and ddt_bias's sums by)."""
+    x, dt, A, B, C, D, z, dt_bias, h0 = (t.double() for t in _inputs(2, 30, 4, 5, 2, 6, seed=2))
+    heads = {"A": A.requires_grad_(), "dt_bias": dt_bias.requires_grad_()}
+    rows = {k: v.detach()[None, None].expand(2, 30, 4).clone().requires_grad_()
+            for k, v in heads.items()}
+    out = [ssd_reference(x, dt, B=B, C=C, D=D, z=z, initial_states=h0, dt_softplus=True, **kw)
+           for kw in (heads, rows)]
+    torch.manual_seed(0)
+    dy, dh = torch.randn_like(out[0][0]), torch.randn_like(out[0][1])
+    (gh, gr) = (torch.autograd.grad((y * dy).sum() + (h * dh).sum(), list(kw.values()))
+                for (y, h), kw in zip(out, (heads, rows)))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    for a, b in zip(gh, gr):
+        assert b.shape == (2, 30, 4) and rel_error(b.sum((0, 1)), a) < 1e-12
+
+
 @pytest.mark.parametrize("abbr", quick_lane(["Chunk", "LA_torch"], keep=(1,)))
 @pytest.mark.parametrize("case", quick_lane(["plain", "everything", "D-per-channel", "limit"],
                                             keep=(1,)))
