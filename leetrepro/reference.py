@@ -104,7 +104,8 @@ def ssd_reference(x, dt, A, B, C, D=None, z=None, dt_bias=None, initial_states=N
     ``initial_states`` (zeros by default), reset to zero where ``seq_idx`` changes. Shapes as
     :func:`leetrepro.compat.mamba_chunk_scan_combined`; A and dt_bias may also be given a row
     each, ``(batch, seqlen, heads)``, whose gradients are then each row's term of A's and
-    dt_bias's (:func:`leetrepro.bench.gpu_check.check_mamba` judges those sums by them).
+    dt_bias's (:func:`leetrepro.bench.gpu_check.check_mamba` reports those sums' errors
+    against them).
     Returns ``(y, h_final)`` in float64; differentiable. O(seqlen) Python steps: for tests."""
     x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
     batch, length, heads, headdim = x.shape
