@@ -98,7 +98,7 @@ install: $(VENV)/.installed
 # (a GPU hidden: the tests that are not marked gpu are written for the interpreter; a GPU's are
 # make test-gpu's)
 # (work-stealing: a process that runs out of tests takes some of the other's, so the minute-long
-# compile checks do not end the run on one process: 16.4 → 15.0 minutes on two cores)
+# compile checks do not end the run on one process: 16.4 → 15.3 minutes on two cores, notes/house.md)
 TEST_JOBS ?= 2
 XDIST = -n $(TEST_JOBS) $(if $(filter 0,$(TEST_JOBS)),,--dist worksteal)
 CPU_ONLY = CUDA_VISIBLE_DEVICES=
