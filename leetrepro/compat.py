@@ -290,7 +290,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     are summed over the group's heads). Where Chunk runs it in eager mode with D per head and
     no ``cu_seqlens`` (:data:`SSD_ROWS_IN_SWEEP`), V' = dt·x and ``D·x`` are taken inside the
     forward sweep and y is written once; elsewhere V' is one more tensor like x (one pass, the
-    product in float32 rounded once to x's dtype) and ``D·x`` one more pass. The backward writes V' once.
+    product in float32 rounded once to x's dtype) and ``D·x`` one more pass. The backward
+    writes V' once.
     """
     check_chunk_size(chunk_size)
     check_dt_limit(dt_limit)

@@ -47,7 +47,7 @@ def test_the_recurrence_is_the_quadratic_form():
 def test_the_recurrence_takes_a_and_dt_bias_a_row_each():
     """``ssd_reference`` with A and dt_bias given a row each (the same values on every row): the
     same y and final state, and their gradients are each row's term of the per-head ones (what
-    ``gpu_check.check_mamba`` judges dA and ddt_bias's sums by)."""
+    ``gpu_check.check_mamba`` reports dA's and ddt_bias's errors against)."""
     x, dt, A, B, C, D, z, dt_bias, h0 = (t.double() for t in _inputs(2, 30, 4, 5, 2, 6, seed=2))
     heads = {"A": A.requires_grad_(), "dt_bias": dt_bias.requires_grad_()}
     rows = {k: v.detach()[None, None].expand(2, 30, 4).clone().requires_grad_()
@@ -460,6 +460,10 @@ def test_the_row_passes_kernel_is_pytorch_s_expressions(monkeypatch, dtype, alia
     # entry by one error, which dA, ddt_bias and ddt sum over the rows (notes/gates.md)
     once = (x.float() * dt[..., None]).to(dtype)
     assert torch.equal(want[0], once)
+    with monkeypatch.context() as m:  # (float64 rows on PyTorch's pass: the product in float64)
+        m.delenv("LEETREPRO_ROWS_KERNEL")
+        x64, dt64 = x.double(), dt.double()
+        assert torch.equal(ssd_rows.scaled(x64, dt64), x64 * dt64[..., None])
     if dtype != torch.bfloat16:  # (the interpreter rounds float32 to bf16 toward zero, a GPU to
         assert torch.equal(got[0], once)  # the nearest)
     for name, a, b, e in zip(["V", "y", "dx", "ddt", "do", "dD"], got, want, exact):

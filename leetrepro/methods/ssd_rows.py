@@ -77,17 +77,18 @@ def ssd_rows(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor | None, add: torc
              want_dw2: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(add + (y or x)·w + y2·w2, Σ_d x·y, Σ_d x·y2)``: the first in x's dtype, contiguous
     ``(batch, seqlen, heads, headdim)``, w and w2 (float32 ``(batch, seqlen, heads)``, any
-    strides, 0 for a per-head factor) unrounded (the sum in float32, rounded once to x's dtype),
-    the y2 term only with y2 given; the others float32 ``(batch, seqlen, heads)`` with
-    ``want_dw`` (``want_dw2``), empty without."""
+    strides, 0 for a per-head factor) unrounded (the sum in float32, or float64 for float64 x,
+    rounded once to x's dtype), the y2 term only with y2 given; the others float32 ``(batch,
+    seqlen, heads)`` with ``want_dw`` (``want_dw2``), empty without."""
     batch, n, heads, d = x.shape
     second = y2 is not None
     want_dw2 = second and want_dw2
     if not _on_kernel(x) or x.numel() == 0:
-        out = (x if y is None else y).float() * w.float()[..., None]
-        out = out if add is None else add.float() + out
+        acc = torch.promote_types(x.dtype, torch.float32)  # (float64 stays float64)
+        out = (x if y is None else y).to(acc) * w.to(acc)[..., None]
+        out = out if add is None else add.to(acc) + out
         if second:
-            out = out + y2.float() * w2.float()[..., None]
+            out = out + y2.to(acc) * w2.to(acc)[..., None]
         dw, dw2 = ((x.float() * t.float()).sum(-1) if want else x.new_empty(0, dtype=torch.float32)
                    for t, want in ((y, want_dw), (y2, want_dw2)))
         return out.to(x.dtype).contiguous(), dw, dw2
