@@ -545,7 +545,9 @@ def test_the_straddle_kernel_sums_the_turned_pairs(monkeypatch, case):
     from leetrepro.methods import chunk
     if "max_r" in case:
         monkeypatch.setattr(chunk.tables, "STRADDLE_MAX_R", case["max_r"])
-    n, r, d, a, heads = 300, case.get("r", 16), case.get("d", 24), case.get("angles", 4), 3
+    # (the two widest cases over 200 rows: two 128-row segments, the second partial)
+    n = 300 if "max_r" not in case and "d" not in case else 200
+    r, d, a, heads = case.get("r", 16), case.get("d", 24), case.get("angles", 4), 3
     packed = case.get("packed", False)
     batch = 1 if packed else 2
     cu = torch.tensor([0, 0, 30, 30, 290, n], dtype=torch.int32) if packed else None
@@ -644,8 +646,11 @@ def test_the_gates_gradient_from_the_sweeps_pieces(monkeypatch, label, change, w
         tol = GATE_GRAD_TOLERANCE[dtype] if name == "g" else tolerance(dtype)
         assert torch.isfinite(a).all(), name
         assert rel_error(a.cpu(), b) <= tol, f"{label} d{name}: {rel_error(a.cpu(), b):.2e}"
-    again = grads(ours, "Chunk", **options)
-    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    # (the same bits twice: interpreted, the programs run one after another and cannot race, so
+    # on the CPU two cases hold it for the launch plans cached between calls; on a GPU, every case)
+    if not INTERPRETED or label in ("all", "segments-reset"):
+        again = grads(ours, "Chunk", **options)
+        assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
 @pytest.mark.slow  # (~10 s: Triton's code generation for sm_90 and ptxas)

@@ -68,6 +68,35 @@ def test_the_interpreter_s_scans_a_slice_at_a_time_give_its_own_bits(monkeypatch
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
+def test_the_interpreter_s_tuples_typed_when_asked_give_its_own_bits(monkeypatch):
+    """The tests' interpreter works out a ``tl.tuple``'s type when it is asked for and keeps the
+    numpy dtypes it has looked up (``conftest._tuple_types_when_asked``): Chunk's portable kernels
+    forward and backward with γ, and the gates' straddle kernel, give the same bits as with the
+    interpreter's own tuples and lookups."""
+    import conftest
+    from triton.language import core
+    from triton.runtime import interpreter as ti
+    if not conftest.TYPES_WHEN_ASKED:
+        pytest.skip("the interpreter's tuples were left as they are (its internals differ)")
+    from leetrepro.methods.chunk import gate_gradient
+
+    def run():
+        B, C, V = (t.requires_grad_() for t in make_inputs(2, 2, 70, 6, 5, device=DEVICE))
+        out = causal_linear_decoder(B, C, V, torch.tensor([0.9, 0.7], dtype=torch.float64),
+                                    method="Chunk", fp32_precision="ieee")
+        grads = torch.autograd.grad(out.square().sum(), (B, C, V))
+        g = -torch.rand(2, 2, 70, generator=torch.Generator().manual_seed(5))
+        return [out.detach(), *grads, gate_gradient(B.detach(), C.detach(), V.detach(),
+                                                    out.detach(), g)]
+
+    ours = run()
+    monkeypatch.setattr(core.tuple, "__init__", core.tuple.__init__.replaced)
+    monkeypatch.delattr(core.tuple, "type")
+    monkeypatch.setattr(ti, "_get_np_dtype", ti._get_np_dtype.replaced)
+    theirs = run()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
 def test_fa_modify_is_registered_unsafe_and_never_auto():
     m = get("FA_modify")
     assert m.unsafe and "UNSAFE" in m.fn.__doc__
