@@ -354,7 +354,11 @@ def test_ncu_summary_of_a_backward_call_lists_each_kernel():
     assert lines[3].endswith("every kernel: 3 launches, t=1.482ms")
     assert ncu.summarize_kernels(raw, "x", least_us=400.0)[:-1] == [
         line.replace("bf16_bwd_gates_mamba2", "x".ljust(21)) for line in lines[:2]]
-    assert set(ncu.BACKWARD) & set(ncu.CELLS) == set()
+    assert set(ncu.BACKWARD) & set(ncu.CELLS) == set() and set(ncu.FORWARD) & set(ncu.CELLS) == set()
+    assert ncu.PASSES == {**ncu.BACKWARD, **ncu.FORWARD} and len(ncu.PASSES) == 9
+    # (each forward cell's gated and γ twin at one shape)
+    assert {v[:5] for k, v in ncu.FORWARD.items() if "gates" in k} == \
+        {v[:5] for k, v in ncu.FORWARD.items() if "gamma" in k}
     assert all(r in (64, 128) and d in (64, 128) for *_, r, d, _ in ncu.BACKWARD.values())
 
 

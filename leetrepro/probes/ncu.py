@@ -51,6 +51,14 @@ BACKWARD = {"bf16_bwd_gates_mamba2": (2, 64, 8192, 128, 64, True),
             "bf16_bwd_gates_gla": (8, 32, 8192, 128, 128, True),
             "bf16_bwd_gamma_gla": (8, 32, 8192, 128, 128, False),
             "bf16_bwd_gates_mamba2_64": (2, 64, 8192, 64, 64, True)}
+#: forward cells, as :data:`BACKWARD`'s: one forward of ``causal_linear_decoder`` (method "auto")
+#: on inputs that want no gradient (``bench.gates``' forward entries), every kernel
+FORWARD = {"bf16_fwd_gates_mamba2": (2, 64, 8192, 128, 64, True),
+           "bf16_fwd_gamma_mamba2": (2, 64, 8192, 128, 64, False),
+           "bf16_fwd_gates_mamba2_64": (2, 64, 8192, 64, 64, True),
+           "bf16_fwd_gamma_mamba2_64": (2, 64, 8192, 64, 64, False)}
+#: the cells whose every kernel is listed (:func:`summarize_kernels`): label -> shape
+PASSES = {**BACKWARD, **FORWARD}
 
 
 def cell_shape(label: str) -> tuple[int, int, int]:
@@ -186,7 +194,7 @@ def backward_cell(label: str, device="cuda", dtype=None, shape: tuple | None = N
     from ..decay.per_head import alibi_gammas
     from ..bench.harness import random_inputs
     dtype = dtype or torch.bfloat16
-    batch, heads, n, r, d, gated = shape or BACKWARD[label]
+    batch, heads, n, r, d, gated = shape or PASSES[label]
     gen = torch.Generator(device=device).manual_seed(0)
     leaves = list(random_inputs(batch, heads, n, r, d, dtype=dtype, device=device, generator=gen,
                                 scale_bc=True))
@@ -205,17 +213,26 @@ def backward_cell(label: str, device="cuda", dtype=None, shape: tuple | None = N
     return forward, leaves, dO
 
 
-def profiled_backward(label: str) -> None:
-    """The child of a backward cell: its inputs, three forward + backward warm-ups, a forward,
-    then one backward inside the profiler range."""
+def profiled_pass(label: str) -> None:
+    """The child of a backward cell (its inputs, three forward + backward warm-ups, a forward,
+    then one backward inside the profiler range) or of a forward cell (three forwards, then one
+    inside the range, no gradient wanted)."""
     import torch
     forward, leaves, dO = backward_cell(label)
+    if label in FORWARD:
+        def run():
+            with torch.no_grad():
+                forward()
+    else:
+        def run():
+            torch.autograd.grad(o, leaves, dO)
     for _ in range(3):
-        torch.autograd.grad(forward(), leaves, dO)
-    o = forward()
+        o = None if label in FORWARD else forward()
+        run()
+    o = None if label in FORWARD else forward()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    torch.autograd.grad(o, leaves, dO)
+    run()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
@@ -244,15 +261,15 @@ def header(meta: dict) -> list[str]:
 def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS) + list(BACKWARD),
-                   help="floor cells (default: all of them) and backward cells")
+    p.add_argument("--cells", nargs="*", default=list(CELLS), choices=list(CELLS) + list(PASSES),
+                   help="floor cells (default: all of them), backward and forward cells")
     p.add_argument("--out", default=None, help="folder for ncu_limits.txt (default data/<gpu>)")
-    p.add_argument("--call", choices=list(CELLS) + list(BACKWARD),
+    p.add_argument("--call", choices=list(CELLS) + list(PASSES),
                    help=argparse.SUPPRESS)  # the profiled child
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per cell")
     args = p.parse_args(argv)
     if args.call:
-        (profiled_backward if args.call in BACKWARD else profiled_call)(args.call)
+        (profiled_pass if args.call in PASSES else profiled_call)(args.call)
         return 0
     from ..bench.harness import gpu_script_setup, provenance
     setup = gpu_script_setup("ncu", args.out)
@@ -266,9 +283,12 @@ def main(argv=None) -> int:
     backward = [f"# Nsight Compute, {meta['gpu']}, {meta['date']}, commit {meta['commit']}: one "
                 "backward of causal_linear_decoder (method auto, bf16) after its forward; a line "
                 "per kernel of 20 µs or more, in launch order (clocks locked by ncu)"]
+    forward = [backward[0].replace("one backward of causal_linear_decoder (method auto, bf16) "
+                                   "after its forward", "one forward of causal_linear_decoder "
+                                   "(method auto, bf16), no gradient wanted")]
     logs = tempfile.mkdtemp(prefix="ncu_")
     for label in args.cells:
-        into = backward if label in BACKWARD else lines
+        into = backward if label in BACKWARD else forward if label in FORWARD else lines
         log = os.path.join(logs, f"{label}.csv")
         cmd = ["ncu", "--profile-from-start", "off", *[a for s in SECTIONS for a in ("--section", s)],
                "--metrics", METRICS, "--csv", "--page", "raw", "--log-file", log,
@@ -280,12 +300,13 @@ def main(argv=None) -> int:
             print(into[-1], flush=True)
             continue
         with open(log) as f:
-            found = summarize_kernels(f.read(), label) if label in BACKWARD else \
+            found = summarize_kernels(f.read(), label) if label in PASSES else \
                 [summarize(f.read(), label)]
         into.extend(found)
         print("\n".join(found), flush=True)
-    for name, text in (("ncu_limits.txt", lines), ("ncu_backward.txt", backward)):
-        if len(text) > (1 if name == "ncu_backward.txt" else len(header(meta))):
+    for name, text in (("ncu_limits.txt", lines), ("ncu_backward.txt", backward),
+                       ("ncu_forward.txt", forward)):
+        if len(text) > (len(header(meta)) if name == "ncu_limits.txt" else 1):
             with open(os.path.join(out, name), "w") as f:
                 f.write("\n".join(text) + "\n")
             print(f"-> {out}/{name} (Nsight Compute's raw pages: {logs})")
