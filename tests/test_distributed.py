@@ -20,8 +20,7 @@ from conftest import make_inputs, random_gammas
 # (lengths of the ranks' slices, batch, heads, r, d)
 CASES = {2: [((37, 50), 2, 3, 8, 5), ((1, 64), 1, 2, 4, 4)],
          3: [((20, 1, 33), 2, 2, 6, 7), ((16, 0, 16), 1, 3, 4, 4)],
-         4: [((9, 17, 1, 30), 1, 2, 5, 3)],
-         8: [((5, 0, 9, 1, 12, 3, 7, 2), 2, 2, 4, 6)]}
+         5: [((9, 17, 1, 0, 30), 1, 2, 5, 3), ((5, 0, 9, 1, 12), 2, 2, 4, 6)]}
 
 
 def _case(lengths, batch, heads, r, d, dtype, decay, with_s0, with_final, method, seed):
@@ -264,7 +263,9 @@ def _block_worker_cases(rank, world):
 
 #: what the processes of each world size check, in one spawn (starting processes is the cost)
 EVERY = (_worker_cases, _gated_worker_cases, _ssd_worker_cases, _block_worker_cases)
-SUITES = {2: EVERY, 3: EVERY, 4: EVERY[:1], 8: EVERY[:1]}
+# (five ranks: more than four, and not a power of two; the gathers have no rule by the world's
+# size. Eight ran here too, eight processes on CI's two cores: 30 s and the other worker slowed)
+SUITES = {2: EVERY, 3: EVERY, 5: EVERY[:1]}
 
 
 def _every_suite(rank, world, init, failures):
