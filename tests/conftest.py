@@ -135,11 +135,12 @@ def _scan_slices_at_once():
 def _tuple_types_when_asked():
     """Triton's interpreter (3.6, 3.9) makes a ``tl.tuple`` of the shape for every tensor an
     operation returns, and the tuple works out its type (a ``tuple_type`` of each entry's type,
-    with a printed name) as it is made, though the interpreter asks for it almost never: a third
-    of an interpreted straddle-kernel test's time. Here the type is worked out the first time it
-    is asked for, from the same values, by the same function; a tuple that is assigned one keeps
-    it. And the numpy dtype of a Triton dtype, which the interpreter looks up in a table it builds
-    at every call, is kept once looked up. Metadata only: the kernels' values are the
+    with a printed name) as it is made, though the interpreter asks for it almost never: a fifth
+    of an interpreted straddle-kernel test's time under cProfile. Here the type is worked out the
+    first time it is asked for, from the same values, by the same function; a tuple that is
+    assigned one keeps it. And the numpy dtype of a Triton dtype, which the interpreter looks up
+    in a table it builds at every call, is kept once looked up. With both, two slow tests ran in
+    0.55 of their time (notes/house.md). Metadata only: the kernels' values are the
     interpreter's own (``test_kernels.py`` compares a kernel's bits with the patches taken
     back). Left alone where the interpreter's internals differ."""
     import inspect
