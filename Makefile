@@ -65,7 +65,7 @@ help:
 	@echo "    variables: GPU=<this GPU, h100 without one> DTYPE=$(DTYPE) REPS=$(REPS) RESULTS=<. on a GPU, rerendered without one> QUICK=$(QUICK) NBFLAGS='-p seqlens ...'"
 	@echo "    QUICK=1: 5 repetitions, 2 s per call, Tables 7-8 in one run (the committed runs' settings)"
 	@echo "make floor     Chunk/LA vs flash-linear-attention and the memory floor (GPU: measured -> data/<gpu>/floor.csv; no GPU: re-rendered)"
-	@echo "make profile   (GPU, ncu) what limits each floor cell short of its target -> data/<gpu>/ncu_limits.txt; each kernel of the gated backward -> ncu_backward.txt, its eager host time -> host_calls.txt"
+	@echo "make profile   (GPU, ncu) what limits each floor cell short of its target -> data/<gpu>/ncu_limits.txt; each kernel of the gated backward and forward -> ncu_backward.txt, ncu_forward.txt, their eager host time -> host_calls.txt"
 	@echo "make bench-serve packed prefill, decode step, generation vs fla (GPU: measured -> data/<gpu>/serve.csv, generation.csv; no GPU: re-rendered)"
 	@echo "make bench-sp  (GPUs) sequence parallelism over GPUS=N GPUs of this host (torchrun) -> data/<gpu>x<N>/sp.csv"
 	@echo "make results   figures/results.md: every measured table, written from data/ alone (no GPU needed)"
@@ -236,13 +236,15 @@ floor: $(INSTALLED)
 
 # what limits each floor cell still short of its target: Nsight Compute over one call of Chunk as
 # it ships, per cell (GPU and ncu only) -> data/<gpu>/ncu_limits.txt; then each kernel of the
-# gated backward beside the per-head decay's -> data/<gpu>/ncu_backward.txt; and where their
-# eager calls' host time goes -> data/<gpu>/host_calls.txt
+# gated backward beside the per-head decay's -> data/<gpu>/ncu_backward.txt, and of the gated
+# forward beside γ's -> data/<gpu>/ncu_forward.txt; and where their eager calls' host time goes
+# -> data/<gpu>/host_calls.txt
 profile: $(INSTALLED)
 	$(needs_gpu)
 	$(PY) -m leetrepro.probes.ncu --out $(DATA)
 	$(PY) -m leetrepro.probes.ncu --out $(DATA) --cells bf16_bwd_gates_mamba2 bf16_bwd_gamma_mamba2 \
-		bf16_bwd_gates_mamba2_64 bf16_bwd_gates_gla
+		bf16_bwd_gates_mamba2_64 bf16_bwd_gates_gla bf16_fwd_gates_mamba2 bf16_fwd_gamma_mamba2 \
+		bf16_fwd_gates_mamba2_64 bf16_fwd_gamma_mamba2_64
 	$(PY) -m leetrepro.probes.host --out $(DATA)
 
 # the launch tables of Chunk and LA, then the dispatch table of method="auto" for this GPU and

@@ -1,6 +1,6 @@
 """What limits a cell of the floor grid: Nsight Compute over one call of Chunk as it ships; and
-what each kernel of a backward call takes (:data:`BACKWARD`: the gated backward's sweeps beside
-the per-head decay's).
+what each kernel of a backward or a forward call takes (:data:`BACKWARD`, :data:`FORWARD`: the
+gated sweeps beside the per-head decay's).
 
 ``python -m leetrepro.probes.ncu [--cells f16_b16_01 ...] [--out data/<gpu>]`` profiles each cell
 in a process of its own (``ncu --profile-from-start off``, the call between cudaProfilerStart and
@@ -9,7 +9,9 @@ writes ``ncu_limits.txt``: for the call's longest kernel, its DRAM bytes against
 (B, C, V) and writes (O), the achieved rate, how busy the issue slots are, and the stall reasons in
 cycles per issued instruction. A backward cell (``--cells bf16_bwd_gates_mamba2 …``) profiles one
 backward after its forward and writes ``ncu_backward.txt``: a line per kernel of 20 µs or more, in
-launch order (its DRAM bytes, issue slots, tensor pipe, stalls). Bytes and stalls do not depend on
+launch order (its DRAM bytes, issue slots, tensor pipe, stalls); a forward cell
+(:data:`FORWARD`: the gated forward beside γ's) one forward, likewise, into ``ncu_forward.txt``.
+Bytes and stalls do not depend on
 the clocks Nsight Compute locks (the SM clock is shown); the times do. Needs a GPU and ``ncu`` on
 the PATH.
 """
