@@ -108,7 +108,7 @@ TINY = {
     "gates": ["-y", "{strengths: [0.1, 3.0], seqlens: [64, 128]}", "-p", "rank", "8"],
     "serve": ["-p", "gpu", "h100"],
     "cross_gpu": [],
-    "train": ["-p", "device", "cpu", "-y", "methods: [Vanilla, Bb, LA_torch, original, mamba2]",
+    "train": ["-p", "device", "cpu", "-y", "methods: [LA_torch, original, mamba2]",
               "-p", "steps", "30", "-p", "batch", "4", "-p", "seq_len", "64", "-p", "dim", "32",
               "-p", "layers", "2", "-p", "heads", "2", "-p", "lr", "0.01", "-p", "log_every", "10",
               "-p", "corpus_bytes", "200000", "-p", "gpu", "cpu-tiny"],
