@@ -221,20 +221,19 @@ def profiled_pass(label: str) -> None:
     inside the range, no gradient wanted)."""
     import torch
     forward, leaves, dO = backward_cell(label)
-    if label in FORWARD:
-        def run():
-            with torch.no_grad():
-                forward()
-    else:
-        def run():
-            torch.autograd.grad(o, leaves, dO)
+
+    def ready():
+        """The profiled pass as a call, what it needs done first (a backward's forward)."""
+        if label in FORWARD:
+            return lambda: torch.no_grad()(forward)()
+        o = forward()
+        return lambda: torch.autograd.grad(o, leaves, dO)
     for _ in range(3):
-        o = None if label in FORWARD else forward()
-        run()
-    o = None if label in FORWARD else forward()
+        ready()()
+    call = ready()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    run()
+    call()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
@@ -282,12 +281,12 @@ def main(argv=None) -> int:
         return 2
     device, meta, out = setup
     lines = header(provenance(device))
-    backward = [f"# Nsight Compute, {meta['gpu']}, {meta['date']}, commit {meta['commit']}: one "
-                "backward of causal_linear_decoder (method auto, bf16) after its forward; a line "
-                "per kernel of 20 µs or more, in launch order (clocks locked by ncu)"]
-    forward = [backward[0].replace("one backward of causal_linear_decoder (method auto, bf16) "
-                                   "after its forward", "one forward of causal_linear_decoder "
-                                   "(method auto, bf16), no gradient wanted")]
+    def per_kernel(what):
+        return [f"# Nsight Compute, {meta['gpu']}, {meta['date']}, commit {meta['commit']}: one "
+                f"{what} of causal_linear_decoder (method auto, bf16); a line per kernel of 20 µs "
+                "or more, in launch order (clocks locked by ncu)"]
+    backward = per_kernel("backward, after its forward,")
+    forward = per_kernel("forward, no gradient wanted,")
     logs = tempfile.mkdtemp(prefix="ncu_")
     for label in args.cells:
         into = backward if label in BACKWARD else forward if label in FORWARD else lines
