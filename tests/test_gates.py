@@ -380,9 +380,11 @@ def test_torch_compile_fullgraph_with_gates():
 def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles(monkeypatch, n, interpreted):
     """The Hopper kernel reads each lane's gates as running sums within each 64-row tile, in the
     order it sweeps the rows: from a tile's first row forward, from its last in reverse (time
-    runs backwards there), the rows past N adding nothing. One kernel launch under Triton's
+    runs backwards there), the rows past N adding nothing, in base 2 (times log2 e), and
+    ``running_tile_sums`` the same in the rows' own units. One kernel launch under Triton's
     interpreter (as on a GPU; several of its programs a lane at N = 1100), PyTorch without it."""
     from leetrepro.methods.chunk import tile_gate_sums
+    from leetrepro.methods.chunk.hopper_launch import LOG2E, running_tile_sums
     if not interpreted:
         monkeypatch.setenv("TRITON_INTERPRET", "0")
     elif not INTERPRETED:
@@ -390,13 +392,16 @@ def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles(monkeypatch, n,
     g = _gates(2, 3, n, seed=5).transpose(1, 2).contiguous().transpose(1, 2)  # (any strides)
     whole = -(-n // 64) * 64
     fwd, rev = tile_gate_sums(g, 64, False), tile_gate_sums(g, 64, True)
-    assert fwd.shape == rev.shape == (2, 3, whole) and fwd.is_contiguous()
-    assert fwd.dtype == rev.dtype == torch.float32
+    own = running_tile_sums(g, 64, False)
+    assert fwd.shape == rev.shape == own.shape == (2, 3, whole) and fwd.is_contiguous()
+    assert fwd.dtype == rev.dtype == own.dtype == torch.float32
     for t in range(whole // 64):
         rows = slice(64 * t, min(64 * t + 64, n))
         want = g[..., rows].cumsum(-1)
-        torch.testing.assert_close(fwd[..., rows], want)
-        torch.testing.assert_close(rev[..., rows], g[..., rows].flip(-1).cumsum(-1).flip(-1))
+        torch.testing.assert_close(own[..., rows], want)
+        torch.testing.assert_close(fwd[..., rows], want * LOG2E)
+        torch.testing.assert_close(rev[..., rows],
+                                   g[..., rows].flip(-1).cumsum(-1).flip(-1) * LOG2E)
     assert (fwd[..., n:] == fwd[..., n - 1:n]).all() and (rev[..., n:] == 0).all()
 
 
@@ -1239,7 +1244,7 @@ def test_the_gates_folded_shifted_and_summed_in_one_launch_are_the_passes_values
         assert gate.is_contiguous() and rev.is_contiguous()
         sums = [hopper_launch.tile_gate_sums(x, 64, r) for x, r in ((gate, False), (rev, True))]
         assert len(launched) == 1  # (found, not made again)
-        alone = [hopper_launch._tile_sums((x.clone(), r), block=64)[0]
+        alone = [hopper_launch._tile_sums((x.clone(), r), block=64, unit=hopper_launch.LOG2E)[0]
                  for x, r in ((want, False), (shift_gates(want), True))]
         assert all(torch.equal(a.nan_to_num(1.0), b.nan_to_num(1.0)) for a, b in zip(sums, alone))
         assert hopper_launch.tile_gate_sums(gate, 64, True) is not sums[0]  # (not made: anew)
@@ -1475,6 +1480,72 @@ def test_the_hopper_pieces_sweeps_take_segments_where_the_switch_says(monkeypatc
             recorded.clear()
             o.backward(torch.ones_like(o))
             assert [x for x in recorded if isinstance(x, tuple)] == want, segments
+
+
+def test_the_packed_mask_reaches_the_gated_bf16_sweeps_whose_scores_are_only_an_operand(
+        monkeypatch):
+    """``chunk.tables.HOPPER_PACKED_MASK`` (the causal mask as an ``and`` on the rounded scores'
+    bits) is a constant of the gated bf16 Hopper sweeps whose masked scores are read only as the
+    product's operand (the forward, the reverse sweeps without the dual output), never of the
+    dB sweep (its own pairs read them in float32), fp16's (its scaled range reads their
+    maximum), γ's, the dual output's or normalised attention's, nor with the switch or the lean
+    mask off."""
+    import itertools
+    from leetrepro.methods.chunk import hopper_constants, tables
+    seen = set()
+    for packed, lean in ((True, True), (False, True), (True, False)):
+        monkeypatch.setattr(tables, "HOPPER_PACKED_MASK", packed)
+        monkeypatch.setattr(tables, "HOPPER_LEAN_MASK", lean)
+        for dtype, gates, reverse, pieces, dual, rows in itertools.product(
+                (torch.bfloat16, torch.float16), *[(False, True)] * 5):
+            if (pieces and not gates) or (rows and reverse):
+                continue
+            k = hopper_constants(r=128, d=64, dtype=dtype, decay=not gates, has_s0=True,
+                                 store_sn=True, split=False, reverse=reverse, dual=dual,
+                                 gates=gates, gate_grad=pieces, rows=rows)
+            want = (packed and lean and gates and dtype == torch.bfloat16 and not dual and
+                    not (pieces and not reverse))
+            assert bool(k.PACKED_MASK) == want, (packed, lean, dtype, gates, reverse, pieces, dual)
+            seen.add(want)
+        k = hopper_constants(r=64, d=128, dtype=torch.bfloat16, decay=False, has_s0=False,
+                             store_sn=False, split=False, reverse=False, dual=False, norm=1)
+        assert not k.PACKED_MASK
+    assert seen == {False, True}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
+def test_the_packed_mask_gives_the_select_s_bits(monkeypatch):
+    """On an sm_90 GPU, ``chunk.tables.HOPPER_PACKED_MASK`` on and off give the same bits: a
+    gated bf16 forward and backward (time-major, N past a whole chunk, states in and out) and
+    the SSD's forward with V's row weights."""
+    from leetrepro.compat import chunk_simple_gla, mamba_chunk_scan_combined
+    from leetrepro.methods.chunk import hopper_unfit, tables
+    gen = torch.Generator().manual_seed(11)
+    b, n, h, dk, dv = 2, 1000, 4, 128, 64
+    q, k = (torch.randn(b, n, h, dk, generator=gen).cuda().bfloat16().requires_grad_()
+            for _ in range(2))
+    v = torch.randn(b, n, h, dv, generator=gen).cuda().bfloat16().requires_grad_()
+    g = torch.nn.functional.logsigmoid(torch.randn(b, n, h, generator=gen) + 3).cuda()
+    g[0, 300, 1] = -1e4  # (a hard reset)
+    g.requires_grad_()
+    s0 = torch.randn(b, h, dk, dv, generator=gen).cuda().requires_grad_()
+    x = torch.randn(b, n, 8, 64, generator=gen).cuda().bfloat16()
+    dt = torch.rand(b, n, 8, generator=gen).cuda()
+    A = -torch.rand(8, generator=gen).cuda() - 0.5
+    B, C = (torch.randn(b, n, 1, 128, generator=gen).cuda().bfloat16() for _ in range(2))
+    if hopper_unfit(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, gates=True):
+        pytest.skip("the Hopper kernel does not take these operands here")
+    runs = []
+    for packed in (False, True):
+        monkeypatch.setattr(tables, "HOPPER_PACKED_MASK", packed)
+        o, s_n = chunk_simple_gla(q, k, v, g=g, initial_state=s0, output_final_state=True)
+        grads = torch.autograd.grad((o.float().square().sum() + s_n.square().sum()),
+                                    (q, k, v, g, s0))
+        y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256)
+        runs.append((o, s_n, y) + grads)
+    for got, want in zip(*runs):
+        assert torch.equal(got, want)
 
 
 def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatch):

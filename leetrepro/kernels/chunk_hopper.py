@@ -70,13 +70,14 @@ and O2's staging one buffer each per consumer.
 
 Per-token gates (``HAS_GATE``, fp16/bf16): the launcher passes each lane's gates as running sums
 *within each 64-row tile, in logical order* (forward: from the tile's first row; reverse: from
-its last), fp32, padded to whole tiles (``leetrepro.methods.chunk.tile_gate_sums``). The
+its last), fp32, in base 2 (times log2 e: each exponential below is one ``ex2``), padded to
+whole tiles (``leetrepro.methods.chunk.tile_gate_sums``). The
 loader brings a chunk's 64 sums into its ring slot with its tiles (``G_RING``, where that costs
 the ring no slot: then they arrive ``STAGES`` chunks ahead; else each consumer loads them from
 L2 before it waits on the ring, and waits out their latency), a consumer reads them by rows and
-by columns and takes, in place of the powers of λ, exp(G_i) onto the entering state,
-exp(G_L − G_j) into the leaving one (G_L the tile's total), exp(G_L) the state's own decay and
-exp(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. A
+by columns and takes, in place of the powers of λ, 2^(G_i) onto the entering state,
+2^(G_L − G_j) into the leaving one (G_L the tile's total), 2^(G_L) the state's own decay and
+2^(G_i − G_j) the mask: every exponent a difference within a tile, the later row first. A
 segment's decay is the sum of its tiles' totals, summed in its first pass.
 
 The gates' gradient's pieces (``GATE_GRAD``, a sweep with gates, fp16/bf16, one segment a lane: the
@@ -110,7 +111,7 @@ recomputes those lanes with the portable kernel's repair launch, as for the port
 
 Each consumer partition inlines its own copy of :func:`_consumer`: a function call anywhere in the
 kernel makes ptxas serialize every wgmma (notes/gates.md). With ``LEAN_MASK`` the gates' mask
-takes its exponentials without subnormal results (:func:`_exp_ftz`) and the own pairs their tile
+takes its exponentials without subnormal results (:func:`_exp2_ftz`) and the own pairs their tile
 as masked.
 
 Launcher: ``leetrepro.methods.chunk`` (``kernel="hopper"``); compiled without a GPU for the
@@ -245,33 +246,46 @@ def _gates_after_wait(ring, s, gates, w_v, acc_l: gl.constexpr, K: gl.constexpr)
 
 
 @gluon.jit
-def _exp_ftz(x):
-    """e^x (float32) by one ``ex2.approx.ftz.f32``: ``gl.exp``'s value wherever it is at least
-    2^-126, 0 below (``gl.exp`` keeps those subnormal results by a range check and two scalings
+def _exp2_ftz(x):
+    """2^x (float32) by one ``ex2.approx.ftz.f32``: ``gl.exp2``'s value wherever it is at least
+    2^-126, 0 below (``gl.exp2`` keeps those subnormal results by a range check and two scalings
     ptxas adds around each ``MUFU.EX2``: three instructions more an element of the gated mask)."""
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f",
-                                     [x * 1.4426950408889634], dtype=gl.float32, is_pure=True,
-                                     pack=1)
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _kept(p16, keep):
+    """A 16-bit tile's entries where ``keep`` (int16, loop-invariant) is all ones, +0 where it
+    is 0, by one ``and.b32`` a pair of entries: the causal mask after the scores' rounding, where
+    a compare and a select an entry took two instructions each (``PACKED_MASK``). The bits of
+    ``where(keep, p, 0)`` rounded, whatever p holds where it is dropped (inf, NaN)."""
+    return gl.inline_asm_elementwise("and.b32 $0, $1, $2;", "=r,r,r", [p16, keep],
+                                     dtype=p16.dtype, is_pure=True, pack=2)
 
 
 @gluon.jit
 def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False,
-            extra=None, LEAN: gl.constexpr = False):
+            extra=None, LEAN: gl.constexpr = False, PACKED: gl.constexpr = False):
     """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
-    with ``gates`` (:func:`_chunk_gates`) exp(G_i − G_j), and with ``ROWS`` times V's row weight
+    with ``gates`` (:func:`_chunk_gates`, base 2) 2^(G_i − G_j), and with ``ROWS`` times V's row weight
     w_j, :func:`_value_weights`), exactly 0 elsewhere; with ``extra`` (:func:`_dual_offsets`)
     the scores plus its constant c, the mask 0-1. ``LEAN`` (``K.LEAN_MASK``): the gates'
-    exponentials by :func:`_exp_ftz`."""
+    exponentials by :func:`_exp2_ftz`; ``PACKED`` (``K.PACKED_MASK``, with ``gates``): no
+    select, the caller drops the entries past the diagonal once rounded (:func:`_kept`)."""
     if extra is not None:
         return gl.where(diff >= 0, sc + extra[3], 0.0)
     elif gates is not None:
         if LEAN:
-            m = _exp_ftz(gates[0][:, None] - gates[1][None, :])
+            m = _exp2_ftz(gates[0][:, None] - gates[1][None, :])
         else:
-            m = gl.exp(gates[0][:, None] - gates[1][None, :])
+            m = gl.exp2(gates[0][:, None] - gates[1][None, :])
         if ROWS:
             m = m * gates[4][None, :]
-        return gl.where(diff >= 0, sc * m, 0.0)
+        if PACKED:
+            return sc * m
+        else:
+            return gl.where(diff >= 0, sc * m, 0.0)
     elif HAS_DECAY:
         return gl.where(diff >= 0, sc * gl.exp(gl.maximum(diff, 0).to(gl.float32) * lg), 0.0)
     else:
@@ -320,9 +334,9 @@ def _row_weights(w_in, ri, length, lg, HAS_DECAY: gl.constexpr, REVERSE: gl.cons
     """The powers λ^(i+1) onto the state entering a chunk, per row ``ri`` of its tile (1.0 for
     the 0-1 mask): forward the same for every chunk (``w_in``, computed once before the sweep);
     in reverse row k of a tile of ``length`` rows takes λ^(length-k) (the first swept is short).
-    With ``gates``: exp(G_i)."""
+    With ``gates``: 2^(G_i), G in base 2."""
     if gates is not None:
-        return gl.exp(gates[0])
+        return gl.exp2(gates[0])
     elif HAS_DECAY:
         if REVERSE:
             e_in, _ = _exponents(ri, length, REVERSE)
@@ -358,15 +372,15 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
     only K-major, and the chunk's rows (this product's K) are v's and c's outer dimension, so v's
     half is transposed in place in its ring slot (the B operand, unweighted: the masked part of O
     reads it too), and the A operand is c's tile itself, which :func:`_ct_part` loads to registers
-    weighted, half the chunk's rows at a time. With ``gates`` (fp16/bf16): exp(G_L − G_j) and
-    exp(G_L) (rows past the lane's end weighed 0); ``vwl_s`` (``GATE_GRAD``): the weighted v's
+    weighted, half the chunk's rows at a time. With ``gates`` (fp16/bf16): 2^(G_L − G_j) and
+    2^(G_L) (G in base 2; rows past the lane's end weighed 0); ``vwl_s`` (``GATE_GRAD``): the weighted v's
     16-bit remainder stored there too."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     HAS_DECAY: gl.constexpr = K.HAS_DECAY
     REVERSE: gl.constexpr = K.REVERSE
     if gates is not None:
-        w_out = gl.where(kr < length, gl.exp(gates[2] - gates[0]), 0.0)
+        w_out = gl.where(kr < length, gl.exp2(gates[2] - gates[0]), 0.0)
         if K.ROWS == 1:  # (V' = w·V: row j's weight on the update's row j)
             w_out = w_out * gates[3]
         vw = v_t.load(acc_l).to(gl.float32) * w_out[:, None]
@@ -374,7 +388,7 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
         vw_s.store(vw16)
         if vwl_s is not None:
             vwl_s.store((vw - vw16.to(gl.float32)).to(dtype))
-        return state * gl.exp(gates[2]), c_t.permute((1, 0)), vw_s
+        return state * gl.exp2(gates[2]), c_t.permute((1, 0)), vw_s
     elif dtype == gl.float32:
         if HAS_DECAY:
             state = state * gl.exp(length.to(gl.float32) * lg)
@@ -506,8 +520,9 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK ROWS_SUMMED",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False))
+                 "LEAN_MASK ROWS_SUMMED PACKED_MASK",
+    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False,
+              False))
 
 
 @gluon.constexpr_function
@@ -803,7 +818,7 @@ def _first_pass(first, prog, ring, st, kr, K: gl.constexpr, H_IDX: gl.constexpr)
     a_l: gl.constexpr = _operand_layout(dtype, DH)
     local = gl.zeros([R, DH], gl.float32, acc_l)
     own = _no_sums(K)  # (NORM: the segment's own Σk and Σv)
-    seg_log = prog.n.to(gl.float32) * 0.0  # (gates: the segment's log decay, tiles' totals)
+    seg_log = prog.n.to(gl.float32) * 0.0  # (gates: the segment's log2 decay, tiles' totals)
     for i in range(first):
         row, length = prog.chunk(i, K)
         gates = None
@@ -892,7 +907,7 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
             if K.NORM:
                 _publish_sums(own, prog, col, K, H_IDX)
             if K.HAS_GATE:
-                local += state * gl.exp(seg_log)
+                local += state * gl.exp2(seg_log)
             elif HAS_DECAY:
                 local += state * gl.exp(prog.n.to(gl.float32) * prog.lg)
             else:
@@ -922,6 +937,8 @@ def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: 
         diff = cj[None, :] - ri[:, None]  # [BLOCK_N, BLOCK_N]
     else:
         diff = ri[:, None] - cj[None, :]
+    if K.PACKED_MASK:  # (its only use: the masked scores' 16-bit bits kept, :func:`_kept`)
+        diff = gl.where(diff >= 0, -1, 0).to(gl.int16)
     w_in = _forward_powers(ri, prog, K)
     col = prog.col0 + H_IDX * DH
     w_next = 0.0
@@ -1234,7 +1251,8 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
         extra = aux[1] if K.NORM == 5 else None  # (NORM 5: the scores' constant, c·Σv)
-        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra, K.LEAN_MASK)
+        p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra, K.LEAN_MASK,
+                    K.PACKED_MASK)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
             e = _own_pairs(p * wv, diff, K.LEAN_MASK)
@@ -1246,7 +1264,10 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
             if DUAL or K.E_RING:
                 e_t = e_t.load(acc_l)
             e += gl.sum(o * _weighted(e_t, gates, K), axis=1) * p_up
-        pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
+        if K.PACKED_MASK:  # (diff is the mask's bits here, p unmasked; bf16: p_down is 1)
+            pa = gl.convert_layout(_kept(p.to(dtype), diff), a_l)
+        else:
+            pa = gl.convert_layout((p * p_down).to(dtype), a_l)  # [BLOCK_N, BLOCK_N]
         o = warpgroup_mma(pa, v_t, o, is_async=True)
         o, state, e = _all_done(o, state, sums, e, K)
         if K.ROWS == 1:  # (the skip D·v from the slot's own v, before the slot is released)

@@ -62,7 +62,7 @@ def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES
 @triton.jit
 def _tile_sums(G, OUT, lane, step, N, HEADS, WHOLE, STRIDES, BLOCK_N: tl.constexpr,
                TILES: tl.constexpr, REVERSE: tl.constexpr, SHIFT: tl.constexpr, FOLD,
-               WHICH: tl.constexpr):
+               WHICH: tl.constexpr, UNIT: tl.constexpr):
     SB, SH, SN = STRIDES
     rows = (step * TILES + tl.arange(0, TILES))[:, None] * BLOCK_N + \
         tl.arange(0, BLOCK_N)[None, :]
@@ -73,13 +73,16 @@ def _tile_sums(G, OUT, lane, step, N, HEADS, WHOLE, STRIDES, BLOCK_N: tl.constex
     if FOLD is not None:  # (raised to the floor, NaN kept, and written as the kernels read it)
         g = tl.where(src < N, tl.maximum(g, FOLD[0], propagate_nan=tl.PropagateNan.ALL), 0.0)
         tl.store(FOLD[1 + WHICH] + lane * N + rows, g, mask=rows < N)
-    tl.store(OUT + lane * (WHOLE * BLOCK_N) + rows, tl.cumsum(g, axis=1, reverse=REVERSE),
-             mask=rows < WHOLE * BLOCK_N)
+    sums = tl.cumsum(g, axis=1, reverse=REVERSE)
+    if UNIT != 1.0:
+        sums = sums * UNIT
+    tl.store(OUT + lane * (WHOLE * BLOCK_N) + rows, sums, mask=rows < WHOLE * BLOCK_N)
 
 
 @triton.jit
 def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-                     REVERSE: tl.constexpr, TWIN=None, FOLD=None, SHIFT_TWIN: tl.constexpr = False):
+                     REVERSE: tl.constexpr, TWIN=None, FOLD=None, SHIFT_TWIN: tl.constexpr = False,
+                     UNIT: tl.constexpr = 1.0):
     """Running sums of the gates within each tile of ``BLOCK_N`` rows, from the tile's first row
     (``REVERSE``: from its last back), in float32. G: ``(batch, heads, N)`` at any strides
     ``STRIDES``, any float dtype; OUT: float32 ``(batch·heads, whole tiles·BLOCK_N)`` contiguous,
@@ -91,15 +94,15 @@ def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.con
     ``FOLD = (floor, FOLDED, FOLDED2)``: each gate raised to ``floor`` before it is summed
     (``decay.per_token.fold_gates``, NaN kept) and written to FOLDED (the twin's to FOLDED2),
     float32 ``(batch·heads, N)`` contiguous: the gates the other kernels read, from the same
-    launch."""
+    launch. ``UNIT``: the sums written times it (log2 e: the Hopper kernel's base-2 exponents)."""
     N, HEADS, WHOLE = SIZE
     lane = tl.program_id(0).to(tl.int64)
     if TWIN is None:
         _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
-                   REVERSE, False, FOLD, 0)
+                   REVERSE, False, FOLD, 0, UNIT)
     elif tl.program_id(2) == 0:
         _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
-                   REVERSE, False, FOLD, 0)
+                   REVERSE, False, FOLD, 0, UNIT)
     else:
         _tile_sums(TWIN[0], TWIN[1], lane, tl.program_id(1), N, HEADS, WHOLE, TWIN[2], BLOCK_N,
-                   TILES, not REVERSE, SHIFT_TWIN, FOLD, 1)
+                   TILES, not REVERSE, SHIFT_TWIN, FOLD, 1, UNIT)

@@ -50,7 +50,7 @@ def hopper_row_pieces(q: torch.Tensor, block_n: int, reverse: bool) -> tuple:
     q = q[0] if blocks == 1 else q.sum(0)
     # (the running sums within tiles the gates take: forward the sums to each tile's end, in
     # reverse from its start, less the row's own)
-    sums = hopper_launch.tile_gate_sums(q, block_n, not reverse).view(batch, heads, -1, block_n)
+    sums = hopper_launch.running_tile_sums(q, block_n, not reverse).view(batch, heads, -1, block_n)
     totals = sums[..., -1] if reverse else sums[..., 0]
     rows = sums.view(batch, heads, -1)[..., :n]
     return (rows - q if reverse else rows)[None], totals.reshape(1, batch * heads, -1)

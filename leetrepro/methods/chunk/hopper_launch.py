@@ -29,6 +29,9 @@ except ImportError as err:  # (a Triton without Gluon's Hopper modules: the port
     hopper_kernels = rows_kernels = TensorDescriptor = NoTriton(err)
     OutOfResources = NoTriton.Error
 
+#: log2 e: the Hopper kernel reads its gates' tile sums in base-2 units (:func:`tile_gate_sums`)
+LOG2E = 1.4426950408889634
+
 
 def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0: bool,
                      store_sn: bool, split: bool, reverse: bool, dual: bool,
@@ -67,7 +70,12 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         GATE_GRAD=gate_grad, E_RING=bool(with_e), G_RING=bool(g_ring), ROWS=rows,
         LATE_PAIRS=bool(gate_grad and not reverse and late_pairs), UNHOIST=bool(unhoist),
         NORM=norm, LEAN_MASK=bool(gates and tables.HOPPER_LEAN_MASK),
-        ROWS_SUMMED=bool(gate_grad and tables.HOPPER_ROWS_SUMMED))
+        ROWS_SUMMED=bool(gate_grad and tables.HOPPER_ROWS_SUMMED),
+        # (where the masked scores are read only as the 16-bit operand: not fp16's scaled
+        # range, the dB sweep's own pairs, the dual output's or the normaliser's masks)
+        PACKED_MASK=bool(gates and tables.HOPPER_LEAN_MASK and tables.HOPPER_PACKED_MASK and
+                         dtype == torch.bfloat16 and not dual and not norm and
+                         not (gate_grad and not reverse)))
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
@@ -317,8 +325,10 @@ def _hopper_launch(*, n, r, d, heads, lanes, segment, dc, dtype, decay, has_s0, 
 
 def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
     """The Hopper kernel's gates: running sums of g ``(batch, heads, N)`` within each tile of
-    ``block`` rows, in logical order (``reverse``: from each tile's last row back), float32
-    ``(batch, heads, whole tiles)`` contiguous, the rows past N zeros (they add nothing). One
+    ``block`` rows, in logical order (``reverse``: from each tile's last row back), times
+    :data:`LOG2E` (base-2 exponents: the kernel takes each exponential as one ``ex2``, where
+    e^x was a multiply more an element of the mask), float32 ``(batch, heads, whole tiles)``
+    contiguous, the rows past N zeros (they add nothing). One
     launch on a GPU (or under Triton's interpreter: ``kernels/gate_rows.py``), where PyTorch
     took three to five (a cast, the padding, flips, the sums; about 25 µs a sweep at Codestral's
     2 × 128 heads × 8192, H200, notes/gates.md); PyTorch elsewhere. Inside
@@ -334,16 +344,23 @@ def tile_gate_sums(g: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
         if key is not None:
             made = shared["made"].get((key, block))
             if made is None:
-                made = _tile_sums(*shared["gates"], block=block)
+                made = _tile_sums(*shared["gates"], block=block, unit=LOG2E)
                 shared["made"].update({(i, block): x for i, x in enumerate(made)})
                 made = made[key]
             return made
-    return _tile_sums((g, reverse), block=block)[0]
+    return _tile_sums((g, reverse), block=block, unit=LOG2E)[0]
 
 
-def _tile_sums(first: tuple, second: tuple | None = None, *, block: int) -> tuple:
-    """:func:`tile_gate_sums` of ``first = (g, reverse)`` and, where given, of ``second``, the
-    other direction's gates of the same shape: one launch for both."""
+def running_tile_sums(x: torch.Tensor, block: int, reverse: bool) -> torch.Tensor:
+    """:func:`tile_gate_sums`' running sums of any rows x ``(batch, heads, N)`` in their own
+    units (not times log2 e), never taken from a call's kept gates."""
+    return _tile_sums((x, reverse), block=block, unit=1.0)[0]
+
+
+def _tile_sums(first: tuple, second: tuple | None = None, *, block: int, unit: float) -> tuple:
+    """Running sums within tiles (:func:`tile_gate_sums`) of ``first = (g, reverse)`` and,
+    where given, of ``second``, the other direction's gates of the same shape, times ``unit``:
+    one launch for both."""
     g, reverse = first
     b, h, n = g.shape
     whole = cdiv(n, block)
@@ -360,9 +377,9 @@ def _tile_sums(first: tuple, second: tuple | None = None, *, block: int) -> tupl
                                                len(pairs)),
                dict(G=g, OUT=outs[0], SIZE=(n, h, whole), STRIDES=strides,
                     BLOCK_N=block, TILES=tables.GATE_ROWS_TILES, REVERSE=reverse, TWIN=twin,
-                    FOLD=None, SHIFT_TWIN=False),
+                    FOLD=None, SHIFT_TWIN=False, UNIT=unit),
                key=(g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block,
-                    tables.GATE_ROWS_TILES, reverse, g.device) +
+                    tables.GATE_ROWS_TILES, reverse, unit, g.device) +
                (() if twin is None else (twin[0].dtype, twin[0].data_ptr() % 16 == 0, twin[2])),
                num_warps=4)
         return outs
@@ -370,8 +387,8 @@ def _tile_sums(first: tuple, second: tuple | None = None, *, block: int) -> tupl
     for x, rev in (first,) if second is None else (first, second):
         tiles = torch.nn.functional.pad(x.to(torch.float32), (0, whole * block - n))
         tiles = tiles.view(b, h, -1, block)
-        outs.append((tiles.flip(-1).cumsum(-1).flip(-1) if rev else tiles.cumsum(-1))
-                    .view(b, h, -1))
+        sums = tiles.flip(-1).cumsum(-1).flip(-1) if rev else tiles.cumsum(-1)
+        outs.append((sums if unit == 1.0 else sums * unit).view(b, h, -1))
     return tuple(outs)
 
 
@@ -408,7 +425,7 @@ def folded_gate_sums(g: torch.Tensor, *, twin: bool) -> tuple | None:
                 TILES=tiles, REVERSE=False, TWIN=(g, sums[1], strides) if twin else None,
                 # (without a twin its slot repeats the first buffer, never written: a None
                 # inside a tuple argument fails Triton's compile, though the interpreter runs it)
-                FOLD=(GATE_FLOOR, gates[0], gates[-1]), SHIFT_TWIN=twin),
+                FOLD=(GATE_FLOOR, gates[0], gates[-1]), SHIFT_TWIN=twin, UNIT=LOG2E),
            key=("fold", g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block, tiles,
                 twin, g.device), num_warps=4)
     for x, made, reverse in zip(gates, sums, (False, True)):

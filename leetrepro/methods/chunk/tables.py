@@ -440,6 +440,13 @@ HOPPER_UNHOISTED = frozenset({(128, 128)})
 HOPPER_LEAN_MASK = True
 
 
+#: whether the Hopper kernel's gated bf16 sweeps whose masked scores are only the product's
+#: operand (the forward, the reverse sweeps without the dual output) drop the entries past the
+#: diagonal after rounding them, one ``and`` a pair of entries on a mask made before the sweep,
+#: instead of a compare and a select an entry (``PACKED_MASK``; the same bits); an A/B switch
+HOPPER_PACKED_MASK = True
+
+
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
 #: their parts into it (``ROWS_SUMMED``: relaxed atomics onto zeros, the same bits either way),
 #: instead of a block per consumer: half the rows' buffers (a gated backward's peak at Mamba-2's
