@@ -405,6 +405,33 @@ def test_the_hopper_kernel_s_gates_are_running_sums_within_tiles(monkeypatch, n,
     assert (fwd[..., n:] == fwd[..., n - 1:n]).all() and (rev[..., n:] == 0).all()
 
 
+def test_time_major_gates_are_summed_a_block_of_heads_a_program_with_the_same_bits(
+        monkeypatch):
+    """Time-major gates (heads innermost) take up to ``tables.GATE_SUMS_HEADS`` heads a program
+    of the tile sums' launch, its loads along the heads; contiguous rows one head a program.
+    Both give the same bits, folded and summed alone, with heads past a whole block (20 heads,
+    blocks of 16) and N past a whole tile."""
+    from leetrepro.methods.chunk import hopper_launch, tables
+    if not INTERPRETED:
+        pytest.skip("the CPU's interpreted launch")
+    monkeypatch.setattr(tables, "GATE_FOLD_FUSED", True)
+    g = _gates(2, 20, 150, seed=3)
+    g[1, 17, 80] = -1e4
+    tm = g.transpose(1, 2).contiguous().transpose(1, 2)
+    assert hopper_launch.sums_blocks(g) == (1, tables.GATE_ROWS_TILES)
+    assert hopper_launch.sums_blocks(tm)[0] == 16
+    for rev in (False, True):
+        assert torch.equal(hopper_launch.tile_gate_sums(tm, 64, rev),
+                           hopper_launch.tile_gate_sums(g, 64, rev))
+    folded = [hopper_launch.folded_gate_sums(x, twin=True) for x in (tm, g)]
+    for got, want in zip(*folded):
+        assert torch.equal(got, want)
+    sums = [[hopper_launch.tile_gate_sums(x, 64, r) for x, r in zip(f, (False, True))]
+            for f in folded]
+    for got, want in zip(*sums):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("interpreted", [True, False])
 def test_a_backward_s_sweeps_share_one_launch_of_the_gates_tile_sums(monkeypatch, interpreted):
     """Inside ``shared_tile_sums`` (a gated backward's sweeps) the forward gates' and the

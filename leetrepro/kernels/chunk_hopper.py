@@ -921,24 +921,32 @@ def _entering_state(first, prog, ring, ops, st, kr, col, K: gl.constexpr, H_IDX:
 
 
 @gluon.jit
+def _own_mask(ri, cj, K: gl.constexpr):
+    """What a chunk's own mask is made from, [BLOCK_N, BLOCK_N] for tile rows ``ri`` and columns
+    ``cj``: the logical rows' differences i − j (λ^(i-j) where i ≥ j: tile rows ri ≥ cj, or
+    ri ≤ cj in reverse), or with ``PACKED_MASK`` (their only use then) the 16-bit mask
+    :func:`_kept` takes, all ones where i ≥ j."""
+    if K.REVERSE:
+        diff = cj[None, :] - ri[:, None]
+    else:
+        diff = ri[:, None] - cj[None, :]
+    if K.PACKED_MASK:
+        return gl.where(diff >= 0, -1, 0).to(gl.int16)
+    else:
+        return diff
+
+
+@gluon.jit
 def _sweep(state, sums, first, prog, ring, ops, st, kr, K: gl.constexpr, H_IDX: gl.constexpr):
     """Step 4: the segment's chunks, O's columns of this consumer (and with ``DUAL`` O2's) stored
     as they come, the state carried on; returns the state leaving the segment."""
     BLOCK_N: gl.constexpr = K.BLOCK_N
     DC: gl.constexpr = K.DC
     DUAL: gl.constexpr = K.DUAL
-    REVERSE: gl.constexpr = K.REVERSE
     DH: gl.constexpr = DC // 2
     acc_l: gl.constexpr = _acc_layout(ops.b.dtype, DH)
     ri = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))  # [BLOCK_N] rows
-    cj = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_l))  # [BLOCK_N] columns
-    # the chunk's own mask λ^(i-j) for logical rows i ≥ j: tile rows ri ≥ cj, or ri ≤ cj in reverse
-    if REVERSE:
-        diff = cj[None, :] - ri[:, None]  # [BLOCK_N, BLOCK_N]
-    else:
-        diff = ri[:, None] - cj[None, :]
-    if K.PACKED_MASK:  # (its only use: the masked scores' 16-bit bits kept, :func:`_kept`)
-        diff = gl.where(diff >= 0, -1, 0).to(gl.int16)
+    diff = _own_mask(ri, gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_l)), K)
     w_in = _forward_powers(ri, prog, K)
     col = prog.col0 + H_IDX * DH
     w_next = 0.0

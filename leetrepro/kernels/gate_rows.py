@@ -60,49 +60,57 @@ def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES
 
 
 @triton.jit
-def _tile_sums(G, OUT, lane, step, N, HEADS, WHOLE, STRIDES, BLOCK_N: tl.constexpr,
+def _tile_sums(G, OUT, unit, step, N, HEADS, WHOLE, STRIDES, BLOCK_N: tl.constexpr,
                TILES: tl.constexpr, REVERSE: tl.constexpr, SHIFT: tl.constexpr, FOLD,
-               WHICH: tl.constexpr, UNIT: tl.constexpr):
+               WHICH: tl.constexpr, UNIT: tl.constexpr, HB: tl.constexpr):
     SB, SH, SN = STRIDES
     rows = (step * TILES + tl.arange(0, TILES))[:, None] * BLOCK_N + \
         tl.arange(0, BLOCK_N)[None, :]
-    rows = rows.to(tl.int64)
+    rows = rows.to(tl.int64)[:, :, None]  # [TILES, BLOCK_N, 1]
+    blocks = tl.cdiv(HEADS, HB)
+    head = (unit % blocks) * HB + tl.arange(0, HB)[None, None, :]  # [1, 1, HB]
+    lane = (unit // blocks) * HEADS + head
     src = rows + 1 if SHIFT else rows  # (the reverse sweeps' gates: row t carries g_(t+1))
-    g = tl.load(G + (lane // HEADS) * SB + (lane % HEADS) * SH + src * SN, mask=src < N,
+    g = tl.load(G + (unit // blocks) * SB + head * SH + src * SN, mask=(src < N) & (head < HEADS),
                 other=0.0).to(tl.float32)
     if FOLD is not None:  # (raised to the floor, NaN kept, and written as the kernels read it)
         g = tl.where(src < N, tl.maximum(g, FOLD[0], propagate_nan=tl.PropagateNan.ALL), 0.0)
-        tl.store(FOLD[1 + WHICH] + lane * N + rows, g, mask=rows < N)
+        tl.store(FOLD[1 + WHICH] + lane * N + rows, g, mask=(rows < N) & (head < HEADS))
     sums = tl.cumsum(g, axis=1, reverse=REVERSE)
     if UNIT != 1.0:
         sums = sums * UNIT
-    tl.store(OUT + lane * (WHOLE * BLOCK_N) + rows, sums, mask=rows < WHOLE * BLOCK_N)
+    tl.store(OUT + lane * (WHOLE * BLOCK_N) + rows, sums,
+             mask=(rows < WHOLE * BLOCK_N) & (head < HEADS))
 
 
 @triton.jit
 def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
                      REVERSE: tl.constexpr, TWIN=None, FOLD=None, SHIFT_TWIN: tl.constexpr = False,
-                     UNIT: tl.constexpr = 1.0):
+                     UNIT: tl.constexpr = 1.0, HB: tl.constexpr = 1):
     """Running sums of the gates within each tile of ``BLOCK_N`` rows, from the tile's first row
     (``REVERSE``: from its last back), in float32. G: ``(batch, heads, N)`` at any strides
     ``STRIDES``, any float dtype; OUT: float32 ``(batch·heads, whole tiles·BLOCK_N)`` contiguous,
     the rows past N read as 0; ``SIZE = (N, heads, whole tiles)``. A program takes ``TILES``
-    tiles of one lane (axis 1 of the grid: its steps). ``TWIN = (G2, OUT2, STRIDES2)``: a second
-    gates' sums, in the other direction, by the grid's second row on axis 2 (a backward's
-    forward and reverse gates in one launch); ``SHIFT_TWIN``: G2 read one row on (row t takes
-    row t + 1's gate, the last row 0: ``decay.per_token.shift_gates`` of one sequence).
+    tiles (axis 1 of the grid: its steps) of ``HB`` heads of one batch row (axis 0: batch rows
+    times blocks of heads): more than one where the gates' rows are not contiguous (time-major
+    gates, heads innermost), so that its loads are (a head a program read 4 bytes of each
+    32-byte sector: 9.3 µs for Mamba-2's 2 × 64 heads × 8192, H200). ``TWIN = (G2, OUT2,
+    STRIDES2)``: a second gates' sums, in the other direction, by the grid's second row on
+    axis 2 (a backward's forward and reverse gates in one launch); ``SHIFT_TWIN``: G2 read one
+    row on (row t takes row t + 1's gate, the last row 0: ``decay.per_token.shift_gates`` of
+    one sequence).
     ``FOLD = (floor, FOLDED, FOLDED2)``: each gate raised to ``floor`` before it is summed
     (``decay.per_token.fold_gates``, NaN kept) and written to FOLDED (the twin's to FOLDED2),
     float32 ``(batch·heads, N)`` contiguous: the gates the other kernels read, from the same
     launch. ``UNIT``: the sums written times it (log2 e: the Hopper kernel's base-2 exponents)."""
     N, HEADS, WHOLE = SIZE
-    lane = tl.program_id(0).to(tl.int64)
+    unit = tl.program_id(0).to(tl.int64)
     if TWIN is None:
-        _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
-                   REVERSE, False, FOLD, 0, UNIT)
+        _tile_sums(G, OUT, unit, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
+                   REVERSE, False, FOLD, 0, UNIT, HB)
     elif tl.program_id(2) == 0:
-        _tile_sums(G, OUT, lane, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
-                   REVERSE, False, FOLD, 0, UNIT)
+        _tile_sums(G, OUT, unit, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
+                   REVERSE, False, FOLD, 0, UNIT, HB)
     else:
-        _tile_sums(TWIN[0], TWIN[1], lane, tl.program_id(1), N, HEADS, WHOLE, TWIN[2], BLOCK_N,
-                   TILES, not REVERSE, SHIFT_TWIN, FOLD, 1, UNIT)
+        _tile_sums(TWIN[0], TWIN[1], unit, tl.program_id(1), N, HEADS, WHOLE, TWIN[2], BLOCK_N,
+                   TILES, not REVERSE, SHIFT_TWIN, FOLD, 1, UNIT, HB)

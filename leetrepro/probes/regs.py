@@ -354,7 +354,7 @@ def passes_jobs() -> list:
     signature, constexprs, num_warps)``."""
     from ..kernels import causal_conv, gate_rows, gated_norm, ssd_rows
     from ..methods.chunk.hopper_launch import LOG2E
-    from ..methods.chunk.tables import GATE_ROWS_TILES
+    from ..methods.chunk.tables import GATE_ROWS_TILES, GATE_SUMS_HEADS
     from ..tuning import HOPPER
     from ..models import _conv, _norm
     i3, p16, p32 = ("i32",) * 3, "*bf16", "*fp32"
@@ -362,26 +362,33 @@ def passes_jobs() -> list:
     return [
         ("tile_sums", gate_rows.tile_sums_kernel,
          dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c, TWIN=c,
-              FOLD=c, SHIFT_TWIN=c, UNIT=c),
+              FOLD=c, SHIFT_TWIN=c, UNIT=c, HB=c),
          dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=True, TWIN=None,
-              FOLD=None, SHIFT_TWIN=False, UNIT=LOG2E), 4),
+              FOLD=None, SHIFT_TWIN=False, UNIT=LOG2E, HB=1), 4),
         ("tile_sums_twin", gate_rows.tile_sums_kernel,
          dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c,
-              TWIN=(p32, p32, i3), FOLD=c, SHIFT_TWIN=c, UNIT=c),
+              TWIN=(p32, p32, i3), FOLD=c, SHIFT_TWIN=c, UNIT=c, HB=c),
          dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=False, FOLD=None,
-              SHIFT_TWIN=False, UNIT=LOG2E), 4),
+              SHIFT_TWIN=False, UNIT=LOG2E, HB=1), 4),
         # (the gates folded, shifted and summed in one launch: ``hopper_launch.folded_gate_sums``,
         # a forward's alone and a backward's with its twin)
         ("tile_sums_fold_alone", gate_rows.tile_sums_kernel,
          dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c, TWIN=c,
-              FOLD=("fp32", p32, p32), SHIFT_TWIN=c, UNIT=c),
+              FOLD=("fp32", p32, p32), SHIFT_TWIN=c, UNIT=c, HB=c),
          dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=False, TWIN=None,
-              SHIFT_TWIN=False, UNIT=LOG2E), 4),
+              SHIFT_TWIN=False, UNIT=LOG2E, HB=1), 4),
         ("tile_sums_fold", gate_rows.tile_sums_kernel,
          dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c,
-              TWIN=(p32, p32, i3), FOLD=("fp32", p32, p32), SHIFT_TWIN=c, UNIT=c),
+              TWIN=(p32, p32, i3), FOLD=("fp32", p32, p32), SHIFT_TWIN=c, UNIT=c, HB=c),
          dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=GATE_ROWS_TILES, REVERSE=False,
-              SHIFT_TWIN=True, UNIT=LOG2E), 4),
+              SHIFT_TWIN=True, UNIT=LOG2E, HB=1), 4),
+        # (time-major gates: a block of heads a program, its loads along them)
+        ("tile_sums_fold_heads", gate_rows.tile_sums_kernel,
+         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=("i32", "i32", "i32"), BLOCK_N=c, TILES=c,
+              REVERSE=c, TWIN=(p32, p32, ("i32", "i32", "i32")), FOLD=("fp32", p32, p32),
+              SHIFT_TWIN=c, UNIT=c, HB=c),
+         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=max(1, GATE_ROWS_TILES // GATE_SUMS_HEADS),
+              REVERSE=False, SHIFT_TWIN=True, UNIT=LOG2E, HB=GATE_SUMS_HEADS), 4),
         ("group_sums", ssd_rows.group_sums,
          dict(X=p16, OUT=p16, XS=i3, OS=i3, SIZE=("i32",) * 4, BLOCK_T=c, BLOCK_R=c,
               UNROLL=c), dict(BLOCK_T=32, BLOCK_R=128, UNROLL=1), 4),

@@ -371,15 +371,15 @@ def _tile_sums(first: tuple, second: tuple | None = None, *, block: int, unit: f
                      for _ in pairs)
         strides = tuple(g.stride())
         twin = None if second is None else (second[0], outs[1], tuple(second[0].stride()))
+        hb, tiles = sums_blocks(g, None if twin is None else twin[0])
         # (the key: what Triton specialises on, the integers by value; every sweep launches
         # this, so the launch skips binding its arguments one by one)
-        launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tables.GATE_ROWS_TILES),
-                                               len(pairs)),
+        launch(rows_kernels.tile_sums_kernel, (b * cdiv(h, hb), cdiv(whole, tiles), len(pairs)),
                dict(G=g, OUT=outs[0], SIZE=(n, h, whole), STRIDES=strides,
-                    BLOCK_N=block, TILES=tables.GATE_ROWS_TILES, REVERSE=reverse, TWIN=twin,
-                    FOLD=None, SHIFT_TWIN=False, UNIT=unit),
+                    BLOCK_N=block, TILES=tiles, REVERSE=reverse, TWIN=twin,
+                    FOLD=None, SHIFT_TWIN=False, UNIT=unit, HB=hb),
                key=(g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block,
-                    tables.GATE_ROWS_TILES, reverse, unit, g.device) +
+                    tiles, reverse, unit, hb, g.device) +
                (() if twin is None else (twin[0].dtype, twin[0].data_ptr() % 16 == 0, twin[2])),
                num_warps=4)
         return outs
@@ -390,6 +390,19 @@ def _tile_sums(first: tuple, second: tuple | None = None, *, block: int, unit: f
         sums = tiles.flip(-1).cumsum(-1).flip(-1) if rev else tiles.cumsum(-1)
         outs.append((sums if unit == 1.0 else sums * unit).view(b, h, -1))
     return tuple(outs)
+
+
+def sums_blocks(g: torch.Tensor, twin: torch.Tensor | None = None) -> tuple:
+    """``(heads, tiles)`` a program of the tile sums' launch (``kernels/gate_rows.py``) over
+    gates g ``(batch, heads, N)`` (and ``twin``, read in the same launch): one head and
+    :data:`tables.GATE_ROWS_TILES` tiles where each head's rows are contiguous; else (time-major
+    gates, heads innermost) up to :data:`tables.GATE_SUMS_HEADS` heads a program, its loads
+    along them, and as many elements a program."""
+    h = g.shape[1]
+    if g.stride(2) == 1 or h == 1 or (twin is not None and twin.stride() != g.stride()):
+        return 1, tables.GATE_ROWS_TILES
+    hb = min(tables.GATE_SUMS_HEADS, 1 << (h - 1).bit_length())
+    return hb, max(1, tables.GATE_ROWS_TILES // hb)
 
 
 #: the gates :func:`folded_gate_sums` made, by id: (a weak reference to them, their tile sums by
@@ -411,7 +424,8 @@ def folded_gate_sums(g: torch.Tensor, *, twin: bool) -> tuple | None:
             not (g.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return None
     b, h, n = g.shape
-    block, tiles = HOPPER["BLOCK_N"], tables.GATE_ROWS_TILES
+    block = HOPPER["BLOCK_N"]
+    hb, tiles = sums_blocks(g)
     whole = cdiv(n, block)
     # (no generators: a gated call's host path counts its Python calls, one a resumption)
     gates = [torch.empty(b, h, n, dtype=torch.float32, device=g.device)]
@@ -420,14 +434,14 @@ def folded_gate_sums(g: torch.Tensor, *, twin: bool) -> tuple | None:
         gates.append(torch.empty_like(gates[0]))
         sums.append(torch.empty_like(sums[0]))
     strides = tuple(g.stride())
-    launch(rows_kernels.tile_sums_kernel, (b * h, cdiv(whole, tiles), len(gates)),
+    launch(rows_kernels.tile_sums_kernel, (b * cdiv(h, hb), cdiv(whole, tiles), len(gates)),
            dict(G=g, OUT=sums[0], SIZE=(n, h, whole), STRIDES=strides, BLOCK_N=block,
                 TILES=tiles, REVERSE=False, TWIN=(g, sums[1], strides) if twin else None,
                 # (without a twin its slot repeats the first buffer, never written: a None
                 # inside a tuple argument fails Triton's compile, though the interpreter runs it)
-                FOLD=(GATE_FLOOR, gates[0], gates[-1]), SHIFT_TWIN=twin, UNIT=LOG2E),
+                FOLD=(GATE_FLOOR, gates[0], gates[-1]), SHIFT_TWIN=twin, UNIT=LOG2E, HB=hb),
            key=("fold", g.dtype, g.data_ptr() % 16 == 0, n, h, whole, strides, block, tiles,
-                twin, g.device), num_warps=4)
+                twin, hb, g.device), num_warps=4)
     for x, made, reverse in zip(gates, sums, (False, True)):
         _FOLDED[id(x)] = (weakref.ref(x, lambda _, key=id(x): _FOLDED.pop(key, None)),
                           {(block, reverse): made})

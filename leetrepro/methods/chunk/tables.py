@@ -505,6 +505,11 @@ GATE_FOLD_FUSED = True
 GATE_ROWS_TILES = 16
 
 
+#: heads a program of the gates' tile sums takes where their rows are not contiguous
+#: (time-major gates: its loads along the heads), with GATE_ROWS_TILES // it tiles
+GATE_SUMS_HEADS = 16
+
+
 #: whether :func:`gate_gradient_from_rows` launches its kernel on a GPU, where the composition it
 #: replaces took about twenty PyTorch passes over the rows: Mamba-2's 2 × 64 heads × 8192
 #: forward + backward 1.37 ms in a graph against 1.45, eager at 64 × 64 1.97 against 2.43 (H200,
