@@ -1533,11 +1533,18 @@ def test_the_packed_mask_reaches_the_gated_bf16_sweeps_whose_scores_are_only_an_
             want = (packed and lean and gates and dtype == torch.bfloat16 and not dual and
                     not (pieces and not reverse))
             assert bool(k.PACKED_MASK) == want, (packed, lean, dtype, gates, reverse, pieces, dual)
+            assert not k.FACTORED_MASK  # (off unless switched on: below)
             seen.add(want)
         k = hopper_constants(r=64, d=128, dtype=torch.bfloat16, decay=False, has_s0=False,
                              store_sn=False, split=False, reverse=False, dual=False, norm=1)
         assert not k.PACKED_MASK
     assert seen == {False, True}
+    monkeypatch.setattr(tables, "HOPPER_FACTORED_MASK", True)
+    for gates, lean in ((True, True), (True, False), (False, True)):
+        monkeypatch.setattr(tables, "HOPPER_LEAN_MASK", lean)
+        k = hopper_constants(r=64, d=64, dtype=torch.bfloat16, decay=not gates, has_s0=True,
+                             store_sn=True, split=False, reverse=False, dual=False, gates=gates)
+        assert bool(k.FACTORED_MASK) == (gates and lean)
 
 
 @pytest.mark.gpu
@@ -1573,6 +1580,42 @@ def test_the_packed_mask_gives_the_select_s_bits(monkeypatch):
         runs.append((o, s_n, y) + grads)
     for got, want in zip(*runs):
         assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
+def test_the_factored_mask_is_the_mask_to_within_its_exponentials(monkeypatch):
+    """On an sm_90 GPU, ``chunk.tables.HOPPER_FACTORED_MASK`` (a chunk's gated mask as a product
+    of its rows' and columns' exponentials where its sums span little) against the mask an entry
+    each: a gated bf16 forward and backward with gentle gates (every chunk factored), gates of −3
+    a row (none: their span is past ``FACTOR_SPAN``) and a hard reset, states in and out; every
+    output and gradient finite and within 2e-3 of the unfactored one (a few ulps of each
+    exponential, then the 16-bit roundings they move)."""
+    from leetrepro.compat import chunk_simple_gla
+    from leetrepro.methods.chunk import hopper_unfit, tables
+    gen = torch.Generator().manual_seed(12)
+    b, n, h, dk, dv = 2, 1000, 4, 128, 64
+    q, k = (torch.randn(b, n, h, dk, generator=gen).cuda().bfloat16().requires_grad_()
+            for _ in range(2))
+    v = torch.randn(b, n, h, dv, generator=gen).cuda().bfloat16().requires_grad_()
+    g = torch.nn.functional.logsigmoid(torch.randn(b, n, h, generator=gen) + 3)
+    g[:, :, 2] = -3.0
+    g[0, 300, 1] = -1e4
+    g = g.cuda().requires_grad_()
+    s0 = torch.randn(b, h, dk, dv, generator=gen).cuda().requires_grad_()
+    if hopper_unfit(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, gates=True):
+        pytest.skip("the Hopper kernel does not take these operands here")
+    runs = []
+    for factored in (False, True):
+        monkeypatch.setattr(tables, "HOPPER_FACTORED_MASK", factored)
+        o, s_n = chunk_simple_gla(q, k, v, g=g, initial_state=s0, output_final_state=True)
+        grads = torch.autograd.grad((o.float().square().sum() + s_n.square().sum()),
+                                    (q, k, v, g, s0))
+        runs.append((o, s_n) + grads)
+    for got, want in zip(runs[1], runs[0]):
+        assert torch.isfinite(got).all()
+        err = (got.double() - want.double()).norm() / want.double().norm()
+        assert err <= 2e-3, err
 
 
 def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatch):

@@ -254,6 +254,29 @@ def _exp2_ftz(x):
                                      dtype=gl.float32, is_pure=True, pack=1)
 
 
+#: the widest span of a chunk's base-2 running sums whose mask :func:`_factored_mask` takes as
+#: a product (each factor then within 2^±126: normal floats)
+FACTOR_SPAN = gl.constexpr(250.0)
+
+
+@gluon.jit
+def _factored_mask(gates):
+    """A chunk's gated mask 2^(G_i − G_j) (G in base 2, ``ex2.approx.ftz``) as the product
+    2^(G_i − m) · 2^(m − G_j), m the middle of the chunk's sums, where their span is at most
+    :data:`FACTOR_SPAN`: 18 exponentials a thread where an entry each took 32, through the MIO
+    queue whose throttle was the gated forward's last 8 % (notes/gates.md); an entry each
+    otherwise (a hard reset, gates below about −2.7 a row; NaN). The same values to within the
+    exponentials' few ulps; entries below 2^-126 flush to 0 either way."""
+    hi = gl.max(gates[1], axis=0)
+    lo = gl.min(gates[1], axis=0)
+    if hi - lo <= FACTOR_SPAN:
+        mid = (hi + lo) * 0.5
+        m = _exp2_ftz(gates[0] - mid)[:, None] * _exp2_ftz(mid - gates[1])[None, :]
+    else:
+        m = _exp2_ftz(gates[0][:, None] - gates[1][None, :])
+    return m
+
+
 @gluon.jit
 def _kept(p16, keep):
     """A 16-bit tile's entries where ``keep`` (int16, loop-invariant) is all ones, +0 where it
@@ -266,17 +289,21 @@ def _kept(p16, keep):
 
 @gluon.jit
 def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False,
-            extra=None, LEAN: gl.constexpr = False, PACKED: gl.constexpr = False):
+            extra=None, LEAN: gl.constexpr = False, PACKED: gl.constexpr = False,
+            FACTORED: gl.constexpr = False):
     """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
     with ``gates`` (:func:`_chunk_gates`, base 2) 2^(G_i − G_j), and with ``ROWS`` times V's row weight
     w_j, :func:`_value_weights`), exactly 0 elsewhere; with ``extra`` (:func:`_dual_offsets`)
     the scores plus its constant c, the mask 0-1. ``LEAN`` (``K.LEAN_MASK``): the gates'
     exponentials by :func:`_exp2_ftz`; ``PACKED`` (``K.PACKED_MASK``, with ``gates``): no
-    select, the caller drops the entries past the diagonal once rounded (:func:`_kept`)."""
+    select, the caller drops the entries past the diagonal once rounded (:func:`_kept`);
+    ``FACTORED`` (``K.FACTORED_MASK``, with ``LEAN``): :func:`_factored_mask`."""
     if extra is not None:
         return gl.where(diff >= 0, sc + extra[3], 0.0)
     elif gates is not None:
-        if LEAN:
+        if FACTORED:
+            m = _factored_mask(gates)
+        elif LEAN:
             m = _exp2_ftz(gates[0][:, None] - gates[1][None, :])
         else:
             m = gl.exp2(gates[0][:, None] - gates[1][None, :])
@@ -520,9 +547,9 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK ROWS_SUMMED PACKED_MASK",
+                 "LEAN_MASK ROWS_SUMMED PACKED_MASK FACTORED_MASK",
     defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False,
-              False))
+              False, False))
 
 
 @gluon.constexpr_function
@@ -1260,7 +1287,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         # registers that keeping it would take from the state's group
         extra = aux[1] if K.NORM == 5 else None  # (NORM 5: the scores' constant, c·Σv)
         p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra, K.LEAN_MASK,
-                    K.PACKED_MASK)
+                    K.PACKED_MASK, K.FACTORED_MASK)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
             e = _own_pairs(p * wv, diff, K.LEAN_MASK)
@@ -1581,7 +1608,8 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     if extra is not None:
         p2 = gl.where(diff >= 0, s2 + extra[2][None, :], 0.0)
     else:
-        p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates, LEAN=K.LEAN_MASK)
+        p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates, LEAN=K.LEAN_MASK,
+                     FACTORED=K.FACTORED_MASK)
     p2_down, p2_up = _half_scale(p2, HALF_RANGE)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     mbarrier.arrive(st.hbar.index(1), count=1)  # both copies read

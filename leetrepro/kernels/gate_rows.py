@@ -60,9 +60,10 @@ def gate_rows_kernel(QF, QR, TAIL, DG, SIZE, scale, BLOCK_N: tl.constexpr, TILES
 
 
 @triton.jit
-def _tile_sums(G, OUT, unit, step, N, HEADS, WHOLE, STRIDES, BLOCK_N: tl.constexpr,
-               TILES: tl.constexpr, REVERSE: tl.constexpr, SHIFT: tl.constexpr, FOLD,
-               WHICH: tl.constexpr, UNIT: tl.constexpr, HB: tl.constexpr):
+def _tile_sums(G, OUT, unit, step, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+               REVERSE: tl.constexpr, SHIFT: tl.constexpr, FOLD, WHICH: tl.constexpr,
+               UNIT: tl.constexpr, HB: tl.constexpr):
+    N, HEADS, WHOLE = SIZE
     SB, SH, SN = STRIDES
     rows = (step * TILES + tl.arange(0, TILES))[:, None] * BLOCK_N + \
         tl.arange(0, BLOCK_N)[None, :]
@@ -103,14 +104,13 @@ def tile_sums_kernel(G, OUT, SIZE, STRIDES, BLOCK_N: tl.constexpr, TILES: tl.con
     (``decay.per_token.fold_gates``, NaN kept) and written to FOLDED (the twin's to FOLDED2),
     float32 ``(batch·heads, N)`` contiguous: the gates the other kernels read, from the same
     launch. ``UNIT``: the sums written times it (log2 e: the Hopper kernel's base-2 exponents)."""
-    N, HEADS, WHOLE = SIZE
     unit = tl.program_id(0).to(tl.int64)
     if TWIN is None:
-        _tile_sums(G, OUT, unit, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
+        _tile_sums(G, OUT, unit, tl.program_id(1), SIZE, STRIDES, BLOCK_N, TILES,
                    REVERSE, False, FOLD, 0, UNIT, HB)
     elif tl.program_id(2) == 0:
-        _tile_sums(G, OUT, unit, tl.program_id(1), N, HEADS, WHOLE, STRIDES, BLOCK_N, TILES,
+        _tile_sums(G, OUT, unit, tl.program_id(1), SIZE, STRIDES, BLOCK_N, TILES,
                    REVERSE, False, FOLD, 0, UNIT, HB)
     else:
-        _tile_sums(TWIN[0], TWIN[1], unit, tl.program_id(1), N, HEADS, WHOLE, TWIN[2], BLOCK_N,
+        _tile_sums(TWIN[0], TWIN[1], unit, tl.program_id(1), SIZE, TWIN[2], BLOCK_N,
                    TILES, not REVERSE, SHIFT_TWIN, FOLD, 1, UNIT, HB)

@@ -75,7 +75,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         # range, the dB sweep's own pairs, the dual output's or the normaliser's masks)
         PACKED_MASK=bool(gates and tables.HOPPER_LEAN_MASK and tables.HOPPER_PACKED_MASK and
                          dtype == torch.bfloat16 and not dual and not norm and
-                         not (gate_grad and not reverse)))
+                         not (gate_grad and not reverse)),
+        FACTORED_MASK=bool(gates and tables.HOPPER_LEAN_MASK and tables.HOPPER_FACTORED_MASK))
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",

@@ -447,6 +447,13 @@ HOPPER_LEAN_MASK = True
 HOPPER_PACKED_MASK = True
 
 
+#: whether the Hopper kernel's gated sweeps take a chunk's mask as a product of its rows' and
+#: columns' exponentials where the chunk's running sums span little enough (``FACTORED_MASK``,
+#: with the lean mask: ``chunk_hopper._factored_mask``), 18 exponentials a thread where 32 went
+#: through the MIO queue; an A/B switch, off until the H200 has timed it
+HOPPER_FACTORED_MASK = False
+
+
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
 #: their parts into it (``ROWS_SUMMED``: relaxed atomics onto zeros, the same bits either way),
 #: instead of a block per consumer: half the rows' buffers (a gated backward's peak at Mamba-2's
