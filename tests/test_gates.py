@@ -1553,33 +1553,46 @@ def test_the_packed_mask_gives_the_select_s_bits(monkeypatch):
     """On an sm_90 GPU, ``chunk.tables.HOPPER_PACKED_MASK`` on and off give the same bits: a
     gated bf16 forward and backward (time-major, N past a whole chunk, states in and out) and
     the SSD's forward with V's row weights."""
-    from leetrepro.compat import chunk_simple_gla, mamba_chunk_scan_combined
-    from leetrepro.methods.chunk import hopper_unfit, tables
+    from leetrepro.compat import mamba_chunk_scan_combined
     gen = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 1000, 8, 64, generator=gen).cuda().bfloat16()
+    dt = torch.rand(2, 1000, 8, generator=gen).cuda()
+    A = -torch.rand(8, generator=gen).cuda() - 0.5
+    B, C = (torch.randn(2, 1000, 1, 128, generator=gen).cuda().bfloat16() for _ in range(2))
+    runs = _gated_hopper_runs(monkeypatch, "HOPPER_PACKED_MASK", 11, lambda: (
+        mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256),))
+    for got, want in zip(*runs):
+        assert torch.equal(got, want)
+
+
+def _gated_hopper_runs(monkeypatch, switch: str, seed: int, more=lambda: (),
+                       strong_head: int | None = None) -> list:
+    """A gated bf16 forward and backward on the Hopper kernel (time-major 2 × 1000 rows × 4
+    heads, 128/64, a hard reset, states in and out; ``strong_head``'s gates −3 a row) with
+    ``chunk.tables.<switch>`` off and on: for each, the outputs, the gradients and ``more()``'s."""
+    from leetrepro.compat import chunk_simple_gla
+    from leetrepro.methods.chunk import hopper_unfit, tables
+    gen = torch.Generator().manual_seed(seed)
     b, n, h, dk, dv = 2, 1000, 4, 128, 64
     q, k = (torch.randn(b, n, h, dk, generator=gen).cuda().bfloat16().requires_grad_()
             for _ in range(2))
     v = torch.randn(b, n, h, dv, generator=gen).cuda().bfloat16().requires_grad_()
-    g = torch.nn.functional.logsigmoid(torch.randn(b, n, h, generator=gen) + 3).cuda()
+    g = torch.nn.functional.logsigmoid(torch.randn(b, n, h, generator=gen) + 3)
+    if strong_head is not None:
+        g[:, :, strong_head] = -3.0
     g[0, 300, 1] = -1e4  # (a hard reset)
-    g.requires_grad_()
+    g = g.cuda().requires_grad_()
     s0 = torch.randn(b, h, dk, dv, generator=gen).cuda().requires_grad_()
-    x = torch.randn(b, n, 8, 64, generator=gen).cuda().bfloat16()
-    dt = torch.rand(b, n, 8, generator=gen).cuda()
-    A = -torch.rand(8, generator=gen).cuda() - 0.5
-    B, C = (torch.randn(b, n, 1, 128, generator=gen).cuda().bfloat16() for _ in range(2))
     if hopper_unfit(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, gates=True):
         pytest.skip("the Hopper kernel does not take these operands here")
     runs = []
-    for packed in (False, True):
-        monkeypatch.setattr(tables, "HOPPER_PACKED_MASK", packed)
+    for on in (False, True):
+        monkeypatch.setattr(tables, switch, on)
         o, s_n = chunk_simple_gla(q, k, v, g=g, initial_state=s0, output_final_state=True)
         grads = torch.autograd.grad((o.float().square().sum() + s_n.square().sum()),
                                     (q, k, v, g, s0))
-        y = mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size=256)
-        runs.append((o, s_n, y) + grads)
-    for got, want in zip(*runs):
-        assert torch.equal(got, want)
+        runs.append((o, s_n) + grads + tuple(more()))
+    return runs
 
 
 @pytest.mark.gpu
@@ -1589,29 +1602,9 @@ def test_the_factored_mask_is_the_mask_to_within_its_exponentials(monkeypatch):
     of its rows' and columns' exponentials where its sums span little) against the mask an entry
     each: a gated bf16 forward and backward with gentle gates (every chunk factored), gates of −3
     a row (none: their span is past ``FACTOR_SPAN``) and a hard reset, states in and out; every
-    output and gradient finite and within 2e-3 of the unfactored one (a few ulps of each
-    exponential, then the 16-bit roundings they move)."""
-    from leetrepro.compat import chunk_simple_gla
-    from leetrepro.methods.chunk import hopper_unfit, tables
-    gen = torch.Generator().manual_seed(12)
-    b, n, h, dk, dv = 2, 1000, 4, 128, 64
-    q, k = (torch.randn(b, n, h, dk, generator=gen).cuda().bfloat16().requires_grad_()
-            for _ in range(2))
-    v = torch.randn(b, n, h, dv, generator=gen).cuda().bfloat16().requires_grad_()
-    g = torch.nn.functional.logsigmoid(torch.randn(b, n, h, generator=gen) + 3)
-    g[:, :, 2] = -3.0
-    g[0, 300, 1] = -1e4
-    g = g.cuda().requires_grad_()
-    s0 = torch.randn(b, h, dk, dv, generator=gen).cuda().requires_grad_()
-    if hopper_unfit(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, gates=True):
-        pytest.skip("the Hopper kernel does not take these operands here")
-    runs = []
-    for factored in (False, True):
-        monkeypatch.setattr(tables, "HOPPER_FACTORED_MASK", factored)
-        o, s_n = chunk_simple_gla(q, k, v, g=g, initial_state=s0, output_final_state=True)
-        grads = torch.autograd.grad((o.float().square().sum() + s_n.square().sum()),
-                                    (q, k, v, g, s0))
-        runs.append((o, s_n) + grads)
+    output and gradient finite and within 2e-3 of the unfactored one (the mask within 5.4e-6,
+    then the 16-bit roundings that moves)."""
+    runs = _gated_hopper_runs(monkeypatch, "HOPPER_FACTORED_MASK", 12, strong_head=2)
     for got, want in zip(runs[1], runs[0]):
         assert torch.isfinite(got).all()
         err = (got.double() - want.double()).norm() / want.double().norm()
