@@ -353,12 +353,16 @@ def passes_jobs() -> list:
     width 4; bf16): ``(label, kernel,
     signature, constexprs, num_warps)``."""
     from ..kernels import causal_conv, gate_rows, gated_norm, ssd_rows
-    from ..methods.chunk.hopper_launch import LOG2E
-    from ..methods.chunk.tables import GATE_ROWS_TILES, GATE_SUMS_HEADS
+    import torch
+
+    from ..methods.chunk.hopper_launch import LOG2E, sums_blocks
+    from ..methods.chunk.tables import GATE_ROWS_TILES
     from ..tuning import HOPPER
     from ..models import _conv, _norm
     i3, p16, p32 = ("i32",) * 3, "*bf16", "*fp32"
     c = "constexpr"
+    # (the launcher's rule for time-major gates at Codestral's 128 heads)
+    heads_tiles = sums_blocks(torch.empty(1, 8192, 128, device="meta").transpose(1, 2))
     return [
         ("tile_sums", gate_rows.tile_sums_kernel,
          dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c, TWIN=c,
@@ -384,11 +388,10 @@ def passes_jobs() -> list:
               SHIFT_TWIN=True, UNIT=LOG2E, HB=1), 4),
         # (time-major gates: a block of heads a program, its loads along them)
         ("tile_sums_fold_heads", gate_rows.tile_sums_kernel,
-         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=("i32", "i32", "i32"), BLOCK_N=c, TILES=c,
-              REVERSE=c, TWIN=(p32, p32, ("i32", "i32", "i32")), FOLD=("fp32", p32, p32),
-              SHIFT_TWIN=c, UNIT=c, HB=c),
-         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=max(1, GATE_ROWS_TILES // GATE_SUMS_HEADS),
-              REVERSE=False, SHIFT_TWIN=True, UNIT=LOG2E, HB=GATE_SUMS_HEADS), 4),
+         dict(G=p32, OUT=p32, SIZE=i3, STRIDES=i3, BLOCK_N=c, TILES=c, REVERSE=c,
+              TWIN=(p32, p32, i3), FOLD=("fp32", p32, p32), SHIFT_TWIN=c, UNIT=c, HB=c),
+         dict(BLOCK_N=HOPPER["BLOCK_N"], TILES=heads_tiles[1], REVERSE=False, SHIFT_TWIN=True,
+              UNIT=LOG2E, HB=heads_tiles[0]), 4),
         ("group_sums", ssd_rows.group_sums,
          dict(X=p16, OUT=p16, XS=i3, OS=i3, SIZE=("i32",) * 4, BLOCK_T=c, BLOCK_R=c,
               UNROLL=c), dict(BLOCK_T=32, BLOCK_R=128, UNROLL=1), 4),
