@@ -1533,18 +1533,20 @@ def test_the_packed_mask_reaches_the_gated_bf16_sweeps_whose_scores_are_only_an_
             want = (packed and lean and gates and dtype == torch.bfloat16 and not dual and
                     not (pieces and not reverse))
             assert bool(k.PACKED_MASK) == want, (packed, lean, dtype, gates, reverse, pieces, dual)
-            assert not k.FACTORED_MASK  # (off unless switched on: below)
+            assert not k.CUT_SPLIT  # (off unless switched on: below)
             seen.add(want)
         k = hopper_constants(r=64, d=128, dtype=torch.bfloat16, decay=False, has_s0=False,
                              store_sn=False, split=False, reverse=False, dual=False, norm=1)
         assert not k.PACKED_MASK
     assert seen == {False, True}
-    monkeypatch.setattr(tables, "HOPPER_FACTORED_MASK", True)
-    for gates, lean in ((True, True), (True, False), (False, True)):
-        monkeypatch.setattr(tables, "HOPPER_LEAN_MASK", lean)
-        k = hopper_constants(r=64, d=64, dtype=torch.bfloat16, decay=not gates, has_s0=True,
-                             store_sn=True, split=False, reverse=False, dual=False, gates=gates)
-        assert bool(k.FACTORED_MASK) == (gates and lean)
+    monkeypatch.setattr(tables, "HOPPER_CUT_SPLIT", True)
+    for dtype, pieces, reverse, dual in itertools.product(
+            (torch.bfloat16, torch.float16), *[(False, True)] * 3):
+        k = hopper_constants(r=64, d=64, dtype=dtype, decay=False, has_s0=True, store_sn=True,
+                             split=False, reverse=reverse, dual=dual and reverse, gates=True,
+                             gate_grad=pieces)
+        assert bool(k.CUT_SPLIT) == (pieces and dtype == torch.bfloat16 and not
+                                     (dual and reverse)), (dtype, pieces, reverse, dual)
 
 
 @pytest.mark.gpu
@@ -1566,10 +1568,11 @@ def test_the_packed_mask_gives_the_select_s_bits(monkeypatch):
 
 
 def _gated_hopper_runs(monkeypatch, switch: str, seed: int, more=lambda: (),
-                       strong_head: int | None = None) -> list:
+                       strong_head: int | None = None, inputs: bool = False) -> list:
     """A gated bf16 forward and backward on the Hopper kernel (time-major 2 × 1000 rows × 4
     heads, 128/64, a hard reset, states in and out; ``strong_head``'s gates −3 a row) with
-    ``chunk.tables.<switch>`` off and on: for each, the outputs, the gradients and ``more()``'s."""
+    ``chunk.tables.<switch>`` off and on: for each, the outputs, the gradients and ``more()``'s;
+    with ``inputs`` the inputs (q, k, v, g, s0) last."""
     from leetrepro.compat import chunk_simple_gla
     from leetrepro.methods.chunk import hopper_unfit, tables
     gen = torch.Generator().manual_seed(seed)
@@ -1592,23 +1595,39 @@ def _gated_hopper_runs(monkeypatch, switch: str, seed: int, more=lambda: (),
         grads = torch.autograd.grad((o.float().square().sum() + s_n.square().sum()),
                                     (q, k, v, g, s0))
         runs.append((o, s_n) + grads + tuple(more()))
-    return runs
+    return runs + [(q, k, v, g, s0)] if inputs else runs
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
-def test_the_factored_mask_is_the_mask_to_within_its_exponentials(monkeypatch):
-    """On an sm_90 GPU, ``chunk.tables.HOPPER_FACTORED_MASK`` (a chunk's gated mask as a product
-    of its rows' and columns' exponentials where its sums span little) against the mask an entry
-    each: a gated bf16 forward and backward with gentle gates (every chunk factored), gates of −3
-    a row (none: their span is past ``FACTOR_SPAN``) and a hard reset, states in and out; every
-    output and gradient finite and within 2e-3 of the unfactored one (the mask within 5.4e-6,
-    then the 16-bit roundings that moves)."""
-    runs = _gated_hopper_runs(monkeypatch, "HOPPER_FACTORED_MASK", 12, strong_head=2)
-    for got, want in zip(runs[1], runs[0]):
-        assert torch.isfinite(got).all()
-        err = (got.double() - want.double()).norm() / want.double().norm()
-        assert err <= 2e-3, err
+def test_the_cut_split_keeps_every_gradient_against_float64(monkeypatch):
+    """On an sm_90 GPU, ``chunk.tables.HOPPER_CUT_SPLIT`` (the pieces' exact 16-bit operands cut
+    from the float32 bits) against the split by rounding: a gated bf16 forward and backward
+    (gates −3 a row on one head, a hard reset, states in and out); every output and gradient
+    finite, within 2e-3 of the rounded split's, and each no further from float64 than it is
+    (to 1.2×, at least 1e-4: the pieces' floor is the inputs' rounding either way)."""
+    from leetrepro.reference import reference
+    *runs, inputs = _gated_hopper_runs(monkeypatch, "HOPPER_CUT_SPLIT", 12, strong_head=2,
+                                       inputs=True)
+    x = [t.detach().double().requires_grad_() for t in inputs]
+    q, k, v, g, s0 = x
+    o, s_n = reference(q.transpose(1, 2) * q.shape[-1] ** -0.5, k.transpose(1, 2),
+                       v.transpose(1, 2), g=g.transpose(1, 2), initial_state=s0,
+                       output_final_state=True)
+    o = o.transpose(1, 2)
+    ref = (o, s_n) + torch.autograd.grad((o.square().sum() + s_n.square().sum()), x)
+    for name, got, want, exact in zip(("o", "s_n", "dq", "dk", "dv", "dg", "ds0"), runs[1],
+                                      runs[0], ref):
+        assert torch.isfinite(got).all(), name
+        assert _rel(got, want) <= 2e-3, (name, _rel(got, want))
+        assert _rel(got, exact) <= max(1.2 * _rel(want, exact), 1e-4), \
+            (name, _rel(got, exact), _rel(want, exact))
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """‖got − want‖ / ‖want‖ in float64, on the CPU."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    return ((got - want).norm() / want.norm()).item()
 
 
 def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatch):

@@ -254,31 +254,6 @@ def _exp2_ftz(x):
                                      dtype=gl.float32, is_pure=True, pack=1)
 
 
-#: the widest span of a chunk's base-2 running sums whose mask :func:`_factored_mask` takes as
-#: a product (each factor then within 2^±126: normal floats)
-FACTOR_SPAN = gl.constexpr(250.0)
-
-
-@gluon.jit
-def _factored_mask(gates):
-    """A chunk's gated mask 2^(G_i − G_j) (G in base 2, ``ex2.approx.ftz``) as the product
-    2^(G_i − m) · 2^(m − G_j), m the middle of the chunk's sums, where their span is at most
-    :data:`FACTOR_SPAN`: 18 exponentials a thread where an entry each took 32, through the MIO
-    queue whose throttle was the gated forward's last 8 % (notes/gates.md); an entry each
-    otherwise (a hard reset, gates below about −2.7 a row; NaN). Within 5.4e-6 of the exact
-    mask of the same float32 sums where an entry each is within 2.7e-6 (the middle's rounding
-    enters both factors; 2,000 draws, CPU, notes/gates.md); entries below 2^-126 flush to 0
-    either way."""
-    hi = gl.max(gates[1], axis=0)
-    lo = gl.min(gates[1], axis=0)
-    if hi - lo <= FACTOR_SPAN:
-        mid = (hi + lo) * 0.5
-        m = _exp2_ftz(gates[0] - mid)[:, None] * _exp2_ftz(mid - gates[1])[None, :]
-    else:
-        m = _exp2_ftz(gates[0][:, None] - gates[1][None, :])
-    return m
-
-
 @gluon.jit
 def _kept(p16, keep):
     """A 16-bit tile's entries where ``keep`` (int16, loop-invariant) is all ones, +0 where it
@@ -291,21 +266,17 @@ def _kept(p16, keep):
 
 @gluon.jit
 def _masked(sc, diff, lg, HAS_DECAY: gl.constexpr, gates=None, ROWS: gl.constexpr = False,
-            extra=None, LEAN: gl.constexpr = False, PACKED: gl.constexpr = False,
-            FACTORED: gl.constexpr = False):
+            extra=None, LEAN: gl.constexpr = False, PACKED: gl.constexpr = False):
     """A chunk's scores times its mask: λ^diff where diff ≥ 0 (the decay; 1 for the 0-1 mask;
     with ``gates`` (:func:`_chunk_gates`, base 2) 2^(G_i − G_j), and with ``ROWS`` times V's row weight
     w_j, :func:`_value_weights`), exactly 0 elsewhere; with ``extra`` (:func:`_dual_offsets`)
     the scores plus its constant c, the mask 0-1. ``LEAN`` (``K.LEAN_MASK``): the gates'
     exponentials by :func:`_exp2_ftz`; ``PACKED`` (``K.PACKED_MASK``, with ``gates``): no
-    select, the caller drops the entries past the diagonal once rounded (:func:`_kept`);
-    ``FACTORED`` (``K.FACTORED_MASK``, with ``LEAN``): :func:`_factored_mask`."""
+    select, the caller drops the entries past the diagonal once rounded (:func:`_kept`)."""
     if extra is not None:
         return gl.where(diff >= 0, sc + extra[3], 0.0)
     elif gates is not None:
-        if FACTORED:
-            m = _factored_mask(gates)
-        elif LEAN:
+        if LEAN:
             m = _exp2_ftz(gates[0][:, None] - gates[1][None, :])
         else:
             m = gl.exp2(gates[0][:, None] - gates[1][None, :])
@@ -413,10 +384,12 @@ def _state_operands(state, c_t, v_t, vw_s, length, lg, kr, acc_l: gl.constexpr,
         if K.ROWS == 1:  # (V' = w·V: row j's weight on the update's row j)
             w_out = w_out * gates[3]
         vw = v_t.load(acc_l).to(gl.float32) * w_out[:, None]
-        vw16 = vw.to(dtype)
-        vw_s.store(vw16)
         if vwl_s is not None:
-            vwl_s.store((vw - vw16.to(gl.float32)).to(dtype))
+            vw16, vwl16 = _split16(vw, dtype, K.CUT_SPLIT)
+            vw_s.store(vw16)
+            vwl_s.store(vwl16)
+        else:
+            vw_s.store(vw.to(dtype))
         return state * gl.exp2(gates[2]), c_t.permute((1, 0)), vw_s
     elif dtype == gl.float32:
         if HAS_DECAY:
@@ -549,7 +522,7 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK ROWS_SUMMED PACKED_MASK FACTORED_MASK",
+                 "LEAN_MASK ROWS_SUMMED PACKED_MASK CUT_SPLIT",
     defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False,
               False, False))
 
@@ -1145,18 +1118,45 @@ def _unhoisted(j, K: gl.constexpr):
 
 
 @gluon.jit
-def _store_copies(state, h_down, st, hz, dtype: gl.constexpr, EXACT: gl.constexpr):
+def _split16(x, dtype: gl.constexpr, CUT: gl.constexpr, PRMT: gl.constexpr = False):
+    """A float32 tile as two 16-bit tiles (hi, lo), hi + lo = x to 2^-16 of |x| (the pieces'
+    exact products, ``EXACT``). With ``CUT`` (bf16: ``K.CUT_SPLIT``) hi is x's top 16 bits, whose
+    conversion is exact, and lo the rest (exact in float32, one ``and`` and one subtraction)
+    rounded; ``PRMT`` packs hi from x's top halves, one ``prmt`` a pair in place of the
+    conversion (the state's copy: at r = d = 128 the dB sweep spilled 48 bytes without it, and
+    the weighted v's tile took 32 instructions more with it). Else hi is rounded to nearest,
+    converted back alone and subtracted: two instructions more an entry. A cut hi is below x by
+    up to a bf16 unit in the last place, which lo holds, so only the sum of both products may
+    read it (``DUAL``'s O2 reads the hi copy alone: it never cuts)."""
+    if CUT:
+        hi = (x.to(gl.int32, bitcast=True) & -65536).to(gl.float32, bitcast=True)
+        if PRMT:
+            hi16 = gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r", [x],
+                                             dtype=gl.bfloat16, is_pure=True, pack=2)
+        else:
+            hi16 = hi.to(dtype)
+        return hi16, (x - hi).to(dtype)
+    else:
+        hi16 = x.to(dtype)
+        return hi16, (x - hi16.to(gl.float32)).to(dtype)
+
+
+@gluon.jit
+def _store_copies(state, h_down, st, hz, dtype: gl.constexpr, EXACT: gl.constexpr,
+                  CUT: gl.constexpr):
     """The state entering a chunk as this consumer's 16-bit copy (times ``h_down``), and with
-    ``EXACT`` (the pieces) its rounding's remainder as a second copy; returns the weighted v's
-    remainder buffer (``EXACT``) or None. ``hz``: this consumer's index into the staging
-    buffers (:func:`_unhoisted`)."""
+    ``EXACT`` (the pieces) its remainder as a second copy (:func:`_split16`, ``CUT``); returns
+    the weighted v's remainder buffer (``EXACT``) or None. ``hz``: this consumer's index into
+    the staging buffers (:func:`_unhoisted`)."""
     scaled = state * h_down
-    h16 = scaled.to(dtype)
-    st.h.index(hz).store(h16)  # [R, DH]
     vwl_s = None
     if EXACT:
-        st.hl.index(hz).store((scaled - h16.to(gl.float32)).to(dtype))
+        h16, hl16 = _split16(scaled, dtype, CUT, True)
+        st.h.index(hz).store(h16)  # [R, DH]
+        st.hl.index(hz).store(hl16)
         vwl_s = st.vwl.index(hz)
+    else:
+        st.h.index(hz).store(scaled.to(dtype))
     return vwl_s
 
 
@@ -1271,7 +1271,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         # (with the pieces: each 16-bit rounding's remainder a second operand, MMAs two more)
         EXACT: gl.constexpr = K.GATE_GRAD
         PAIRS: gl.constexpr = EXACT and not REVERSE and not K.LATE_PAIRS
-        vwl_s = _store_copies(state, h_down, st, hz, dtype, EXACT)
+        vwl_s = _store_copies(state, h_down, st, hz, dtype, EXACT, K.CUT_SPLIT)
         state, c_op, v_op = _state_operands(state, c_t, v_t, st.vw if K.NORM else st.vw.index(hz),
                                             length, lg, kr, acc_l, dtype, K, gates, vwl_s)
         fence_async_shared()
@@ -1289,7 +1289,7 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         # registers that keeping it would take from the state's group
         extra = aux[1] if K.NORM == 5 else None  # (NORM 5: the scores' constant, c·Σv)
         p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra, K.LEAN_MASK,
-                    K.PACKED_MASK, K.FACTORED_MASK)
+                    K.PACKED_MASK)
         if PAIRS:
             wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
             e = _own_pairs(p * wv, diff, K.LEAN_MASK)
@@ -1365,9 +1365,7 @@ def _sum_operand(x, dst):
     """A sum's 16-bit operand in ``dst`` (its shape): the sum rounded in the first half of the
     columns, the rounding's remainder in the second, so that a product with it, halved over
     the columns, is as exact as fp32's."""
-    dtype: gl.constexpr = dst.dtype
-    hi = x.to(dtype)
-    lo = (x - hi.to(gl.float32)).to(dtype)
+    hi, lo = _split16(x, dst.dtype, False)
     cols = gl.arange(0, NORM_COLS, layout=gl.SliceLayout(0, x.type.layout))
     dst.store(gl.where((cols < NORM_COLS // 2)[None, :], hi, lo))
 
@@ -1610,8 +1608,7 @@ def _dual_step(ring, ops, st, s, diff, w_rows, h_up, prog, row, K: gl.constexpr,
     if extra is not None:
         p2 = gl.where(diff >= 0, s2 + extra[2][None, :], 0.0)
     else:
-        p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates, LEAN=K.LEAN_MASK,
-                     FACTORED=K.FACTORED_MASK)
+        p2 = _masked(s2, diff, prog.lg, HAS_DECAY, gates, LEAN=K.LEAN_MASK)
     p2_down, p2_up = _half_scale(p2, HALF_RANGE)
     o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
     mbarrier.arrive(st.hbar.index(1), count=1)  # both copies read

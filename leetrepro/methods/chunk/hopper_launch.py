@@ -76,7 +76,10 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         PACKED_MASK=bool(gates and tables.HOPPER_LEAN_MASK and tables.HOPPER_PACKED_MASK and
                          dtype == torch.bfloat16 and not dual and not norm and
                          not (gate_grad and not reverse)),
-        FACTORED_MASK=bool(gates and tables.HOPPER_LEAN_MASK and tables.HOPPER_FACTORED_MASK))
+        # (bf16's exact copies cut from their bits where both products read them: not the dual
+        # output's O2, which reads the state's hi copy alone)
+        CUT_SPLIT=bool(gate_grad and tables.HOPPER_CUT_SPLIT and dtype == torch.bfloat16 and
+                       not dual))
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",

@@ -447,11 +447,12 @@ HOPPER_LEAN_MASK = True
 HOPPER_PACKED_MASK = True
 
 
-#: whether the Hopper kernel's gated sweeps take a chunk's mask as a product of its rows' and
-#: columns' exponentials where the chunk's running sums span little enough (``FACTORED_MASK``,
-#: with the lean mask: ``chunk_hopper._factored_mask``), 18 exponentials a thread where 32 went
-#: through the MIO queue; an A/B switch, off until the H200 has timed it
-HOPPER_FACTORED_MASK = False
+#: whether the Hopper kernel's bf16 sweeps carrying the gates' pieces split the state's copy
+#: and the weighted v into their two exact 16-bit operands by cutting the float32 bits
+#: (``CUT_SPLIT``: hi the top 16 bits, lo the rest rounded; ``chunk_hopper._split16``), three
+#: instructions an entry where rounding hi, converting it back and subtracting took four; not
+#: with the dual output (its O2 reads the hi copy alone); an A/B switch
+HOPPER_CUT_SPLIT = False
 
 
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
