@@ -1516,7 +1516,9 @@ def test_the_packed_mask_reaches_the_gated_bf16_sweeps_whose_scores_are_only_an_
     product's operand (the forward, the reverse sweeps without the dual output), never of the
     dB sweep (its own pairs read them in float32), fp16's (its scaled range reads their
     maximum), γ's, the dual output's or normalised attention's, nor with the switch or the lean
-    mask off."""
+    mask off. ``HOPPER_CUT_SPLIT`` (the exact copies cut from their bits) is one of the bf16
+    sweeps carrying the pieces without the dual output (whose O2 reads the hi copy alone), and
+    of none with the switch off."""
     import itertools
     from leetrepro.methods.chunk import hopper_constants, tables
     seen = set()
@@ -1533,20 +1535,17 @@ def test_the_packed_mask_reaches_the_gated_bf16_sweeps_whose_scores_are_only_an_
             want = (packed and lean and gates and dtype == torch.bfloat16 and not dual and
                     not (pieces and not reverse))
             assert bool(k.PACKED_MASK) == want, (packed, lean, dtype, gates, reverse, pieces, dual)
-            assert not k.CUT_SPLIT  # (off unless switched on: below)
+            assert bool(k.CUT_SPLIT) == (pieces and dtype == torch.bfloat16 and not dual)
             seen.add(want)
         k = hopper_constants(r=64, d=128, dtype=torch.bfloat16, decay=False, has_s0=False,
                              store_sn=False, split=False, reverse=False, dual=False, norm=1)
         assert not k.PACKED_MASK
     assert seen == {False, True}
-    monkeypatch.setattr(tables, "HOPPER_CUT_SPLIT", True)
-    for dtype, pieces, reverse, dual in itertools.product(
-            (torch.bfloat16, torch.float16), *[(False, True)] * 3):
-        k = hopper_constants(r=64, d=64, dtype=dtype, decay=False, has_s0=True, store_sn=True,
-                             split=False, reverse=reverse, dual=dual and reverse, gates=True,
-                             gate_grad=pieces)
-        assert bool(k.CUT_SPLIT) == (pieces and dtype == torch.bfloat16 and not
-                                     (dual and reverse)), (dtype, pieces, reverse, dual)
+    monkeypatch.setattr(tables, "HOPPER_CUT_SPLIT", False)
+    k = hopper_constants(r=64, d=64, dtype=torch.bfloat16, decay=False, has_s0=True,
+                         store_sn=True, split=False, reverse=False, dual=False, gates=True,
+                         gate_grad=True)
+    assert not k.CUT_SPLIT
 
 
 @pytest.mark.gpu

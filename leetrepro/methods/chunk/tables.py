@@ -451,8 +451,9 @@ HOPPER_PACKED_MASK = True
 #: and the weighted v into their two exact 16-bit operands by cutting the float32 bits
 #: (``CUT_SPLIT``: hi the top 16 bits, lo the rest rounded; ``chunk_hopper._split16``), three
 #: instructions an entry where rounding hi, converting it back and subtracting took four; not
-#: with the dual output (its O2 reads the hi copy alone); an A/B switch
-HOPPER_CUT_SPLIT = False
+#: with the dual output (its O2 reads the hi copy alone); an A/B switch (on: a gated forward +
+#: backward in a graph −8 % at Mamba-2's 2 × 64 heads × 8192, −4 % at gla's; H200, notes/gates.md)
+HOPPER_CUT_SPLIT = True
 
 
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
