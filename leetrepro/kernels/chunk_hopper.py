@@ -1444,7 +1444,7 @@ def _norm_step(state, sums, ring, st, s, diff, prog, K: gl.constexpr, H_IDX: gl.
     cst = prog.norm[0]
     b_t, c_t, v_t = ring.tiles(s, H_IDX)
     hz = H_IDX + _unhoisted(j, K)
-    _store_copies(state, 1.0, st, hz, dtype, False)
+    _store_copies(state, 1.0, st, hz, dtype, False, False)
     _sum_operand(sums[0], st.z.index(hz))
     _sum_operand(sums[1] * cst, st.sv.index(hz))
     fence_async_shared()
@@ -1522,7 +1522,7 @@ def _offset_step(state, sums, ring, st, s, diff, prog, row, length, K: gl.conste
         off = prog.norm[0]  # (α the constant c)
     else:
         off = _offsets(prog, row, length, gl.SliceLayout(1, acc_l), K)  # α by rows
-    _store_copies(state, 1.0, st, hz, dtype, False)
+    _store_copies(state, 1.0, st, hz, dtype, False, False)
     fence_async_shared()
     sc = warpgroup_mma(b_t, c_t.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_N], gl.float32, acc_l),
                        use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
