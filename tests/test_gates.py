@@ -1548,6 +1548,27 @@ def test_the_packed_mask_reaches_the_gated_bf16_sweeps_whose_scores_are_only_an_
     assert not k.CUT_SPLIT
 
 
+def test_the_half_pairs_reach_the_db_sweep_whose_own_pairs_come_before_o_s_store(monkeypatch):
+    """``chunk.tables.HOPPER_HALF_PAIRS`` (each consumer half the own pairs' columns) is a
+    constant of the forward-time sweeps carrying the pieces with E's tiles in the ring and the
+    own pairs taken before O's store (Mamba-2's dB sweep, 64 × 128 value columns; 64/64), never
+    of the late pairs' (r = d = 128), the reverse sweeps or a sweep without the pieces, nor with
+    the switch off."""
+    import itertools
+    from leetrepro.methods.chunk import hopper_constants, tables
+    seen = set()
+    for on, (r, d), reverse, pieces in itertools.product(
+            (True, False), ((64, 128), (64, 64), (128, 128)), (False, True), (False, True)):
+        monkeypatch.setattr(tables, "HOPPER_HALF_PAIRS", on)
+        k = hopper_constants(r=r, d=d, dtype=torch.bfloat16, decay=False, has_s0=True,
+                             store_sn=True, split=False, reverse=reverse, dual=False, gates=True,
+                             gate_grad=pieces)
+        want = on and pieces and not reverse and bool(k.E_RING) and not k.LATE_PAIRS
+        assert bool(k.HALF_PAIRS) == want, (on, r, d, reverse, pieces)
+        seen.add((want, (r, d)))
+    assert (True, (64, 128)) in seen and (False, (128, 128)) in seen
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
 def test_the_packed_mask_gives_the_select_s_bits(monkeypatch):
@@ -1599,15 +1620,17 @@ def _gated_hopper_runs(monkeypatch, switch: str, seed: int, more=lambda: (),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
-def test_the_cut_split_keeps_every_gradient_against_float64(monkeypatch):
-    """On an sm_90 GPU, ``chunk.tables.HOPPER_CUT_SPLIT`` (the pieces' exact 16-bit operands cut
-    from the float32 bits) against the split by rounding: a gated bf16 forward and backward
-    (gates −3 a row on one head, a hard reset, states in and out); every output and gradient
-    finite, within 2e-3 of the rounded split's, and each no further from float64 than it is
-    (to 1.2×, at least 1e-4: the pieces' floor is the inputs' rounding either way)."""
+@pytest.mark.parametrize("switch", ["HOPPER_CUT_SPLIT", "HOPPER_HALF_PAIRS"])
+def test_the_pieces_switches_keep_every_gradient_against_float64(monkeypatch, switch):
+    """On an sm_90 GPU, a switch of the sweeps carrying the gates' pieces on against off:
+    ``chunk.tables.HOPPER_CUT_SPLIT`` (the exact 16-bit operands cut from the float32 bits, not
+    rounded) and ``HOPPER_HALF_PAIRS`` (each consumer half the own pairs' columns over every
+    column of E); a gated bf16 forward and backward (gates −3 a row on one head, a hard reset,
+    states in and out); every output and gradient finite, within 2e-3 of the switch off's, and
+    each no further from float64 than it is (to 1.2×, at least 1e-4: the pieces' floor is the
+    inputs' rounding either way)."""
     from leetrepro.reference import reference
-    *runs, inputs = _gated_hopper_runs(monkeypatch, "HOPPER_CUT_SPLIT", 12, strong_head=2,
-                                       inputs=True)
+    *runs, inputs = _gated_hopper_runs(monkeypatch, switch, 12, strong_head=2, inputs=True)
     x = [t.detach().double().requires_grad_() for t in inputs]
     q, k, v, g, s0 = x
     o, s_n = reference(q.transpose(1, 2) * q.shape[-1] ** -0.5, k.transpose(1, 2),

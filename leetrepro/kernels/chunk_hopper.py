@@ -522,7 +522,7 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK ROWS_SUMMED PACKED_MASK CUT_SPLIT",
+                 "LEAN_MASK ROWS_SUMMED PACKED_MASK CUT_SPLIT HALF_PAIRS",
     defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False,
               False, False))
 
@@ -1177,7 +1177,10 @@ def _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K: gl.constexpr, hz):
                        use_acc=False, is_async=True)  # [BLOCK_N, BLOCK_N]
     wv = 0.0
     if EXACT and not K.REVERSE and not K.LATE_PAIRS:
-        wv = _pairs_mma(e_t, v_t, K)
+        if K.HALF_PAIRS:  # (e_t: :func:`_half_pair_tiles`' both operands)
+            wv = _half_pairs_mma(e_t, K)
+        else:
+            wv = _pairs_mma(e_t, v_t, K)
     o = warpgroup_mma(b_t, st.h.index(hz), gl.zeros([BLOCK_N, DH], gl.float32, acc_l),
                       use_acc=False, is_async=True)  # [BLOCK_N, DH]
     if EXACT:
@@ -1216,6 +1219,73 @@ def _own_pairs(pairs, diff, LEAN: gl.constexpr = False):
     lower = pairs if LEAN else gl.where(diff > 0, pairs, 0.0)
     cols = gl.sum(lower, axis=0)
     return gl.sum(lower, axis=1) - gl.convert_layout(cols, gl.SliceLayout(1, pairs.type.layout))
+
+
+@gluon.jit
+def _half_pairs_mma(tiles, K: gl.constexpr):
+    """``HALF_PAIRS``: w_i·v_j over every column of E and v for the rows j of this consumer's
+    half of the chunk ([BLOCK_N, BLOCK_N/2], issued asynchronously, two groups), from
+    :func:`_half_pair_tiles`' ``tiles``."""
+    BLOCK_N: gl.constexpr = K.BLOCK_N
+    HALF: gl.constexpr = BLOCK_N // 2
+    e_t, v_t = tiles
+    dtype: gl.constexpr = e_t[0].dtype
+    acc = gl.zeros([BLOCK_N, HALF], gl.float32, _acc_layout(dtype, HALF))
+    acc = warpgroup_mma(e_t[0], v_t[0].permute((1, 0)), acc, use_acc=False, is_async=True)
+    return warpgroup_mma(e_t[1], v_t[1].permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit
+def _half_pair_tiles(ring, s, H_IDX: gl.constexpr, K: gl.constexpr):
+    """``HALF_PAIRS``: (both consumers' E tiles of ring slot s, the rows of this consumer's half
+    of the chunk in both v tiles), :func:`_half_pairs_mma`'s operands."""
+    HALF: gl.constexpr = K.BLOCK_N // 2
+    return ((_tile(ring.e, 2 * s), _tile(ring.e, 2 * s + 1)),
+            (_tile(ring.v, 2 * s).slice(H_IDX * HALF, HALF),
+             _tile(ring.v, 2 * s + 1).slice(H_IDX * HALF, HALF)))
+
+
+@gluon.jit
+def _chunk_own_pairs(p, wv, diff, K: gl.constexpr, H_IDX: gl.constexpr):
+    """Forward in time with the pieces, once the pairs' product ``wv`` is waited on: this
+    consumer's part of the own pairs' δ from the masked scores ``p`` (:func:`_own_pairs`, or
+    with ``HALF_PAIRS`` :func:`_own_half_pairs`)."""
+    wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
+    if K.HALF_PAIRS:
+        return _own_half_pairs(p, wv, diff, K.LEAN_MASK, H_IDX)
+    else:
+        return _own_pairs(p * wv, diff, K.LEAN_MASK)
+
+
+@gluon.jit
+def _own_half_pairs(p, wv, diff, LEAN: gl.constexpr, H_IDX: gl.constexpr):
+    """``HALF_PAIRS``: :func:`_own_pairs`' δ from this consumer's half of the columns, the
+    masked scores ``p`` ([BLOCK_N, BLOCK_N], their half taken in registers) times ``wv``
+    (:func:`_pairs_mma`'s, every column of E and v): its columns' sums whole, its rows' over
+    its half (the other consumer adds the rest into the same rows, :func:`_put_rows`). Half of
+    the pair tile's products and reductions a consumer, where each reduced a whole tile over
+    its half of E's columns."""
+    BLOCK_N: gl.constexpr = p.shape[0]
+    HALF: gl.constexpr = BLOCK_N // 2
+    lo, hi = gl.split(gl.permute(gl.reshape(p, [BLOCK_N, 2, HALF]), (0, 2, 1)))
+    if H_IDX == 0:  # (the split is in registers: the accumulator's columns' top bit is one)
+        half = lo
+    else:
+        half = hi
+    acc_l: gl.constexpr = wv.type.layout
+    pairs = gl.convert_layout(half, acc_l) * wv
+    if not LEAN:
+        ri = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+        cj = H_IDX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, acc_l))
+        pairs = gl.where(ri[:, None] > cj[None, :], pairs, 0.0)
+    rows = gl.convert_layout(gl.sum(pairs, axis=1), gl.SliceLayout(1, p.type.layout))
+    cols = gl.sum(pairs, axis=0)
+    if H_IDX == 0:  # (its columns' sums at its rows of the chunk, zeros at the other half's)
+        both = gl.join(cols, gl.zeros_like(cols))  # [HALF, 2]
+    else:
+        both = gl.join(gl.zeros_like(cols), cols)
+    cols = gl.reshape(gl.permute(both, (1, 0)), [BLOCK_N])
+    return rows - gl.convert_layout(cols, gl.SliceLayout(1, p.type.layout))
 
 
 @gluon.jit
@@ -1280,19 +1350,19 @@ def _chunk_step(state, ring, st, s, diff, kr, w_in, length, lg, K: gl.constexpr,
         update = (c_op, v_op)
         if EXACT:
             update = (c_op, v_op, vwl_s)
-        sc, wv, o, state = _chunk_mmas(b_t, c_t, v_t, update, state, st, e_t, K, hz)
+        pair_t = _half_pair_tiles(ring, s, H_IDX, K) if K.HALF_PAIRS else e_t
+        sc, wv, o, state = _chunk_mmas(b_t, c_t, v_t, update, state, st, pair_t, K, hz)
         NS: gl.constexpr = 2 if K.NORM == 5 else 0  # (the sums' two products, issued last)
         sums = _sums_step(aux[0], c_t, v_t, st, hz, K, H_IDX) if K.NORM == 5 else aux
         # (the MMAs issued after each one waited on: one a group)
-        sc = warpgroup_mma_wait(num_outstanding=(4 if EXACT else 2) + NS, deps=(sc,))
+        sc = warpgroup_mma_wait(num_outstanding=(4 + K.HALF_PAIRS if EXACT else 2) + NS, deps=(sc,))
         # the mask recomputed per chunk: 32 exponentials a thread cost less than the 32
         # registers that keeping it would take from the state's group
         extra = aux[1] if K.NORM == 5 else None  # (NORM 5: the scores' constant, c·Σv)
         p = _masked(sc, diff, lg, HAS_DECAY, gates, K.ROWS == 1, extra, K.LEAN_MASK,
                     K.PACKED_MASK)
         if PAIRS:
-            wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
-            e = _own_pairs(p * wv, diff, K.LEAN_MASK)
+            e = _chunk_own_pairs(p, wv, diff, K, H_IDX)
         p_down, p_up = _half_scale(p, HALF_RANGE)
         o = warpgroup_mma_wait(num_outstanding=(2 if EXACT else 1) + NS, deps=(o,))
         w_rows = _row_weights(w_in[0], w_in[1], length, lg, HAS_DECAY, REVERSE, gates)

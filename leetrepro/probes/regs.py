@@ -113,7 +113,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    reverse: bool = False, dual: bool = False, r: int = 128,
                    d: int = 128, dc: int | None = None, gates: bool = False,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
-                   rows: int = 0, late_pairs: bool | None = None, norm: int = 0):
+                   rows: int = 0, late_pairs: bool | None = None, norm: int = 0,
+                   half_pairs: bool | None = None):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``tuning.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -126,7 +127,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     ``late_pairs``: the dB sweep's own pairs after O's store (``LATE_PAIRS``; default the
     launcher's switch); ``norm``: normalised linear attention's forward (``NORM`` 1: bf16, γ = 1,
     no states), or the scores' offsets by rows (2) or columns (3), forward or in reverse, or a
-    constant offset (4: ``NORM`` 2 without a row of them).
+    constant offset (4: ``NORM`` 2 without a row of them); ``half_pairs``: the dB sweep's own
+    pairs by halves of the chunk's columns (``HALF_PAIRS``; default the launcher's switch).
     Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -147,7 +149,8 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     const = hopper_constants(r=r, d=d, dtype=parse_dtype(dtype), decay=decay, has_s0=not norm,
                              store_sn=not norm, split=split, reverse=reverse, dual=dual, dc=dc,
                              gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
-                             late_pairs=late_pairs, norm=(0, 1, 2, 3, 2, 5)[norm])
+                             late_pairs=late_pairs, norm=(0, 1, 2, 3, 2, 5)[norm],
+                             half_pairs=half_pairs)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
@@ -714,6 +717,12 @@ def main(argv=None) -> int:
         jobs.append(("pieces bf16 128x128:gates:one:early",
                      dict(dtype="bf16", decay=False, split=False, gates=True, r=128, d=128,
                           dc=128, gate_grad=True, late_pairs=False)))
+        # (each consumer half the own pairs' columns: chunk.tables.HOPPER_HALF_PAIRS)
+        for dtype, (r, d) in (("bf16", (64, 128)), ("fp16", (64, 128)), ("bf16", (64, 64))):
+            jobs.append((f"pieces {dtype} {r}x{d}:gates:one:halfpairs",
+                         dict(dtype=dtype, decay=False, split=False, gates=True, r=r, d=d,
+                              dc=min(d, PIECES_DC[(r, False)]), gate_grad=True,
+                              half_pairs=True)))
         for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.tables.HOPPER_DUAL_PIECES)
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,

@@ -38,7 +38,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
                      dc: int | None = None, gates: bool = False,
                      groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
                      rows: bool = False, late_pairs: bool | None = None,
-                     unhoist: bool | None = None, norm: bool = False) -> dict:
+                     unhoist: bool | None = None, norm: bool = False,
+                     half_pairs: bool | None = None) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
@@ -48,7 +49,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     program's value columns are among :data:`HOPPER_LATE_PAIRS`); ``unhoist``: the consumers'
     staging buffers addressed where they are used (default: where r and the program's value
     columns are among :data:`HOPPER_UNHOISTED`); ``norm``: normalised linear attention
-    (:func:`chunk_scan`'s ``norm``, :func:`hopper_norm_unfit`)."""
+    (:func:`chunk_scan`'s ``norm``, :func:`hopper_norm_unfit`); ``half_pairs``: the switch
+    :data:`tables.HOPPER_HALF_PAIRS` as given (default: the table's), where it can apply."""
     dc, stages = tables.hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad, norm=norm)
     late_pairs = (r, dc) in tables.HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
     unhoist = (r, dc) in tables.HOPPER_UNHOISTED if unhoist is None else unhoist
@@ -79,7 +81,10 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         # (bf16's exact copies cut from their bits where both products read them: not the dual
         # output's O2, which reads the state's hi copy alone)
         CUT_SPLIT=bool(gate_grad and tables.HOPPER_CUT_SPLIT and dtype == torch.bfloat16 and
-                       not dual))
+                       not dual),
+        # (the dB sweep's own pairs with E's both tiles in the ring, before O's store)
+        HALF_PAIRS=bool(gate_grad and not reverse and not (late_pairs or not with_e) and
+                        (tables.HOPPER_HALF_PAIRS if half_pairs is None else half_pairs)))
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",

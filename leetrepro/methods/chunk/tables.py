@@ -456,6 +456,14 @@ HOPPER_PACKED_MASK = True
 HOPPER_CUT_SPLIT = True
 
 
+#: whether the Hopper kernel's dB sweep (forward in time, the pieces, E's tiles in the ring, the
+#: own pairs before O's store) gives each consumer half the chunk's columns of the own pairs'
+#: tile over every column of E and v (``HALF_PAIRS``: ``chunk_hopper._own_half_pairs``), where
+#: each took the whole tile over its half of E's columns: half the pair tile's products and
+#: reductions a consumer, the same MMA work; an A/B switch, off until a GPU has timed it
+HOPPER_HALF_PAIRS = False
+
+
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
 #: their parts into it (``ROWS_SUMMED``: relaxed atomics onto zeros, the same bits either way),
 #: instead of a block per consumer: half the rows' buffers (a gated backward's peak at Mamba-2's
