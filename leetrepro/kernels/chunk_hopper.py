@@ -1252,16 +1252,17 @@ def _chunk_own_pairs(p, wv, diff, K: gl.constexpr, H_IDX: gl.constexpr):
     with ``HALF_PAIRS`` :func:`_own_half_pairs`)."""
     wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
     if K.HALF_PAIRS:
-        return _own_half_pairs(p, wv, diff, K.LEAN_MASK, H_IDX)
+        return _own_half_pairs(p, wv, K.LEAN_MASK, H_IDX)
     else:
         return _own_pairs(p * wv, diff, K.LEAN_MASK)
 
 
 @gluon.jit
-def _own_half_pairs(p, wv, diff, LEAN: gl.constexpr, H_IDX: gl.constexpr):
+def _own_half_pairs(p, wv, LEAN: gl.constexpr, H_IDX: gl.constexpr):
     """``HALF_PAIRS``: :func:`_own_pairs`' δ from this consumer's half of the columns, the
     masked scores ``p`` ([BLOCK_N, BLOCK_N], their half taken in registers) times ``wv``
-    (:func:`_pairs_mma`'s, every column of E and v): its columns' sums whole, its rows' over
+    (:func:`_half_pairs_mma`'s, every column of E and v; without ``LEAN`` the half's
+    diagonal dropped by its own indices): its columns' sums whole, its rows' over
     its half (the other consumer adds the rest into the same rows, :func:`_put_rows`). Half of
     the pair tile's products and reductions a consumer, where each reduced a whole tile over
     its half of E's columns."""

@@ -83,7 +83,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         CUT_SPLIT=bool(gate_grad and tables.HOPPER_CUT_SPLIT and dtype == torch.bfloat16 and
                        not dual),
         # (the dB sweep's own pairs with E's both tiles in the ring, before O's store)
-        HALF_PAIRS=bool(gate_grad and not reverse and not (late_pairs or not with_e) and
+        HALF_PAIRS=bool(gate_grad and not reverse and with_e and not late_pairs and
                         (tables.HOPPER_HALF_PAIRS if half_pairs is None else half_pairs)))
 
 
