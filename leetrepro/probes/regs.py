@@ -717,12 +717,11 @@ def main(argv=None) -> int:
         jobs.append(("pieces bf16 128x128:gates:one:early",
                      dict(dtype="bf16", decay=False, split=False, gates=True, r=128, d=128,
                           dc=128, gate_grad=True, late_pairs=False)))
-        # (each consumer half the own pairs' columns: chunk.tables.HOPPER_HALF_PAIRS)
-        for dtype, (r, d) in (("bf16", (64, 128)), ("fp16", (64, 128)), ("bf16", (64, 64))):
-            jobs.append((f"pieces {dtype} {r}x{d}:gates:one:halfpairs",
-                         dict(dtype=dtype, decay=False, split=False, gates=True, r=r, d=d,
-                              dc=min(d, PIECES_DC[(r, False)]), gate_grad=True,
-                              half_pairs=True)))
+        # (each consumer the whole own pairs' tile over its half of E's columns, the A/B's other
+        # side of chunk.tables.HOPPER_HALF_PAIRS)
+        jobs.append(("pieces bf16 64x128:gates:one:wholepairs",
+                     dict(dtype="bf16", decay=False, split=False, gates=True, r=64, d=128,
+                          dc=min(128, PIECES_DC[(64, False)]), gate_grad=True, half_pairs=False)))
         for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.tables.HOPPER_DUAL_PIECES)
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,

@@ -460,8 +460,10 @@ HOPPER_CUT_SPLIT = True
 #: own pairs before O's store) gives each consumer half the chunk's columns of the own pairs'
 #: tile over every column of E and v (``HALF_PAIRS``: ``chunk_hopper._own_half_pairs``), where
 #: each took the whole tile over its half of E's columns: half the pair tile's products and
-#: reductions a consumer, the same MMA work; an A/B switch, off until a GPU has timed it
-HOPPER_HALF_PAIRS = False
+#: reductions a consumer, the same MMA work; an A/B switch (on: a gated forward + backward in a
+#: graph −2 % at Mamba-2's 2 × 64 heads × 8192, −4 % at 64/64, the SSD −3 % at Zamba2's; gla's
+#: 128/128 has its pairs late and is untouched; H200, notes/gates.md)
+HOPPER_HALF_PAIRS = True
 
 
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
