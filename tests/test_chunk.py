@@ -543,8 +543,9 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     (``chunk.tables.HOPPER_LATE_PAIRS``), and with that accumulator beside the state's, O's and the
     scores' at most 512 (336; 808 before); at r = 64, d = 128 at most 320, 128 at fewer columns
     (each consumer half the own pairs' columns, ``chunk.tables.HOPPER_HALF_PAIRS``, and the
-    whole tile over half of E's columns, its A/B's other side: the same budgets); the dual none. V's row weights and the skip (Mamba-2's SSD forward, ``rows``) at r = 128 and
-    64 beside d = 64, one pass and segments: none; E's row weights and the row dots (its
+    whole tile over half of E's columns, its A/B's other side: the same budgets); the dual
+    none. V's row weights and the skip (Mamba-2's SSD forward, ``rows``) at r = 128 and 64
+    beside d = 64, one pass and segments: none; E's row weights and the row dots (its
     backward's reverse sweep, ``rows`` 2) at 64 × 64: none; normalised linear attention's
     forward (``norm``) at r = 128 and 64, d = 128, and its gradients' sweeps (the scores'
     offsets by rows, by columns, constant; forward and in reverse): none; with the dual
