@@ -543,7 +543,8 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     (``chunk.tables.HOPPER_LATE_PAIRS``), and with that accumulator beside the state's, O's and the
     scores' at most 512 (336; 808 before); at r = 64, d = 128 at most 320, 128 at fewer columns
     (each consumer half the own pairs' columns, ``chunk.tables.HOPPER_HALF_PAIRS``, and the
-    whole tile over half of E's columns, its A/B's other side: the same budgets); the dual
+    whole tile over half of E's columns, its A/B's other side, and the half pairs' columns
+    summed a column's rows a thread, ``chunk.tables.HOPPER_COLUMN_SUMS``: the same budgets); the dual
     none. V's row weights and the skip (Mamba-2's SSD forward, ``rows``) at r = 128 and 64
     beside d = 64, one pass and segments: none; E's row weights and the row dots (its
     backward's reverse sweep, ``rows`` 2) at 64 × 64: none; normalised linear attention's
@@ -570,7 +571,7 @@ def test_hopper_kernel_compiles_for_sm90_within_its_register_budget():
     # (with the dual output's offsets, dk beside dv: 48-56 bytes at the first build)
     assert len(norm) == 14 and all(spill_bytes(line) <= (64 if ":dual" in line else 0)
                                    for line in norm), norm
-    assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 17
+    assert len(narrow) == 2 and len(gated) == 4 and len(grouped) == 2 and len(pieces) == 19
     # (V's row weights and the skip, Mamba-2's forward at 128 × 64 and 64 × 64: no spills)
     assert len(rows) == 4 and all(spill_bytes(line) == 0 for line in rows), rows
     # (E's row weights and the row dots, Mamba-2's backward at 64 × 64, fp16 and bf16: none)

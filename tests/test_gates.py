@@ -1620,12 +1620,13 @@ def _gated_hopper_runs(monkeypatch, switch: str, seed: int, more=lambda: (),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("switch", ["HOPPER_CUT_SPLIT", "HOPPER_HALF_PAIRS"])
+@pytest.mark.parametrize("switch", ["HOPPER_CUT_SPLIT", "HOPPER_HALF_PAIRS", "HOPPER_COLUMN_SUMS"])
 def test_the_pieces_switches_keep_every_gradient_against_float64(monkeypatch, switch):
     """On an sm_90 GPU, a switch of the sweeps carrying the gates' pieces on against off:
     ``chunk.tables.HOPPER_CUT_SPLIT`` (the exact 16-bit operands cut from the float32 bits, not
-    rounded) and ``HOPPER_HALF_PAIRS`` (each consumer half the own pairs' columns over every
-    column of E); a gated bf16 forward and backward (gates −3 a row on one head, a hard reset,
+    rounded), ``HOPPER_HALF_PAIRS`` (each consumer half the own pairs' columns over every
+    column of E) and ``HOPPER_COLUMN_SUMS`` (their columns' sums a column's rows a thread); a
+    gated bf16 forward and backward (gates −3 a row on one head, a hard reset,
     states in and out); every output and gradient finite, within 2e-3 of the switch off's, and
     each no further from float64 than it is (to 1.2×, at least 1e-4: the pieces' floor is the
     inputs' rounding either way)."""
@@ -1646,6 +1647,34 @@ def test_the_pieces_switches_keep_every_gradient_against_float64(monkeypatch, sw
         err, floor = rel_error(got, exact), rel_error(want, exact)
         assert apart <= 2e-3, (name, apart)
         assert err <= max(1.2 * floor, 1e-4), (name, err, floor)
+
+
+def test_the_column_sums_come_with_the_half_pairs_and_leave_with_e_s_ring(monkeypatch):
+    """``chunk.tables.HOPPER_COLUMN_SUMS`` is a constant of the sweeps that take the half pairs
+    (Mamba-2's dB sweep) and of no other; a launch that gives E's tiles' ring up for shared
+    memory (``HopperLaunch._without_ring``) gives up the half pairs and their column sums with
+    it, whose operands are E's both tiles in that ring."""
+    from leetrepro.methods.chunk import hopper_constants, tables
+    from leetrepro.methods.chunk.hopper_launch import HopperLaunch
+    monkeypatch.setattr(tables, "HOPPER_COLUMN_SUMS", True)
+    for half in (True, False):
+        monkeypatch.setattr(tables, "HOPPER_HALF_PAIRS", half)
+        for (r, d), reverse in (((64, 128), False), ((64, 128), True), ((128, 128), False)):
+            k = hopper_constants(r=r, d=d, dtype=torch.bfloat16, decay=False, has_s0=True,
+                                 store_sn=True, split=False, reverse=reverse, dual=False,
+                                 gates=True, gate_grad=True)
+            assert k.COL_SUMS == k.HALF_PAIRS == (half and (r, d, reverse) == (64, 128, False))
+    monkeypatch.setattr(tables, "HOPPER_HALF_PAIRS", True)
+    k = hopper_constants(r=64, d=128, dtype=torch.bfloat16, decay=False, has_s0=True,
+                         store_sn=True, split=False, reverse=False, dual=False, gates=True,
+                         gate_grad=True)
+    h = HopperLaunch(units=1, grid=(1,), size=(64, 1, 1, 64), consts=k,
+                     blocks=(64, 64, 64, 64, 64, None), layouts=(None,) * 6, serial=0)
+    seen = []
+    while h._without_ring():
+        seen.append((h.consts.G_RING, h.consts.E_RING, h.consts.HALF_PAIRS, h.consts.COL_SUMS))
+    assert seen[-1] == (False, False, False, False) and h.blocks[4] is None
+    assert all(c[2] == c[3] == c[1] for c in seen)
 
 
 def test_the_lean_mask_reaches_every_gated_hopper_launch_and_no_other(monkeypatch):

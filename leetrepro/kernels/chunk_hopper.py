@@ -522,9 +522,8 @@ def _initial_state(S0, prog, col, st_tile, acc_l: gl.constexpr, K: gl.constexpr)
 Constants = collections.namedtuple(
     "Constants", "BLOCK_N R D DC FLAG_COLS STAGES HAS_DECAY HAS_S0 STORE_SN HALF_RANGE SPLIT "
                  "REVERSE DUAL HAS_GATE GROUPS GATE_GRAD E_RING G_RING ROWS LATE_PAIRS UNHOIST NORM "
-                 "LEAN_MASK ROWS_SUMMED PACKED_MASK CUT_SPLIT HALF_PAIRS",
-    defaults=((1, 1, 1, 1), False, False, False, False, False, False, False, False, False,
-              False, False))
+                 "LEAN_MASK ROWS_SUMMED PACKED_MASK CUT_SPLIT HALF_PAIRS COL_SUMS",
+    defaults=((1, 1, 1, 1),) + (False,) * 14)  # (GROUPS, then every flag after it)
 
 
 @gluon.constexpr_function
@@ -1252,20 +1251,24 @@ def _chunk_own_pairs(p, wv, diff, K: gl.constexpr, H_IDX: gl.constexpr):
     with ``HALF_PAIRS`` :func:`_own_half_pairs`)."""
     wv = warpgroup_mma_wait(num_outstanding=4, deps=(wv,))
     if K.HALF_PAIRS:
-        return _own_half_pairs(p, wv, K.LEAN_MASK, H_IDX)
+        return _own_half_pairs(p, wv, K.LEAN_MASK, H_IDX, K.COL_SUMS)
     else:
         return _own_pairs(p * wv, diff, K.LEAN_MASK)
 
 
 @gluon.jit
-def _own_half_pairs(p, wv, LEAN: gl.constexpr, H_IDX: gl.constexpr):
+def _own_half_pairs(p, wv, LEAN: gl.constexpr, H_IDX: gl.constexpr, COLS: gl.constexpr = False):
     """``HALF_PAIRS``: :func:`_own_pairs`' δ from this consumer's half of the columns, the
     masked scores ``p`` ([BLOCK_N, BLOCK_N], their half taken in registers) times ``wv``
     (:func:`_half_pairs_mma`'s, every column of E and v; without ``LEAN`` the half's
     diagonal dropped by its own indices): its columns' sums whole, its rows' over
     its half (the other consumer adds the rest into the same rows, :func:`_put_rows`). Half of
     the pair tile's products and reductions a consumer, where each reduced a whole tile over
-    its half of E's columns."""
+    its half of E's columns. With ``COLS`` (``COL_SUMS``) the columns' sums are taken in a
+    layout whose threads each hold a quarter of a column's rows: the sum in the thread and
+    across four lanes, where the accumulator's layout spread a column over eight lane groups
+    and four warps (24 shuffles and a pass through shared memory a thread; 8 KB of scratch a
+    consumer instead)."""
     BLOCK_N: gl.constexpr = p.shape[0]
     HALF: gl.constexpr = BLOCK_N // 2
     lo, hi = gl.split(gl.permute(gl.reshape(p, [BLOCK_N, 2, HALF]), (0, 2, 1)))
@@ -1280,7 +1283,11 @@ def _own_half_pairs(p, wv, LEAN: gl.constexpr, H_IDX: gl.constexpr):
         cj = H_IDX * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, acc_l))
         pairs = gl.where(ri[:, None] > cj[None, :], pairs, 0.0)
     rows = gl.convert_layout(gl.sum(pairs, axis=1), gl.SliceLayout(1, p.type.layout))
-    cols = gl.sum(pairs, axis=0)
+    if COLS:
+        cols = gl.sum(gl.convert_layout(pairs, gl.BlockedLayout([BLOCK_N // 4, 1], [4, 8], [1, 4],
+                                                                [0, 1])), axis=0)
+    else:
+        cols = gl.sum(pairs, axis=0)
     if H_IDX == 0:  # (its columns' sums at its rows of the chunk, zeros at the other half's)
         both = gl.join(cols, gl.zeros_like(cols))  # [HALF, 2]
     else:

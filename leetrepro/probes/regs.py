@@ -114,7 +114,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                    d: int = 128, dc: int | None = None, gates: bool = False,
                    groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
                    rows: int = 0, late_pairs: bool | None = None, norm: int = 0,
-                   half_pairs: bool | None = None):
+                   half_pairs: bool | None = None, col_sums: bool | None = None):
     """``chunk_hopper_kernel`` compiled as :mod:`leetrepro.methods.chunk` launches it (head
     dimensions r, d; state in and out, the launch options of ``tuning.HOPPER`` and the tiles of
     ``chunk.hopper_tiles``), fp16, bf16 or fp32, with segments
@@ -128,7 +128,9 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
     launcher's switch); ``norm``: normalised linear attention's forward (``NORM`` 1: bf16, γ = 1,
     no states), or the scores' offsets by rows (2) or columns (3), forward or in reverse, or a
     constant offset (4: ``NORM`` 2 without a row of them); ``half_pairs``: the dB sweep's own
-    pairs by halves of the chunk's columns (``HALF_PAIRS``; default the launcher's switch).
+    pairs by halves of the chunk's columns (``HALF_PAIRS``; default the launcher's switch);
+    ``col_sums``: their columns' sums in a layout of a column's rows a thread (``COL_SUMS``,
+    likewise).
     Triton's compiled kernel: ``metadata.shared`` is the shared memory a launch asks for."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -150,7 +152,7 @@ def compile_hopper(dtype: str, decay: bool, split: bool = True, arch: int = 90,
                              store_sn=not norm, split=split, reverse=reverse, dual=dual, dc=dc,
                              gates=gates, groups=groups, gate_grad=gate_grad, rows=rows,
                              late_pairs=late_pairs, norm=(0, 1, 2, 3, 2, 5)[norm],
-                             half_pairs=half_pairs)
+                             half_pairs=half_pairs, col_sums=col_sums)
     dh = const.DC // 2
     sig = dict(b_desc=desc(r), c_desc=desc(r), v_desc=desc(dh), o_desc=desc(dh),
                e_desc=desc(d // 2), o2_desc=desc(r // 2), STATES=("*fp32", "*fp32"),
@@ -722,6 +724,12 @@ def main(argv=None) -> int:
         jobs.append(("pieces bf16 64x128:gates:one:wholepairs",
                      dict(dtype="bf16", decay=False, split=False, gates=True, r=64, d=128,
                           dc=min(128, PIECES_DC[(64, False)]), gate_grad=True, half_pairs=False)))
+        # (the half pairs' columns summed a column's rows a thread: chunk.tables.HOPPER_COLUMN_SUMS;
+        # 128 × 64 the most shared memory of the shapes that take them)
+        for r, d in ((64, 128), (128, 64)):
+            jobs.append((f"pieces bf16 {r}x{d}:gates:one:colsums",
+                         dict(dtype="bf16", decay=False, split=False, gates=True, r=r, d=d,
+                              dc=min(d, PIECES_DC[(r, False)]), gate_grad=True, col_sums=True)))
         for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.tables.HOPPER_DUAL_PIECES)
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,

@@ -39,7 +39,7 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
                      groups: tuple = (1, 1, 1, 1), gate_grad: bool = False,
                      rows: bool = False, late_pairs: bool | None = None,
                      unhoist: bool | None = None, norm: bool = False,
-                     half_pairs: bool | None = None) -> dict:
+                     half_pairs: bool | None = None, col_sums: bool | None = None) -> dict:
     """The Hopper kernel's constexprs for a call (its launch and the register check compile the
     same kernel): the tiles of :func:`hopper_tiles` (``dc`` value columns a program, default
     the widest), and the repair launch's value columns per lane (the portable kernel's,
@@ -50,7 +50,8 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
     staging buffers addressed where they are used (default: where r and the program's value
     columns are among :data:`HOPPER_UNHOISTED`); ``norm``: normalised linear attention
     (:func:`chunk_scan`'s ``norm``, :func:`hopper_norm_unfit`); ``half_pairs``: the switch
-    :data:`tables.HOPPER_HALF_PAIRS` as given (default: the table's), where it can apply."""
+    :data:`tables.HOPPER_HALF_PAIRS` as given (default: the table's), where it can apply;
+    ``col_sums``: :data:`tables.HOPPER_COLUMN_SUMS` likewise, with the half pairs."""
     dc, stages = tables.hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad, norm=norm)
     late_pairs = (r, dc) in tables.HOPPER_LATE_PAIRS if late_pairs is None else late_pairs
     unhoist = (r, dc) in tables.HOPPER_UNHOISTED if unhoist is None else unhoist
@@ -65,6 +66,9 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         tables.hopper_tiles(r, d, dtype, dual, dc, pieces=gate_grad, e_ring=bool(with_e),
                             gates=True)
     g_ring = bool(with_g) and with_g[1] == stages
+    # (the dB sweep's own pairs with E's both tiles in the ring, before O's store)
+    half = bool(gate_grad and not reverse and with_e and not late_pairs and
+                (tables.HOPPER_HALF_PAIRS if half_pairs is None else half_pairs))
     return hopper_kernels.Constants(
         BLOCK_N=HOPPER["BLOCK_N"], R=r, D=d, DC=dc, FLAG_COLS=tables.block_d(r, d), STAGES=stages,
         HAS_DECAY=decay, HAS_S0=has_s0, STORE_SN=store_sn, HALF_RANGE=dtype == torch.float16,
@@ -82,9 +86,9 @@ def hopper_constants(*, r: int, d: int, dtype: torch.dtype, decay: bool, has_s0:
         # output's O2, which reads the state's hi copy alone)
         CUT_SPLIT=bool(gate_grad and tables.HOPPER_CUT_SPLIT and dtype == torch.bfloat16 and
                        not dual),
-        # (the dB sweep's own pairs with E's both tiles in the ring, before O's store)
-        HALF_PAIRS=bool(gate_grad and not reverse and with_e and not late_pairs and
-                        (tables.HOPPER_HALF_PAIRS if half_pairs is None else half_pairs)))
+        HALF_PAIRS=half,
+        # (their columns' sums in a layout of a column's rows a thread: HOPPER_COLUMN_SUMS)
+        COL_SUMS=bool(half and (tables.HOPPER_COLUMN_SUMS if col_sums is None else col_sums)))
 
 
 def hopper_unfit(B, C, V, gamma, *, dual=None, cu_seqlens=None, precision: str = "tf32",
@@ -237,8 +241,8 @@ class HopperLaunch:
         compiled anew; False where neither is there."""
         if self.consts.G_RING:
             self.consts = self.consts._replace(G_RING=False)
-        elif self.consts.E_RING:
-            self.consts = self.consts._replace(E_RING=False)
+        elif self.consts.E_RING:  # (the half pairs read both E tiles from the ring: they go too)
+            self.consts = self.consts._replace(E_RING=False, HALF_PAIRS=False, COL_SUMS=False)
             self.blocks = self.blocks[:4] + (None,) + self.blocks[5:]
             self.layouts = self.layouts[:4] + (None,) + self.layouts[5:]
             self.descriptors = None

@@ -342,7 +342,8 @@ def launch_plan(t: tables.Operands, *, fp32_precision, segment, config, output_f
                  tables.HOPPER_GATES_RING, tables.HOPPER_LATE_PAIRS, tables.HOPPER_UNHOISTED,
                  tables.HOPPER_NORM, tables.HOPPER_PIECES_SEGMENTS, tables.HOPPER_LEAN_MASK,
                  tables.HOPPER_ROWS_SUMMED, tables.HOPPER_PACKED_MASK,
-                 tables.HOPPER_CUT_SPLIT, tables.HOPPER_HALF_PAIRS)
+                 tables.HOPPER_CUT_SPLIT, tables.HOPPER_HALF_PAIRS,
+                 tables.HOPPER_COLUMN_SUMS)
     plan = _PLANS.get(cache_key)
     if plan is None:
         if len(_PLANS) >= 1024:

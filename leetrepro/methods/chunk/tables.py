@@ -466,6 +466,15 @@ HOPPER_CUT_SPLIT = True
 HOPPER_HALF_PAIRS = True
 
 
+#: whether the half pairs' columns' sums (:data:`HOPPER_HALF_PAIRS`) are taken in a layout whose
+#: threads each hold a quarter of a column's rows (``COL_SUMS``), a layout conversion through
+#: 8 KB of shared memory a consumer, where the accumulator's layout reduced a column over eight
+#: lane groups (shuffles) and four warps (shared memory and a barrier): a consumer's loop of the
+#: dB sweep −5 % at Mamba-2's shape, −7 % at 64/64 (compiled for sm_90; dg's bits not the same:
+#: its columns summed in another order); an A/B switch, off until a GPU has timed it
+HOPPER_COLUMN_SUMS = False
+
+
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
 #: their parts into it (``ROWS_SUMMED``: relaxed atomics onto zeros, the same bits either way),
 #: instead of a block per consumer: half the rows' buffers (a gated backward's peak at Mamba-2's
