@@ -724,12 +724,13 @@ def main(argv=None) -> int:
         jobs.append(("pieces bf16 64x128:gates:one:wholepairs",
                      dict(dtype="bf16", decay=False, split=False, gates=True, r=64, d=128,
                           dc=min(128, PIECES_DC[(64, False)]), gate_grad=True, half_pairs=False)))
-        # (the half pairs' columns summed a column's rows a thread: chunk.tables.HOPPER_COLUMN_SUMS;
-        # 128 × 64 the most shared memory of the shapes that take them)
-        for r, d in ((64, 128), (128, 64)):
-            jobs.append((f"pieces bf16 {r}x{d}:gates:one:colsums",
+        # (the half pairs' columns summed a column's rows a thread, chunk.tables.HOPPER_COLUMN_SUMS:
+        # at 128 × 64, the most shared memory of the shapes that take them; at Mamba-2's shape
+        # its A/B's other side, the sums in the accumulator's layout)
+        for (r, d), on in (((128, 64), True), ((64, 128), False)):
+            jobs.append((f"pieces bf16 {r}x{d}:gates:one:{'' if on else 'no'}colsums",
                          dict(dtype="bf16", decay=False, split=False, gates=True, r=r, d=d,
-                              dc=min(d, PIECES_DC[(r, False)]), gate_grad=True, col_sums=True)))
+                              dc=min(d, PIECES_DC[(r, False)]), gate_grad=True, col_sums=on)))
         for dtype in ("bf16", "fp16"):  # (the dual output beside them: chunk.tables.HOPPER_DUAL_PIECES)
             jobs.append((f"pieces {dtype} 64x64:gates:one:reverse:dual",
                          dict(dtype=dtype, decay=False, split=False, reverse=True, dual=True,

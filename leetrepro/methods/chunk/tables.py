@@ -471,8 +471,9 @@ HOPPER_HALF_PAIRS = True
 #: 8 KB of shared memory a consumer, where the accumulator's layout reduced a column over eight
 #: lane groups (shuffles) and four warps (shared memory and a barrier): a consumer's loop of the
 #: dB sweep −5 % at Mamba-2's shape, −7 % at 64/64 (compiled for sm_90; dg's bits not the same:
-#: its columns summed in another order); an A/B switch, off until a GPU has timed it
-HOPPER_COLUMN_SUMS = False
+#: its columns summed in another order), a gated forward + backward −2.5 % at Mamba-2's shape and
+#: at 64/64, Zamba2's SSD −1.4 % (H200, bf16, graphs, notes/gates.md); an A/B switch
+HOPPER_COLUMN_SUMS = True
 
 
 #: whether the Hopper kernel's pieces' rows take a block per program, its two consumers adding
